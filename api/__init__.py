@@ -1,0 +1,1 @@
+"""kvscope advisory API (FastAPI), thin over planner and store."""

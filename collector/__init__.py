@@ -1,0 +1,1 @@
+"""kvscope collector: vendor expositions -> canonical signals -> windows -> SQL store."""

@@ -1,0 +1,95 @@
+"""Small immutable records that flow collector -> store -> planner.
+
+Times are UTC epoch seconds (floats) everywhere: SQLite hands back naive datetimes, so
+kvscope never relies on tz-aware datetimes crossing the store.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Literal
+
+Kind = Literal["counter", "gauge", "histogram", "ratio"]
+# Label sets are tuples of (name, value) pairs sorted by name: hashable and canonical.
+Labels = tuple[tuple[str, str], ...]
+
+
+def labels_of(mapping: Mapping[str, str]) -> Labels:
+    """Canonical (sorted, hashable) form of a label mapping."""
+    return tuple(sorted(mapping.items()))
+
+
+@dataclass(frozen=True, slots=True)
+class SignalSample:
+    """One canonical series value read from one exposition.
+
+    counter/gauge: ``value``. histogram: ``value`` is the observation count, ``sum`` the
+    observation sum and ``buckets`` the cumulative (upper bound, count) pairs sorted by bound,
+    ending with +Inf.
+    """
+
+    signal: str
+    kind: Kind
+    labels: Labels
+    value: float
+    buckets: tuple[tuple[float, float], ...] = ()
+    sum: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    """One exposition (one scrape of one target) read into canonical terms."""
+
+    target: str
+    timestamp: float
+    samples: tuple[SignalSample, ...]
+    # Engine facts, e.g. {"cache_config": ({"engine": "0", "block_size": "16", ...}, ...)}.
+    facts: Mapping[str, tuple[Mapping[str, str], ...]] = field(default_factory=dict)
+    unknown_families: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class ScrapeOutcome:
+    """What happened when one target was scraped once (written to the store as-is)."""
+
+    target: str
+    started: float
+    duration_s: float
+    up: bool
+    bytes: int = 0
+    series: int = 0
+    error_kind: str | None = None  # "connect", "timeout", "http_status", "too_large", "parse"
+    error: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Window:
+    """One series rolled up over [start, start + length_s).
+
+    counter: ``delta`` (increase with resets handled), ``rate`` (delta per second), ``resets``.
+    gauge: ``mean``/``min``/``max``/``last``.
+    histogram: ``delta`` = observations in the window, ``sum_delta``, ``p50``/``p90``/``p99``
+    from bucket deltas (linear interpolation inside a bucket, as PromQL's histogram_quantile).
+    ratio (derived, e.g. prefix-cache hit ratio): ``mean`` = numerator delta / denominator
+    delta, ``delta`` = denominator delta (the weight).
+    """
+
+    source: str
+    signal: str
+    labels: Labels
+    start: float
+    length_s: float
+    kind: Kind
+    samples: int
+    delta: float | None = None
+    rate: float | None = None
+    resets: int = 0
+    mean: float | None = None
+    min: float | None = None
+    max: float | None = None
+    last: float | None = None
+    p50: float | None = None
+    p90: float | None = None
+    p99: float | None = None
+    sum_delta: float | None = None

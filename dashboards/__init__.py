@@ -1,0 +1,1 @@
+"""kvscope dashboards: Grafana dashboards (grafanalib) and Prometheus rules from the catalogue."""

@@ -1,0 +1,1 @@
+"""kvscope composition root: settings, CLI, demo. Holds no domain logic; nothing imports it."""

@@ -1,0 +1,26 @@
+"""Settings: one factory, read when called (never at import time)."""
+
+from __future__ import annotations
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class Settings(BaseSettings):
+    """kvscope settings; every field can be set as KVSCOPE_<NAME> in the environment."""
+
+    model_config = SettingsConfigDict(env_prefix="KVSCOPE_", extra="forbid")
+
+    db: str = Field("sqlite:///kvscope.db", description="SQLAlchemy URL of the store")
+    window_s: float = Field(60.0, gt=0, le=86_400, description="rollup window length")
+    scrape_interval_s: float = Field(15.0, gt=0, le=3_600)
+    scrape_timeout_s: float = Field(10.0, gt=0, le=3_600)
+    scrape_concurrency: int = Field(64, ge=1, le=4_096)
+    max_body_bytes: int = Field(32 * 1024 * 1024, ge=1_024)
+    cluster: str = Field("default", min_length=1, max_length=200)
+
+
+def get_settings(**overrides: object) -> Settings:
+    """Build settings from the environment, then apply explicit overrides (CLI flags)."""
+    clean = {k: v for k, v in overrides.items() if v is not None}
+    return Settings(**clean)  # type: ignore[arg-type]

@@ -1,0 +1,1 @@
+"""kvscope planner: cost model, fits, decisions, forecasts, sizing and the cluster simulator."""

@@ -1,0 +1,141 @@
+"""Real services for tests: a throwaway PostgreSQL 15 and Debian's Prometheus on 127.0.0.1.
+
+Nothing here is mocked: the binaries are Debian's (installed by `make test`).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+PGBIN = Path("/usr/lib/postgresql/15/bin")
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _wait_http(url: str, timeout_s: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            with urllib.request.urlopen(url, timeout=1) as resp:
+                if resp.status == 200:
+                    return
+        except OSError:
+            pass
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{url} not ready after {timeout_s} s")
+        time.sleep(0.05)
+
+
+@contextmanager
+def postgres() -> Iterator[str]:
+    """Start PostgreSQL 15 in a temp dir (initdb refuses root: run as `postgres`); yield a URL."""
+    if not (PGBIN / "initdb").exists():
+        raise RuntimeError("PostgreSQL 15 is not installed: run `make test` (installs it)")
+    tmp = Path(tempfile.mkdtemp(prefix="kvscope-pg-"))
+    shutil.chown(tmp, "postgres", "postgres")
+    os.chmod(tmp, 0o700)
+    port = free_port()
+    as_pg = ["runuser", "-u", "postgres", "--"]
+    subprocess.run(
+        [
+            *as_pg,
+            str(PGBIN / "initdb"),
+            "-D",
+            str(tmp / "data"),
+            "-U",
+            "postgres",
+            "-A",
+            "trust",
+            "-E",
+            "UTF8",
+            "--no-locale",
+            "--no-sync",
+        ],
+        check=True,
+        capture_output=True,
+    )
+    opts = f"-c listen_addresses=127.0.0.1 -p {port} -k {tmp} -c fsync=off"
+    subprocess.run(
+        [
+            *as_pg,
+            str(PGBIN / "pg_ctl"),
+            "-D",
+            str(tmp / "data"),
+            "-l",
+            str(tmp / "pg.log"),
+            "-w",
+            "-o",
+            opts,
+            "start",
+        ],
+        check=True,
+        capture_output=True,
+    )
+    try:
+        yield f"postgresql+psycopg://postgres@127.0.0.1:{port}/postgres"
+    finally:
+        subprocess.run(
+            [
+                *as_pg,
+                str(PGBIN / "pg_ctl"),
+                "-D",
+                str(tmp / "data"),
+                "-m",
+                "immediate",
+                "-w",
+                "stop",
+            ],
+            check=False,
+            capture_output=True,
+        )
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+@contextmanager
+def prometheus(config_yaml: str, extra_args: tuple[str, ...] = ()) -> Iterator[str]:
+    """Start Debian's Prometheus with the given config on a free loopback port; yield its URL."""
+    binary = shutil.which("prometheus")
+    if binary is None:
+        raise RuntimeError("prometheus is not installed: run `make test` (installs it)")
+    tmp = Path(tempfile.mkdtemp(prefix="kvscope-prom-"))
+    (tmp / "prometheus.yml").write_text(config_yaml)
+    port = free_port()
+    log = (tmp / "prometheus.log").open("wb")
+    proc = subprocess.Popen(
+        [
+            binary,
+            f"--config.file={tmp / 'prometheus.yml'}",
+            f"--storage.tsdb.path={tmp / 'data'}",
+            f"--web.listen-address=127.0.0.1:{port}",
+            "--web.enable-lifecycle",
+            *extra_args,
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        _wait_http(f"{url}/-/ready")
+        yield url
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        log.close()
+        shutil.rmtree(tmp, ignore_errors=True)
