@@ -1,0 +1,1 @@
+"""Data files shipped with the planner (hardware.yaml: GPUs, models, storage tiers)."""
