@@ -1,0 +1,198 @@
+"""The store's inventory half: clusters, scrape targets, engines and table statistics.
+
+A mixin of collector.store.Store (kept apart so each module holds one concern): every write is
+an upsert, so registering the same target or engine on every collector start is harmless.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Mapping
+from contextlib import AbstractContextManager
+from typing import TYPE_CHECKING, Any
+
+from sqlalchemy import Connection, func, select
+
+from collector.errors import ConfigError, StoreError
+from collector.models import (
+    OFFLOAD_MODES,
+    TARGET_KINDS,
+    ClusterRow,
+    EngineRecord,
+    EngineRow,
+    ScrapeOutcomeRow,
+    TargetRecord,
+    TargetRow,
+    WindowRow,
+)
+
+
+def _jsonable(value: Any, where: str) -> Any:
+    """Plain JSON types (mappings -> dict, sequences -> list) or a StoreError naming the key."""
+    if isinstance(value, Mapping):
+        return {str(k): _jsonable(v, f"{where}.{k}") for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_jsonable(v, f"{where}[{i}]") for i, v in enumerate(value)]
+    if value is None or isinstance(value, str | bool | int):
+        return value
+    if isinstance(value, float) and math.isfinite(value):
+        return value
+    raise StoreError(f"{where}: {value!r} cannot be stored as JSON")
+
+
+class Inventory:
+    """Clusters, targets and engines (mixed into Store)."""
+
+    if TYPE_CHECKING:
+        _insert: Any
+
+        def _tx(
+            self, action: str, *, write: bool = False
+        ) -> AbstractContextManager[Connection]: ...
+
+        def _require_schema(self) -> None: ...
+
+    def _cluster_id(self, conn: Connection, name: str) -> int:
+        if not name or len(name) > 200:
+            raise ConfigError(f"cluster name must be 1-200 characters: {name!r}")
+        stmt = self._insert(ClusterRow.__table__).values(name=name)
+        conn.execute(stmt.on_conflict_do_nothing(index_elements=["name"]))
+        return int(conn.execute(select(ClusterRow.id).where(ClusterRow.name == name)).scalar_one())
+
+    def upsert_cluster(self, name: str) -> int:
+        """Register a cluster (no-op when it exists); return its id."""
+        self._require_schema()
+        with self._tx(f"registering cluster {name}", write=True) as conn:
+            return self._cluster_id(conn, name)
+
+    def upsert_target(
+        self, name: str, url: str, kind: str = "vllm", cluster: str = "default"
+    ) -> TargetRecord:
+        """Register or update a scrape target (kind: vllm, lmcache or prometheus)."""
+        if kind not in TARGET_KINDS:
+            raise ConfigError(f"target {name}: kind must be one of {TARGET_KINDS}, not {kind!r}")
+        if not name:
+            raise ConfigError(f"target name must not be empty (url {url})")
+        self._require_schema()
+        with self._tx(f"registering target {name}", write=True) as conn:
+            values = {
+                "name": name,
+                "url": url,
+                "kind": kind,
+                "cluster_id": self._cluster_id(conn, cluster),
+                "updated": time.time(),
+            }
+            stmt = self._insert(TargetRow.__table__).values(**values)
+            conn.execute(
+                stmt.on_conflict_do_update(
+                    index_elements=["name"],
+                    set_={k: stmt.excluded[k] for k in values if k != "name"},
+                )
+            )
+        return TargetRecord(name=name, url=url, kind=kind, cluster=cluster)
+
+    def upsert_engine(
+        self,
+        cluster: str,
+        source: str,
+        *,
+        model: str | None = None,
+        gpu: str | None = None,
+        hbm_gb: float | None = None,
+        tensor_parallel: int | None = None,
+        offload: str | None = None,
+        facts: Mapping[str, Any] | None = None,
+    ) -> EngineRecord:
+        """Register or update the engine scraped as ``source``; None keeps the stored value.
+
+        ``offload`` is "none", "native" (vLLM's CPU offload) or "lmcache"; ``facts`` (e.g.
+        block_size, num_gpu_blocks from vllm:cache_config_info) replaces the stored facts.
+        """
+        if offload is not None and offload not in OFFLOAD_MODES:
+            raise ConfigError(f"engine {source}: offload must be one of {OFFLOAD_MODES}")
+        if hbm_gb is not None and not (math.isfinite(hbm_gb) and hbm_gb > 0):
+            raise ConfigError(f"engine {source}: hbm_gb must be a positive number: {hbm_gb}")
+        if tensor_parallel is not None and tensor_parallel < 1:
+            raise ConfigError(f"engine {source}: tensor_parallel must be >= 1")
+        if not source:
+            raise ConfigError("engine source must not be empty")
+        given = {
+            "model": model,
+            "gpu": gpu,
+            "hbm_gb": hbm_gb,
+            "tensor_parallel": tensor_parallel,
+            "offload": offload,
+            "facts": None if facts is None else _jsonable(facts, f"engine {source} facts"),
+        }
+        changes = {k: v for k, v in given.items() if v is not None}
+        self._require_schema()
+        with self._tx(f"registering engine {source}", write=True) as conn:
+            values: dict[str, Any] = {
+                "source": source,
+                "cluster_id": self._cluster_id(conn, cluster),
+                "updated": time.time(),
+                "offload": "none",
+                "facts": {},
+                **changes,
+            }
+            stmt = self._insert(EngineRow.__table__).values(**values)
+            update = ["cluster_id", "updated", *changes]
+            conn.execute(
+                stmt.on_conflict_do_update(
+                    index_elements=["source"], set_={k: stmt.excluded[k] for k in update}
+                )
+            )
+        (engine,) = self.engines(source=source)
+        return engine
+
+    def engines(self, cluster: str | None = None, source: str | None = None) -> list[EngineRecord]:
+        """Registered engines (optionally of one cluster or one source), by cluster, source."""
+        self._require_schema()
+        e, c = EngineRow, ClusterRow
+        query = select(
+            c.name, e.source, e.model, e.gpu, e.hbm_gb, e.tensor_parallel, e.offload, e.facts
+        ).join(c, c.id == e.cluster_id)
+        if cluster is not None:
+            query = query.where(c.name == cluster)
+        if source is not None:
+            query = query.where(e.source == source)
+        with self._tx("reading engines") as conn:
+            rows = conn.execute(query.order_by(c.name, e.source)).all()
+        return [EngineRecord(*row) for row in rows]
+
+    def targets(self, cluster: str | None = None) -> list[TargetRecord]:
+        """Registered scrape targets (optionally of one cluster), by cluster, name."""
+        self._require_schema()
+        t, c = TargetRow, ClusterRow
+        query = select(t.name, t.url, t.kind, c.name).join(c, c.id == t.cluster_id)
+        if cluster is not None:
+            query = query.where(c.name == cluster)
+        with self._tx("reading targets") as conn:
+            rows = conn.execute(query.order_by(c.name, t.name)).all()
+        return [TargetRecord(*row) for row in rows]
+
+    def stats(self) -> dict[str, Any]:
+        """Row counts per table, the windows' time range and window counts per signal."""
+        self._require_schema()
+        tables = (ClusterRow, EngineRow, TargetRow, ScrapeOutcomeRow, WindowRow)
+        w = WindowRow
+        with self._tx("reading statistics") as conn:
+            counts = {
+                t.__tablename__: int(conn.execute(select(func.count()).select_from(t)).scalar_one())
+                for t in tables
+            }
+            first, last = conn.execute(
+                select(func.min(w.start), func.max(w.start + w.length_s))
+            ).one()
+            per_signal = conn.execute(
+                select(w.signal, func.count(), func.count(func.distinct(w.series_key)))
+                .group_by(w.signal)
+                .order_by(w.signal)
+            ).all()
+        return {
+            "rows": counts,
+            "windows_from": first,
+            "windows_until": last,
+            "signals": {s: {"windows": int(n), "series": int(k)} for s, n, k in per_signal},
+        }

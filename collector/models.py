@@ -1,0 +1,194 @@
+"""SQLAlchemy 2 typed tables of the kvscope store (SQLite by default, PostgreSQL for scale).
+
+Times are UTC epoch seconds in DOUBLE columns: SQLite hands back naive datetimes and a float
+round-trips exactly on both backends. ``windows`` is the big table: it is unique on
+(source, series_key, start) so a re-run or a retry updates rows instead of duplicating them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from sqlalchemy import (
+    JSON,
+    Boolean,
+    Double,
+    ForeignKey,
+    Index,
+    Integer,
+    String,
+    Text,
+    UniqueConstraint,
+)
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+from collector.records import Labels
+
+# Bump when the schema changes and add the step to store.MIGRATIONS.
+SCHEMA_VERSION = 1
+
+OFFLOAD_MODES = ("none", "native", "lmcache")
+TARGET_KINDS = ("vllm", "lmcache", "prometheus")
+
+
+class Base(DeclarativeBase):
+    pass
+
+
+class SchemaVersionRow(Base):
+    """One row: the schema version the database was migrated to."""
+
+    __tablename__ = "schema_version"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    version: Mapped[int] = mapped_column(Integer, nullable=False)
+    migrated_at: Mapped[float] = mapped_column(Double, nullable=False)
+
+
+class ClusterRow(Base):
+    __tablename__ = "clusters"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    name: Mapped[str] = mapped_column(String(200), unique=True, nullable=False)
+
+
+class EngineRow(Base):
+    """One serving engine (one scrape source); facts come from e.g. vllm cache_config_info."""
+
+    __tablename__ = "engines"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    cluster_id: Mapped[int] = mapped_column(ForeignKey("clusters.id"), nullable=False)
+    source: Mapped[str] = mapped_column(String(500), unique=True, nullable=False)
+    model: Mapped[str | None] = mapped_column(String(500))
+    gpu: Mapped[str | None] = mapped_column(String(100))
+    hbm_gb: Mapped[float | None] = mapped_column(Double)
+    tensor_parallel: Mapped[int | None] = mapped_column(Integer)
+    offload: Mapped[str] = mapped_column(String(16), nullable=False, default="none")
+    facts: Mapped[dict[str, Any]] = mapped_column(JSON, nullable=False, default=dict)
+    updated: Mapped[float] = mapped_column(Double, nullable=False)
+
+
+class TargetRow(Base):
+    """One scrape target (an engine /metrics, an LMCache server or a Prometheus)."""
+
+    __tablename__ = "targets"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    name: Mapped[str] = mapped_column(String(500), unique=True, nullable=False)
+    url: Mapped[str] = mapped_column(Text, nullable=False)
+    kind: Mapped[str] = mapped_column(String(16), nullable=False)
+    cluster_id: Mapped[int] = mapped_column(ForeignKey("clusters.id"), nullable=False)
+    updated: Mapped[float] = mapped_column(Double, nullable=False)
+
+
+class ScrapeOutcomeRow(Base):
+    """One scrape of one target; unique on (target, started) so retries do not duplicate."""
+
+    __tablename__ = "scrape_outcomes"
+    __table_args__ = (
+        UniqueConstraint("target", "started", name="uq_scrape_outcomes_target_started"),
+        Index("ix_scrape_outcomes_started", "started"),
+    )
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    target: Mapped[str] = mapped_column(String(500), nullable=False)
+    started: Mapped[float] = mapped_column(Double, nullable=False)
+    duration_s: Mapped[float] = mapped_column(Double, nullable=False)
+    up: Mapped[bool] = mapped_column(Boolean, nullable=False)
+    bytes: Mapped[int] = mapped_column(Integer, nullable=False, default=0)
+    series: Mapped[int] = mapped_column(Integer, nullable=False, default=0)
+    error_kind: Mapped[str | None] = mapped_column(String(32))
+    error: Mapped[str | None] = mapped_column(Text)
+
+
+class WindowRow(Base):
+    """One series rolled up over [start, start + length_s) (see collector.records.Window)."""
+
+    __tablename__ = "windows"
+    __table_args__ = (
+        UniqueConstraint("source", "series_key", "start", name="uq_windows_source_series_start"),
+        Index("ix_windows_signal_start", "signal", "start"),
+        Index("ix_windows_source_start", "source", "start"),
+    )
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    source: Mapped[str] = mapped_column(String(500), nullable=False)
+    signal: Mapped[str] = mapped_column(String(200), nullable=False)
+    labels: Mapped[str] = mapped_column(Text, nullable=False)  # canonical JSON object text
+    series_key: Mapped[str] = mapped_column(String(32), nullable=False)
+    start: Mapped[float] = mapped_column(Double, nullable=False)
+    length_s: Mapped[float] = mapped_column(Double, nullable=False)
+    kind: Mapped[str] = mapped_column(String(16), nullable=False)
+    samples: Mapped[int] = mapped_column(Integer, nullable=False)
+    delta: Mapped[float | None] = mapped_column(Double)
+    rate: Mapped[float | None] = mapped_column(Double)
+    resets: Mapped[int] = mapped_column(Integer, nullable=False, default=0)
+    mean: Mapped[float | None] = mapped_column(Double)
+    min: Mapped[float | None] = mapped_column(Double)
+    max: Mapped[float | None] = mapped_column(Double)
+    last: Mapped[float | None] = mapped_column(Double)
+    p50: Mapped[float | None] = mapped_column(Double)
+    p90: Mapped[float | None] = mapped_column(Double)
+    p99: Mapped[float | None] = mapped_column(Double)
+    sum_delta: Mapped[float | None] = mapped_column(Double)
+
+
+# The Window fields written as-is (everything but the identity columns).
+WINDOW_VALUE_COLUMNS = (
+    "signal",
+    "labels",
+    "length_s",
+    "kind",
+    "samples",
+    "delta",
+    "rate",
+    "resets",
+    "mean",
+    "min",
+    "max",
+    "last",
+    "p50",
+    "p90",
+    "p99",
+    "sum_delta",
+)
+
+
+def labels_json(labels: Labels) -> str:
+    """Canonical JSON text of a label set (sorted keys, no spaces)."""
+    return json.dumps(dict(labels), sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
+def series_key(signal: str, labels: Labels) -> str:
+    """Fixed-width identity of a series: 128-bit BLAKE2b of signal and canonical labels."""
+    raw = f"{signal}\x00{labels_json(labels)}".encode()
+    return hashlib.blake2b(raw, digest_size=16).hexdigest()
+
+
+@dataclass(frozen=True, slots=True)
+class EngineRecord:
+    """One engine as the store knows it (returned by Store.engines())."""
+
+    cluster: str
+    source: str
+    model: str | None
+    gpu: str | None
+    hbm_gb: float | None
+    tensor_parallel: int | None
+    offload: str
+    facts: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class TargetRecord:
+    """One scrape target as the store knows it."""
+
+    name: str
+    url: str
+    kind: str
+    cluster: str

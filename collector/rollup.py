@@ -1,0 +1,395 @@
+"""Roll the snapshots of one source into fixed windows (one Window per series per window).
+
+Windows are [start, start + window_s) with ``start`` a multiple of ``window_s`` in UTC epoch
+seconds; the open window closes when a snapshot at or after its end arrives (``add``) or when
+the collector stops (``flush``). Semantics, chosen so the planner can trust every number:
+
+* counters: ``delta`` is the increase as PromQL's ``increase()`` counts it (a value lower than
+  the previous one is a reset; the increase across it is the new value). The step from the last
+  sample of the previous window to the first of this one belongs to this window, so summing the
+  deltas of consecutive windows loses nothing. ``rate`` = delta / seconds covered (from that
+  previous sample, or the first sample of a new series, to the last sample). A series seen for
+  the first time with a single sample has ``delta``/``rate`` None (unknown, not 0). ``last`` is
+  the raw counter value.
+* gauges: ``mean`` is TIME-WEIGHTED: each sample holds until the next sample, the last one until
+  the window end (scrapes are not always evenly spaced; a missed scrape must not over-weight its
+  neighbours). ``min``/``max``/``last`` and ``samples`` as usual.
+* histograms: ``delta`` = observations, ``sum_delta``, ``rate`` = observations/s, ``mean`` =
+  sum_delta / delta, quantiles from the bucket deltas exactly as PromQL's histogram_quantile
+  (``histogram_quantile`` below). A drop of the count or of any bucket, or a change of bucket
+  layout, is a reset. Quantiles are None when the layout changed inside the window (ambiguous).
+* ratios (derived): ``mean`` = Δnumerator / Δdenominator (None when Δdenominator is 0 or
+  unknown), ``delta`` = Δdenominator (its weight), for each label set present in both.
+* non-finite values: NaN and ±Inf samples are SKIPPED for every kind and counted in
+  ``Rollup.skipped`` (as are negative counter values and out-of-order snapshots). Our gauges are
+  fractions and queue lengths where an infinity only means a broken exporter; keeping it would
+  turn means and fits into inf/NaN and make the API's JSON invalid.
+
+Memory is bounded: a series not seen for ``stale_windows`` windows is forgotten (a series that
+comes back after that starts afresh, like a new series).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+from itertools import pairwise
+
+from collector.errors import ConfigError
+from collector.records import Kind, Labels, SignalSample, Snapshot, Window
+
+SeriesKey = tuple[str, Labels]
+Buckets = tuple[tuple[float, float], ...]
+INF = math.inf
+
+
+def histogram_quantile(q: float, buckets: Sequence[tuple[float, float]]) -> float | None:
+    """PromQL's histogram_quantile on cumulative (upper bound, count) buckets ending with +Inf.
+
+    Port of Prometheus 2.42 promql/quantile.go ``bucketQuantile``: linear interpolation inside
+    the bucket holding the rank (the first bucket starts at 0 unless its bound is <= 0); a rank
+    in the +Inf bucket returns the highest finite bound. None where PromQL returns NaN (no
+    observations, no +Inf bucket, fewer than two buckets).
+    """
+    if math.isnan(q):
+        return None
+    if q < 0:
+        return -INF
+    if q > 1:
+        return INF
+    ordered = sorted(buckets)
+    if not ordered or ordered[-1][0] != INF:
+        return None
+    # coalesceBuckets: merge equal bounds; ensureMonotonic: counts never decrease.
+    merged: list[list[float]] = []
+    for bound, count in ordered:
+        if merged and merged[-1][0] == bound:
+            merged[-1][1] += count
+        else:
+            merged.append([bound, count])
+    running = -INF
+    for pair in merged:
+        running = max(running, pair[1])
+        pair[1] = running
+    if len(merged) < 2:
+        return None
+    observations = merged[-1][1]
+    if observations == 0:
+        return None
+    rank = q * observations
+    b = next((i for i in range(len(merged) - 1) if merged[i][1] >= rank), len(merged) - 1)
+    if b == len(merged) - 1:
+        return merged[-2][0]
+    if b == 0 and merged[0][0] <= 0:
+        return merged[0][0]
+    bucket_start = 0.0
+    bucket_end, count = merged[b]
+    if b > 0:
+        bucket_start = merged[b - 1][0]
+        count -= merged[b - 1][1]
+        rank -= merged[b - 1][1]
+    return bucket_start + (bucket_end - bucket_start) * (rank / count)
+
+
+@dataclass(slots=True)
+class _Point:
+    """The last valid sample of a series (kept across windows)."""
+
+    kind: Kind
+    ts: float
+    value: float
+    sum: float | None = None
+    buckets: Buckets = ()
+
+
+@dataclass(slots=True)
+class _Acc:
+    """What one series accumulates inside the open window."""
+
+    kind: Kind
+    from_ts: float  # start of the span covered (previous sample, else first sample)
+    prev: _Point | None  # last sample before the window or, later, the latest sample
+    samples: int = 0
+    last_ts: float = 0.0
+    last: float = 0.0
+    delta: float | None = None
+    resets: int = 0
+    # gauges
+    weighted: float = 0.0
+    lo: float = INF
+    hi: float = -INF
+    # histograms
+    sum_delta: float | None = None
+    sum_known: bool = True
+    bounds: tuple[float, ...] = ()
+    bucket_delta: list[float] = field(default_factory=list)
+    layout_mixed: bool = False
+
+
+class Rollup:
+    """Roll the snapshots of one source into windows; see the module docstring for semantics."""
+
+    def __init__(
+        self,
+        source: str,
+        window_s: float = 60.0,
+        ratios: Sequence[tuple[str, str, str]] | None = None,
+        stale_windows: int = 5,
+    ) -> None:
+        if not (math.isfinite(window_s) and window_s > 0):
+            raise ConfigError(f"rollup window_s must be a positive number of seconds: {window_s}")
+        if stale_windows < 1:
+            raise ConfigError(f"rollup stale_windows must be >= 1: {stale_windows}")
+        if ratios is None:
+            from collector.catalog import DERIVED_RATIOS
+
+            ratios = DERIVED_RATIOS
+        self.source = source
+        self.window_s = float(window_s)
+        self.ratios: tuple[tuple[str, str, str], ...] = tuple(ratios)
+        self.stale_windows = stale_windows
+        self.skipped: Counter[str] = Counter()
+        self._state: dict[SeriesKey, _Point] = {}
+        self._accs: dict[SeriesKey, _Acc] = {}
+        self._open: int | None = None  # index of the open window (start = index * window_s)
+        self._last_ts = -INF
+        self._closed_until = -INF
+
+    @property
+    def tracked_series(self) -> int:
+        """How many series the rollup keeps state for (bounded by stale_windows)."""
+        return len(self._state)
+
+    def add(self, snapshot: Snapshot) -> list[Window]:
+        """Add one snapshot; return the windows it closed (sorted by start, signal, labels)."""
+        ts = snapshot.timestamp
+        if not math.isfinite(ts) or ts <= self._last_ts or ts < self._closed_until:
+            self.skipped["out_of_order"] += 1
+            return []
+        self._last_ts = ts
+        index = math.floor(ts / self.window_s)
+        closed: list[Window] = []
+        if self._open is not None and index > self._open:
+            closed = self._close()
+        self._open = index
+        for sample in snapshot.samples:
+            self._add_sample(sample, ts)
+        return closed
+
+    def flush(self) -> list[Window]:
+        """Close the open window (clean stop); later snapshots inside it are out of order."""
+        if self._open is None:
+            return []
+        return self._close()
+
+    # -- per sample -------------------------------------------------------------------------
+
+    def _add_sample(self, sample: SignalSample, ts: float) -> None:
+        key = (sample.signal, sample.labels)
+        if sample.kind == "counter":
+            self._add_counter(key, sample.value, ts)
+        elif sample.kind == "gauge":
+            self._add_gauge(key, sample.value, ts)
+        elif sample.kind == "histogram":
+            self._add_histogram(key, sample, ts)
+        else:
+            self.skipped["kind"] += 1
+
+    def _acc(self, key: SeriesKey, kind: Kind, ts: float) -> _Acc:
+        acc = self._accs.get(key)
+        if acc is not None and acc.kind == kind:
+            return acc
+        prev = self._state.get(key)
+        if prev is not None and prev.kind != kind:
+            prev = None
+        acc = _Acc(kind=kind, from_ts=prev.ts if prev is not None else ts, prev=prev)
+        self._accs[key] = acc
+        return acc
+
+    def _add_counter(self, key: SeriesKey, value: float, ts: float) -> None:
+        if math.isnan(value):
+            self.skipped["nan"] += 1
+            return
+        if math.isinf(value):
+            self.skipped["inf"] += 1
+            return
+        if value < 0:
+            self.skipped["negative"] += 1
+            return
+        acc = self._acc(key, "counter", ts)
+        prev = acc.prev
+        if prev is not None:
+            if value < prev.value:
+                acc.resets += 1
+                increase = value
+            else:
+                increase = value - prev.value
+            acc.delta = (acc.delta or 0.0) + increase
+        point = _Point("counter", ts, value)
+        acc.prev = point
+        self._state[key] = point
+        acc.samples += 1
+        acc.last_ts = ts
+        acc.last = value
+
+    def _add_gauge(self, key: SeriesKey, value: float, ts: float) -> None:
+        if math.isnan(value):
+            self.skipped["nan"] += 1
+            return
+        if math.isinf(value):
+            self.skipped["inf"] += 1
+            return
+        acc = self._acc(key, "gauge", ts)
+        if acc.samples:
+            acc.weighted += acc.last * (ts - acc.last_ts)
+        else:
+            acc.from_ts = ts
+        acc.lo = min(acc.lo, value)
+        acc.hi = max(acc.hi, value)
+        acc.samples += 1
+        acc.last_ts = ts
+        acc.last = value
+        self._state[key] = _Point("gauge", ts, value)
+
+    def _add_histogram(self, key: SeriesKey, sample: SignalSample, ts: float) -> None:
+        numbers = [sample.value, *(count for _, count in sample.buckets)]
+        if sample.sum is not None:
+            numbers.append(sample.sum)
+        if any(math.isnan(x) for x in numbers):
+            self.skipped["nan"] += 1
+            return
+        if any(math.isinf(x) for x in numbers):
+            self.skipped["inf"] += 1
+            return
+        bounds = tuple(bound for bound, _ in sample.buckets)
+        if not bounds or bounds[-1] != INF or any(a >= b for a, b in pairwise(bounds)):
+            self.skipped["malformed_histogram"] += 1
+            return
+        acc = self._acc(key, "histogram", ts)
+        point = _Point("histogram", ts, sample.value, sample.sum, sample.buckets)
+        prev = acc.prev
+        if prev is not None:
+            reset = (
+                tuple(b for b, _ in prev.buckets) != bounds
+                or sample.value < prev.value
+                or any(
+                    new < old
+                    for (_, new), (_, old) in zip(sample.buckets, prev.buckets, strict=True)
+                )
+            )
+            if reset:
+                acc.resets += 1
+                d_count, d_sum = sample.value, sample.sum
+                d_buckets = [count for _, count in sample.buckets]
+            else:
+                d_count = sample.value - prev.value
+                d_sum = None if sample.sum is None or prev.sum is None else sample.sum - prev.sum
+                d_buckets = [
+                    n - o for (_, n), (_, o) in zip(sample.buckets, prev.buckets, strict=True)
+                ]
+            acc.delta = (acc.delta or 0.0) + d_count
+            if d_sum is None:
+                acc.sum_known = False
+            else:
+                acc.sum_delta = (acc.sum_delta or 0.0) + d_sum
+            if not acc.bounds:
+                acc.bounds, acc.bucket_delta = bounds, d_buckets
+            elif acc.bounds == bounds:
+                acc.bucket_delta = [a + d for a, d in zip(acc.bucket_delta, d_buckets, strict=True)]
+            else:
+                acc.layout_mixed = True
+        acc.prev = point
+        self._state[key] = point
+        acc.samples += 1
+        acc.last_ts = ts
+        acc.last = sample.value
+
+    # -- closing ----------------------------------------------------------------------------
+
+    def _close(self) -> list[Window]:
+        assert self._open is not None
+        start = self._open * self.window_s
+        end = start + self.window_s
+        windows: list[Window] = []
+        counters: dict[SeriesKey, Window] = {}
+        for (signal, labels), acc in self._accs.items():
+            window = self._window(signal, labels, acc, start, end)
+            windows.append(window)
+            if acc.kind == "counter":
+                counters[(signal, labels)] = window
+        windows.extend(self._ratios(counters, start))
+        windows.sort(key=lambda w: (w.signal, w.labels))
+        self._accs = {}
+        self._open = None
+        self._closed_until = end
+        horizon = end - self.stale_windows * self.window_s
+        stale = [key for key, point in self._state.items() if point.ts < horizon]
+        for key in stale:
+            del self._state[key]
+        return windows
+
+    def _window(self, signal: str, labels: Labels, acc: _Acc, start: float, end: float) -> Window:
+        base = Window(
+            source=self.source,
+            signal=signal,
+            labels=labels,
+            start=start,
+            length_s=self.window_s,
+            kind=acc.kind,
+            samples=acc.samples,
+            resets=acc.resets,
+            last=acc.last,
+        )
+        span = acc.last_ts - acc.from_ts
+        rate = None if acc.delta is None or span <= 0 else acc.delta / span
+        if acc.kind == "counter":
+            return replace(base, delta=acc.delta, rate=rate)
+        if acc.kind == "gauge":
+            weighted = acc.weighted + acc.last * (end - acc.last_ts)
+            return replace(base, mean=weighted / (end - acc.from_ts), min=acc.lo, max=acc.hi)
+        sum_delta = acc.sum_delta if acc.sum_known and acc.delta is not None else None
+        mean = sum_delta / acc.delta if sum_delta is not None and acc.delta else None
+        quantiles: list[float | None] = [None, None, None]
+        if acc.bounds and not acc.layout_mixed:
+            cumulative = tuple(zip(acc.bounds, acc.bucket_delta, strict=True))
+            quantiles = [histogram_quantile(q, cumulative) for q in (0.5, 0.9, 0.99)]
+        return replace(
+            base,
+            delta=acc.delta,
+            rate=rate,
+            sum_delta=sum_delta,
+            mean=mean,
+            p50=quantiles[0],
+            p90=quantiles[1],
+            p99=quantiles[2],
+        )
+
+    def _ratios(self, counters: dict[SeriesKey, Window], start: float) -> list[Window]:
+        out: list[Window] = []
+        for ratio, numerator, denominator in self.ratios:
+            for (signal, labels), den in counters.items():
+                if signal != denominator:
+                    continue
+                num = counters.get((numerator, labels))
+                if num is None:
+                    continue
+                known = num.delta is not None and den.delta is not None
+                value = None
+                if num.delta is not None and den.delta:
+                    value = num.delta / den.delta
+                out.append(
+                    Window(
+                        source=self.source,
+                        signal=ratio,
+                        labels=labels,
+                        start=start,
+                        length_s=self.window_s,
+                        kind="ratio",
+                        samples=min(num.samples, den.samples),
+                        delta=den.delta if known else None,
+                        mean=value,
+                    )
+                )
+        return out

@@ -1,0 +1,400 @@
+"""The SQL store: windows, scrape outcomes, clusters, engines, targets (SQLite or PostgreSQL).
+
+``Store(url)`` connects at once (a bad URL or an unreachable database is a StoreError naming the
+URL, password redacted). ``migrate()`` creates or upgrades the schema; every other operation
+refuses a database whose schema version differs from the code's. Window writes are idempotent
+upserts on (source, series_key, start), batched with one transaction per batch.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import time
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import (
+    Connection,
+    Engine,
+    create_engine,
+    delete,
+    event,
+    func,
+    insert,
+    inspect,
+    or_,
+    select,
+    text,
+)
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.engine import URL, make_url
+from sqlalchemy.exc import ArgumentError, SQLAlchemyError
+
+from collector.errors import StoreError
+from collector.inventory import Inventory
+from collector.models import (
+    SCHEMA_VERSION,
+    WINDOW_VALUE_COLUMNS,
+    Base,
+    ClusterRow,
+    EngineRecord,
+    EngineRow,
+    SchemaVersionRow,
+    ScrapeOutcomeRow,
+    TargetRecord,
+    TargetRow,
+    WindowRow,
+    labels_json,
+    series_key,
+)
+from collector.records import Labels, ScrapeOutcome, Window
+
+# Upgrade steps: MIGRATIONS[n] turns schema version n into n + 1 (inside one transaction).
+MIGRATIONS: dict[int, Callable[[Connection], None]] = {}
+_PG_MIGRATE_LOCK = 0x6B7673636F7065  # pg_advisory_xact_lock key ("kvscope")
+_WINDOW_KEY = ("source", "series_key", "start")
+_FLOAT_COLUMNS = ("delta", "rate", "mean", "min", "max", "last", "p50", "p90", "p99", "sum_delta")
+
+
+__all__ = ["MIGRATIONS", "EngineRecord", "Store", "TargetRecord", "redact"]
+
+
+def redact(url: str) -> str:
+    """The URL with its password replaced by ***, even when it does not parse."""
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except ArgumentError:
+        return re.sub(r"(://[^:/@]*:)[^@]*@", r"\1***@", url)
+
+
+class Store(Inventory):
+    """kvscope's SQL store; see the module docstring. Use as a context manager or call close()."""
+
+    def __init__(self, url: str, *, batch_size: int = 5_000) -> None:
+        self.url = redact(url)
+        self.batch_size = batch_size
+        self._schema_ok = False
+        self._series_cache: dict[tuple[str, Labels], tuple[str, str]] = {}
+        self._labels_cache: dict[str, Labels] = {}
+        parsed = self._parse(url)
+        self.dialect = parsed.get_backend_name()
+        try:
+            self._engine = self._create_engine(parsed)
+            with self._engine.connect():
+                pass
+        except (SQLAlchemyError, OSError) as exc:
+            raise StoreError(f"cannot open database {self.url}: {_reason(exc)}") from exc
+        self._insert = sqlite.insert if self.dialect == "sqlite" else postgresql.insert
+
+    def _parse(self, url: str) -> URL:
+        try:
+            parsed = make_url(url)
+        except ArgumentError as exc:
+            raise StoreError(f"bad database URL {self.url}: {exc}") from exc
+        if parsed.drivername in ("postgresql", "postgres"):
+            parsed = parsed.set(drivername="postgresql+psycopg")
+        if parsed.get_backend_name() not in ("sqlite", "postgresql"):
+            raise StoreError(
+                f"bad database URL {self.url}: only sqlite:/// and postgresql:// are supported"
+            )
+        return parsed
+
+    def _create_engine(self, parsed: URL) -> Engine:
+        if self.dialect == "postgresql":
+            return create_engine(parsed, pool_pre_ping=True, connect_args={"connect_timeout": 10})
+        database = parsed.database or ""
+        in_memory = database in ("", ":memory:") or database.startswith("file:")
+        if not in_memory:
+            Path(database).expanduser().parent.mkdir(parents=True, exist_ok=True)
+        engine = create_engine(parsed, connect_args={"timeout": 30})
+
+        @event.listens_for(engine, "connect")
+        def _on_connect(dbapi_conn: Any, _record: Any) -> None:
+            # Let SQLAlchemy emit BEGIN itself (transactional DDL, BEGIN IMMEDIATE for writers).
+            dbapi_conn.isolation_level = None
+            cursor = dbapi_conn.cursor()
+            if not in_memory:
+                cursor.execute("PRAGMA journal_mode=WAL")
+            cursor.execute("PRAGMA synchronous=NORMAL")
+            cursor.execute("PRAGMA foreign_keys=ON")
+            cursor.close()
+
+        @event.listens_for(engine, "begin")
+        def _on_begin(conn: Connection) -> None:
+            write = conn.get_execution_options().get("kvscope_write", False)
+            conn.exec_driver_sql("BEGIN IMMEDIATE" if write else "BEGIN")
+
+        return engine
+
+    # -- plumbing ---------------------------------------------------------------------------
+
+    def __enter__(self) -> Store:
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Release every pooled connection."""
+        self._engine.dispose()
+
+    @contextmanager
+    def _tx(self, action: str, *, write: bool = False) -> Iterator[Connection]:
+        """One transaction; database errors become StoreError naming the action and the URL."""
+        try:
+            with self._engine.connect() as conn:
+                if write:
+                    conn.execution_options(kvscope_write=True)
+                with conn.begin():
+                    yield conn
+        except SQLAlchemyError as exc:
+            raise StoreError(f"{action} failed on {self.url}: {_reason(exc)}") from exc
+
+    def _read_version(self, conn: Connection) -> int | None:
+        if not inspect(conn).has_table(SchemaVersionRow.__tablename__):
+            return None
+        version = conn.scalar(select(func.max(SchemaVersionRow.version)))
+        return None if version is None else int(version)
+
+    def _require_schema(self) -> None:
+        if self._schema_ok:
+            return
+        with self._tx("schema check") as conn:
+            version = self._read_version(conn)
+        if version != SCHEMA_VERSION:
+            raise StoreError(self._version_message(version))
+        self._schema_ok = True
+
+    def _version_message(self, version: int | None) -> str:
+        if version is None:
+            return f"{self.url} has no kvscope schema: run `kvscope db migrate --db URL`"
+        if version > SCHEMA_VERSION:
+            return (
+                f"{self.url} has schema version {version}, newer than this kvscope "
+                f"({SCHEMA_VERSION}): upgrade kvscope"
+            )
+        return (
+            f"{self.url} has schema version {version}, older than {SCHEMA_VERSION}: "
+            "run `kvscope db migrate --db URL`"
+        )
+
+    # -- schema -----------------------------------------------------------------------------
+
+    def migrate(self) -> int:
+        """Create or upgrade the schema (idempotent, safe to race); return the version."""
+        with self._tx("migrate", write=True) as conn:
+            if self.dialect == "postgresql":
+                conn.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": _PG_MIGRATE_LOCK})
+            version = self._read_version(conn)
+            if version is not None and version > SCHEMA_VERSION:
+                raise StoreError(self._version_message(version))
+            Base.metadata.create_all(conn, checkfirst=True)
+            for step in range(version or SCHEMA_VERSION, SCHEMA_VERSION):
+                MIGRATIONS[step](conn)
+            conn.execute(delete(SchemaVersionRow))
+            conn.execute(
+                insert(SchemaVersionRow).values(
+                    id=1, version=SCHEMA_VERSION, migrated_at=time.time()
+                )
+            )
+        self._schema_ok = True
+        return SCHEMA_VERSION
+
+    def schema_version(self) -> int | None:
+        """The version the database is at (None: no kvscope schema)."""
+        with self._tx("schema check") as conn:
+            return self._read_version(conn)
+
+    # -- windows ----------------------------------------------------------------------------
+
+    def _series(self, signal: str, labels: Labels) -> tuple[str, str]:
+        cached = self._series_cache.get((signal, labels))
+        if cached is None:
+            if len(self._series_cache) > 200_000:
+                self._series_cache.clear()
+            cached = (labels_json(labels), series_key(signal, labels))
+            self._series_cache[(signal, labels)] = cached
+        return cached
+
+    def _window_row(self, w: Window) -> dict[str, Any]:
+        text_labels, key = self._series(w.signal, w.labels)
+        row: dict[str, Any] = {
+            "source": w.source,
+            "signal": w.signal,
+            "labels": text_labels,
+            "series_key": key,
+            "start": w.start,
+            "length_s": w.length_s,
+            "kind": w.kind,
+            "samples": w.samples,
+            "delta": w.delta,
+            "rate": w.rate,
+            "resets": w.resets,
+            "mean": w.mean,
+            "min": w.min,
+            "max": w.max,
+            "last": w.last,
+            "p50": w.p50,
+            "p90": w.p90,
+            "p99": w.p99,
+            "sum_delta": w.sum_delta,
+        }
+        for name in _FLOAT_COLUMNS:
+            value = row[name]
+            if value is not None and math.isnan(value):  # SQLite would store NULL anyway
+                row[name] = None
+        if not math.isfinite(w.start):
+            raise StoreError(f"window {w.source} {w.signal} has a non-finite start: {w.start}")
+        return row
+
+    def write_windows(self, windows: Iterable[Window]) -> int:
+        """Upsert windows on (source, series_key, start); return how many were written.
+
+        Idempotent: writing the same windows again updates the rows in place. Within one call a
+        repeated key keeps its last window. One transaction per batch of ``batch_size``.
+        """
+        self._require_schema()
+        table = WindowRow.__table__
+        stmt = self._insert(table)
+        stmt = stmt.on_conflict_do_update(
+            index_elements=list(_WINDOW_KEY),
+            set_={name: stmt.excluded[name] for name in WINDOW_VALUE_COLUMNS},
+        )
+        written = 0
+        batch: dict[tuple[str, str, float], dict[str, Any]] = {}
+        for window in windows:
+            row = self._window_row(window)
+            batch[(row["source"], row["series_key"], row["start"])] = row
+            if len(batch) >= self.batch_size:
+                written += self._write_batch(stmt, batch)
+                batch = {}
+        if batch:
+            written += self._write_batch(stmt, batch)
+        return written
+
+    def _write_batch(self, stmt: Any, batch: dict[tuple[str, str, float], dict[str, Any]]) -> int:
+        rows = list(batch.values())
+        with self._tx(f"writing {len(rows)} windows", write=True) as conn:
+            conn.execute(stmt, rows)
+        return len(rows)
+
+    def _labels(self, raw: str) -> Labels:
+        labels = self._labels_cache.get(raw)
+        if labels is None:
+            if len(self._labels_cache) > 200_000:
+                self._labels_cache.clear()
+            labels = tuple(sorted(json.loads(raw).items()))
+            self._labels_cache[raw] = labels
+        return labels
+
+    def read_windows(
+        self,
+        *,
+        signals: Sequence[str] | None = None,
+        sources: Sequence[str] | None = None,
+        cluster: str | None = None,
+        since: float | None = None,
+        until: float | None = None,
+    ) -> list[Window]:
+        """Windows with ``since <= start < until``, ordered by source, signal, start, labels.
+
+        ``cluster`` keeps the sources registered in that cluster as a target or an engine.
+        """
+        self._require_schema()
+        w = WindowRow
+        query = select(
+            w.source, w.signal, w.labels, w.start, w.length_s, w.kind, w.samples, w.delta,
+            w.rate, w.resets, w.mean, w.min, w.max, w.last, w.p50, w.p90, w.p99, w.sum_delta,
+        )  # fmt: skip
+        if signals is not None:
+            query = query.where(w.signal.in_(list(signals)))
+        if sources is not None:
+            query = query.where(w.source.in_(list(sources)))
+        if since is not None:
+            query = query.where(w.start >= since)
+        if until is not None:
+            query = query.where(w.start < until)
+        if cluster is not None:
+            in_cluster = select(ClusterRow.id).where(ClusterRow.name == cluster)
+            query = query.where(
+                or_(
+                    w.source.in_(select(TargetRow.name).where(TargetRow.cluster_id.in_(in_cluster))),
+                    w.source.in_(select(EngineRow.source).where(EngineRow.cluster_id.in_(in_cluster))),
+                )
+            )  # fmt: skip
+        query = query.order_by(w.source, w.signal, w.start, w.labels)
+        with self._tx("reading windows") as conn:
+            rows = conn.execute(query).all()
+        return [
+            Window(r[0], r[1], self._labels(r[2]), *r[3:])  # type: ignore[arg-type]
+            for r in rows
+        ]
+
+    # -- scrape outcomes --------------------------------------------------------------------
+
+    def write_outcomes(self, outcomes: Iterable[ScrapeOutcome]) -> int:
+        """Record scrape outcomes; a retry of the same (target, started) updates in place."""
+        self._require_schema()
+        rows = [
+            {
+                "target": o.target,
+                "started": o.started,
+                "duration_s": o.duration_s,
+                "up": o.up,
+                "bytes": o.bytes,
+                "series": o.series,
+                "error_kind": o.error_kind,
+                "error": o.error,
+            }
+            for o in outcomes
+        ]
+        if not rows:
+            return 0
+        stmt = self._insert(ScrapeOutcomeRow.__table__)
+        stmt = stmt.on_conflict_do_update(
+            index_elements=["target", "started"],
+            set_={k: stmt.excluded[k] for k in rows[0] if k not in ("target", "started")},
+        )
+        for i in range(0, len(rows), self.batch_size):
+            chunk = list(
+                {(r["target"], r["started"]): r for r in rows[i : i + self.batch_size]}.values()
+            )
+            with self._tx("writing scrape outcomes", write=True) as conn:
+                conn.execute(stmt, chunk)
+        return len(rows)
+
+    def outcomes(
+        self,
+        *,
+        targets: Sequence[str] | None = None,
+        since: float | None = None,
+        until: float | None = None,
+    ) -> list[ScrapeOutcome]:
+        """Scrape outcomes with ``since <= started < until``, ordered by target, started."""
+        self._require_schema()
+        o = ScrapeOutcomeRow
+        query = select(
+            o.target, o.started, o.duration_s, o.up, o.bytes, o.series, o.error_kind, o.error
+        )
+        if targets is not None:
+            query = query.where(o.target.in_(list(targets)))
+        if since is not None:
+            query = query.where(o.started >= since)
+        if until is not None:
+            query = query.where(o.started < until)
+        with self._tx("reading scrape outcomes") as conn:
+            rows = conn.execute(query.order_by(o.target, o.started)).all()
+        return [ScrapeOutcome(*r) for r in rows]
+
+
+def _reason(exc: BaseException) -> str:
+    """The driver's own message (one line), without SQLAlchemy's boilerplate."""
+    orig = getattr(exc, "orig", None)
+    message = str(orig if orig is not None else exc)
+    lines = [line.strip() for line in message.splitlines() if line.strip()]
+    lines = [line for line in lines if not line.startswith("(Background on this error")]
+    return "; ".join(lines) or type(exc).__name__
