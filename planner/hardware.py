@@ -208,7 +208,10 @@ def _model_from(name: str, entry: object, where: str, base_dir: Path | None) -> 
         path = Path(str(e["hf_config"]))
         if not path.is_absolute() and base_dir is not None:
             path = base_dir / path
-        model = model_from_hf_config(path, name)
+        try:
+            model = model_from_hf_config(path, name)
+        except ConfigError as exc:
+            raise ConfigError(f"{where}: hf_config: {exc}") from exc
         if "kv_bytes_per_elem" in e:
             kv = _number(e["kv_bytes_per_elem"], "kv_bytes_per_elem", where)
             model = dataclasses.replace(model, kv_bytes_per_elem=kv)
