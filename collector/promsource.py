@@ -1,0 +1,309 @@
+"""Windows from a Prometheus-compatible HTTP API (Prometheus, Thanos, Mimir: /api/v1/query_range).
+
+For clusters Prometheus already scrapes, kvscope reads the canonical windows back instead of
+scraping the engines itself. Each signal is ONE range query whose step is the window: at each
+evaluation time ``t`` the range ``[window]`` covers the window ``[t - window, t)``. The query
+joins its statistics with ``or``, each term tagged by a ``kvscope_stat`` label:
+
+* counter: ``increase`` → delta (rate = delta / window), ``resets``, ``count_over_time``
+  → samples, ``last_over_time`` → last;
+* gauge: ``avg_over_time`` / ``min_over_time`` / ``max_over_time`` / ``last_over_time``;
+* histogram: ``histogram_quantile(q, rate(bucket[w]))`` for p50/p90/p99, increases of the
+  count and the sum (delta, sum_delta, mean = sum_delta / delta).
+
+Derived ratios (collector.catalog.DERIVED_RATIOS) are computed from the counter windows as the
+rollup does. PromQL comes from the catalogue (``promql_expr``), so no vendor name is spelled
+here. Prometheus refuses a range query of more than 11,000 points per series, so long ranges
+are split into chunks of at most ``max_points`` steps.
+
+Differences from the direct path worth knowing: ``increase`` extrapolates to the window edges
+(the rollup counts from the previous window's last sample), and gauge means are PromQL's plain
+averages of the samples in range (the rollup's are time-weighted); with regular scrapes both
+agree within a scrape interval's worth.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from datetime import UTC, datetime
+from typing import Any, Literal
+
+from collector.catalog import DERIVED_RATIOS, SIGNALS, promql_expr
+from collector.errors import ConfigError, ScrapeError
+from collector.records import Kind, Labels, Window
+
+STAT_LABEL = "kvscope_stat"
+DROPPED_LABELS = frozenset({"__name__", "instance", "job", STAT_LABEL})
+# Prometheus' hard limit is 11,000 points per series (promql/engine: "exceeded maximum
+# resolution of 11,000 points per timeseries"); stay below it.
+MAX_POINTS = 10_000
+QUANTILES = (("p50", 0.5), ("p90", 0.9), ("p99", 0.99))
+SourceFrom = Literal["instance", "job/instance"]
+
+
+def _tag(expr: str, stat: str) -> str:
+    return f'label_replace({expr}, "{STAT_LABEL}", "{stat}", "", "")'
+
+
+def signal_query(signal: str, window_s: int, matchers: str = "") -> str:
+    """The one PromQL query that yields every statistic of ``signal`` per window."""
+    sig = SIGNALS[signal]
+    w = f"{window_s}s"
+
+    def e(fn: str, part: Literal["bucket", "count", "sum"] = "bucket") -> str:
+        return f"({promql_expr(signal, matchers, part=part, range_fn=fn, window=w)})"
+
+    terms: list[tuple[str, str]]
+    if sig.kind == "counter":
+        terms = [
+            ("delta", e("increase")),
+            ("resets", e("resets")),
+            ("samples", e("count_over_time")),
+            ("last", e("last_over_time")),
+        ]
+    elif sig.kind == "gauge":
+        terms = [(stat, e(f"{stat}_over_time")) for stat in ("avg", "min", "max", "last", "count")]
+    else:
+        terms = [(name, f"histogram_quantile({q}, {e('rate')})") for name, q in QUANTILES]
+        terms += [
+            ("delta", e("increase", "count")),
+            ("sum_delta", e("increase", "sum")),
+            ("samples", e("count_over_time", "count")),
+            ("last", e("last_over_time", "count")),
+        ]
+    return " or ".join(_tag(expr, stat) for stat, expr in terms)
+
+
+class PrometheusSource:
+    """Reads canonical windows from a Prometheus-compatible query API."""
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        timeout_s: float = 30.0,
+        source_from: SourceFrom = "instance",
+        matchers: str = "",
+        max_points: int = MAX_POINTS,
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        from prometheus_api_client import PrometheusConnect
+        from urllib3.util.retry import Retry
+
+        if not url.startswith(("http://", "https://")):
+            raise ConfigError(f"prometheus URL must start with http:// or https://: {url!r}")
+        if max_points < 2:
+            raise ConfigError(f"max_points must be >= 2, got {max_points}")
+        self.url = url.rstrip("/")
+        self.source_from = source_from
+        self.matchers = matchers
+        self.max_points = max_points
+        self.timeout_s = timeout_s
+        # A few quick retries on a flaky network, not the client's default 3 × exponential.
+        retry = Retry(total=2, backoff_factor=0.1, status_forcelist=(502, 503, 504))
+        self._prom = PrometheusConnect(
+            url=self.url,
+            headers=headers,
+            retry=retry,
+            timeout=timeout_s,
+        )
+
+    def close(self) -> None:
+        self._prom.close()
+
+    def __enter__(self) -> PrometheusSource:
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.close()
+
+    def _call(self, what: str, fn: Any, *args: Any, **kw: Any) -> Any:
+        import requests
+        from prometheus_api_client.exceptions import PrometheusApiClientException
+
+        try:
+            return fn(*args, **kw)
+        except requests.Timeout as exc:
+            raise ScrapeError(
+                self.url, "timeout", f"{what}: no answer in {self.timeout_s:g} s"
+            ) from exc
+        except requests.RequestException as exc:
+            raise ScrapeError(self.url, "connect", f"{what}: {type(exc).__name__}: {exc}") from exc
+        except PrometheusApiClientException as exc:
+            raise ScrapeError(self.url, "http_status", f"{what}: {exc}") from exc
+        except (ValueError, KeyError, TypeError) as exc:  # not a Prometheus API answer
+            raise ScrapeError(
+                self.url, "parse", f"{what}: not a Prometheus API response ({exc})"
+            ) from exc
+
+    def check(self) -> None:
+        """Raise ScrapeError unless the query API answers a trivial query."""
+        result = self._call("checking the query API", self._prom.custom_query, "vector(1)")
+        if not isinstance(result, list) or not result:
+            raise ScrapeError(self.url, "parse", "query API answered vector(1) with no sample")
+
+    def windows(
+        self,
+        start: float,
+        end: float,
+        window_s: float,
+        signals: Iterable[str] | None = None,
+    ) -> list[Window]:
+        """Every complete window ``[s, s + window_s)`` with ``start <= s <= end - window_s``.
+
+        Window starts are multiples of ``window_s`` (as the rollup's); ``window_s`` must be a
+        whole number of seconds (the query API takes whole-second bounds).
+        """
+        if not (math.isfinite(window_s) and window_s >= 1 and float(window_s).is_integer()):
+            raise ConfigError(
+                f"Prometheus windows must be a whole number of seconds >= 1, got {window_s}"
+            )
+        w = int(window_s)
+        names = list(SIGNALS) if signals is None else list(signals)
+        for name in names:
+            if name not in SIGNALS:
+                raise ConfigError(f"unknown signal {name!r} (see collector.catalog.SIGNALS)")
+        first = math.ceil(start / w) * w  # first window start
+        last = math.floor(end / w) * w - w  # last window start
+        if last < first:
+            return []
+        out: list[Window] = []
+        for name in names:
+            query = signal_query(name, w, self.matchers)
+            cells: dict[tuple[str, Labels, float], dict[str, float]] = {}
+            for t0, t1 in self._chunks(first + w, last + w, w):
+                for series in self._range(name, query, t0, t1, w):
+                    self._collect(series, w, cells)
+            out.extend(self._build(name, w, cells))
+        out.extend(derive_ratios(out))
+        out.sort(key=lambda x: (x.source, x.start, x.signal, x.labels))
+        return out
+
+    # -- internals ----------------------------------------------------------------------------
+
+    def _chunks(self, t_first: int, t_last: int, w: int) -> list[tuple[int, int]]:
+        span = (self.max_points - 1) * w
+        chunks = []
+        t = t_first
+        while t <= t_last:
+            chunks.append((t, min(t + span, t_last)))
+            t += span + w
+        return chunks
+
+    def _range(self, signal: str, query: str, t0: int, t1: int, w: int) -> list[dict[str, Any]]:
+        result = self._call(
+            f"range query for {signal}",
+            self._prom.custom_query_range,
+            query,
+            start_time=datetime.fromtimestamp(t0, UTC),
+            end_time=datetime.fromtimestamp(t1, UTC),
+            step=f"{w}s",
+        )
+        if not isinstance(result, list):
+            raise ScrapeError(self.url, "parse", f"range query for {signal}: no matrix result")
+        return result
+
+    def _source(self, metric: dict[str, str]) -> str:
+        instance = metric.get("instance", "")
+        job = metric.get("job", "")
+        if self.source_from == "job/instance" and job:
+            return f"{job}/{instance}" if instance else job
+        return instance or job or self.url
+
+    def _collect(
+        self,
+        series: dict[str, Any],
+        w: int,
+        cells: dict[tuple[str, Labels, float], dict[str, float]],
+    ) -> None:
+        metric: dict[str, str] = series.get("metric", {})
+        stat = metric.get(STAT_LABEL)
+        if stat is None:
+            return
+        source = self._source(metric)
+        labels: Labels = tuple(sorted((k, v) for k, v in metric.items() if k not in DROPPED_LABELS))
+        for ts, raw in series.get("values", []):
+            value = float(raw)
+            if math.isnan(value) or math.isinf(value):
+                continue  # no observations in the window (quantile NaN), or a broken exporter
+            cell = cells.setdefault((source, labels, float(ts) - w), {})
+            cell.setdefault(stat, value)  # duplicate spellings: keep the first
+
+    def _build(
+        self, signal: str, w: int, cells: dict[tuple[str, Labels, float], dict[str, float]]
+    ) -> list[Window]:
+        kind: Kind = SIGNALS[signal].kind
+        out = []
+        for (source, labels, start), st in cells.items():
+            samples = int(st.get("count" if kind == "gauge" else "samples", 0))
+            if samples == 0:
+                continue
+            window = Window(
+                source=source,
+                signal=signal,
+                labels=labels,
+                start=start,
+                length_s=float(w),
+                kind=kind,
+                samples=samples,
+                last=st.get("last"),
+            )
+            if kind == "gauge":
+                window = _replace(window, mean=st.get("avg"), min=st.get("min"), max=st.get("max"))
+            else:
+                delta = st.get("delta")
+                rate = None if delta is None else delta / w
+                window = _replace(window, delta=delta, rate=rate)
+                if kind == "counter":
+                    window = _replace(window, resets=int(st.get("resets", 0)))
+                else:
+                    sum_delta = st.get("sum_delta")
+                    mean = sum_delta / delta if sum_delta is not None and delta else None
+                    window = _replace(
+                        window,
+                        sum_delta=sum_delta,
+                        mean=mean,
+                        p50=st.get("p50"),
+                        p90=st.get("p90"),
+                        p99=st.get("p99"),
+                    )
+            out.append(window)
+        return out
+
+
+def _replace(window: Window, **changes: Any) -> Window:
+    from dataclasses import replace
+
+    return replace(window, **changes)
+
+
+def derive_ratios(
+    windows: Sequence[Window], ratios: Sequence[tuple[str, str, str]] = DERIVED_RATIOS
+) -> list[Window]:
+    """Ratio windows (numerator delta / denominator delta) as collector.rollup derives them."""
+    counters = {(x.source, x.signal, x.labels, x.start): x for x in windows if x.kind == "counter"}
+    out = []
+    for ratio, numerator, denominator in ratios:
+        for (source, signal, labels, start), den in counters.items():
+            if signal != denominator:
+                continue
+            num = counters.get((source, numerator, labels, start))
+            if num is None:
+                continue
+            known = num.delta is not None and den.delta is not None
+            value = num.delta / den.delta if num.delta is not None and den.delta else None
+            out.append(
+                Window(
+                    source=source,
+                    signal=ratio,
+                    labels=labels,
+                    start=start,
+                    length_s=den.length_s,
+                    kind="ratio",
+                    samples=min(num.samples, den.samples),
+                    delta=den.delta if known else None,
+                    mean=value,
+                )
+            )
+    return out

@@ -1,0 +1,319 @@
+"""Direct scraping: the targets file and a bounded, concurrent scrape of every target.
+
+Prometheus' scrape semantics are the model: each scrape of each target yields one
+:class:`~collector.records.ScrapeOutcome` (``up`` or an ``error_kind``), and one bad target
+(refused, slow, 500, oversized, malformed) never stops the others.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal, cast
+from urllib.parse import urlsplit
+
+import httpx
+import yaml
+
+from collector.errors import ConfigError, ParseError
+from collector.parse import read_exposition
+from collector.records import ScrapeOutcome, Snapshot
+
+log = logging.getLogger(__name__)
+
+TargetKind = Literal["vllm", "lmcache"]
+OffloadMode = Literal["none", "native", "lmcache"]
+TARGET_KINDS: tuple[TargetKind, ...] = ("vllm", "lmcache")
+OFFLOAD_MODES: tuple[OffloadMode, ...] = ("none", "native", "lmcache")
+
+# Ask for the classic text format: prometheus-client 0.23-0.26 rewrites `vllm:` to `vllm_`
+# in sample names when OpenMetrics is negotiated without `escaping=allow-utf-8`
+# (prometheus/client_python#1177; see tests/fixtures/metrics/README.md).
+ACCEPT_HEADER = "text/plain;version=0.0.4"
+USER_AGENT = "kvscope-collector"
+
+
+@dataclass(frozen=True, slots=True)
+class EngineMeta:
+    """What the operator knows about an engine that its /metrics does not say."""
+
+    model: str | None = None
+    gpu: str | None = None
+    tensor_parallel: int = 1
+    offload: OffloadMode = "none"
+
+
+@dataclass(frozen=True, slots=True)
+class Target:
+    """One scrape target from the targets file."""
+
+    name: str
+    url: str
+    kind: TargetKind
+    engine: EngineMeta | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class TargetSet:
+    """A validated targets file: a cluster name and its uniquely named targets."""
+
+    cluster: str
+    targets: tuple[Target, ...]
+
+    def __iter__(self) -> Iterator[Target]:
+        return iter(self.targets)
+
+    def __len__(self) -> int:
+        return len(self.targets)
+
+
+@dataclass(frozen=True, slots=True)
+class ScrapeResult:
+    """One scrape of one target: its outcome, and the snapshot when it was up."""
+
+    target: Target
+    outcome: ScrapeOutcome
+    snapshot: Snapshot | None = None
+
+
+# --------------------------------------------------------------------------- targets file
+
+_TOP_KEYS = {"cluster", "targets"}
+_TARGET_KEYS = {"name", "url", "kind", "engine"}
+_ENGINE_KEYS = {"model", "gpu", "tensor_parallel", "offload"}
+
+
+def load_targets(path: str | Path, *, cluster: str | None = None) -> TargetSet:
+    """Read and validate a targets file; ``cluster`` overrides the file's ``cluster`` key.
+
+    Raises ConfigError naming the file, the entry and the key that is wrong.
+    """
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(f"{p}: cannot read targets file: {exc.strerror or exc}") from exc
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{p}: targets file is not UTF-8: {exc.reason}") from exc
+    try:
+        doc = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f":{mark.line + 1}" if mark is not None else ""
+        problem = getattr(exc, "problem", None) or str(exc)
+        raise ConfigError(f"{p}{where}: invalid YAML: {problem}") from exc
+    return parse_targets(doc, source=str(p), cluster=cluster)
+
+
+def parse_targets(
+    doc: object, *, source: str = "<targets>", cluster: str | None = None
+) -> TargetSet:
+    """Validate an already-loaded targets document (see :func:`load_targets`)."""
+    if not isinstance(doc, Mapping):
+        raise ConfigError(f"{source}: expected a mapping with keys 'cluster' and 'targets'")
+    _no_unknown_keys(doc, _TOP_KEYS, source)
+    name = cluster if cluster is not None else doc.get("cluster", "default")
+    if not isinstance(name, str) or not name.strip():
+        raise ConfigError(f"{source}: 'cluster' must be a non-empty string")
+    entries = doc.get("targets")
+    if not isinstance(entries, list) or not entries:
+        raise ConfigError(f"{source}: 'targets' must be a non-empty list")
+    targets: list[Target] = []
+    seen: dict[str, int] = {}
+    for i, entry in enumerate(entries):
+        where = f"{source}: targets[{i}]"
+        target = _parse_target(entry, where)
+        if target.name in seen:
+            raise ConfigError(
+                f"{where}: duplicate name {target.name!r} (also targets[{seen[target.name]}])"
+            )
+        seen[target.name] = i
+        targets.append(target)
+    return TargetSet(cluster=name.strip(), targets=tuple(targets))
+
+
+def _parse_target(entry: object, where: str) -> Target:
+    if not isinstance(entry, Mapping):
+        raise ConfigError(f"{where}: expected a mapping with keys name, url, kind")
+    name = _required_str(entry, "name", where)
+    where = f"{where} ({name})"
+    _no_unknown_keys(entry, _TARGET_KEYS, where)
+    url = _required_str(entry, "url", where)
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ConfigError(f"{where}: 'url' must be an http(s) URL with a host, got {url!r}")
+    kind = entry.get("kind", "vllm")
+    if kind not in TARGET_KINDS:
+        raise ConfigError(f"{where}: 'kind' must be one of {', '.join(TARGET_KINDS)}, got {kind!r}")
+    engine = _parse_engine(entry["engine"], f"{where}.engine") if "engine" in entry else None
+    return Target(name=name, url=url, kind=cast(TargetKind, kind), engine=engine)
+
+
+def _parse_engine(raw: object, where: str) -> EngineMeta:
+    if not isinstance(raw, Mapping):
+        raise ConfigError(
+            f"{where}: expected a mapping with keys {', '.join(sorted(_ENGINE_KEYS))}"
+        )
+    _no_unknown_keys(raw, _ENGINE_KEYS, where)
+    model = _optional_str(raw, "model", where)
+    gpu = _optional_str(raw, "gpu", where)
+    tp = raw.get("tensor_parallel", 1)
+    if isinstance(tp, bool) or not isinstance(tp, int) or tp < 1:
+        raise ConfigError(f"{where}: 'tensor_parallel' must be an integer >= 1, got {tp!r}")
+    offload = raw.get("offload", "none")
+    if offload not in OFFLOAD_MODES:
+        raise ConfigError(
+            f"{where}: 'offload' must be one of {', '.join(OFFLOAD_MODES)}, got {offload!r}"
+        )
+    return EngineMeta(model=model, gpu=gpu, tensor_parallel=tp, offload=cast(OffloadMode, offload))
+
+
+def _no_unknown_keys(doc: Mapping[object, object], allowed: set[str], where: str) -> None:
+    unknown = sorted(str(k) for k in doc if k not in allowed)
+    if unknown:
+        raise ConfigError(
+            f"{where}: unknown key(s) {', '.join(map(repr, unknown))}; "
+            f"allowed: {', '.join(sorted(allowed))}"
+        )
+
+
+def _required_str(doc: Mapping[object, object], key: str, where: str) -> str:
+    if key not in doc:
+        raise ConfigError(f"{where}: missing required key {key!r}")
+    value = _optional_str(doc, key, where)
+    if value is None:
+        raise ConfigError(f"{where}: {key!r} must be a non-empty string")
+    return value
+
+
+def _optional_str(doc: Mapping[object, object], key: str, where: str) -> str | None:
+    value = doc.get(key)
+    if value is None:
+        return None
+    if not isinstance(value, str) or not value.strip():
+        raise ConfigError(f"{where}: {key!r} must be a non-empty string, got {value!r}")
+    return value.strip()
+
+
+# --------------------------------------------------------------------------- scraping
+
+
+def make_client(*, timeout_s: float, concurrency: int) -> httpx.AsyncClient:
+    """The HTTP client the collect loop keeps across scrapes (keep-alive, no env proxies)."""
+    return httpx.AsyncClient(
+        timeout=httpx.Timeout(timeout_s),
+        limits=httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency),
+        follow_redirects=True,  # vLLM answers /metrics/ with a 307, Prometheus follows it
+        trust_env=False,  # targets are cluster-internal: never route them through a proxy
+        headers={"User-Agent": USER_AGENT},
+    )
+
+
+async def scrape_all(
+    targets: Sequence[Target] | TargetSet,
+    *,
+    timeout_s: float,
+    concurrency: int,
+    max_body_bytes: int,
+    client: httpx.AsyncClient | None = None,
+) -> list[ScrapeResult]:
+    """Scrape every target concurrently (at most ``concurrency`` at a time).
+
+    Each target gets ``timeout_s`` from the moment its request starts (waiting for a slot
+    does not count) and at most ``max_body_bytes`` of body, enforced while streaming.
+    Results come back in the order of ``targets``; none of them raises.
+    """
+    if concurrency < 1:
+        raise ConfigError(f"scrape concurrency must be >= 1, got {concurrency}")
+    if timeout_s <= 0:
+        raise ConfigError(f"scrape timeout must be > 0, got {timeout_s}")
+    own = client is None
+    http = (
+        client if client is not None else make_client(timeout_s=timeout_s, concurrency=concurrency)
+    )
+    slots = asyncio.Semaphore(concurrency)
+
+    async def one(target: Target) -> ScrapeResult:
+        async with slots:
+            return await scrape_one(
+                http, target, timeout_s=timeout_s, max_body_bytes=max_body_bytes
+            )
+
+    try:
+        return list(await asyncio.gather(*(one(t) for t in targets)))
+    finally:
+        if own:
+            await http.aclose()
+
+
+async def scrape_one(
+    client: httpx.AsyncClient, target: Target, *, timeout_s: float, max_body_bytes: int
+) -> ScrapeResult:
+    """Scrape one target; every failure becomes an outcome with an ``error_kind``."""
+    started = time.time()
+    t0 = time.perf_counter()
+    size = 0
+
+    def failed(kind: str, message: str) -> ScrapeResult:
+        log.warning("scrape %s (%s) failed: %s: %s", target.name, target.url, kind, message)
+        outcome = ScrapeOutcome(
+            target=target.name,
+            started=started,
+            duration_s=time.perf_counter() - t0,
+            up=False,
+            bytes=size,
+            error_kind=kind,
+            error=message,
+        )
+        return ScrapeResult(target=target, outcome=outcome)
+
+    body = bytearray()
+    try:
+        async with asyncio.timeout(timeout_s):
+            async with client.stream("GET", target.url, headers={"Accept": ACCEPT_HEADER}) as resp:
+                if resp.status_code != 200:
+                    return failed("http_status", f"HTTP {resp.status_code} {resp.reason_phrase}")
+                declared = resp.headers.get("content-length")
+                if declared is not None and declared.isdigit() and int(declared) > max_body_bytes:
+                    return failed(
+                        "too_large",
+                        f"Content-Length {declared} exceeds the {max_body_bytes}-byte cap",
+                    )
+                async for chunk in resp.aiter_bytes():
+                    size += len(chunk)
+                    if size > max_body_bytes:
+                        return failed(
+                            "too_large", f"body exceeds the {max_body_bytes}-byte cap (aborted)"
+                        )
+                    body += chunk
+    except (TimeoutError, httpx.TimeoutException):
+        return failed("timeout", f"no complete answer within {timeout_s:g} s")
+    except httpx.TransportError as exc:
+        return failed("connect", f"{type(exc).__name__}: {exc}")
+    except OSError as exc:
+        return failed("connect", f"{type(exc).__name__}: {exc}")
+
+    try:
+        text = body.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        return failed("parse", f"body is not UTF-8 (byte {exc.start})")
+    try:
+        snapshot = read_exposition(text, target.name, started)
+    except ParseError as exc:
+        return failed("parse", f"line {exc.line}: {exc.reason}")
+    except Exception as exc:  # a parser bug on odd input must not stop the other targets
+        log.exception("parser crashed on %s", target.name)
+        return failed("parse", f"parser crashed: {type(exc).__name__}: {exc}")
+    outcome = ScrapeOutcome(
+        target=target.name,
+        started=started,
+        duration_s=time.perf_counter() - t0,
+        up=True,
+        bytes=size,
+        series=len(snapshot.samples),
+    )
+    return ScrapeResult(target=target, outcome=outcome, snapshot=snapshot)
