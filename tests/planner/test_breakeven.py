@@ -129,3 +129,22 @@ def test_reread_vs_reprefill_bad_input_raises(kwargs: dict[str, object], needle:
     args: dict[str, object] = {"tokens": 4096, **kwargs}
     with pytest.raises(ConfigError, match=needle):
         reread_vs_reprefill(LLAMA_8B, H100, 1, get_tier("ceph-hdd"), **args)  # type: ignore[arg-type]
+
+
+USUAL_H100_SETUPS = [
+    ("llama-3.1-8b", 1), ("llama-3.1-8b-fp8", 1), ("qwen3-8b", 1), ("qwen3-32b", 2),
+    ("qwen3-32b-fp8", 2), ("llama-3.1-70b", 4), ("llama-3.1-70b-fp8", 4), ("llama-3.1-70b", 8),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("name", "tp"), USUAL_H100_SETUPS)
+def test_breakeven_bandwidth_usual_h100_setups_match_numbers_md(name: str, tp: int) -> None:
+    # numbers.md: B* ≈ 2–16 GB/s for usual H100 set-ups; DRAM over PCIe wins by ~10×,
+    # HDD Ceph loses by 3–90× (0.83 GB/s aggregate … 0.1 GB/s single stream).
+    model = get_model(name)
+    for mfu in (0.4, 0.6):
+        b_star = breakeven_bandwidth(model, H100, tp, mfu=mfu, prompt_tokens=4096)
+        assert 2e9 <= b_star <= 16e9
+        assert b_star / get_tier("ceph-hdd").read_bounds[1] >= 3
+        assert b_star / get_tier("ceph-hdd").read_bounds[0] <= 90
+        assert get_tier("cpu-dram-pcie").read_Bps * tp / b_star >= 5
