@@ -332,18 +332,22 @@ def get_tier(name: str, catalog: Catalog | None = None) -> Tier:
     return (catalog or builtin_catalog()).tier(name)
 
 
-_DTYPE_BYTES = {"bfloat16": 2.0, "float16": 2.0, "float32": 4.0}
+# vLLM's `--dtype auto` serves float32 checkpoints in 16 bits, so they weigh 2 bytes/param.
+_DTYPE_BYTES = {"bfloat16": 2.0, "float16": 2.0, "float32": 2.0}
 
 
 def _weight_bytes(cfg: Mapping[str, Any], where: str) -> float:
     quant = cfg.get("quantization_config")
     if isinstance(quant, dict):
         method = str(quant.get("quant_method", "")).lower()
-        text = json.dumps(quant).lower()
-        if method in {"fp8", "fbgemm_fp8", "modelopt"} or '"float-quantized"' in text:
+        if method in {"fp8", "fbgemm_fp8", "modelopt"}:
             return 1.0
-        bits = quant.get("bits") or quant.get("w_bit")
-        if isinstance(bits, int) and bits > 0:  # gptq / awq: integer weight bits
+        bits = quant.get("bits") or quant.get("w_bit")  # gptq / awq: integer weight bits
+        if method == "compressed-tensors":  # config_groups.<g>.weights.num_bits
+            groups = quant.get("config_groups") or {}
+            found = [g.get("weights", {}).get("num_bits") for g in groups.values()]
+            bits = found[0] if found else (8 if "quantized" in str(quant.get("format")) else None)
+        if isinstance(bits, int) and not isinstance(bits, bool) and bits > 0:
             return bits / 8
         raise ConfigError(f"{where}: key 'quantization_config' has unsupported {method!r}")
     dtype = cfg.get("torch_dtype", cfg.get("dtype", "bfloat16"))

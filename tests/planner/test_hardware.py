@@ -210,11 +210,23 @@ def test_model_from_hf_config_published_sizes(overrides: dict[str, Any], params_
     assert model.params / 1e9 == pytest.approx(params_b, rel=0.01)
 
 
-def test_model_from_hf_config_fp8_quantization_one_byte() -> None:
-    quant = {"quant_method": "compressed-tensors", "format": "float-quantized"}
+@pytest.mark.parametrize(
+    ("quant", "bytes_per_param"),
+    [
+        ({"quant_method": "fp8", "activation_scheme": "dynamic"}, 1.0),
+        ({"quant_method": "compressed-tensors", "format": "float-quantized",
+          "config_groups": {"group_0": {"weights": {"num_bits": 8, "type": "float"}}}}, 1.0),
+        ({"quant_method": "compressed-tensors", "format": "pack-quantized",
+          "config_groups": {"group_0": {"weights": {"num_bits": 4, "type": "int"}}}}, 0.5),
+        ({"quant_method": "awq", "bits": 4}, 0.5),
+    ],
+)  # fmt: skip
+def test_model_from_hf_config_quantization_weight_bytes(
+    quant: dict[str, Any], bytes_per_param: float
+) -> None:
     model = model_from_hf_config({**LLAMA_8B_CONFIG, "quantization_config": quant}, "x")
-    assert model.weight_bytes_per_param == 1.0
-    assert model.kv_bytes_per_elem == 2.0
+    assert model.weight_bytes_per_param == bytes_per_param
+    assert model.kv_bytes_per_elem == 2.0  # KV stays bf16 unless --kv-cache-dtype fp8
 
 
 @pytest.mark.parametrize(
