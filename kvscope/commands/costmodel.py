@@ -146,7 +146,7 @@ def register(app: typer.Typer) -> None:
             )
             lines.append(
                 f"{r['tier']:<24} {r['effective_read_Bps'] / 1e9:>8.3g} "
-                f"{r['ratio_to_b_star']:>7.2g}  {where}"
+                f"{r['ratio_to_b_star']:>7.3g}  {where}"
             )
         _emit(payload, "\n".join(lines), as_json)
 
