@@ -144,6 +144,8 @@ class _Acc:
     __slots__ = ("declared", "facts", "unknown", "unknown_names")
 
     def __init__(self) -> None:
+        # TYPE-declared family -> itself, also under its `:`->`_` spelling: OpenMetrics
+        # escaping keeps `vllm:x` in TYPE lines but writes `vllm_x_total` samples.
         self.declared: dict[str, str] = {}
         self.facts: dict[str, list[dict[str, str]]] = {}
         self.unknown: dict[str, None] = {}
@@ -240,10 +242,11 @@ class ExpositionReader:
                     continue
                 if line[0] == "#":
                     if line.startswith("# TYPE "):
-                        fam, kind = parse_type_line(line)
-                        if fam in acc.declared:
+                        fam, _kind = parse_type_line(line)
+                        if acc.declared.get(fam) == fam:
                             raise LineError(f"second TYPE line for {fam!r}")
-                        acc.declared[fam] = kind
+                        acc.declared[fam] = fam
+                        acc.declared.setdefault(fam.replace(":", "_"), fam)
                     elif line.startswith("# EOF") and line.rstrip() == "# EOF":
                         _check_after_eof(lines, lineno, target)
                         break
@@ -323,7 +326,7 @@ class ExpositionReader:
                     h.count = value
         except LineError as exc:
             raise ParseError(target, lineno, exc.reason) from None
-        for fam in acc.declared:
+        for fam in set(acc.declared.values()):
             if fam not in _KNOWN_FAMILIES and not fam.endswith("_created"):
                 acc.unknown[fam] = None
         samples = [
@@ -396,10 +399,10 @@ def _family_of(name: str, declared: dict[str, str]) -> str:
     if name.endswith("_created"):
         return ""
     if name in declared:
-        return name
+        return declared[name]
     for suffix in _SUFFIXES:
         if name.endswith(suffix) and name[: -len(suffix)] in declared:
-            return name[: -len(suffix)]
+            return declared[name[: -len(suffix)]]
     if METRIC_NAME.fullmatch(name) is None:
         raise LineError(f"invalid metric name {name!r}")
     return name

@@ -1,0 +1,148 @@
+"""`kvscope inspect PATH_OR_URL [--json]`: what kvscope reads from one exposition.
+
+JSON (``--json``, one object on stdout)::
+
+    {"series": [{"signal": "preemptions_total", "labels": {"engine": "0", …}, "value": 3.0}, …],
+     "unknown_families": ["python_info", …],
+     "facts": {"cache_config": [{"engine": "0", "block_size": "16", …}], …}}
+
+One entry per (signal, label set) for counters and gauges; a histogram gives two entries,
+``<signal>_count`` and ``<signal>_sum`` (``null`` when the exposition has no ``_sum``).
+Non-finite values are written as the strings ``"NaN"``, ``"+Inf"``, ``"-Inf"`` (Prometheus
+spelling) so the output stays strict JSON. A malformed exposition raises ParseError, which
+``kvscope`` prints as ``kvscope: error: <source>:<line>: <reason>`` and exits 2.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from pathlib import Path
+from typing import Any
+
+import typer
+
+from collector.errors import ConfigError, ParseError, ScrapeError
+from collector.records import Snapshot
+
+# Ask for the classic text format: the `vllm:` colons then survive as written.
+_ACCEPT = "text/plain;version=0.0.4;q=0.9,*/*;q=0.1"
+
+
+def _decode(data: bytes, source: str) -> str:
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data.count(b"\n", 0, exc.start) + 1
+        raise ParseError(source, line, f"invalid UTF-8 at byte {exc.start}") from None
+
+
+def _read_file(path: str, max_bytes: int) -> str:
+    p = Path(path)
+    try:
+        size = p.stat().st_size
+        if size > max_bytes:
+            raise ScrapeError(path, "too_large", f"{size} bytes > max_body_bytes={max_bytes}")
+        data = p.read_bytes()
+    except (FileNotFoundError, IsADirectoryError, PermissionError) as exc:
+        raise ConfigError(f"{path}: cannot read exposition: {exc.strerror}") from None
+    return _decode(data, path)
+
+
+def _read_url(url: str, timeout_s: float, max_bytes: int) -> str:
+    import httpx
+
+    try:
+        with (
+            httpx.Client(timeout=timeout_s, follow_redirects=True) as client,
+            client.stream("GET", url, headers={"Accept": _ACCEPT}) as resp,
+        ):
+            if resp.status_code != 200:
+                raise ScrapeError(url, "http_status", f"HTTP {resp.status_code}")
+            chunks: list[bytes] = []
+            size = 0
+            for chunk in resp.iter_bytes():
+                size += len(chunk)
+                if size > max_bytes:
+                    raise ScrapeError(url, "too_large", f"body exceeds {max_bytes} bytes")
+                chunks.append(chunk)
+    except httpx.TimeoutException as exc:
+        raise ScrapeError(url, "timeout", f"no complete answer in {timeout_s:g} s") from exc
+    except httpx.HTTPError as exc:
+        raise ScrapeError(url, "connect", f"{type(exc).__name__}: {exc}") from exc
+    return _decode(b"".join(chunks), url)
+
+
+def read_source(source: str, timeout_s: float, max_bytes: int) -> str:
+    """The exposition text of a file path or an http(s) URL."""
+    if source.startswith(("http://", "https://")):
+        return _read_url(source, timeout_s, max_bytes)
+    return _read_file(source, max_bytes)
+
+
+def _num(value: float | None) -> float | str | None:
+    if value is None or math.isfinite(value):
+        return value
+    if math.isnan(value):
+        return "NaN"
+    return "+Inf" if value > 0 else "-Inf"
+
+
+def snapshot_json(snap: Snapshot) -> dict[str, Any]:
+    """The --json document for one snapshot (see the module docstring)."""
+    series: list[dict[str, Any]] = []
+    for s in sorted(snap.samples, key=lambda s: (s.signal, s.labels)):
+        labels = dict(s.labels)
+        if s.kind == "histogram":
+            series.append({"signal": f"{s.signal}_count", "labels": labels, "value": _num(s.value)})
+            series.append({"signal": f"{s.signal}_sum", "labels": labels, "value": _num(s.sum)})
+        else:
+            series.append({"signal": s.signal, "labels": labels, "value": _num(s.value)})
+    facts = {k: [dict(v) for v in vs] for k, vs in sorted(snap.facts.items())}
+    return {"series": series, "unknown_families": list(snap.unknown_families), "facts": facts}
+
+
+def _fmt_labels(labels: dict[str, str]) -> str:
+    return "{" + ",".join(f'{k}="{v}"' for k, v in labels.items()) + "}" if labels else ""
+
+
+def render_table(doc: dict[str, Any]) -> str:
+    """A readable table of the --json document."""
+    rows = [(e["signal"], _fmt_labels(e["labels"]), str(e["value"])) for e in doc["series"]]
+    w0 = max([len("SIGNAL"), *(len(r[0]) for r in rows)])
+    w1 = max([len("LABELS"), *(len(r[1]) for r in rows)])
+    out = [f"{'SIGNAL':<{w0}}  {'LABELS':<{w1}}  VALUE"]
+    out += [f"{a:<{w0}}  {b:<{w1}}  {c}" for a, b, c in rows]
+    unknown = doc["unknown_families"]
+    out.append("")
+    out.append(f"{len(rows)} series; {len(unknown)} unknown families (not signals)")
+    if unknown:
+        out.append("  " + ", ".join(unknown))
+    for key, entries in doc["facts"].items():
+        out.append(f"fact {key}: {len(entries)} series")
+        for labels in entries:
+            out.append("  " + _fmt_labels(labels))
+    return "\n".join(out)
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("inspect")
+    def inspect_cmd(
+        source: str = typer.Argument(..., help="exposition file or http(s):// /metrics URL"),
+        as_json: bool = typer.Option(False, "--json", help="one JSON object on stdout"),
+    ) -> None:
+        """Show the canonical signals kvscope reads from one /metrics exposition.
+
+        Example: kvscope inspect http://10.0.0.5:8000/metrics --json
+        """
+        from collector.parse import read_exposition
+        from kvscope.config import get_settings
+
+        settings = get_settings()
+        text = read_source(source, settings.scrape_timeout_s, settings.max_body_bytes)
+        doc = snapshot_json(read_exposition(text, source, time.time()))
+        if as_json:
+            typer.echo(json.dumps(doc, allow_nan=False))
+        else:
+            typer.echo(render_table(doc))
