@@ -1,0 +1,157 @@
+"""The evidence record the decider and the sizer consume.
+
+`kvscope plan` builds one Evidence per cluster or model group from the windows, the fits
+(planner/fit.py) and the forecast (planner/forecast.py); tests and what-if questions build it
+by hand. Every field is optional: None means "unknown", which lowers the confidence of the
+decision and is named in its output. Fractions are 0–1, sizes GiB (LMCache --l1-size-gb and
+vLLM --kv-offloading-size are both GiB), times seconds.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, fields
+
+from collector.errors import ConfigError
+
+MODES = ("none", "native", "lmcache", "both")
+
+
+@dataclass(frozen=True, slots=True)
+class Interval:
+    """An estimate with its interval at `level` (0.95 = 95 % CI)."""
+
+    estimate: float
+    lo: float
+    hi: float
+    level: float = 0.95
+
+    def __post_init__(self) -> None:
+        values = (self.estimate, self.lo, self.hi, self.level)
+        if not all(isinstance(v, int | float) and math.isfinite(v) for v in values):
+            raise ConfigError(f"interval values must be finite numbers, got {values!r}")
+        if not self.lo <= self.estimate <= self.hi:
+            raise ConfigError(f"interval needs lo <= estimate <= hi, got {values[:3]!r}")
+        if not 0 < self.level < 1:
+            raise ConfigError(f"interval level must be in (0, 1), got {self.level!r}")
+
+    def pct(self) -> str:
+        """ "+12 % [+5 %, +19 %]" for fractions."""
+        return f"{self.estimate:+.1%} [{self.lo:+.1%}, {self.hi:+.1%}]".replace("%", " %")
+
+
+@dataclass(frozen=True, slots=True)
+class GainFit:
+    """The throughput-gain fit of one offload mode against no offload (planner/fit.py).
+
+    gain: relative throughput gain at the current utilization (0.12 = +12 %);
+    breakeven_util: KV utilization above which the mode pays; can_tell False when the fit
+    could not separate the effect from noise (why says what was missing).
+    """
+
+    can_tell: bool
+    gain: Interval | None = None
+    breakeven_util: Interval | None = None
+    why: str = ""
+
+    def __post_init__(self) -> None:
+        if self.can_tell and self.gain is None:
+            raise ConfigError("a gain fit that can tell needs its gain interval")
+
+
+_FRACTIONS = (
+    "kv_util_p50",
+    "kv_util_p95",
+    "reprefill_share",
+    "prefix_hit_ratio",
+    "external_hit_ratio",
+    "cross_engine_reuse",
+    "cross_node_reuse",
+    "lmcache_up_fraction",
+)
+_COUNTS = ("tp", "engines", "engines_per_node", "nodes")
+_NON_NEGATIVE = (
+    "preemptions_per_1k",
+    "prompt_tokens_mean",
+    "prompt_tokens_p90",
+    "distinct_prefix_tokens",
+    "cpu_dram_per_node_gib",
+    "demand_now",
+    "engine_capacity",
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Evidence:
+    """What kvscope knows about one cluster or model group (None = unknown).
+
+    cross_engine_reuse: share of prompt tokens whose prefix is cached only on ANOTHER
+    engine (what sharing through LMCache could save); cross_node_reuse: the part of that
+    share whose other engine is on another node (needs an L2 tier to share).
+    reprefill_share: share of prompt tokens recomputed although this engine had computed
+    them before (preempted or evicted): what engine-local offload could save.
+    l1_hit_curve: (L1 GiB, hit rate) points of the LMCache hit-rate-vs-L1-size fit.
+    demand_*: the forecast's unit (demand_unit), engine_capacity: sustainable demand of one
+    engine in that unit.
+    """
+
+    model: str | None = None
+    gpu: str | None = None
+    tp: int | None = None
+    vllm_version: str | None = None
+    engines: int | None = None
+    engines_per_node: int | None = None
+    nodes: int | None = None
+    current_mode: str | None = None
+    kv_util_p50: float | None = None
+    kv_util_p95: float | None = None
+    preemptions_per_1k: float | None = None
+    reprefill_share: float | None = None
+    prompt_tokens_mean: float | None = None
+    prompt_tokens_p90: float | None = None
+    prefix_hit_ratio: float | None = None
+    external_hit_ratio: float | None = None
+    cross_engine_reuse: float | None = None
+    cross_node_reuse: float | None = None
+    distinct_prefix_tokens: float | None = None
+    native_gain: GainFit | None = None
+    lmcache_gain: GainFit | None = None
+    overhead_zero_hit: Interval | None = None
+    effective_mfu: Interval | None = None
+    l2_tier: str | None = None
+    lmcache_up_fraction: float | None = None
+    lmcache_healthy: bool | None = None
+    cpu_dram_per_node_gib: float | None = None
+    l1_hit_curve: tuple[tuple[float, float], ...] | None = None
+    demand_now: float | None = None
+    demand_peak: Interval | None = None
+    demand_unit: str = "tokens/s"
+    engine_capacity: float | None = None
+    time_to_saturation_s: Interval | None = None
+
+    def __post_init__(self) -> None:
+        for name in (*_FRACTIONS, *_COUNTS, *_NON_NEGATIVE):
+            value = getattr(self, name)
+            if value is None:
+                continue
+            if isinstance(value, bool) or not isinstance(value, int | float):
+                raise ConfigError(f"evidence field {name!r} must be a number, got {value!r}")
+            if not math.isfinite(value):
+                raise ConfigError(f"evidence field {name!r} is {value!r}: use None for unknown")
+            if name in _FRACTIONS and not 0 <= value <= 1:
+                raise ConfigError(f"evidence field {name!r} must be in [0, 1], got {value!r}")
+            if name in _COUNTS and (not isinstance(value, int) or value < 1):
+                raise ConfigError(f"evidence field {name!r} must be an integer >= 1")
+            if value < 0:
+                raise ConfigError(f"evidence field {name!r} must be >= 0, got {value!r}")
+        if self.current_mode is not None and self.current_mode not in MODES:
+            raise ConfigError(f"evidence field 'current_mode' must be one of {MODES}")
+        if self.engine_capacity == 0:
+            raise ConfigError("evidence field 'engine_capacity' must be > 0")
+        for size, rate in self.l1_hit_curve or ():
+            if not (math.isfinite(size) and size > 0 and 0 <= rate <= 1):
+                raise ConfigError(f"l1_hit_curve point ({size!r}, {rate!r}) needs GiB > 0, 0-1")
+
+    def known(self) -> tuple[str, ...]:
+        """Names of the fields that are set (for `rests on` summaries)."""
+        return tuple(f.name for f in fields(self) if getattr(self, f.name) is not None)

@@ -1,0 +1,506 @@
+"""The rule table of the offload decider (planner/decide.py) and its shared state.
+
+Each rule reads the Evidence and the votes of the rules before it, may vote a mode on or off
+(with the basis of the vote: prior, measured, dram or health), and leaves a Reason with the
+numbers it used and their source. planner/DECIDER.md documents every rule id listed in RULES.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+
+from collector.errors import ConfigError
+from planner.breakeven import breakeven_bandwidth, breakeven_context
+from planner.costmodel import hbm_kv_capacity_tokens, kv_bytes_per_token, prefill_seconds
+from planner.evidence import Evidence, GainFit, Interval
+from planner.hardware import GPU, Model, get_tier
+
+GIB = 1024**3
+SRC_GKE = "numbers.md: GKE tiered KV cache, Google Cloud/LMCache blog 2025-10-07"
+SRC_VLLM_BLOG = "numbers.md: vLLM blog 'Inside vLLM's New KV Offloading Connector' 2026-01-08"
+SRC_GPUSTACK = "numbers.md: GPUStack LMCache evaluation (RTX 4090), -3 to -15 % at 0 % hit"
+SRC_KVBM = "NVIDIA Dynamo KVBM configuration reference: CPU cache >= device cache"
+SRC_LMCACHE_K8S = "LMCache docs mp/deployment + mp/configuration (0.5.6)"
+# Throughput cost of offloading when nothing hits: vLLM's DMA path ~0.5 % (vLLM blog);
+# LMCache 3–15 % (GPUStack, RTX 4090). Used when the cluster has not measured its own.
+NATIVE_OVERHEAD_PRIOR = Interval(0.005, 0.005, 0.06)  # 6 %: the old kernel path, vLLM blog
+LMCACHE_OVERHEAD_PRIOR = Interval(0.09, 0.03, 0.15)
+
+
+@dataclass(frozen=True, slots=True)
+class Thresholds:
+    """Every threshold of the rule table (DECIDER.md justifies each)."""
+
+    no_pressure_util: float = 0.80
+    pressure_util: float = 0.90
+    preemptions_per_1k: float = 1.0
+    short_prompt_tokens: float = 2048
+    cross_engine_min: float = 0.15
+    local_reuse_min: float = 0.05
+    idle_hit_ratio: float = 0.02
+    saturation_horizon_s: float = 14 * 86400
+    dram_reserve_fraction: float = 0.2
+
+
+@dataclass(frozen=True, slots=True)
+class Reason:
+    rule_id: str
+    text: str
+    numbers: Mapping[str, float | str]
+    source: str
+
+
+@dataclass(frozen=True, slots=True)
+class Risk:
+    risk_id: str
+    text: str
+    advice: str
+
+
+@dataclass(slots=True)
+class Vote:
+    on: bool | None = None
+    basis: str = ""  # "prior" | "measured" | "dram" | "health"
+
+
+@dataclass(slots=True)
+class RuleState:
+    ev: Evidence
+    t: Thresholds
+    model: Model | None
+    gpu: GPU | None
+    tp: int | None
+    mfu: float
+    votes: dict[str, Vote] = field(default_factory=lambda: {"native": Vote(), "lmcache": Vote()})
+    pressure: bool | None = None
+    short: bool = False
+    l2_ok: bool | None = None
+    reasons: list[Reason] = field(default_factory=list)
+    risks: list[Risk] = field(default_factory=list)
+    unknowns: list[str] = field(default_factory=list)
+    rests_on: list[str] = field(default_factory=list)
+    penalty: float = 1.0
+
+    def say(self, rule: str, text: str, numbers: Mapping[str, float | str], source: str) -> None:
+        self.reasons.append(Reason(rule, text, dict(numbers), source))
+
+    def unknown(self, what: str) -> None:
+        if what not in self.unknowns:
+            self.unknowns.append(what)
+
+    def vote(self, mode: str, on: bool, basis: str) -> None:
+        self.votes[mode] = Vote(on, basis)
+
+    def rest(self, what: str) -> None:
+        if what not in self.rests_on:
+            self.rests_on.append(what)
+
+    @property
+    def prompt(self) -> float | None:
+        p90, mean = self.ev.prompt_tokens_p90, self.ev.prompt_tokens_mean
+        return p90 if p90 is not None else mean
+
+    def overhead(self, mode: str) -> Interval:
+        measured = self.ev.overhead_zero_hit
+        if measured is not None and self.ev.current_mode in (mode, "both"):
+            return measured
+        return NATIVE_OVERHEAD_PRIOR if mode == "native" else LMCACHE_OVERHEAD_PRIOR
+
+
+def _r1_hbm_pressure(s: RuleState) -> None:
+    ev, t = s.ev, s.t
+    signals = {
+        k: v
+        for k, v in (
+            ("kv_util_p95", ev.kv_util_p95),
+            ("preemptions_per_1k", ev.preemptions_per_1k),
+            ("reprefill_share", ev.reprefill_share),
+        )
+        if v is not None
+    }
+    hot = (
+        (ev.kv_util_p95 or 0) >= t.pressure_util
+        or (ev.preemptions_per_1k or 0) >= t.preemptions_per_1k
+        or (ev.reprefill_share or 0) >= t.local_reuse_min
+    )
+    if hot:
+        s.pressure = True
+        s.say(
+            "R1_hbm_pressure",
+            "HBM under pressure: KV use, preemptions or re-prefill above their thresholds",
+            signals,
+            "measured: engine metrics",
+        )
+        return
+    if ev.kv_util_p95 is None:
+        s.unknown("kv_util_p95 (HBM pressure)")
+        return
+    ttl = ev.time_to_saturation_s
+    if ttl is not None and ttl.lo <= t.saturation_horizon_s:
+        s.pressure = True
+        s.say(
+            "R1_hbm_pressure",
+            f"no HBM pressure now, but the forecast saturates HBM in "
+            f"{ttl.estimate / 86400:.1f} d (earliest {ttl.lo / 86400:.1f} d): plan as under "
+            "pressure",
+            {**signals, "time_to_saturation_days": ttl.estimate / 86400},
+            "measured: KV demand forecast",
+        )
+        return
+    s.pressure = False
+    near = ev.kv_util_p95 >= t.no_pressure_util
+    s.vote("native", False, "prior")
+    s.rest("prior: " + SRC_GKE)
+    s.say(
+        "R1_hbm_pressure",
+        f"no HBM pressure: p95 KV use {ev.kv_util_p95:.0%}"
+        + (" (near the 90 % mark; watch the forecast)" if near else "")
+        + ": HBM holds the working set, so engine-local offload has nothing to keep "
+        "(GKE test 1: extra tiers add nothing when the cache fits HBM)",
+        {**signals, "no_pressure_util": t.no_pressure_util},
+        SRC_GKE,
+    )
+
+
+def _r2_short_prompts(s: RuleState) -> None:
+    p = s.prompt
+    if p is None:
+        s.unknown("prompt_tokens_p90 (prompt-length mix)")
+        return
+    if p >= s.t.short_prompt_tokens:
+        return
+    s.short = True
+    s.vote("native", False, "prior")
+    s.vote("lmcache", False, "prior")
+    numbers: dict[str, float | str] = {"prompt_tokens": p, "threshold": s.t.short_prompt_tokens}
+    if s.model is not None and s.gpu is not None and s.tp is not None:
+        numbers["prefill_seconds"] = prefill_seconds(s.model, s.gpu, s.tp, int(p), mfu=s.mfu)
+    s.rest("prior: " + SRC_GKE)
+    s.say(
+        "R2_short_prompts",
+        f"prompts are short ({'p90' if s.ev.prompt_tokens_p90 else 'mean'}"
+        f" {p:.0f} tokens < {s.t.short_prompt_tokens:.0f}): 1 k-token prefixes gained 0–1 % "
+        "in the GKE tests while offload costs 0.5 % (vLLM DMA) to 3–15 % (LMCache) when "
+        "nothing hits: recomputing is as cheap as reloading",
+        numbers,
+        SRC_GKE,
+    )
+
+
+def _r3_slow_tier(s: RuleState) -> None:
+    name = s.ev.l2_tier
+    if name is None:
+        return
+    if s.model is None or s.gpu is None or s.tp is None:
+        s.unknown("model/gpu/tp (break-even bandwidth B* of the L2 tier)")
+        return
+    try:
+        tier = get_tier(name)
+    except ConfigError:
+        s.unknown(f"l2_tier {name!r} (not in the hardware catalogue)")
+        return
+    p = s.prompt
+    b_star = breakeven_bandwidth(s.model, s.gpu, s.tp, mfu=s.mfu, prompt_tokens=int(p or 4096))
+    bw = tier.read_Bps * (s.tp if tier.per_gpu else 1)
+    ctx = breakeven_context(s.model, s.gpu, s.tp, tier, mfu=s.mfu)
+    if ctx.regime == "never":
+        slow = True
+    elif ctx.regime == "always":
+        slow = False
+    else:
+        slow = p < (ctx.tokens or 0) if p is not None else bw < b_star
+    s.l2_ok = not slow
+    numbers: dict[str, float | str] = {
+        "tier": tier.name,
+        "tier_read_GBps": bw / 1e9,
+        "breakeven_GBps": b_star / 1e9,
+        "breakeven_tokens": float(ctx.tokens) if ctx.tokens else ctx.regime,
+    }
+    if p is not None:
+        numbers["prompt_tokens"] = p
+    verdict = "too slow: reloading loses to re-prefill, no L2" if slow else "fast enough for L2"
+    s.rest("cost model: break-even bandwidth B* (planner/breakeven.py)")
+    s.say(
+        "R3_slow_tier",
+        f"L2 tier {tier.name}: {ctx.explanation}; {verdict}",
+        numbers,
+        f"cost model; tier figures: {tier.source}",
+    )
+
+
+def _r4_cross_engine_reuse(s: RuleState) -> None:
+    ev = s.ev
+    if ev.engines == 1:
+        s.say(
+            "R4_cross_engine_reuse",
+            "one engine: nothing to share across engines",
+            {"engines": 1},
+            "evidence",
+        )
+        if not s.short:
+            s.vote("lmcache", False, "prior")
+        return
+    if ev.cross_engine_reuse is None:
+        s.unknown("cross_engine_reuse (prefix reuse across engines)")
+        return
+    share = ev.cross_engine_reuse
+    numbers: dict[str, float | str] = {"cross_engine_reuse": share}
+    if s.l2_ok is False:
+        if ev.cross_node_reuse is None and (ev.nodes or 1) > 1:
+            s.unknown("cross_node_reuse (the part of cross-engine reuse on other nodes)")
+        share *= 1 - (ev.cross_node_reuse or 0)
+        numbers["within_node_share"] = share
+    overhead = s.overhead("lmcache")
+    threshold = max(s.t.cross_engine_min if overhead is LMCACHE_OVERHEAD_PRIOR else 0, overhead.hi)
+    numbers |= {"threshold": threshold, "lmcache_overhead_hi": overhead.hi}
+    if s.short:
+        s.say(
+            "R4_cross_engine_reuse",
+            f"{share:.0%} of prompt tokens would hit on another "
+            "engine, but the prompts are short (R2)",
+            numbers,
+            "evidence",
+        )
+        return
+    on = share >= threshold
+    s.vote("lmcache", on, "prior")
+    s.rest("prior: " + SRC_GPUSTACK)
+    s.say(
+        "R4_cross_engine_reuse",
+        f"{share:.0%} of prompt tokens are cached only on another "
+        f"engine: {'above' if on else 'below'} the {threshold:.0%} LMCache must save to "
+        "repay its no-hit overhead",
+        numbers,
+        SRC_GPUSTACK,
+    )
+
+
+def _r5_local_reuse_native(s: RuleState) -> None:
+    if s.short or s.pressure is not True:
+        if s.pressure is None and not s.short:
+            s.unknown("HBM pressure (needed to judge engine-local offload)")
+        return
+    ev = s.ev
+    if ev.reprefill_share is not None:
+        local, what = ev.reprefill_share, "re-prefilled after preemption or eviction"
+    elif ev.prefix_hit_ratio is not None:
+        local, what = ev.prefix_hit_ratio, "hit the local prefix cache (proxy: evictions cut it)"
+        s.penalty *= 0.9
+        s.unknown("reprefill_share (used prefix_hit_ratio as a proxy)")
+    else:
+        s.unknown("reprefill_share / prefix_hit_ratio (engine-local reuse)")
+        return
+    threshold = max(s.t.local_reuse_min, s.overhead("native").hi)
+    on = local >= threshold
+    s.vote("native", on, "prior")
+    s.rest("prior: " + SRC_VLLM_BLOG)
+    s.say(
+        "R5_local_reuse_native",
+        f"under HBM pressure {local:.0%} of prompt tokens {what}: "
+        f"{'above' if on else 'below'} {threshold:.0%}, engine-local DRAM (DMA, ~0.5 % when "
+        "nothing hits) " + ("keeps them" if on else "would save little"),
+        {"local_reuse": local, "threshold": threshold},
+        SRC_VLLM_BLOG,
+    )
+
+
+def _deployed(mode: str | None) -> tuple[str, ...]:
+    return {"native": ("native",), "lmcache": ("lmcache",), "both": ("native", "lmcache")}.get(
+        mode or "", ()
+    )
+
+
+def _r6_idle_connector(s: RuleState) -> None:
+    ev = s.ev
+    modes = _deployed(ev.current_mode)
+    if not modes:
+        return
+    hits = ev.external_hit_ratio
+    if hits is None:
+        s.unknown(f"external_hit_ratio of the deployed {ev.current_mode} connector")
+        return
+    numbers = {"external_hit_ratio": hits, "idle_below": s.t.idle_hit_ratio}
+    if hits < s.t.idle_hit_ratio:
+        for mode in modes:
+            s.vote(mode, False, "measured")
+        s.rest("measured: external prefix-cache hit ratio")
+        s.say(
+            "R6_idle_connector",
+            f"the deployed {ev.current_mode} connector serves {hits:.1%} "
+            "of queried tokens: it pays its overhead for nothing",
+            numbers,
+            "measured",
+        )
+    elif hits >= max(s.t.cross_engine_min, s.overhead(modes[-1]).hi):
+        for mode in modes:
+            s.vote(mode, True, "measured")
+        s.rest("measured: external prefix-cache hit ratio")
+        s.say(
+            "R6_idle_connector",
+            f"the deployed {ev.current_mode} connector serves {hits:.0%} "
+            "of queried tokens: more than its no-hit overhead",
+            numbers,
+            "measured",
+        )
+
+
+def _r7_measured_gain(s: RuleState) -> None:
+    fits: dict[str, GainFit | None] = {"native": s.ev.native_gain, "lmcache": s.ev.lmcache_gain}
+    for mode, fit in fits.items():
+        if fit is None:
+            s.unknown(f"throughput-gain fit ({mode})")
+            continue
+        if not fit.can_tell or fit.gain is None:
+            s.unknown(f"throughput-gain fit ({mode}) cannot tell: {fit.why or 'no reason given'}")
+            continue
+        gain = fit.gain
+        numbers: dict[str, float | str] = {"gain": gain.estimate, "lo": gain.lo, "hi": gain.hi}
+        extra = ""
+        if fit.breakeven_util is not None:
+            b = fit.breakeven_util
+            numbers |= {"breakeven_util": b.estimate, "breakeven_lo": b.lo, "breakeven_hi": b.hi}
+            extra = f"; pays above {b.estimate:.0%} KV use [{b.lo:.0%}, {b.hi:.0%}]"
+        s.rest(f"measured: throughput-gain fit ({mode}) {gain.pct()}")
+        if gain.lo > 0 or gain.hi < 0:
+            before = s.votes[mode].on
+            s.vote(mode, gain.lo > 0, "measured")
+            flip = (
+                " (overrides the priors)" if before is not None and before != (gain.lo > 0) else ""
+            )
+            verb = "raises" if gain.lo > 0 else "lowers"
+            s.say(
+                "R7_measured_gain",
+                f"measured: {mode} offload {verb} throughput by {gain.pct()}{extra}{flip}",
+                numbers,
+                "measured: planner/fit.py",
+            )
+        else:
+            s.penalty *= 0.8
+            s.say(
+                "R7_measured_gain",
+                f"measured: {mode} gain {gain.pct()} is indistinguishable "
+                f"from zero{extra}; the priors stand",
+                numbers,
+                "measured: planner/fit.py",
+            )
+
+
+def _engine_kv_gib(s: RuleState) -> float | None:
+    if s.model is None or s.gpu is None or s.tp is None:
+        return None
+    tokens = hbm_kv_capacity_tokens(s.model, s.gpu, s.tp)
+    return tokens * kv_bytes_per_token(s.model, s.tp) * s.tp / GIB
+
+
+def _r8_dram_for_both(s: RuleState) -> None:
+    if not (s.votes["native"].on and s.votes["lmcache"].on):
+        return
+    ev = s.ev
+    kv = _engine_kv_gib(s)
+    per_node = ev.engines_per_node
+    missing = [
+        n
+        for n, v in (
+            ("model/gpu/tp", kv),
+            ("engines_per_node", per_node),
+            ("cpu_dram_per_node_gib", ev.cpu_dram_per_node_gib),
+        )
+        if v is None
+    ]
+    numbers: dict[str, float | str] = {}
+    if not missing and kv is not None and per_node is not None and ev.cpu_dram_per_node_gib:
+        usable = ev.cpu_dram_per_node_gib * (1 - s.t.dram_reserve_fraction)
+        need = 2 * per_node * kv  # native buffers >= device KV, plus an L1 of the same size
+        numbers = {"usable_dram_gib": usable, "needed_gib": need, "engine_hbm_kv_gib": kv}
+        if usable >= need:
+            s.rest("prior: " + SRC_KVBM)
+            s.say(
+                "R8_dram_for_both",
+                f"both: {usable:.0f} GiB of usable DRAM per node holds "
+                f"native buffers and an LMCache L1 of at least the HBM KV each "
+                f"({need:.0f} GiB)",
+                numbers,
+                SRC_KVBM,
+            )
+            return
+    for name in missing:
+        s.unknown(f"{name} (DRAM for native + LMCache together)")
+    g_native = ev.native_gain.gain if ev.native_gain and ev.native_gain.can_tell else None
+    g_lmcache = ev.lmcache_gain.gain if ev.lmcache_gain and ev.lmcache_gain.can_tell else None
+    if g_native is not None and g_lmcache is not None:
+        keep = "native" if g_native.estimate >= g_lmcache.estimate else "lmcache"
+    else:
+        local = ev.reprefill_share if ev.reprefill_share is not None else ev.prefix_hit_ratio
+        keep = "lmcache" if (ev.cross_engine_reuse or 0) >= (local or 0) else "native"
+    drop = "lmcache" if keep == "native" else "native"
+    s.vote(drop, False, "dram")
+    s.say(
+        "R8_dram_for_both",
+        f"not both: DRAM per node {'is unknown' if missing else 'is too small'}"
+        f" for native buffers and an LMCache L1; keeping {keep}, the larger saving",
+        numbers,
+        SRC_KVBM,
+    )
+
+
+HA_ADVICE = (
+    "run one LMCache server per node (DaemonSet, hostNetwork; --isolated-ipc on both sides "
+    "removes the /dev/shm mount) so a failure stays on one node; keep the shared prefixes in an "
+    "L2 (mooncake_store / valkey / s3) that outlives a server restart; health-check the HTTP "
+    "port and drain the node's engines when it fails. lmcache.mp.server_urls shards ranks, it "
+    "does not replicate."
+)
+
+
+def _r9_lmcache_unhealthy(s: RuleState) -> None:
+    ev = s.ev
+    relevant = s.votes["lmcache"].on or "lmcache" in _deployed(ev.current_mode)
+    if not relevant:
+        return
+    up, healthy = ev.lmcache_up_fraction, ev.lmcache_healthy
+    if up is None and healthy is None:
+        if "lmcache" in _deployed(ev.current_mode):
+            s.unknown("LMCache health (up fraction / healthy gauge)")
+        return
+    if (up is None or up >= 1) and healthy is not False:
+        return
+    numbers: dict[str, float | str] = {}
+    if up is not None:
+        numbers["lmcache_up_fraction"] = up
+    if healthy is not None:
+        numbers["lmcache_healthy"] = "yes" if healthy else "no"
+    fallback = "native" if s.pressure else "none"
+    if s.votes["lmcache"].on:
+        s.vote("lmcache", False, "health")
+        if s.pressure and not s.short:
+            s.vote("native", True, "health")
+    s.risks.append(
+        Risk(
+            "lmcache_spof",
+            "LMCache is unhealthy or down: the engines behind a dead "
+            "server wait up to lmcache.mp.mq_timeout (300 s default) per request",
+            HA_ADVICE,
+        )
+    )
+    s.say(
+        "R9_lmcache_unhealthy",
+        f"LMCache is unhealthy ({up if up is not None else '?'} of its "
+        f"targets up): fall back to {fallback} until it is healthy and highly available",
+        numbers,
+        SRC_LMCACHE_K8S,
+    )
+
+
+RULES: tuple[tuple[str, Callable[[RuleState], None]], ...] = (
+    ("R1_hbm_pressure", _r1_hbm_pressure),
+    ("R2_short_prompts", _r2_short_prompts),
+    ("R3_slow_tier", _r3_slow_tier),
+    ("R4_cross_engine_reuse", _r4_cross_engine_reuse),
+    ("R5_local_reuse_native", _r5_local_reuse_native),
+    ("R6_idle_connector", _r6_idle_connector),
+    ("R7_measured_gain", _r7_measured_gain),
+    ("R8_dram_for_both", _r8_dram_for_both),
+    ("R9_lmcache_unhealthy", _r9_lmcache_unhealthy),
+)
+RULE_IDS = tuple(rule_id for rule_id, _ in RULES)
