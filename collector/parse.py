@@ -425,8 +425,6 @@ def _finish(target: str, key: tuple[str, Labels], h: _Hist) -> SignalSample:
     if any(bs[i][0] >= bs[i + 1][0] for i in range(len(bs) - 1)):
         bs = sorted(bs, key=lambda b: b[0])  # stable: duplicates keep exposition order
     what = f"histogram {_family(h.name)!r} {dict(labels)}"
-    if not bs or bs[-1][0] != _INF:
-        raise ParseError(target, h.line, f"{what} has no +Inf bucket")
     prev_bound, prev_count = -_INF, 0.0
     for bound, count, line in bs:
         if bound == prev_bound:
@@ -436,6 +434,8 @@ def _finish(target: str, key: tuple[str, Labels], h: _Hist) -> SignalSample:
                 target, line, f"{what}: bucket counts decrease at le={_le(bound)} (not cumulative)"
             )
         prev_bound, prev_count = bound, count
+    if not bs or bs[-1][0] != _INF:
+        raise ParseError(target, h.line, f"{what} has no +Inf bucket")
     count = h.count if h.count is not None else bs[-1][1]
     buckets = tuple([(b, c) for b, c, _ in bs])
     return SignalSample(signal, "histogram", labels, count, buckets=buckets, sum=h.sum)

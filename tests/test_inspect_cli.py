@@ -1,0 +1,156 @@
+"""`kvscope inspect`: a fixture file and a real HTTP server on 127.0.0.1, via the real CLI."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from functools import partial
+from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+METRICS = Path(__file__).resolve().parent / "fixtures" / "metrics"
+FULL = METRICS / "vllm-0.33.0-metrics-full.txt"
+
+
+def kvscope(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "kvscope.cli", *args],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=60,
+        env={**os.environ, **(env or {})},
+    )
+
+
+def strict_json(text: str) -> Any:
+    def no_constants(name: str) -> Any:
+        raise AssertionError(f"non-JSON constant {name}")
+
+    return json.loads(text, parse_constant=no_constants)
+
+
+def entry(doc: dict[str, Any], signal: str, **labels: str) -> Any:
+    got = [e["value"] for e in doc["series"] if e["signal"] == signal and e["labels"] == labels]
+    assert len(got) == 1, (signal, labels, got)
+    return got[0]
+
+
+class _Quiet(SimpleHTTPRequestHandler):
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+
+@pytest.fixture(scope="module")
+def http_root(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    root = tmp_path_factory.mktemp("www")
+    (root / "metrics").write_bytes(FULL.read_bytes())
+    (root / "broken").write_text('vllm:num_preemptions_total{engine="0"} 1\nfoo{a="b} 2\n')
+    server = ThreadingHTTPServer(("127.0.0.1", 0), partial(_Quiet, directory=str(root)))
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_inspect_json_fixture_file_shape_and_values() -> None:
+    proc = kvscope("inspect", str(FULL), "--json")
+    assert proc.returncode == 0, proc.stderr
+    doc = strict_json(proc.stdout)
+    assert set(doc) == {"series", "unknown_families", "facts"}
+    assert all(set(e) == {"signal", "labels", "value"} for e in doc["series"])
+    engine0 = {"engine": "0", "model_name": "tiny-llama"}
+    assert entry(doc, "preemptions_total", **engine0) == 3.0
+    assert entry(doc, "kv_cache_usage_ratio", engine="1", model_name="tiny-llama") == 0.42
+    assert entry(doc, "ttft_seconds_count", **engine0) == 3.0
+    assert entry(doc, "ttft_seconds_sum", **engine0) == 0.135
+    assert entry(doc, "offload_bytes_total", direction="store", **engine0) == 12288.0
+    assert not any(e["signal"] == "ttft_seconds" for e in doc["series"])
+    # 108 canonical series; 38 are histograms (count + sum each): 13 request histograms and
+    # 3 kv_block_* per engine, offload size per engine and direction, LMCache MP lookup
+    assert len(doc["series"]) == 108 + (13 + 3) * 2 + 2 * 2 + 2
+    assert "python_info" in doc["unknown_families"]
+    assert [f["engine"] for f in doc["facts"]["cache_config"]] == ["0", "1"]
+    assert doc["facts"]["cache_config"][0]["num_gpu_blocks"] == "1024"
+
+
+def test_inspect_json_http_url_matches_file(http_root: str) -> None:
+    from_url = kvscope("inspect", f"{http_root}/metrics", "--json")
+    from_file = kvscope("inspect", str(FULL), "--json")
+    assert from_url.returncode == 0, from_url.stderr
+    assert strict_json(from_url.stdout) == strict_json(from_file.stdout)
+
+
+def test_inspect_table_lists_signals_unknowns_and_facts() -> None:
+    proc = kvscope("inspect", str(METRICS / "production-stack-router-metrics.txt"))
+    assert proc.returncode == 0, proc.stderr
+    out = proc.stdout
+    assert out.splitlines()[0].split() == ["SIGNAL", "LABELS", "VALUE"]
+    running = [line for line in out.splitlines() if line.startswith("router_requests_running ")]
+    assert len(running) == 1 and running[0].split()[-1] == "4.0"
+    assert "requests_running " not in out.replace("router_requests_running ", "")
+    assert "25 unknown families" in out
+
+
+def test_inspect_malformed_file_exits_2_naming_line(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.txt"
+    bad.write_text('# HELP x\nvllm:kv_cache_usage_perc{engine="0"} 0.5\nvllm:x{a="1\\q"} 1\n')
+    proc = kvscope("inspect", str(bad), "--json")
+    assert proc.returncode == 2
+    assert proc.stdout == ""
+    assert f"{bad}:3: bad escape" in proc.stderr
+
+
+def test_inspect_malformed_url_exits_2_naming_line(http_root: str) -> None:
+    proc = kvscope("inspect", f"{http_root}/broken")
+    assert proc.returncode == 2
+    assert f"{http_root}/broken:2: unterminated label value of 'a'" in proc.stderr
+
+
+def test_inspect_http_404_exits_2(http_root: str) -> None:
+    proc = kvscope("inspect", f"{http_root}/nope", "--json")
+    assert proc.returncode == 2
+    assert "http_status: HTTP 404" in proc.stderr
+
+
+def test_inspect_body_over_size_cap_exits_2(http_root: str) -> None:
+    proc = kvscope("inspect", f"{http_root}/metrics", env={"KVSCOPE_MAX_BODY_BYTES": "4096"})
+    assert proc.returncode == 2
+    assert "too_large" in proc.stderr
+
+
+def test_inspect_missing_file_exits_2(tmp_path: Path) -> None:
+    proc = kvscope("inspect", str(tmp_path / "absent.txt"))
+    assert proc.returncode == 2
+    assert "absent.txt" in proc.stderr
+
+
+def test_inspect_non_finite_values_valid_json(tmp_path: Path) -> None:
+    path = tmp_path / "nan.txt"
+    path.write_text(
+        'vllm:kv_cache_usage_perc{engine="0"} NaN\n'
+        'vllm:num_requests_running{engine="0"} +Inf\n'
+        'vllm:num_requests_waiting{engine="0"} -Inf\n'
+    )
+    proc = kvscope("inspect", str(path), "--json")
+    assert proc.returncode == 0, proc.stderr
+    doc = strict_json(proc.stdout)
+    assert entry(doc, "kv_cache_usage_ratio", engine="0") == "NaN"
+    assert entry(doc, "requests_running", engine="0") == "+Inf"
+    assert entry(doc, "requests_waiting", engine="0") == "-Inf"
+
+
+def test_inspect_help_has_example() -> None:
+    proc = kvscope("inspect", "--help")
+    assert proc.returncode == 0
+    assert "kvscope inspect http" in proc.stdout
