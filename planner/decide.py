@@ -18,15 +18,8 @@ from collector.errors import ConfigError
 from planner.costmodel import DEFAULT_MFU
 from planner.evidence import Evidence, GainFit, Interval
 from planner.hardware import GPU, Catalog, Model, get_gpu, get_model
-from planner.rules import (
-    HA_ADVICE,
-    RULE_IDS,
-    RULES,
-    Reason,
-    Risk,
-    RuleState,
-    Thresholds,
-)
+from planner.rules import RULE_IDS, apply_rules
+from planner.rulestate import HA_ADVICE, Reason, Risk, RuleState, Thresholds
 
 __all__ = [
     "RULE_IDS",
@@ -105,8 +98,7 @@ def decide(
     )
     if evidence.tp is None:
         s.unknown("tp (cost-model priors)")
-    for _, rule in RULES:
-        rule(s)
+    apply_rules(s)
     native, lmcache = s.votes["native"].on is True, s.votes["lmcache"].on is True
     mode = {(False, False): "none", (True, False): "native", (False, True): "lmcache"}.get(
         (native, lmcache), "both"

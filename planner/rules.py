@@ -1,111 +1,31 @@
-"""The rule table of the offload decider (planner/decide.py) and its shared state.
+"""The rule table of the offload decider: R1–R9, applied in order by planner/decide.py.
 
-Each rule reads the Evidence and the votes of the rules before it, may vote a mode on or off
-(with the basis of the vote: prior, measured, dram or health), and leaves a Reason with the
-numbers it used and their source. planner/DECIDER.md documents every rule id listed in RULES.
+Each rule reads the Evidence and the votes of the rules before it, may vote native or
+lmcache on or off (basis: prior, measured, dram or health) and leaves a Reason with the
+numbers it used and their source. planner/DECIDER.md documents every rule id of RULES.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable
 
 from collector.errors import ConfigError
 from planner.breakeven import breakeven_bandwidth, breakeven_context
 from planner.costmodel import hbm_kv_capacity_tokens, kv_bytes_per_token, prefill_seconds
-from planner.evidence import Evidence, GainFit, Interval
-from planner.hardware import GPU, Model, get_tier
-
-GIB = 1024**3
-SRC_GKE = "numbers.md: GKE tiered KV cache, Google Cloud/LMCache blog 2025-10-07"
-SRC_VLLM_BLOG = "numbers.md: vLLM blog 'Inside vLLM's New KV Offloading Connector' 2026-01-08"
-SRC_GPUSTACK = "numbers.md: GPUStack LMCache evaluation (RTX 4090), -3 to -15 % at 0 % hit"
-SRC_KVBM = "NVIDIA Dynamo KVBM configuration reference: CPU cache >= device cache"
-SRC_LMCACHE_K8S = "LMCache docs mp/deployment + mp/configuration (0.5.6)"
-# Throughput cost of offloading when nothing hits: vLLM's DMA path ~0.5 % (vLLM blog);
-# LMCache 3–15 % (GPUStack, RTX 4090). Used when the cluster has not measured its own.
-NATIVE_OVERHEAD_PRIOR = Interval(0.005, 0.005, 0.06)  # 6 %: the old kernel path, vLLM blog
-LMCACHE_OVERHEAD_PRIOR = Interval(0.09, 0.03, 0.15)
-
-
-@dataclass(frozen=True, slots=True)
-class Thresholds:
-    """Every threshold of the rule table (DECIDER.md justifies each)."""
-
-    no_pressure_util: float = 0.80
-    pressure_util: float = 0.90
-    preemptions_per_1k: float = 1.0
-    short_prompt_tokens: float = 2048
-    cross_engine_min: float = 0.15
-    local_reuse_min: float = 0.05
-    idle_hit_ratio: float = 0.02
-    saturation_horizon_s: float = 14 * 86400
-    dram_reserve_fraction: float = 0.2
-
-
-@dataclass(frozen=True, slots=True)
-class Reason:
-    rule_id: str
-    text: str
-    numbers: Mapping[str, float | str]
-    source: str
-
-
-@dataclass(frozen=True, slots=True)
-class Risk:
-    risk_id: str
-    text: str
-    advice: str
-
-
-@dataclass(slots=True)
-class Vote:
-    on: bool | None = None
-    basis: str = ""  # "prior" | "measured" | "dram" | "health"
-
-
-@dataclass(slots=True)
-class RuleState:
-    ev: Evidence
-    t: Thresholds
-    model: Model | None
-    gpu: GPU | None
-    tp: int | None
-    mfu: float
-    votes: dict[str, Vote] = field(default_factory=lambda: {"native": Vote(), "lmcache": Vote()})
-    pressure: bool | None = None
-    short: bool = False
-    l2_ok: bool | None = None
-    reasons: list[Reason] = field(default_factory=list)
-    risks: list[Risk] = field(default_factory=list)
-    unknowns: list[str] = field(default_factory=list)
-    rests_on: list[str] = field(default_factory=list)
-    penalty: float = 1.0
-
-    def say(self, rule: str, text: str, numbers: Mapping[str, float | str], source: str) -> None:
-        self.reasons.append(Reason(rule, text, dict(numbers), source))
-
-    def unknown(self, what: str) -> None:
-        if what not in self.unknowns:
-            self.unknowns.append(what)
-
-    def vote(self, mode: str, on: bool, basis: str) -> None:
-        self.votes[mode] = Vote(on, basis)
-
-    def rest(self, what: str) -> None:
-        if what not in self.rests_on:
-            self.rests_on.append(what)
-
-    @property
-    def prompt(self) -> float | None:
-        p90, mean = self.ev.prompt_tokens_p90, self.ev.prompt_tokens_mean
-        return p90 if p90 is not None else mean
-
-    def overhead(self, mode: str) -> Interval:
-        measured = self.ev.overhead_zero_hit
-        if measured is not None and self.ev.current_mode in (mode, "both"):
-            return measured
-        return NATIVE_OVERHEAD_PRIOR if mode == "native" else LMCACHE_OVERHEAD_PRIOR
+from planner.evidence import GainFit
+from planner.hardware import get_tier
+from planner.rulestate import (
+    GIB,
+    HA_ADVICE,
+    LMCACHE_OVERHEAD_PRIOR,
+    SRC_GKE,
+    SRC_GPUSTACK,
+    SRC_KVBM,
+    SRC_LMCACHE_K8S,
+    SRC_VLLM_BLOG,
+    Risk,
+    RuleState,
+)
 
 
 def _r1_hbm_pressure(s: RuleState) -> None:
@@ -127,7 +47,6 @@ def _r1_hbm_pressure(s: RuleState) -> None:
     if hot:
         s.pressure = True
         s.say(
-            "R1_hbm_pressure",
             "HBM under pressure: KV use, preemptions or re-prefill above their thresholds",
             signals,
             "measured: engine metrics",
@@ -140,7 +59,6 @@ def _r1_hbm_pressure(s: RuleState) -> None:
     if ttl is not None and ttl.lo <= t.saturation_horizon_s:
         s.pressure = True
         s.say(
-            "R1_hbm_pressure",
             f"no HBM pressure now, but the forecast saturates HBM in "
             f"{ttl.estimate / 86400:.1f} d (earliest {ttl.lo / 86400:.1f} d): plan as under "
             "pressure",
@@ -153,7 +71,6 @@ def _r1_hbm_pressure(s: RuleState) -> None:
     s.vote("native", False, "prior")
     s.rest("prior: " + SRC_GKE)
     s.say(
-        "R1_hbm_pressure",
         f"no HBM pressure: p95 KV use {ev.kv_util_p95:.0%}"
         + (" (near the 90 % mark; watch the forecast)" if near else "")
         + ": HBM holds the working set, so engine-local offload has nothing to keep "
@@ -168,17 +85,19 @@ def _r2_short_prompts(s: RuleState) -> None:
     if p is None:
         s.unknown("prompt_tokens_p90 (prompt-length mix)")
         return
+    numbers: dict[str, float | str] = {"prompt_tokens": p, "threshold": s.t.short_prompt_tokens}
+    if s.model is not None and s.gpu is not None and s.tp is not None:
+        numbers["prefill_seconds"] = prefill_seconds(s.model, s.gpu, s.tp, int(p), mfu=s.mfu)
     if p >= s.t.short_prompt_tokens:
+        s.say(f"prompts are long enough to reload ({p:.0f} tokens >= "
+              f"{s.t.short_prompt_tokens:.0f}; GKE: 5 k-token prompts gained 16-27 %)",
+              numbers, SRC_GKE)  # fmt: skip
         return
     s.short = True
     s.vote("native", False, "prior")
     s.vote("lmcache", False, "prior")
-    numbers: dict[str, float | str] = {"prompt_tokens": p, "threshold": s.t.short_prompt_tokens}
-    if s.model is not None and s.gpu is not None and s.tp is not None:
-        numbers["prefill_seconds"] = prefill_seconds(s.model, s.gpu, s.tp, int(p), mfu=s.mfu)
     s.rest("prior: " + SRC_GKE)
     s.say(
-        "R2_short_prompts",
         f"prompts are short ({'p90' if s.ev.prompt_tokens_p90 else 'mean'}"
         f" {p:.0f} tokens < {s.t.short_prompt_tokens:.0f}): 1 k-token prefixes gained 0–1 % "
         "in the GKE tests while offload costs 0.5 % (vLLM DMA) to 3–15 % (LMCache) when "
@@ -222,7 +141,6 @@ def _r3_slow_tier(s: RuleState) -> None:
     verdict = "too slow: reloading loses to re-prefill, no L2" if slow else "fast enough for L2"
     s.rest("cost model: break-even bandwidth B* (planner/breakeven.py)")
     s.say(
-        "R3_slow_tier",
         f"L2 tier {tier.name}: {ctx.explanation}; {verdict}",
         numbers,
         f"cost model; tier figures: {tier.source}",
@@ -233,7 +151,6 @@ def _r4_cross_engine_reuse(s: RuleState) -> None:
     ev = s.ev
     if ev.engines == 1:
         s.say(
-            "R4_cross_engine_reuse",
             "one engine: nothing to share across engines",
             {"engines": 1},
             "evidence",
@@ -256,7 +173,6 @@ def _r4_cross_engine_reuse(s: RuleState) -> None:
     numbers |= {"threshold": threshold, "lmcache_overhead_hi": overhead.hi}
     if s.short:
         s.say(
-            "R4_cross_engine_reuse",
             f"{share:.0%} of prompt tokens would hit on another "
             "engine, but the prompts are short (R2)",
             numbers,
@@ -267,7 +183,6 @@ def _r4_cross_engine_reuse(s: RuleState) -> None:
     s.vote("lmcache", on, "prior")
     s.rest("prior: " + SRC_GPUSTACK)
     s.say(
-        "R4_cross_engine_reuse",
         f"{share:.0%} of prompt tokens are cached only on another "
         f"engine: {'above' if on else 'below'} the {threshold:.0%} LMCache must save to "
         "repay its no-hit overhead",
@@ -296,7 +211,6 @@ def _r5_local_reuse_native(s: RuleState) -> None:
     s.vote("native", on, "prior")
     s.rest("prior: " + SRC_VLLM_BLOG)
     s.say(
-        "R5_local_reuse_native",
         f"under HBM pressure {local:.0%} of prompt tokens {what}: "
         f"{'above' if on else 'below'} {threshold:.0%}, engine-local DRAM (DMA, ~0.5 % when "
         "nothing hits) " + ("keeps them" if on else "would save little"),
@@ -326,7 +240,6 @@ def _r6_idle_connector(s: RuleState) -> None:
             s.vote(mode, False, "measured")
         s.rest("measured: external prefix-cache hit ratio")
         s.say(
-            "R6_idle_connector",
             f"the deployed {ev.current_mode} connector serves {hits:.1%} "
             "of queried tokens: it pays its overhead for nothing",
             numbers,
@@ -337,7 +250,6 @@ def _r6_idle_connector(s: RuleState) -> None:
             s.vote(mode, True, "measured")
         s.rest("measured: external prefix-cache hit ratio")
         s.say(
-            "R6_idle_connector",
             f"the deployed {ev.current_mode} connector serves {hits:.0%} "
             "of queried tokens: more than its no-hit overhead",
             numbers,
@@ -370,7 +282,6 @@ def _r7_measured_gain(s: RuleState) -> None:
             )
             verb = "raises" if gain.lo > 0 else "lowers"
             s.say(
-                "R7_measured_gain",
                 f"measured: {mode} offload {verb} throughput by {gain.pct()}{extra}{flip}",
                 numbers,
                 "measured: planner/fit.py",
@@ -378,7 +289,6 @@ def _r7_measured_gain(s: RuleState) -> None:
         else:
             s.penalty *= 0.8
             s.say(
-                "R7_measured_gain",
                 f"measured: {mode} gain {gain.pct()} is indistinguishable "
                 f"from zero{extra}; the priors stand",
                 numbers,
@@ -416,7 +326,6 @@ def _r8_dram_for_both(s: RuleState) -> None:
         if usable >= need:
             s.rest("prior: " + SRC_KVBM)
             s.say(
-                "R8_dram_for_both",
                 f"both: {usable:.0f} GiB of usable DRAM per node holds "
                 f"native buffers and an LMCache L1 of at least the HBM KV each "
                 f"({need:.0f} GiB)",
@@ -436,21 +345,11 @@ def _r8_dram_for_both(s: RuleState) -> None:
     drop = "lmcache" if keep == "native" else "native"
     s.vote(drop, False, "dram")
     s.say(
-        "R8_dram_for_both",
         f"not both: DRAM per node {'is unknown' if missing else 'is too small'}"
         f" for native buffers and an LMCache L1; keeping {keep}, the larger saving",
         numbers,
         SRC_KVBM,
     )
-
-
-HA_ADVICE = (
-    "run one LMCache server per node (DaemonSet, hostNetwork; --isolated-ipc on both sides "
-    "removes the /dev/shm mount) so a failure stays on one node; keep the shared prefixes in an "
-    "L2 (mooncake_store / valkey / s3) that outlives a server restart; health-check the HTTP "
-    "port and drain the node's engines when it fails. lmcache.mp.server_urls shards ranks, it "
-    "does not replicate."
-)
 
 
 def _r9_lmcache_unhealthy(s: RuleState) -> None:
@@ -470,11 +369,17 @@ def _r9_lmcache_unhealthy(s: RuleState) -> None:
         numbers["lmcache_up_fraction"] = up
     if healthy is not None:
         numbers["lmcache_healthy"] = "yes" if healthy else "no"
-    fallback = "native" if s.pressure else "none"
-    if s.votes["lmcache"].on:
+    fallback = "native" if s.pressure and not s.short else "none"
+    down = healthy is False or (up is not None and up < s.t.lmcache_down_fraction)
+    if down and s.votes["lmcache"].on:
         s.vote("lmcache", False, "health")
-        if s.pressure and not s.short:
+        if fallback == "native":
             s.vote("native", True, "health")
+    action = (
+        f"fall back to {fallback} until it is healthy and highly available"
+        if down
+        else f"switch the engines of the affected nodes to {fallback} until their server is back"
+    )
     s.risks.append(
         Risk(
             "lmcache_spof",
@@ -484,9 +389,8 @@ def _r9_lmcache_unhealthy(s: RuleState) -> None:
         )
     )
     s.say(
-        "R9_lmcache_unhealthy",
-        f"LMCache is unhealthy ({up if up is not None else '?'} of its "
-        f"targets up): fall back to {fallback} until it is healthy and highly available",
+        f"LMCache is unhealthy ({'?' if up is None else f'{up:.0%}'} of its targets up, "
+        f"healthy gauge {numbers.get('lmcache_healthy', '?')}): {action}",
         numbers,
         SRC_LMCACHE_K8S,
     )
@@ -504,3 +408,11 @@ RULES: tuple[tuple[str, Callable[[RuleState], None]], ...] = (
     ("R9_lmcache_unhealthy", _r9_lmcache_unhealthy),
 )
 RULE_IDS = tuple(rule_id for rule_id, _ in RULES)
+
+
+def apply_rules(s: RuleState) -> None:
+    """Run every rule of RULES in order on the state."""
+    for rule_id, rule in RULES:
+        s.rule = rule_id
+        rule(s)
+    s.rule = ""

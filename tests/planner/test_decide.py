@@ -1,0 +1,427 @@
+"""The offload decider: decision tables, measured-over-prior, health, confidence, DECIDER.md."""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from typing import Any
+
+import pytest
+
+from collector.errors import ConfigError
+from planner.breakeven import breakeven_bandwidth
+from planner.decide import (
+    RULE_IDS,
+    Decision,
+    Evidence,
+    GainFit,
+    Interval,
+    Thresholds,
+    decide,
+    decider_doc,
+)
+from planner.hardware import get_gpu, get_model
+
+# A complete, unremarkable 8-engine Llama-3.1-8B group on one H100 node: every rule can run.
+BASE: dict[str, Any] = {
+    "model": "llama-3.1-8b",
+    "gpu": "h100",
+    "tp": 1,
+    "vllm_version": "0.14.0",
+    "engines": 8,
+    "engines_per_node": 8,
+    "nodes": 1,
+    "kv_util_p50": 0.5,
+    "kv_util_p95": 0.6,
+    "preemptions_per_1k": 0.0,
+    "reprefill_share": 0.0,
+    "prompt_tokens_mean": 5000,
+    "prompt_tokens_p90": 9000,
+    "prefix_hit_ratio": 0.3,
+    "cross_engine_reuse": 0.02,
+    "cross_node_reuse": 0.0,
+    "effective_mfu": Interval(0.45, 0.4, 0.5),
+    "cpu_dram_per_node_gib": 1872,
+}
+PRESSURE: dict[str, Any] = {"kv_util_p95": 0.97, "preemptions_per_1k": 12.0, "reprefill_share": 0.3}
+
+
+def ev(**over: Any) -> Evidence:
+    return Evidence(**{**BASE, **over})
+
+
+def rules_of(d: Decision) -> list[str]:
+    return [r.rule_id for r in d.reasons]
+
+
+def reason(d: Decision, rule_id: str) -> Any:
+    return next(r for r in d.reasons if r.rule_id == rule_id)
+
+
+def gain(estimate: float, lo: float, hi: float, **kw: Any) -> GainFit:
+    return GainFit(can_tell=True, gain=Interval(estimate, lo, hi), **kw)
+
+
+# ---- decision table -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("name", "over", "mode"),
+    [
+        ("no pressure, no sharing", {}, "none"),
+        ("no pressure, short prompts", {"prompt_tokens_p90": 800}, "none"),
+        ("pressure but short prompts", {**PRESSURE, "prompt_tokens_p90": 900}, "none"),
+        (
+            "short prompts even with cross reuse",
+            {"prompt_tokens_p90": 900, "cross_engine_reuse": 0.6},
+            "none",
+        ),
+        ("pressure, long prompts, local reuse", {**PRESSURE}, "native"),
+        ("pressure but little local reuse", {"kv_util_p95": 0.95, "reprefill_share": 0.01}, "none"),
+        ("cross-engine reuse, no pressure", {"cross_engine_reuse": 0.4}, "lmcache"),
+        ("cross-engine reuse below threshold", {"cross_engine_reuse": 0.1}, "none"),
+        ("local and cross reuse, large DRAM", {**PRESSURE, "cross_engine_reuse": 0.4}, "both"),
+        (
+            "local and cross reuse, small DRAM, cross larger",
+            {
+                **PRESSURE,
+                "reprefill_share": 0.2,
+                "cross_engine_reuse": 0.4,
+                "cpu_dram_per_node_gib": 256,
+            },
+            "lmcache",
+        ),
+        (
+            "local and cross reuse, small DRAM, local larger",
+            {
+                **PRESSURE,
+                "reprefill_share": 0.5,
+                "cross_engine_reuse": 0.2,
+                "cpu_dram_per_node_gib": 256,
+            },
+            "native",
+        ),
+        ("one engine cannot share", {"engines": 1, "cross_engine_reuse": 0.9}, "none"),
+    ],
+)
+def test_decide_table_priors_pick_mode(name: str, over: dict[str, Any], mode: str) -> None:
+    assert decide(ev(**over)).mode == mode, name
+
+
+def test_decide_reasons_follow_rule_order() -> None:
+    d = decide(ev(**PRESSURE, cross_engine_reuse=0.4, l2_tier="local-nvme"))
+    applied = rules_of(d)
+    assert applied == sorted(applied, key=RULE_IDS.index)
+    assert applied[:5] == list(RULE_IDS[:5])
+
+
+def test_decide_no_pressure_reason_carries_numbers_and_gke_source() -> None:
+    d = decide(ev())
+    r = reason(d, "R1_hbm_pressure")
+    assert r.numbers["kv_util_p95"] == 0.6
+    assert "GKE" in r.source
+    assert d.pressure is False
+
+
+def test_decide_short_prompts_reason_has_cost_model_prefill_seconds() -> None:
+    d = decide(ev(**PRESSURE, prompt_tokens_p90=1000))
+    r = reason(d, "R2_short_prompts")
+    assert r.numbers["prompt_tokens"] == 1000
+    assert 0 < float(r.numbers["prefill_seconds"]) < 0.2  # 1 k tokens of an 8B model on H100
+
+
+def test_decide_forecast_saturation_counts_as_pressure() -> None:
+    soon = Interval(5 * 86400, 3 * 86400, 9 * 86400)
+    d = decide(
+        ev(kv_util_p95=0.85, reprefill_share=None, prefix_hit_ratio=0.4, time_to_saturation_s=soon)
+    )
+    assert d.pressure is True
+    assert d.mode == "native"  # local reuse (prefix-hit proxy) under expected pressure
+    assert "reprefill_share (used prefix_hit_ratio as a proxy)" in d.unknowns
+
+
+def test_decide_far_forecast_keeps_no_pressure() -> None:
+    later = Interval(60 * 86400, 30 * 86400, 90 * 86400)
+    assert decide(ev(time_to_saturation_s=later)).pressure is False
+
+
+# ---- L2 tier (R3) ---------------------------------------------------------------------------
+
+
+def test_decide_slow_tier_disables_l2_with_breakeven_numbers() -> None:
+    d = decide(ev(cross_engine_reuse=0.4, l2_tier="ceph-hdd", prompt_tokens_p90=4096))
+    assert d.l2_ok is False
+    r = reason(d, "R3_slow_tier")
+    model, gpu = get_model("llama-3.1-8b"), get_gpu("h100")
+    expected = breakeven_bandwidth(model, gpu, 1, mfu=0.45, prompt_tokens=4096) / 1e9
+    assert math.isclose(float(r.numbers["breakeven_GBps"]), expected)
+    assert float(r.numbers["tier_read_GBps"]) == pytest.approx(0.83)
+    assert float(r.numbers["tier_read_GBps"]) < expected
+
+
+def test_decide_fast_tier_keeps_l2() -> None:
+    d = decide(ev(cross_engine_reuse=0.4, l2_tier="local-nvme"))
+    assert d.l2_ok is True
+
+
+def test_decide_slow_tier_discounts_cross_node_reuse() -> None:
+    # 40 % cross-engine reuse, 75 % of it on other nodes: only 10 % is reachable without L2.
+    over = {"cross_engine_reuse": 0.4, "cross_node_reuse": 0.75, "nodes": 4, "l2_tier": "ceph-hdd"}
+    d = decide(ev(**over))
+    assert d.mode == "none"
+    assert reason(d, "R4_cross_engine_reuse").numbers["within_node_share"] == pytest.approx(0.1)
+    assert decide(ev(**{**over, "l2_tier": "local-nvme"})).mode == "lmcache"
+
+
+def test_decide_unknown_tier_is_named() -> None:
+    d = decide(ev(cross_engine_reuse=0.4, l2_tier="tape-robot"))
+    assert any("tape-robot" in u for u in d.unknowns)
+
+
+# ---- measured evidence overrides priors (R6, R7) --------------------------------------------
+
+
+def test_decide_measured_negative_gain_overrides_prior_vote() -> None:
+    prior = decide(ev(**PRESSURE))
+    assert prior.mode == "native"
+    d = decide(ev(**PRESSURE, native_gain=gain(-0.06, -0.09, -0.03)))
+    assert d.mode == "none"
+    assert "overrides the priors" in reason(d, "R7_measured_gain").text
+    assert d.confidence > prior.confidence  # measured beats priors
+
+
+def test_decide_measured_positive_gain_overrides_short_prompt_prior() -> None:
+    d = decide(ev(prompt_tokens_p90=900, lmcache_gain=gain(0.2, 0.12, 0.28)))
+    assert d.mode == "lmcache"
+    assert any(s.startswith("measured: throughput-gain fit (lmcache)") for s in d.rests_on)
+
+
+def test_decide_gain_straddling_zero_keeps_prior_and_lowers_confidence() -> None:
+    sure = decide(ev(**PRESSURE))
+    unsure = decide(ev(**PRESSURE, native_gain=gain(0.01, -0.02, 0.04)))
+    assert unsure.mode == sure.mode == "native"
+    assert unsure.confidence < sure.confidence
+    assert "indistinguishable" in reason(unsure, "R7_measured_gain").text
+
+
+def test_decide_fit_that_cannot_tell_is_named_unknown() -> None:
+    fit = GainFit(can_tell=False, why="only 3 windows with offload on")
+    d = decide(ev(**PRESSURE, native_gain=fit))
+    assert d.mode == "native"
+    assert any("only 3 windows" in u for u in d.unknowns)
+
+
+def test_decide_breakeven_utilization_reported() -> None:
+    fit = gain(0.1, 0.05, 0.15, breakeven_util=Interval(0.82, 0.78, 0.86))
+    r = reason(decide(ev(**PRESSURE, native_gain=fit)), "R7_measured_gain")
+    assert r.numbers["breakeven_util"] == 0.82 and r.numbers["breakeven_hi"] == 0.86
+
+
+def test_decide_idle_deployed_connector_voted_off() -> None:
+    d = decide(
+        ev(
+            cross_engine_reuse=0.4,
+            current_mode="lmcache",
+            external_hit_ratio=0.01,
+            lmcache_up_fraction=1.0,
+        )
+    )
+    assert d.mode == "none"
+    assert reason(d, "R6_idle_connector").numbers["external_hit_ratio"] == 0.01
+
+
+def test_decide_busy_deployed_connector_voted_on() -> None:
+    d = decide(
+        ev(
+            cross_engine_reuse=None,
+            current_mode="lmcache",
+            external_hit_ratio=0.35,
+            lmcache_up_fraction=1.0,
+        )
+    )
+    assert d.mode == "lmcache"
+
+
+def test_decide_measured_overhead_raises_cross_engine_threshold() -> None:
+    over = {"cross_engine_reuse": 0.2, "current_mode": "lmcache", "lmcache_up_fraction": 1.0}
+    assert decide(ev(**over)).mode == "lmcache"  # prior threshold 15 %
+    d = decide(ev(**over, overhead_zero_hit=Interval(0.2, 0.18, 0.25)))
+    assert d.mode == "none"
+    assert reason(d, "R4_cross_engine_reuse").numbers["threshold"] == 0.25
+
+
+# ---- DRAM for both (R8) and LMCache health (R9) ---------------------------------------------
+
+
+def test_decide_both_reason_has_dram_arithmetic() -> None:
+    d = decide(ev(**PRESSURE, cross_engine_reuse=0.4))
+    r = reason(d, "R8_dram_for_both")
+    assert float(r.numbers["usable_dram_gib"]) == pytest.approx(1872 * 0.8)
+    assert float(r.numbers["needed_gib"]) == pytest.approx(
+        2 * 8 * float(r.numbers["engine_hbm_kv_gib"])
+    )
+
+
+def test_decide_both_with_unknown_dram_keeps_one_and_names_it() -> None:
+    d = decide(ev(**PRESSURE, cross_engine_reuse=0.4, cpu_dram_per_node_gib=None))
+    assert d.mode in ("native", "lmcache")
+    assert any("cpu_dram_per_node_gib" in u for u in d.unknowns)
+
+
+def test_decide_lmcache_down_falls_back_to_native_with_ha_advice() -> None:
+    d = decide(
+        ev(
+            **PRESSURE,
+            cross_engine_reuse=0.4,
+            current_mode="lmcache",
+            external_hit_ratio=0.3,
+            lmcache_up_fraction=0.0,
+        )
+    )
+    assert d.mode == "native"
+    assert "fall back to native" in reason(d, "R9_lmcache_unhealthy").text
+    spof = next(r for r in d.risks if r.risk_id == "lmcache_spof")
+    assert "DaemonSet" in spof.advice and "mq_timeout" in spof.text
+
+
+def test_decide_lmcache_down_without_pressure_falls_back_to_none() -> None:
+    d = decide(ev(cross_engine_reuse=0.4, lmcache_healthy=False))
+    assert d.mode == "none"
+    assert "fall back to none" in reason(d, "R9_lmcache_unhealthy").text
+
+
+def test_decide_partial_lmcache_outage_keeps_mode_with_risk() -> None:
+    d = decide(ev(cross_engine_reuse=0.4, lmcache_up_fraction=0.75))
+    assert d.mode == "lmcache"
+    assert "affected nodes" in reason(d, "R9_lmcache_unhealthy").text
+
+
+def test_decide_healthy_lmcache_still_reports_spof_risk() -> None:
+    d = decide(ev(cross_engine_reuse=0.4, lmcache_up_fraction=1.0, lmcache_healthy=True))
+    assert d.mode == "lmcache"
+    assert "R9_lmcache_unhealthy" not in rules_of(d)
+    assert {r.risk_id for r in d.risks} == {"lmcache_spof", "decode_latency"}
+
+
+def test_decide_none_reports_no_risks() -> None:
+    assert decide(ev()).risks == ()
+
+
+# ---- missing evidence, confidence -----------------------------------------------------------
+
+
+def test_decide_missing_evidence_lowers_confidence_and_names_fields() -> None:
+    full = decide(
+        ev(**PRESSURE, native_gain=gain(0.1, 0.05, 0.15), lmcache_gain=gain(-0.02, -0.05, -0.01))
+    )
+    sparse = decide(Evidence(kv_util_p95=0.97))
+    assert full.confidence > sparse.confidence
+    assert sparse.confidence_label == "low"
+    for name in (
+        "prompt_tokens_p90",
+        "cross_engine_reuse",
+        "model",
+        "throughput-gain fit (native)",
+    ):
+        assert any(u.startswith(name) for u in sparse.unknowns), name
+    assert full.confidence_label == "high"
+
+
+def test_decide_each_missing_field_costs_confidence() -> None:
+    d_all = decide(ev(**PRESSURE))
+    d_less = decide(ev(**PRESSURE, cross_engine_reuse=None))
+    assert d_less.confidence < d_all.confidence
+    assert "cross_engine_reuse (prefix reuse across engines)" in d_less.unknowns
+
+
+def test_decide_empty_evidence_is_none_low_confidence() -> None:
+    d = decide(Evidence())
+    assert d.mode == "none" and d.confidence_label == "low"
+    assert "kv_util_p95 (HBM pressure)" in d.unknowns
+
+
+def test_decide_custom_thresholds_change_outcome() -> None:
+    e = ev(prompt_tokens_p90=3000, **PRESSURE)
+    assert decide(e).mode == "native"
+    assert decide(e, thresholds=Thresholds(short_prompt_tokens=4096)).mode == "none"
+
+
+def test_decide_to_dict_is_json() -> None:
+    d = decide(ev(**PRESSURE, cross_engine_reuse=0.4, l2_tier="ceph-hdd"))
+    doc = json.loads(json.dumps(d.to_dict()))
+    assert doc["mode"] == d.mode and doc["reasons"][0]["rule"] == "R1_hbm_pressure"
+    assert isinstance(doc["unknown"], list)
+
+
+def test_decide_bad_tp_for_model_raises() -> None:
+    with pytest.raises(ConfigError, match="tp=3"):
+        decide(ev(**PRESSURE, tp=3, cross_engine_reuse=0.4))
+
+
+# ---- evidence validation --------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("over", "match"),
+    [
+        ({"kv_util_p95": 1.2}, "kv_util_p95"),
+        ({"kv_util_p95": float("nan")}, "use None"),
+        ({"prefix_hit_ratio": -0.1}, "prefix_hit_ratio"),
+        ({"engines": 0}, "engines"),
+        ({"tp": 2.5}, "tp"),
+        ({"prompt_tokens_p90": -1}, "prompt_tokens_p90"),
+        ({"current_mode": "turbo"}, "current_mode"),
+        ({"engines": True}, "engines"),
+        ({"l1_hit_curve": ((0.0, 0.5),)}, "l1_hit_curve"),
+        ({"engine_capacity": 0}, "engine_capacity"),
+    ],
+)
+def test_evidence_bad_field_raises(over: dict[str, Any], match: str) -> None:
+    with pytest.raises(ConfigError, match=match):
+        ev(**over)
+
+
+@pytest.mark.parametrize(
+    ("args", "match"),
+    [
+        ((0.5, 0.6, 0.7), "lo <= estimate"),
+        ((0.5, 0.4, 0.6, 1.0), "level"),
+        ((math.inf, 0, 1), "finite"),
+    ],
+)
+def test_interval_bad_values_raise(args: tuple[float, ...], match: str) -> None:
+    with pytest.raises(ConfigError, match=match):
+        Interval(*args)
+
+
+def test_gainfit_that_can_tell_needs_gain() -> None:
+    with pytest.raises(ConfigError, match="gain interval"):
+        GainFit(can_tell=True)
+
+
+# ---- DECIDER.md ------------------------------------------------------------------------------
+
+
+def test_decider_doc_and_rule_table_name_the_same_rules() -> None:
+    documented = re.findall(r"\bR\d+_[a-z0-9_]+", decider_doc())
+    assert set(documented) == set(RULE_IDS)
+    headings = re.findall(r"^## (R\d+_[a-z0-9_]+)", decider_doc(), flags=re.M)
+    assert headings == list(RULE_IDS)  # one section per rule, in the order applied
+
+
+def test_decider_doc_states_the_default_thresholds() -> None:
+    doc = decider_doc().replace(",", "")
+    t = Thresholds()
+    for pct in (
+        t.pressure_util,
+        t.no_pressure_util,
+        t.cross_engine_min,
+        t.local_reuse_min,
+        t.idle_hit_ratio,
+        t.dram_reserve_fraction,
+        t.lmcache_down_fraction,
+    ):
+        assert f"**{pct:.0%}".replace("%", " %") in doc, pct
+    assert f"**{t.short_prompt_tokens:.0f} tokens**" in doc
+    assert f"**{t.saturation_horizon_s / 86400:.0f} days**" in doc
