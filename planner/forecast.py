@@ -22,10 +22,12 @@ How a forecast is made (each step is stated again in ``Forecast.assumptions``):
    ``level`` are clipped at 0 (demand is non-negative) and that is noted.
 5. Saturation (``capacity`` given): the point forecast is placed at bucket midpoints and
    linearly interpolated; ``time_to_saturation_s`` is when it first reaches capacity,
-   ``_lo_s`` when the upper bound does (from then on P(demand >= capacity) >= (1-level)/2)
-   and ``_hi_s`` when the lower bound does (P >= (1+level)/2); None with a note when not
-   within the horizon. ``saturation_probability`` is the share of 1000 seeded simulated
-   paths of the fitted model that reach capacity within the horizon.
+   ``_lo_s`` when the upper bound does (at that time P(demand >= capacity) reaches
+   (1-level)/2) and ``_hi_s`` when the lower bound does (P reaches (1+level)/2); these are
+   crossings of the pointwise band, not quantiles of a first-passage time. None with a note
+   when not within the horizon; 0 when the last observed bucket is already at capacity.
+   ``saturation_probability`` is the share of 1000 simulated paths of the fitted model
+   (seeded by ``seed``, parameters fixed) that reach capacity within the horizon.
 
 Budget: ``max_seconds`` bounds the work: once half of it is spent no further candidate is
 tried (the simpler ones already scored stay), and the simulation is skipped past 80 %.
@@ -199,6 +201,14 @@ def _crossing(prev: float, values: FloatArray, capacity: float, cadence: float) 
     return None
 
 
+def _collapse(lines: list[str]) -> tuple[str, ...]:
+    """Repeated warnings (one per backtest origin) as one line with a count, first-seen order."""
+    counts: dict[str, int] = {}
+    for line in lines:
+        counts[line] = counts.get(line, 0) + 1
+    return tuple(line if c == 1 else f"{line} (x{c})" for line, c in counts.items())
+
+
 def _hours(s: float | None) -> str:
     return "not within the horizon" if s is None else f"in {s / 3600:.1f} h"
 
@@ -320,7 +330,7 @@ def forecast_demand(
         final = None
     if final is None:
         raise InsufficientHistory(f"{what} forecast: no candidate forecasts ({warns[-1]})", 0, n)
-    warns.extend(w for w in final.warnings if w not in warns)
+    warns.extend(final.warnings)
     rows = [CandidateScore(**{**asdict(r), "status": "chosen"}) if r is chosen else r for r in rows]
     sc = chosen_sc
     best = final.spec
@@ -375,10 +385,11 @@ def forecast_demand(
                 f"peak forecast {mean.max() / capacity:.0%} of capacity"
             )
             if time.perf_counter() - t_start < 0.8 * max_seconds:
+                seen = len(final.warnings)
                 prob = crossing_probability(
                     final, y, steps, capacity / scale, seed=seed, paths=SIMULATED_PATHS
                 )
-                warns.extend(w for w in final.warnings if w not in warns)
+                warns.extend(final.warnings[seen:])
             else:
                 note += "; crossing probability skipped (time budget)"
     return Forecast(
@@ -404,7 +415,7 @@ def forecast_demand(
         history_points=n,
         raw_points=prep.raw_points,
         candidates=tuple(rows),
-        warnings=tuple(warns),
+        warnings=_collapse(warns),
         assumptions=tuple(assumptions),
         fit_seconds=round(time.perf_counter() - t_start, 4),
         seed=seed,

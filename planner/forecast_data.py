@@ -186,6 +186,7 @@ def prepare(series: pd.Series, *, what: str, agg: str = "mean") -> Prepared:
     if len(t) < 3:
         raise InsufficientHistory(f"{what} forecast", MIN_POINTS, len(t))
     raw_points = len(t)
+    after_gap = ""
     while True:
         diffs = np.diff(t)
         diffs = diffs[diffs > 0]
@@ -194,7 +195,7 @@ def prepare(series: pd.Series, *, what: str, agg: str = "mean") -> Prepared:
         native = float(np.median(diffs))
         span = float(t[-1] - t[0] + native)
         cadence, period = choose_cadence(native, span)
-        label = f"{what} forecast at {cadence:g} s cadence"
+        label = f"{what} forecast at {cadence:g} s cadence{after_gap}"
         start, values, bucket_notes = _bucket(t, v, cadence, native, agg)
         long_runs = [r for r in _runs_of_nan(values) if r[1] > MAX_FILL_BUCKETS]
         if not long_runs:
@@ -207,8 +208,9 @@ def prepare(series: pd.Series, *, what: str, agg: str = "mean") -> Prepared:
             f"dropped ({dropped} raw points); only the latest contiguous stretch is modelled"
         )
         t, v = t[t >= cut], v[t >= cut]
+        after_gap = f" after a {gap_len * cadence / 3600:.1f} h gap"
         if len(t) < 3:
-            raise InsufficientHistory(f"{label} after a long gap", MIN_POINTS, len(t))
+            raise InsufficientHistory(f"{label}{after_gap}", MIN_POINTS, len(t))
     notes.extend(bucket_notes)
     if len(values) < MIN_POINTS:
         raise InsufficientHistory(label, MIN_POINTS, len(values))

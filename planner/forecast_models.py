@@ -96,14 +96,14 @@ def min_train(spec: ModelSpec, period: int | None) -> int:
 
 @contextmanager
 def recorded(tag: str, sink: list[str]) -> Iterator[None]:
-    """Record (not raise, not drop) every warning emitted inside, prefixed with ``tag``."""
+    """Record (not raise, not drop) every warning emitted inside, prefixed with ``tag``.
+
+    Every occurrence is kept; planner.forecast collapses repeats into one line with a count.
+    """
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         yield
-    for w in caught:
-        line = f"{tag}: {w.category.__name__}: {w.message}"
-        if line not in sink:
-            sink.append(line)
+    sink.extend(f"{tag}: {w.category.__name__}: {w.message}" for w in caught)
 
 
 @dataclass(slots=True)
@@ -192,7 +192,7 @@ def predict(
 
     alpha = 1.0 - level
     n = len(y)
-    with recorded(f"{f.spec.label} forecast from point {n}", f.warnings):
+    with recorded(f"{f.spec.label} forecast", f.warnings):
         if f.spec.family == "naive":
             z = NormalDist().inv_cdf(1.0 - alpha / 2.0)
             h = np.arange(steps)
