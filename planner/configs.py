@@ -161,7 +161,7 @@ def _server_url(host: str, port: int) -> str:
     return host if "://" in host else f"tcp://{host}"
 
 
-def lmcache_mp_connector_config(
+def lmcache_connector_config(
     vllm_version: str,
     host: str = "localhost",
     port: int = LMCACHE_PORT,
@@ -214,7 +214,7 @@ def vllm_lmcache_mp_args(
     isolated_ipc: bool = False,
 ) -> str:
     """`vllm serve` arguments connecting the engine to an LMCache MP server."""
-    config = lmcache_mp_connector_config(
+    config = lmcache_connector_config(
         vllm_version,
         host,
         port,
@@ -247,7 +247,7 @@ def vllm_both_args(
             vllm_version, cpu_gib, kv_bytes_per_token_per_gpu=kv_bytes_per_token_per_gpu, tp=tp
         ),
     }
-    lmcache = lmcache_mp_connector_config(
+    lmcache = lmcache_connector_config(
         vllm_version, host, port, world_size=tp, isolated_ipc=isolated_ipc
     )
     config = {

@@ -46,9 +46,15 @@ def _r1_hbm_pressure(s: RuleState) -> None:
     )
     if hot:
         s.pressure = True
+        marks = {
+            "pressure_util": t.pressure_util,
+            "preemptions_per_1k_mark": t.preemptions_per_1k,
+            "reprefill_share_mark": t.local_reuse_min,
+        }
         s.say(
-            "HBM under pressure: KV use, preemptions or re-prefill above their thresholds",
-            signals,
+            "HBM under pressure: p95 KV use, preemptions per 1k requests or re-prefilled "
+            "share at or above their marks",
+            signals | marks,
             "measured: engine metrics",
         )
         return
@@ -72,7 +78,7 @@ def _r1_hbm_pressure(s: RuleState) -> None:
     s.rest("prior: " + SRC_GKE)
     s.say(
         f"no HBM pressure: p95 KV use {ev.kv_util_p95:.0%}"
-        + (" (near the 90 % mark; watch the forecast)" if near else "")
+        + (f" (near the {t.pressure_util:.0%} mark; watch the forecast)" if near else "")
         + ": HBM holds the working set, so engine-local offload has nothing to keep "
         "(GKE test 1: extra tiers add nothing when the cache fits HBM)",
         {**signals, "no_pressure_util": t.no_pressure_util},
@@ -89,9 +95,12 @@ def _r2_short_prompts(s: RuleState) -> None:
     if s.model is not None and s.gpu is not None and s.tp is not None:
         numbers["prefill_seconds"] = prefill_seconds(s.model, s.gpu, s.tp, int(p), mfu=s.mfu)
     if p >= s.t.short_prompt_tokens:
-        s.say(f"prompts are long enough to reload ({p:.0f} tokens >= "
-              f"{s.t.short_prompt_tokens:.0f}; GKE: 5 k-token prompts gained 16-27 %)",
-              numbers, SRC_GKE)  # fmt: skip
+        s.say(
+            f"prompts are long enough to reload ({p:.0f} tokens >= "
+            f"{s.t.short_prompt_tokens:.0f}; GKE: 5 k-token prompts gained 16–27 %)",
+            numbers,
+            SRC_GKE,
+        )
         return
     s.short = True
     s.vote("native", False, "prior")
@@ -169,7 +178,9 @@ def _r4_cross_engine_reuse(s: RuleState) -> None:
         share *= 1 - (ev.cross_node_reuse or 0)
         numbers["within_node_share"] = share
     overhead = s.overhead("lmcache")
-    threshold = max(s.t.cross_engine_min if overhead is LMCACHE_OVERHEAD_PRIOR else 0, overhead.hi)
+    # The prior's floor is its own upper end; a measured overhead still needs >= idle_hit_ratio.
+    floor = s.t.cross_engine_min if overhead is LMCACHE_OVERHEAD_PRIOR else s.t.idle_hit_ratio
+    threshold = max(floor, overhead.hi)
     numbers |= {"threshold": threshold, "lmcache_overhead_hi": overhead.hi}
     if s.short:
         s.say(
