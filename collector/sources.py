@@ -259,7 +259,7 @@ async def scrape_one(
     size = 0
 
     def failed(kind: str, message: str) -> ScrapeResult:
-        log.warning("scrape %s (%s) failed: %s: %s", target.name, target.url, kind, message)
+        log.info("scrape %s (%s) failed: %s: %s", target.name, target.url, kind, message)
         outcome = ScrapeOutcome(
             target=target.name,
             started=started,
@@ -302,7 +302,9 @@ async def scrape_one(
     except UnicodeDecodeError as exc:
         return failed("parse", f"body is not UTF-8 (byte {exc.start})")
     try:
-        snapshot = read_exposition(text, target.name, started)
+        # In a worker thread: parsing one large exposition must not stall the event loop
+        # (and eat into the timeouts of the scrapes still in flight).
+        snapshot = await asyncio.to_thread(read_exposition, text, target.name, started)
     except ParseError as exc:
         return failed("parse", f"line {exc.line}: {exc.reason}")
     except Exception as exc:  # a parser bug on odd input must not stop the other targets

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
@@ -14,55 +12,18 @@ from collector.errors import ConfigError, ScrapeError
 from collector.promsource import PrometheusSource, derive_ratios, signal_query
 from collector.records import Window
 from tests import services
-from tests.collector.exposerver import ExpoServer, expo_server, set_sample
+from tests.collector.conftest import PREEMPTIONS_START, PREEMPTIONS_STEP, SCRAPE_S, LiveProm
+from tests.collector.exposerver import expo_server
 
-METRICS = Path(__file__).resolve().parents[1] / "fixtures" / "metrics"
-STEP = 5.0  # preemptions added per scrape
+STEP = PREEMPTIONS_STEP
 WINDOW = 2  # seconds
-SCRAPE_S = 1.0
-
-CONFIG = """
-global:
-  scrape_interval: 1s
-  scrape_timeout: 900ms
-scrape_configs:
-  - job_name: vllm
-    metrics_path: /metrics
-    static_configs:
-      - targets: ['{hostport}']
-"""
-
-
-def _body(text: str):  # type: ignore[no-untyped-def]
-    def body(n: int) -> bytes:
-        t = set_sample(text, "preemptions_total", 100 + STEP * n)
-        t = set_sample(t, "kv_cache_usage_ratio", 0.5 if n % 2 else 0.25)
-        return t.encode()
-
-    return body
-
-
-@pytest.fixture(scope="module")
-def live() -> Iterator[tuple[str, ExpoServer, float]]:
-    """An exporter scraped by Prometheus for ~6 s; yields (prom URL, exporter, first scrape)."""
-    text = (METRICS / "vllm-0.33.0-metrics-default.txt").read_text()
-    with expo_server() as srv:
-        srv.add("/metrics", _body(text))
-        hostport = srv.base.removeprefix("http://")
-        with services.prometheus(CONFIG.replace("{hostport}", hostport)) as url:
-            t0 = time.time()
-            deadline = t0 + 15
-            while srv.route("/metrics").hits < 7 and time.time() < deadline:
-                time.sleep(0.1)
-            time.sleep(0.3)  # let the last scrape be ingested
-            yield url, srv, t0
 
 
 @pytest.mark.prometheus
 def test_windows_counter_gauge_histogram_match_exporter(
-    live: tuple[str, ExpoServer, float],
+    live_prometheus: LiveProm,
 ) -> None:
-    url, srv, t0 = live
+    url, hostport, t0 = live_prometheus.url, live_prometheus.hostport, live_prometheus.t0
     end = time.time()
     with PrometheusSource(url, timeout_s=5) as prom:
         prom.check()
@@ -72,7 +33,6 @@ def test_windows_counter_gauge_histogram_match_exporter(
                      "prefix_cache_queries_total", "prefix_cache_hits_total"],
         )  # fmt: skip
     assert got, "no windows"
-    hostport = srv.base.removeprefix("http://")
     assert {w.source for w in got} == {hostport}
     for w in got:
         assert w.start % WINDOW == 0 and w.length_s == WINDOW
@@ -88,7 +48,8 @@ def test_windows_counter_gauge_histogram_match_exporter(
         # 2 s window, +5 per 1 s scrape: 10 expected; increase() extrapolates over scrape jitter.
         assert w.delta == pytest.approx(STEP * WINDOW / SCRAPE_S, rel=0.35)
         assert w.rate == pytest.approx(w.delta / WINDOW)
-        assert w.last is not None and w.last >= 100 and (w.last - 100) % STEP == 0
+        assert w.last is not None and w.last >= PREEMPTIONS_START
+        assert (w.last - PREEMPTIONS_START) % STEP == 0
 
     kv = [w for w in got if w.signal == "kv_cache_usage_ratio" and w.samples >= 2]
     assert kv
@@ -108,8 +69,8 @@ def test_windows_counter_gauge_histogram_match_exporter(
 
 
 @pytest.mark.prometheus
-def test_windows_long_range_is_chunked_same_result(live: tuple[str, ExpoServer, float]) -> None:
-    url, _srv, t0 = live
+def test_windows_long_range_is_chunked_same_result(live_prometheus: LiveProm) -> None:
+    url, t0 = live_prometheus.url, live_prometheus.t0
     end = time.time()
     with PrometheusSource(url) as whole, PrometheusSource(url, max_points=2) as chunked:
         a = whole.windows(t0 - 20, end, 1, signals=["preemptions_total"])
@@ -120,10 +81,9 @@ def test_windows_long_range_is_chunked_same_result(live: tuple[str, ExpoServer, 
 
 
 @pytest.mark.prometheus
-def test_windows_job_instance_source_and_matchers(live: tuple[str, ExpoServer, float]) -> None:
-    url, srv, t0 = live
+def test_windows_job_instance_source_and_matchers(live_prometheus: LiveProm) -> None:
+    url, hostport, t0 = live_prometheus.url, live_prometheus.hostport, live_prometheus.t0
     end = time.time()
-    hostport = srv.base.removeprefix("http://")
     with PrometheusSource(url, source_from="job/instance") as prom:
         got = prom.windows(t0, end, WINDOW, signals=["requests_running"])
     assert got and {w.source for w in got} == {f"vllm/{hostport}"}
@@ -132,8 +92,8 @@ def test_windows_job_instance_source_and_matchers(live: tuple[str, ExpoServer, f
 
 
 @pytest.mark.prometheus
-def test_every_catalogue_query_is_valid_promql(live: tuple[str, ExpoServer, float]) -> None:
-    url, _srv, t0 = live
+def test_every_catalogue_query_is_valid_promql(live_prometheus: LiveProm) -> None:
+    url, t0 = live_prometheus.url, live_prometheus.t0
     with PrometheusSource(url) as prom:
         got = prom.windows(t0, time.time(), WINDOW)  # all signals: none may be refused
     assert {w.signal for w in got} >= {"preemptions_total", "requests_running", "ttft_seconds"}

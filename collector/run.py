@@ -1,0 +1,470 @@
+"""The collect loop: scrape (or query Prometheus) on a fixed tick, roll up, write to the store.
+
+Direct mode: every ``interval_s`` all targets are scraped concurrently; each target has its
+own :class:`~collector.rollup.Rollup`; closed windows and every scrape outcome are written to
+the store. Ticks sit on multiples of the interval (no drift); a tick whose scrape is still
+running when the next one is due makes that next tick be skipped and counted, never overlap.
+A stop (SIGINT/SIGTERM, or ``stop.set()``) cancels the scrape in flight, flushes every open
+window to the store and returns the loop's own statistics.
+
+Prometheus mode: back-fill ``[now - since, now - settle]`` once, then poll every
+``interval_s`` for the windows that closed since; the store's upsert makes overlap harmless.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import math
+import signal
+import time
+from collections import Counter
+from collections.abc import Callable, Coroutine, Sequence
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+from collector.catalog import SIGNALS
+from collector.errors import ConfigError, KvscopeError, ScrapeError
+from collector.promsource import PrometheusSource
+from collector.records import ScrapeOutcome, Snapshot, Window
+from collector.rollup import Rollup
+from collector.sources import ScrapeResult, Target, TargetSet, make_client, scrape_all
+from collector.store import Store
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+CACHE_CONFIG_FACT = "cache_config"
+
+
+@dataclass
+class CollectStats:
+    """The loop's own observability (returned at the end, shown in progress lines)."""
+
+    mode: str
+    started: float = field(default_factory=time.time)
+    ticks: int = 0
+    skipped_ticks: int = 0
+    scrapes: int = 0
+    failures: Counter[str] = field(default_factory=Counter)
+    windows_written: int = 0
+    outcomes_written: int = 0
+    targets_up: int = 0
+    targets_down: int = 0
+    last_lag_s: float = 0.0
+    max_lag_s: float = 0.0
+    last_tick_s: float = 0.0
+    last_error: str | None = None
+    store_errors: int = 0
+
+    def summary(self) -> dict[str, Any]:
+        """The JSON summary `kvscope collect` prints on stdout."""
+        return {
+            "mode": self.mode,
+            "scrapes": self.scrapes,
+            "ticks": self.ticks,
+            "skipped_ticks": self.skipped_ticks,
+            "windows_written": self.windows_written,
+            "outcomes_written": self.outcomes_written,
+            "targets_up": self.targets_up,
+            "targets_down": self.targets_down,
+            "errors": dict(sorted(self.failures.items())),
+            "store_errors": self.store_errors,
+            "max_lag_s": round(self.max_lag_s, 4),
+            "duration_s": round(time.time() - self.started, 3),
+            "last_error": self.last_error,
+        }
+
+    def metrics(self) -> list[tuple[str, dict[str, str], float]]:
+        """The same numbers as our own Prometheus-style metrics (``kvscope_`` prefix)."""
+        out: list[tuple[str, dict[str, str], float]] = [
+            ("kvscope_collect_scrapes_total", {}, float(self.scrapes)),
+            ("kvscope_collect_ticks_total", {}, float(self.ticks)),
+            ("kvscope_collect_skipped_ticks_total", {}, float(self.skipped_ticks)),
+            ("kvscope_collect_windows_written_total", {}, float(self.windows_written)),
+            ("kvscope_collect_targets_up", {}, float(self.targets_up)),
+            ("kvscope_collect_loop_lag_seconds", {}, self.last_lag_s),
+        ]
+        out += [
+            ("kvscope_collect_scrape_failures_total", {"kind": kind}, float(n))
+            for kind, n in sorted(self.failures.items())
+        ]
+        return out
+
+    def progress_line(self) -> str:
+        line = (
+            f"collect[{self.mode}]: {self.targets_up} up, {self.targets_down} down, "
+            f"{self.scrapes} scrapes, {self.windows_written} windows written, "
+            f"{self.skipped_ticks} ticks skipped, lag {self.last_lag_s:.3f}s"
+        )
+        if self.last_error:
+            line += f"; last error: {self.last_error}"
+        return line
+
+
+Progress = Callable[[CollectStats], None]
+
+
+def next_tick(now: float, interval_s: float) -> float:
+    """The first multiple of ``interval_s`` strictly after ``now``."""
+    return (math.floor(now / interval_s) + 1) * interval_s
+
+
+def install_stop_signals(stop: asyncio.Event) -> None:
+    """Make SIGINT and SIGTERM set ``stop`` (clean stop: flush, then exit 0)."""
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+
+
+async def _sleep_until(deadline: float, stop: asyncio.Event) -> None:
+    delay = deadline - time.time()
+    if delay <= 0 or stop.is_set():
+        return
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(stop.wait(), timeout=delay)
+
+
+async def _unless_stopped(coro: Coroutine[Any, Any, T], stop: asyncio.Event) -> T | None:
+    """Await ``coro`` unless ``stop`` is set first (then cancel it and return None)."""
+    task = asyncio.ensure_future(coro)
+    stopper = asyncio.ensure_future(stop.wait())
+    try:
+        await asyncio.wait({task, stopper}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        stopper.cancel()
+    if task.done():
+        return task.result()
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
+    return None
+
+
+# --------------------------------------------------------------------------- engine facts
+
+_FACT_INTS = ("num_gpu_blocks", "block_size", "num_cpu_blocks")
+
+
+def engine_facts(snapshot: Snapshot) -> dict[str, Any]:
+    """Facts worth keeping about an engine, from its exposition's info families.
+
+    ``num_gpu_blocks``/``block_size``/``num_cpu_blocks`` are per data-parallel engine (read
+    from the first ``cache_config`` row; ``dp_engines`` says how many rows there were); the
+    raw rows are kept under their fact key.
+    """
+    facts: dict[str, Any] = {k: [dict(row) for row in rows] for k, rows in snapshot.facts.items()}
+    rows = snapshot.facts.get(CACHE_CONFIG_FACT, ())
+    if rows:
+        facts["dp_engines"] = len(rows)
+        for key in _FACT_INTS:
+            raw = rows[0].get(key, "")
+            if raw.isdigit():
+                facts[key] = int(raw)
+    return facts
+
+
+def _model_of(snapshot: Snapshot) -> str | None:
+    for sample in snapshot.samples:
+        for key, value in sample.labels:
+            if key == "model_name" and value:
+                return value
+    return None
+
+
+def register_targets(store: Store, targets: TargetSet) -> None:
+    """Record the cluster, every target and the engine metadata of the targets file."""
+    store.upsert_cluster(targets.cluster)
+    for t in targets:
+        store.upsert_target(t.name, t.url, kind=t.kind, cluster=targets.cluster)
+        if t.engine is not None:
+            store.upsert_engine(
+                targets.cluster,
+                t.name,
+                model=t.engine.model,
+                gpu=t.engine.gpu,
+                tensor_parallel=t.engine.tensor_parallel,
+                offload=t.engine.offload,
+            )
+
+
+# --------------------------------------------------------------------------- direct mode
+
+
+class _Direct:
+    """State of the direct-scrape loop between ticks."""
+
+    def __init__(self, targets: TargetSet, store: Store, window_s: float, stats: CollectStats):
+        self.targets = targets
+        self.store = store
+        self.stats = stats
+        self.rollups = {t.name: Rollup(t.name, window_s) for t in targets}
+        self.facts: dict[str, dict[str, Any]] = {}
+        self.state: dict[str, str] = {}  # target -> "up" or its last error kind
+        self.pending: list[Window] = []
+
+    def absorb(self, results: Sequence[ScrapeResult]) -> None:
+        stats = self.stats
+        windows: list[Window] = []
+        up = 0
+        for r in results:
+            o = r.outcome
+            stats.scrapes += 1
+            self._log_transition(r.target, o)
+            if r.snapshot is None:
+                stats.failures[o.error_kind or "unknown"] += 1
+                stats.last_error = f"{o.target}: {o.error_kind}: {o.error}"
+                continue
+            up += 1
+            windows += self.rollups[r.target.name].add(r.snapshot)
+            self._register_facts(r.target, r.snapshot)
+        stats.targets_up, stats.targets_down = up, len(results) - up
+        self._write([r.outcome for r in results], windows)
+
+    def flush(self) -> None:
+        windows = [w for rollup in self.rollups.values() for w in rollup.flush()]
+        self._write([], windows)
+
+    def _log_transition(self, target: Target, outcome: ScrapeOutcome) -> None:
+        now = "up" if outcome.up else (outcome.error_kind or "down")
+        before = self.state.get(target.name)
+        self.state[target.name] = now
+        if before == now:
+            return
+        if outcome.up:
+            if before is not None:
+                log.warning("target %s is up again", target.name)
+        else:
+            log.warning("target %s is down: %s: %s", target.name, now, outcome.error)
+
+    def _register_facts(self, target: Target, snapshot: Snapshot) -> None:
+        if target.kind != "vllm":
+            return
+        facts = engine_facts(snapshot)
+        if self.facts.get(target.name) == facts:
+            return
+        model = target.engine.model if target.engine and target.engine.model else None
+        try:
+            self.store.upsert_engine(
+                self.targets.cluster, target.name, model=model or _model_of(snapshot), facts=facts
+            )
+        except KvscopeError as exc:
+            self._store_failed(f"registering engine {target.name}", exc)
+            return
+        self.facts[target.name] = facts
+
+    def _write(self, outcomes: list[ScrapeOutcome], windows: list[Window]) -> None:
+        stats = self.stats
+        try:
+            if outcomes:
+                stats.outcomes_written += self.store.write_outcomes(outcomes)
+        except KvscopeError as exc:
+            self._store_failed(f"writing {len(outcomes)} outcomes", exc)
+        batch = self.pending + windows
+        if not batch:
+            return
+        try:
+            stats.windows_written += self.store.write_windows(batch)
+            self.pending = []
+        except KvscopeError as exc:
+            # Keep them for the next tick (bounded: the oldest go first).
+            self.pending = batch[-MAX_PENDING_WINDOWS:]
+            self._store_failed(f"writing {len(batch)} windows (kept for retry)", exc)
+
+    def _store_failed(self, what: str, exc: KvscopeError) -> None:
+        self.stats.store_errors += 1
+        self.stats.last_error = f"store: {what}: {exc}"
+        log.error("store: %s: %s", what, exc)
+
+
+MAX_PENDING_WINDOWS = 1_000_000
+
+
+async def collect_direct(
+    targets: TargetSet,
+    store: Store,
+    *,
+    interval_s: float,
+    window_s: float,
+    timeout_s: float,
+    concurrency: int,
+    max_body_bytes: int,
+    once: bool = False,
+    max_ticks: int | None = None,
+    stop: asyncio.Event | None = None,
+    progress: Progress | None = None,
+) -> CollectStats:
+    """Scrape ``targets`` every ``interval_s`` into ``store`` until stopped; see module doc.
+
+    ``once``: a single scrape of every target; its outcomes are written and the flush writes
+    the gauge and histogram-count windows a single sample gives (counter deltas and rates
+    need two samples, so they are None in those windows). The per-target timeout is at most
+    90 % of the interval, so a scrape round normally ends before the next tick.
+    """
+    if not (math.isfinite(interval_s) and interval_s > 0):
+        raise ConfigError(f"scrape interval must be > 0 seconds, got {interval_s}")
+    stats = CollectStats(mode="direct")
+    stop = stop if stop is not None else asyncio.Event()
+    limit = 1 if once else max_ticks
+    timeout = min(timeout_s, 0.9 * interval_s) if not once else timeout_s
+    register_targets(store, targets)
+    state = _Direct(targets, store, window_s, stats)
+    async with make_client(timeout_s=timeout, concurrency=concurrency) as client:
+        index = math.floor(time.time() / interval_s)  # the first tick runs at once
+        scheduled = time.time()
+        while not stop.is_set():
+            began = time.time()
+            stats.last_lag_s = max(0.0, began - scheduled)
+            stats.max_lag_s = max(stats.max_lag_s, stats.last_lag_s)
+            results = await _unless_stopped(
+                scrape_all(
+                    targets,
+                    timeout_s=timeout,
+                    concurrency=concurrency,
+                    max_body_bytes=max_body_bytes,
+                    client=client,
+                ),
+                stop,
+            )
+            if results is None:
+                break
+            state.absorb(results)
+            stats.ticks += 1
+            stats.last_tick_s = time.time() - began
+            if progress is not None:
+                progress(stats)
+            if limit is not None and stats.ticks >= limit:
+                break
+            following = math.floor(time.time() / interval_s) + 1
+            if following - index > 1:  # the scrape overran whole ticks: skip them, never overlap
+                stats.skipped_ticks += following - index - 1
+                log.warning(
+                    "scrape round took %.3f s > interval %g s: skipped %d tick(s)",
+                    stats.last_tick_s,
+                    interval_s,
+                    following - index - 1,
+                )
+            index = following
+            scheduled = index * interval_s
+            await _sleep_until(scheduled, stop)
+    state.flush()
+    if progress is not None:
+        progress(stats)
+    return stats
+
+
+# --------------------------------------------------------------------------- Prometheus mode
+
+
+async def collect_prometheus(
+    source: PrometheusSource,
+    store: Store,
+    *,
+    cluster: str,
+    window_s: float,
+    since_s: float,
+    interval_s: float,
+    settle_s: float = 30.0,
+    once: bool = False,
+    max_polls: int | None = None,
+    stop: asyncio.Event | None = None,
+    progress: Progress | None = None,
+) -> CollectStats:
+    """Back-fill windows of ``[now - since_s, now - settle_s]``, then poll every ``interval_s``.
+
+    ``settle_s`` keeps the newest windows out until Prometheus has ingested their last scrape.
+    The first query failing raises ScrapeError; later failures are logged, counted and retried.
+    """
+    if not (math.isfinite(interval_s) and interval_s > 0):
+        raise ConfigError(f"poll interval must be > 0 seconds, got {interval_s}")
+    if not (math.isfinite(since_s) and since_s > 0):
+        raise ConfigError(f"--since must be > 0 seconds, got {since_s}")
+    stats = CollectStats(mode="prometheus")
+    stop = stop if stop is not None else asyncio.Event()
+    limit = 1 if once else max_polls
+    await asyncio.to_thread(source.check)
+    store.upsert_cluster(cluster)
+    store.upsert_target(source.url, source.url, kind="prometheus", cluster=cluster)
+    known: set[str] = set()
+    cursor = math.floor((time.time() - since_s) / window_s) * window_s
+    while not stop.is_set():
+        began = time.time()
+        end = math.floor((began - settle_s) / window_s) * window_s
+        stats.scrapes += 1
+        if end > cursor:
+            try:
+                windows = await _unless_stopped(
+                    asyncio.to_thread(source.windows, cursor, end, window_s), stop
+                )
+            except ScrapeError as exc:
+                if stats.ticks == 0:
+                    raise
+                stats.failures[exc.kind] += 1
+                stats.last_error = str(exc)
+                log.error("prometheus poll failed: %s", exc)
+                windows = []
+                end = cursor  # retry the same range next time
+            if windows is None:
+                break
+            _register_sources(
+                store, cluster=cluster, url=source.url, windows=windows, known=known, stats=stats
+            )
+            written_before = stats.windows_written
+            try:
+                stats.windows_written += store.write_windows(windows)
+                cursor = end
+            except KvscopeError as exc:
+                stats.store_errors += 1
+                stats.last_error = f"store: {exc}"
+                log.error("store: writing %d windows: %s (will re-query)", len(windows), exc)
+            log.info("poll: %d windows", stats.windows_written - written_before)
+        stats.ticks += 1
+        stats.last_tick_s = time.time() - began
+        if progress is not None:
+            progress(stats)
+        if limit is not None and stats.ticks >= limit:
+            break
+        await _sleep_until(next_tick(time.time(), interval_s), stop)
+    return stats
+
+
+def _register_sources(
+    store: Store,
+    *,
+    cluster: str,
+    url: str,
+    windows: Sequence[Window],
+    known: set[str],
+    stats: CollectStats,
+) -> None:
+    """Register every new source as a target (and as an engine when it serves vLLM signals)."""
+    kinds: dict[str, set[str]] = {}
+    for w in windows:
+        sig = SIGNALS.get(w.signal)
+        kinds.setdefault(w.source, set()).add(sig.source if sig is not None else "vllm")
+    stats.targets_up = len(kinds)
+    for source, seen in kinds.items():
+        if source in known:
+            continue
+        kind = "lmcache" if seen == {"lmcache"} else "vllm"
+        try:
+            store.upsert_target(source, url, kind=kind, cluster=cluster)
+            if kind == "vllm":
+                store.upsert_engine(cluster, source)
+        except KvscopeError as exc:
+            stats.store_errors += 1
+            log.error("store: registering %s: %s", source, exc)
+            continue
+        known.add(source)
+
+
+def run_until_signalled(main: Callable[[asyncio.Event], Coroutine[Any, Any, T]]) -> T:
+    """Run ``main(stop)`` in a fresh event loop with SIGINT/SIGTERM wired to ``stop``."""
+
+    async def runner() -> T:
+        stop = asyncio.Event()
+        install_stop_signals(stop)
+        return await main(stop)
+
+    return asyncio.run(runner())

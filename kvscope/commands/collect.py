@@ -1,0 +1,222 @@
+"""`kvscope collect`: scrape targets (or read a Prometheus) into the store until stopped."""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import sys
+import time
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from collector.errors import ConfigError
+
+_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, "w": 604800.0}
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d|w)?\s*$")
+PROGRESS_EVERY_S = 10.0
+_FLAGS = {
+    "db": "--db",
+    "cluster": "--cluster",
+    "window_s": "--window",
+    "scrape_interval_s": "--interval",
+    "scrape_timeout_s": "--timeout",
+}
+
+
+def parse_duration(text: str, what: str, *, allow_zero: bool = False) -> float:
+    """Seconds from ``500ms``, ``15s``, ``1m``, ``2h``, ``1d``, ``1w`` or a bare number (s)."""
+    m = _DURATION.match(text)
+    if m is None:
+        raise ConfigError(
+            f"{what}: {text!r} is not a duration (use e.g. 500ms, 15s, 1m, 2h, 7d, 1w)"
+        )
+    seconds = float(m.group(1)) * _UNITS[m.group(2) or "s"]
+    if seconds < 0 or (seconds == 0 and not allow_zero):
+        raise ConfigError(f"{what}: must be greater than 0, got {text!r}")
+    return seconds
+
+
+class _Progress:
+    """One line on stderr at most every PROGRESS_EVERY_S seconds (and at the end)."""
+
+    def __init__(self, quiet: bool) -> None:
+        self.quiet = quiet
+        self.last = time.monotonic()
+
+    def __call__(self, stats: object) -> None:
+        now = time.monotonic()
+        if self.quiet or now - self.last < PROGRESS_EVERY_S:
+            return
+        self.last = now
+        print(stats.progress_line(), file=sys.stderr, flush=True)  # type: ignore[attr-defined]
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("collect")
+    def collect_cmd(  # noqa: PLR0917 - one parameter per CLI flag
+        targets: Annotated[
+            Path | None, typer.Option("--targets", help="targets YAML (see examples/targets.yaml)")
+        ] = None,
+        prometheus: Annotated[
+            str | None,
+            typer.Option("--prometheus", help="read windows from this Prometheus/Thanos/Mimir URL"),
+        ] = None,
+        db: Annotated[
+            str | None, typer.Option("--db", help="store URL [default: KVSCOPE_DB or sqlite]")
+        ] = None,
+        interval: Annotated[
+            str | None, typer.Option("--interval", help="scrape / poll interval, e.g. 15s")
+        ] = None,
+        window: Annotated[
+            str | None, typer.Option("--window", help="rollup window, e.g. 60s")
+        ] = None,
+        once: Annotated[
+            bool, typer.Option("--once", help="one scrape (or one back-fill), then exit")
+        ] = False,
+        cluster: Annotated[
+            str | None, typer.Option("--cluster", help="cluster name (overrides the file's)")
+        ] = None,
+        since: Annotated[
+            str, typer.Option("--since", help="Prometheus mode: back-fill this far back")
+        ] = "1h",
+        timeout: Annotated[
+            str | None, typer.Option("--timeout", help="per-target scrape timeout, e.g. 10s")
+        ] = None,
+        source_label: Annotated[
+            str,
+            typer.Option("--source-label", help="Prometheus mode: instance or job/instance"),
+        ] = "instance",
+        settle: Annotated[
+            str,
+            typer.Option("--settle", help="Prometheus mode: leave out windows younger than this"),
+        ] = "30s",
+        quiet: Annotated[bool, typer.Option("--quiet", "-q", help="no progress lines")] = False,
+    ) -> None:
+        """Collect windows into the store until Ctrl-C / SIGTERM (then flush, exit 0).
+
+        Direct mode (--targets): scrape every target each --interval, roll into --window.
+
+        Prometheus mode (--prometheus URL): back-fill --since, then poll each --interval.
+
+        --once: one scrape per target; writes outcomes and gauge windows (counters need 2).
+
+        JSON summary on stdout, progress on stderr.
+
+        Example: kvscope collect --targets examples/targets.yaml --db sqlite:///kvscope.db
+        """
+        summary = run_collect(
+            targets=targets,
+            prometheus=prometheus,
+            db=db,
+            interval=interval,
+            window=window,
+            once=once,
+            cluster=cluster,
+            since=since,
+            timeout=timeout,
+            source_label=source_label,
+            settle=settle,
+            quiet=quiet,
+        )
+        typer.echo(json.dumps(summary))
+
+
+def run_collect(
+    *,
+    targets: Path | None,
+    prometheus: str | None,
+    db: str | None,
+    interval: str | None,
+    window: str | None,
+    once: bool,
+    cluster: str | None,
+    since: str,
+    timeout: str | None,
+    source_label: str,
+    settle: str,
+    quiet: bool,
+) -> dict[str, object]:
+    """Validate the flags, run the loop, return the JSON summary."""
+    from pydantic import ValidationError
+
+    from collector import run
+    from collector.store import Store
+    from kvscope.config import get_settings
+
+    if (targets is None) == (prometheus is None):
+        raise ConfigError("give exactly one of --targets FILE or --prometheus URL")
+    if source_label not in ("instance", "job/instance"):
+        raise ConfigError(f"--source-label must be instance or job/instance, got {source_label!r}")
+    try:
+        settings = get_settings(
+            db=db,
+            cluster=cluster,
+            scrape_interval_s=None if interval is None else parse_duration(interval, "--interval"),
+            window_s=None if window is None else parse_duration(window, "--window"),
+            scrape_timeout_s=None if timeout is None else parse_duration(timeout, "--timeout"),
+        )
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        field = ".".join(map(str, first["loc"]))
+        flag = _FLAGS.get(field, field)
+        raise ConfigError(f"{flag} (or KVSCOPE_{field.upper()}): {first['msg']}") from exc
+    logging.basicConfig(
+        level=logging.ERROR if quiet else logging.WARNING,
+        format="kvscope: %(message)s",
+        stream=sys.stderr,
+    )
+    logging.getLogger("urllib3").setLevel(logging.ERROR)  # its retries end in one ScrapeError
+    progress = _Progress(quiet)
+    with Store(settings.db) as store:
+        store.migrate()
+        if targets is not None:
+            from collector.sources import load_targets
+
+            target_set = load_targets(targets, cluster=cluster)
+            stats = run.run_until_signalled(
+                lambda stop: run.collect_direct(
+                    target_set,
+                    store,
+                    interval_s=settings.scrape_interval_s,
+                    window_s=settings.window_s,
+                    timeout_s=settings.scrape_timeout_s,
+                    concurrency=settings.scrape_concurrency,
+                    max_body_bytes=settings.max_body_bytes,
+                    once=once,
+                    stop=stop,
+                    progress=progress,
+                )
+            )
+            cluster_name = target_set.cluster
+        else:
+            assert prometheus is not None
+            from collector.promsource import PrometheusSource
+
+            since_s = parse_duration(since, "--since")
+            settle_s = parse_duration(settle, "--settle", allow_zero=True)
+            with PrometheusSource(
+                prometheus,
+                timeout_s=settings.scrape_timeout_s,
+                source_from="job/instance" if source_label == "job/instance" else "instance",
+            ) as source:
+                stats = run.run_until_signalled(
+                    lambda stop: run.collect_prometheus(
+                        source,
+                        store,
+                        cluster=settings.cluster,
+                        window_s=settings.window_s,
+                        since_s=since_s,
+                        interval_s=settings.scrape_interval_s,
+                        settle_s=settle_s,
+                        once=once,
+                        stop=stop,
+                        progress=progress,
+                    )
+                )
+            cluster_name = settings.cluster
+    if not quiet:
+        print(stats.progress_line(), file=sys.stderr, flush=True)
+    return {**stats.summary(), "cluster": cluster_name, "db": store.url}
