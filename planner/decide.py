@@ -16,7 +16,7 @@ from typing import Any
 
 from collector.errors import ConfigError
 from planner.costmodel import DEFAULT_MFU
-from planner.evidence import Evidence, GainFit, Interval
+from planner.evidence import Evidence, GainEvidence, ValueCI
 from planner.hardware import GPU, Catalog, Model, get_gpu, get_model
 from planner.rules import RULE_IDS, apply_rules
 from planner.rulestate import HA_ADVICE, Reason, Risk, RuleState, Thresholds
@@ -25,11 +25,11 @@ __all__ = [
     "RULE_IDS",
     "Decision",
     "Evidence",
-    "GainFit",
-    "Interval",
+    "GainEvidence",
     "Reason",
     "Risk",
     "Thresholds",
+    "ValueCI",
     "decide",
     "decider_doc",
 ]

@@ -5,6 +5,18 @@
 by hand. Every field is optional: None means "unknown", which lowers the confidence of the
 decision and is named in its output. Fractions are 0–1, sizes GiB (LMCache --l1-size-gb and
 vLLM --kv-offloading-size are both GiB), times seconds.
+
+Where the fields come from (for the `kvscope plan` wiring):
+- kv_util_*, preemptions_per_1k, prompt_tokens_*, prefix/external hit ratios: quantiles and
+  ratios of the planner/frames.py columns over the analysis window.
+- native_gain / lmcache_gain from planner.fit_gain's result for that mode: `gain` = the
+  `relative` gain and `relative_interval` of its grid point at the current utilization;
+  can_tell = that utilization lies in the fit's common support (the interval may then
+  straddle 0: the decider reads that as "no detectable gain"); `breakeven_util` = the fit's
+  estimate and interval when it found a crossing. This is not the fit's own can_tell, which
+  is about locating the break-even.
+- demand_peak / time_to_saturation_s from planner.forecast.Forecast: the highest point's
+  (mean, lo, hi) and (time_to_saturation_s, _lo_s, _hi_s).
 """
 
 from __future__ import annotations
@@ -18,7 +30,7 @@ MODES = ("none", "native", "lmcache", "both")
 
 
 @dataclass(frozen=True, slots=True)
-class Interval:
+class ValueCI:
     """An estimate with its interval at `level` (0.95 = 95 % CI)."""
 
     estimate: float
@@ -41,7 +53,7 @@ class Interval:
 
 
 @dataclass(frozen=True, slots=True)
-class GainFit:
+class GainEvidence:
     """The throughput-gain fit of one offload mode against no offload (planner/fit.py).
 
     gain: relative throughput gain at the current utilization (0.12 = +12 %);
@@ -50,8 +62,8 @@ class GainFit:
     """
 
     can_tell: bool
-    gain: Interval | None = None
-    breakeven_util: Interval | None = None
+    gain: ValueCI | None = None
+    breakeven_util: ValueCI | None = None
     why: str = ""
 
     def __post_init__(self) -> None:
@@ -114,20 +126,20 @@ class Evidence:
     cross_engine_reuse: float | None = None
     cross_node_reuse: float | None = None
     distinct_prefix_tokens: float | None = None
-    native_gain: GainFit | None = None
-    lmcache_gain: GainFit | None = None
-    overhead_zero_hit: Interval | None = None
-    effective_mfu: Interval | None = None
+    native_gain: GainEvidence | None = None
+    lmcache_gain: GainEvidence | None = None
+    overhead_zero_hit: ValueCI | None = None
+    effective_mfu: ValueCI | None = None
     l2_tier: str | None = None
     lmcache_up_fraction: float | None = None
     lmcache_healthy: bool | None = None
     cpu_dram_per_node_gib: float | None = None
     l1_hit_curve: tuple[tuple[float, float], ...] | None = None
     demand_now: float | None = None
-    demand_peak: Interval | None = None
+    demand_peak: ValueCI | None = None
     demand_unit: str = "tokens/s"
     engine_capacity: float | None = None
-    time_to_saturation_s: Interval | None = None
+    time_to_saturation_s: ValueCI | None = None
 
     def __post_init__(self) -> None:
         for name in (*_FRACTIONS, *_COUNTS, *_NON_NEGATIVE):

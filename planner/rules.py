@@ -12,7 +12,7 @@ from collections.abc import Callable
 from collector.errors import ConfigError
 from planner.breakeven import breakeven_bandwidth, breakeven_context
 from planner.costmodel import hbm_kv_capacity_tokens, kv_bytes_per_token, prefill_seconds
-from planner.evidence import GainFit
+from planner.evidence import GainEvidence
 from planner.hardware import get_tier
 from planner.rulestate import (
     GIB,
@@ -269,7 +269,10 @@ def _r6_idle_connector(s: RuleState) -> None:
 
 
 def _r7_measured_gain(s: RuleState) -> None:
-    fits: dict[str, GainFit | None] = {"native": s.ev.native_gain, "lmcache": s.ev.lmcache_gain}
+    fits: dict[str, GainEvidence | None] = {
+        "native": s.ev.native_gain,
+        "lmcache": s.ev.lmcache_gain,
+    }
     for mode, fit in fits.items():
         if fit is None:
             s.unknown(f"throughput-gain fit ({mode})")

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from planner.evidence import Evidence, Interval
+from planner.evidence import Evidence, ValueCI
 from planner.hardware import GPU, Model
 
 GIB = 1024**3
@@ -21,8 +21,8 @@ SRC_KVBM = "NVIDIA Dynamo KVBM configuration reference: CPU cache >= device cach
 SRC_LMCACHE_K8S = "LMCache docs mp/deployment + mp/configuration (0.5.6)"
 # Throughput cost of offloading when nothing hits: vLLM's DMA path ~0.5 % (vLLM blog);
 # LMCache 3–15 % (GPUStack, RTX 4090). Used when the cluster has not measured its own.
-NATIVE_OVERHEAD_PRIOR = Interval(0.005, 0.005, 0.06)  # 6 %: the old kernel path, vLLM blog
-LMCACHE_OVERHEAD_PRIOR = Interval(0.09, 0.03, 0.15)
+NATIVE_OVERHEAD_PRIOR = ValueCI(0.005, 0.005, 0.06)  # 6 %: the old kernel path, vLLM blog
+LMCACHE_OVERHEAD_PRIOR = ValueCI(0.09, 0.03, 0.15)
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,7 +101,7 @@ class RuleState:
         p90, mean = self.ev.prompt_tokens_p90, self.ev.prompt_tokens_mean
         return p90 if p90 is not None else mean
 
-    def overhead(self, mode: str) -> Interval:
+    def overhead(self, mode: str) -> ValueCI:
         measured = self.ev.overhead_zero_hit
         if measured is not None and self.ev.current_mode in (mode, "both"):
             return measured

@@ -15,9 +15,9 @@ from planner.decide import (
     RULE_IDS,
     Decision,
     Evidence,
-    GainFit,
-    Interval,
+    GainEvidence,
     Thresholds,
+    ValueCI,
     decide,
     decider_doc,
 )
@@ -41,7 +41,7 @@ BASE: dict[str, Any] = {
     "prefix_hit_ratio": 0.3,
     "cross_engine_reuse": 0.02,
     "cross_node_reuse": 0.0,
-    "effective_mfu": Interval(0.45, 0.4, 0.5),
+    "effective_mfu": ValueCI(0.45, 0.4, 0.5),
     "cpu_dram_per_node_gib": 1872,
 }
 PRESSURE: dict[str, Any] = {"kv_util_p95": 0.97, "preemptions_per_1k": 12.0, "reprefill_share": 0.3}
@@ -59,8 +59,8 @@ def reason(d: Decision, rule_id: str) -> Any:
     return next(r for r in d.reasons if r.rule_id == rule_id)
 
 
-def gain(estimate: float, lo: float, hi: float, **kw: Any) -> GainFit:
-    return GainFit(can_tell=True, gain=Interval(estimate, lo, hi), **kw)
+def gain(estimate: float, lo: float, hi: float, **kw: Any) -> GainEvidence:
+    return GainEvidence(can_tell=True, gain=ValueCI(estimate, lo, hi), **kw)
 
 
 # ---- decision table -------------------------------------------------------------------------
@@ -132,7 +132,7 @@ def test_decide_short_prompts_reason_has_cost_model_prefill_seconds() -> None:
 
 
 def test_decide_forecast_saturation_counts_as_pressure() -> None:
-    soon = Interval(5 * 86400, 3 * 86400, 9 * 86400)
+    soon = ValueCI(5 * 86400, 3 * 86400, 9 * 86400)
     d = decide(
         ev(kv_util_p95=0.85, reprefill_share=None, prefix_hit_ratio=0.4, time_to_saturation_s=soon)
     )
@@ -142,7 +142,7 @@ def test_decide_forecast_saturation_counts_as_pressure() -> None:
 
 
 def test_decide_far_forecast_keeps_no_pressure() -> None:
-    later = Interval(60 * 86400, 30 * 86400, 90 * 86400)
+    later = ValueCI(60 * 86400, 30 * 86400, 90 * 86400)
     assert decide(ev(time_to_saturation_s=later)).pressure is False
 
 
@@ -206,14 +206,14 @@ def test_decide_gain_straddling_zero_keeps_prior_and_lowers_confidence() -> None
 
 
 def test_decide_fit_that_cannot_tell_is_named_unknown() -> None:
-    fit = GainFit(can_tell=False, why="only 3 windows with offload on")
+    fit = GainEvidence(can_tell=False, why="only 3 windows with offload on")
     d = decide(ev(**PRESSURE, native_gain=fit))
     assert d.mode == "native"
     assert any("only 3 windows" in u for u in d.unknowns)
 
 
 def test_decide_breakeven_utilization_reported() -> None:
-    fit = gain(0.1, 0.05, 0.15, breakeven_util=Interval(0.82, 0.78, 0.86))
+    fit = gain(0.1, 0.05, 0.15, breakeven_util=ValueCI(0.82, 0.78, 0.86))
     r = reason(decide(ev(**PRESSURE, native_gain=fit)), "R7_measured_gain")
     assert r.numbers["breakeven_util"] == 0.82 and r.numbers["breakeven_hi"] == 0.86
 
@@ -246,7 +246,7 @@ def test_decide_busy_deployed_connector_voted_on() -> None:
 def test_decide_measured_overhead_raises_cross_engine_threshold() -> None:
     over = {"cross_engine_reuse": 0.2, "current_mode": "lmcache", "lmcache_up_fraction": 1.0}
     assert decide(ev(**over)).mode == "lmcache"  # prior threshold 15 %
-    d = decide(ev(**over, overhead_zero_hit=Interval(0.2, 0.18, 0.25)))
+    d = decide(ev(**over, overhead_zero_hit=ValueCI(0.2, 0.18, 0.25)))
     assert d.mode == "none"
     assert reason(d, "R4_cross_engine_reuse").numbers["threshold"] == 0.25
 
@@ -392,12 +392,12 @@ def test_evidence_bad_field_raises(over: dict[str, Any], match: str) -> None:
 )
 def test_interval_bad_values_raise(args: tuple[float, ...], match: str) -> None:
     with pytest.raises(ConfigError, match=match):
-        Interval(*args)
+        ValueCI(*args)
 
 
 def test_gainfit_that_can_tell_needs_gain() -> None:
     with pytest.raises(ConfigError, match="gain interval"):
-        GainFit(can_tell=True)
+        GainEvidence(can_tell=True)
 
 
 # ---- DECIDER.md ------------------------------------------------------------------------------

@@ -11,7 +11,7 @@ import pytest
 
 from collector.errors import ConfigError
 from planner.costmodel import hbm_kv_capacity_tokens, kv_bytes_per_token
-from planner.decide import Decision, Evidence, GainFit, Interval, decide
+from planner.decide import Decision, Evidence, GainEvidence, ValueCI, decide
 from planner.hardware import get_gpu, get_model
 from planner.sizing import l1_from_curve, size
 
@@ -46,7 +46,7 @@ def hbm_kv_gib_8b() -> float:
 
 
 def test_size_engines_peak_with_headroom_and_bounds() -> None:
-    peak = Interval(100_000, 80_000, 130_000)
+    peak = ValueCI(100_000, 80_000, 130_000)
     s = size(ev(demand_peak=peak, engine_capacity=10_000), dec("none"))
     assert s.engines is not None
     # ceil(100k·1.2/10k) = 12, ceil(80k·1.2/10k) = ceil(9.6) = 10, ceil(130k·1.2/10k) = 16
@@ -56,14 +56,14 @@ def test_size_engines_peak_with_headroom_and_bounds() -> None:
 
 def test_size_engines_exact_multiple_is_not_rounded_up() -> None:
     s = size(
-        ev(demand_peak=Interval(100_000, 100_000, 100_000), engine_capacity=12_000), dec("none")
+        ev(demand_peak=ValueCI(100_000, 100_000, 100_000), engine_capacity=12_000), dec("none")
     )
     assert s.engines is not None and s.engines.needed == 10  # 120,000 / 12,000 exactly
 
 
 def test_size_engines_capacity_derived_from_current_load() -> None:
     # 60k tokens/s on 8 engines at 75 % p50 KV use -> 10k per engine at full KV.
-    e = ev(demand_peak=Interval(100_000, 80_000, 130_000), demand_now=60_000, kv_util_p50=0.75)
+    e = ev(demand_peak=ValueCI(100_000, 80_000, 130_000), demand_now=60_000, kv_util_p50=0.75)
     s = size(e, dec("none"), headroom=0.0)
     assert s.engines is not None
     assert s.engines.capacity_per_engine == pytest.approx(10_000)
@@ -72,15 +72,15 @@ def test_size_engines_capacity_derived_from_current_load() -> None:
 
 
 def test_size_engines_with_measured_gain_needs_fewer() -> None:
-    fit = GainFit(True, Interval(0.25, 0.2, 0.3))
-    e = ev(demand_peak=Interval(100_000, 80_000, 130_000), engine_capacity=10_000, native_gain=fit)
+    fit = GainEvidence(True, ValueCI(0.25, 0.2, 0.3))
+    e = ev(demand_peak=ValueCI(100_000, 80_000, 130_000), engine_capacity=10_000, native_gain=fit)
     s = size(e, dec("native"))
     assert s.engines is not None
     assert s.engines.needed == 12 and s.engines.needed_with_offload == 10  # 120k / 12.5k = 9.6
 
 
 def test_size_engines_unknown_capacity_named() -> None:
-    s = size(ev(demand_peak=Interval(1.0, 1.0, 1.0)), dec("none"))
+    s = size(ev(demand_peak=ValueCI(1.0, 1.0, 1.0)), dec("none"))
     assert s.engines is None
     assert any(u.startswith("engine_capacity") for u in s.unknowns)
 
@@ -292,7 +292,7 @@ def test_size_to_dict_is_json() -> None:
     e = ev(
         distinct_prefix_tokens=2_000_000,
         cpu_dram_per_node_gib=256,
-        demand_peak=Interval(5, 4, 6),
+        demand_peak=ValueCI(5, 4, 6),
         engine_capacity=1,
     )
     doc = json.loads(json.dumps(size(e, dec("both")).to_dict()))
