@@ -18,12 +18,14 @@ from collector.records import Labels
 METRIC_NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
 LABEL_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
 _BLANK = "[ \t]*"
-_PAIR = rf'{_BLANK}[a-zA-Z_][a-zA-Z0-9_]*{_BLANK}={_BLANK}"(?:[^"\\\n]|\\[\\"n])*"{_BLANK}'
+_VALUE = r'"[^"\\\n]*(?:\\[\\"n][^"\\\n]*)*"'  # a quoted value; only \\ \" \n escapes
+_PAIR = rf"{_BLANK}[a-zA-Z_][a-zA-Z0-9_]*{_BLANK}={_BLANK}{_VALUE}{_BLANK}"
 # A whole label string (between the braces): pairs separated by commas, optional trailing one.
 _LABELS_OK = re.compile(rf"(?:{_PAIR}(?:,{_PAIR})*(?:,{_BLANK})?)?{_BLANK}")
-_PAIR_FIND = re.compile(rf'([a-zA-Z_][a-zA-Z0-9_]*){_BLANK}={_BLANK}"((?:[^"\\\n]|\\[\\"n])*)"')
+_PAIR_FIND = re.compile(rf"([a-zA-Z_][a-zA-Z0-9_]*){_BLANK}={_BLANK}({_VALUE})")
 _UNESCAPE = re.compile(r"\\(.)")
 _ESCAPES = {"\\": "\\", '"': '"', "n": "\n"}
+_GOOD_NAMES: set[str] = set()  # label names already checked (a handful per exporter)
 METRIC_TYPES = frozenset(
     {"counter", "gauge", "histogram", "summary", "untyped", "unknown", "info", "stateset",
      "gaugehistogram"}
@@ -39,6 +41,8 @@ class LineError(Exception):
 
 
 def _unescape(value: str) -> str:
+    if "\\" not in value:
+        return value
     return _UNESCAPE.sub(lambda m: _ESCAPES[m.group(1)], value)
 
 
@@ -48,18 +52,38 @@ def parse_labels(text: str) -> tuple[tuple[str, str], ...]:
     Accepts blanks around names, ``=`` and values and one trailing comma (as Prometheus
     does); only the escapes ``\\\\``, ``\\"`` and ``\\n`` are legal in values.
     """
-    if not _LABELS_OK.fullmatch(text):
-        raise LineError(diagnose_labels(text))
-    pairs = _PAIR_FIND.findall(text)
-    if len(pairs) > 1:
+    pairs = _plain_pairs(text) if "\\" not in text else None
+    if pairs is None:
+        if not _LABELS_OK.fullmatch(text):
+            raise LineError(diagnose_labels(text))
+        pairs = [(n, _unescape(v[1:-1])) for n, v in _PAIR_FIND.findall(text)]
+    if len(pairs) > 1 and len({n for n, _ in pairs}) != len(pairs):
         seen: set[str] = set()
         for name, _ in pairs:
             if name in seen:
                 raise LineError(f"duplicate label name {name!r}")
             seen.add(name)
-    if "\\" in text:
-        return tuple((n, _unescape(v) if "\\" in v else v) for n, v in pairs)
     return tuple(pairs)
+
+
+def _plain_pairs(text: str) -> list[tuple[str, str]] | None:
+    """Pairs of a canonical label string without escapes (``a="x",b="y"``), else None."""
+    if not text:
+        return []
+    if text[-1] != '"':
+        return None
+    pairs = []
+    for part in text[:-1].split('",'):
+        name, sep, value = part.partition('="')
+        if not sep or '"' in value:
+            return None
+        if name not in _GOOD_NAMES:
+            if LABEL_NAME.fullmatch(name) is None:
+                return None
+            if len(_GOOD_NAMES) < 10_000:
+                _GOOD_NAMES.add(name)
+        pairs.append((name, value))
+    return pairs
 
 
 def diagnose_labels(text: str) -> str:

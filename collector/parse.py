@@ -2,11 +2,14 @@
 
 ``read_exposition(text, target, timestamp) -> Snapshot`` makes one pass over the lines:
 
-* every sample name is looked up in a table precomputed from collector.catalog (each
-  spelling: colon and ``vllm_``/``lmcache_`` rewrite, counters with and without ``_total``,
-  histogram ``_bucket``/``_sum``/``_count``); ``_created`` samples are skipped;
-* label strings are parsed once and cached (the same strings recur in every scrape of every
-  engine), so the steady state does a dict lookup per line;
+* every sample name is looked up in a table compiled from collector.catalog
+  (collector/signal_index.py: each spelling with its colon and ``vllm_``/``lmcache_``
+  rewrite, counters with and without ``_total``, histogram parts); ``_created`` samples
+  are skipped;
+* the steady state is one dict lookup per line: the ``name{labels}`` prefix of a canonical
+  line maps to (signal target, parsed labels) after its first sight, so only the value is
+  parsed again (the same prefixes recur in every scrape of every engine). Caches are bounded
+  (``cache_limit`` entries, cleared when full); one reader per thread;
 * histograms are assembled per series: value = ``_count`` (or the +Inf bucket when absent),
   ``sum`` = ``_sum``, cumulative buckets sorted by numeric ``le``, ending with +Inf;
 * a production-stack router sample (label ``server``, no ``engine``) of a ``vllm:`` engine
@@ -26,7 +29,6 @@ Malformed input raises ParseError(target, line, reason); nothing is silently dro
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 
 from collector import catalog
 from collector.errors import ParseError
@@ -40,88 +42,21 @@ from collector.exposition import (
     split_line,
 )
 from collector.records import Labels, SignalSample, Snapshot
+from collector.signal_index import (
+    BUCKET,
+    CACHE_LIMIT,
+    COUNTER,
+    FACT,
+    INDEX,
+    KNOWN_FAMILIES,
+    SKIP,
+    SUM,
+    VALUE,
+    LabelEntry,
+    Target,
+)
 
-_VALUE, _BUCKET, _SUM, _COUNT, _SKIP, _FACT = range(6)
-_COUNTER, _GAUGE, _HIST = range(3)
-_KIND_CODE = {"counter": _COUNTER, "gauge": _GAUGE, "histogram": _HIST}
 _INF = math.inf
-_CACHE_LIMIT = 50_000
-
-Xform = Callable[[Labels], Labels]
-# (part, signal, kind code, rank, spelling id, label transform, router alternative or None,
-#  engine_side: the name is a vLLM engine spelling that router samples must not feed)
-Target = tuple[int, str, int, int, int, Xform | None, "Target | None", bool]
-# cached per label string: (all labels sorted, labels without le sorted, le or None, router?,
-# numeric le or None). Equal label tuples are interned so the hot loop compares identities.
-LabelEntry = tuple[Labels, Labels, str | None, bool, float | None]
-
-
-def _xform(spelling: catalog.Spelling) -> Xform | None:
-    if not spelling.const_labels and not spelling.rename:
-        return None
-    consts = spelling.const_labels
-    rename = dict(spelling.rename)
-    values = dict(spelling.values)
-    memo: dict[Labels, Labels] = {}
-
-    def apply(labels: Labels) -> Labels:
-        out = memo.get(labels)
-        if out is None:
-            pairs = [(rename[k], values.get(v, v)) if k in rename else (k, v) for k, v in labels]
-            out = tuple(sorted(dict([*pairs, *consts]).items()))
-            if len(memo) < _CACHE_LIMIT:
-                memo[labels] = out
-        return out
-
-    return apply
-
-
-def _sample_names(kind: str, family: str) -> list[tuple[str, int]]:
-    if kind == "counter":
-        names = [(family + "_total", _VALUE), (family, _VALUE), (family + "_created", _SKIP)]
-    elif kind == "histogram":
-        names = [(family + s, p) for s, p in (("_bucket", _BUCKET), ("_sum", _SUM))]
-        names += [(family + "_count", _COUNT), (family + "_created", _SKIP)]
-    else:
-        names = [(family, _VALUE)]
-    return names + [(n.replace(":", "_"), p) for n, p in names if ":" in n]
-
-
-def build_index() -> tuple[dict[str, Target], frozenset[str]]:
-    """Sample name -> Target for every spelling in the catalogue, and all known family names."""
-    index: dict[str, Target] = {}
-    routers: dict[str, Target] = {}
-    families: set[str] = set()
-    spell_id = 0
-    for sig in catalog.SIGNALS.values():
-        for sp in sig.spellings:
-            spell_id += 1
-            engine_side = sig.source == "vllm"
-            families.update((sp.family, sp.family.replace(":", "_")))
-            for name, part in _sample_names(sig.kind, sp.family):
-                t: Target = (part, sig.name, _KIND_CODE[sig.kind], sp.rank, spell_id,
-                             _xform(sp), None, engine_side)  # fmt: skip
-                families.add(name)
-                if sig.source == "router":
-                    routers[name] = t
-                elif name in index and index[name][1] != sig.name:
-                    raise RuntimeError(f"catalogue: {name} spelled by two signals")
-                else:
-                    index[name] = t
-    for name, t in routers.items():
-        if name in index:  # collides with an engine name: only router-labelled samples
-            e = index[name]
-            index[name] = (e[0], e[1], e[2], e[3], e[4], e[5], t, e[7])
-        else:
-            index[name] = t
-    for key, family in catalog.FACTS.items():
-        for name in {family, family.replace(":", "_")}:
-            index[name] = (_FACT, key, _GAUGE, 0, 0, None, None, False)
-            families.add(name)
-    return index, frozenset(families)
-
-
-_INDEX, _KNOWN_FAMILIES = build_index()
 _SUFFIXES = ("_bucket", "_count", "_sum", "_total", "_info", "_gsum", "_gcount")
 
 
@@ -164,44 +99,64 @@ class ExpositionReader:
     One reader per thread (the cache is a plain dict); ``read_exposition`` uses a shared one.
     """
 
-    def __init__(self, cache_limit: int = _CACHE_LIMIT) -> None:
+    def __init__(self, cache_limit: int = CACHE_LIMIT) -> None:
         self._labels: dict[str, LabelEntry] = {}
+        # line prefix (name + label block, as written) -> (target or None, labels, name)
+        self._series: dict[str, tuple[Target | None, LabelEntry, str]] = {}
         self._interned: dict[Labels, Labels] = {}
+        self._types: dict[str, str] = {}  # validated "# TYPE" line -> family
         self._limit = cache_limit
+
+    def _type_line(self, line: str) -> str:
+        fam, _kind = parse_type_line(line)
+        if len(self._types) >= self._limit:
+            self._types.clear()
+        self._types[line] = fam
+        return fam
 
     def _label_entry(self, text: str) -> LabelEntry:
         pairs = parse_labels(text)
         full = tuple(sorted(pairs))
-        names = {k for k, _ in pairs}
         le: str | None = None
+        bound: float | None = None
         no_le = full
+        names = [k for k, _ in full]
         if "le" in names:
-            le = next(v for k, v in pairs if k == "le")
+            le = full[names.index("le")][1]
             no_le = tuple(p for p in full if p[0] != "le")
-        router = catalog.ROUTER_LABEL in names and catalog.ENGINE_LABEL not in names
-        bound = None
-        if le is not None:
             try:
                 bound = _bound(le, "")
             except LineError:
                 bound = None  # reported (with the sample name) if a bucket line uses it
+        router = catalog.ROUTER_LABEL in names and catalog.ENGINE_LABEL not in names
         if len(self._labels) >= self._limit:
             self._labels.clear()
             self._interned.clear()
-        full = self._interned.setdefault(full, full)
-        no_le = self._interned.setdefault(no_le, no_le)
+        interned = self._interned
+        full = interned.setdefault(full, full)
+        no_le = interned.setdefault(no_le, no_le)
         entry = self._labels[text] = (full, no_le, le, router, bound)
         return entry
 
-    def _careful(
-        self, line: str, name: str, ltext: str, toks: list[str], *, broken: bool, acc: _Acc
-    ) -> tuple[Target, LabelEntry, float] | None:
-        """Everything the hot loop does not: odd spacing, timestamps, new label strings,
-        unknown names. Returns None when the line feeds no signal."""
-        t = _INDEX.get(name)
-        slow = broken or not 0 < len(toks) < 3
-        if not slow and t is None and name not in acc.unknown_names:
-            slow = METRIC_NAME.fullmatch(name) is None
+    def _first_sight(self, line: str, acc: _Acc) -> tuple[Target, LabelEntry, str, float] | None:
+        """A line whose name+labels prefix is not cached yet: split it (carefully if it is
+        not canonical), validate it, cache the prefix when the line is canonical.
+        Returns None when the line feeds no signal (blank line, unknown family)."""
+        b = line.find("{")
+        if b > 0:
+            e = line.rfind("}")
+            name, ltext, toks = line[:b], line[b + 1 : e], line[e + 1 :].split()
+            slow = e < b
+        elif b < 0:
+            name, _, rest = line.partition(" ")
+            ltext, toks, slow = "", rest.split(), False
+            if not toks and not line.strip():
+                return None  # a blank line
+        else:
+            name, ltext, toks, slow = "", "", [], True
+        t = INDEX.get(name)
+        if not 0 < len(toks) < 3 or (t is None and METRIC_NAME.fullmatch(name) is None):
+            slow = True
         ent = None if slow else self._labels.get(ltext)
         if ent is None and not slow:
             try:
@@ -209,28 +164,30 @@ class ExpositionReader:
             except LineError:
                 slow = True
         if slow:
-            if not line.strip():
-                return None
             name, ltext, v0, ts = split_line(line)
             toks = [v0] if ts is None else [v0, ts]
-            t = _INDEX.get(name)
+            t = INDEX.get(name)
             ent = self._labels.get(ltext) or self._label_entry(ltext)
         assert ent is not None
         value = parse_value(toks[0])
         if len(toks) == 2:
             check_timestamp(toks[1])
         if t is not None and ent[3] and t[7]:
-            t = t[6]
+            t = t[6]  # a router sample of a colliding vllm: name
+        sp = line.rfind(" ")
+        if not slow and len(toks) == 1 and line[sp + 1 :] == toks[0]:
+            if len(self._series) >= self._limit:
+                self._series.clear()
+            self._series[line[:sp]] = (t, ent, name)
         if t is None:
             acc.add_unknown(name)
             return None
-        return t, ent, value
+        return t, ent, name, value
 
     def read(self, text: str, target: str, timestamp: float) -> Snapshot:
-        index_get = _INDEX.get
-        lcache_get = self._labels.get
+        series_get = self._series.get
+        type_get = self._types.get
         acc = _Acc()
-        unknown_names = acc.unknown_names
         values: dict[tuple[str, Labels], tuple[int, float]] = {}
         hists: dict[tuple[str, Labels], _Hist] = {}
         last_spell, last_labels, h = -1, None, None
@@ -242,7 +199,7 @@ class ExpositionReader:
                     continue
                 if line[0] == "#":
                     if line.startswith("# TYPE "):
-                        fam, _kind = parse_type_line(line)
+                        fam = type_get(line) or self._type_line(line)
                         if acc.declared.get(fam) == fam:
                             raise LineError(f"second TYPE line for {fam!r}")
                         acc.declared[fam] = fam
@@ -251,47 +208,32 @@ class ExpositionReader:
                         _check_after_eof(lines, lineno, target)
                         break
                     continue
-                # ---- fast split of a canonical line; anything odd goes to _careful() ----
-                b = line.find("{")
-                if b > 0:
-                    e = line.rfind("}")
-                    name = line[:b]
-                    ltext = line[b + 1 : e]
-                    toks = line[e + 1 :].split()
-                else:
-                    e = 0
-                    name, _, rest = line.partition(" ")
-                    ltext = ""
-                    toks = rest.split()
-                t = index_get(name)
-                ent = lcache_get(ltext)
-                if t is None and ent and e > b and name in unknown_names and len(toks) == 1:
-                    parse_value(toks[0])
-                    acc.unknown[unknown_names[name]] = None
-                    continue
-                if t is None or ent is None or len(toks) != 1 or e <= b:
-                    got = self._careful(line, name, ltext, toks, broken=e <= b, acc=acc)
+                # ---- the steady state: name+labels prefix seen before, parse the value ----
+                sp = line.rfind(" ")
+                hit = series_get(line[:sp]) if sp > 0 else None
+                if hit is None:
+                    got = self._first_sight(line, acc)
                     if got is None:
                         continue
-                    t, ent, value = got
+                    t, ent, name, value = got
                 else:
-                    tok = toks[0]
+                    maybe_t, ent, name = hit
+                    tok = line[sp + 1 :]
                     try:
                         value = float(tok)
                     except ValueError:
                         raise LineError(f"bad value {tok!r}") from None
                     if "_" in tok:
                         raise LineError(f"bad value {tok!r}")
-                    if ent[3] and t[7]:
-                        t = t[6]
-                        if t is None:
-                            acc.add_unknown(name)
-                            continue
+                    if maybe_t is None:
+                        acc.add_unknown(name)
+                        continue
+                    t = maybe_t
                 part = t[0]
-                if part == _SKIP:
+                if part == SKIP:
                     continue
-                if part == _VALUE:
-                    if t[2] == _COUNTER and not 0.0 <= value < _INF:
+                if part == VALUE:
+                    if t[2] == COUNTER and not 0.0 <= value < _INF:
                         raise LineError(f"counter value {value} is not finite and >= 0")
                     xf = t[5]
                     key = (t[1], xf(ent[0]) if xf else ent[0])
@@ -299,7 +241,7 @@ class ExpositionReader:
                     if prev is None or _wins(t, prev[0], name):
                         values[key] = (t[3], value)
                     continue
-                if part == _FACT:
+                if part == FACT:
                     acc.facts.setdefault(t[1], []).append(dict(ent[0]))
                     continue
                 if t[4] != last_spell or ent[1] is not last_labels:
@@ -307,14 +249,14 @@ class ExpositionReader:
                     h = _hist_for(hists, t, ent[1], name, lineno)
                 if h is None:
                     continue  # a deprecated duplicate of a series the current name exposes
-                if part == _BUCKET:
+                if part == BUCKET:
                     if not 0.0 <= value < _INF:
                         raise LineError(f"bucket count {value} is not finite and >= 0")
                     bound = ent[4]
                     h.buckets.append(
                         (_bound(ent[2], name) if bound is None else bound, value, lineno)
                     )
-                elif part == _SUM:
+                elif part == SUM:
                     if h.sum is not None:
                         raise LineError(f"duplicate sample {name!r}")
                     h.sum = value
@@ -327,7 +269,7 @@ class ExpositionReader:
         except LineError as exc:
             raise ParseError(target, lineno, exc.reason) from None
         for fam in set(acc.declared.values()):
-            if fam not in _KNOWN_FAMILIES and not fam.endswith("_created"):
+            if fam not in KNOWN_FAMILIES and not fam.endswith("_created"):
                 acc.unknown[fam] = None
         samples = [
             SignalSample(sig, catalog.SIGNALS[sig].kind, labels, v)
@@ -422,23 +364,39 @@ def _le(bound: float) -> str:
 def _finish(target: str, key: tuple[str, Labels], h: _Hist) -> SignalSample:
     signal, labels = key
     bs = h.buckets
-    if any(bs[i][0] >= bs[i + 1][0] for i in range(len(bs) - 1)):
-        bs = sorted(bs, key=lambda b: b[0])  # stable: duplicates keep exposition order
-    what = f"histogram {_family(h.name)!r} {dict(labels)}"
     prev_bound, prev_count = -_INF, 0.0
-    for bound, count, line in bs:
+    for bound, count, _line in bs:
+        if bound <= prev_bound or count < prev_count:
+            return _finish_unordered(target, key, h)
+        prev_bound, prev_count = bound, count
+    if prev_bound != _INF:
+        raise ParseError(target, h.line, f"{_what(signal, h, labels)} has no +Inf bucket")
+    count = h.count if h.count is not None else prev_count
+    buckets = tuple([(b, c) for b, c, _ in bs])
+    return SignalSample(signal, "histogram", labels, count, buckets=buckets, sum=h.sum)
+
+
+def _what(signal: str, h: _Hist, labels: Labels) -> str:
+    return f"histogram {_family(h.name)!r} {dict(labels)}"
+
+
+def _finish_unordered(target: str, key: tuple[str, Labels], h: _Hist) -> SignalSample:
+    """Buckets not in increasing le order: sort (stable), then report duplicates and
+    non-cumulative counts at the offending line."""
+    signal, labels = key
+    h.buckets = sorted(h.buckets, key=lambda b: b[0])
+    prev_bound, prev_count = -_INF, 0.0
+    for bound, count, line in h.buckets:
         if bound == prev_bound:
+            what = _what(signal, h, labels)
             raise ParseError(target, line, f"{what}: duplicate bucket le={_le(bound)}")
         if count < prev_count:
+            what = _what(signal, h, labels)
             raise ParseError(
                 target, line, f"{what}: bucket counts decrease at le={_le(bound)} (not cumulative)"
             )
         prev_bound, prev_count = bound, count
-    if not bs or bs[-1][0] != _INF:
-        raise ParseError(target, h.line, f"{what} has no +Inf bucket")
-    count = h.count if h.count is not None else bs[-1][1]
-    buckets = tuple([(b, c) for b, c, _ in bs])
-    return SignalSample(signal, "histogram", labels, count, buckets=buckets, sum=h.sum)
+    return _finish(target, key, h)
 
 
 _READER = ExpositionReader()

@@ -26,7 +26,8 @@ from collector.catalog import (
     token_buckets,
 )
 from collector.errors import ConfigError
-from collector.parse import build_index, read_exposition
+from collector.parse import read_exposition
+from collector.signal_index import build_index
 
 METRICS = Path(__file__).resolve().parent.parent / "fixtures" / "metrics"
 
