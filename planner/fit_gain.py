@@ -1,0 +1,407 @@
+"""Throughput vs utilization × offload mode: does KV offload pay off, and from which load?
+
+Model
+-----
+With u a pressure measure (default ``kv_util``), d = 1 for windows of the offload mode
+and 0 for windows without offload, and B(u) a continuous piecewise-linear basis
+``[1, u − ū, (u − κ_1)+, …, (u − κ_K)+]`` (knots κ at equally spaced quantiles of u):
+
+    y_i = B(u_i)'β + d_i · B(u_i)'γ + ε_i ,
+
+so ``none(u) = B(u)'β`` and the *gain* of offload is ``g(u) = B(u)'γ`` (tokens/s), the
+relative gain ``g(u) / none(u)``. The fit is restricted to the *common support*: the
+utilization range both modes cover (each mode's 2nd–98th percentiles intersected), so
+neither curve is extrapolated.
+
+Estimator and uncertainty
+-------------------------
+OLS (statsmodels) with cluster-robust covariance by engine (CR1, Student t with G−1 df)
+when there are ≥ 10 engines and ≥ 3 per mode, HC3 otherwise. Pointwise intervals for g(u)
+(Wald) and g(u)/none(u) (delta method). The break-even u* solves g(u*) = 0 (a sign change
+of the estimated gain inside the support). Its interval, by default, is Fieller's: the
+set {u : |g(u)| ≤ t·se(g(u))} of break-evens not rejected by a level-α test, i.e. the
+inversion of the pointwise test — it stays valid when g is flat (the delta method's
+ĝ'(u*) in the denominator does not), and is the component containing u*. Alternatively
+``interval_method="bootstrap"``: a seeded stratified cluster bootstrap (engines resampled
+with replacement within each mode; percentile interval), bounded by ``n_boot`` and
+``time_budget_s``.
+
+Assumptions
+-----------
+Mean throughput is a smooth function of u within each mode (piecewise linear with the
+chosen knots); the comparison is an association: when modes differ by engine, engine-level
+differences (model, GPU, traffic mix) are confounded with the mode unless the same engine
+ran both modes — with few engines per mode the interval does not cover that. HC3 treats
+windows as independent (serial correlation makes it too narrow); CR1 needs enough engines.
+
+When the data cannot tell
+-------------------------
+``can_tell`` is False with a reason when: a mode has too few windows; the utilization
+ranges do not overlap; there is no crossing in the support (``verdict`` then says
+``positive_throughout`` / ``negative_throughout``); the gain's interval contains 0 at
+every u (``undetermined``); or the break-even interval reaches the edge of the support.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from planner.fitcommon import (
+    MIN_CLUSTERS,
+    Budget,
+    FitResult,
+    Interval,
+    check_level,
+    fmt,
+    nan_interval,
+    ols_robust,
+    recorded_warnings,
+    require_history,
+    t_quantile,
+)
+
+if TYPE_CHECKING:
+    import numpy as np
+    import numpy.typing as npt
+    import pandas as pd
+
+    Array = npt.NDArray[np.float64]
+
+NO_OFFLOAD = "none"
+NOT_OFFLOAD = frozenset({"none", "unknown"})
+
+
+@dataclass(frozen=True, slots=True)
+class GainPoint:
+    """The gain at one utilization: absolute (response units) and relative to no offload."""
+
+    u: float
+    gain: float
+    gain_interval: Interval
+    relative: float
+    relative_interval: Interval
+
+
+@dataclass(frozen=True, slots=True)
+class GainFit(FitResult):
+    """``estimate`` = break-even utilization u* where the offload gain crosses zero."""
+
+    offload: str  # the mode compared with "none"
+    verdict: str  # crosses | positive_throughout | negative_throughout | undetermined
+    direction: str  # "offload better above u*" | "offload better below u*" | ""
+    support: tuple[float, float]  # common utilization range used
+    roots: tuple[float, ...]  # every sign change of the estimated gain
+    grid: tuple[GainPoint, ...]
+    windows_by_mode: tuple[tuple[str, int], ...]
+    engines_by_mode: tuple[tuple[str, int], ...]
+    cov_type: str
+    util_column: str
+    response_column: str
+
+
+def fit_gain(
+    frame: pd.DataFrame,
+    *,
+    offload: str | None = None,
+    util: str = "kv_util",
+    response: str = "tokens_per_s",
+    level: float = 0.95,
+    knots: int = 3,
+    min_windows: int = 60,
+    min_per_mode: int = 30,
+    min_overlap: float = 0.05,
+    n_grid: int = 21,
+    interval_method: str = "fieller",
+    n_boot: int = 999,
+    time_budget_s: float = 10.0,
+    seed: int = 0,
+) -> GainFit:
+    """Fit the gain model (module docstring) of ``offload`` (default: every offload mode
+    pooled) against ``none``. Raises InsufficientHistory below ``min_windows`` windows."""
+    import numpy as np
+
+    from collector.errors import ConfigError
+
+    check_level(level)
+    if interval_method not in ("fieller", "bootstrap"):
+        raise ConfigError(f"interval_method must be 'fieller' or 'bootstrap': {interval_method}")
+    label = offload or "offload"
+    what = f"offload gain ({label} vs none)"
+    cols = [util, response, "offload_mode"]
+    data = frame.dropna(subset=cols) if all(c in frame.columns for c in cols) else frame.iloc[:0]
+    modes = data["offload_mode"].astype(str) if len(data) else data.get("offload_mode")
+    if len(data):
+        is_off = (modes == offload) if offload else ~modes.isin(NOT_OFFLOAD)
+        data = data[is_off | (modes == NO_OFFLOAD)]
+        d = is_off[data.index].to_numpy(dtype=float)
+    else:
+        d = np.zeros(0)
+    require_history(what, len(data), min_windows)
+    u = data[util].to_numpy(dtype=float)
+    y = data[response].to_numpy(dtype=float)
+    g = _groups(data)
+    counts = ((NO_OFFLOAD, int((d == 0).sum())), (label, int((d == 1).sum())))
+    engines = (
+        (NO_OFFLOAD, int(np.unique(g[d == 0]).size)),
+        (label, int(np.unique(g[d == 1]).size)),
+    )
+    assumptions = (
+        f"{response} piecewise linear in {util} with {knots} interior knots, per mode",
+        "association, not causation: engine differences confound the mode unless engines "
+        "ran both modes",
+        "windows independent within engine unless errors are clustered by engine",
+    )
+    method = "OLS, piecewise-linear × mode interaction"
+    out: dict[str, Any] = {
+        "what": what, "unit": util, "method": method, "assumptions": assumptions,
+        "offload": label, "util_column": util, "response_column": response,
+        "windows_by_mode": counts, "engines_by_mode": engines, "estimate": math.nan,
+        "interval": nan_interval(level), "n": len(y), "can_tell": False, "why": "",
+        "verdict": "undetermined", "direction": "", "support": (math.nan, math.nan),
+        "roots": (), "grid": (), "cov_type": "none", "warnings": (),
+        "basis": (f"windows: none {counts[0][1]}, {label} {counts[1][1]}",),
+    }  # fmt: skip
+
+    def cannot(why: str, **kw: Any) -> GainFit:
+        return GainFit(**{**out, **kw, "why": why, "can_tell": False})
+
+    few = [m for m, c in counts if c < min_per_mode]
+    if few:
+        return cannot(f"too few windows for mode {', '.join(few)} (< {min_per_mode})")
+    (lo0, hi0), (lo1, hi1) = (np.quantile(u[d == v], [0.02, 0.98]) for v in (0.0, 1.0))
+    lo, hi = float(max(lo0, lo1)), float(min(hi0, hi1))
+    ranges = f"none [{fmt(lo0)}, {fmt(hi0)}], {label} [{fmt(lo1)}, {fmt(hi1)}]"
+    if hi - lo < min_overlap:
+        return cannot(
+            f"the {util} ranges of the modes do not overlap: {ranges}",
+            basis=(*out["basis"], f"{util} ranges: {ranges}"),
+        )
+    keep = (u >= lo) & (u <= hi)
+    u, y, d, g = u[keep], y[keep], d[keep], g[keep]
+    n = int(y.size)
+    out["n"] = n
+    out["basis"] = (
+        f"windows in the common support: none {int((d == 0).sum())}, {label} {int(d.sum())}",
+        f"{util} ranges: {ranges}; common support [{fmt(lo)}, {fmt(hi)}]",
+    )
+    out["support"] = (lo, hi)
+    if min(int((d == 0).sum()), int(d.sum())) < min_per_mode:
+        return cannot(
+            f"too few windows of a mode inside the common support [{fmt(lo)}, {fmt(hi)}] "
+            f"(< {min_per_mode})"
+        )
+    kn = np.quantile(u, np.arange(1, knots + 1) / (knots + 1)) if knots else np.zeros(0)
+    centre = 0.5 * (lo + hi)
+    x = _basis(u, kn, centre)
+    design = np.hstack([x, x * d[:, None]])
+    n_g = [int(np.unique(g[d == v]).size) for v in (0.0, 1.0)]
+    n_eng = int(np.unique(g).size)
+    # Cluster by engine when the mode changes between engines (then engine-level
+    # differences are part of the gain's error) as long as each mode has >= 2 engines;
+    # otherwise HC3. Few clusters (< MIN_CLUSTERS) make CR1 somewhat too narrow.
+    cov_type = "cluster" if min(n_g) >= 2 and n_eng >= 4 else "HC3"
+    if cov_type == "cluster" and n_eng < MIN_CLUSTERS:
+        out["assumptions"] = (
+            *assumptions,
+            f"only {n_eng} engines: cluster-robust errors with few clusters are biased "
+            "down (Cameron & Miller 2015); prefer interval_method='bootstrap'",
+        )
+    elif cov_type == "HC3":
+        out["assumptions"] = (
+            *assumptions,
+            f"engines per mode {n_g}: too few to estimate engine-to-engine variation, which "
+            "the HC3 interval leaves out",
+        )
+    with recorded_warnings() as caught:
+        params, cov = ols_robust(y, design, g, cov_type)
+    p = x.shape[1]
+    tq = t_quantile(level, n_eng - 1 if cov_type == "cluster" else n - design.shape[1])
+    fine = np.linspace(lo, hi, 401)
+    gain, se = _gain(fine, kn, centre, params, cov, p)
+    roots = _roots(fine, gain)
+    ok = np.abs(gain) <= tq * se  # Fieller acceptance set
+    out.update(
+        roots=tuple(roots),
+        grid=_grid(np.linspace(lo, hi, n_grid), kn, centre, params, cov, p, tq, level),
+        cov_type=cov_type,
+        warnings=tuple(caught),
+        method=f"{method}; {cov_type} errors",
+    )
+    span = f"[{fmt(lo)}, {fmt(hi)}]"
+    if ok.all():
+        return cannot(
+            f"the gain's {level:.0%} interval contains 0 at every {util} in {span}: "
+            "the data cannot tell its sign"
+        )
+    if not roots:
+        sign = ">" if gain[0] > 0 else "<"
+        return cannot(
+            f"no break-even: gain {sign} 0 throughout {span} (its interval excludes 0 on "
+            f"{float(np.mean(~ok)):.0%} of it)",
+            verdict="positive_throughout" if gain[0] > 0 else "negative_throughout",
+        )
+    root = roots[0]
+    if interval_method == "fieller":
+        iv_lo, iv_hi, open_lo, open_hi = _component(fine, ok, root)
+        how = f"Fieller (inverted pointwise {cov_type} t-test)"
+    else:
+        with recorded_warnings() as more:
+            iv_lo, iv_hi, open_lo, open_hi, done = _bootstrap(
+                u, y, d, g, kn, centre, root, fine, level, n_boot, time_budget_s, seed
+            )
+        out["warnings"] = (*out["warnings"], *more)
+        how = f"stratified engine bootstrap, {done} replicates, seed {seed}"
+    why = ""
+    if open_lo or open_hi:
+        why = (
+            f"the break-even interval reaches the edge of the common support {span}: "
+            "u* may lie outside the observed range"
+        )
+    elif len(roots) > 1:
+        why = (
+            f"the estimated gain crosses 0 {len(roots)} times "
+            f"({', '.join(fmt(r) for r in roots)}); the first is reported"
+        )
+    better = "above" if gain[-1] > gain[0] else "below"
+    out.update(
+        estimate=float(root),
+        interval=Interval(iv_lo, iv_hi, level),
+        can_tell=not why,
+        why=why,
+        verdict="crosses",
+        direction=f"offload better {better} u*",
+        method=f"{out['method']}; break-even interval: {how}",
+    )
+    return GainFit(**out)
+
+
+def _groups(data: pd.DataFrame) -> npt.NDArray[np.int64]:
+    import numpy as np
+    import pandas as pd
+
+    if not {"source", "engine"} <= set(data.columns):
+        return np.zeros(len(data), dtype=np.int64)
+    codes, _ = pd.factorize(
+        data["source"].astype(str).str.cat(data["engine"].astype(str), sep="\x00")
+    )
+    return codes.astype(np.int64)
+
+
+def _basis(u: Array, knots: Array, centre: float) -> Array:
+    import numpy as np
+
+    cols = [np.ones_like(u), u - centre, *(np.maximum(0.0, u - k) for k in knots)]
+    return np.column_stack(cols)
+
+
+def _gain(
+    u: Array, knots: Array, centre: float, params: Array, cov: Array, p: int
+) -> tuple[Array, Array]:
+    import numpy as np
+
+    b = _basis(u, knots, centre)
+    gain = b @ params[p:]
+    var = np.einsum("ij,jk,ik->i", b, cov[p:, p:], b)
+    return gain, np.sqrt(np.maximum(var, 0.0))
+
+
+def _grid(
+    u: Array, knots: Array, centre: float, params: Array, cov: Array, p: int, tq: float,
+    level: float,
+) -> tuple[GainPoint, ...]:  # fmt: skip
+    import numpy as np
+
+    b = _basis(u, knots, centre)
+    none = b @ params[:p]
+    gain, se = _gain(u, knots, centre, params, cov, p)
+    # Relative gain r = g/none; ∇ wrt (β, γ) = (−g/none² · B, B/none).
+    jac = np.hstack([-(gain / none**2)[:, None] * b, b / none[:, None]])
+    se_r = np.sqrt(np.maximum(np.einsum("ij,jk,ik->i", jac, cov, jac), 0.0))
+    rel = gain / none
+    return tuple(
+        GainPoint(
+            u=float(u[i]),
+            gain=float(gain[i]),
+            gain_interval=Interval(float(gain[i] - tq * se[i]), float(gain[i] + tq * se[i]), level),
+            relative=float(rel[i]),
+            relative_interval=Interval(
+                float(rel[i] - tq * se_r[i]), float(rel[i] + tq * se_r[i]), level
+            ),
+        )
+        for i in range(u.size)
+    )
+
+
+def _roots(u: Array, gain: Array) -> list[float]:
+    """Sign changes of the gain on the grid, linearly interpolated."""
+    import numpy as np
+
+    s = np.sign(gain)
+    idx = np.flatnonzero(s[:-1] * s[1:] < 0)
+    exact = np.flatnonzero(s == 0)
+    out = [float(u[i] - gain[i] * (u[i + 1] - u[i]) / (gain[i + 1] - gain[i])) for i in idx]
+    return sorted(out + [float(u[i]) for i in exact])
+
+
+def _component(u: Array, ok: npt.NDArray[np.bool_], root: float) -> tuple[float, float, bool, bool]:
+    """The run of accepted grid points containing ``root``: (lo, hi, open_lo, open_hi)."""
+    import numpy as np
+
+    i = int(np.clip(np.searchsorted(u, root), 0, u.size - 1))
+    if not ok[i] and i > 0 and ok[i - 1]:
+        i -= 1
+    if not ok[i]:  # tiny interval between grid points
+        return root, root, False, False
+    lo_i, hi_i = i, i
+    while lo_i > 0 and ok[lo_i - 1]:
+        lo_i -= 1
+    while hi_i < u.size - 1 and ok[hi_i + 1]:
+        hi_i += 1
+    return float(u[lo_i]), float(u[hi_i]), lo_i == 0, hi_i == u.size - 1
+
+
+def _bootstrap(
+    u: Array, y: Array, d: Array, g: npt.NDArray[np.int64], knots: Array, centre: float,
+    root: float, fine: Array, level: float, n_boot: int, budget_s: float, seed: int,
+) -> tuple[float, float, bool, bool, int]:  # fmt: skip
+    """Percentile interval of u* over engine-resampled refits (strata = engine's mode mix)."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    x = _basis(u, knots, centre)
+    design = np.hstack([x, x * d[:, None]])
+    p = x.shape[1]
+    ng = int(g.max()) + 1
+    q = design.shape[1]
+    xtx = np.zeros((ng, q, q))
+    xty = np.zeros((ng, q))
+    for e in range(ng):
+        m = g == e
+        xtx[e] = design[m].T @ design[m]
+        xty[e] = design[m].T @ y[m]
+    share = np.bincount(g, weights=d, minlength=ng) / np.maximum(np.bincount(g, minlength=ng), 1)
+    strata = [np.flatnonzero(np.isclose(share, s)) for s in np.unique(np.round(share, 6))]
+    bfine = _basis(fine, knots, centre)
+    budget = Budget(budget_s)
+    found: list[float] = []
+    done = 0
+    for _ in range(n_boot):
+        if budget.spent:
+            break
+        w = np.zeros(ng)
+        for members in strata:
+            np.add.at(w, rng.choice(members, size=members.size, replace=True), 1.0)
+        beta = np.linalg.lstsq(np.tensordot(w, xtx, 1), w @ xty, rcond=None)[0]
+        roots = _roots(fine, bfine @ beta[p:])
+        done += 1
+        if roots:
+            found.append(min(roots, key=lambda r: abs(r - root)))
+    tail = (1.0 - level) / 2.0
+    missing = done - len(found)
+    if not found:
+        return float(fine[0]), float(fine[-1]), True, True, done
+    lo, hi = np.quantile(found, [tail, 1.0 - tail])
+    open_end = missing / max(done, 1) > tail
+    return float(lo), float(hi), open_end, open_end, done

@@ -1,0 +1,326 @@
+"""Windows -> one analysis frame per (source, engine, window start).
+
+The fits in :mod:`planner.fit` work on a plain pandas DataFrame with one row per engine and
+window. This module builds it from :class:`collector.records.Window` records (or from a
+DataFrame holding the same fields, which is how a store can hand back millions of windows
+without creating a Python object per window).
+
+An *engine* is ``(source, engine label)``. A series without an ``engine`` label (an LMCache
+server, LMCache legacy ``worker_id`` series) is attached to the source's only engine when
+the source has exactly one, else to an engine named ``""`` of that source.
+
+Several series of one signal on one engine and window (``request_success_total`` by
+``finished_reason``, L1 usage per backend) are combined: counter and histogram counts/sums
+are added, gauge means are averaged (``kv_cache_usage_ratio``, ``requests_*``) or added
+(L1 bytes), maxima take the maximum, quantiles the mean (one series in practice).
+Windows of all signals are assumed aligned on the same ``start`` (the collector rolls up
+every series of a source on one clock).
+
+Columns (NaN when the signal is missing; never an error):
+
+========================  =================================================================
+tokens_per_s              prompt + generation tokens per second
+prompt_tokens_per_s       prompt tokens per second (computed + cached)
+output_tokens_per_s       generation tokens per second
+preemptions               preemptions in the window (counter delta)
+kv_util, kv_util_max      mean and max of ``kv_cache_usage_ratio`` (0-1)
+running, waiting          mean of ``requests_running`` / ``requests_waiting``
+prefix_hit_ratio          local prefix-cache hits / queries (tokens)
+external_hit_ratio        external (KV connector) prefix-cache hits / queries
+ttft_mean_s, ttft_p90_s   TTFT histogram sum/count and p90 of the window
+ttft_count                TTFT observations in the window (the weight of ``ttft_mean_s``)
+prompt_tokens_mean        mean prompt length of requests finished in the window
+requests                  finished requests (``request_success_total`` delta)
+lmcache_hit_ratio         LMCache hit tokens / requested tokens
+lmcache_requested_tokens  LMCache requested tokens (the weight of ``lmcache_hit_ratio``)
+l1_usage_bytes            LMCache L1 bytes in use (mean over the window)
+l1_usage_ratio            LMCache L1 used / total (mean)
+l1_evicted_chunks         L1 evictions in the window
+offload_cpu_usage_ratio   vLLM native offload CPU usage (mean)
+offload_mode              engine metadata: none | native | lmcache | unknown
+window_s                  window length in seconds
+========================  =================================================================
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
+
+from collector.catalog import ENGINE_LABEL
+from collector.records import Window
+
+if TYPE_CHECKING:
+    import numpy as np
+    import numpy.typing as npt
+    import pandas as pd
+
+# (output column, signal, field, how several series combine) — "sum", "mean", "max".
+_SIMPLE: tuple[tuple[str, str, str, str], ...] = (
+    ("preemptions", "preemptions_total", "delta", "sum"),
+    ("prompt_tokens_per_s", "prompt_tokens_total", "rate", "sum"),
+    ("output_tokens_per_s", "generation_tokens_total", "rate", "sum"),
+    ("kv_util", "kv_cache_usage_ratio", "mean", "mean"),
+    ("kv_util_max", "kv_cache_usage_ratio", "max", "max"),
+    ("running", "requests_running", "mean", "mean"),
+    ("waiting", "requests_waiting", "mean", "mean"),
+    ("ttft_p90_s", "ttft_seconds", "p90", "mean"),
+    ("ttft_count", "ttft_seconds", "delta", "sum"),
+    ("_ttft_sum", "ttft_seconds", "sum_delta", "sum"),
+    ("_prompt_count", "request_prompt_tokens", "delta", "sum"),
+    ("_prompt_sum", "request_prompt_tokens", "sum_delta", "sum"),
+    ("requests", "request_success_total", "delta", "sum"),
+    ("l1_usage_bytes", "lmcache_l1_usage_bytes", "mean", "sum"),
+    ("l1_usage_ratio", "lmcache_l1_usage_ratio", "mean", "mean"),
+    ("l1_evicted_chunks", "lmcache_l1_evicted_chunks_total", "delta", "sum"),
+    ("offload_cpu_usage_ratio", "offload_cpu_usage_ratio", "mean", "mean"),
+)
+# (output column, derived ratio signal, numerator counter, denominator counter)
+_RATIOS: tuple[tuple[str, str, str, str], ...] = (
+    ("prefix_hit_ratio", "prefix_cache_hit_ratio", "prefix_cache_hits_total",
+     "prefix_cache_queries_total"),
+    ("external_hit_ratio", "external_prefix_cache_hit_ratio", "external_prefix_cache_hits_total",
+     "external_prefix_cache_queries_total"),
+    ("lmcache_hit_ratio", "lmcache_hit_ratio", "lmcache_hit_tokens_total",
+     "lmcache_requested_tokens_total"),
+)  # fmt: skip
+_RATIO_WEIGHT = {"lmcache_hit_ratio": "lmcache_requested_tokens"}
+
+SIGNALS: frozenset[str] = frozenset(
+    [s for _, s, _, _ in _SIMPLE] + [x for r in _RATIOS for x in r[1:]]
+)
+_FIELDS = ("delta", "rate", "mean", "max", "p90", "sum_delta")
+COLUMNS: tuple[str, ...] = (
+    "source", "engine", "start", "window_s", "offload_mode",
+    "tokens_per_s", "prompt_tokens_per_s", "output_tokens_per_s", "preemptions",
+    "kv_util", "kv_util_max", "running", "waiting", "prefix_hit_ratio", "external_hit_ratio",
+    "ttft_mean_s", "ttft_p90_s", "ttft_count", "prompt_tokens_mean", "requests",
+    "lmcache_hit_ratio", "lmcache_requested_tokens", "l1_usage_bytes", "l1_usage_ratio",
+    "l1_evicted_chunks", "offload_cpu_usage_ratio",
+)  # fmt: skip
+
+
+def offload_mode_of(meta: object) -> str:
+    """``none|native|lmcache`` from an engine record (``.offload`` / ``.offload_mode``)."""
+    for name in ("offload", "offload_mode"):
+        value = meta.get(name) if isinstance(meta, Mapping) else getattr(meta, name, None)
+        if isinstance(value, str) and value:
+            return value
+    return meta if isinstance(meta, str) and meta else "unknown"
+
+
+def _codes(values: object) -> tuple[npt.NDArray[np.int64], list[object]]:
+    """Integer codes (-1 for missing) and the distinct values, in order of appearance."""
+    import pandas as pd
+
+    codes, uniques = pd.factorize(values)  # type: ignore[call-overload]
+    return codes.astype("int64", copy=False), list(uniques)
+
+
+def _dense(codes: npt.NDArray[np.int64], size: int) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
+    """Codes in ``[0, size)`` renumbered densely: (new code per element, old code per new code)."""
+    import numpy as np
+
+    present = np.bincount(codes, minlength=size) > 0
+    new_of_old = np.cumsum(present) - 1
+    return new_of_old[codes], np.flatnonzero(present)
+
+
+def _table(
+    windows: Sequence[Window] | pd.DataFrame,
+) -> tuple[dict[str, npt.NDArray[np.float64]], dict[str, tuple[npt.NDArray[np.int64], list[object]]]]:
+    """Numeric columns (start, length_s, fields) and coded columns (source, engine, signal).
+
+    A DataFrame input needs ``source``, ``signal``, ``start``, ``length_s`` and either an
+    ``engine`` column or a ``labels`` column (Labels tuples); missing field columns are NaN.
+    Categorical ``source``/``engine``/``signal`` columns are the fast path (no hashing).
+    """
+    import numpy as np
+    import pandas as pd
+
+    num: dict[str, npt.NDArray[np.float64]] = {}
+    if isinstance(windows, pd.DataFrame):
+        df = windows
+        engine = df["engine"] if "engine" in df.columns else _engine_labels(df["labels"].tolist())
+        coded = {"source": _codes(df["source"]), "engine": _codes(engine),
+                 "signal": _codes(df["signal"])}  # fmt: skip
+        for name in ("start", "length_s", *_FIELDS):
+            col = df[name] if name in df.columns else None
+            if col is None:
+                num[name] = np.full(len(df), np.nan)
+            elif col.dtype == np.float64:
+                num[name] = col.to_numpy()
+            else:
+                num[name] = pd.to_numeric(col).to_numpy(dtype=float, na_value=np.nan)
+        return num, coded
+    wanted = [w for w in windows if w.signal in SIGNALS]
+
+    def col(name: str) -> list[object]:
+        return list(map(operator.attrgetter(name), wanted))
+
+    coded = {"source": _codes(np.asarray(col("source"), dtype=object)),
+             "engine": _codes(np.asarray(_engine_labels(col("labels")), dtype=object)),
+             "signal": _codes(np.asarray(col("signal"), dtype=object))}  # fmt: skip
+    for name in ("start", "length_s", *_FIELDS):
+        num[name] = np.asarray(col(name), dtype=float)  # None -> NaN
+    return num, coded
+
+
+def _engine_labels(labels: Sequence[object]) -> list[str | None]:
+    cache: dict[object, str | None] = {}
+    out: list[str | None] = []
+    for lab in labels:
+        try:
+            out.append(cache[lab])
+        except KeyError:
+            cache[lab] = dict(lab).get(ENGINE_LABEL)  # type: ignore[call-overload]
+            out.append(cache[lab])
+    return out
+
+
+def engine_frame(
+    windows: Sequence[Window] | pd.DataFrame,
+    engines_meta: Mapping[str, object] | None = None,
+) -> pd.DataFrame:
+    """One row per (source, engine, window start); see the module docstring for columns.
+
+    ``windows``: Window records, or a DataFrame with their fields (see :func:`_table`).
+    ``engines_meta`` maps a source (or ``"source/engine"``) to its engine record; its
+    ``offload`` (or ``offload_mode``) fills ``offload_mode``, ``"unknown"`` when absent.
+    Cost is linear in the number of windows: a few hash passes and ``np.bincount``\ s.
+    """
+    import numpy as np
+    import pandas as pd
+
+    num, coded = _table(windows)
+    src_c, src_u = coded["source"]
+    eng_c, eng_u = coded["engine"]
+    sig_c, sig_u = coded["signal"]
+    n_eng = len(eng_u) + 1  # +1: code of "no engine label"
+    if src_c.size == 0:
+        return pd.DataFrame({c: pd.Series(dtype=_dtype(c)) for c in COLUMNS})
+    # Engine key per window; a series without an engine label joins its source's only engine.
+    pair = src_c * n_eng + np.where(eng_c < 0, n_eng - 1, eng_c)
+    pair_u = np.unique(pair)
+    engines_of: dict[int, list[int]] = {}
+    for p in pair_u.tolist():
+        if p % n_eng != n_eng - 1:
+            engines_of.setdefault(p // n_eng, []).append(p % n_eng)
+    remap = {
+        p: (p // n_eng) * n_eng + engines_of[p // n_eng][0]
+        for p in pair_u.tolist()
+        if p % n_eng == n_eng - 1 and len(engines_of.get(p // n_eng, [])) == 1
+    }
+    if remap:
+        lut = np.array(list(remap.keys())), np.array(list(remap.values()))
+        for a, b in zip(*lut, strict=True):
+            pair[pair == a] = b
+    start_c, start_u = pd.factorize(num["start"])
+    n_start = len(start_u)
+    size = len(src_u) * n_eng * n_start
+    if size <= 4 * src_c.size + 1_000_000:
+        row_c, rows = _dense(pair * n_start + start_c, size)
+    else:  # sparse keys: hash instead of a dense table
+        rc, ru = pd.factorize(pair * n_start + start_c)
+        row_c, rows = rc.astype(np.int64), np.asarray(ru, dtype=np.int64)
+    n = rows.size
+    key_of_row = rows // n_start
+    length = num["length_s"]
+    rate, delta = num["rate"], num["delta"]
+    with np.errstate(invalid="ignore", divide="ignore"):
+        rate_or_delta = np.where(np.isnan(rate), delta / length, rate)
+    sig_index = {str(s): i for i, s in enumerate(sig_u)}
+
+    def agg(signal: str, values: npt.NDArray[np.float64], how: str) -> npt.NDArray[np.float64]:
+        code = sig_index.get(signal)
+        if code is None:
+            return np.full(n, np.nan)
+        m = (sig_c == code) & ~np.isnan(values)
+        idx, v = row_c[m], values[m]
+        cnt = np.bincount(idx, minlength=n)
+        if how == "max":
+            res = np.full(n, -np.inf)
+            np.maximum.at(res, idx, v)
+        else:
+            res = np.bincount(idx, weights=v, minlength=n)
+            if how == "mean":
+                res = res / np.maximum(cnt, 1)
+        return np.where(cnt > 0, res, np.nan)
+
+    def wmean(
+        signal: str, values: npt.NDArray[np.float64], weights: npt.NDArray[np.float64]
+    ) -> npt.NDArray[np.float64]:
+        # Weighted mean over series; a window without a weight counts once.
+        code = sig_index.get(signal)
+        if code is None:
+            return np.full(n, np.nan)
+        m = (sig_c == code) & ~np.isnan(values)
+        wt = np.where(np.isnan(weights), 1.0, weights)[m]
+        top = np.bincount(row_c[m], weights=values[m] * wt, minlength=n)
+        bottom = np.bincount(row_c[m], weights=wt, minlength=n)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            return np.where(bottom > 0, top / bottom, np.nan)
+
+    src_names = np.asarray([str(x) for x in src_u] + [""], dtype=object)
+    eng_names = np.asarray([str(x) for x in eng_u] + [""], dtype=object)
+    cols: dict[str, object] = {
+        "source": src_names[key_of_row // n_eng],
+        "engine": eng_names[key_of_row % n_eng],
+        "start": np.asarray(start_u, dtype=float)[rows % n_start],
+        "window_s": np.bincount(row_c, weights=length, minlength=n)
+        / np.bincount(row_c, minlength=n),
+    }
+    for col, signal, field, how in _SIMPLE:
+        cols[col] = agg(signal, rate_or_delta if field == "rate" else num[field], how)
+    mean = num["mean"]
+    for col, ratio, numer, denom in _RATIOS:
+        # Prefer the derived ratio (weighted by its denominator); fall back to the counters.
+        w = agg(ratio, delta, "sum")
+        r = wmean(ratio, mean, delta)
+        d_num, d_den = agg(numer, delta, "sum"), agg(denom, delta, "sum")
+        with np.errstate(invalid="ignore", divide="ignore"):
+            fallback = np.where(d_den > 0, d_num / d_den, np.nan)
+        cols[col] = np.where(np.isnan(r), fallback, r)
+        if col in _RATIO_WEIGHT:
+            cols[_RATIO_WEIGHT[col]] = np.where(np.isnan(w), d_den, w)
+    frame = pd.DataFrame(cols)
+    frame["tokens_per_s"] = frame["prompt_tokens_per_s"] + frame["output_tokens_per_s"]
+    with np.errstate(invalid="ignore", divide="ignore"):
+        tc, pc = frame["ttft_count"].to_numpy(), frame["_prompt_count"].to_numpy()
+        frame["ttft_mean_s"] = np.where(tc > 0, frame["_ttft_sum"].to_numpy() / tc, np.nan)
+        frame["prompt_tokens_mean"] = np.where(pc > 0, frame["_prompt_sum"].to_numpy() / pc, np.nan)
+    frame["offload_mode"] = _modes(src_names, eng_names, key_of_row, n_eng, engines_meta or {})
+    frame = frame.sort_values(["source", "engine", "start"], kind="stable", ignore_index=True)
+    return frame[list(COLUMNS)]
+
+
+def _modes(
+    src_names: npt.NDArray[np.object_],
+    eng_names: npt.NDArray[np.object_],
+    key_of_row: npt.NDArray[np.int64],
+    n_eng: int,
+    meta: Mapping[str, object],
+) -> npt.NDArray[np.object_]:
+    import numpy as np
+
+    keys, inverse = np.unique(key_of_row, return_inverse=True)
+    modes = []
+    for k in keys.tolist():
+        source, engine = src_names[k // n_eng], eng_names[k % n_eng]
+        m = meta.get(f"{source}/{engine}", meta.get(source))
+        modes.append("unknown" if m is None else offload_mode_of(m))
+    out: npt.NDArray[np.object_] = np.asarray(modes, dtype=object)[inverse]
+    return out
+
+
+def _dtype(column: str) -> str:
+    return "object" if column in ("source", "engine", "offload_mode") else "float64"
+
+
+def grouping(frame: pd.DataFrame) -> np.ndarray:  # type: ignore[type-arg]
+    """Integer engine id per row (for cluster-robust errors and cluster bootstraps)."""
+    import pandas as pd
+
+    codes, _ = pd.factorize(pd.MultiIndex.from_arrays([frame["source"], frame["engine"]]))
+    return codes
