@@ -16,7 +16,8 @@
   name feeds the ``router_*`` signal of that name, never the engine signal;
 * where a deprecated spelling (rank > 0 in the catalogue) and the current one expose the same
   canonical series, the current one wins: no double counting;
-* fact families (``vllm:cache_config_info`` …) become ``Snapshot.facts`` with all labels;
+* fact families (catalog.FACTS: cache config, KV offload config, LMCache target) become
+  ``Snapshot.facts`` with all their labels;
 * every other family is reported in ``unknown_families`` (sorted, never fatal) — including
   ``python_*``, ``process_*`` and ``http_*``; ``*_created`` companions are never reported.
 
@@ -76,9 +77,10 @@ class _Hist:
 class _Acc:
     """What one read() accumulates besides the hot-loop locals."""
 
-    __slots__ = ("declared", "facts", "unknown", "unknown_names")
+    __slots__ = ("declared", "facts", "kinds", "unknown", "unknown_names")
 
     def __init__(self) -> None:
+        self.kinds: dict[str, str] = {}  # family -> declared type (a repeat must agree)
         # TYPE-declared family -> itself, also under its `:`->`_` spelling: OpenMetrics
         # escaping keeps `vllm:x` in TYPE lines but writes `vllm_x_total` samples.
         self.declared: dict[str, str] = {}
@@ -104,15 +106,15 @@ class ExpositionReader:
         # line prefix (name + label block, as written) -> (target or None, labels, name)
         self._series: dict[str, tuple[Target | None, LabelEntry, str]] = {}
         self._interned: dict[Labels, Labels] = {}
-        self._types: dict[str, str] = {}  # validated "# TYPE" line -> family
+        self._types: dict[str, tuple[str, str]] = {}  # "# TYPE" line -> (family, type)
         self._limit = cache_limit
 
-    def _type_line(self, line: str) -> str:
-        fam, _kind = parse_type_line(line)
+    def _type_line(self, line: str) -> tuple[str, str]:
+        got = parse_type_line(line)
         if len(self._types) >= self._limit:
             self._types.clear()
-        self._types[line] = fam
-        return fam
+        self._types[line] = got
+        return got
 
     def _label_entry(self, text: str) -> LabelEntry:
         pairs = parse_labels(text)
@@ -199,9 +201,11 @@ class ExpositionReader:
                     continue
                 if line[0] == "#":
                     if line.startswith("# TYPE "):
-                        fam = type_get(line) or self._type_line(line)
-                        if acc.declared.get(fam) == fam:
-                            raise LineError(f"second TYPE line for {fam!r}")
+                        fam, kind = type_get(line) or self._type_line(line)
+                        if acc.kinds.setdefault(fam, kind) != kind:
+                            raise LineError(
+                                f"TYPE {kind} for {fam!r} contradicts TYPE {acc.kinds[fam]}"
+                            )
                         acc.declared[fam] = fam
                         acc.declared.setdefault(fam.replace(":", "_"), fam)
                     elif line.startswith("# EOF") and line.rstrip() == "# EOF":

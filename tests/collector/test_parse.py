@@ -405,7 +405,7 @@ MALFORMED = [
     ("unclosed no quote", OK + "foo{a 1\n", 2, "not closed by '}'"),
     ("bad name char", OK + "foo-bar 1\n", 2, "invalid character '-'"),
     ("bad type", "# TYPE foo frequency\nfoo 1\n", 1, "unknown metric type"),
-    ("second type", "# TYPE foo gauge\nfoo 1\n# TYPE foo gauge\n", 3, "second TYPE"),
+    ("conflicting type", "# TYPE foo gauge\nfoo 1\n# TYPE foo counter\n", 3, "contradicts"),
     ("negative counter", OK + "vllm:num_preemptions_total -1\n", 2, "counter value"),
     ("NaN counter", OK + "vllm:num_preemptions_total NaN\n", 2, "counter value"),
     ("duplicate series", OK + OK, 2, "duplicate series"),
@@ -444,3 +444,26 @@ def test_read_exposition_malformed_in_real_fixture_names_its_line() -> None:
     with pytest.raises(ParseError) as info:
         read_exposition("\n".join(lines), "full", 0.0)
     assert (info.value.line, info.value.reason) == (489, "bad value 'three'")
+
+
+def test_reader_warm_cache_reads_new_values_and_rejects_bad_ones() -> None:
+    reader = ExpositionReader()
+    text = (METRICS / "vllm-0.33.0-metrics-full.txt").read_text()
+    reader.read(text, "t", 0.0)  # every prefix is cached now
+    changed = text.replace(
+        'vllm:num_preemptions_total{engine="1",model_name="tiny-llama"} 3.0',
+        'vllm:num_preemptions_total{engine="1",model_name="tiny-llama"} 7.0',
+    )
+    snap = reader.read(changed, "t", 0.0)
+    assert one(snap, "preemptions_total", engine="1", model_name="tiny-llama").value == 7.0
+    assert one(snap, "preemptions_total", **ENGINE0).value == 3.0
+    with pytest.raises(ParseError) as info:
+        reader.read(changed.replace("} 7.0", "} 7.0.1"), "t", 0.0)
+    assert info.value.line == 490 and "bad value '7.0.1'" in info.value.reason
+
+
+def test_read_exposition_repeated_identical_type_line_accepted() -> None:
+    text = "# TYPE foo gauge\nfoo 1\n# TYPE foo gauge\nvllm:num_preemptions_total 1\n"
+    snap = read_exposition(text, "t", 0.0)
+    assert snap.unknown_families == ("foo",)
+    assert one(snap, "preemptions_total").value == 1.0
