@@ -10,7 +10,7 @@ Everything returns plain floats in SI units (seconds, bytes, bytes/s).
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from collector.errors import ConfigError
 from planner.hardware import GPU, Model, Tier
@@ -178,26 +178,64 @@ def step_seconds(
         raise ConfigError(f"overhead_s must be >= 0, got {overhead_s!r}")
     if decode_kv_tokens and not decode_seqs:
         raise ConfigError("decode_kv_tokens > 0 needs decode_seqs > 0")
-    new_total = pairs = kv_touched = 0.0
     for chunk in prefill:
         if len(chunk) != 2:
             raise ConfigError(f"prefill chunk must be (new_tokens, context_before), got {chunk!r}")
-        new, context = chunk
-        _check_count(new, "prefill new_tokens")
-        _check_count(context, "prefill context_before")
-        new_total += new
-        pairs += _causal_pairs(new, context)
-        kv_touched += new + context  # write the new KV, read the context's KV once
-    tokens = int(new_total) + decode_seqs
-    if tokens == 0:
-        return 0.0
-    pairs += decode_kv_tokens  # each decode token attends to its sequence's KV
-    kv_touched += decode_kv_tokens + decode_seqs
-    gemm = 2.0 * model.params * tokens / (tp * _gemm_peak(model, gpu, dtype) * mfu)
-    attention = _attention_flops(model, pairs) / (tp * gpu.bf16_flops * mfu)
-    traffic = weight_bytes_per_gpu(model, tp) + kv_touched * kv_bytes_per_token(model, tp)
-    memory = traffic / (gpu.hbm_bandwidth_Bps * hbm_efficiency)
-    return max(gemm + attention, memory) + _allreduce_seconds(model, gpu, tp, tokens) + overhead_s
+        _check_count(chunk[0], "prefill new_tokens")
+        _check_count(chunk[1], "prefill context_before")
+    fn = step_seconds_fn(
+        model, gpu, tp, mfu=mfu, hbm_efficiency=hbm_efficiency, dtype=dtype, overhead_s=overhead_s
+    )
+    return fn(prefill, decode_seqs, decode_kv_tokens)
+
+
+def step_seconds_fn(
+    model: Model,
+    gpu: GPU,
+    tp: int,
+    *,
+    mfu: float = DEFAULT_MFU,
+    hbm_efficiency: float = DEFAULT_HBM_EFFICIENCY,
+    dtype: str = "auto",
+    overhead_s: float = DEFAULT_STEP_OVERHEAD_S,
+) -> Callable[[Sequence[tuple[int, int]], int, int], float]:
+    """step_seconds with the model, GPU and efficiencies bound and validated once.
+
+    Returns fn(prefill, decode_seqs, decode_kv_tokens) -> seconds, the same roofline as
+    step_seconds (which calls it) without per-call argument checks: the cluster simulator
+    evaluates ~10^5 steps per simulated hour and engine.
+    """
+    _check_tp(model, tp)
+    _check_fraction(mfu, "mfu")
+    _check_fraction(hbm_efficiency, "hbm_efficiency")
+    if overhead_s < 0:
+        raise ConfigError(f"overhead_s must be >= 0, got {overhead_s!r}")
+    gemm_per_token = 2.0 * model.params / (tp * _gemm_peak(model, gpu, dtype) * mfu)
+    attention_per_pair = _attention_flops(model, 1.0) / (tp * gpu.bf16_flops * mfu)
+    weights = weight_bytes_per_gpu(model, tp)
+    kv_per_token = kv_bytes_per_token(model, tp)
+    hbm = gpu.hbm_bandwidth_Bps * hbm_efficiency
+    # _allreduce_seconds is affine in tokens (for tokens > 0): split latency and per-token parts
+    one, two = _allreduce_seconds(model, gpu, tp, 1), _allreduce_seconds(model, gpu, tp, 2)
+    allreduce_fixed, allreduce_per_token = 2.0 * one - two, two - one
+
+    def fn(prefill: Sequence[tuple[int, int]], decode_seqs: int, decode_kv_tokens: int) -> float:
+        new_total = pairs = kv_touched = 0.0
+        for new, context in prefill:
+            new_total += new
+            pairs += new * context + new * (new + 1) / 2  # _causal_pairs
+            kv_touched += new + context  # write the new KV, read the context's KV once
+        tokens = new_total + decode_seqs
+        if tokens == 0:
+            return 0.0
+        pairs += decode_kv_tokens  # each decode token attends to its sequence's KV
+        kv_touched += decode_kv_tokens + decode_seqs
+        compute = gemm_per_token * tokens + attention_per_pair * pairs
+        memory = (weights + kv_touched * kv_per_token) / hbm
+        allreduce = allreduce_fixed + allreduce_per_token * tokens
+        return max(compute, memory) + allreduce + overhead_s
+
+    return fn
 
 
 def prefill_seconds(
