@@ -1,0 +1,203 @@
+"""The cluster: engines, LMCache pools, the router and the global event loop.
+
+Events live in one heap ordered by (time, insertion sequence), so ties resolve in the order
+they were created and a run is a pure function of the scenario and its seed. Engines post
+the end of their current segment (one mixed step or a jump of k decode steps); an arrival
+that an engine could admit earlier cuts its jump at the next step boundary.
+
+`Simulation.advance_to(t)` processes every event up to simulated time t and can be called
+repeatedly (a server renders telemetry between calls); `run()` goes to the end and returns
+the summary.
+"""
+
+from __future__ import annotations
+
+import heapq
+import time as _time
+from collections.abc import Mapping
+
+from planner.simulate.engine import IDLE, Engine, StepCost
+from planner.simulate.lmcache import LMCacheConnector, LMCachePool
+from planner.simulate.offload import Connector, NativeOffload
+from planner.simulate.scenario import Scenario
+from planner.simulate.telemetry import EngineSnapshot, EngineTelemetry, LMCacheSnapshot
+from planner.simulate.workload import ContentTree, Req, Workload
+
+ARRIVAL, ENGINE = 0, 1
+
+
+class Router:
+    """round_robin | least_loaded (fewest running + waiting) | prefix_affinity (hash of the
+    request's shared-prefix key: group, session, first document)."""
+
+    def __init__(self, policy: str, engines: list[Engine]) -> None:
+        self.policy = policy
+        self.engines = engines
+        self.n = len(engines)
+        self._next = 0
+
+    def pick(self, req: Req) -> Engine:
+        if self.policy == "round_robin":
+            eng = self.engines[self._next]
+            self._next = (self._next + 1) % self.n
+            return eng
+        if self.policy == "least_loaded":
+            return min(self.engines, key=lambda e: (e.load_estimate(), e.idx))
+        key = (req.affinity * 2654435761) & 0xFFFFFFFF  # Knuth multiplicative hash
+        return self.engines[key % self.n]
+
+
+class Simulation:
+    def __init__(
+        self, scenario: Scenario, buckets: Mapping[str, tuple[float, ...]] | None = None
+    ) -> None:
+        self.scenario = scenario
+        spec = scenario.cluster
+        self.tree = ContentTree()
+        self.workload = Workload(scenario.workload, scenario.seed, self.tree)
+        self.end_time = scenario.duration_s
+        self.now = 0.0
+        self.last_event = 0.0
+        self.events = 0
+        self.wall_s = 0.0
+        self.pools: list[LMCachePool] = []
+        pool_of = self._build_pools()
+        cost = StepCost(spec)
+        self.engines: list[Engine] = []
+        for i, mode in enumerate(spec.engines_offload):
+            tel = EngineTelemetry(buckets)
+            conn: Connector
+            if mode == "native":
+                conn = NativeOffload(spec, self.tree, tel)
+            elif mode == "lmcache":
+                conn = LMCacheConnector(spec, self.pools[pool_of[i]])
+            else:
+                conn = Connector()
+            node = i // spec.engines_per_node
+            self.engines.append(
+                Engine(
+                    i,
+                    node,
+                    spec,
+                    self.tree,
+                    connector=conn,
+                    tel=tel,
+                    cost=cost,
+                    on_finish=self._on_finish,
+                    horizon=self.end_time,
+                )
+            )
+        self.router = Router(spec.router, self.engines)
+        self.version = [0] * len(self.engines)
+        self.heap: list[tuple[float, int, int, object, int]] = []
+        self._seq = 0
+        self.outstanding = 0
+        # completed requests: (arrival, first token, finish, prompt, output, engine)
+        self.completed: list[tuple[float, float, float, int, int, int]] = []
+        for req in self.workload.initial():
+            self._push(req.arrival, ARRIVAL, req, 0)
+
+    def _build_pools(self) -> dict[int, int]:
+        spec = self.scenario.cluster
+        members: dict[int, list[int]] = {}
+        for i, mode in enumerate(spec.engines_offload):
+            if mode != "lmcache":
+                continue
+            scope = spec.lmcache_scope
+            key = i if scope == "engine" else (i // spec.engines_per_node if scope == "node" else 0)
+            members.setdefault(key, []).append(i)
+        pool_of: dict[int, int] = {}
+        for key in sorted(members):
+            idx = len(self.pools)
+            self.pools.append(
+                LMCachePool(idx, spec.lmcache_scope, tuple(members[key]), spec, self.tree)
+            )
+            for i in members[key]:
+                pool_of[i] = idx
+        return pool_of
+
+    # --- event loop -------------------------------------------------------------------------
+    def _push(self, t: float, kind: int, payload: object, version: int) -> None:
+        self._seq += 1
+        heapq.heappush(self.heap, (t, self._seq, kind, payload, version))
+
+    def _schedule(self, eng: Engine) -> None:
+        self.version[eng.idx] += 1
+        if eng.seg != IDLE:
+            self._push(eng.seg_end, ENGINE, eng.idx, self.version[eng.idx])
+
+    def _arrive(self, req: Req, t: float) -> None:
+        eng = self.router.pick(req)
+        self.outstanding += 1
+        if eng.on_arrival(req, t):
+            self._schedule(eng)
+        if req.engine < 0:  # refused (longer than the engine's KV capacity)
+            self.outstanding -= 1
+        nxt = self.workload.after_arrival(req)
+        if nxt is not None:
+            self._push(nxt.arrival, ARRIVAL, nxt, 0)
+
+    def _on_finish(self, req: Req, t: float) -> None:
+        self.outstanding -= 1
+        self.completed.append(
+            (req.arrival, req.first_token, t, req.prompt_len, req.output_len, req.engine)
+        )
+        nxt = self.workload.after_completion(req, t)
+        if nxt is not None:
+            self._push(nxt.arrival, ARRIVAL, nxt, 0)
+
+    def advance_to(self, t: float, *, settle: bool = False) -> None:
+        """Process every event at or before simulated time t (capped at the scenario end).
+
+        settle=True also commits the decode steps engines finished by t inside a longer jump,
+        so counters read afterwards are current to within one step.
+        """
+        t = min(t, self.end_time)
+        heap, engines, version = self.heap, self.engines, self.version
+        started = _time.perf_counter()
+        while True:
+            while heap and heap[0][0] <= t:
+                when, _, kind, payload, ver = heapq.heappop(heap)
+                self.events += 1
+                self.last_event = when
+                if kind == ARRIVAL:
+                    assert isinstance(payload, Req)
+                    payload.arrival = when
+                    self._arrive(payload, when)
+                else:
+                    assert isinstance(payload, int)
+                    if ver != version[payload]:
+                        continue
+                    eng = engines[payload]
+                    eng.on_event(when)
+                    self._schedule(eng)
+            if not settle:
+                break
+            settle = False
+            for eng in engines:
+                if eng.split(t):
+                    self._schedule(eng)
+        self.now = max(self.now, t)
+        self.wall_s += _time.perf_counter() - started
+
+    @property
+    def done(self) -> bool:
+        """No event left (a finite workload has completed) or the end time is reached."""
+        return not self.heap or self.now >= self.end_time
+
+    def run(self) -> object:
+        """Simulate to the end; returns a results.SimResult."""
+        from planner.simulate.results import summarize
+
+        self.advance_to(self.end_time)
+        return summarize(self)
+
+    # --- observation ------------------------------------------------------------------------
+    def engine_snapshots(self) -> list[EngineSnapshot]:
+        return [e.snapshot(self.now) for e in self.engines]
+
+    def lmcache_snapshots(self) -> list[LMCacheSnapshot]:
+        return [
+            LMCacheSnapshot(p.idx, p.scope, p.engines, self.now, dict(p.tel.counters), p.gauges())
+            for p in self.pools
+        ]

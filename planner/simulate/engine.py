@@ -1,0 +1,483 @@
+"""One simulated vLLM v1 engine: continuous batching, chunked prefill, paged KV, preemption.
+
+Scheduling follows vLLM v1's Scheduler.schedule() with these documented simplifications:
+- decode tokens are scheduled before prefill chunks (vLLM walks `running` in admission
+  order; with max_num_batched_tokens >= max_num_seqs both agree except when an older request
+  is still chunk-prefilling);
+- when blocks run out the newest running request is preempted (recompute policy), its
+  blocks freed (they stay cached for prefix hits until evicted) and it is put at the front
+  of the waiting queue; no waiting request is admitted in a step that preempted;
+- waiting requests are admitted FCFS while the token budget, max_num_seqs and free blocks
+  allow; the prefix-cache hit is capped so the last token is recomputed (vLLM does so);
+- a KV connector hit is loaded asynchronously (native offload: the request waits while
+  the batch runs) or inside the step (LMCache in-process connector, blocking).
+Decode-only stretches are advanced k steps at once (decode.py). Step times come from
+planner.costmodel.step_seconds (roofline); see PARAMETERS.md.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Callable
+
+from planner import costmodel
+from planner.simulate.decode import DECODE, DecodeBatch
+from planner.simulate.kvcache import BlockPool
+from planner.simulate.offload import Connector
+from planner.simulate.scenario import ClusterSpec
+from planner.simulate.telemetry import EngineSnapshot, EngineTelemetry
+from planner.simulate.workload import ContentTree, Req
+
+WAITING, LOADING, PREFILL, DONE, LOADED = 0, 1, 2, 4, 5
+IDLE, MIXED, JUMP, WAIT = 0, 1, 2, 3
+
+
+class StepCost:
+    """Step time of one engine from the cost model (roofline, planner/costmodel.py)."""
+
+    def __init__(self, spec: ClusterSpec) -> None:
+        self.step = costmodel.step_seconds_fn(
+            spec.model,
+            spec.gpu,
+            spec.tensor_parallel,
+            mfu=spec.mfu,
+            hbm_efficiency=spec.hbm_efficiency,
+            overhead_s=spec.step_overhead_s,
+        )
+
+
+class Engine:
+    def __init__(
+        self,
+        idx: int,
+        node: int,
+        spec: ClusterSpec,
+        tree: ContentTree,
+        *,
+        connector: Connector,
+        tel: EngineTelemetry,
+        cost: StepCost,
+        on_finish: Callable[[Req, float], None],
+        horizon: float,
+    ) -> None:
+        self.idx, self.node, self.spec = idx, node, spec
+        self.tree = tree
+        self.conn = connector
+        self.tel = tel
+        self.cost = cost
+        self.on_finish = on_finish
+        self.horizon = horizon  # decode jumps stop at the first step boundary past it
+        self.bs = spec.block_size
+        self.pool = BlockPool(
+            spec.num_gpu_blocks, spec.block_size, tree, spec.enable_prefix_caching
+        )
+        self.dec = DecodeBatch(spec.block_size)
+        self.waiting: deque[Req] = deque()
+        self.loading: list[Req] = []
+        self.running: dict[int, Req] = {}  # admission seq -> request (prefill and decode)
+        self.prefilling: dict[int, Req] = {}
+        self.max_seqs = spec.max_num_seqs
+        self.max_tokens = spec.max_num_batched_tokens
+        self.factor = 1.0 + connector.step_overhead
+        self._seq = 0
+        self._step0 = False  # this step's decode blocks are already allocated
+        # the segment in flight: one mixed step, or k decode steps of times a + b·j
+        self.seg = IDLE
+        self.seg_start = self.seg_end = self.seg_a = self.seg_b = 0.0
+        self.seg_k = 0
+        self.seg_chunks: list[tuple[Req, int]] = []
+        self.seg_usage = 0.0
+        # run statistics
+        self.steps = 0
+        self.kv_integral = 0.0
+        self.busy_time = 0.0
+        self.preemptions = 0
+        self.reprefill_tokens = 0
+        self.avoided_tokens = 0
+        self.computed_tokens = 0
+        self.rejected = 0
+
+    # --- cluster interface ----------------------------------------------------------------
+    def load_estimate(self) -> int:
+        return len(self.running) + len(self.waiting) + len(self.loading)
+
+    def on_arrival(self, req: Req, now: float) -> bool:
+        """Queue req; True when the engine's next event time changed."""
+        if req.prompt_len + req.output_len > self.pool.total * self.bs:
+            self.rejected += 1  # vLLM refuses requests longer than its KV capacity
+            self.tel.finished["abort"] += 1
+            return False
+        req.engine, req.state = self.idx, WAITING
+        self.waiting.append(req)
+        if self.seg in (IDLE, WAIT):
+            if self.seg == WAIT:
+                self._end_wait(now)
+            self._plan(now)
+            return True
+        if self.seg == JUMP and len(self.waiting) == 1 and len(self.running) < self.max_seqs:
+            # cut the jump only if the request could get blocks for its first chunk: blocks
+            # only shrink during a jump, so otherwise it waits for a completion anyway
+            p_eff = req.prompt_len + req.generated
+            hit = self.pool.lookup(req.path, (p_eff - 1) // self.bs) * self.bs
+            chunk = min(p_eff - hit, self.max_tokens - self.dec.r)
+            if self.pool.available + 1 >= chunk // self.bs or self.conn.mode != "none":
+                return self._truncate(now, after=True)
+        return False
+
+    def on_event(self, now: float) -> None:
+        """The segment in flight ends at `now`: commit it and plan the next one."""
+        if self.seg == WAIT:
+            self._end_wait(now)
+        elif self.seg == MIXED:
+            self._commit_mixed(now)
+        elif self.seg == JUMP:
+            self._commit_jump(now)
+        self.seg = IDLE
+        self._plan(now)
+
+    def _end_wait(self, now: float) -> None:
+        self.kv_integral += self.seg_usage * (now - self.seg_start)
+        self.seg = IDLE
+
+    def split(self, t: float) -> bool:
+        """Cut a decode jump at its last step boundary <= t (telemetry between advances)."""
+        return self.seg == JUMP and self._truncate(t, after=False)
+
+    # --- planning ---------------------------------------------------------------------------
+    def _plan(self, now: float) -> None:
+        self._promote_loaded(now)
+        dec, pool = self.dec, self.pool
+        budget = self.max_tokens
+        preempted = False
+        self._step0 = False
+        if dec.r:
+            need, fill = dec.blocks(1)
+            while need > pool.available and self.running:
+                self._preempt_newest(now)
+                preempted = True
+                need, fill = dec.blocks(1)
+            pool.decode_advance(need, fill)
+            self._step0 = True
+            budget -= dec.r
+        chunks: list[tuple[Req, int]] = []
+        for req in list(self.prefilling.values()):
+            if req.state != PREFILL or budget <= 0:
+                continue
+            n = min(req.prompt_len + req.generated - req.computed, budget)
+            while not pool.reserve(req, req.computed + n):
+                victim = self._preempt_newest(now)
+                preempted = True
+                if victim is req:
+                    break
+            if req.state == PREFILL:
+                chunks.append((req, n))
+                budget -= n
+        extra = 0.0
+        if not preempted:
+            extra, budget = self._admit(now, budget, chunks)
+        if not chunks and not dec.r:
+            self.seg = IDLE
+            if self.loading:
+                self.seg = WAIT
+                self.seg_start = now
+                self.seg_usage = pool.used / pool.total
+                self.seg_end = min(r.ready_at for r in self.loading)
+            return
+        self.seg_start = now
+        self.seg_usage = pool.used / pool.total
+        if not chunks and not preempted and extra == 0.0:
+            self._plan_jump(now)
+            return
+        prefill = [(n, r.computed) for r, n in chunks]
+        secs = self.cost.step(prefill, dec.r, dec.s) * self.factor + extra
+        if chunks and self.conn.store_overhead_s:
+            secs += self.conn.store_overhead_s
+        self.seg, self.seg_chunks, self.seg_k, self.seg_a = MIXED, chunks, 1, secs
+        self.seg_end = now + secs
+
+    def _admit(self, now: float, budget: int, chunks: list[tuple[Req, int]]) -> tuple[float, int]:
+        """Admit waiting requests FCFS; returns (blocking seconds, budget left)."""
+        pool, conn, bs = self.pool, self.conn, self.bs
+        waiting, extra = self.waiting, 0.0
+        while waiting and budget > 0 and len(self.running) < self.max_seqs:
+            req = waiting[0]
+            p_eff = req.prompt_len + req.generated
+            if req.state == LOADED:
+                n = min(p_eff - req.computed, budget)
+                if not pool.reserve(req, req.computed + n):
+                    break
+            else:
+                hit = pool.lookup(req.path, (p_eff - 1) // bs) * bs
+                ext = 0
+                if conn.mode != "none":
+                    # a blocked head is looked up again every step; the connector answers
+                    # repeats from its per-request cache, so only the first one costs
+                    if not req.looked:
+                        extra += conn.lookup_overhead_s
+                    ext = conn.lookup(req, p_eff, hit, not req.looked)
+                    req.looked = True
+                if ext and conn.is_async:
+                    if not pool.reserve(req, hit + ext):
+                        break
+                    self._count_lookup(req, p_eff, hit, ext)
+                    waiting.popleft()
+                    req.computed = hit + ext
+                    req.ready_at = conn.load(req, hit, ext, now)
+                    req.state = LOADING
+                    self.loading.append(req)
+                    if req.first_scheduled < 0:
+                        req.first_scheduled = now
+                    continue
+                n = min(p_eff - hit - ext, budget)
+                if not pool.reserve(req, hit + ext + n):
+                    break
+                self._count_lookup(req, p_eff, hit, ext)
+                if ext:
+                    extra += conn.load(req, hit, ext, now)
+                req.computed = hit + ext
+            waiting.popleft()
+            req.state = PREFILL
+            self._seq += 1
+            req.seq = self._seq
+            self.running[req.seq] = req
+            self.prefilling[req.seq] = req
+            if req.first_scheduled < 0:
+                req.first_scheduled = now
+            chunks.append((req, n))
+            budget -= n
+        return extra, budget
+
+    def _count_lookup(self, req: Req, p_eff: int, hit: int, ext: int) -> None:
+        tel = self.tel.counters
+        tel["prefix_cache_queries_total"] += p_eff
+        tel["prefix_cache_hits_total"] += hit
+        if self.conn.mode != "none":
+            tel["external_prefix_cache_queries_total"] += p_eff
+            tel["external_prefix_cache_hits_total"] += ext
+        self.avoided_tokens += ext
+        if req.admitted_at < 0:
+            req.admitted_at = hit + ext  # cached prompt tokens of the first admission
+            req.ext_tokens = ext
+
+    def _promote_loaded(self, now: float) -> None:
+        if not self.loading:
+            return
+        ready = [r for r in self.loading if r.ready_at <= now]
+        if ready:
+            self.loading = [r for r in self.loading if r.ready_at > now]
+            for req in sorted(ready, key=lambda r: (r.ready_at, r.rid), reverse=True):
+                req.state = LOADED
+                self.waiting.appendleft(req)
+
+    def _plan_jump(self, now: float) -> None:
+        dec, pool = self.dec, self.pool
+        k = min(dec.next_end() - dec.d, 1 + dec.steps_within(pool.available, 1))
+        a = self.cost.step([], dec.r, dec.s) * self.factor
+        b = 0.0
+        if k > 1:
+            b = (self.cost.step([], dec.r, dec.s + dec.r * (k - 1)) * self.factor - a) / (k - 1)
+        self.seg, self.seg_k, self.seg_a, self.seg_b = JUMP, k, a, b
+        self.seg_end = now + self._cum(k)
+        limit = min((r.ready_at for r in self.loading), default=math.inf)
+        limit = min(limit, self.horizon)
+        if self.seg_end > limit > now:
+            self.seg_k = min(k, self._steps_by(limit - now) + 1)
+            self.seg_end = now + self._cum(self.seg_k)
+
+    def _cum(self, m: int) -> float:
+        return m * self.seg_a + self.seg_b * m * (m - 1) / 2.0
+
+    def _steps_by(self, elapsed: float) -> int:
+        """Steps of the current jump that end by `elapsed` seconds after its start."""
+        a, b, k = self.seg_a, self.seg_b, self.seg_k
+        if b <= 1e-15 * a:
+            m = int(elapsed / a) if a > 0 else k
+        else:
+            h = a - b / 2.0
+            m = int((-h + math.sqrt(h * h + 2.0 * b * elapsed)) / b)
+        m = max(0, min(k, m))
+        while m < k and self._cum(m + 1) <= elapsed:
+            m += 1
+        while m > 0 and self._cum(m) > elapsed:
+            m -= 1
+        return m
+
+    def _truncate(self, t: float, *, after: bool) -> bool:
+        m = self._steps_by(t - self.seg_start)
+        k = min(self.seg_k, m + 1) if after else m
+        if k >= self.seg_k or k < 1:
+            return False
+        self.seg_k = k
+        self.seg_end = self.seg_start + self._cum(k)
+        return True
+
+    # --- preemption -------------------------------------------------------------------------
+    def _preempt_newest(self, now: float) -> Req:
+        seq = next(reversed(self.running))
+        req = self.running.pop(seq)
+        pool = self.pool
+        if req.state == DECODE:
+            c = self.dec.remove(req)
+            req.generated = c - req.prompt_len + 1
+            pool.settle_decode(req, c + 1 if self._step0 else c)
+            self._mark_decoded(req, c)
+        else:
+            del self.prefilling[seq]
+            c = req.computed
+        self.conn.store_on_release(req, c, now)
+        pool.release(req)
+        req.computed = 0
+        req.state = WAITING
+        req.looked = False
+        req.num_preemptions += 1
+        self.waiting.appendleft(req)
+        self.preemptions += 1
+        self.tel.counters["preemptions_total"] += 1
+        return req
+
+    # --- commit -----------------------------------------------------------------------------
+    def _account(self, now: float, steps: int, tokens: int) -> None:
+        dur = now - self.seg_start
+        usage = self.pool.used / self.pool.total
+        self.kv_integral += (self.seg_usage + usage) / 2.0 * dur
+        self.busy_time += dur
+        self.steps += steps
+        self.tel.hist["iteration_tokens"].observe(tokens, steps)
+
+    def _commit_mixed(self, now: float) -> None:
+        dec, tel = self.dec, self.tel
+        r = dec.r
+        dec.advance(1)
+        tokens = r
+        if r:
+            tel.counters["generation_tokens_total"] += r
+            tel.hist["inter_token_latency_seconds"].observe(now - self.seg_start, r)
+        for req, n in self.seg_chunks:
+            c0 = req.computed
+            req.computed = c1 = c0 + n
+            tokens += n
+            self._mark_computed(req, c0, c1)
+            self.conn.store(req, c0, c1, now)
+            if c1 == req.prompt_len + req.generated:
+                self._prefill_done(req, now)
+        self.seg_chunks = []
+        self._account(now, 1, tokens)
+        for req in dec.pop_done():
+            self._finish(req, now)
+
+    def _commit_jump(self, now: float) -> None:
+        dec, pool, k = self.dec, self.pool, self.seg_k
+        if k > 1:
+            pool.decode_advance(*dec.blocks(k - 1, 1))
+        r = dec.r
+        dec.advance(k)
+        self.tel.counters["generation_tokens_total"] += r * k
+        self.tel.hist["inter_token_latency_seconds"].observe_linear(self.seg_a, self.seg_b, k, r)
+        self._account(now, k, r)
+        for req in dec.pop_done():
+            self._finish(req, now)
+
+    def _mark_computed(self, req: Req, c0: int, c1: int) -> None:
+        """Count prefill tokens [c0, c1); those computed before anywhere are re-prefill."""
+        tree = self.tree
+        start, end, hw = tree.start, tree.end, tree.hw
+        self.computed_tokens += c1 - c0
+        for n in req.path:
+            s, e = start[n], end[n]
+            if e <= c0:
+                continue
+            if s >= c1:
+                break
+            lo, hi = max(c0, s), min(c1, e)
+            seen = s + hw[n]
+            if seen > lo:
+                self.reprefill_tokens += min(seen, hi) - lo
+            hw[n] = max(hw[n], hi - s)
+
+    def _mark_decoded(self, req: Req, computed: int) -> None:
+        n = req.path[-1]
+        hw = self.tree.hw
+        hw[n] = max(hw[n], computed - self.tree.start[n])
+
+    def _prefill_done(self, req: Req, now: float) -> None:
+        del self.prefilling[req.seq]
+        req.generated += 1
+        req.last_token_t = now
+        if req.first_token < 0:
+            req.first_token = now
+            tel = self.tel
+            tel.counters["prompt_tokens_total"] += req.prompt_len
+            tel.counters["prompt_tokens_cached_total"] += max(0, req.admitted_at)
+            tel.hist["ttft_seconds"].observe(now - req.arrival)
+            tel.hist["request_prefill_kv_computed_tokens"].observe(
+                req.prompt_len - max(0, req.admitted_at)
+            )
+        self.tel.counters["generation_tokens_total"] += 1
+        if req.generated >= req.output_len:
+            self._finish(req, now)
+        else:
+            req.state = DECODE
+            self.dec.add(req, req.computed, req.output_len - req.generated)
+
+    def _finish(self, req: Req, now: float) -> None:
+        if req.state == DECODE:
+            c = self.dec.remove(req)
+            req.generated = req.output_len
+            self.pool.settle_decode(req, c)
+            self._mark_decoded(req, c)
+        else:
+            c = req.computed
+        self.running.pop(req.seq, None)
+        self.conn.store_on_release(req, c, now)
+        self.pool.release(req)
+        req.state = DONE
+        h, tel = self.tel.hist, self.tel
+        tel.finished["stop"] += 1
+        h["e2e_latency_seconds"].observe(now - req.arrival)
+        h["queue_time_seconds"].observe(req.first_scheduled - req.arrival)
+        h["inference_time_seconds"].observe(now - req.first_scheduled)
+        h["prefill_time_seconds"].observe(req.first_token - req.first_scheduled)
+        h["decode_time_seconds"].observe(now - req.first_token)
+        if req.output_len > 1:
+            h["request_tpot_seconds"].observe((now - req.first_token) / (req.output_len - 1))
+        h["request_prompt_tokens"].observe(req.prompt_len)
+        h["request_generation_tokens"].observe(req.output_len)
+        h["request_num_preemptions"].observe(req.num_preemptions)
+        self.on_finish(req, now)
+
+    # --- observation ------------------------------------------------------------------------
+    def check(self) -> None:
+        """Block accounting against a recount (tests): between events, every decoding request
+        has its blocks allocated for one more token than it has computed."""
+        bs, lazy, private = self.bs, 0, 0
+        for req in self.running.values():
+            if req.state == DECODE:
+                c = self.dec.computed(req) + (1 if self._step0 else 0)
+                n0 = self.tree.start[req.path[-1]] // bs
+                held = req.hold_blocks if req.hold_idx == len(req.path) - 1 else 0
+                lazy += max(0, c // bs - n0 - held)
+                private += 1 if c % bs else 0
+            else:
+                private += req.private
+        for req in self.loading:
+            private += req.private
+        for req in self.waiting:
+            if req.state == LOADED:
+                private += req.private
+        self.pool.check(lazy, private)
+        assert self.dec.r == sum(1 for r in self.running.values() if r.state == DECODE)
+        assert all(r.state == PREFILL for r in self.prefilling.values())
+
+    def snapshot(self, t: float) -> EngineSnapshot:
+        pool = self.pool
+        gauges = {
+            "requests_running": float(len(self.running)),
+            "requests_waiting": float(len(self.waiting) + len(self.loading)),
+            "kv_cache_usage_ratio": pool.used / pool.total,
+            "offload_cpu_usage_ratio": self.conn.usage_ratio(),
+        }
+        facts = {"num_gpu_blocks": pool.total, "block_size": self.bs}
+        return self.tel.snapshot(
+            engine=self.idx, node=self.node, offload=self.conn.mode, t=t, gauges=gauges, facts=facts
+        )

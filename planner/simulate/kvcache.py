@@ -1,0 +1,322 @@
+"""Paged KV memory: the GPU block pool with prefix caching, and the prefix LRU of CPU tiers.
+
+Both work on segments of the ContentTree instead of individual blocks: a block belongs to the
+segment holding its last token, and what a pool keeps of a segment is a run of its blocks
+from the segment's start (vLLM frees a request's blocks tail-first, so eviction eats
+sequences from the end; a hit needs the leading blocks). That makes a 6,000-token prompt
+a handful of dictionary operations instead of 375 block objects, with the same accounting.
+
+GPU pool accounting (vLLM v1 BlockPool semantics, counted in blocks):
+    pinned  = blocks referenced by running requests (hashed, full)
+    private = partial (unhashed) last blocks of running requests
+    cached  = hashed blocks present in HBM, referenced or not
+    usage   = (pinned + private) / total          # vLLM kv_cache_usage_perc
+    available for allocation = total - pinned - private   (free + evictable cached)
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+
+from planner.simulate.workload import ContentTree, Req
+
+
+class BlockPool:
+    """One engine's GPU KV blocks with hash-based prefix caching and LRU eviction."""
+
+    __slots__ = (
+        "bs",
+        "cached",
+        "cached_total",
+        "end",
+        "evicted_total",
+        "holders",
+        "lru",
+        "pin",
+        "pinned_total",
+        "prefix_caching",
+        "private_total",
+        "start",
+        "total",
+    )
+
+    def __init__(
+        self, total: int, block_size: int, tree: ContentTree, prefix_caching: bool
+    ) -> None:
+        self.total = total
+        self.bs = block_size
+        self.start = tree.start  # shared lists: nodes appended later are visible
+        self.end = tree.end
+        self.prefix_caching = prefix_caching
+        self.cached: dict[int, int] = {}  # node -> leading blocks of the node in HBM
+        self.pin: dict[int, int] = {}  # node -> leading blocks referenced (max over holders)
+        self.holders: dict[int, int] = {}  # node -> running requests holding some of it
+        self.lru: OrderedDict[int, None] = OrderedDict()  # nodes with evictable blocks, LRU first
+        self.cached_total = 0
+        self.pinned_total = 0
+        self.private_total = 0
+        self.evicted_total = 0
+
+    # --- queries ------------------------------------------------------------------------------
+    @property
+    def available(self) -> int:
+        return self.total - self.pinned_total - self.private_total
+
+    @property
+    def used(self) -> int:
+        return self.pinned_total + self.private_total
+
+    def lookup(self, path: list[int], max_blocks: int) -> int:
+        """Leading blocks of `path` cached in HBM (vLLM find_longest_cache_hit), capped."""
+        if not self.prefix_caching or max_blocks <= 0:
+            return 0
+        bs, start, end, cached = self.bs, self.start, self.end, self.cached
+        total = 0
+        for n in path:
+            nb = end[n] // bs - start[n] // bs
+            c = cached.get(n, 0)
+            if c < nb:
+                total += c
+                break
+            total += nb
+            if total >= max_blocks:
+                break
+        return min(total, max_blocks)
+
+    # --- allocation -------------------------------------------------------------------------
+    def reserve(self, req: Req, target_tokens: int) -> bool:
+        """Hold blocks for `target_tokens` of req's sequence (hits are shared, the rest is
+        allocated, evicting LRU cached blocks as needed). False, and nothing changed, when
+        the pool cannot supply them."""
+        bs, start, end, cached, pin = self.bs, self.start, self.end, self.cached, self.pin
+        path = req.path
+        full = target_tokens // bs
+        priv = 1 if target_tokens % bs else 0
+        # plan: walk from the current holding to `full` blocks, summing the pin increase
+        idx, h = req.hold_idx, req.hold_blocks
+        done = start[path[idx]] // bs + h if idx < len(path) else full
+        delta_pin = 0
+        i = idx
+        while done < full and i < len(path):
+            n = path[i]
+            n0 = start[n] // bs
+            nb = end[n] // bs - n0
+            e = min(nb, full - n0)
+            p = pin.get(n, 0)
+            if e > p:
+                delta_pin += e - p
+            done = n0 + e
+            i += 1
+        if self.pinned_total + delta_pin + self.private_total + priv - req.private > self.total:
+            return False
+        # commit
+        holders = self.holders
+        done = start[path[idx]] // bs + h if idx < len(path) else full
+        i = idx
+        while done < full and i < len(path):
+            n = path[i]
+            n0 = start[n] // bs
+            nb = end[n] // bs - n0
+            e = min(nb, full - n0)
+            if e > 0:
+                if i != idx or h == 0:
+                    holders[n] = holders.get(n, 0) + 1
+                c = cached.get(n, 0)
+                if e > c:
+                    cached[n] = e
+                    self.cached_total += e - c
+                p = pin.get(n, 0)
+                if e > p:
+                    pin[n] = e
+                    self.pinned_total += e - p
+            done = n0 + e
+            if e >= nb and done < full:
+                i += 1
+                h = 0
+            else:
+                h = e
+                break
+        req.hold_idx, req.hold_blocks = i, h
+        self.private_total += priv - req.private
+        req.private = priv
+        over = self.cached_total + self.private_total - self.total
+        if over > 0:
+            self._evict(over)
+        return True
+
+    def decode_advance(self, new_blocks: int, filled_blocks: int) -> None:
+        """Aggregate effect of decode steps: `new_blocks` partial blocks allocated and
+        `filled_blocks` partial blocks became full (hashed, still referenced)."""
+        self.private_total += new_blocks - filled_blocks
+        self.cached_total += filled_blocks
+        self.pinned_total += filled_blocks
+        over = self.cached_total + self.private_total - self.total
+        if over > 0:
+            self._evict(over)
+
+    def settle_decode(self, req: Req, computed: int) -> None:
+        """Bring req's per-node holding up to `computed` tokens after aggregated decode steps
+        (totals were already counted by decode_advance; the new blocks are all in req's output
+        segment, which nobody else holds)."""
+        bs = self.bs
+        last = len(req.path) - 1
+        n = req.path[last]
+        if req.hold_idx < last:
+            req.hold_idx, req.hold_blocks = last, 0
+        h = computed // bs - self.start[n] // bs
+        if h > req.hold_blocks:
+            if req.hold_blocks == 0:
+                self.holders[n] = self.holders.get(n, 0) + 1
+            self.cached[n] = h
+            self.pin[n] = h
+            req.hold_blocks = h
+        req.private = 1 if computed % bs else 0
+
+    def release(self, req: Req) -> None:
+        """Drop req's references (finish or preemption); its blocks stay cached, newest
+        sequence position first in line for eviction (vLLM frees blocks in reverse order)."""
+        path, holders, pin, lru = req.path, self.holders, self.pin, self.lru
+        last = min(req.hold_idx, len(path) - 1) if req.hold_blocks else req.hold_idx - 1
+        for i in range(last, -1, -1):
+            n = path[i]
+            k = holders.get(n, 0)
+            if k <= 0:
+                continue
+            if k == 1:
+                del holders[n]
+                self.pinned_total -= pin.pop(n, 0)
+                if not self.prefix_caching:
+                    self.cached_total -= self.cached.pop(n, 0)
+                elif self.cached.get(n, 0):
+                    lru[n] = None
+                    lru.move_to_end(n)
+            else:
+                holders[n] = k - 1
+        self.private_total -= req.private
+        req.private = 0
+        req.hold_idx = req.hold_blocks = 0
+
+    def _evict(self, count: int) -> None:
+        cached, pin, lru = self.cached, self.pin, self.lru
+        self.evicted_total += count
+        while count > 0:
+            n, _ = lru.popitem(last=False)  # KeyError here would be an accounting bug
+            c = cached.get(n, 0)
+            e = c - pin.get(n, 0)
+            if e <= 0:
+                continue
+            take = e if e < count else count
+            count -= take
+            self.cached_total -= take
+            if c == take:
+                del cached[n]
+            else:
+                cached[n] = c - take
+                if take < e:
+                    lru[n] = None
+                    lru.move_to_end(n, last=False)
+
+    def check(self, lazy_full: int = 0, private: int | None = None) -> None:
+        """Recount every total from the per-node maps (tests; O(nodes)). `lazy_full` = blocks
+        filled by aggregated decode steps not yet settled into their nodes; `private` = the
+        expected partial blocks of running requests."""
+        assert self.cached_total == sum(self.cached.values()) + lazy_full, "cached_total drifted"
+        assert self.pinned_total == sum(self.pin.values()) + lazy_full, "pinned_total drifted"
+        assert self.private_total >= 0, "negative private blocks"
+        if private is not None:
+            assert self.private_total == private, "private blocks leaked"
+        assert self.pinned_total + self.private_total <= self.total, "over-committed"
+        assert self.cached_total + self.private_total <= self.total, "more blocks than HBM"
+        for n, p in self.pin.items():
+            assert 0 < p <= self.cached.get(n, 0), f"node {n} pinned beyond cached"
+        for n, k in self.holders.items():
+            assert k > 0 and n in self.pin, f"node {n} held but not pinned"
+
+
+class PrefixLRU:
+    """A CPU-side KV store (native offload pool, LMCache L1 or L2) in units of `unit` tokens,
+    keeping per segment a leading run of units, evicting least-recently-used segments from
+    their tails."""
+
+    __slots__ = ("cached", "capacity", "end", "evicted", "lru", "start", "unit", "used")
+
+    def __init__(self, capacity_units: float, unit_tokens: int, tree: ContentTree) -> None:
+        self.capacity = capacity_units
+        self.unit = unit_tokens
+        self.start = tree.start
+        self.end = tree.end
+        self.cached: dict[int, int] = {}
+        self.lru: OrderedDict[int, None] = OrderedDict()
+        self.used = 0
+        self.evicted = 0
+
+    def lookup(self, path: list[int], max_units: int) -> int:
+        u, start, end, cached = self.unit, self.start, self.end, self.cached
+        total = 0
+        for n in path:
+            nb = end[n] // u - start[n] // u
+            c = cached.get(n, 0)
+            if c < nb:
+                total += c
+                break
+            total += nb
+            if total >= max_units:
+                break
+        return min(total, max_units)
+
+    def touch(self, path: list[int], units: int) -> None:
+        """Mark the segments covering the first `units` units as recently used."""
+        u, start, lru = self.unit, self.start, self.lru
+        for n in reversed(path):
+            if start[n] // u < units and n in self.cached:
+                lru[n] = None
+                lru.move_to_end(n)
+
+    def store(self, path: list[int], from_tokens: int, to_tokens: int) -> int:
+        """Store the full units of tokens [from_tokens, to_tokens) of `path`; returns the units
+        newly written (units already present are skipped, as both vLLM and LMCache do)."""
+        u, start, end, cached, lru = self.unit, self.start, self.end, self.cached, self.lru
+        lo, hi = from_tokens // u, to_tokens // u
+        if hi <= lo or self.capacity < 1:
+            return 0
+        written = 0
+        touched: list[int] = []
+        for n in path:
+            n0 = start[n] // u
+            nb = end[n] // u - n0
+            if n0 + nb <= lo:
+                continue
+            if n0 >= hi:
+                break
+            e = min(nb, hi - n0)
+            c = cached.get(n, 0)
+            if e > c:
+                cached[n] = e
+                written += e - c
+            touched.append(n)
+        for n in reversed(touched):
+            lru[n] = None
+            lru.move_to_end(n)
+        self.used += written
+        over = self.used - self.capacity
+        if over > 0:
+            self._evict(int(over) + (0 if over == int(over) else 1))
+        return written
+
+    def _evict(self, count: int) -> None:
+        cached, lru = self.cached, self.lru
+        while count > 0 and lru:
+            n, _ = lru.popitem(last=False)
+            c = cached.get(n, 0)
+            if c <= 0:
+                continue
+            take = min(c, count)
+            count -= take
+            self.used -= take
+            self.evicted += take
+            if c == take:
+                del cached[n]
+            else:
+                cached[n] = c - take
+                lru[n] = None
+                lru.move_to_end(n, last=False)

@@ -1,0 +1,175 @@
+"""LMCache: an L1 CPU-DRAM pool shared by engines (per engine, node or cluster), in chunks of
+256 tokens with LRU eviction, plus an optional L2 tier, so one engine's prefill serves
+another engine's hit.
+
+Model (LMCache 0.3-0.5 with vLLM's LMCache connector):
+- lookup: each admitted request asks the pool for the longest chunk prefix in L1 ∪ L2
+  (`lookup_overhead_s`, blocking the scheduler step); hits beyond the GPU prefix hit are loaded.
+- load: L1 -> GPU at `bandwidth_gbps` per GPU plus `latency_ms` per chunk; L2 -> L1 -> GPU at the
+  L2 tier's bandwidth and per-object latency (chunks promoted to L1). The in-process
+  connector loads inside the forward pass, so by default the load blocks the step
+  (`async_load: true` makes it overlap like native offload).
+- store: the full chunks of newly prefilled prompt tokens are written to L1 (and through to
+  L2) asynchronously; `store_overhead_s` per storing step is the blocking part. Decode tokens
+  are not stored (LMCache save_decode_cache defaults to false).
+"""
+
+from __future__ import annotations
+
+import math
+
+from planner.costmodel import transfer_seconds
+from planner.simulate.kvcache import PrefixLRU
+from planner.simulate.offload import Connector
+from planner.simulate.scenario import ClusterSpec
+from planner.simulate.telemetry import PoolTelemetry
+from planner.simulate.workload import ContentTree, Req
+
+
+class LMCachePool:
+    """One LMCache server: L1 (CPU DRAM) and optionally L2, shared by `engines`."""
+
+    def __init__(
+        self, idx: int, scope: str, engines: tuple[int, ...], spec: ClusterSpec, tree: ContentTree
+    ) -> None:
+        self.idx = idx
+        self.scope = scope
+        self.engines = engines
+        lmc = spec.lmcache
+        self.cs = lmc.chunk_size
+        self.chunk_bytes = lmc.chunk_size * spec.kv_bytes_per_token_engine
+        self.l1 = PrefixLRU(spec.cpu_cache_bytes / self.chunk_bytes, lmc.chunk_size, tree)
+        self.l2 = (
+            PrefixLRU(lmc.l2.size_bytes / self.chunk_bytes, lmc.chunk_size, tree)
+            if lmc.l2 is not None
+            else None
+        )
+        self.l2_spec = lmc.l2
+        self.tel = PoolTelemetry()
+        self._l1_evicted = 0
+        self._l2_evicted = 0
+
+    def lookup(self, path: list[int], max_chunks: int) -> tuple[int, int]:
+        """(chunks from L1, chunks in total) of path's longest stored prefix, capped."""
+        cs, start, end = self.cs, self.l1.start, self.l1.end
+        c1map = self.l1.cached
+        c2map = self.l2.cached if self.l2 is not None else {}
+        l1 = total = 0
+        for n in path:
+            nb = end[n] // cs - start[n] // cs
+            c1 = c1map.get(n, 0)
+            c2 = c2map.get(n, 0) if c2map else 0
+            avail = c1 if c1 >= c2 else c2
+            if avail < nb:
+                total += avail
+                l1 += c1
+                break
+            total += nb
+            l1 += c1 if c1 < nb else nb
+            if total >= max_chunks:
+                break
+        total = min(total, max_chunks)
+        return min(l1, total), total
+
+    def store(self, path: list[int], from_tokens: int, to_tokens: int) -> int:
+        written = self.l1.store(path, from_tokens, to_tokens)
+        tel = self.tel
+        if written:
+            tel.add("lmcache_l1_write_chunks_total", written)
+        if self.l2 is not None:
+            w2 = self.l2.store(path, from_tokens, to_tokens)  # write-through
+            if w2:
+                tel.add("lmcache_l2_store_completed_chunks_total", w2)
+        self._sync_evictions()
+        return written
+
+    def _sync_evictions(self) -> None:
+        if self.l1.evicted != self._l1_evicted:
+            self.tel.add("lmcache_l1_evicted_chunks_total", self.l1.evicted - self._l1_evicted)
+            self._l1_evicted = self.l1.evicted
+        if self.l2 is not None and self.l2.evicted != self._l2_evicted:
+            self.tel.add("lmcache_l2_evicted_chunks_total", self.l2.evicted - self._l2_evicted)
+            self._l2_evicted = self.l2.evicted
+
+    def gauges(self) -> dict[str, float]:
+        used = self.l1.used * self.chunk_bytes
+        cap = self.l1.capacity * self.chunk_bytes
+        out = {"lmcache_l1_usage_bytes": used, "lmcache_l1_usage_ratio": used / cap if cap else 0.0}
+        if self.l2 is not None:
+            out["lmcache_l2_usage_bytes"] = self.l2.used * self.chunk_bytes
+        return out
+
+
+class LMCacheConnector(Connector):
+    """An engine's view of its LMCache pool."""
+
+    mode = "lmcache"
+
+    def __init__(self, spec: ClusterSpec, pool: LMCachePool) -> None:
+        lmc = spec.lmcache
+        self.pool = pool
+        self.cs = lmc.chunk_size
+        self.is_async = lmc.async_load
+        self.lookup_overhead_s = lmc.lookup_overhead_s
+        self.store_overhead_s = lmc.store_overhead_s
+        self.read_Bps = lmc.read_Bps
+        self.latency = lmc.latency_s
+        self.kv_gpu = spec.kv_bytes_per_token_gpu
+        self.kv_engine = spec.kv_bytes_per_token_engine
+        self.link_free = 0.0
+        self._l1_chunks: dict[int, int] = {}  # rid -> L1 chunks of the last lookup
+
+    def lookup(self, req: Req, p_eff: int, hit_tokens: int, count: bool = True) -> int:
+        cs, tel = self.cs, self.pool.tel
+        l1, total = self.pool.lookup(req.path, (p_eff - 1) // cs)
+        if count:
+            tel.add("lmcache_lookups_total", 1)
+            tel.add("lmcache_requested_tokens_total", p_eff)
+            tel.add("lmcache_hit_tokens_total", total * cs)
+            tel.add("lmcache_hit_l1_tokens_total", l1 * cs)
+            tel.add("lmcache_hit_l2_tokens_total", (total - l1) * cs)
+        ext = total * cs - hit_tokens
+        if ext <= 0:
+            return 0
+        self._l1_chunks[req.rid] = l1
+        return ext
+
+    def load(self, req: Req, hit_tokens: int, ext_tokens: int, now: float) -> float:
+        pool, cs = self.pool, self.cs
+        l1 = self._l1_chunks.pop(req.rid, 0)
+        end_tokens = hit_tokens + ext_tokens
+        l1_tokens = max(0, min(ext_tokens, l1 * cs - hit_tokens))
+        l2_tokens = ext_tokens - l1_tokens
+        secs = 0.0
+        if l1_tokens:
+            chunks = math.ceil(l1_tokens / cs)
+            secs += transfer_seconds(
+                l1_tokens * self.kv_gpu, self.read_Bps, latency_s=self.latency, objects=chunks
+            )
+            pool.tel.add("lmcache_l1_read_chunks_total", chunks)
+        if l2_tokens and pool.l2_spec is not None:
+            l2 = pool.l2_spec
+            chunks = math.ceil(l2_tokens / cs)
+            secs += transfer_seconds(
+                l2_tokens * self.kv_engine,
+                l2.read_Bps,
+                latency_s=l2.latency_s,
+                objects=chunks,
+                concurrency=l2.concurrency,
+            )
+            secs += transfer_seconds(l2_tokens * self.kv_gpu, self.read_Bps)  # L1 -> GPU
+            pool.tel.add("lmcache_l2_load_completed_chunks_total", chunks)
+            pool.l1.store(req.path, hit_tokens + l1_tokens, end_tokens)  # promoted to L1
+            pool._sync_evictions()
+        pool.l1.touch(req.path, end_tokens // cs)
+        if not self.is_async:
+            return secs
+        self.link_free = max(now, self.link_free) + secs
+        return self.link_free
+
+    def store(self, req: Req, from_tokens: int, to_tokens: int, now: float) -> int:
+        return self.pool.store(req.path, from_tokens, to_tokens)
+
+    def usage_ratio(self) -> float:
+        cap = self.pool.l1.capacity
+        return min(1.0, self.pool.l1.used / cap) if cap else 0.0

@@ -1,0 +1,402 @@
+"""Scenario files: the cluster, its offload set-up, the workload, duration and seed.
+
+`load_scenario(path)` / `parse_scenario(mapping)` validate everything (unknown keys and
+impossible values raise ConfigError naming the dotted key) and resolve the hardware through
+planner.hardware / planner.costmodel. Every default below is documented with its source in
+planner/simulate/PARAMETERS.md; `Scenario.params` lists each value used and its origin.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from collector.errors import ConfigError
+from planner import costmodel
+from planner.hardware import GPU, Model, get_gpu, get_model, get_tier, with_kv_dtype
+from planner.simulate.spec import Param, Section
+from planner.simulate.workload_spec import WorkloadSpec, parse_workload
+
+GB = 1e9
+OFFLOAD_MODES = ("none", "native", "lmcache")
+ROUTERS = ("round_robin", "least_loaded", "prefix_affinity")
+SCOPES = ("engine", "node", "cluster")
+CLUSTER_KEYS = frozenset(
+    {
+        "nodes",
+        "gpus_per_node",
+        "gpu",
+        "model",
+        "tensor_parallel",
+        "gpu_memory_utilization",
+        "offload",
+        "cpu_cache_gb",
+        "engines_offload",
+        "lmcache_scope",
+        "max_num_seqs",
+        "max_num_batched_tokens",
+        "block_size",
+        "num_gpu_blocks",
+        "kv_cache_dtype",
+        "mfu",
+        "hbm_efficiency",
+        "pcie_gbps",
+        "step_overhead_s",
+        "activation_reserve_gb",
+        "router",
+        "enable_prefix_caching",
+        "native",
+        "lmcache",
+    }
+)
+
+# Sources of the defaults (PARAMETERS.md repeats them with the reasoning).
+SRC_VLLM_SCHED = "default: vLLM SchedulerConfig (max_num_seqs 256)"
+SRC_VLLM_BUDGET = "default: vLLM arg_utils max_num_batched_tokens for the OpenAI server (8192)"
+SRC_VLLM_CACHE = "default: vLLM CacheConfig (block_size 16, gpu_memory_utilization 0.9)"
+SRC_MFU = "default: costmodel.DEFAULT_MFU (numbers.md: prefill MFU 40-60 % prior)"
+SRC_HBM = "default: costmodel.DEFAULT_HBM_EFFICIENCY (numbers.md: decode at ~0.7 of HBM bw)"
+SRC_OVERHEAD = "default: costmodel.DEFAULT_STEP_OVERHEAD_S (assumption: fit from ITL)"
+SRC_RESERVE = "default: costmodel.DEFAULT_ACTIVATION_RESERVE_BYTES (assumption, 2 GiB)"
+SRC_NATIVE = "default: vLLM blog 2026-01-08, DMA offload path costs ~0.5 % at 0 % hit"
+SRC_CHUNK = "default: LMCache --chunk-size 256 (numbers.md)"
+SRC_LOOKUP = "default: assumption, fitted so LMCache with nothing to reuse costs ~1-3 %"
+SRC_SCOPE = "default: one LMCache server per node (numbers.md, K8s DaemonSet pattern)"
+SRC_CPU = "default: assumption (100 GB host DRAM per engine / pool)"
+
+
+@dataclass(frozen=True, slots=True)
+class NativeSpec:
+    """vLLM's OffloadingConnector (engine-local CPU pool, async DMA over PCIe)."""
+
+    step_overhead: float  # fractional step-time cost of the store path when nothing hits
+    latency_s: float  # per transfer
+
+
+@dataclass(frozen=True, slots=True)
+class L2Spec:
+    name: str
+    read_Bps: float  # noqa: N815
+    write_Bps: float  # noqa: N815
+    latency_s: float  # per chunk object
+    concurrency: int
+    size_bytes: float  # math.inf = unbounded
+
+
+@dataclass(frozen=True, slots=True)
+class LMCacheSpec:
+    chunk_size: int
+    lookup_overhead_s: float  # per admitted request, blocks the step (vLLM scheduler lookup)
+    store_overhead_s: float  # per step that stores chunks, blocks the step
+    read_Bps: float  # noqa: N815 - L1 -> GPU, per GPU
+    write_Bps: float  # noqa: N815 - GPU -> L1, per GPU (stores are asynchronous)
+    latency_s: float  # per chunk read from L1
+    async_load: bool
+    l2: L2Spec | None
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterSpec:
+    nodes: int
+    gpus_per_node: int
+    gpu: GPU
+    model: Model
+    tensor_parallel: int
+    gpu_memory_utilization: float
+    offload: str
+    cpu_cache_bytes: float
+    engines_offload: tuple[str, ...]  # one mode per engine
+    lmcache_scope: str
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    block_size: int
+    num_gpu_blocks: int
+    mfu: float
+    hbm_efficiency: float
+    pcie_Bps: float  # noqa: N815 - one way, per GPU
+    step_overhead_s: float
+    router: str
+    enable_prefix_caching: bool
+    native: NativeSpec
+    lmcache: LMCacheSpec
+    kv_bytes_per_token_gpu: float  # on one GPU of the TP group
+    kv_bytes_per_token_engine: float  # unique bytes the engine holds (what a tier stores)
+
+    @property
+    def engines_per_node(self) -> int:
+        return self.gpus_per_node // self.tensor_parallel
+
+    @property
+    def num_engines(self) -> int:
+        return self.nodes * self.engines_per_node
+
+
+@dataclass(frozen=True, slots=True)
+class Scenario:
+    cluster: ClusterSpec
+    workload: WorkloadSpec
+    duration_s: float
+    warmup_s: float
+    seed: int
+    name: str
+    raw: Mapping[str, Any]
+    params: tuple[Param, ...]
+
+
+def load_scenario(path: str | Path) -> Scenario:
+    """Read and validate a scenario YAML file."""
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(f"{p}: cannot read scenario: {exc.strerror or exc}") from exc
+    try:
+        raw = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{p}: not valid YAML: {exc}") from exc
+    return parse_scenario(raw, where=str(p), base_dir=p.parent)
+
+
+def parse_scenario(raw: object, where: str = "scenario", base_dir: Path | None = None) -> Scenario:
+    """Validate a scenario mapping (as read from YAML)."""
+    params: list[Param] = []
+    top = Section(raw, "", where, params)
+    cluster = _parse_cluster(top.section("cluster"))
+    workload = parse_workload(top.section("workload"), base_dir)
+    duration = top.number("duration_s", 600.0, low=0.0, low_open=True, source="default: 600 s")
+    warmup = top.number("warmup_s", 0.0, low=0.0, source="default: no warm-up")
+    if warmup >= duration:
+        raise top.fail("warmup_s", f"must be < duration_s ({duration:g}), got {warmup:g}")
+    seed = top.integer("seed", 1, low=0, source="default: 1")
+    name = top.string("name", Path(where).stem if where != "scenario" else "scenario")
+    top.finish()
+    assert isinstance(raw, Mapping)
+    return Scenario(cluster, workload, duration, warmup, seed, name, raw, tuple(params))
+
+
+def _parse_cluster(sec: Section) -> ClusterSpec:
+    nodes = sec.integer("nodes", 1, low=1, high=4096, source="default: 1 node")
+    gpn = sec.integer("gpus_per_node", 8, low=1, high=64, source="default: 8 GPUs per node")
+    gpu_name = sec.string("gpu", "h100-80gb", source="default: H100 SXM5 80 GB")
+    model_name = sec.string("model", "llama-3.1-8b", source="default: Llama-3.1-8B")
+    kv_dtype = sec.choice(
+        "kv_cache_dtype",
+        "auto",
+        ("auto", "bf16", "fp16", "fp8"),
+        source="default: vLLM --kv-cache-dtype auto",
+    )
+    try:
+        gpu = get_gpu(gpu_name)
+    except ConfigError as exc:
+        raise sec.fail("gpu", str(exc)) from exc
+    try:
+        model = with_kv_dtype(get_model(model_name), kv_dtype)
+    except ConfigError as exc:
+        raise sec.fail("model", str(exc)) from exc
+    tp = sec.integer("tensor_parallel", 1, low=1, source="default: TP 1")
+    if tp > gpn:
+        raise sec.fail("tensor_parallel", f"{tp} is larger than gpus_per_node ({gpn})")
+    if gpn % tp:
+        raise sec.fail("tensor_parallel", f"{tp} does not divide gpus_per_node ({gpn})")
+    try:
+        kv_gpu = costmodel.kv_bytes_per_token(model, tp)
+    except ConfigError as exc:
+        raise sec.fail("tensor_parallel", str(exc)) from exc
+    util = sec.number(
+        "gpu_memory_utilization", 0.9, low=0.0, low_open=True, high=1.0, source=SRC_VLLM_CACHE
+    )
+    reserve = sec.number(
+        "activation_reserve_gb",
+        costmodel.DEFAULT_ACTIVATION_RESERVE_BYTES / GB,
+        low=0.0,
+        source=SRC_RESERVE,
+    )
+    block = sec.integer("block_size", 16, low=1, high=256, source=SRC_VLLM_CACHE)
+    blocks_given = sec.optional_integer(
+        "num_gpu_blocks",
+        source="derived: HBM x utilization - weights - reserve, / KV bytes per token",
+    )
+    try:
+        capacity = costmodel.hbm_kv_capacity_tokens(model, gpu, tp, util, reserve * GB)
+    except ConfigError as exc:
+        raise sec.fail("gpu_memory_utilization", str(exc)) from exc
+    num_blocks = blocks_given if blocks_given is not None else capacity // block
+    if num_blocks < 1:
+        raise sec.fail("gpu_memory_utilization", f"leaves no KV block for {model.name}")
+    max_seqs = sec.integer("max_num_seqs", 256, low=1, high=65536, source=SRC_VLLM_SCHED)
+    budget = sec.integer("max_num_batched_tokens", 8192, low=1, source=SRC_VLLM_BUDGET)
+    if budget < max_seqs:
+        raise sec.fail(
+            "max_num_batched_tokens",
+            f"{budget} is smaller than max_num_seqs ({max_seqs}); vLLM rejects it",
+        )
+    mfu = sec.number("mfu", costmodel.DEFAULT_MFU, low=0.0, low_open=True, high=1.0, source=SRC_MFU)
+    hbm_eff = sec.number(
+        "hbm_efficiency",
+        costmodel.DEFAULT_HBM_EFFICIENCY,
+        low=0.0,
+        low_open=True,
+        high=1.0,
+        source=SRC_HBM,
+    )
+    pcie = (
+        sec.number(
+            "pcie_gbps",
+            gpu.pcie_Bps / GB,
+            low=0.0,
+            low_open=True,
+            source=f"default: {gpu.name} pcie (hardware catalogue)",
+        )
+        * GB
+    )
+    overhead = sec.number(
+        "step_overhead_s", costmodel.DEFAULT_STEP_OVERHEAD_S, low=0.0, source=SRC_OVERHEAD
+    )
+    router = sec.choice("router", "round_robin", ROUTERS, source="default: round_robin")
+    prefix = sec.boolean("enable_prefix_caching", True, source="default: vLLM v1 enables it")
+    offload = sec.choice("offload", "none", OFFLOAD_MODES, source="default: no offload")
+    n_engines = nodes * (gpn // tp)
+    per_engine = _engines_offload(sec, offload, n_engines)
+    any_offload = any(m != "none" for m in per_engine)
+    cpu_gb = sec.number("cpu_cache_gb", 100.0 if any_offload else 0.0, low=0.0, source=SRC_CPU)
+    if any_offload and cpu_gb <= 0:
+        raise sec.fail("cpu_cache_gb", "must be > 0 when an engine offloads")
+    scope = sec.choice("lmcache_scope", "node", SCOPES, source=SRC_SCOPE)
+    native = _parse_native(sec.section("native"))
+    lmc = _parse_lmcache(sec.section("lmcache"))
+    sec.finish()
+    return ClusterSpec(
+        nodes=nodes,
+        gpus_per_node=gpn,
+        gpu=gpu,
+        model=model,
+        tensor_parallel=tp,
+        gpu_memory_utilization=util,
+        offload=offload,
+        cpu_cache_bytes=cpu_gb * GB,
+        engines_offload=per_engine,
+        lmcache_scope=scope,
+        max_num_seqs=max_seqs,
+        max_num_batched_tokens=budget,
+        block_size=block,
+        num_gpu_blocks=int(num_blocks),
+        mfu=mfu,
+        hbm_efficiency=hbm_eff,
+        pcie_Bps=pcie,
+        step_overhead_s=overhead,
+        router=router,
+        enable_prefix_caching=prefix,
+        native=native,
+        lmcache=lmc,
+        kv_bytes_per_token_gpu=kv_gpu,
+        kv_bytes_per_token_engine=costmodel.kv_bytes_per_token_engine(model),
+    )
+
+
+def _engines_offload(sec: Section, offload: str, n_engines: int) -> tuple[str, ...]:
+    value = sec.raw("engines_offload")
+    if value is None:
+        return (offload,) * n_engines
+    if not isinstance(value, list) or len(value) != n_engines:
+        raise sec.fail("engines_offload", f"must be a list of {n_engines} modes (one per engine)")
+    out = []
+    for i, mode in enumerate(value):
+        if not isinstance(mode, str) or mode.lower() not in OFFLOAD_MODES:
+            raise sec.fail(
+                f"engines_offload[{i}]", f"must be one of {', '.join(OFFLOAD_MODES)}, got {mode!r}"
+            )
+        out.append(mode.lower())
+    sec.params.append(Param(sec.key("engines_offload"), list(out), "scenario"))
+    return tuple(out)
+
+
+def _parse_native(sec: Section) -> NativeSpec:
+    tier = get_tier("cpu-dram-pcie")
+    frac = sec.number("step_overhead", 0.005, low=0.0, high=1.0, source=SRC_NATIVE)
+    lat = (
+        sec.number(
+            "latency_ms",
+            tier.latency_s * 1e3,
+            low=0.0,
+            source=f"default: tier cpu-dram-pcie ({tier.source})",
+        )
+        / 1e3
+    )
+    sec.finish()
+    return NativeSpec(frac, lat)
+
+
+def _parse_lmcache(sec: Section) -> LMCacheSpec:
+    tier = get_tier("lmcache-cpu-loopback")
+    tier_src = "default: tier lmcache-cpu-loopback (numbers.md: 13-22 GB/s loopback)"
+    chunk = sec.integer("chunk_size", costmodel.LMCACHE_CHUNK_TOKENS, low=1, source=SRC_CHUNK)
+    lookup = sec.number("lookup_overhead_s", 1e-3, low=0.0, source=SRC_LOOKUP)
+    store = sec.number("store_overhead_s", 2e-4, low=0.0, source=SRC_LOOKUP)
+    read = (
+        sec.number("bandwidth_gbps", tier.read_Bps / GB, low=0.0, low_open=True, source=tier_src)
+        * GB
+    )
+    write = (
+        sec.number(
+            "store_bandwidth_gbps", tier.write_Bps / GB, low=0.0, low_open=True, source=tier_src
+        )
+        * GB
+    )
+    lat = sec.number("latency_ms", tier.latency_s * 1e3, low=0.0, source=tier_src) / 1e3
+    async_load = sec.boolean(
+        "async_load", False, source="default: in-process connector loads inside the forward"
+    )
+    l2 = _parse_l2(sec.section("l2")) if sec.has("l2") else None
+    if l2 is None:
+        sec.raw("l2")
+    sec.finish()
+    return LMCacheSpec(chunk, lookup, store, read, write, lat, async_load, l2)
+
+
+def _parse_l2(sec: Section) -> L2Spec:
+    name = "custom"
+    read = write = lat = None
+    concurrency = 1
+    if sec.has("tier"):
+        name = sec.string("tier", "")
+        try:
+            tier = get_tier(name)
+        except ConfigError as exc:
+            raise sec.fail("tier", str(exc)) from exc
+        read, write, lat, concurrency = (
+            tier.read_Bps,
+            tier.write_Bps,
+            tier.latency_s,
+            tier.concurrency,
+        )
+        src = f"default: tier {name}"
+    else:
+        sec.raw("tier")
+        if not sec.has("bandwidth_gbps"):
+            raise sec.fail("bandwidth_gbps", "is required when no tier is named")
+        src = "scenario"
+    read_bw = (
+        sec.number("bandwidth_gbps", (read or 1.0) / GB, low=0.0, low_open=True, source=src) * GB
+    )
+    write_bw = (
+        sec.number(
+            "write_bandwidth_gbps", (write or read_bw) / GB, low=0.0, low_open=True, source=src
+        )
+        * GB
+    )
+    latency = sec.number("latency_ms", (lat or 0.0) * 1e3, low=0.0, source=src) / 1e3
+    conc = sec.integer("concurrency", concurrency, low=1, source=src)
+    size = (
+        sec.number("size_gb", math.inf, low=0.0, low_open=True, source="default: unbounded") * GB
+        if sec.has("size_gb")
+        else math.inf
+    )
+    if not sec.has("size_gb"):
+        sec.raw("size_gb")
+    sec.finish()
+    return L2Spec(name, read_bw, write_bw, latency, conc, size)

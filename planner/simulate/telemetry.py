@@ -1,0 +1,225 @@
+"""Cumulative telemetry of simulated engines and LMCache pools, keyed by canonical signal names.
+
+Counters and histograms only ever grow (like a real exporter), so a server can render them
+between `Simulation.advance_to()` calls; `snapshot()` returns frozen records. Histogram
+bucket bounds come from collector.catalog (the vLLM / LMCache exporters' own bounds) unless
+injected. No vendor metric name is spelled here: collector/catalog.py maps these signals to
+what vLLM and LMCache expose.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+# Histogram signals an engine observes (canonical names from collector/catalog.py).
+ENGINE_HISTOGRAMS = (
+    "ttft_seconds",
+    "e2e_latency_seconds",
+    "queue_time_seconds",
+    "inference_time_seconds",
+    "prefill_time_seconds",
+    "decode_time_seconds",
+    "inter_token_latency_seconds",
+    "request_tpot_seconds",
+    "request_prompt_tokens",
+    "request_generation_tokens",
+    "request_prefill_kv_computed_tokens",
+    "request_num_preemptions",
+    "iteration_tokens",
+)
+ENGINE_COUNTERS = (
+    "preemptions_total",
+    "prompt_tokens_total",
+    "generation_tokens_total",
+    "prefix_cache_queries_total",
+    "prefix_cache_hits_total",
+    "external_prefix_cache_queries_total",
+    "external_prefix_cache_hits_total",
+    "prompt_tokens_cached_total",
+)
+FINISHED_REASONS = ("stop", "length", "abort", "error", "repetition")  # vLLM pre-creates all five
+LMCACHE_COUNTERS = (
+    "lmcache_requested_tokens_total",
+    "lmcache_hit_tokens_total",
+    "lmcache_hit_l1_tokens_total",
+    "lmcache_hit_l2_tokens_total",
+    "lmcache_lookups_total",
+    "lmcache_l1_read_chunks_total",
+    "lmcache_l1_write_chunks_total",
+    "lmcache_l1_evicted_chunks_total",
+    "lmcache_l2_store_completed_chunks_total",
+    "lmcache_l2_load_completed_chunks_total",
+    "lmcache_l2_evicted_chunks_total",
+)
+
+
+def default_buckets() -> dict[str, tuple[float, ...]]:
+    """Bucket bounds per histogram signal, as the real exporters use them."""
+    from collector import catalog
+
+    return {name: tuple(catalog.SIGNALS[name].buckets) for name in ENGINE_HISTOGRAMS}
+
+
+class Histogram:
+    """Prometheus-style histogram: non-cumulative bucket counts (+Inf last), sum, count.
+
+    Single observations are buffered and bucketed in bulk when read (the simulator makes
+    millions; bisecting each one would dominate its run time).
+    """
+
+    __slots__ = ("bounds", "count", "counts", "pending", "total")
+
+    def __init__(self, bounds: tuple[float, ...]) -> None:
+        self.bounds = bounds
+        self.counts = [0] * (len(bounds) + 1)
+        self.total = 0.0
+        self.count = 0
+        self.pending: list[float] = []
+
+    def observe(self, value: float, weight: int = 1) -> None:
+        if weight == 1:
+            self.pending.append(value)
+            if len(self.pending) >= 65536:
+                self.flush()
+            return
+        self.counts[bisect.bisect_left(self.bounds, value)] += weight
+        self.total += value * weight
+        self.count += weight
+
+    def flush(self) -> None:
+        if not self.pending:
+            return
+        import numpy as np
+
+        values = np.asarray(self.pending, dtype=float)
+        idx = np.searchsorted(np.asarray(self.bounds, dtype=float), values, side="left")
+        for i, c in enumerate(np.bincount(idx, minlength=len(self.counts)).tolist()):
+            self.counts[i] += c
+        self.total += float(values.sum())
+        self.count += len(self.pending)
+        self.pending = []
+
+    def observe_linear(self, first: float, step: float, k: int, weight: int = 1) -> None:
+        """Observe first + step·j for j = 0..k-1, each `weight` times, in O(buckets touched)."""
+        if k <= 0 or weight <= 0:
+            return
+        if step == 0.0 or k == 1:
+            self.observe(first, weight * k)
+            return
+        if step < 0.0:  # the same values, walked from the smallest
+            first, step = first + step * (k - 1), -step
+        bounds, counts = self.bounds, self.counts
+        lo = bisect.bisect_left(bounds, first)
+        hi = bisect.bisect_left(bounds, first + step * (k - 1))
+        below = 0
+        for i in range(lo, hi):
+            # values <= bounds[i]: j <= (bound - first) / step
+            n = min(k, max(0, int((bounds[i] - first) // step) + 1))
+            counts[i] += (n - below) * weight
+            below = n
+        counts[hi] += (k - below) * weight
+        self.total += weight * (k * first + step * k * (k - 1) / 2.0)
+        self.count += k * weight
+
+    def cumulative(self) -> tuple[int, ...]:
+        self.flush()
+        out, run = [], 0
+        for c in self.counts:
+            run += c
+            out.append(run)
+        return tuple(out)
+
+
+@dataclass(frozen=True, slots=True)
+class HistogramSnapshot:
+    bounds: tuple[float, ...]
+    cumulative: tuple[int, ...]  # per bound, then +Inf (== count)
+    sum: float
+    count: int
+
+
+@dataclass(frozen=True, slots=True)
+class EngineSnapshot:
+    """One engine at simulated time `t`: counters, gauges and histograms by signal name."""
+
+    engine: int
+    node: int
+    offload: str
+    t: float
+    counters: Mapping[str, float]
+    finished: Mapping[str, int]  # request_success_total by finished_reason
+    offload_bytes: Mapping[str, float]  # direction load|store
+    offload_seconds: Mapping[str, float]
+    gauges: Mapping[str, float]
+    histograms: Mapping[str, HistogramSnapshot]
+    facts: Mapping[str, int] = field(default_factory=dict)  # num_gpu_blocks, block_size, …
+
+
+@dataclass(frozen=True, slots=True)
+class LMCacheSnapshot:
+    pool: int
+    scope: str
+    engines: tuple[int, ...]
+    t: float
+    counters: Mapping[str, float]
+    gauges: Mapping[str, float]
+
+
+class EngineTelemetry:
+    """Mutable cumulative counters of one engine (the engine writes, snapshots read)."""
+
+    __slots__ = ("counters", "finished", "hist", "offload_bytes", "offload_seconds")
+
+    def __init__(self, buckets: Mapping[str, tuple[float, ...]] | None = None) -> None:
+        bounds = dict(buckets) if buckets is not None else default_buckets()
+        self.counters: dict[str, float] = dict.fromkeys(ENGINE_COUNTERS, 0.0)
+        self.finished: dict[str, int] = dict.fromkeys(FINISHED_REASONS, 0)
+        self.offload_bytes = {"load": 0.0, "store": 0.0}
+        self.offload_seconds = {"load": 0.0, "store": 0.0}
+        self.hist = {name: Histogram(tuple(bounds.get(name, ()))) for name in ENGINE_HISTOGRAMS}
+
+    def add(self, name: str, value: float) -> None:
+        self.counters[name] += value
+
+    def snapshot(
+        self,
+        *,
+        engine: int,
+        node: int,
+        offload: str,
+        t: float,
+        gauges: Mapping[str, float],
+        facts: Mapping[str, int],
+    ) -> EngineSnapshot:
+        return EngineSnapshot(
+            engine=engine,
+            node=node,
+            offload=offload,
+            t=t,
+            counters=dict(self.counters),
+            finished=dict(self.finished),
+            offload_bytes=dict(self.offload_bytes),
+            offload_seconds=dict(self.offload_seconds),
+            gauges=dict(gauges),
+            histograms={k: _snap(h) for k, h in self.hist.items()},
+            facts=dict(facts),
+        )
+
+
+def _snap(h: Histogram) -> HistogramSnapshot:
+    cumulative = h.cumulative()  # flushes first
+    return HistogramSnapshot(h.bounds, cumulative, h.total, h.count)
+
+
+class PoolTelemetry:
+    """Counters of one LMCache server (pool)."""
+
+    __slots__ = ("counters",)
+
+    def __init__(self) -> None:
+        self.counters: dict[str, float] = dict.fromkeys(LMCACHE_COUNTERS, 0.0)
+
+    def add(self, name: str, value: float) -> None:
+        self.counters[name] += value

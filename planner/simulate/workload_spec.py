@@ -1,0 +1,287 @@
+"""The `workload:` section of a scenario: kind, arrivals and length distributions.
+
+Kinds: synthetic (independent prompts), shared_prefix (system prompts / tenants shared by a
+group of prompts, like SGLang bench_serving's generated-shared-prefix dataset), multi_turn
+(sessions whose every turn re-sends the whole history), rag (a question over k documents
+drawn by Zipf popularity from a corpus) and trace (JSONL replay).
+
+Arrivals: `concurrency: N` is a closed loop (N clients, each sends its next request when the
+previous one completes, after `think_time_s`); `qps: R` is an open loop with
+`arrival: poisson | bursty | diurnal` (bursty = gamma inter-arrival times with shape
+`burstiness` < 1, as vLLM's benchmark_serving --burstiness; diurnal = a sinusoidal rate
+qps·(1 + amplitude·sin(2πt/period)) by thinning).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+from dataclasses import dataclass
+from pathlib import Path
+
+from collector.errors import ConfigError
+from planner.simulate.spec import Param, Section
+
+KINDS = ("synthetic", "shared_prefix", "multi_turn", "rag", "trace")
+ARRIVALS = ("poisson", "bursty", "diurnal")
+DISTS = ("fixed", "uniform", "normal", "lognormal", "exponential")
+
+
+@dataclass(frozen=True, slots=True)
+class LengthDist:
+    """Token-count distribution; samples are integers clipped to [low, high]."""
+
+    dist: str
+    a: float  # value | min | mean
+    b: float  # 0 | max | std (normal) | sigma (lognormal, of the log)
+    low: int
+    high: int
+
+    def sample(self, rng: random.Random) -> int:
+        if self.dist == "fixed":
+            x = self.a
+        elif self.dist == "uniform":
+            x = rng.uniform(self.a, self.b + 1.0)
+        elif self.dist == "normal":
+            x = rng.gauss(self.a, self.b)
+        elif self.dist == "lognormal":
+            # parameterised by the mean of the samples: mu = ln(mean) - sigma²/2
+            x = rng.lognormvariate(math.log(self.a) - self.b * self.b / 2.0, self.b)
+        else:
+            x = rng.expovariate(1.0 / self.a)
+        return max(self.low, min(self.high, int(x)))
+
+    @property
+    def mean(self) -> float:
+        if self.dist == "uniform":
+            return (self.a + self.b) / 2.0
+        return self.a
+
+
+@dataclass(frozen=True, slots=True)
+class TraceRecord:
+    arrival_s: float
+    prompt_tokens: int
+    output_tokens: int
+    prefix_group: str | None
+    prefix_tokens: int
+
+
+@dataclass(frozen=True, slots=True)
+class WorkloadSpec:
+    kind: str
+    concurrency: int | None  # closed loop when set
+    qps: float | None  # open loop when set
+    arrival: str
+    burstiness: float
+    diurnal_period_s: float
+    diurnal_amplitude: float
+    think_time_s: float
+    num_requests: int | None
+    prompt_tokens: LengthDist
+    output_tokens: LengthDist
+    question_tokens: LengthDist
+    system_prompt_tokens: int
+    groups: int
+    prompts_per_group: int
+    popularity: str
+    zipf_s: float
+    order: str
+    repeat: bool
+    turns: int
+    documents: int
+    doc_tokens: int
+    docs_per_request: int
+    trace: tuple[TraceRecord, ...]
+
+
+def _length(sec: Section, name: str, default: int | None, *, low: int = 1) -> LengthDist:
+    value = sec.raw(name)
+    if value is None:
+        if default is None:
+            raise sec.fail(name, "is required")
+        value = default
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        if value < low or not math.isfinite(value):
+            raise sec.fail(name, f"must be >= {low}, got {value!r}")
+        dist = LengthDist("fixed", float(int(value)), 0.0, low, max(low, int(value)))
+        sec.params.append(
+            Param(sec.key(name), int(value), "scenario" if sec.has(name) else "default")
+        )
+        return dist
+    sub = Section(value, sec.key(name), sec.where, sec.params)
+    kind = sub.choice("dist", "fixed", DISTS)
+    if kind == "fixed":
+        v = sub.integer("value", required=True, low=low)
+        a, b = float(v), 0.0
+    elif kind == "uniform":
+        a = float(sub.integer("min", required=True, low=low))
+        b = float(sub.integer("max", required=True, low=low))
+        if b < a:
+            raise sub.fail("max", f"must be >= min ({a:g})")
+    else:
+        a = sub.number("mean", required=True, low=float(low))
+        b = 0.0
+        if kind == "normal":
+            b = sub.number("std", required=True, low=0.0)
+        elif kind == "lognormal":
+            b = sub.number("sigma", required=True, low=0.0)
+    lo = sub.integer("min", low, low=low) if kind != "uniform" else int(a)
+    hi = sub.integer("max", 1_000_000, low=lo) if kind != "uniform" else int(b)
+    sub.finish()
+    return LengthDist(kind, a, b, lo, hi)
+
+
+def parse_workload(sec: Section, base_dir: Path | None) -> WorkloadSpec:
+    kind = sec.choice("kind", "synthetic", KINDS, source="default: synthetic")
+    conc = sec.optional_integer("concurrency")
+    qps = sec.number("qps", record=False) if sec.has("qps") else None
+    if qps is not None:
+        if qps <= 0:
+            raise sec.fail("qps", f"must be > 0, got {qps!r}")
+        sec.params.append(Param(sec.key("qps"), qps, "scenario"))
+    else:
+        sec.raw("qps")
+    if kind == "trace":
+        if conc is not None or qps is not None:
+            raise sec.fail(
+                "concurrency" if conc is not None else "qps",
+                "a trace replays its own arrival times",
+            )
+    elif (conc is None) == (qps is None):
+        raise sec.fail("concurrency", "give exactly one of concurrency (closed loop) or qps")
+    arrival = sec.choice("arrival", "poisson", ARRIVALS, source="default: poisson")
+    if arrival != "poisson" and qps is None:
+        raise sec.fail("arrival", "needs qps (open loop)")
+    burst = sec.number(
+        "burstiness",
+        0.25 if arrival == "bursty" else 1.0,
+        low=0.0,
+        low_open=True,
+        source="default: gamma shape 0.25 (vLLM benchmark_serving --burstiness)",
+    )
+    period = sec.number(
+        "diurnal_period_s", 86_400.0, low=0.0, low_open=True, source="default: one day"
+    )
+    amp = sec.number("diurnal_amplitude", 0.5, low=0.0, high=1.0, source="default: ±50 %")
+    think = sec.number("think_time_s", 0.0, low=0.0, source="default: no think time")
+    num = sec.optional_integer("num_requests", source="default: unlimited (duration-bound)")
+    need_prompt = kind == "synthetic"
+    prompt = _length(sec, "prompt_tokens", None if need_prompt else 1)
+    output = _length(sec, "output_tokens", 256)
+    question = _length(sec, "question_tokens", 256 if kind != "synthetic" else 1)
+    sys_default = 0 if kind in {"multi_turn", "rag", "synthetic", "trace"} else None
+    sys_tokens = sec.integer(
+        "system_prompt_tokens", sys_default, low=0, required=sys_default is None
+    )
+    groups = sec.integer("groups", 1, low=1)
+    per_group = sec.integer("prompts_per_group", 1, low=1)
+    popularity = sec.choice("popularity", "uniform", ("uniform", "zipf"))
+    zipf_s = sec.number("zipf_s", 1.0, low=0.0)
+    order = sec.choice(
+        "order",
+        "shuffled",
+        ("shuffled", "grouped"),
+        source="default: shuffled (SGLang bench_serving shuffles the dataset)",
+    )
+    repeat = sec.boolean("repeat", False, source="default: a finite dataset runs once")
+    turns = sec.integer("turns", 5, low=1)
+    documents = sec.integer("documents", 1000, low=1)
+    doc_tokens = sec.integer("doc_tokens", 1024, low=1)
+    k_docs = sec.integer("docs_per_request", 3, low=1)
+    if kind == "rag" and k_docs > documents:
+        raise sec.fail("docs_per_request", f"must be <= documents ({documents})")
+    trace: tuple[TraceRecord, ...] = ()
+    if kind == "trace":
+        path = Path(sec.string("path", "trace.jsonl"))
+        if not path.is_absolute() and base_dir is not None:
+            path = base_dir / path
+        scale = sec.number("time_scale", 1.0, low=0.0, low_open=True)
+        trace = load_trace(path, scale)
+    else:
+        sec.raw("path")
+        sec.raw("time_scale")
+    sec.finish()
+    return WorkloadSpec(
+        kind,
+        conc,
+        qps,
+        arrival,
+        burst,
+        period,
+        amp,
+        think,
+        num,
+        prompt,
+        output,
+        question,
+        sys_tokens,
+        groups,
+        per_group,
+        popularity,
+        zipf_s,
+        order,
+        repeat,
+        turns,
+        documents,
+        doc_tokens,
+        k_docs,
+        trace,
+    )
+
+
+def load_trace(path: Path, time_scale: float = 1.0) -> tuple[TraceRecord, ...]:
+    """JSONL: one object per line with arrival_s, prompt_tokens, output_tokens and optional
+    prefix_group (shared-prefix key) + prefix_tokens (its length, <= prompt_tokens)."""
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read trace: {exc.strerror or exc}") from exc
+    out: list[TraceRecord] = []
+    allowed = {"arrival_s", "prompt_tokens", "output_tokens", "prefix_group", "prefix_tokens"}
+    for n, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise ConfigError(f"{path}:{n}: not valid JSON: {exc.msg}") from exc
+        if not isinstance(obj, dict):
+            raise ConfigError(f"{path}:{n}: each line must be a JSON object")
+        unknown = sorted(set(obj) - allowed)
+        if unknown:
+            raise ConfigError(f"{path}:{n}: unknown key {unknown[0]!r}")
+        rec = _trace_record(obj, path, n, time_scale)
+        if out and rec.arrival_s < out[-1].arrival_s:
+            raise ConfigError(f"{path}:{n}: arrival_s goes backwards")
+        out.append(rec)
+    if not out:
+        raise ConfigError(f"{path}: trace has no records")
+    return tuple(out)
+
+
+def _trace_record(obj: dict[str, object], path: Path, n: int, scale: float) -> TraceRecord:
+    def need_int(key: str, low: int) -> int:
+        v = obj.get(key)
+        if isinstance(v, bool) or not isinstance(v, int) or v < low:
+            raise ConfigError(f"{path}:{n}: key {key!r} must be an integer >= {low}, got {v!r}")
+        return v
+
+    t = obj.get("arrival_s")
+    if isinstance(t, bool) or not isinstance(t, int | float) or not math.isfinite(t) or t < 0:
+        raise ConfigError(f"{path}:{n}: key 'arrival_s' must be a number >= 0, got {t!r}")
+    prompt, output = need_int("prompt_tokens", 1), need_int("output_tokens", 1)
+    group = obj.get("prefix_group")
+    prefix = 0
+    if group is not None:
+        if not isinstance(group, str | int) or isinstance(group, bool):
+            raise ConfigError(f"{path}:{n}: key 'prefix_group' must be a string or integer")
+        prefix = need_int("prefix_tokens", 1)
+        if prefix > prompt:
+            raise ConfigError(f"{path}:{n}: key 'prefix_tokens' exceeds prompt_tokens")
+    elif "prefix_tokens" in obj:
+        raise ConfigError(f"{path}:{n}: key 'prefix_tokens' needs prefix_group")
+    return TraceRecord(
+        float(t) * scale, prompt, output, None if group is None else str(group), prefix
+    )
