@@ -19,7 +19,8 @@ How a forecast is made (each step is stated again in ``Forecast.assumptions``):
    penalises misses. The model with the lowest mean interval score wins; AIC is not used
    (ETS and SARIMAX likelihoods here are not comparable).
 4. The winner is refitted on all the history and forecasts ``horizon_s``; intervals at
-   ``level`` are clipped at 0 (demand is non-negative) and that is noted.
+   ``level`` are clipped at 0 (demand is non-negative) and that is noted (the backtest
+   scores the clipped intervals, i.e. what is reported).
 5. Saturation (``capacity`` given): the point forecast is placed at bucket midpoints and
    linearly interpolated; ``time_to_saturation_s`` is when it first reaches capacity,
    ``_lo_s`` when the upper bound does (at that time P(demand >= capacity) reaches
@@ -29,8 +30,9 @@ How a forecast is made (each step is stated again in ``Forecast.assumptions``):
    ``saturation_probability`` is the share of 1000 simulated paths of the fitted model
    (seeded by ``seed``, parameters fixed) that reach capacity within the horizon.
 
-Budget: ``max_seconds`` bounds the work: once half of it is spent no further candidate is
-tried (the simpler ones already scored stay), and the simulation is skipped past 80 %.
+Budget: ``max_seconds`` bounds the work (statsmodels' one-off import excluded): once half of
+it is spent no further candidate is tried (the simpler ones already scored stay), and the
+simulation is skipped past 80 %. Each optimiser is capped (maxiter 200 ETS, 50 SARIMAX).
 """
 
 from __future__ import annotations
@@ -177,7 +179,7 @@ def _backtest(
         hi.append(np.maximum(upper, 0.0))
     a, m_, lo_, hi_ = (np.concatenate(x) for x in (actual, mean, lo, hi))
     if not (np.isfinite(m_).all() and np.isfinite(lo_).all() and np.isfinite(hi_).all()):
-        raise InsufficientHistory(f"{f.spec.label} backtest (non-finite forecast)", 0, 0)
+        raise SeriesError(f"{f.spec.label}: non-finite forecast in the backtest")
     score = (hi_ - lo_) + (2 / alpha) * ((lo_ - a) * (a < lo_) + (a - hi_) * (a > hi_))
     err = np.abs(a - m_)
     abs_a = np.abs(a)
@@ -229,10 +231,14 @@ def forecast_demand(
 
     ``models`` restricts the candidates (keys of planner.forecast_models.SPECS, e.g.
     ``("snaive",)`` for the baseline); ``agg="max"`` models each bucket's peak instead of
-    its mean (saturation happens at peaks). Raises InsufficientHistory, SeriesError or
-    ConfigError (bad argument).
+    its mean (saturation happens at peaks). The horizon is rounded up to whole buckets.
+    Raises InsufficientHistory, SeriesError or ConfigError (bad argument).
     """
     import numpy as np
+
+    # statsmodels' first import takes 1-3 s: a one-off process cost, kept out of the budget.
+    import statsmodels.tsa.exponential_smoothing.ets
+    import statsmodels.tsa.statespace.sarimax  # noqa: F401
 
     t_start = time.perf_counter()
     if not (horizon_s > 0 and math.isfinite(horizon_s)):
@@ -259,7 +265,8 @@ def forecast_demand(
     assumptions = list(prep.notes)
     span_h = n * cad / 3600
     assumptions.append(
-        f"modelled as {cad:g} s bucket {agg}s (UTC-aligned); a point t covers [t, t + {cad:g} s)"
+        f"modelled as {cad:g} s buckets (the {agg} of the raw points in each, UTC-aligned); "
+        f"a point t covers [t, t + {cad:g} s)"
     )
     hb, origins = plan_backtest(n, steps, max(min_train(s, period) for s in specs))
     if period and not origins:
@@ -312,7 +319,7 @@ def forecast_demand(
         rows.append(row)
         scored.append((sc.interval_score, i, spec, row, sc))
     if not scored:
-        raise InsufficientHistory(f"{what} forecast: every candidate failed ({warns[-1]})", 0, n)
+        raise SeriesError(f"{what}: no candidate model could be fitted ({warns[-1]})")
     scored.sort(key=lambda r: (r[0] if math.isfinite(r[0]) else math.inf, r[1]))
     final: Fitted | None = None
     for _, _, spec, row, sc in scored:
@@ -329,7 +336,7 @@ def forecast_demand(
         warns.append(f"{spec.label}: non-finite forecast on the full history; next best")
         final = None
     if final is None:
-        raise InsufficientHistory(f"{what} forecast: no candidate forecasts ({warns[-1]})", 0, n)
+        raise SeriesError(f"{what}: no candidate model forecasts the full history ({warns[-1]})")
     warns.extend(final.warnings)
     rows = [CandidateScore(**{**asdict(r), "status": "chosen"}) if r is chosen else r for r in rows]
     sc = chosen_sc
@@ -349,6 +356,8 @@ def forecast_demand(
     )
     if hb < steps:
         assumptions.append(f"steps {hb + 1}..{steps} go beyond what the backtest checked")
+    if steps * cad > horizon_s + 1e-6:
+        assumptions.append(f"horizon rounded up to {steps} whole buckets of {cad:g} s")
     if steps * cad > n * cad:
         assumptions.append(
             f"horizon {horizon_s / 3600:.1f} h exceeds the {span_h:.1f} h history: extrapolation"
@@ -370,6 +379,17 @@ def forecast_demand(
     ts = ts_lo = ts_hi = prob = None
     note = "no capacity given"
     if capacity is not None:
+        if agg == "mean":
+            assumptions.append(
+                "saturation judged on bucket means: peaks inside a bucket run higher "
+                "(agg='max' forecasts the bucket peaks instead)"
+            )
+        if float(prep.values.max()) >= 0.95 * capacity:
+            assumptions.append(
+                "history reaches >= 95 % of capacity: observed usage is censored there "
+                "(vLLM queues or preempts instead of exceeding it), so demand above capacity "
+                "is unseen and the trend may be understated"
+            )
         last = float(prep.values[-1])
         if last >= capacity:
             ts = ts_lo = ts_hi = 0.0

@@ -209,6 +209,22 @@ def test_forecast_negative_values_clipped_with_note() -> None:
     assert all(p[1] >= 0 and p[2] >= 0 for p in f.points)
 
 
+def test_forecast_agg_max_models_bucket_peaks_above_means() -> None:
+    series = minutes(0.5, lambda h: 1e4 + 0 * h, 500.0, seed=13)
+    mean = forecast_demand(series, horizon_s=HOUR, capacity=2e4)
+    peak = forecast_demand(series, horizon_s=HOUR, capacity=2e4, agg="max")
+    assert peak.points[0][1] > mean.points[0][1] + 500.0  # max of 15 draws ~ +1.7 sd
+    assert any("the max of the raw points" in a for a in peak.assumptions)
+    assert any("saturation judged on bucket means" in a for a in mean.assumptions)
+    assert not any("saturation judged on bucket means" in a for a in peak.assumptions)
+
+
+def test_forecast_history_near_capacity_warns_of_censoring() -> None:
+    series = minutes(0.5, lambda h: 0.97 + 0 * h, 0.005, seed=14).clip(upper=1.0)
+    f = forecast_demand(series, horizon_s=HOUR, capacity=1.0, what="kv_usage_ratio")
+    assert any("censored" in a for a in f.assumptions)
+
+
 def test_forecast_datetime_index_equals_epoch_index() -> None:
     series = minutes(0.5, lambda h: 1e4 + 100 * h, 50.0, seed=10)
     as_dt = series.copy()
