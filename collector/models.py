@@ -111,9 +111,10 @@ class WindowRow(Base):
 
     __tablename__ = "windows"
     __table_args__ = (
-        UniqueConstraint("source", "series_key", "start", name="uq_windows_source_series_start"),
+        # Unique on (source, series_key, start); the index leads with (source, start) so that
+        # time-ordered writes append to it and it also serves the (source, start) look-ups.
+        UniqueConstraint("source", "start", "series_key", name="uq_windows_source_start_series"),
         Index("ix_windows_signal_start", "signal", "start"),
-        Index("ix_windows_source_start", "source", "start"),
     )
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
