@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 import shutil
 import subprocess
@@ -323,3 +324,43 @@ def test_promql_expr_old_gauge_name_dropped_where_new_exists(tmp_path: Path) -> 
         f"max by (engine) ({expr})",
         [{"labels": '{engine="0"}', "value": 0.4}, {"labels": '{engine="1"}', "value": 0.7}],
     )
+
+
+def _matrix(name: str) -> dict[str, object]:
+    data = json.loads((METRICS / name).read_text())
+    assert isinstance(data, dict)
+    return data
+
+
+# OTel -> Prometheus: the exporter appends the instrument's unit unless already a suffix.
+_OTEL_UNIT_SUFFIXES = ("", "_chunks", "_tokens", "_requests", "_bytes", "_seconds",
+                       "_GB_per_second")  # fmt: skip
+
+
+def test_catalogue_spellings_exist_in_vendor_source() -> None:
+    """Every vLLM/LMCache family in the catalogue is a literal in some release's source
+    (vllm 0.11-0.33, lmcache 0.5.0-0.5.6, from the name matrices): catches typos."""
+    vllm_literals: set[str] = set()
+    for names in _matrix("vllm-metric-name-matrix.json")["literal"].values():  # type: ignore[attr-defined]
+        vllm_literals.update(names)
+    lmcache_literals: set[str] = set()
+    for names in _matrix("lmcache-metric-name-matrix.json").values():
+        lmcache_literals.update(names)  # type: ignore[arg-type]
+    otel = {n.replace(".", "_") for n in lmcache_literals if n.startswith("lmcache_mp.")}
+    checked = 0
+    for sig in SIGNALS.values():
+        for sp in sig.spellings:
+            family = sp.family
+            if sig.source == "router":
+                continue  # the router is not in the matrices (production-stack repository)
+            if family.startswith("lmcache_mp_"):
+                ok = any(family == base + sfx for base in otel for sfx in _OTEL_UNIT_SUFFIXES)
+            elif family.startswith("lmcache:"):
+                ok = family in lmcache_literals
+            else:
+                ok = family in vllm_literals or family in lmcache_literals
+            assert ok, f"{sig.name}: {family} is not a metric name in any release"
+            checked += 1
+    assert checked >= 60
+    for family in (catalog.CACHE_CONFIG_INFO, catalog.KV_OFFLOAD_CONFIG_INFO):
+        assert family in vllm_literals
