@@ -1,0 +1,135 @@
+"""`kvscope simulate SCENARIO.yaml`: run the discrete-event cluster simulator.
+
+Machine output (--json) is one JSON object on stdout; progress goes to stderr. The planner
+imports stay inside the command so `kvscope --help` stays fast.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+SUMMARY_ROWS = (
+    ("completed_requests", "completed requests", "{:.0f}"),
+    ("total_tokens_per_s", "total tokens/s", "{:.0f}"),
+    ("output_tokens_per_s", "output tokens/s", "{:.0f}"),
+    ("ttft_mean_s", "TTFT mean s", "{:.3f}"),
+    ("ttft_p90_s", "TTFT p90 s", "{:.3f}"),
+    ("e2e_mean_s", "E2E mean s", "{:.3f}"),
+    ("e2e_p90_s", "E2E p90 s", "{:.3f}"),
+    ("preemptions", "preemptions", "{:.0f}"),
+    ("reprefill_tokens", "re-prefill tokens", "{:.0f}"),
+    ("avoided_reprefill_tokens", "avoided re-prefill tokens", "{:.0f}"),
+    ("prefix_hit_rate", "GPU prefix hit rate", "{:.1%}"),
+    ("external_hit_rate", "external hit rate", "{:.1%}"),
+    ("kv_usage_mean", "KV usage mean", "{:.1%}"),
+)
+
+
+def _apply_sets(raw: dict[str, Any], sets: list[str]) -> dict[str, Any]:
+    import yaml
+
+    from collector.errors import ConfigError
+    from planner.simulate.spec import resolve_dotted, set_dotted
+
+    for item in sets:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise ConfigError(f"--set: expected key=value, got {item!r}")
+        try:
+            parsed = yaml.safe_load(value)
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"--set {item!r}: value is not valid YAML") from exc
+        raw = set_dotted(raw, resolve_dotted(key.strip()), parsed)
+    return raw
+
+
+def _read_raw(path: Path) -> dict[str, Any]:
+    import yaml
+
+    from collector.errors import ConfigError
+
+    try:
+        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read scenario: {exc.strerror or exc}") from exc
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: not valid YAML: {exc}") from exc
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path}: top level must be a mapping")
+    return raw
+
+
+def _summary_text(result: dict[str, Any]) -> str:
+    lines = [f"scenario {result['scenario']}: {result['num_engines']} engines, "
+             f"offload {result['offload']}, {result['measured_window_s']:.0f} s simulated"]  # fmt: skip
+    for key, label, fmt in SUMMARY_ROWS:
+        value = result.get(key)
+        lines.append(f"  {label:28}{'-' if value is None else fmt.format(value):>14}")
+    return "\n".join(lines)
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("simulate")
+    def simulate_cmd(
+        scenario: Annotated[Path, typer.Argument(help="scenario YAML file")],
+        *,
+        as_json: Annotated[bool, typer.Option("--json", help="one JSON object on stdout")] = False,
+        compare_modes: Annotated[
+            str | None,
+            typer.Option("--compare", help="offload modes side by side, e.g. none,native,lmcache"),
+        ] = None,
+        sweep: Annotated[
+            str | None,
+            typer.Option(
+                "--sweep",
+                help="with --compare: key=start:stop:step (or key=v1,v2) of any numeric "
+                "scenario key, dotted (cluster.gpu_memory_utilization) or bare",
+            ),
+        ] = None,
+        sets: Annotated[
+            list[str] | None,
+            typer.Option("--set", help="override a scenario key: key=value (repeatable)"),
+        ] = None,
+    ) -> None:
+        """Simulate a vLLM (+ native offload / LMCache) cluster from a scenario file.
+
+        Example: kvscope simulate examples/scenarios/shared_prefix.yaml --json
+
+        Example: kvscope simulate examples/scenarios/shared_prefix.yaml
+        --compare none,native,lmcache --sweep gpu_memory_utilization=0.3:0.9:0.1 --json
+        """
+        from collector.errors import ConfigError
+        from planner.simulate.cluster import Simulation
+        from planner.simulate.compare import compare, parse_modes, parse_sweep, render_table
+        from planner.simulate.results import SimResult
+        from planner.simulate.scenario import parse_scenario
+
+        raw = _apply_sets(_read_raw(scenario), sets or [])
+        where = str(scenario)
+        if compare_modes is None:
+            if sweep is not None:
+                raise ConfigError("--sweep needs --compare (the modes to sweep)")
+            sc = parse_scenario(raw, where=where, base_dir=scenario.parent)
+            print(f"kvscope simulate: {sc.name}: {sc.cluster.num_engines} engines, "
+                  f"{sc.duration_s:g} s …", file=sys.stderr)  # fmt: skip
+            result = Simulation(sc).run()
+            assert isinstance(result, SimResult)
+            payload = result.to_dict()
+            if as_json:
+                typer.echo(json.dumps(payload, indent=2))
+            else:
+                typer.echo(_summary_text(payload))
+            return
+        modes = parse_modes(compare_modes)
+        sw = parse_sweep(sweep) if sweep else None
+        parse_scenario(raw, where=where, base_dir=scenario.parent)  # fail fast on a bad file
+        out = compare(raw, modes, sw, where=where, base_dir=scenario.parent)
+        if as_json:
+            typer.echo(json.dumps(out, indent=2))
+        else:
+            typer.echo(render_table(out), nl=False)
