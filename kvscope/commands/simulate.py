@@ -65,8 +65,10 @@ def _read_raw(path: Path) -> dict[str, Any]:
 
 
 def _summary_text(result: dict[str, Any]) -> str:
-    lines = [f"scenario {result['scenario']}: {result['num_engines']} engines, "
-             f"offload {result['offload']}, {result['measured_window_s']:.0f} s simulated"]  # fmt: skip
+    lines = [
+        f"scenario {result['scenario']}: {result['num_engines']} engines, "
+        f"offload {result['offload']}, {result['measured_window_s']:.0f} s simulated"
+    ]
     for key, label, fmt in SUMMARY_ROWS:
         value = result.get(key)
         lines.append(f"  {label:28}{'-' if value is None else fmt.format(value):>14}")
@@ -115,8 +117,11 @@ def register(app: typer.Typer) -> None:
             if sweep is not None:
                 raise ConfigError("--sweep needs --compare (the modes to sweep)")
             sc = parse_scenario(raw, where=where, base_dir=scenario.parent)
-            print(f"kvscope simulate: {sc.name}: {sc.cluster.num_engines} engines, "
-                  f"{sc.duration_s:g} s …", file=sys.stderr)  # fmt: skip
+            print(
+                f"kvscope simulate: {sc.name}: {sc.cluster.num_engines} engines, "
+                f"{sc.duration_s:g} s …",
+                file=sys.stderr,
+            )
             result = Simulation(sc).run()
             assert isinstance(result, SimResult)
             payload = result.to_dict()

@@ -7,6 +7,7 @@ throughput gain crosses zero, linearly interpolated between neighbouring sweep v
 
 from __future__ import annotations
 
+import itertools
 import math
 import sys
 from collections.abc import Callable, Mapping, Sequence
@@ -22,10 +23,18 @@ from planner.simulate.spec import resolve_dotted, set_dotted
 
 # what each mode's row shows (summary keys of SimResult)
 FIGURES = (
-    "total_tokens_per_s", "output_tokens_per_s", "ttft_mean_s", "e2e_mean_s", "preemptions",
-    "reprefill_tokens", "avoided_reprefill_tokens", "prefix_hit_rate", "external_hit_rate",
-    "kv_usage_mean", "completed_requests",
-)  # fmt: skip
+    "total_tokens_per_s",
+    "output_tokens_per_s",
+    "ttft_mean_s",
+    "e2e_mean_s",
+    "preemptions",
+    "reprefill_tokens",
+    "avoided_reprefill_tokens",
+    "prefix_hit_rate",
+    "external_hit_rate",
+    "kv_usage_mean",
+    "completed_requests",
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,8 +47,10 @@ def parse_modes(text: str) -> tuple[str, ...]:
     modes = tuple(m.strip().lower() for m in text.split(",") if m.strip())
     bad = [m for m in modes if m not in OFFLOAD_MODES]
     if bad or not modes:
-        raise ConfigError(f"--compare: unknown mode {bad[0] if bad else text!r}; "
-                          f"known: {', '.join(OFFLOAD_MODES)}")  # fmt: skip
+        raise ConfigError(
+            f"--compare: unknown mode {bad[0] if bad else text!r}; "
+            f"known: {', '.join(OFFLOAD_MODES)}"
+        )
     if len(set(modes)) != len(modes):
         raise ConfigError(f"--compare: a mode is repeated in {text!r}")
     return modes if "none" in modes else ("none", *modes)
@@ -58,7 +69,7 @@ def parse_sweep(text: str) -> Sweep:
             start, stop, step = parts
             if step <= 0 or stop < start:
                 raise ConfigError(f"--sweep {text!r}: need step > 0 and stop >= start")
-            n = int(math.floor((stop - start) / step + 1e-9)) + 1
+            n = math.floor((stop - start) / step + 1e-9) + 1
             if n > 1000:
                 raise ConfigError(f"--sweep {text!r}: {n} points, at most 1000")
             values = tuple(round(start + i * step, 10) for i in range(n))
@@ -73,7 +84,7 @@ def parse_sweep(text: str) -> Sweep:
 
 def break_even(points: Sequence[tuple[float, float]]) -> float | None:
     """First x where y crosses zero (linear interpolation), None when it never does."""
-    for (x0, y0), (x1, y1) in zip(points, points[1:], strict=False):
+    for (x0, y0), (x1, y1) in itertools.pairwise(points):
         if y0 == 0.0:
             return x0
         if (y0 < 0.0 < y1) or (y1 < 0.0 < y0):
@@ -120,7 +131,7 @@ def compare(
             points.append({"value": value, "error": str(exc), "modes": {}})
             continue
         base_tp = rows["none"]["total_tokens_per_s"] or 0.0
-        for mode, row in rows.items():
+        for row in rows.values():
             tp = row["total_tokens_per_s"] or 0.0
             row["throughput_gain"] = round(tp / base_tp - 1.0, 6) if base_tp else None
         points.append({"value": value, "modes": rows})
@@ -148,14 +159,16 @@ def render_table(result: Mapping[str, Any]) -> str:
     modes = result["modes"]
     lines: list[str] = []
     header = f"{'':28}" + "".join(f"{m:>16}" for m in modes)
-    rows = (("total_tokens_per_s", "throughput tok/s", "{:.0f}"),
-            ("throughput_gain", "gain vs none", "{:+.1%}"),
-            ("avoided_reprefill_tokens", "avoided re-prefill tok", "{:.0f}"),
-            ("reprefill_tokens", "re-prefill tok", "{:.0f}"),
-            ("preemptions", "preemptions", "{:.0f}"),
-            ("ttft_mean_s", "TTFT mean s", "{:.3f}"),
-            ("external_hit_rate", "external hit rate", "{:.1%}"),
-            ("prefix_hit_rate", "GPU prefix hit rate", "{:.1%}"))  # fmt: skip
+    rows = (
+        ("total_tokens_per_s", "throughput tok/s", "{:.0f}"),
+        ("throughput_gain", "gain vs none", "{:+.1%}"),
+        ("avoided_reprefill_tokens", "avoided re-prefill tok", "{:.0f}"),
+        ("reprefill_tokens", "re-prefill tok", "{:.0f}"),
+        ("preemptions", "preemptions", "{:.0f}"),
+        ("ttft_mean_s", "TTFT mean s", "{:.3f}"),
+        ("external_hit_rate", "external hit rate", "{:.1%}"),
+        ("prefix_hit_rate", "GPU prefix hit rate", "{:.1%}"),
+    )
     for point in result["points"]:
         if result["sweep_key"]:
             lines.append(f"{result['sweep_key']} = {point['value']}")
