@@ -1,0 +1,389 @@
+"""Serve a simulated cluster's live metrics: one ``/metrics`` per engine and per LMCache pool.
+
+``serve_scenario(scenario, host, port, speed)`` runs the simulation in scaled real time
+(simulated seconds = wall seconds × speed) and answers Prometheus like a real vLLM 0.33 /
+LMCache 0.5.6 cluster would: engine i on ``port + i``, then LMCache pool j on
+``port + n_engines + j`` (``port`` 0: any free ports). Each port is its own
+``ThreadingHTTPServer`` with a single route, ``GET /metrics``; everything else is 404.
+
+The body is always the classic text format with ``Content-Type: text/plain; version=0.0.4;
+charset=utf-8`` whatever the ``Accept`` header, so Prometheus (which asks for OpenMetrics
+first) keeps the ``vllm:`` colons. One lock guards the simulation: the main loop advances it
+in small slices, a request copies one endpoint's telemetry under the lock (microseconds) and
+renders outside it; nothing is rendered in the simulation loop.
+
+The endpoints are announced as one JSON line on stdout (and written to ``ports_file``)::
+
+    {"engines": [{"engine": 0, "node": 0, "offload": "native", "lmcache": null,
+                  "url": "http://127.0.0.1:9100/metrics"}, …],
+     "lmcache": [{"pool": 0, "scope": "node", "engines": [2, 3],
+                  "url": "http://127.0.0.1:9104/metrics"}],
+     "model_name": "llama-3.1-8b", "speed": 30.0, "scenario": "…"}
+
+The simulation stops at the scenario's ``duration_s``; the endpoints keep serving the final
+values until SIGINT/SIGTERM, which shut every server down and return 0.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import json
+import os
+import signal
+import socket
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import IO, Any, Literal
+
+from collector.errors import ConfigError
+from planner.simulate.cluster import Simulation
+from planner.simulate.exposition import (
+    CONTENT_TYPE,
+    EngineConfig,
+    engine_view,
+    pool_view,
+    render,
+)
+from planner.simulate.scenario import Scenario
+
+METRICS_PATH = "/metrics"
+TICK_S = 0.1  # wall seconds between simulation advances
+MAX_SLICE_WALL_S = 0.05  # hold the lock at most about this long per slice when catching up
+
+
+@dataclass(frozen=True, slots=True)
+class Endpoint:
+    """One served ``/metrics``: an engine or an LMCache pool."""
+
+    kind: Literal["engine", "lmcache"]
+    index: int
+    url: str
+    node: int = 0
+    offload: str = "none"
+    pool: int | None = None  # engines: their LMCache pool
+    scope: str = ""  # pools: engine | node | cluster
+    engines: tuple[int, ...] = ()  # pools: member engines
+
+
+class LiveCluster:
+    """A simulation advanced in scaled real time, shared by the HTTP threads."""
+
+    def __init__(self, scenario: Scenario, speed: float) -> None:
+        if not speed > 0:
+            raise ConfigError(f"--speed must be > 0, got {speed:g}")
+        self.scenario = scenario
+        self.speed = speed
+        self.sim = Simulation(scenario)
+        self.lock = threading.Lock()
+        self.model_name = scenario.cluster.model.name
+        self._cfg = _engine_config(scenario)
+        l2 = scenario.cluster.lmcache.l2
+        self._l2_name = l2.name if l2 is not None else ""
+        self._wall0 = time.monotonic()
+        self.lag_s = 0.0  # simulated seconds behind the wall clock after the last tick
+
+    @property
+    def n_engines(self) -> int:
+        return len(self.sim.engines)
+
+    @property
+    def n_pools(self) -> int:
+        return len(self.sim.pools)
+
+    def target_time(self) -> float:
+        return (time.monotonic() - self._wall0) * self.speed
+
+    def tick(self) -> None:
+        """Advance towards the wall clock in slices, releasing the lock between slices."""
+        target = min(self.target_time(), self.sim.end_time)
+        step = max(self.speed * MAX_SLICE_WALL_S, 1e-3)
+        while True:
+            with self.lock:
+                now = self.sim.now
+                if now >= target:
+                    break
+                self.sim.advance_to(min(target, now + step), settle=True)
+        self.lag_s = max(0.0, min(self.target_time(), self.sim.end_time) - self.sim.now)
+
+    @property
+    def finished(self) -> bool:
+        return self.sim.now >= self.sim.end_time
+
+    def engine_body(self, i: int) -> bytes:
+        with self.lock:
+            snap = self.sim.engines[i].snapshot(self.sim.now)
+        return render(engine_view(snap, self._cfg))
+
+    def pool_body(self, j: int) -> bytes:
+        with self.lock:
+            pool = self.sim.lmcache_snapshots()[j]
+        return render(pool_view(pool, self.model_name, self._l2_name))
+
+
+def _engine_config(scenario: Scenario) -> EngineConfig:
+    spec = scenario.cluster
+    raw = scenario.raw.get("cluster")
+    dtype = raw.get("kv_cache_dtype", "auto") if isinstance(raw, dict) else "auto"
+    return EngineConfig(
+        model_name=spec.model.name,
+        block_size=spec.block_size,
+        num_gpu_blocks=spec.num_gpu_blocks,
+        gpu_memory_utilization=spec.gpu_memory_utilization,
+        enable_prefix_caching=spec.enable_prefix_caching,
+        cache_dtype=str(dtype),
+        cpu_cache_bytes=spec.cpu_cache_bytes,
+        kv_bytes_per_token=spec.kv_bytes_per_token_engine,
+    )
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server: _MetricsServer
+    protocol_version = "HTTP/1.1"
+    timeout = 120.0  # an idle keep-alive connection is closed after this many seconds
+
+    def do_GET(self) -> None:
+        if self.path.split("?", 1)[0] != METRICS_PATH:
+            self._send(404, b"404 page not found\n")
+            return
+        try:
+            body = self.server.body()
+        except Exception as exc:  # a request boundary: answer 500, keep serving
+            self._send(500, f"render failed: {type(exc).__name__}: {exc}\n".encode())
+            return
+        self._send(200, body)
+
+    def _send(self, status: int, body: bytes) -> None:
+        self.send_response(status)
+        self.send_header("Content-Type", CONTENT_TYPE)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, format: str, *args: Any) -> None:
+        """Quiet: one line per scrape would drown the progress output."""
+
+
+class _MetricsServer(ThreadingHTTPServer):
+    """One endpoint. Keeps its open (keep-alive) connections so close() can end them: a
+    handler thread would otherwise go on answering on its connection after shutdown."""
+
+    daemon_threads = True
+
+    def __init__(self, address: tuple[str, int], body: Callable[[], bytes]) -> None:
+        if ":" in address[0]:
+            self.address_family = socket.AF_INET6
+        self._conns: set[Any] = set()
+        self._conns_lock = threading.Lock()
+        super().__init__(address, _Handler)
+        self.body = body
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        with self._conns_lock:
+            self._conns.add(request)
+        super().process_request(request, client_address)
+
+    def shutdown_request(self, request: Any) -> None:
+        with self._conns_lock:
+            self._conns.discard(request)
+        super().shutdown_request(request)
+
+    def drop_connections(self) -> None:
+        with self._conns_lock:
+            conns = list(self._conns)
+        for conn in conns:
+            with contextlib.suppress(OSError):
+                conn.shutdown(socket.SHUT_RDWR)
+
+
+def _url(host: str, port: int) -> str:
+    shown = f"[{host}]" if ":" in host else host
+    return f"http://{shown}:{port}{METRICS_PATH}"
+
+
+class ClusterServer:
+    """The HTTP side: one server per endpoint, started and stopped together."""
+
+    def __init__(self, live: LiveCluster, host: str, port: int) -> None:
+        self.live = live
+        self.servers: list[_MetricsServer] = []
+        self.endpoints: list[Endpoint] = []
+        self._threads: list[threading.Thread] = []
+        sim = live.sim
+        pool_of = {e: p.idx for p in sim.pools for e in p.engines}
+        try:
+            for i, eng in enumerate(sim.engines):
+                srv = self._bind(host, port, i, functools.partial(live.engine_body, i))
+                self.endpoints.append(Endpoint("engine", i, _url(host, srv.server_address[1]),
+                                               node=eng.node, offload=eng.conn.mode,
+                                               pool=pool_of.get(i)))  # fmt: skip
+            for j, pool in enumerate(sim.pools):
+                offset = len(sim.engines) + j
+                srv = self._bind(host, port, offset, functools.partial(live.pool_body, j))
+                node = sim.engines[min(pool.engines)].node  # scope cluster: node of engine 0
+                self.endpoints.append(Endpoint("lmcache", j, _url(host, srv.server_address[1]),
+                                               node=node, scope=pool.scope,
+                                               engines=pool.engines))  # fmt: skip
+        except BaseException:
+            self.close()
+            raise
+
+    def _bind(self, host: str, port: int, offset: int, body: Callable[[], bytes]) -> _MetricsServer:
+        wanted = port + offset if port else 0
+        try:
+            srv = _MetricsServer((host, wanted), body)
+        except OSError as exc:
+            raise ConfigError(
+                f"--serve {host}:{port}: cannot listen on {host}:{wanted} "
+                f"(endpoint {offset}): {exc.strerror or exc}"
+            ) from None
+        self.servers.append(srv)
+        return srv
+
+    def start(self) -> None:
+        for srv in self.servers:
+            t = threading.Thread(target=srv.serve_forever, kwargs={"poll_interval": 0.1},
+                                 name=f"metrics-{srv.server_address[1]}", daemon=True)  # fmt: skip
+            t.start()
+            self._threads.append(t)
+
+    def close(self) -> None:
+        """Stop every serve loop (shutdown() waits for it), then close the sockets."""
+        # shutdown() waits up to one poll interval for its loop: stop them all at once
+        stoppers = [threading.Thread(target=srv.shutdown)
+                    for srv, _ in zip(self.servers, self._threads, strict=False)]  # fmt: skip
+        for t in stoppers:
+            t.start()
+        for t in stoppers:
+            t.join()
+        for srv in self.servers:
+            srv.server_close()
+            srv.drop_connections()
+        for t in self._threads:
+            t.join(timeout=5)
+        self.servers.clear()
+        self._threads.clear()
+
+    def document(self) -> dict[str, Any]:
+        """The endpoints announcement (see the module docstring)."""
+        live = self.live
+        return {
+            "engines": [
+                {"engine": e.index, "node": e.node, "offload": e.offload, "lmcache": e.pool,
+                 "url": e.url}
+                for e in self.endpoints if e.kind == "engine"
+            ],
+            "lmcache": [
+                {"pool": e.index, "node": e.node, "scope": e.scope, "engines": list(e.engines),
+                 "url": e.url}
+                for e in self.endpoints if e.kind == "lmcache"
+            ],
+            "model_name": live.model_name,
+            "speed": live.speed,
+            "scenario": live.scenario.name,
+            "duration_s": live.scenario.duration_s,
+        }  # fmt: skip
+
+
+def file_sd(doc: dict[str, Any]) -> list[dict[str, Any]]:
+    """The endpoints as a Prometheus ``file_sd_configs`` document (job label per kind)."""
+    out: list[dict[str, Any]] = []
+    for kind, job in (("engines", "vllm"), ("lmcache", "lmcache")):
+        for entry in doc[kind]:
+            hostport = entry["url"].split("://", 1)[1].split("/", 1)[0]
+            labels = {"job": job, "node": str(entry["node"])}
+            if kind == "engines":
+                labels["offload"] = entry["offload"]
+            out.append({"targets": [hostport], "labels": labels})
+    return out
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        tmp.write_text(text, encoding="utf-8")
+        tmp.replace(path)
+    except OSError as exc:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise ConfigError(f"{path}: cannot write the ports file: {exc.strerror or exc}") from None
+
+
+def parse_address(value: str) -> tuple[str, int]:
+    """``HOST:PORT`` (``[::1]:9100`` for IPv6) -> (host, port)."""
+    host, sep, port_s = value.rpartition(":")
+    host = host.strip("[]")
+    if not sep or not host or not port_s.isdigit() or int(port_s) > 65535:
+        raise ConfigError(f"--serve: expected HOST:PORT (e.g. 127.0.0.1:9100), got {value!r}")
+    return host, int(port_s)
+
+
+@contextlib.contextmanager
+def _stop_on_sigterm(stop: threading.Event) -> Iterator[None]:
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def serve_scenario(
+    scenario: Scenario,
+    address: str,
+    *,
+    speed: float = 1.0,
+    ports_file: Path | None = None,
+    stop: threading.Event | None = None,
+    out: IO[str] | None = None,
+    err: IO[str] | None = None,
+) -> int:
+    """Serve ``scenario`` live on ``address`` (HOST:PORT) until SIGINT/SIGTERM or ``stop``.
+
+    Prints the endpoints JSON line on ``out`` (stdout), progress on ``err`` (stderr);
+    returns the exit status (0).
+    """
+    out = out or sys.stdout
+    err = err or sys.stderr
+    host, port = parse_address(address)
+    stop = stop or threading.Event()
+    live = LiveCluster(scenario, speed)
+    server = ClusterServer(live, host, port)
+    try:
+        doc = server.document()
+        if ports_file is not None:
+            _write_atomic(ports_file, json.dumps(doc, indent=2) + "\n")
+        server.start()
+        out.write(json.dumps(doc) + "\n")
+        out.flush()
+        print(f"kvscope simulate: serving {live.n_engines} engine(s) and {live.n_pools} LMCache "
+              f"pool(s) of {scenario.name!r} at {speed:g}x; Ctrl-C to stop", file=err)  # fmt: skip
+        with _stop_on_sigterm(stop):
+            _loop(live, stop, err)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.close()
+    print(f"kvscope simulate: stopped at simulated t={live.sim.now:.1f} s", file=err)
+    return 0
+
+
+def _loop(live: LiveCluster, stop: threading.Event, err: IO[str]) -> None:
+    warned_lag = announced_end = False
+    while not stop.wait(TICK_S):
+        live.tick()
+        if not warned_lag and live.lag_s > max(5.0, 2 * live.speed):
+            warned_lag = True
+            print(f"kvscope simulate: the simulation runs {live.lag_s:.1f} simulated s behind "
+                  f"the clock; lower --speed", file=err)  # fmt: skip
+        if live.finished and not announced_end:
+            announced_end = True
+            print(f"kvscope simulate: reached duration_s={live.sim.end_time:g}; serving the "
+                  "final values until stopped", file=err)  # fmt: skip
