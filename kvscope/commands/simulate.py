@@ -97,6 +97,21 @@ def register(app: typer.Typer) -> None:
             list[str] | None,
             typer.Option("--set", help="override a scenario key: key=value (repeatable)"),
         ] = None,
+        serve: Annotated[
+            str | None,
+            typer.Option(
+                "--serve",
+                help="HOST:PORT: serve live /metrics per engine and "
+                "LMCache pool on consecutive ports (0: any free ports)",
+            ),
+        ] = None,
+        speed: Annotated[
+            float, typer.Option("--speed", help="with --serve: simulated seconds per second")
+        ] = 1.0,
+        ports_file: Annotated[
+            Path | None,
+            typer.Option("--ports-file", help="with --serve: write the endpoints JSON here"),
+        ] = None,
     ) -> None:
         """Simulate a vLLM (+ native offload / LMCache) cluster from a scenario file.
 
@@ -104,6 +119,9 @@ def register(app: typer.Typer) -> None:
 
         Example: kvscope simulate examples/scenarios/shared_prefix.yaml
         --compare none,native,lmcache --sweep gpu_memory_utilization=0.3:0.9:0.1 --json
+
+        Example: kvscope simulate examples/scenarios/shared_prefix.yaml
+        --serve 127.0.0.1:9100 --speed 30 --ports-file ports.json
         """
         from collector.errors import ConfigError
         from planner.simulate.cluster import Simulation
@@ -113,6 +131,13 @@ def register(app: typer.Typer) -> None:
 
         raw = _apply_sets(_read_raw(scenario), sets or [])
         where = str(scenario)
+        if serve is not None:  # live metrics: planner/simulate/serve.py
+            from planner.simulate.serve import serve_scenario
+
+            if compare_modes is not None or sweep is not None:
+                raise ConfigError("--serve runs one scenario live; drop --compare/--sweep")
+            sc = parse_scenario(raw, where=where, base_dir=scenario.parent)
+            raise typer.Exit(serve_scenario(sc, serve, speed=speed, ports_file=ports_file))
         if compare_modes is None:
             if sweep is not None:
                 raise ConfigError("--sweep needs --compare (the modes to sweep)")
