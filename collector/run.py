@@ -7,8 +7,7 @@ running when the next one is due makes that next tick be skipped and counted, ne
 A stop (SIGINT/SIGTERM, or ``stop.set()``) cancels the scrape in flight, flushes every open
 window to the store and returns the loop's own statistics.
 
-Prometheus mode: back-fill ``[now - since, now - settle]`` once, then poll every
-``interval_s`` for the windows that closed since; the store's upsert makes overlap harmless.
+Prometheus mode lives in collector.run_prometheus (same statistics, same stop handling).
 """
 
 from __future__ import annotations
@@ -24,9 +23,7 @@ from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from collector.catalog import SIGNALS
-from collector.errors import ConfigError, KvscopeError, ScrapeError
-from collector.promsource import PrometheusSource
+from collector.errors import ConfigError, KvscopeError
 from collector.records import ScrapeOutcome, Snapshot, Window
 from collector.rollup import Rollup
 from collector.sources import ScrapeResult, Target, TargetSet, make_client, scrape_all
@@ -118,7 +115,7 @@ def install_stop_signals(stop: asyncio.Event) -> None:
         loop.add_signal_handler(sig, stop.set)
 
 
-async def _sleep_until(deadline: float, stop: asyncio.Event) -> None:
+async def sleep_until(deadline: float, stop: asyncio.Event) -> None:
     delay = deadline - time.time()
     if delay <= 0 or stop.is_set():
         return
@@ -126,7 +123,7 @@ async def _sleep_until(deadline: float, stop: asyncio.Event) -> None:
         await asyncio.wait_for(stop.wait(), timeout=delay)
 
 
-async def _unless_stopped(coro: Coroutine[Any, Any, T], stop: asyncio.Event) -> T | None:
+async def unless_stopped(coro: Coroutine[Any, Any, T], stop: asyncio.Event) -> T | None:
     """Await ``coro`` unless ``stop`` is set first (then cancel it and return None)."""
     task = asyncio.ensure_future(coro)
     stopper = asyncio.ensure_future(stop.wait())
@@ -317,7 +314,7 @@ async def collect_direct(
             began = time.time()
             stats.last_lag_s = max(0.0, began - scheduled)
             stats.max_lag_s = max(stats.max_lag_s, stats.last_lag_s)
-            results = await _unless_stopped(
+            results = await unless_stopped(
                 scrape_all(
                     targets,
                     timeout_s=timeout,
@@ -347,116 +344,11 @@ async def collect_direct(
                 )
             index = following
             scheduled = index * interval_s
-            await _sleep_until(scheduled, stop)
+            await sleep_until(scheduled, stop)
     state.flush()
     if progress is not None:
         progress(stats)
     return stats
-
-
-# --------------------------------------------------------------------------- Prometheus mode
-
-
-async def collect_prometheus(
-    source: PrometheusSource,
-    store: Store,
-    *,
-    cluster: str,
-    window_s: float,
-    since_s: float,
-    interval_s: float,
-    settle_s: float = 30.0,
-    once: bool = False,
-    max_polls: int | None = None,
-    stop: asyncio.Event | None = None,
-    progress: Progress | None = None,
-) -> CollectStats:
-    """Back-fill windows of ``[now - since_s, now - settle_s]``, then poll every ``interval_s``.
-
-    ``settle_s`` keeps the newest windows out until Prometheus has ingested their last scrape.
-    The first query failing raises ScrapeError; later failures are logged, counted and retried.
-    """
-    if not (math.isfinite(interval_s) and interval_s > 0):
-        raise ConfigError(f"poll interval must be > 0 seconds, got {interval_s}")
-    if not (math.isfinite(since_s) and since_s > 0):
-        raise ConfigError(f"--since must be > 0 seconds, got {since_s}")
-    stats = CollectStats(mode="prometheus")
-    stop = stop if stop is not None else asyncio.Event()
-    limit = 1 if once else max_polls
-    await asyncio.to_thread(source.check)
-    store.upsert_cluster(cluster)
-    store.upsert_target(source.url, source.url, kind="prometheus", cluster=cluster)
-    known: set[str] = set()
-    cursor = math.floor((time.time() - since_s) / window_s) * window_s
-    while not stop.is_set():
-        began = time.time()
-        end = math.floor((began - settle_s) / window_s) * window_s
-        stats.scrapes += 1
-        if end > cursor:
-            try:
-                windows = await _unless_stopped(
-                    asyncio.to_thread(source.windows, cursor, end, window_s), stop
-                )
-            except ScrapeError as exc:
-                if stats.ticks == 0:
-                    raise
-                stats.failures[exc.kind] += 1
-                stats.last_error = str(exc)
-                log.error("prometheus poll failed: %s", exc)
-                windows = []
-                end = cursor  # retry the same range next time
-            if windows is None:
-                break
-            _register_sources(
-                store, cluster=cluster, url=source.url, windows=windows, known=known, stats=stats
-            )
-            written_before = stats.windows_written
-            try:
-                stats.windows_written += store.write_windows(windows)
-                cursor = end
-            except KvscopeError as exc:
-                stats.store_errors += 1
-                stats.last_error = f"store: {exc}"
-                log.error("store: writing %d windows: %s (will re-query)", len(windows), exc)
-            log.info("poll: %d windows", stats.windows_written - written_before)
-        stats.ticks += 1
-        stats.last_tick_s = time.time() - began
-        if progress is not None:
-            progress(stats)
-        if limit is not None and stats.ticks >= limit:
-            break
-        await _sleep_until(next_tick(time.time(), interval_s), stop)
-    return stats
-
-
-def _register_sources(
-    store: Store,
-    *,
-    cluster: str,
-    url: str,
-    windows: Sequence[Window],
-    known: set[str],
-    stats: CollectStats,
-) -> None:
-    """Register every new source as a target (and as an engine when it serves vLLM signals)."""
-    kinds: dict[str, set[str]] = {}
-    for w in windows:
-        sig = SIGNALS.get(w.signal)
-        kinds.setdefault(w.source, set()).add(sig.source if sig is not None else "vllm")
-    stats.targets_up = len(kinds)
-    for source, seen in kinds.items():
-        if source in known:
-            continue
-        kind = "lmcache" if seen == {"lmcache"} else "vllm"
-        try:
-            store.upsert_target(source, url, kind=kind, cluster=cluster)
-            if kind == "vllm":
-                store.upsert_engine(cluster, source)
-        except KvscopeError as exc:
-            stats.store_errors += 1
-            log.error("store: registering %s: %s", source, exc)
-            continue
-        known.add(source)
 
 
 def run_until_signalled(main: Callable[[asyncio.Event], Coroutine[Any, Any, T]]) -> T:

@@ -107,20 +107,24 @@ def register(app: typer.Typer) -> None:
 
         Example: kvscope collect --targets examples/targets.yaml --db sqlite:///kvscope.db
         """
-        summary = run_collect(
-            targets=targets,
-            prometheus=prometheus,
-            db=db,
-            interval=interval,
-            window=window,
-            once=once,
-            cluster=cluster,
-            since=since,
-            timeout=timeout,
-            source_label=source_label,
-            settle=settle,
-            quiet=quiet,
-        )
+        try:
+            summary = run_collect(
+                targets=targets,
+                prometheus=prometheus,
+                db=db,
+                interval=interval,
+                window=window,
+                once=once,
+                cluster=cluster,
+                since=since,
+                timeout=timeout,
+                source_label=source_label,
+                settle=settle,
+                quiet=quiet,
+            )
+        except KeyboardInterrupt:  # Ctrl-C before the loop installed its handler
+            print("kvscope: interrupted before collecting", file=sys.stderr)
+            raise typer.Exit(130) from None
         typer.echo(json.dumps(summary))
 
 
@@ -142,7 +146,7 @@ def run_collect(
     """Validate the flags, run the loop, return the JSON summary."""
     from pydantic import ValidationError
 
-    from collector import run
+    from collector import run, run_prometheus
     from collector.store import Store
     from kvscope.config import get_settings
 
@@ -203,7 +207,7 @@ def run_collect(
                 source_from="job/instance" if source_label == "job/instance" else "instance",
             ) as source:
                 stats = run.run_until_signalled(
-                    lambda stop: run.collect_prometheus(
+                    lambda stop: run_prometheus.collect_prometheus(
                         source,
                         store,
                         cluster=settings.cluster,

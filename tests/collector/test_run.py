@@ -15,7 +15,8 @@ import pytest
 from collector.errors import ConfigError, ScrapeError
 from collector.promsource import PrometheusSource
 from collector.records import ScrapeOutcome, Snapshot, Window
-from collector.run import CollectStats, collect_direct, collect_prometheus, engine_facts, next_tick
+from collector.run import CollectStats, collect_direct, engine_facts, next_tick
+from collector.run_prometheus import collect_prometheus
 from collector.sources import EngineMeta, Target, TargetSet
 from collector.store import Store
 from tests.collector.conftest import LiveProm
