@@ -54,6 +54,7 @@ class CollectStats:
     last_tick_s: float = 0.0
     last_error: str | None = None
     store_errors: int = 0
+    loop_errors: int = 0
 
     def summary(self) -> dict[str, Any]:
         """The JSON summary `kvscope collect` prints on stdout."""
@@ -68,6 +69,7 @@ class CollectStats:
             "targets_down": self.targets_down,
             "errors": dict(sorted(self.failures.items())),
             "store_errors": self.store_errors,
+            "loop_errors": self.loop_errors,
             "max_lag_s": round(self.max_lag_s, 4),
             "duration_s": round(time.time() - self.started, 3),
             "last_error": self.last_error,
@@ -314,19 +316,24 @@ async def collect_direct(
             began = time.time()
             stats.last_lag_s = max(0.0, began - scheduled)
             stats.max_lag_s = max(stats.max_lag_s, stats.last_lag_s)
-            results = await unless_stopped(
-                scrape_all(
-                    targets,
-                    timeout_s=timeout,
-                    concurrency=concurrency,
-                    max_body_bytes=max_body_bytes,
-                    client=client,
-                ),
-                stop,
-            )
-            if results is None:
-                break
-            state.absorb(results)
+            try:
+                results = await unless_stopped(
+                    scrape_all(
+                        targets,
+                        timeout_s=timeout,
+                        concurrency=concurrency,
+                        max_body_bytes=max_body_bytes,
+                        client=client,
+                    ),
+                    stop,
+                )
+                if results is None:
+                    break
+                state.absorb(results)
+            except Exception as exc:  # loop boundary: a bug in one round must not end collection
+                log.exception("collect round failed")
+                stats.loop_errors += 1
+                stats.last_error = f"internal: {type(exc).__name__}: {exc}"
             stats.ticks += 1
             stats.last_tick_s = time.time() - began
             if progress is not None:

@@ -292,9 +292,11 @@ async def scrape_one(
                     body += chunk
     except (TimeoutError, httpx.TimeoutException):
         return failed("timeout", f"no complete answer within {timeout_s:g} s")
-    except httpx.TransportError as exc:
-        return failed("connect", f"{type(exc).__name__}: {exc}")
-    except OSError as exc:
+    except httpx.DecodingError as exc:  # a broken gzip/deflate body
+        return failed("parse", f"cannot decode the body: {exc}")
+    except httpx.TooManyRedirects as exc:
+        return failed("http_status", f"too many redirects: {exc}")
+    except (httpx.HTTPError, httpx.InvalidURL, OSError) as exc:
         return failed("connect", f"{type(exc).__name__}: {exc}")
 
     try:

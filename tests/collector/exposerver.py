@@ -28,6 +28,7 @@ class Route:
     status: int = 200
     delay_s: float = 0.0
     chunks: int = 1  # >1: stream the body in chunks without Content-Length
+    headers: dict[str, str] = field(default_factory=dict)
     hits: int = 0
     accepts: list[str] = field(default_factory=list)
 
@@ -57,10 +58,12 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _answer(self, route: Route, body: bytes) -> None:
         if route.chunks <= 1:
-            self._send(route.status, body, TEXT_004)
+            self._send(route.status, body, TEXT_004, route.headers)
             return
         self.send_response(route.status)
         self.send_header("Content-Type", TEXT_004)
+        for key, value in route.headers.items():
+            self.send_header(key, value)
         self.send_header("Transfer-Encoding", "chunked")
         self.end_headers()
         step = max(1, len(body) // route.chunks)
@@ -69,9 +72,13 @@ class _Handler(BaseHTTPRequestHandler):
             self.wfile.write(f"{len(piece):x}\r\n".encode() + piece + b"\r\n")
         self.wfile.write(b"0\r\n\r\n")
 
-    def _send(self, status: int, body: bytes, ctype: str) -> None:
+    def _send(
+        self, status: int, body: bytes, ctype: str, headers: dict[str, str] | None = None
+    ) -> None:
         self.send_response(status)
         self.send_header("Content-Type", ctype)
+        for key, value in (headers or {}).items():
+            self.send_header(key, value)
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
         self.wfile.write(body)

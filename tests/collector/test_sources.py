@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gzip
 import time
 from pathlib import Path
 
@@ -29,6 +30,7 @@ GOOD_FIXTURES = (
     "vllm-0.33.0-metrics-full.txt",
     "lmcache-0.5.6-legacy-metrics.txt",
 )
+FULL = METRICS / "vllm-0.33.0-metrics-full.txt"
 CAP = 200 * 1024  # above every fixture (the largest is 135 KB)
 MALFORMED = b'# TYPE x counter\nx{engine="0" 1.0\nx 2\n'
 
@@ -142,6 +144,13 @@ def test_scrape_all_mixed_targets_each_gets_its_outcome() -> None:
             "big-declared": srv.add("/bigcl", b"y 1\n" * 100_000),
             "malformed": srv.add("/bad", MALFORMED),
             "binary": srv.add("/bin", b"\xff\xfe\xfa metric\n"),
+            "bad-gzip": srv.add("/badgz", b"not gzip", headers={"Content-Encoding": "gzip"}),
+            "gzip-bomb": srv.add(
+                "/bomb", gzip.compress(b"# x\n" * 100_000), headers={"Content-Encoding": "gzip"}
+            ),
+            "good-gzip": srv.add(
+                "/gz", gzip.compress(FULL.read_bytes()), headers={"Content-Encoding": "gzip"}
+            ),
             "refused": f"http://127.0.0.1:{free_port()}/metrics",
             "missing": srv.base + "/nothing-here",
         }
@@ -160,6 +169,9 @@ def test_scrape_all_mixed_targets_each_gets_its_outcome() -> None:
         assert r.outcome.series == len(r.snapshot.samples) > 0
         assert r.outcome.bytes == (METRICS / GOOD_FIXTURES[i]).stat().st_size
         assert r.outcome.error_kind is None
+    gz = by.pop("good-gzip")
+    assert gz.outcome.up and gz.snapshot is not None
+    assert gz.outcome.bytes == FULL.stat().st_size  # counted (and capped) decoded
     expected = {
         "slow": "timeout",
         "err500": "http_status",
@@ -167,6 +179,8 @@ def test_scrape_all_mixed_targets_each_gets_its_outcome() -> None:
         "big-declared": "too_large",
         "malformed": "parse",
         "binary": "parse",
+        "bad-gzip": "parse",
+        "gzip-bomb": "too_large",  # the cap applies to the decoded body
         "refused": "connect",
         "missing": "http_status",
     }
