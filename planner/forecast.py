@@ -9,26 +9,28 @@ How a forecast is made (each step is stated again in ``Forecast.assumptions``):
 2. Candidates (planner/forecast_models.py), cheapest first: (seasonal) naive, ETS(A,Ad,N),
    ETS(A,A,N) or the seasonal ETS(A,Ad,A)/(A,A,A), and a SARIMAX regression with AR(1)
    errors (+ daily Fourier terms when seasonal).
-3. Rolling-origin backtest (Tashman 2000), the same origins for every candidate: parameters
-   are estimated once on the data before the first origin, then each origin re-filters the
-   states on the data up to it (no look-ahead) and forecasts the next ``h_b`` buckets, with
-   ``h_b`` = the forecast horizon when the history allows, halved until >= 3 origins fit.
-   Scores pool every (origin, step): interval coverage, MAPE (withheld when actuals come
-   near 0), MASE (scaled by the in-sample (seasonal) naive MAE, Hyndman & Koehler 2006) and
-   the interval score (Gneiting & Raftery 2007, eq. 43), which rewards narrow intervals and
-   penalises misses. The model with the lowest mean interval score wins; AIC is not used
-   (ETS and SARIMAX likelihoods here are not comparable).
+3. Rolling-origin backtest (planner/forecast_backtest.py; Tashman 2000), the same origins
+   for every candidate: parameters are estimated once on the data before the first origin,
+   then each origin re-filters the states on the data up to it (no look-ahead) and
+   forecasts the next ``h_b`` buckets, with ``h_b`` = the forecast horizon when the history
+   allows, halved until >= 3 origins fit. Scores pool every (origin, step): interval
+   coverage, MAPE (withheld when actuals come near 0), MASE (scaled by the in-sample
+   (seasonal) naive MAE, Hyndman & Koehler 2006) and the interval score (Gneiting & Raftery
+   2007, eq. 43), which rewards narrow intervals and penalises misses. The model with the
+   lowest mean interval score wins; AIC is not used (ETS and SARIMAX likelihoods here are
+   not comparable).
 4. The winner is refitted on all the history and forecasts ``horizon_s``; intervals at
    ``level`` are clipped at 0 (demand is non-negative) and that is noted (the backtest
    scores the clipped intervals, i.e. what is reported).
-5. Saturation (``capacity`` given): the point forecast is placed at bucket midpoints and
-   linearly interpolated; ``time_to_saturation_s`` is when it first reaches capacity,
-   ``_lo_s`` when the upper bound does (at that time P(demand >= capacity) reaches
-   (1-level)/2) and ``_hi_s`` when the lower bound does (P reaches (1+level)/2); these are
-   crossings of the pointwise band, not quantiles of a first-passage time. None with a note
-   when not within the horizon; 0 when the last observed bucket is already at capacity.
-   ``saturation_probability`` is the share of 1000 simulated paths of the fitted model
-   (seeded by ``seed``, parameters fixed) that reach capacity within the horizon.
+5. Saturation (planner/forecast_saturation.py; ``capacity`` given): the point forecast is
+   placed at bucket midpoints and linearly interpolated; ``time_to_saturation_s`` is when
+   it first reaches capacity, ``_lo_s`` when the upper bound does (at that time
+   P(demand >= capacity) reaches (1-level)/2) and ``_hi_s`` when the lower bound does
+   (P reaches (1+level)/2); these are crossings of the pointwise band, not quantiles of a
+   first-passage time. None with a note when not within the horizon; 0 when the last
+   observed bucket is already at capacity. ``saturation_probability`` is the share of 1000
+   simulated paths of the fitted model (seeded by ``seed``, parameters fixed) that reach
+   capacity within the horizon.
 
 Budget: ``max_seconds`` bounds the work (statsmodels' one-off import excluded): once half of
 it is spent no further candidate is tried (the simpler ones already scored stay), and the
@@ -43,6 +45,7 @@ from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
 from collector.errors import ConfigError, InsufficientHistory
+from planner.forecast_backtest import Scores, backtest, plan_backtest
 from planner.forecast_data import (
     MIN_POINTS,
     SeriesError,
@@ -54,12 +57,12 @@ from planner.forecast_models import (
     DEFAULT_SEASONAL,
     Fitted,
     ModelSpec,
-    crossing_probability,
     fit,
     min_train,
     predict,
     spec_of,
 )
+from planner.forecast_saturation import Saturation, capacity_notes, saturation
 
 if TYPE_CHECKING:
     import numpy as np
@@ -74,13 +77,10 @@ __all__ = [
     "SeriesError",
     "demand_series_from_windows",
     "forecast_demand",
+    "plan_backtest",
 ]
 
-MAX_ORIGINS = 24
-MIN_ORIGINS = 3
-BACKTEST_TARGET_POINTS = 60
 MAX_HORIZON_STEPS = 10_000
-SIMULATED_PATHS = 1000
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,67 +142,6 @@ def _json_safe(obj: Any) -> Any:
     return obj
 
 
-def plan_backtest(n: int, steps: int, train_min: int) -> tuple[int, list[int]]:
-    """(h_b, origins): origins are the indices of the first held-out point, ascending."""
-    hb = min(steps, n - train_min)
-    while hb >= 1:
-        spacing = max(1, hb // 2)
-        wanted = min(MAX_ORIGINS, max(5, math.ceil(BACKTEST_TARGET_POINTS / hb)))
-        k = min(wanted, (n - train_min - hb) // spacing + 1)
-        if k >= MIN_ORIGINS or hb == 1:
-            return hb, [n - hb - i * spacing for i in reversed(range(k))]
-        hb //= 2
-    return 0, []
-
-
-@dataclass(frozen=True, slots=True)
-class _Scores:
-    interval_score: float
-    coverage: float
-    mape: float | None
-    mase: float | None
-    points: int
-
-
-def _backtest(
-    f: Fitted, y: FloatArray, *, origins: list[int], hb: int, level: float, mase_den: float
-) -> _Scores:
-    import numpy as np
-
-    alpha = 1.0 - level
-    actual, mean, lo, hi = [], [], [], []
-    for o in origins:
-        m, lower, upper = predict(f, y[:o], hb, level)
-        actual.append(y[o : o + hb])
-        mean.append(np.maximum(m, 0.0))
-        lo.append(np.maximum(lower, 0.0))
-        hi.append(np.maximum(upper, 0.0))
-    a, m_, lo_, hi_ = (np.concatenate(x) for x in (actual, mean, lo, hi))
-    if not (np.isfinite(m_).all() and np.isfinite(lo_).all() and np.isfinite(hi_).all()):
-        raise SeriesError(f"{f.spec.label}: non-finite forecast in the backtest")
-    score = (hi_ - lo_) + (2 / alpha) * ((lo_ - a) * (a < lo_) + (a - hi_) * (a > hi_))
-    err = np.abs(a - m_)
-    abs_a = np.abs(a)
-    near_zero = abs_a.min() < 0.05 * max(abs_a.mean(), 1e-12)
-    return _Scores(
-        interval_score=float(score.mean()),
-        coverage=float(np.mean((a >= lo_) & (a <= hi_))),
-        mape=None if near_zero else float(100 * np.mean(err / abs_a)),
-        mase=float(err.mean() / mase_den) if mase_den > 0 else None,
-        points=len(a),
-    )
-
-
-def _crossing(prev: float, values: FloatArray, capacity: float, cadence: float) -> float | None:
-    """Seconds after the origin when the midpoint-interpolated ``values`` reach capacity."""
-    for j, v in enumerate(values):
-        if v >= capacity:
-            before = prev if j == 0 else float(values[j - 1])
-            frac = 1.0 if v == before else (capacity - before) / (v - before)
-            return max(0.0, (j - 0.5 + min(max(frac, 0.0), 1.0)) * cadence)
-    return None
-
-
 def _collapse(lines: list[str]) -> tuple[str, ...]:
     """Repeated warnings (one per backtest origin) as one line with a count, first-seen order."""
     counts: dict[str, int] = {}
@@ -211,8 +150,12 @@ def _collapse(lines: list[str]) -> tuple[str, ...]:
     return tuple(line if c == 1 else f"{line} (x{c})" for line, c in counts.items())
 
 
-def _hours(s: float | None) -> str:
-    return "not within the horizon" if s is None else f"in {s / 3600:.1f} h"
+_KNOWN = {
+    "naive": "the difference scale sigma (from the training data)",
+    "ets": "smoothing/damping parameters and heuristic initial states",
+    "sarimax": "the AR(1) coefficient and scale (regression coefficients are Kalman states: "
+    "their uncertainty is included)",
+}
 
 
 def forecast_demand(
@@ -263,6 +206,9 @@ def forecast_demand(
     period = prep.seasonal_period
     specs = [spec_of(k) for k in (models or (DEFAULT_SEASONAL if period else DEFAULT_NONSEASONAL))]
     assumptions = list(prep.notes)
+    if not period and any(s.seasonal for s in specs):
+        specs = [s for s in specs if not s.seasonal] or [spec_of("naive")]
+        assumptions.append("seasonal models requested but the history is < 2 full days: dropped")
     span_h = n * cad / 3600
     assumptions.append(
         f"modelled as {cad:g} s buckets (the {agg} of the raw points in each, UTC-aligned); "
@@ -289,7 +235,7 @@ def forecast_demand(
     train = y[: origins[0]]
     mase_den = float(np.mean(np.abs(train[lag:] - train[:-lag]))) if len(train) > lag else 0.0
 
-    scored: list[tuple[float, int, ModelSpec, CandidateScore, _Scores]] = []
+    scored: list[tuple[float, int, ModelSpec, CandidateScore, Scores]] = []
     rows: list[CandidateScore] = []
     warns: list[str] = []
     for i, spec in enumerate(specs):
@@ -300,7 +246,7 @@ def forecast_demand(
         f = Fitted(spec, period, prep.start, cad, 0)
         try:
             f = fit(spec, train, period=period, start_epoch=prep.start, cadence_s=cad)
-            sc = _backtest(f, y, origins=origins, hb=hb, level=level, mase_den=mase_den)
+            sc = backtest(f, y, origins=origins, hb=hb, level=level, mase_den=mase_den)
         except Exception as exc:  # loop boundary: one failed candidate must not sink the rest
             warns.extend(f.warnings)
             warns.append(f"{label} failed: {type(exc).__name__}: {exc}")
@@ -363,8 +309,9 @@ def forecast_demand(
             f"horizon {horizon_s / 3600:.1f} h exceeds the {span_h:.1f} h history: extrapolation"
         )
     assumptions.append(
-        f"intervals at {level:.0%}: Gaussian errors, parameters treated as known "
-        "(no parameter uncertainty), so they can be narrow; the backtest coverage checks them"
+        f"intervals at {level:.0%}: Gaussian errors, {_KNOWN[best.family]} treated as known "
+        "(their uncertainty is not in the interval), so they can be narrow; the backtest "
+        "coverage checks them"
     )
     mean, lo, hi = mean * scale, lo * scale, hi * scale
     clipped = int(np.sum(lo < 0) + np.sum(mean < 0))
@@ -376,42 +323,15 @@ def forecast_demand(
         (float(t), float(m), float(a), float(b))
         for t, m, a, b in zip(t_pts, mean, lo, hi, strict=True)
     )
-    ts = ts_lo = ts_hi = prob = None
-    note = "no capacity given"
+    sat = Saturation(None, None, None, None, "no capacity given")
     if capacity is not None:
-        if agg == "mean":
-            assumptions.append(
-                "saturation judged on bucket means: peaks inside a bucket run higher "
-                "(agg='max' forecasts the bucket peaks instead)"
-            )
-        if float(prep.values.max()) >= 0.95 * capacity:
-            assumptions.append(
-                "history reaches >= 95 % of capacity: observed usage is censored there "
-                "(vLLM queues or preempts instead of exceeding it), so demand above capacity "
-                "is unseen and the trend may be understated"
-            )
-        last = float(prep.values[-1])
-        if last >= capacity:
-            ts = ts_lo = ts_hi = 0.0
-            prob = 1.0
-            note = f"already saturated: the last bucket ({last:.6g}) >= capacity {capacity:.6g}"
-        else:
-            ts = _crossing(last, mean, capacity, cad)
-            ts_lo = _crossing(last, hi, capacity, cad)
-            ts_hi = _crossing(last, lo, capacity, cad)
-            note = (
-                f"reaches capacity: point forecast {_hours(ts)}, "
-                f"upper bound {_hours(ts_lo)}, lower bound {_hours(ts_hi)}; "
-                f"peak forecast {mean.max() / capacity:.0%} of capacity"
-            )
-            if time.perf_counter() - t_start < 0.8 * max_seconds:
-                seen = len(final.warnings)
-                prob = crossing_probability(
-                    final, y, steps, capacity / scale, seed=seed, paths=SIMULATED_PATHS
-                )
-                warns.extend(final.warnings[seen:])
-            else:
-                note += "; crossing probability skipped (time budget)"
+        assumptions.extend(capacity_notes(prep.values, capacity, agg))
+        simulate = time.perf_counter() - t_start < 0.8 * max_seconds
+        seen = len(final.warnings)
+        sat = saturation(
+            final, y, (mean, lo, hi), scale=scale, capacity=capacity, seed=seed, simulate=simulate
+        )
+        warns.extend(final.warnings[seen:])
     return Forecast(
         what=what,
         method=method,
@@ -427,11 +347,11 @@ def forecast_demand(
         backtest_horizon_steps=hb,
         backtest_points=sc.points,
         capacity=capacity,
-        time_to_saturation_s=ts,
-        time_to_saturation_lo_s=ts_lo,
-        time_to_saturation_hi_s=ts_hi,
-        saturation_probability=prob,
-        saturation_note=note,
+        time_to_saturation_s=sat.ts,
+        time_to_saturation_lo_s=sat.lo,
+        time_to_saturation_hi_s=sat.hi,
+        saturation_probability=sat.probability,
+        saturation_note=sat.note,
         history_points=n,
         raw_points=prep.raw_points,
         candidates=tuple(rows),

@@ -102,8 +102,10 @@ def recorded(tag: str, sink: list[str]) -> Iterator[None]:
     """
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        yield
-    sink.extend(f"{tag}: {w.category.__name__}: {w.message}" for w in caught)
+        try:
+            yield
+        finally:  # keep what was said before a fit failed, too
+            sink.extend(f"{tag}: {w.category.__name__}: {w.message}" for w in caught)
 
 
 @dataclass(slots=True)

@@ -1,0 +1,102 @@
+"""Time to HBM saturation from a forecast band, and the simulated crossing probability.
+
+The point forecast (bucket means) is placed at bucket midpoints and linearly interpolated
+from the last observed bucket; the first time it reaches capacity is the time to saturation.
+The upper bound reaching capacity gives the earliest time (there P(demand >= capacity)
+reaches (1-level)/2), the lower bound the latest (P reaches (1+level)/2): crossings of the
+pointwise band, not quantiles of a first-passage time. The probability that demand reaches
+capacity at some bucket within the horizon comes from 1000 seeded simulated paths of the
+fitted model (parameters fixed).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from planner.forecast_models import Fitted, crossing_probability
+
+if TYPE_CHECKING:
+    import numpy as np
+    import numpy.typing as npt
+
+    FloatArray = npt.NDArray[np.float64]
+
+SIMULATED_PATHS = 1000
+
+
+def _crossing(prev: float, values: FloatArray, capacity: float, cadence: float) -> float | None:
+    """Seconds after the origin when the midpoint-interpolated ``values`` reach capacity."""
+    for j, v in enumerate(values):
+        if v >= capacity:
+            before = prev if j == 0 else float(values[j - 1])
+            frac = 1.0 if v == before else (capacity - before) / (v - before)
+            return max(0.0, (j - 0.5 + min(max(frac, 0.0), 1.0)) * cadence)
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class Saturation:
+    """Seconds after the forecast origin (None: not within the horizon)."""
+
+    ts: float | None
+    lo: float | None
+    hi: float | None
+    probability: float | None
+    note: str
+
+
+def capacity_notes(history: FloatArray, capacity: float, agg: str) -> list[str]:
+    """What a time to saturation from this history rests on (for ``Forecast.assumptions``)."""
+    notes = []
+    if agg == "mean":
+        notes.append(
+            "saturation judged on bucket means: peaks inside a bucket run higher "
+            "(agg='max' forecasts the bucket peaks instead)"
+        )
+    if float(history.max()) >= 0.95 * capacity:
+        notes.append(
+            "history reaches >= 95 % of capacity: observed usage is censored there "
+            "(vLLM queues or preempts instead of exceeding it), so demand above capacity "
+            "is unseen and the trend may be understated"
+        )
+    return notes
+
+
+def saturation(
+    final: Fitted,
+    y: FloatArray,
+    band: tuple[FloatArray, FloatArray, FloatArray],
+    *,
+    scale: float,
+    capacity: float,
+    seed: int,
+    simulate: bool,
+) -> Saturation:
+    """Band crossings (caller units; ``band`` = mean, lo, hi) and the crossing probability."""
+    mean, lo, hi = band
+    last = float(y[-1]) * scale
+    if last >= capacity:
+        note = f"already saturated: the last bucket ({last:.6g}) >= capacity {capacity:.6g}"
+        return Saturation(0.0, 0.0, 0.0, 1.0, note)
+    cad = final.cadence_s
+    ts = _crossing(last, mean, capacity, cad)
+    ts_lo = _crossing(last, hi, capacity, cad)
+    ts_hi = _crossing(last, lo, capacity, cad)
+    note = (
+        f"reaches capacity: point forecast {_hours(ts)}, "
+        f"upper bound {_hours(ts_lo)}, lower bound {_hours(ts_hi)}; "
+        f"peak forecast {mean.max() / capacity:.0%} of capacity"
+    )
+    prob = None
+    if simulate:
+        prob = crossing_probability(
+            final, y, len(mean), capacity / scale, seed=seed, paths=SIMULATED_PATHS
+        )
+    else:
+        note += "; crossing probability skipped (time budget)"
+    return Saturation(ts, ts_lo, ts_hi, prob, note)
+
+
+def _hours(s: float | None) -> str:
+    return "not within the horizon" if s is None else f"in {s / 3600:.1f} h"
