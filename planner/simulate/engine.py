@@ -97,6 +97,7 @@ class Engine:
         self.avoided_tokens = 0
         self.computed_tokens = 0
         self.rejected = 0
+        self.stall_s = 0.0  # step time spent in blocking connector lookups and loads
 
     # --- cluster interface ----------------------------------------------------------------
     def load_estimate(self) -> int:
@@ -191,6 +192,7 @@ class Engine:
             return
         prefill = [(n, r.computed) for r, n in chunks]
         secs = self.cost.step(prefill, dec.r, dec.s) * self.factor + extra
+        self.stall_s += extra
         if chunks and self.conn.store_overhead_s:
             secs += self.conn.store_overhead_s
         self.seg, self.seg_chunks, self.seg_k, self.seg_a = MIXED, chunks, 1, secs

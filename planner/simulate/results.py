@@ -176,6 +176,7 @@ def _engine_row(
         ),
         "kv_usage_mean": _clean(eng.kv_integral / max(t1, 1e-9)),
         "busy_fraction": _clean(eng.busy_time / max(t1, 1e-9)),
+        "connector_stall_fraction": _clean(eng.stall_s / max(t1, 1e-9)),
         "steps": eng.steps,
         "offload_cache_usage": _clean(eng.conn.usage_ratio()),
     }
