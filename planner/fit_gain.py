@@ -54,6 +54,7 @@ from planner.fitcommon import (
     FitResult,
     Interval,
     check_level,
+    engine_groups,
     fmt,
     nan_interval,
     ols_robust,
@@ -130,18 +131,18 @@ def fit_gain(
     label = offload or "offload"
     what = f"offload gain ({label} vs none)"
     cols = [util, response, "offload_mode"]
-    data = frame.dropna(subset=cols) if all(c in frame.columns for c in cols) else frame.iloc[:0]
-    modes = data["offload_mode"].astype(str) if len(data) else data.get("offload_mode")
-    if len(data):
-        is_off = (modes == offload) if offload else ~modes.isin(NOT_OFFLOAD)
-        data = data[is_off | (modes == NO_OFFLOAD)]
-        d = is_off[data.index].to_numpy(dtype=float)
+    if not all(c in frame.columns for c in cols):
+        data, d = frame.iloc[0:0], np.zeros(0)
     else:
-        d = np.zeros(0)
+        data = frame.dropna(subset=cols)
+        modes = data["offload_mode"].astype(str).to_numpy()
+        is_off = (modes == offload) if offload else ~np.isin(modes, list(NOT_OFFLOAD))
+        keep = is_off | (modes == NO_OFFLOAD)
+        data, d = data[keep], is_off[keep].astype(np.float64)
     require_history(what, len(data), min_windows)
     u = data[util].to_numpy(dtype=float)
     y = data[response].to_numpy(dtype=float)
-    g = _groups(data)
+    g = engine_groups(data)
     counts = ((NO_OFFLOAD, int((d == 0).sum())), (label, int((d == 1).sum())))
     engines = (
         (NO_OFFLOAD, int(np.unique(g[d == 0]).size)),
@@ -216,15 +217,15 @@ def fit_gain(
         )
     with recorded_warnings() as caught:
         params, cov = ols_robust(y, design, g, cov_type)
-    p = x.shape[1]
+    curve = _Curve(kn, centre, params, cov)
     tq = t_quantile(level, n_eng - 1 if cov_type == "cluster" else n - design.shape[1])
     fine = np.linspace(lo, hi, 401)
-    gain, se = _gain(fine, kn, centre, params, cov, p)
+    gain, se = curve.gain(fine)
     roots = _roots(fine, gain)
     ok = np.abs(gain) <= tq * se  # Fieller acceptance set
     out.update(
         roots=tuple(roots),
-        grid=_grid(np.linspace(lo, hi, n_grid), kn, centre, params, cov, p, tq, level),
+        grid=curve.points(np.linspace(lo, hi, n_grid), tq, level),
         cov_type=cov_type,
         warnings=tuple(caught),
         method=f"{method}; {cov_type} errors",
@@ -249,8 +250,9 @@ def fit_gain(
     else:
         with recorded_warnings() as more:
             iv_lo, iv_hi, open_lo, open_hi, done = _bootstrap(
-                u, y, d, g, kn, centre, root, fine, level, n_boot, time_budget_s, seed
-            )
+                design, y, d, g, curve=curve, root=root, fine=fine, level=level,
+                n_boot=n_boot, budget_s=time_budget_s, seed=seed,
+            )  # fmt: skip
         out["warnings"] = (*out["warnings"], *more)
         how = f"stratified engine bootstrap, {done} replicates, seed {seed}"
     why = ""
@@ -277,18 +279,6 @@ def fit_gain(
     return GainFit(**out)
 
 
-def _groups(data: pd.DataFrame) -> npt.NDArray[np.int64]:
-    import numpy as np
-    import pandas as pd
-
-    if not {"source", "engine"} <= set(data.columns):
-        return np.zeros(len(data), dtype=np.int64)
-    codes, _ = pd.factorize(
-        data["source"].astype(str).str.cat(data["engine"].astype(str), sep="\x00")
-    )
-    return codes.astype(np.int64)
-
-
 def _basis(u: Array, knots: Array, centre: float) -> Array:
     import numpy as np
 
@@ -296,42 +286,53 @@ def _basis(u: Array, knots: Array, centre: float) -> Array:
     return np.column_stack(cols)
 
 
-def _gain(
-    u: Array, knots: Array, centre: float, params: Array, cov: Array, p: int
-) -> tuple[Array, Array]:
-    import numpy as np
+@dataclass(frozen=True, slots=True)
+class _Curve:
+    """The fitted model: basis (knots, centre), coefficients (β then γ), covariance."""
 
-    b = _basis(u, knots, centre)
-    gain = b @ params[p:]
-    var = np.einsum("ij,jk,ik->i", b, cov[p:, p:], b)
-    return gain, np.sqrt(np.maximum(var, 0.0))
+    knots: Array
+    centre: float
+    params: Array
+    cov: Array
 
+    @property
+    def p(self) -> int:
+        return int(self.params.size // 2)
 
-def _grid(
-    u: Array, knots: Array, centre: float, params: Array, cov: Array, p: int, tq: float,
-    level: float,
-) -> tuple[GainPoint, ...]:  # fmt: skip
-    import numpy as np
+    def gain(self, u: Array) -> tuple[Array, Array]:
+        """g(u) = B(u)'γ and its standard error."""
+        import numpy as np
 
-    b = _basis(u, knots, centre)
-    none = b @ params[:p]
-    gain, se = _gain(u, knots, centre, params, cov, p)
-    # Relative gain r = g/none; ∇ wrt (β, γ) = (−g/none² · B, B/none).
-    jac = np.hstack([-(gain / none**2)[:, None] * b, b / none[:, None]])
-    se_r = np.sqrt(np.maximum(np.einsum("ij,jk,ik->i", jac, cov, jac), 0.0))
-    rel = gain / none
-    return tuple(
-        GainPoint(
-            u=float(u[i]),
-            gain=float(gain[i]),
-            gain_interval=Interval(float(gain[i] - tq * se[i]), float(gain[i] + tq * se[i]), level),
-            relative=float(rel[i]),
-            relative_interval=Interval(
-                float(rel[i] - tq * se_r[i]), float(rel[i] + tq * se_r[i]), level
-            ),
+        b = _basis(u, self.knots, self.centre)
+        p = self.p
+        var = np.einsum("ij,jk,ik->i", b, self.cov[p:, p:], b)
+        return b @ self.params[p:], np.sqrt(np.maximum(var, 0.0))
+
+    def points(self, u: Array, tq: float, level: float) -> tuple[GainPoint, ...]:
+        """Absolute and relative gain with pointwise intervals at each u."""
+        import numpy as np
+
+        b = _basis(u, self.knots, self.centre)
+        none = b @ self.params[: self.p]
+        gain, se = self.gain(u)
+        # Relative gain r = g/none; gradient wrt (β, γ) = (−g/none² · B, B/none).
+        jac = np.hstack([-(gain / none**2)[:, None] * b, b / none[:, None]])
+        se_r = np.sqrt(np.maximum(np.einsum("ij,jk,ik->i", jac, self.cov, jac), 0.0))
+        rel = gain / none
+
+        def iv(x: float, s: float) -> Interval:
+            return Interval(x - tq * s, x + tq * s, level)
+
+        return tuple(
+            GainPoint(
+                u=float(u[i]),
+                gain=float(gain[i]),
+                gain_interval=iv(float(gain[i]), float(se[i])),
+                relative=float(rel[i]),
+                relative_interval=iv(float(rel[i]), float(se_r[i])),
+            )
+            for i in range(u.size)
         )
-        for i in range(u.size)
-    )
 
 
 def _roots(u: Array, gain: Array) -> list[float]:
@@ -363,16 +364,19 @@ def _component(u: Array, ok: npt.NDArray[np.bool_], root: float) -> tuple[float,
 
 
 def _bootstrap(
-    u: Array, y: Array, d: Array, g: npt.NDArray[np.int64], knots: Array, centre: float,
+    design: Array, y: Array, d: Array, g: npt.NDArray[np.int64], *, curve: _Curve,
     root: float, fine: Array, level: float, n_boot: int, budget_s: float, seed: int,
 ) -> tuple[float, float, bool, bool, int]:  # fmt: skip
-    """Percentile interval of u* over engine-resampled refits (strata = engine's mode mix)."""
+    """Percentile interval of u* over engine-resampled refits.
+
+    Engines are resampled with replacement within strata (only-none, only-offload, both),
+    so each replicate keeps both modes. Per-engine X'X and X'y make a replicate cost one
+    small solve. Replicates with no crossing count against the interval (open ends).
+    """
     import numpy as np
 
     rng = np.random.default_rng(seed)
-    x = _basis(u, knots, centre)
-    design = np.hstack([x, x * d[:, None]])
-    p = x.shape[1]
+    p = curve.p
     ng = int(g.max()) + 1
     q = design.shape[1]
     xtx = np.zeros((ng, q, q))
@@ -382,8 +386,9 @@ def _bootstrap(
         xtx[e] = design[m].T @ design[m]
         xty[e] = design[m].T @ y[m]
     share = np.bincount(g, weights=d, minlength=ng) / np.maximum(np.bincount(g, minlength=ng), 1)
-    strata = [np.flatnonzero(np.isclose(share, s)) for s in np.unique(np.round(share, 6))]
-    bfine = _basis(fine, knots, centre)
+    kind = np.where(share == 0, 0, np.where(share == 1, 1, 2))
+    strata = [np.flatnonzero(kind == k) for k in (0, 1, 2) if np.any(kind == k)]
+    bfine = _basis(fine, curve.knots, curve.centre)
     budget = Budget(budget_s)
     found: list[float] = []
     done = 0

@@ -63,6 +63,7 @@ from planner.fitcommon import (
     Interval,
     check_level,
     chi2_quantile,
+    engine_groups,
     fmt,
     nan_interval,
     recorded_warnings,
@@ -133,7 +134,7 @@ def fit_preemption(
     u = data[util].to_numpy(dtype=float)
     y = data[count].to_numpy(dtype=float)
     t = data[exposure].to_numpy(dtype=float)
-    groups = _groups(data)
+    groups = engine_groups(data)
     n_eng = int(groups.max()) + 1 if groups.size else 0
     n = int(y.size)
     basis = (
@@ -204,9 +205,7 @@ def fit_preemption(
     a_hat, b_hat = (float(v) for v in betas[i_hat])
     k_hat = float(grid[i_hat])
     slope = Estimate(b_hat, Interval(b_iv[0], b_iv[1], level), f"log-rate per unit {util}")
-    base = Estimate(
-        math.exp(a_hat), Interval(math.exp(a_iv[0]), math.exp(a_iv[1]), level), "1/s"
-    )
+    base = Estimate(math.exp(a_hat), Interval(math.exp(a_iv[0]), math.exp(a_iv[1]), level), "1/s")
     why = ""
     if open_lo or open_hi:
         side = "lower" if open_lo else "upper"
@@ -247,18 +246,6 @@ def _usable(frame: pd.DataFrame, cols: list[str]) -> pd.DataFrame:
     return frame.dropna(subset=cols)
 
 
-def _groups(data: pd.DataFrame) -> npt.NDArray[np.int64]:
-    import numpy as np
-    import pandas as pd
-
-    if not {"source", "engine"} <= set(data.columns):
-        return np.zeros(len(data), dtype=np.int64)
-    codes, _ = pd.factorize(
-        data["source"].astype(str).str.cat(data["engine"].astype(str), sep="\x00")
-    )
-    return codes.astype(np.int64)
-
-
 def _bin(u: Array, bins: int) -> Array:
     """Each value replaced by the mean of its equal-width bin."""
     import numpy as np
@@ -289,8 +276,8 @@ def _collapse(u: Array, t: Array, y: Array, g: npt.NDArray[np.int64], by_engine:
         u=np.asarray(uu, dtype=float)[cell_ut // len(tu)],
         t=np.asarray(tu, dtype=float)[cell_ut % len(tu)],
         c=c.astype(float),
-        y=np.bincount(kc, weights=y),
-        y2=np.bincount(kc, weights=y * y),
+        y=np.bincount(kc, weights=y).astype(np.float64),
+        y2=np.bincount(kc, weights=y * y).astype(np.float64),
         g=(ku % ge) if by_engine else np.full(ku.size, -1, dtype=np.int64),
     )
 
@@ -334,7 +321,9 @@ def _irls(
         ll = float(np.sum(y * np.log(np.maximum(mu, 1e-300)) - c * mu))
     else:
         am = alpha * mu
-        ll = float(np.sum(y * np.log(np.maximum(am, 1e-300) / (1.0 + am)) - c * np.log1p(am) / alpha))
+        ll = float(
+            np.sum(y * np.log(np.maximum(am, 1e-300) / (1.0 + am)) - c * np.log1p(am) / alpha)
+        )
     return beta, ll
 
 
@@ -375,9 +364,7 @@ def _sandwich(cells: _Cells, k: float, beta: Array, alpha: float, cluster: bool)
     return cov
 
 
-def _interval_from_profile(
-    grid: Array, lr: Array, cut: float
-) -> tuple[float, float, bool, bool]:
+def _interval_from_profile(grid: Array, lr: Array, cut: float) -> tuple[float, float, bool, bool]:
     """Ends of {k : lr(k) <= cut} around the minimum, linearly interpolated."""
     import numpy as np
 

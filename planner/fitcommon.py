@@ -29,6 +29,7 @@ from collector.errors import InsufficientHistory
 if TYPE_CHECKING:
     import numpy as np
     import numpy.typing as npt
+    import pandas as pd
 
     Array = npt.NDArray[np.float64]
 
@@ -154,6 +155,19 @@ def chi2_quantile(level: float, df: int = 1) -> float:
     from scipy import stats
 
     return float(stats.chi2.ppf(level, df))
+
+
+def engine_groups(data: pd.DataFrame) -> npt.NDArray[np.int64]:
+    """Integer engine id per row from ``source`` and ``engine`` (all 0 when absent)."""
+    import numpy as np
+    import pandas as pd
+
+    if not {"source", "engine"} <= set(data.columns):
+        return np.zeros(len(data), dtype=np.int64)
+    src, _ = pd.factorize(data["source"])
+    eng, uniq = pd.factorize(data["engine"])
+    codes, _ = pd.factorize(src.astype(np.int64) * (len(uniq) + 1) + eng)
+    return codes.astype(np.int64)
 
 
 def robust_cov_kind(groups: Array | npt.NDArray[np.int64]) -> tuple[str, int]:

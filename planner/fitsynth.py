@@ -13,7 +13,7 @@ import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from collector.records import Window, labels_of
+from collector.records import Kind, Labels, Window, labels_of
 
 if TYPE_CHECKING:
     import numpy as np
@@ -90,7 +90,7 @@ def synthetic_frame(
     tok = 1500.0 + 9000.0 * u + rng.normal(0, engine_sd_tokens_per_s, n_engines)[e]
     for m, be in tr.break_even.items():
         tok = np.where(mode == m, tok + tr.gain_slope * (u - be), tok)
-    tok = tok + rng.normal(0.0, noise_tokens_per_s, e.size)
+    tok = np.maximum(tok + rng.normal(0.0, noise_tokens_per_s, e.size), 50.0)
     prompt_share = rng.uniform(0.6, 0.9, e.size)
     running = rng.poisson(1.0 + 60.0 * u**2).astype(float)
     waiting = np.where(u > 0.9, rng.poisson(100.0 * np.maximum(u - 0.9, 0.0)), 0).astype(float)
@@ -107,7 +107,10 @@ def synthetic_frame(
     # LMCache L1: usage fills towards each engine's capacity; hit ratio follows the curve.
     cap = rng.uniform(2e9, 48e9, n_engines)[e]
     usage = cap * (1 - np.exp(-(t + 1) / rng.uniform(30, 400, n_engines)[e]))
-    hit = tr.h_max * (1 - np.exp(-usage / tr.c0_bytes)) + rng.normal(0, 0.03, e.size)
+    curve = tr.h_max * (1 - np.exp(-usage / tr.c0_bytes))
+    # Beta with mean = curve: binomial-like spread (sd ≈ 0.07·sqrt(h(1-h))), within [0, 1].
+    kappa = 200.0
+    hit = rng.beta(np.maximum(curve, 1e-9) * kappa, (1 - curve) * kappa)
     is_lm = mode == "lmcache"
     nan = np.full(e.size, np.nan)
     return pd.DataFrame(
@@ -162,41 +165,54 @@ def frame_to_windows(frame: pd.DataFrame) -> list[Window]:
     """
     import numpy as np
 
+    def num(column: str) -> list[float]:
+        values: list[float] = frame[column].to_numpy(dtype=float).tolist()
+        return values
+
+    col = {c: num(c) for c in frame.columns if c not in ("source", "engine", "offload_mode")}
+    sources = [str(s) for s in frame["source"].tolist()]
+    engines = [str(e) for e in frame["engine"].tolist()]
     out: list[Window] = []
-    for row in frame.itertuples(index=False):
-        v = {"engine": str(row.engine), "model_name": "m"}
+    lm = labels_of({"worker_id": "0", "model_name": "m"})
+    for i, source in enumerate(sources):
+        v = {"engine": engines[i], "model_name": "m"}
         lab = labels_of(v)
-        common = {"source": str(row.source), "start": float(row.start)}
-        ln = float(row.window_s)
+        length = col["window_s"][i]
+        start = col["start"][i]
 
-        def w(signal: str, kind: str, labels: tuple[tuple[str, str], ...] = lab, **kw: float):
-            vals = {k: x for k, x in kw.items() if not (isinstance(x, float) and np.isnan(x))}
-            if not vals:
-                return
-            out.append(Window(signal=signal, labels=labels, length_s=ln, kind=kind,  # type: ignore[arg-type]
-                              samples=4, **common, **vals))  # type: ignore[arg-type]
+        def w(signal: str, kind: Kind, labels: Labels, **kw: float) -> None:
+            vals = {k: x for k, x in kw.items() if not math.isnan(x)}
+            if vals:
+                out.append(
+                    Window(source=source, signal=signal, labels=labels, start=start,  # noqa: B023
+                           length_s=length, kind=kind, samples=4, **vals)  # type: ignore[arg-type]  # noqa: B023
+                )  # fmt: skip
 
-        w("preemptions_total", "counter", delta=row.preemptions)
-        w("prompt_tokens_total", "counter", rate=row.prompt_tokens_per_s,
-          delta=row.prompt_tokens_per_s * ln)
-        w("generation_tokens_total", "counter", rate=row.output_tokens_per_s)
-        w("kv_cache_usage_ratio", "gauge", mean=row.kv_util, max=row.kv_util_max)
-        w("requests_running", "gauge", mean=row.running)
-        w("requests_waiting", "gauge", mean=row.waiting)
-        w("prefix_cache_hit_ratio", "ratio", mean=row.prefix_hit_ratio, delta=1000.0)
-        w("ttft_seconds", "histogram", delta=row.ttft_count,
-          sum_delta=row.ttft_mean_s * row.ttft_count, p90=row.ttft_p90_s)
-        w("request_prompt_tokens", "histogram", delta=row.requests,
-          sum_delta=row.prompt_tokens_mean * row.requests)
-        half = float(np.floor(row.requests / 2))
-        for reason, d in (("stop", half), ("length", row.requests - half)):
-            w("request_success_total", "counter",
-              labels_of({**v, "finished_reason": reason}), delta=d)
-        lm = labels_of({"worker_id": "0", "model_name": "m"})
-        req = row.lmcache_requested_tokens
-        w("lmcache_requested_tokens_total", "counter", lm, delta=req)
-        w("lmcache_hit_tokens_total", "counter", lm, delta=row.lmcache_hit_ratio * req)
-        w("lmcache_l1_usage_bytes", "gauge", lm, mean=row.l1_usage_bytes)
-        w("lmcache_l1_usage_ratio", "gauge", lm, mean=row.l1_usage_ratio)
-        w("lmcache_l1_evicted_chunks_total", "counter", lm, delta=row.l1_evicted_chunks)
+        def c(name: str) -> float:
+            return col[name][i]  # noqa: B023
+
+        w("preemptions_total", "counter", lab, delta=c("preemptions"))
+        prompt = c("prompt_tokens_per_s")
+        w("prompt_tokens_total", "counter", lab, rate=prompt, delta=prompt * length)
+        w("generation_tokens_total", "counter", lab, rate=c("output_tokens_per_s"))
+        w("kv_cache_usage_ratio", "gauge", lab, mean=c("kv_util"), max=c("kv_util_max"))
+        w("requests_running", "gauge", lab, mean=c("running"))
+        w("requests_waiting", "gauge", lab, mean=c("waiting"))
+        w("prefix_cache_hit_ratio", "ratio", lab, mean=c("prefix_hit_ratio"), delta=1000.0)
+        tc = c("ttft_count")
+        w("ttft_seconds", "histogram", lab, delta=tc, sum_delta=c("ttft_mean_s") * tc,
+          p90=c("ttft_p90_s"))  # fmt: skip
+        req = c("requests")
+        w("request_prompt_tokens", "histogram", lab, delta=req,
+          sum_delta=c("prompt_tokens_mean") * req)  # fmt: skip
+        half = float(np.floor(req / 2))
+        for reason, d in (("stop", half), ("length", req - half)):
+            w("request_success_total", "counter", labels_of({**v, "finished_reason": reason}),
+              delta=d)  # fmt: skip
+        asked = c("lmcache_requested_tokens")
+        w("lmcache_requested_tokens_total", "counter", lm, delta=asked)
+        w("lmcache_hit_tokens_total", "counter", lm, delta=c("lmcache_hit_ratio") * asked)
+        w("lmcache_l1_usage_bytes", "gauge", lm, mean=c("l1_usage_bytes"))
+        w("lmcache_l1_usage_ratio", "gauge", lm, mean=c("l1_usage_ratio"))
+        w("lmcache_l1_evicted_chunks_total", "counter", lm, delta=c("l1_evicted_chunks"))
     return out

@@ -118,7 +118,9 @@ def _codes(values: object) -> tuple[npt.NDArray[np.int64], list[object]]:
     return codes.astype("int64", copy=False), list(uniques)
 
 
-def _dense(codes: npt.NDArray[np.int64], size: int) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
+def _dense(
+    codes: npt.NDArray[np.int64], size: int
+) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
     """Codes in ``[0, size)`` renumbered densely: (new code per element, old code per new code)."""
     import numpy as np
 
@@ -129,7 +131,9 @@ def _dense(codes: npt.NDArray[np.int64], size: int) -> tuple[npt.NDArray[np.int6
 
 def _table(
     windows: Sequence[Window] | pd.DataFrame,
-) -> tuple[dict[str, npt.NDArray[np.float64]], dict[str, tuple[npt.NDArray[np.int64], list[object]]]]:
+) -> tuple[
+    dict[str, npt.NDArray[np.float64]], dict[str, tuple[npt.NDArray[np.int64], list[object]]]
+]:
     """Numeric columns (start, length_s, fields) and coded columns (source, engine, signal).
 
     A DataFrame input needs ``source``, ``signal``, ``start``, ``length_s`` and either an
@@ -146,24 +150,25 @@ def _table(
         coded = {"source": _codes(df["source"]), "engine": _codes(engine),
                  "signal": _codes(df["signal"])}  # fmt: skip
         for name in ("start", "length_s", *_FIELDS):
-            col = df[name] if name in df.columns else None
-            if col is None:
+            if name not in df.columns:
                 num[name] = np.full(len(df), np.nan)
-            elif col.dtype == np.float64:
-                num[name] = col.to_numpy()
+            elif df[name].dtype == np.float64:
+                num[name] = df[name].to_numpy()
             else:
-                num[name] = pd.to_numeric(col).to_numpy(dtype=float, na_value=np.nan)
+                num[name] = pd.to_numeric(df[name]).to_numpy(dtype=np.float64, na_value=np.nan)
         return num, coded
     wanted = [w for w in windows if w.signal in SIGNALS]
 
-    def col(name: str) -> list[object]:
+    def attr(name: str) -> list[object]:
         return list(map(operator.attrgetter(name), wanted))
 
-    coded = {"source": _codes(np.asarray(col("source"), dtype=object)),
-             "engine": _codes(np.asarray(_engine_labels(col("labels")), dtype=object)),
-             "signal": _codes(np.asarray(col("signal"), dtype=object))}  # fmt: skip
+    coded = {
+        "source": _codes(np.asarray(attr("source"), dtype=np.object_)),
+        "engine": _codes(np.asarray(_engine_labels(attr("labels")), dtype=np.object_)),
+        "signal": _codes(np.asarray(attr("signal"), dtype=np.object_)),
+    }
     for name in ("start", "length_s", *_FIELDS):
-        num[name] = np.asarray(col(name), dtype=float)  # None -> NaN
+        num[name] = np.asarray(attr(name), dtype=np.float64)  # None -> NaN
     return num, coded
 
 
@@ -188,7 +193,7 @@ def engine_frame(
     ``windows``: Window records, or a DataFrame with their fields (see :func:`_table`).
     ``engines_meta`` maps a source (or ``"source/engine"``) to its engine record; its
     ``offload`` (or ``offload_mode``) fills ``offload_mode``, ``"unknown"`` when absent.
-    Cost is linear in the number of windows: a few hash passes and ``np.bincount``\ s.
+    Cost is linear in the number of windows: a few hash passes and bincounts.
     """
     import numpy as np
     import pandas as pd
@@ -316,11 +321,3 @@ def _modes(
 
 def _dtype(column: str) -> str:
     return "object" if column in ("source", "engine", "offload_mode") else "float64"
-
-
-def grouping(frame: pd.DataFrame) -> np.ndarray:  # type: ignore[type-arg]
-    """Integer engine id per row (for cluster-robust errors and cluster bootstraps)."""
-    import pandas as pd
-
-    codes, _ = pd.factorize(pd.MultiIndex.from_arrays([frame["source"], frame["engine"]]))
-    return codes

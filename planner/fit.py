@@ -1,0 +1,142 @@
+"""The planner's fitted models, and :func:`fit_all` running every fit the data supports.
+
+One module per model (each documents its model, estimator, interval method and
+assumptions, and says when the data cannot tell):
+
+* :func:`fit_preemption` (planner.fit_preempt) — preemptions vs KV utilization: the knee
+  where preemptions start (profile likelihood) and the rate's rise above it.
+* :func:`fit_gain` (planner.fit_gain) — throughput vs utilization × offload mode: the
+  gain of offload at each utilization and the break-even utilization.
+* :func:`fit_mfu` (planner.fit_mfu) — effective prefill MFU from TTFT vs prompt length at
+  low load.
+* :func:`fit_hitrate` (planner.fit_hitrate) — LMCache L1 hit ratio vs size, for sizing.
+
+Every fit takes a frame from :func:`planner.frames.engine_frame`, checks the history it
+needs first (raising :class:`collector.errors.InsufficientHistory`), records warnings per
+fit, seeds its RNG, bounds its time and returns a frozen result with an interval beside
+every number (see :mod:`planner.fitcommon`).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, fields, is_dataclass
+from functools import partial
+from typing import TYPE_CHECKING, Any
+
+from collector.errors import InsufficientHistory
+from planner.fit_gain import NOT_OFFLOAD, GainFit, GainPoint, fit_gain
+from planner.fit_hitrate import HitPrediction, HitRateFit, fit_hitrate
+from planner.fit_mfu import MfuFit, fit_mfu
+from planner.fit_preempt import PreemptionFit, fit_preemption
+from planner.fitcommon import Estimate, FitResult, Interval
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+__all__ = [
+    "Estimate", "FitReport", "FitResult", "GainFit", "GainPoint", "HitPrediction",
+    "HitRateFit", "Interval", "MfuFit", "PreemptionFit", "Skipped", "fit_all", "fit_gain",
+    "fit_hitrate", "fit_mfu", "fit_preemption", "jsonable",
+]  # fmt: skip
+
+
+@dataclass(frozen=True, slots=True)
+class Skipped:
+    """A fit :func:`fit_all` could not run, and why (history counts when that was the cause)."""
+
+    what: str
+    reason: str
+    required: int | None = None
+    available: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class FitReport:
+    """Every fit the data supported; the others are listed in ``skipped``."""
+
+    preemption: PreemptionFit | None
+    gains: tuple[GainFit, ...]
+    mfu: MfuFit | None
+    hitrate: HitRateFit | None
+    skipped: tuple[Skipped, ...]
+    seconds: tuple[tuple[str, float], ...]  # wall time per fit
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON-ready form (NaN and infinities become None)."""
+        out: dict[str, Any] = jsonable(self)
+        return out
+
+
+def fit_all(
+    frame: pd.DataFrame,
+    *,
+    util: str = "kv_util",
+    prefill_flops: Callable[[float], float] | None = None,
+    peak_flops: float | None = None,
+    level: float = 0.95,
+    seed: int = 0,
+    target_fraction: float = 0.9,
+) -> FitReport:
+    """Run every fit on ``frame``; a fit lacking history is listed in ``skipped``.
+
+    The gain is fitted once per offload mode present (``native``, ``lmcache``) against
+    ``none``. The MFU fit runs only with ``prefill_flops`` and ``peak_flops`` (from the cost
+    model and the hardware table). Errors other than InsufficientHistory propagate.
+    """
+    skipped: list[Skipped] = []
+    seconds: list[tuple[str, float]] = []
+
+    def run(what: str, fn: Callable[[], Any]) -> Any:
+        t0 = time.perf_counter()
+        try:
+            return fn()
+        except InsufficientHistory as exc:
+            skipped.append(Skipped(what, str(exc), exc.required, exc.available))
+            return None
+        finally:
+            seconds.append((what, time.perf_counter() - t0))
+
+    preemption = run("preemption", lambda: fit_preemption(frame, util=util, level=level))
+    modes: list[str] = []
+    if "offload_mode" in frame.columns:
+        modes = sorted(str(m) for m in frame["offload_mode"].dropna().unique()
+                       if str(m) not in NOT_OFFLOAD)  # fmt: skip
+    if not modes:
+        skipped.append(Skipped("gain", "no windows from engines with offload (native|lmcache)"))
+    gains: list[GainFit] = []
+    for mode in modes:
+        g = run(f"gain/{mode}", partial(fit_gain, frame, offload=mode, util=util, level=level,
+                                        seed=seed))  # fmt: skip
+        if g is not None:
+            gains.append(g)
+    mfu = None
+    if prefill_flops is None or peak_flops is None:
+        skipped.append(Skipped("mfu", "no cost model given (prefill_flops and peak_flops)"))
+    else:
+        flops, peak = prefill_flops, peak_flops
+        mfu = run("mfu", lambda: fit_mfu(frame, flops, peak, level=level))
+    hitrate = run(
+        "hitrate", lambda: fit_hitrate(frame, level=level, target_fraction=target_fraction)
+    )
+    return FitReport(
+        preemption=preemption,
+        gains=tuple(gains),
+        mfu=mfu,
+        hitrate=hitrate,
+        skipped=tuple(skipped),
+        seconds=tuple(seconds),
+    )
+
+
+def jsonable(value: Any) -> Any:
+    """Dataclasses -> dicts, tuples -> lists, non-finite floats -> None (recursively)."""
+    if is_dataclass(value) and not isinstance(value, type):
+        return {f.name: jsonable(getattr(value, f.name)) for f in fields(value)}
+    if isinstance(value, (tuple, list)):
+        return [jsonable(v) for v in value]
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    return value
