@@ -363,3 +363,25 @@ def test_demand_series_from_windows_feeds_forecast() -> None:
     s = demand_series_from_windows(windows, capacity_tokens=50_000.0)
     f = forecast_demand(s, horizon_s=2 * HOUR, capacity=100_000.0)
     assert f.raw_points == 480 and f.points[0][1] > 0.3 * 100_000
+
+
+@pytest.mark.slow
+def test_forecast_interval_calibration_study_over_seeds() -> None:
+    """Over 10 seeds: backtest coverage and true out-of-sample coverage near 90 %."""
+    from statistics import NormalDist
+
+    sd_hour = 3e4 / math.sqrt(60)  # noise of an hourly mean of 60 one-minute points
+    backtest: list[float] = []
+    true_cov: list[float] = []
+    for seed in range(10):
+        f = forecast_demand(minutes(7, seasonal_truth, 3e4, seed=100 + seed), horizon_s=86_400)
+        assert f.backtest_coverage is not None
+        backtest.append(f.backtest_coverage)
+        truth = bucket_truth(f, seasonal_truth)
+        norm = NormalDist(0.0, sd_hour)
+        true_cov.extend(
+            norm.cdf(hi - mu) - norm.cdf(lo - mu)
+            for (_, _, lo, hi), mu in zip(f.points, truth, strict=True)
+        )
+    assert 0.8 <= float(np.mean(backtest)) <= 0.97
+    assert 0.8 <= float(np.mean(true_cov)) <= 0.97
