@@ -76,7 +76,7 @@ def redact(url: str) -> str:
     """The URL with its password replaced by ***, even when it does not parse."""
     try:
         return make_url(url).render_as_string(hide_password=True)
-    except ArgumentError:
+    except (ArgumentError, ValueError):
         return re.sub(r"(://[^:/@]*:)[^@]*@", r"\1***@", url)
 
 
@@ -103,7 +103,7 @@ class Store(Inventory):
     def _parse(self, url: str) -> URL:
         try:
             parsed = make_url(url)
-        except ArgumentError as exc:
+        except (ArgumentError, ValueError) as exc:
             raise StoreError(f"bad database URL {self.url}: {exc}") from exc
         if parsed.drivername in ("postgresql", "postgres"):
             parsed = parsed.set(drivername="postgresql+psycopg")

@@ -1,0 +1,299 @@
+"""The SQL store on a real SQLite file and a real PostgreSQL 15 (every test runs on both)."""
+
+from __future__ import annotations
+
+import math
+import sqlite3
+import threading
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import psycopg
+import pytest
+
+from collector.errors import ConfigError, StoreError
+from collector.models import SCHEMA_VERSION
+from collector.records import Labels, ScrapeOutcome, Window
+from collector.store import Store, redact
+
+ENGINE: Labels = (("engine", "0"), ("model_name", "llama"))
+T0 = 1_764_000_000.0
+
+
+def win(source: str = "e1", signal: str = "kv_cache_usage_ratio", start: float = T0,
+        labels: Labels = ENGINE, **values: float | None) -> Window:  # fmt: skip
+    kind = "gauge" if "usage" in signal else "counter"
+    return Window(source, signal, labels, start, 60.0, kind, 4, **values)  # type: ignore[arg-type]
+
+
+def grid(sources: int = 3, signals: int = 4, minutes: int = 5) -> list[Window]:
+    return [
+        win(f"e{s}", f"sig_{k}_usage", T0 + 60.0 * m, mean=s + k / 10 + m / 100)
+        for m in range(minutes)
+        for s in range(sources)
+        for k in range(signals)
+    ]
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    """A fresh, empty store: a SQLite file, or a new schema on the shared PostgreSQL."""
+    if request.param == "sqlite":
+        yield f"sqlite:///{tmp_path / 'nested' / 'kvscope.db'}"
+        return
+    server: str = request.getfixturevalue("postgres_url")
+    admin = server.replace("postgresql+psycopg://", "postgresql://")
+    schema = f"t_{uuid.uuid4().hex[:16]}"  # a schema is ~1000x faster to make than a database
+    with psycopg.connect(admin, autocommit=True) as con:
+        con.execute(f"CREATE SCHEMA {schema}")
+    yield f"{server}?options=-csearch_path%3D{schema}"
+    with psycopg.connect(admin, autocommit=True) as con:
+        con.execute(f"DROP SCHEMA {schema} CASCADE")
+
+
+@pytest.fixture
+def store(db_url: str) -> Iterator[Store]:
+    with Store(db_url) as s:
+        s.migrate()
+        yield s
+
+
+def test_migrate_fresh_sets_version_and_is_idempotent(db_url: str) -> None:
+    with Store(db_url) as s:
+        assert s.schema_version() is None
+        assert s.migrate() == SCHEMA_VERSION
+        assert s.migrate() == SCHEMA_VERSION
+        assert s.schema_version() == SCHEMA_VERSION
+        assert s.stats()["rows"]["windows"] == 0
+
+
+def test_write_windows_same_rows_twice_same_count_values_updated(store: Store) -> None:
+    rows = grid()
+    assert store.write_windows(rows) == len(rows)
+    assert store.write_windows(rows) == len(rows)
+    assert store.stats()["rows"]["windows"] == len(rows)
+    changed = [win(w.source, w.signal, w.start, mean=-1.0, max=2.0) for w in rows[:5]]
+    store.write_windows(changed)
+    back = store.read_windows()
+    assert len(back) == len(rows)
+    by_key = {(w.source, w.signal, w.start): w for w in back}
+    for w in changed:
+        assert by_key[(w.source, w.signal, w.start)] == w  # every value replaced, None included
+
+
+def test_write_windows_repeated_key_in_one_call_keeps_last(store: Store) -> None:
+    store.write_windows([win(mean=1.0), win(mean=2.0), win(mean=3.0)])
+    assert [w.mean for w in store.read_windows()] == [3.0]
+
+
+def test_write_windows_small_batches_all_written(db_url: str) -> None:
+    with Store(db_url, batch_size=7) as s:
+        s.migrate()
+        rows = grid()
+        assert s.write_windows(iter(rows)) == len(rows)
+        assert len(s.read_windows()) == len(rows)
+
+
+def test_read_windows_filters_and_order(store: Store) -> None:
+    store.write_windows(reversed(grid()))
+    store.upsert_target("e0", "http://10.0.0.1:8000/metrics", cluster="east")
+    store.upsert_engine("east", "e1", model="llama")
+    store.upsert_target("e2", "http://10.0.0.3:8000/metrics", cluster="west")
+    everything = store.read_windows()
+    assert everything == sorted(everything, key=lambda w: (w.source, w.signal, w.start))
+    assert {w.signal for w in store.read_windows(signals=["sig_1_usage"])} == {"sig_1_usage"}
+    assert {w.source for w in store.read_windows(sources=["e2", "nope"])} == {"e2"}
+    assert {w.source for w in store.read_windows(cluster="east")} == {"e0", "e1"}
+    assert store.read_windows(cluster="nowhere") == []
+    window = store.read_windows(since=T0 + 60, until=T0 + 180)
+    assert {w.start for w in window} == {T0 + 60, T0 + 120}
+    both = store.read_windows(signals=["sig_0_usage"], sources=["e0"], since=T0 + 240)
+    assert [(w.source, w.signal, w.start) for w in both] == [("e0", "sig_0_usage", T0 + 240)]
+
+
+def test_epoch_floats_and_labels_round_trip_exactly(store: Store) -> None:
+    odd: Labels = (("engine", "0"), ("model_name", "Qwen/Qwen3-235B"), ("path", 'a"b\\c ü 😀'))
+    starts = [1_764_000_000.123456789, 0.1 + 0.2, 2**53 - 1.0, 1e-300, 1_700_000_000.5 + 1e-6]
+    rows = [win(start=s, labels=odd, mean=s / 3, p99=math.pi, min=-0.0, max=1e308) for s in starts]
+    store.write_windows(rows)
+    assert sorted(store.read_windows(), key=lambda w: w.start) == sorted(
+        rows, key=lambda w: w.start
+    )
+    assert store.read_windows(since=starts[0], until=math.nextafter(starts[0], math.inf)) == [
+        rows[0]
+    ]
+
+
+def test_nan_values_stored_as_unknown(store: Store) -> None:
+    store.write_windows([win(mean=math.nan, max=1.0, p50=math.nan)])
+    (back,) = store.read_windows()
+    assert (back.mean, back.max, back.p50) == (None, 1.0, None)
+
+
+@pytest.mark.parametrize("start", [math.nan, math.inf, -math.inf])
+def test_non_finite_start_refused_with_store_error(store: Store, start: float) -> None:
+    with pytest.raises(StoreError, match="non-finite start"):
+        store.write_windows([win(start=start)])
+
+
+def test_schema_newer_than_code_refused(db_url: str) -> None:
+    with Store(db_url) as s:
+        s.migrate()
+        s.write_windows([win()])
+    bump = f"UPDATE schema_version SET version = {SCHEMA_VERSION + 1}"
+    if db_url.startswith("sqlite:///"):
+        with sqlite3.connect(db_url.removeprefix("sqlite:///")) as con:
+            con.execute(bump)
+    else:
+        server, options = db_url.replace("postgresql+psycopg://", "postgresql://").split("?")
+        schema = options.rsplit("%3D", 1)[1]
+        with psycopg.connect(server, autocommit=True) as con:
+            con.execute(f"UPDATE {schema}.schema_version SET version = {SCHEMA_VERSION + 1}")
+    with Store(db_url) as s:
+        with pytest.raises(StoreError, match="newer than this kvscope"):
+            s.migrate()
+        with pytest.raises(StoreError, match="newer than this kvscope"):
+            s.read_windows()
+        assert s.schema_version() == SCHEMA_VERSION + 1
+
+
+def test_unmigrated_database_refused_with_hint(db_url: str) -> None:
+    with Store(db_url) as s, pytest.raises(StoreError, match="kvscope db migrate"):
+        s.write_windows([win()])
+
+
+@pytest.mark.parametrize(
+    ("url", "says"),
+    [
+        ("not a url", "bad database URL"),
+        ("mysql://kv:s3cr3t@127.0.0.1/kv", "only sqlite"),
+        ("postgresql://kv:s3cr3t@127.0.0.1:1/kv", "cannot open database"),
+        ("postgresql+psycopg://kv:s3cr3t@127.0.0.1:1/kv", "cannot open database"),
+        ("postgresql://kv:s3cr3t@127.0.0.1:port/kv", "bad database URL"),
+        ("sqlite:////proc/kvscope/denied/kv.db", "cannot open database"),
+    ],
+)
+def test_bad_url_store_error_names_url_without_password(url: str, says: str) -> None:
+    with pytest.raises(StoreError) as info:
+        Store(url)
+    message = str(info.value)
+    assert says in message
+    assert "s3cr3t" not in message
+    assert redact(url) in message
+
+
+def test_redact_hides_password_even_unparsable() -> None:
+    assert redact("postgresql://u:pw@h/db") == "postgresql://u:***@h/db"
+    assert "pw" not in redact("weird://u:pw@h:x:y/db")
+
+
+@pytest.mark.parametrize("migrate_too", [False, True])
+def test_concurrent_writers_do_not_duplicate(db_url: str, migrate_too: bool) -> None:
+    rows = grid(sources=4, signals=10, minutes=10)
+    if not migrate_too:
+        with Store(db_url) as s:
+            s.migrate()
+    barrier = threading.Barrier(3)
+    errors: list[BaseException] = []
+
+    def writer() -> None:
+        try:
+            with Store(db_url, batch_size=50) as s:
+                barrier.wait()
+                if migrate_too:
+                    s.migrate()
+                s.write_windows(rows)
+                s.write_windows(reversed(rows))
+        except BaseException as exc:  # reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=writer) for _ in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    with Store(db_url) as s:
+        assert s.stats()["rows"]["windows"] == len(rows)
+        assert s.read_windows() == sorted(rows, key=lambda w: (w.source, w.signal, w.start))
+
+
+def test_outcomes_written_once_per_target_and_start(store: Store) -> None:
+    ok = ScrapeOutcome("e1", T0, 0.05, True, 12_345, 321)
+    bad = ScrapeOutcome("e2", T0 + 0.25, 10.0, False, error_kind="timeout", error="read timed out")
+    assert store.write_outcomes([ok, bad, ok]) == 3
+    store.write_outcomes([ok])
+    assert store.outcomes() == [ok, bad]
+    assert store.outcomes(targets=["e2"]) == [bad]
+    assert store.outcomes(since=T0 + 0.1) == [bad]
+    assert store.outcomes(until=T0 + 0.1) == [ok]
+    assert store.write_outcomes([]) == 0
+
+
+def test_engine_upsert_keeps_unset_fields_and_replaces_facts(store: Store) -> None:
+    first = store.upsert_engine("east", "e1", model="llama", gpu="H100", hbm_gb=80.0,
+                                tensor_parallel=2, offload="lmcache",
+                                facts={"cache_config": ({"block_size": "16"},)})  # fmt: skip
+    assert first.facts == {"cache_config": [{"block_size": "16"}]}
+    second = store.upsert_engine("west", "e1", gpu="H200", facts={"num_gpu_blocks": 1024})
+    assert (second.cluster, second.model, second.gpu, second.hbm_gb, second.tensor_parallel,
+            second.offload, second.facts) == (
+        "west", "llama", "H200", 80.0, 2, "lmcache", {"num_gpu_blocks": 1024})  # fmt: skip
+    store.upsert_engine("east", "e2")
+    assert [e.source for e in store.engines()] == ["e2", "e1"]  # by cluster, source
+    assert [e.source for e in store.engines("west")] == ["e1"]
+    assert store.engines("east")[0].offload == "none"
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [{"offload": "gpu"}, {"hbm_gb": -1.0}, {"hbm_gb": math.nan}, {"tensor_parallel": 0}],
+)
+def test_engine_bad_field_config_error(store: Store, kwargs: dict[str, object]) -> None:
+    with pytest.raises(ConfigError, match="e1"):
+        store.upsert_engine("east", "e1", **kwargs)  # type: ignore[arg-type]
+    assert store.engines() == []
+
+
+def test_engine_facts_not_json_store_error_names_key(store: Store) -> None:
+    with pytest.raises(StoreError, match=r"facts\.when"):
+        store.upsert_engine("east", "e1", facts={"when": object()})
+
+
+def test_targets_and_clusters_upsert(store: Store) -> None:
+    store.upsert_target("e1", "http://a/metrics", kind="vllm", cluster="east")
+    store.upsert_target("e1", "http://b/metrics", kind="lmcache", cluster="west")
+    assert [(t.name, t.url, t.kind, t.cluster) for t in store.targets()] == [
+        ("e1", "http://b/metrics", "lmcache", "west")
+    ]
+    assert store.upsert_cluster("east") == store.upsert_cluster("east")
+    with pytest.raises(ConfigError, match="kind"):
+        store.upsert_target("e3", "http://c", kind="redis")
+    with pytest.raises(ConfigError, match="cluster name"):
+        store.upsert_cluster("")
+
+
+def test_stats_counts_range_and_signals(store: Store) -> None:
+    store.write_windows(grid(sources=2, signals=3, minutes=4))
+    stats = store.stats()
+    assert stats["rows"]["windows"] == 24
+    assert (stats["windows_from"], stats["windows_until"]) == (T0, T0 + 4 * 60)
+    assert stats["signals"]["sig_0_usage"] == {"windows": 8, "series": 1}
+
+
+def test_sqlite_file_uses_wal_and_creates_parent(tmp_path: Path) -> None:
+    path = tmp_path / "a" / "b" / "kv.db"
+    with Store(f"sqlite:///{path}") as s:
+        s.migrate()
+        s.write_windows([win()])
+    assert path.exists()
+    with sqlite3.connect(path) as con:
+        assert con.execute("PRAGMA journal_mode").fetchone() == ("wal",)
+
+
+def test_in_memory_sqlite_works() -> None:
+    with Store("sqlite://") as s:
+        s.migrate()
+        s.write_windows(grid(1, 1, 2))
+        assert len(s.read_windows()) == 2
