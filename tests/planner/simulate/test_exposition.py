@@ -67,7 +67,9 @@ def _engine_snapshot(offload: str, seed: int = 1) -> EngineSnapshot:
         h.observe_linear(top / 1000.0 * (i + 1), top / 97.0, 211, weight=seed)
         h.observe(top * 4.0)
     facts = {"num_gpu_blocks": CFG.num_gpu_blocks, "block_size": CFG.block_size}
-    return tel.snapshot(3, 1, offload, 321.5, ENGINE_GAUGES, facts)
+    return tel.snapshot(
+        engine=3, node=1, offload=offload, t=321.5, gauges=ENGINE_GAUGES, facts=facts
+    )
 
 
 def _pool_snapshot(zero: tuple[str, ...] = ()) -> LMCacheSnapshot:
