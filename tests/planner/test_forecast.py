@@ -149,6 +149,13 @@ def test_forecast_six_hours_non_seasonal_model_no_seasonal_claim() -> None:
     assert f.backtest_origins >= 3 and f.backtest_coverage is not None
 
 
+def test_forecast_exactly_two_days_drops_seasonal_models_without_backtest_room() -> None:
+    f = forecast_demand(minutes(2, seasonal_truth, 3e4, seed=2), horizon_s=6 * HOUR)
+    assert f.cadence_s == HOUR and f.history_points == 48
+    assert f.seasonal_period is None and "seasonal" not in f.method
+    assert any("seasonal models dropped" in a for a in f.assumptions)
+
+
 def test_forecast_ten_points_raises_insufficient_history() -> None:
     series = pd.Series(np.linspace(1.0, 2.0, 10), index=T0 + 60.0 * np.arange(10))
     with pytest.raises(InsufficientHistory) as err:
