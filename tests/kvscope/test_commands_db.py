@@ -1,0 +1,70 @@
+"""`kvscope db migrate|stats` on a real SQLite file: JSON on stdout, errors exit 2."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from typer.testing import CliRunner
+
+from collector.records import Window
+from collector.store import Store
+from kvscope.cli import app
+
+RUNNER = CliRunner()
+
+
+def _run(*args: str) -> dict[str, object]:
+    result = RUNNER.invoke(app, ["db", *args])
+    assert result.exit_code == 0, result.output
+    payload: dict[str, object] = json.loads(result.stdout)
+    return payload
+
+
+def test_db_migrate_then_stats_reports_rows_range_and_signals(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'out' / 'kv.db'}"
+    assert _run("migrate", "--db", url) == {"db": url, "schema_version": 1}
+    assert _run("migrate", "--db", url)["schema_version"] == 1  # idempotent
+    with Store(url) as store:
+        store.write_windows(
+            Window("e1", sig, (("engine", "0"),), 600.0 + 60 * m, 60.0, "gauge", 4, mean=0.5)
+            for sig in ("a_ratio", "b_ratio")
+            for m in range(3)
+        )
+    stats = _run("stats", "--db", url)
+    assert stats["rows"] == {"clusters": 0, "engines": 0, "targets": 0, "scrape_outcomes": 0,
+                             "windows": 6}  # fmt: skip
+    assert (stats["windows_from"], stats["windows_until"]) == (600.0, 780.0)
+    assert stats["signals"] == {"a_ratio": {"windows": 3, "series": 1},
+                                "b_ratio": {"windows": 3, "series": 1}}  # fmt: skip
+
+
+def test_db_default_url_from_environment(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'env.db'}"
+    result = RUNNER.invoke(app, ["db", "migrate"], env={"KVSCOPE_DB": url})
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["db"] == url
+
+
+def test_db_errors_exit_2_with_redacted_url(tmp_path: Path) -> None:
+    cases = [
+        (["migrate", "--db", "postgresql://kv:s3cr3t@127.0.0.1:1/kv"], "kv:***@127.0.0.1:1"),
+        (["stats", "--db", f"sqlite:///{tmp_path / 'empty.db'}"], "kvscope db migrate"),
+    ]
+    for args, says in cases:
+        proc = subprocess.run(
+            [sys.executable, "-m", "kvscope.cli", "db", *args],
+            capture_output=True, text=True, check=False,
+        )  # fmt: skip
+        assert proc.returncode == 2, proc.stderr
+        assert says in proc.stderr and "s3cr3t" not in proc.stderr
+        assert proc.stdout == ""
+
+
+def test_db_help_has_examples() -> None:
+    for sub in ("migrate", "stats"):
+        result = RUNNER.invoke(app, ["db", sub, "--help"])
+        assert result.exit_code == 0
+        assert f"kvscope db {sub} --db" in result.stdout
