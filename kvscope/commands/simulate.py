@@ -112,6 +112,13 @@ def register(app: typer.Typer) -> None:
             Path | None,
             typer.Option("--ports-file", help="with --serve: write the endpoints JSON here"),
         ] = None,
+        targets_file: Annotated[
+            Path | None,
+            typer.Option(
+                "--targets-file",
+                help="with --serve: write a `kvscope collect --targets` file for the endpoints",
+            ),
+        ] = None,
     ) -> None:
         """Simulate a vLLM (+ native offload / LMCache) cluster from a scenario file.
 
@@ -137,7 +144,8 @@ def register(app: typer.Typer) -> None:
             if compare_modes is not None or sweep is not None:
                 raise ConfigError("--serve runs one scenario live; drop --compare/--sweep")
             sc = parse_scenario(raw, where=where, base_dir=scenario.parent)
-            raise typer.Exit(serve_scenario(sc, serve, speed=speed, ports_file=ports_file))
+            raise typer.Exit(serve_scenario(sc, serve, speed=speed, ports_file=ports_file,
+                                            targets_file=targets_file))  # fmt: skip
         if compare_modes is None:
             if sweep is not None:
                 raise ConfigError("--sweep needs --compare (the modes to sweep)")
