@@ -303,6 +303,23 @@ def file_sd(doc: dict[str, Any]) -> list[dict[str, Any]]:
     return out
 
 
+def targets_document(doc: dict[str, Any], scenario: Scenario) -> dict[str, Any]:
+    """The endpoints as a ``kvscope collect --targets`` file (collector/sources.py format),
+    with each engine's model, GPU, TP and offload mode as the planner's metadata."""
+    spec = scenario.cluster
+    targets: list[dict[str, Any]] = [
+        {"name": f"sim-engine-{e['engine']}", "url": e["url"], "kind": "vllm",
+         "engine": {"model": spec.model.name, "gpu": spec.gpu.name,
+                    "tensor_parallel": spec.tensor_parallel, "offload": e["offload"]}}
+        for e in doc["engines"]
+    ]  # fmt: skip
+    targets += [
+        {"name": f"sim-lmcache-{p['pool']}", "url": p["url"], "kind": "lmcache"}
+        for p in doc["lmcache"]
+    ]
+    return {"cluster": f"sim-{scenario.name}", "targets": targets}
+
+
 def _write_atomic(path: Path, text: str) -> None:
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
@@ -311,7 +328,7 @@ def _write_atomic(path: Path, text: str) -> None:
     except OSError as exc:
         with contextlib.suppress(OSError):
             tmp.unlink()
-        raise ConfigError(f"{path}: cannot write the ports file: {exc.strerror or exc}") from None
+        raise ConfigError(f"{path}: cannot write: {exc.strerror or exc}") from None
 
 
 def parse_address(value: str) -> tuple[str, int]:
@@ -341,6 +358,7 @@ def serve_scenario(
     *,
     speed: float = 1.0,
     ports_file: Path | None = None,
+    targets_file: Path | None = None,
     stop: threading.Event | None = None,
     out: IO[str] | None = None,
     err: IO[str] | None = None,
@@ -348,7 +366,8 @@ def serve_scenario(
     """Serve ``scenario`` live on ``address`` (HOST:PORT) until SIGINT/SIGTERM or ``stop``.
 
     Prints the endpoints JSON line on ``out`` (stdout), progress on ``err`` (stderr);
-    returns the exit status (0).
+    ``ports_file`` gets the same document, ``targets_file`` a ``kvscope collect --targets``
+    file for the endpoints. Returns the exit status (0).
     """
     out = out or sys.stdout
     err = err or sys.stderr
@@ -360,6 +379,9 @@ def serve_scenario(
         doc = server.document()
         if ports_file is not None:
             _write_atomic(ports_file, json.dumps(doc, indent=2) + "\n")
+        if targets_file is not None:  # JSON is YAML: `kvscope collect --targets` reads it
+            text = json.dumps(targets_document(doc, scenario), indent=2)
+            _write_atomic(targets_file, text + "\n")
         server.start()
         out.write(json.dumps(doc) + "\n")
         out.flush()

@@ -26,6 +26,7 @@ from collector import catalog
 from collector.errors import ConfigError
 from collector.parse import read_exposition
 from collector.records import SignalSample
+from collector.sources import load_targets
 from planner.simulate.exposition import CONTENT_TYPE, engine_view, expected_values, pool_view
 from planner.simulate.scenario import Scenario, load_scenario
 from planner.simulate.serve import (
@@ -250,6 +251,7 @@ def test_serve_scenario_advances_in_scaled_time_and_stops(
     out, err = io.StringIO(), io.StringIO()
     stop = threading.Event()
     ports_file = tmp_path / "ports.json"
+    targets_file = tmp_path / "targets.json"
     result: list[int] = []
     thread = threading.Thread(
         target=lambda: result.append(
@@ -258,6 +260,7 @@ def test_serve_scenario_advances_in_scaled_time_and_stops(
                 "127.0.0.1:0",
                 speed=40.0,
                 ports_file=ports_file,
+                targets_file=targets_file,
                 stop=stop,
                 out=out,
                 err=err,
@@ -271,6 +274,11 @@ def test_serve_scenario_advances_in_scaled_time_and_stops(
             time.sleep(0.02)
         doc = json.loads(out.getvalue().splitlines()[0])
         assert json.loads(ports_file.read_text()) == doc
+        targets = load_targets(targets_file)
+        assert [t.url for t in targets] == [e["url"] for e in doc["engines"] + doc["lmcache"]]
+        assert [t.kind for t in targets] == ["vllm"] * 4 + ["lmcache"]
+        offloads = [t.engine.offload for t in targets if t.engine is not None]
+        assert offloads == ["none", "native", "lmcache", "lmcache"]
         url = doc["engines"][0]["url"]
         first = _preempt_and_prompt(_get(url).text)
         time.sleep(1.0)
@@ -293,10 +301,10 @@ Served = tuple[subprocess.Popen[str], dict[str, Any]]
 
 
 @contextmanager
-def _cli_serving(scenario_file: Path, port: int, speed: float) -> Iterator[Served]:
+def _cli_serving(scenario_file: Path, port: int, speed: float, *extra: str) -> Iterator[Served]:
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     cmd = [*KVSCOPE, "simulate", str(scenario_file), "--serve", f"127.0.0.1:{port}",
-           "--speed", str(speed)]  # fmt: skip
+           "--speed", str(speed), *extra]  # fmt: skip
     with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                           cwd=REPO, env=env) as proc:  # fmt: skip
         try:
@@ -314,7 +322,9 @@ def test_cli_simulate_serve_inspect_reads_consistent_values_sigint_exits_0(tmp_p
     scenario_file = tmp_path / "serve-test.yaml"
     scenario_file.write_text(SCENARIO)
     port = _consecutive_free(5)
-    with _cli_serving(scenario_file, port, 50.0) as (proc, doc):
+    targets_file = tmp_path / "targets.json"
+    extra = ("--targets-file", str(targets_file))
+    with _cli_serving(scenario_file, port, 50.0, *extra) as (proc, doc):
         url = doc["engines"][1]["url"]
         assert url == f"http://127.0.0.1:{port + 1}/metrics"
         before = _get(url, OPENMETRICS_ACCEPT)
@@ -335,10 +345,17 @@ def test_cli_simulate_serve_inspect_reads_consistent_values_sigint_exits_0(tmp_p
             assert sample.value <= value <= hi[(signal_name, labels)].value, signal_name
             checked += 1
         assert checked >= 10
-        t0 = time.monotonic()
+        # kvscope's own collector, pointed at the written targets file, finds all 5 up
+        collect = subprocess.run(
+            [*KVSCOPE, "collect", "--targets", str(targets_file), "--once", "--quiet",
+             "--db", f"sqlite:///{tmp_path / 'kvscope.db'}"],
+            capture_output=True, text=True, timeout=60, cwd=REPO, check=True,
+        )  # fmt: skip
+        summary = json.loads(collect.stdout)
+        assert (summary["targets_up"], summary["targets_down"]) == (5, 0)
+        assert summary["cluster"] == "sim-serve-test"
         proc.send_signal(signal.SIGINT)
-        assert proc.wait(timeout=10) == 0
-        assert time.monotonic() - t0 < 5
+        assert proc.wait(timeout=10) == 0  # a clean shutdown, within seconds
         assert proc.stderr is not None
         assert "stopped at simulated t=" in proc.stderr.read()
 
