@@ -16,12 +16,14 @@ import heapq
 import time as _time
 from collections.abc import Mapping
 
+from collector.errors import ConfigError
 from planner.simulate.engine import IDLE, Engine, StepCost
 from planner.simulate.lmcache import LMCacheConnector, LMCachePool
 from planner.simulate.offload import Connector, NativeOffload
 from planner.simulate.scenario import Scenario
 from planner.simulate.telemetry import EngineSnapshot, EngineTelemetry, LMCacheSnapshot
 from planner.simulate.workload import ContentTree, Req, Workload
+from planner.simulate.workload_spec import min_request_tokens
 
 ARRIVAL, ENGINE = 0, 1
 
@@ -54,6 +56,13 @@ class Simulation:
         self.scenario = scenario
         spec = scenario.cluster
         self.tree = ContentTree()
+        shortest = min_request_tokens(scenario.workload)
+        capacity = spec.num_gpu_blocks * spec.block_size
+        if shortest > capacity:
+            raise ConfigError(
+                f"{scenario.name}: cluster.num_gpu_blocks: the KV cache holds {capacity} tokens, "
+                f"less than the shortest request of the workload ({shortest} tokens)"
+            )
         self.workload = Workload(scenario.workload, scenario.seed, self.tree)
         self.end_time = scenario.duration_s
         self.now = 0.0
@@ -92,8 +101,8 @@ class Simulation:
         self.heap: list[tuple[float, int, int, object, int]] = []
         self._seq = 0
         self.outstanding = 0
-        # completed requests: (arrival, first token, finish, prompt, output, engine)
-        self.completed: list[tuple[float, float, float, int, int, int]] = []
+        # completed requests: (arrival, first token, finish, prompt, output, engine, rid)
+        self.completed: list[tuple[float, float, float, int, int, int, int]] = []
         for req in self.workload.initial():
             self._push(req.arrival, ARRIVAL, req, 0)
 
@@ -131,8 +140,11 @@ class Simulation:
         self.outstanding += 1
         if eng.on_arrival(req, t):
             self._schedule(eng)
-        if req.engine < 0:  # refused (longer than the engine's KV capacity)
-            self.outstanding -= 1
+        if req.engine < 0:  # refused (longer than the engine's KV capacity): the client
+            self.outstanding -= 1  # gets its error at once and goes on
+            again = self.workload.after_completion(req, t + 1e-3)  # the error's round trip
+            if again is not None:
+                self._push(again.arrival, ARRIVAL, again, 0)
         nxt = self.workload.after_arrival(req)
         if nxt is not None:
             self._push(nxt.arrival, ARRIVAL, nxt, 0)
@@ -140,7 +152,7 @@ class Simulation:
     def _on_finish(self, req: Req, t: float) -> None:
         self.outstanding -= 1
         self.completed.append(
-            (req.arrival, req.first_token, t, req.prompt_len, req.output_len, req.engine)
+            (req.arrival, req.first_token, t, req.prompt_len, req.output_len, req.engine, req.rid)
         )
         nxt = self.workload.after_completion(req, t)
         if nxt is not None:

@@ -37,6 +37,7 @@ from prometheus_client.utils import floatToGoString
 from collector import catalog
 from collector.errors import ConfigError
 from collector.records import Labels
+from planner.simulate.scenario import Scenario
 from planner.simulate.telemetry import EngineSnapshot, HistogramSnapshot, LMCacheSnapshot
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -204,6 +205,23 @@ class EngineConfig:
     cache_dtype: str = "auto"
     cpu_cache_bytes: float = 0.0  # native offload: this engine's CPU KV pool
     kv_bytes_per_token: float = 0.0  # unique KV bytes per token of the engine (all TP ranks)
+
+
+def engine_config(scenario: Scenario) -> EngineConfig:
+    """The EngineConfig every engine of ``scenario`` shares."""
+    spec = scenario.cluster
+    raw = scenario.raw.get("cluster")
+    dtype = raw.get("kv_cache_dtype", "auto") if isinstance(raw, dict) else "auto"
+    return EngineConfig(
+        model_name=spec.model.name,
+        block_size=spec.block_size,
+        num_gpu_blocks=spec.num_gpu_blocks,
+        gpu_memory_utilization=spec.gpu_memory_utilization,
+        enable_prefix_caching=spec.enable_prefix_caching,
+        cache_dtype=str(dtype),
+        cpu_cache_bytes=spec.cpu_cache_bytes,
+        kv_bytes_per_token=spec.kv_bytes_per_token_engine,
+    )
 
 
 def engine_facts(snap: EngineSnapshot, cfg: EngineConfig) -> tuple[tuple[str, Labels], ...]:

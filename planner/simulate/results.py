@@ -154,7 +154,7 @@ def _given(raw: Any, key: str) -> bool:
 
 
 def _engine_row(
-    eng: Any, done: list[tuple[float, float, float, int, int, int]], window: float, t1: float
+    eng: Any, done: list[tuple[float, float, float, int, int, int, int]], window: float, t1: float
 ) -> dict[str, Any]:
     mine = [c for c in done if c[5] == eng.idx]
     c = eng.tel.counters

@@ -43,13 +43,7 @@ from typing import IO, Any, Literal
 
 from collector.errors import ConfigError
 from planner.simulate.cluster import Simulation
-from planner.simulate.exposition import (
-    CONTENT_TYPE,
-    EngineConfig,
-    engine_view,
-    pool_view,
-    render,
-)
+from planner.simulate.exposition import CONTENT_TYPE, engine_config, engine_view, pool_view, render
 from planner.simulate.scenario import Scenario
 
 METRICS_PATH = "/metrics"
@@ -82,7 +76,7 @@ class LiveCluster:
         self.sim = Simulation(scenario)
         self.lock = threading.Lock()
         self.model_name = scenario.cluster.model.name
-        self._cfg = _engine_config(scenario)
+        self.engine_config = engine_config(scenario)
         l2 = scenario.cluster.lmcache.l2
         self._l2_name = l2.name if l2 is not None else ""
         self._wall0 = time.monotonic()
@@ -118,28 +112,12 @@ class LiveCluster:
     def engine_body(self, i: int) -> bytes:
         with self.lock:
             snap = self.sim.engines[i].snapshot(self.sim.now)
-        return render(engine_view(snap, self._cfg))
+        return render(engine_view(snap, self.engine_config))
 
     def pool_body(self, j: int) -> bytes:
         with self.lock:
             pool = self.sim.lmcache_snapshots()[j]
         return render(pool_view(pool, self.model_name, self._l2_name))
-
-
-def _engine_config(scenario: Scenario) -> EngineConfig:
-    spec = scenario.cluster
-    raw = scenario.raw.get("cluster")
-    dtype = raw.get("kv_cache_dtype", "auto") if isinstance(raw, dict) else "auto"
-    return EngineConfig(
-        model_name=spec.model.name,
-        block_size=spec.block_size,
-        num_gpu_blocks=spec.num_gpu_blocks,
-        gpu_memory_utilization=spec.gpu_memory_utilization,
-        enable_prefix_caching=spec.enable_prefix_caching,
-        cache_dtype=str(dtype),
-        cpu_cache_bytes=spec.cpu_cache_bytes,
-        kv_bytes_per_token=spec.kv_bytes_per_token_engine,
-    )
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -235,6 +213,8 @@ class ClusterServer:
 
     def _bind(self, host: str, port: int, offset: int, body: Callable[[], bytes]) -> _MetricsServer:
         wanted = port + offset if port else 0
+        if wanted > 65535:
+            raise ConfigError(f"--serve {host}:{port}: endpoint {offset} would need port {wanted}")
         try:
             srv = _MetricsServer((host, wanted), body)
         except OSError as exc:

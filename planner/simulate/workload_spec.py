@@ -53,6 +53,13 @@ class LengthDist:
         return max(self.low, min(self.high, int(x)))
 
     @property
+    def minimum(self) -> int:
+        """The smallest value `sample` can return."""
+        if self.dist in ("fixed", "uniform"):
+            return max(self.low, min(self.high, int(self.a)))
+        return self.low
+
+    @property
     def mean(self) -> float:
         if self.dist == "uniform":
             return (self.a + self.b) / 2.0
@@ -94,6 +101,19 @@ class WorkloadSpec:
     doc_tokens: int
     docs_per_request: int
     trace: tuple[TraceRecord, ...]
+
+
+def min_request_tokens(spec: WorkloadSpec) -> int:
+    """The shortest request (prompt + output) the workload can produce."""
+    out = spec.output_tokens.minimum
+    if spec.kind == "synthetic":
+        return spec.system_prompt_tokens + spec.prompt_tokens.minimum + out
+    if spec.kind == "trace":
+        return min(r.prompt_tokens + r.output_tokens for r in spec.trace)
+    if spec.kind == "rag":
+        docs = spec.docs_per_request * spec.doc_tokens
+        return spec.system_prompt_tokens + docs + spec.question_tokens.minimum + out
+    return spec.system_prompt_tokens + spec.question_tokens.minimum + out
 
 
 def _length(sec: Section, name: str, default: int | None, *, low: int = 1) -> LengthDist:
