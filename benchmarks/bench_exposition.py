@@ -47,7 +47,7 @@ def main() -> None:
             return eng.snapshot(live.sim.now)
 
     snap = eng.snapshot(live.sim.now)
-    view = engine_view(snap, live._cfg)
+    view = engine_view(snap, live.engine_config)
     body = render(view)
     reg = CollectorRegistry()
     labels = ("engine", "model_name")
@@ -60,7 +60,7 @@ def main() -> None:
                          registry=reg)  # fmt: skip
         hist.labels("0", "m").observe(1.0)
     t_snap = _best(snapshot)
-    t_render = _best(lambda: render(engine_view(snap, live._cfg)))
+    t_render = _best(lambda: render(engine_view(snap, live.engine_config)))
     t_base = _best(lambda: generate_latest(reg))
     text = body.decode()
     t_parse = _best(lambda: read_exposition(text, "bench", 0.0))

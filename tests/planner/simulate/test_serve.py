@@ -128,7 +128,7 @@ def test_serve_endpoints_read_back_equal_simulator_numbers(scenario: Scenario) -
         for ep in engines:
             got = _samples(_get(ep.url).text)
             snap = live.sim.engines[ep.index].snapshot(live.sim.now)
-            want = expected_values(engine_view(snap, live._cfg))
+            want = expected_values(engine_view(snap, live.engine_config))
             assert set(got) == set(want), ep.offload
             for key, value in want.items():
                 if isinstance(value, float):
@@ -215,6 +215,11 @@ def test_serve_port_in_use_config_error_and_nothing_left_listening(scenario: Sce
                 s.bind(("127.0.0.1", port))  # released again
     finally:
         blocker.close()
+
+
+def test_serve_ports_beyond_65535_config_error(scenario: Scenario) -> None:
+    with pytest.raises(ConfigError, match="endpoint 3 would need port 65536"):
+        ClusterServer(LiveCluster(scenario, 1.0), "127.0.0.1", 65533)  # endpoints 0-4
 
 
 BAD_ADDRESSES = ["9100", "127.0.0.1", "127.0.0.1:", ":9100", "127.0.0.1:http", "127.0.0.1:70000"]
