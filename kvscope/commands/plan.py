@@ -1,0 +1,92 @@
+"""`kvscope plan`: what is happening, none/native/lmcache, forecast, sizing and configs."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from collector.errors import ConfigError
+
+
+def check_sqlite_exists(url: str) -> None:
+    """A SQLite file that does not exist is a typo, not an empty store to create."""
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError
+
+    try:
+        parsed = make_url(url)
+    except ArgumentError:
+        return  # Store() names the bad URL
+    db = parsed.database or ""
+    is_file = parsed.get_backend_name() == "sqlite" and db not in ("", ":memory:")
+    if is_file and "mode=" not in db and not Path(db).expanduser().exists():
+        raise ConfigError(f"--db {url}: no such SQLite file (collect into it first)")
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("plan")
+    def plan_cmd(  # noqa: PLR0917 - one parameter per CLI flag
+        db: Annotated[
+            str | None, typer.Option("--db", help="store URL [default: KVSCOPE_DB or sqlite]")
+        ] = None,
+        cluster: Annotated[
+            str | None, typer.Option("--cluster", help="only this cluster [default: all]")
+        ] = None,
+        since: Annotated[
+            str, typer.Option("--since", help="history to use, e.g. 24h, 3d, or 'all'")
+        ] = "24h",
+        horizon: Annotated[str, typer.Option("--horizon", help="forecast horizon, e.g. 7d")] = "7d",
+        gpu_price: Annotated[
+            float | None, typer.Option("--gpu-price", help="price per GPU-hour, for costs")
+        ] = None,
+        as_json: Annotated[bool, typer.Option("--json", help="one JSON object on stdout")] = False,
+        plots: Annotated[
+            Path | None, typer.Option("--plots", help="write PNG plots of the fits here")
+        ] = None,
+        seed: Annotated[int, typer.Option("--seed", help="seed of every random draw")] = 0,
+    ) -> None:
+        """Decide none / native / lmcache from the store's history, forecast KV demand and size.
+
+        Example: kvscope plan --db sqlite:///kvscope.db --cluster prod --since 3d --horizon 7d
+        --gpu-price 3.0 --json --plots plots/
+        """
+        from pydantic import ValidationError
+
+        from collector.store import Store
+        from kvscope.commands.collect import parse_duration
+        from kvscope.config import get_settings
+        from planner.plan import build_plan
+        from planner.plan_text import summary_text
+
+        try:
+            url = get_settings(db=db).db
+        except ValidationError as exc:
+            raise ConfigError(f"--db (or KVSCOPE_DB): {exc.errors()[0]['msg']}") from exc
+        since_s = None if since.strip() == "all" else time.time() - parse_duration(since, "--since")
+        horizon_s = parse_duration(horizon, "--horizon")
+        check_sqlite_exists(url)
+        print(f"kvscope plan: reading {url} …", file=sys.stderr)
+        with Store(url) as store:
+            plan = build_plan(
+                store,
+                cluster=cluster,
+                since=since_s,
+                horizon_s=horizon_s,
+                gpu_price_per_hour=gpu_price,
+                seed=seed,
+            )
+        if plots is not None:
+            from planner.plots import write_plots
+
+            for path in write_plots(plan, plots, seed=seed):
+                print(f"kvscope plan: wrote {path}", file=sys.stderr)
+        payload = plan.to_dict()
+        if as_json:
+            typer.echo(json.dumps(payload, indent=2))
+        else:
+            typer.echo(summary_text(payload), nl=False)

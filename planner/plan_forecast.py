@@ -1,0 +1,235 @@
+"""The demand forecasts of `kvscope plan`: KV tokens in use against HBM KV capacity, and the
+request rate, each with its interval, backtest and (for KV) time to saturation.
+
+HBM KV capacity per engine, in order of trust:
+1. ``num_gpu_blocks × block_size`` from the engine's ``vllm:cache_config_info`` (the
+   collector stores them as engine facts): what vLLM actually allocated;
+2. the cost model's ``hbm_kv_capacity_tokens`` for the engine's model/GPU/TP at vLLM's
+   default gpu_memory_utilization 0.9 (a prior: weights and reserve estimated);
+3. neither for some engine: demand is forecast in *engines' worth of KV* (Σ usage ratios)
+   against the number of engines, which needs no capacity at all.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from collector.errors import InsufficientHistory, KvscopeError
+from collector.records import Window
+from planner import costmodel
+from planner.evidence import ValueCI
+from planner.plan_fits import Hardware, cannot_entry, finite, value_ci
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+    from planner.forecast import Forecast
+
+KV_SIGNAL = "kv_cache_usage_ratio"
+RATE_SIGNAL = "request_success_total"
+FORECAST_LEVEL = 0.9  # planner.forecast's default level
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class Capacity:
+    per_source: Mapping[str, float] | None  # None: demand in engines' worth of KV
+    total: float
+    engines: int
+    unit: str
+    basis: str
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class ForecastRun:
+    """Both forecasts (None when they could not be made) and their JSON sections."""
+
+    kv: Forecast | None
+    kv_series: pd.Series | None
+    rate: Forecast | None
+    rate_series: pd.Series | None
+    capacity: Capacity | None
+    section: dict[str, Any]
+    evidence: dict[str, Any] = field(default_factory=dict)
+
+
+def kv_capacity(
+    windows: Sequence[Window], facts: Mapping[str, Mapping[str, Any]], hw: Hardware | None
+) -> Capacity | None:
+    """HBM KV capacity of every engine that reports KV usage (module docstring)."""
+    series = {(w.source, w.labels) for w in windows if w.signal == KV_SIGNAL}
+    if not series:
+        return None
+    sources = sorted({s for s, _ in series})
+    per: dict[str, float] = {}
+    measured = prior = 0
+    prior_tokens = None
+    if hw is not None:
+        try:
+            prior_tokens = float(costmodel.hbm_kv_capacity_tokens(hw.model, hw.gpu, hw.tp))
+        except KvscopeError:
+            prior_tokens = None
+    for s in sources:
+        f = facts.get(s, {})
+        blocks, size = f.get("num_gpu_blocks"), f.get("block_size")
+        if isinstance(blocks, int) and isinstance(size, int) and blocks > 0 and size > 0:
+            per[s] = float(blocks * size)
+            measured += 1
+        elif prior_tokens is not None:
+            per[s] = prior_tokens
+            prior += 1
+    n = len(series)
+    if len(per) < len(sources):
+        return Capacity(
+            None,
+            float(n),
+            n,
+            "engines of KV",
+            f"{len(sources) - len(per)} source(s) without num_gpu_blocks × block_size and no "
+            "cost-model prior (model/gpu/tp unknown): demand = Σ KV usage ratios, capacity = "
+            f"{n} engines",
+        )
+    total = sum(per[s] for s, _ in series)
+    parts = []
+    if measured:
+        parts.append(f"{measured} source(s): num_gpu_blocks × block_size (vllm:cache_config_info)")
+    if prior:
+        parts.append(
+            f"{prior} source(s): cost-model prior hbm_kv_capacity_tokens at "
+            "gpu_memory_utilization 0.9"
+        )
+    return Capacity(per, total, n, "KV tokens", "; ".join(parts))
+
+
+def _one(
+    series: pd.Series | None,
+    what: str,
+    missing: str,
+    *,
+    horizon_s: float,
+    capacity: float | None,
+    seed: int,
+    max_seconds: float,
+    agg: str,
+) -> tuple[Forecast | None, dict[str, Any]]:
+    from planner.forecast import forecast_demand
+
+    if series is None:
+        return None, cannot_entry(what, missing)
+    try:
+        fc = forecast_demand(
+            series,
+            horizon_s=horizon_s,
+            capacity=capacity,
+            seed=seed,
+            max_seconds=max_seconds,
+            what=what,
+            agg=agg,
+        )
+    except InsufficientHistory as exc:
+        return None, cannot_entry(what, str(exc), exc.available)
+    except KvscopeError as exc:
+        return None, cannot_entry(what, f"forecast refused: {exc}")
+    return fc, {**fc.to_dict(), "can_tell": True, "why": ""}
+
+
+def run_forecasts(
+    windows: Sequence[Window],
+    cap: Capacity | None,
+    *,
+    horizon_s: float,
+    seed: int,
+    max_seconds: float,
+) -> ForecastRun:
+    """KV demand (modelled at each bucket's peak: saturation happens at peaks) and the
+    request rate (bucket means); both from planner.forecast with its default level."""
+    from planner.forecast_data import SeriesError, demand_series_from_windows
+
+    kv_series = rate_series = None
+    kv_why = f"no {KV_SIGNAL} windows"
+    rate_why = f"no {RATE_SIGNAL} windows"
+    if cap is not None:
+        try:
+            kv_series = demand_series_from_windows(
+                windows, signal=KV_SIGNAL, capacity_tokens=cap.per_source
+            )
+        except SeriesError as exc:
+            kv_why = str(exc)
+    try:
+        rate_series = demand_series_from_windows(windows, signal=RATE_SIGNAL)
+    except SeriesError as exc:
+        rate_why = str(exc)
+    kv, kv_entry = _one(
+        kv_series,
+        "kv_demand",
+        kv_why,
+        horizon_s=horizon_s,
+        capacity=cap.total if cap else None,
+        seed=seed,
+        max_seconds=max_seconds,
+        agg="max",
+    )
+    rate, rate_entry = _one(
+        rate_series,
+        "request_rate",
+        rate_why,
+        horizon_s=horizon_s,
+        capacity=None,
+        seed=seed,
+        max_seconds=max_seconds,
+        agg="mean",
+    )
+    if cap is not None:
+        kv_entry |= {
+            "unit": cap.unit,
+            "capacity_total": cap.total,
+            "capacity_basis": cap.basis,
+            "engines": cap.engines,
+        }
+    rate_entry["unit"] = "requests/s"
+    section = {"kv_demand": kv_entry, "request_rate": rate_entry, "horizon_s": horizon_s}
+    ev = kv_evidence(kv, kv_series, cap, horizon_s)
+    return ForecastRun(kv, kv_series, rate, rate_series, cap, section, ev)
+
+
+def kv_evidence(
+    fc: Forecast | None, series: pd.Series | None, cap: Capacity | None, horizon_s: float
+) -> dict[str, Any]:
+    """demand_now / demand_peak / engine_capacity / time_to_saturation_s (evidence.py).
+
+    demand_now: mean of the last hour of history; engine_capacity: mean capacity per engine
+    (so sizing counts engines whose HBM holds the peak). A saturation time whose latest bound
+    lies beyond the horizon is reported with hi = the horizon (censored; noted in basis).
+    """
+    out: dict[str, Any] = {}
+    if cap is None:
+        return out
+    out["demand_unit"] = cap.unit
+    out["engine_capacity"] = cap.total / cap.engines
+    if series is not None and len(series):
+        last = series[series.index >= float(series.index.max()) - 3600.0]
+        out["demand_now"] = finite(float(last.mean()))
+    if fc is None:
+        return out
+    if fc.points:
+        top = max(fc.points, key=lambda p: (p[1], p[0]))  # ties: the latest, widest
+        out["demand_peak"] = value_ci(top[1], min(top[2], top[1]), max(top[3], top[1]), fc.level)
+    ts, lo, hi = fc.time_to_saturation_s, fc.time_to_saturation_lo_s, fc.time_to_saturation_hi_s
+    ttl: ValueCI | None = None
+    if lo is not None:
+        est = ts if ts is not None else horizon_s
+        ttl = value_ci(est, min(lo, est), hi if hi is not None else max(horizon_s, est), fc.level)
+    out["time_to_saturation_s"] = ttl
+    out["_saturation_censored"] = ttl is not None and (ts is None or hi is None)
+    return out
+
+
+def hours(seconds: float | None) -> str:
+    """A duration for people: '3.2 d' / '5.0 h' / 'now'."""
+    if seconds is None or not math.isfinite(seconds):
+        return "n/a"
+    if seconds <= 0:
+        return "now"
+    return f"{seconds / 86400:.1f} d" if seconds >= 86400 else f"{seconds / 3600:.1f} h"

@@ -1,0 +1,317 @@
+"""What is happening in a cluster: the plain statistics of `kvscope plan` (no model, no fit).
+
+Every figure comes with what it rests on (``basis``) and how many windows or events it
+counts, so a reader can tell a measurement over a day of 40 engines from one over ten
+minutes of one. Quantiles are over *windows* (one per engine and rollup window); ratios are
+pooled over the whole period (Σ numerator / Σ denominator), never averages of ratios.
+
+:func:`observe` returns the ``happening`` section of the plan and the Evidence fields that
+follow from it (planner/evidence.py says where each field comes from).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter, defaultdict
+from collections.abc import Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from collector.catalog import DERIVED_RATIOS
+from collector.records import Window
+from planner.frames import SIGNALS as FRAME_SIGNALS
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+RECOMPUTED = "prompt_tokens_recomputed_total"
+PROMPT_TOKENS = "prompt_tokens_total"
+PROMPT_HIST = "request_prompt_tokens"
+LMCACHE_HEALTHY = "lmcache_healthy"
+# Every signal `kvscope plan` reads (the frame's, plus re-prefill and LMCache health).
+NEEDED_SIGNALS: frozenset[str] = FRAME_SIGNALS | {RECOMPUTED, PROMPT_TOKENS, LMCACHE_HEALTHY}
+_RATIO_OF = {ratio: (num, den) for ratio, num, den in DERIVED_RATIOS}
+OFFLOAD_MODES = ("none", "native", "lmcache")
+
+
+def _num(x: object) -> float | None:
+    """A finite float or None (NaN, inf and None all mean unknown)."""
+    if x is None or isinstance(x, bool):
+        return None
+    try:
+        v = float(x)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return None
+    return v if math.isfinite(v) else None
+
+
+def quantiles(values: Iterable[float], qs: Sequence[float]) -> list[float | None]:
+    """Quantiles of the finite values (None each when there is none)."""
+    import numpy as np
+
+    arr = np.asarray([v for v in values if _num(v) is not None], dtype=float)
+    if arr.size == 0:
+        return [None] * len(qs)
+    return [float(v) for v in np.quantile(arr, qs)]
+
+
+def weighted_median(values: Sequence[float], weights: Sequence[float]) -> float | None:
+    """The value at half the total weight (finite values with weight > 0 only)."""
+    pairs = sorted(
+        (v, w) for v, w in zip(values, weights, strict=True) if _num(v) is not None and (w or 0) > 0
+    )
+    total = sum(w for _, w in pairs)
+    if not pairs or total <= 0:
+        return None
+    run = 0.0
+    for v, w in pairs:
+        run += w
+        if run >= total / 2:
+            return float(v)
+    return float(pairs[-1][0])
+
+
+def pooled_ratio(
+    windows: Sequence[Window], ratio: str, sources: set[str] | None = None
+) -> tuple[float | None, float]:
+    """(Σ Δnumerator / Σ Δdenominator, Σ Δdenominator) over the windows of ``sources``.
+
+    The counters are used when present (exact); else the derived ratio windows, weighted by
+    their denominator delta. (None, 0) when nothing was queried.
+    """
+    num_sig, den_sig = _RATIO_OF[ratio]
+    sums: dict[str, float] = defaultdict(float)
+    for w in windows:
+        if sources is not None and w.source not in sources:
+            continue
+        if w.signal in (num_sig, den_sig) and w.delta is not None and math.isfinite(w.delta):
+            sums[w.signal] += w.delta
+        elif w.signal == ratio and _num(w.mean) is not None and (w.delta or 0) > 0:
+            sums["_rnum"] += float(w.mean or 0) * float(w.delta or 0)
+            sums["_rden"] += float(w.delta or 0)
+    if sums[den_sig] > 0:
+        return sums[num_sig] / sums[den_sig], sums[den_sig]
+    if sums["_rden"] > 0:
+        return sums["_rnum"] / sums["_rden"], sums["_rden"]
+    return None, 0.0
+
+
+def reprefill_share(windows: Sequence[Window]) -> tuple[float | None, str]:
+    """Recomputed prompt tokens / prompt tokens on the sources that report recomputation."""
+    recomputed: dict[str, float] = defaultdict(float)
+    prompt: dict[str, float] = defaultdict(float)
+    for w in windows:
+        d = w.delta if w.delta is not None else (w.rate or 0.0) * w.length_s
+        if not math.isfinite(d):
+            continue
+        if w.signal == RECOMPUTED:
+            recomputed[w.source] += d
+        elif w.signal == PROMPT_TOKENS:
+            prompt[w.source] += d
+    den = sum(prompt[s] for s in recomputed)
+    if not recomputed or den <= 0:
+        return None, (
+            "not derivable: needs vllm:prompt_tokens_recomputed (exposed by vLLM 0.16–0.19 "
+            "only) beside the prompt-token counter"
+        )
+    share = min(max(sum(recomputed.values()) / den, 0.0), 1.0)
+    return share, (
+        f"Σ recomputed / Σ prompt tokens over {len(recomputed)} source(s) reporting "
+        "vllm:prompt_tokens_recomputed"
+    )
+
+
+def lmcache_health(windows: Sequence[Window]) -> bool | None:
+    """False when any LMCache healthy gauge ended below 0.5; None when none is exposed."""
+    last: dict[tuple[str, object], tuple[float, float]] = {}
+    for w in windows:
+        if w.signal != LMCACHE_HEALTHY:
+            continue
+        value = _num(w.last if w.last is not None else w.mean)
+        if value is None:
+            continue
+        key = (w.source, w.labels)
+        if key not in last or w.start >= last[key][0]:
+            last[key] = (w.start, value)
+    if not last:
+        return None
+    return all(v >= 0.5 for _, v in last.values())
+
+
+def _engine_rows(frame: pd.DataFrame) -> pd.DataFrame:
+    """Rows of vLLM engines (a KV-utilization or token figure), not LMCache-only sources."""
+    has = frame["kv_util"].notna() | frame["tokens_per_s"].notna()
+    return frame[has]
+
+
+def current_mode(modes: Mapping[str, str]) -> tuple[str | None, str]:
+    """The deployed offload mode from the engines' modes, and how it was read."""
+    seen = {m for m in modes.values() if m in OFFLOAD_MODES}
+    if not seen:
+        return None, "no engine has a known offload mode (register engines with their offload)"
+    offload = seen - {"none"}
+    if len(offload) > 1:
+        return None, (
+            f"engines run {', '.join(sorted(seen))}: a mixed deployment, not 'both' on one "
+            "engine; the deployed-connector rule (R6) is not applied"
+        )
+    mode = offload.pop() if offload else "none"
+    note = "every engine" if len(seen) == 1 else f"the {mode} engines (others run none)"
+    return mode, f"{mode}: from engine metadata of {note}"
+
+
+def _mode_summary(
+    rows: pd.DataFrame, windows: Sequence[Window], sources: set[str]
+) -> dict[str, Any]:
+    import numpy as np
+
+    p50, p95 = quantiles(rows["kv_util"].tolist(), [0.5, 0.95])
+    pre = float(np.nansum(rows["preemptions"].to_numpy(dtype=float)))
+    req = float(np.nansum(rows["requests"].to_numpy(dtype=float)))
+    per_engine = rows.groupby(["source", "engine"])["tokens_per_s"].mean()
+    return {
+        "engines": len(per_engine),
+        "windows": len(rows),
+        "kv_util_p50": p50,
+        "kv_util_p95": p95,
+        "tokens_per_s_per_engine": _num(per_engine.mean()) if len(per_engine) else None,
+        "preemptions_per_1k_requests": 1000 * pre / req if req > 0 else None,
+        "prefix_hit_ratio": pooled_ratio(windows, "prefix_cache_hit_ratio", sources)[0],
+        "external_hit_ratio": pooled_ratio(windows, "external_prefix_cache_hit_ratio", sources)[0],
+        "lmcache_hit_ratio": pooled_ratio(windows, "lmcache_hit_ratio", sources)[0],
+    }
+
+
+def observe(
+    frame: pd.DataFrame, windows: Sequence[Window], modes: Mapping[str, str]
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(``happening`` section, Evidence fields) from the frame and the raw windows.
+
+    ``modes`` maps a source to its offload mode (engine metadata).
+    """
+    import numpy as np
+
+    rows = _engine_rows(frame)
+    ev: dict[str, Any] = {}
+    out: dict[str, Any] = {}
+    p50, p95 = quantiles(rows["kv_util"].tolist(), [0.5, 0.95])
+    kv_max = _num(np.nanmax(rows["kv_util_max"].to_numpy(dtype=float))) if len(rows) else None
+    n_kv = int(rows["kv_util"].notna().sum())
+    out["kv_util"] = {
+        "p50": p50,
+        "p95": p95,
+        "max": kv_max,
+        "windows": n_kv,
+        "basis": "quantiles of per-engine window means of kv_cache_usage_ratio; max = the "
+        "largest in-window maximum",
+    }
+    ev["kv_util_p50"], ev["kv_util_p95"] = p50, p95
+
+    pre = float(np.nansum(rows["preemptions"].to_numpy(dtype=float)))
+    req = float(np.nansum(rows["requests"].to_numpy(dtype=float)))
+    counted = "finished requests (request_success_total)"
+    if req <= 0:
+        req = float(np.nansum(rows["ttft_count"].to_numpy(dtype=float)))
+        counted = "TTFT observations (no request_success_total): requests that got a token"
+    per_1k = 1000.0 * pre / req if req > 0 and rows["preemptions"].notna().any() else None
+    out["preemptions"] = {
+        "per_1k_requests": per_1k,
+        "preemptions": pre,
+        "requests": req,
+        "basis": f"Σ preemptions / Σ {counted} × 1000",
+    }
+    ev["preemptions_per_1k"] = per_1k
+
+    share, why = reprefill_share(windows)
+    out["reprefill_share"] = {"value": share, "basis": why}
+    ev["reprefill_share"] = share
+
+    mode, mode_basis = current_mode(modes)
+    deployed = {s for s, m in modes.items() if m == mode} if mode not in (None, "none") else None
+    hits: dict[str, Any] = {}
+    for key, ratio in (
+        ("prefix", "prefix_cache_hit_ratio"),
+        ("external", "external_prefix_cache_hit_ratio"),
+        ("lmcache", "lmcache_hit_ratio"),
+    ):
+        value, weight = pooled_ratio(windows, ratio)
+        hits[key] = {"ratio": value, "queried_tokens": weight}
+    hits["basis"] = "pooled over the period: Σ hit tokens / Σ queried tokens"
+    out["hit_ratios"] = hits
+    ev["prefix_hit_ratio"] = hits["prefix"]["ratio"]
+    ext = hits["external"]["ratio"]
+    if deployed is not None:
+        ext = pooled_ratio(windows, "external_prefix_cache_hit_ratio", deployed)[0]
+        hits["external_deployed"] = {"ratio": ext, "engines_mode": mode}
+    ev["external_hit_ratio"] = ext
+    ev["current_mode"] = mode
+    out["current_mode"] = {"mode": mode, "basis": mode_basis}
+
+    counts = rows["ttft_count"].to_numpy(dtype=float)
+    tsum = float(np.nansum(rows["ttft_mean_s"].to_numpy(dtype=float) * counts))
+    out["ttft"] = {
+        "p90_s": weighted_median(rows["ttft_p90_s"].tolist(), np.nan_to_num(counts).tolist()),
+        "worst_window_p90_s": quantiles(rows["ttft_p90_s"].tolist(), [1.0])[0],
+        "mean_s": tsum / float(np.nansum(counts)) if np.nansum(counts) > 0 else None,
+        "requests": float(np.nansum(counts)),
+        "basis": "p90: request-weighted median of the windows' histogram p90s (approximation); "
+        "mean: Σ TTFT sum / Σ count",
+    }
+    cluster_tps = rows.groupby("start")["tokens_per_s"].sum(min_count=1).dropna()
+    mean_tps, p95_tps = quantiles(cluster_tps.tolist(), [0.5, 0.95])
+    out["tokens_per_s"] = {
+        "cluster_mean": _num(cluster_tps.mean()) if len(cluster_tps) else None,
+        "cluster_p50": mean_tps,
+        "cluster_p95": p95_tps,
+        "basis": "prompt + generation token rates summed over engines per window start",
+    }
+    prompt_mean, prompt_p90 = _prompt_lengths(windows)
+    out["prompt_tokens"] = {
+        "mean": prompt_mean,
+        "p90": prompt_p90,
+        "basis": "request_prompt_tokens histogram: Σ sum / Σ count; p90 = request-weighted "
+        "median of the windows' p90s (approximation)",
+    }
+    ev["prompt_tokens_mean"], ev["prompt_tokens_p90"] = prompt_mean, prompt_p90
+    by_mode: dict[str, Any] = {}
+    for m in sorted(set(rows["offload_mode"].astype(str))):
+        sub = rows[rows["offload_mode"].astype(str) == m]
+        sources = set(sub["source"].astype(str)) | {s for s, mm in modes.items() if mm == m}
+        by_mode[m] = _mode_summary(sub, windows, sources)
+    out["by_mode"] = by_mode
+    healthy = lmcache_health(windows)
+    ev["lmcache_healthy"] = healthy
+    out["lmcache_healthy"] = healthy
+    ev["engines"] = len(rows.groupby(["source", "engine"])) or None
+    return out, ev
+
+
+def _prompt_lengths(windows: Sequence[Window]) -> tuple[float | None, float | None]:
+    total = count = 0.0
+    p90s: list[float] = []
+    weights: list[float] = []
+    for w in windows:
+        if w.signal != PROMPT_HIST or not w.delta or w.delta <= 0:
+            continue
+        count += w.delta
+        total += w.sum_delta or 0.0
+        if w.p90 is not None and math.isfinite(w.p90):
+            p90s.append(w.p90)
+            weights.append(w.delta)
+    mean = total / count if count > 0 and total > 0 else None
+    return mean, weighted_median(p90s, weights)
+
+
+def modes_by_source(engines: Iterable[object]) -> dict[str, str]:
+    """source -> offload mode of the store's engine records."""
+    out: dict[str, str] = {}
+    for e in engines:
+        out[str(getattr(e, "source", ""))] = str(getattr(e, "offload", "unknown") or "unknown")
+    return out
+
+
+def most_common(values: Iterable[object]) -> tuple[object | None, int]:
+    """The most common non-empty value and how many distinct values there were."""
+    counts = Counter(v for v in values if v not in (None, ""))
+    if not counts:
+        return None, 0
+    return counts.most_common(1)[0][0], len(counts)

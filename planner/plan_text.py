@@ -1,0 +1,208 @@
+"""The readable summary of a plan (`kvscope plan` without --json), from ``Plan.to_dict()``.
+
+Sections: what is happening; the decision with its reasons and confidence; the fits (the
+break-even with its interval); the forecast and time to saturation; sizing; the configs.
+Every number keeps its interval or its basis; "n/a" marks what the data could not tell.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from planner.plan_forecast import hours
+
+
+def _pct(x: object, digits: int = 0) -> str:
+    return "n/a" if not isinstance(x, int | float) else f"{x:.{digits}%}".replace("%", " %")
+
+
+def _num(x: object, fmt: str = "{:,.0f}") -> str:
+    return "n/a" if not isinstance(x, int | float) else fmt.format(x)
+
+
+def _big(x: object) -> str:
+    if not isinstance(x, int | float):
+        return "n/a"
+    for div, suffix in ((1e9, " G"), (1e6, " M"), (1e3, " k")):
+        if abs(x) >= div:
+            return f"{x / div:.3g}{suffix}"
+    return f"{x:.3g}"
+
+
+def _iv(iv: Mapping[str, Any] | None, fmt: str = "{:.3g}") -> str:
+    if not iv or iv.get("lo") is None or iv.get("hi") is None:
+        return "[n/a]"
+    return f"[{fmt.format(iv['lo'])}, {fmt.format(iv['hi'])}]"
+
+
+def _happening(d: Mapping[str, Any]) -> list[str]:
+    h = d["happening"]
+    kv, pre, hits, ttft, tps = (
+        h["kv_util"],
+        h["preemptions"],
+        h["hit_ratios"],
+        h["ttft"],
+        h["tokens_per_s"],
+    )
+    lines = [
+        "What is happening",
+        f"  KV-cache use      p50 {_pct(kv['p50'])}, p95 {_pct(kv['p95'])}, max {_pct(kv['max'])}"
+        f"  ({kv['windows']} engine-windows)",
+        f"  preemptions       {_num(pre['per_1k_requests'], '{:.2f}')} per 1k requests "
+        f"({_num(pre['preemptions'])} in {_num(pre['requests'])})",
+        f"  re-prefill share  {_pct(h['reprefill_share']['value'], 1)}"
+        + (
+            ""
+            if h["reprefill_share"]["value"] is not None
+            else f"  ({h['reprefill_share']['basis']})"
+        ),
+        f"  hit ratios        prefix {_pct(hits['prefix']['ratio'], 1)}, external "
+        f"{_pct(hits['external']['ratio'], 1)}, LMCache {_pct(hits['lmcache']['ratio'], 1)}",
+        f"  TTFT              p90 {_num(ttft['p90_s'], '{:.3g} s')} (worst window "
+        f"{_num(ttft['worst_window_p90_s'], '{:.3g} s')}), mean {_num(ttft['mean_s'], '{:.3g} s')}",
+        f"  throughput        {_num(tps['cluster_mean'])} tokens/s cluster mean, p95 "
+        f"{_num(tps['cluster_p95'])}",
+        f"  offload deployed  {h['current_mode']['mode'] or 'n/a'} ({h['current_mode']['basis']})",
+    ]
+    for mode, m in h["by_mode"].items():
+        lines.append(
+            f"  mode {mode:<12} {m['engines']} engine(s): KV p95 {_pct(m['kv_util_p95'])}, "
+            f"{_num(m['tokens_per_s_per_engine'])} tok/s per engine, "
+            f"{_num(m['preemptions_per_1k_requests'], '{:.2f}')} preemptions/1k, external hit "
+            f"{_pct(m['external_hit_ratio'], 1)}, LMCache hit {_pct(m['lmcache_hit_ratio'], 1)}"
+        )
+    return lines
+
+
+def _decision(d: Mapping[str, Any]) -> list[str]:
+    dec = d["decision"]
+    lines = [
+        f"Decision: {dec['mode'].upper()}  (confidence {dec['confidence']:.2f}, "
+        f"{dec['confidence_label']})"
+    ]
+    lines += [f"  - [{r['rule']}] {r['text']}  ({r['source']})" for r in dec["reasons"]]
+    if dec["unknown"]:
+        lines.append("  unknown (lowers the confidence): " + "; ".join(dec["unknown"]))
+    lines += [f"  risk {r['id']}: {r['text']}" for r in dec["risks"]]
+    return lines
+
+
+def _fits(d: Mapping[str, Any]) -> list[str]:
+    lines = ["Fits (95 % intervals)"]
+    for name, f in d["fits"].items():
+        if f["estimate"] is None:
+            lines.append(f"  {name:<16} cannot tell: {f['why']}")
+            continue
+        text = f"{f['estimate']:.3g} {_iv(f['interval'])} {f['unit'] or ''} (n={f['n']})"
+        if name.startswith("gain_"):
+            at = f.get("at_current_util")
+            text = f"break-even KV use {text}; verdict {f.get('verdict')}"
+            if at:
+                text += (
+                    f"; at KV use {at['u']:.2f}: gain {_pct(at['relative'], 1)} "
+                    f"{_iv(at['relative_interval'], '{:+.1%}')}"
+                )
+        elif name == "lmcache_hitrate":
+            text = (
+                f"L1 for 90 % of h_max {_big(f['estimate'])}B {_iv(f['interval'], '{:.3g}')}; "
+                f"h_max {_pct((f.get('h_max') or {}).get('estimate'), 1)}"
+            )
+        note = "" if f["can_tell"] else f"  (cannot tell: {f['why']})"
+        lines.append(f"  {name:<16} {text}{note}")
+    return lines
+
+
+def _forecast(d: Mapping[str, Any]) -> list[str]:
+    f = d["forecast"]
+    kv, ev = f["kv_demand"], d["evidence"]
+    lines = [f"Forecast ({hours(f['horizon_s'])} horizon)"]
+    if kv.get("can_tell"):
+        peak = ev.get("demand_peak") or {}
+        cap = kv.get("capacity_total")
+        lines += [
+            f"  KV demand ({kv.get('unit')}): now {_big(ev.get('demand_now'))} of "
+            f"{_big(cap)} capacity; peak {_big(peak.get('estimate'))} "
+            f"[{_big(peak.get('lo'))}, {_big(peak.get('hi'))}] ({kv['level']:.0%} interval)",
+            f"  method {kv['method']}; backtest coverage {_pct(kv['backtest_coverage'])}, "
+            f"MASE {_num(kv['backtest_mase'], '{:.2f}')} over {kv['backtest_origins']} origins",
+        ]
+        horizon = hours(f["horizon_s"])
+        ts, lo, hi = (
+            kv.get(k)
+            for k in ("time_to_saturation_s", "time_to_saturation_lo_s", "time_to_saturation_hi_s")
+        )
+        if ts is None and lo is None:
+            lines.append(f"  time to HBM saturation: not within {horizon}")
+        else:
+            lines.append(
+                f"  time to HBM saturation {'> ' + horizon if ts is None else hours(ts)} "
+                f"(earliest {hours(lo)}, latest {'> ' + horizon if hi is None else hours(hi)})"
+            )
+        if kv.get("saturation_probability") is not None:
+            lines.append(
+                f"  P(saturation within {horizon}) {_pct(kv['saturation_probability'])}"
+                " (simulated paths of the fitted model)"
+            )
+        if kv.get("saturation_note"):
+            lines.append(f"  note: {kv['saturation_note']}")
+        lines.append(f"  capacity: {kv.get('capacity_basis')}")
+    else:
+        lines.append(f"  KV demand: cannot tell: {kv['why']}")
+    rate = f["request_rate"]
+    if rate.get("can_tell") and rate.get("points"):
+        top = max(rate["points"], key=lambda p: p[1])
+        lines.append(
+            f"  request rate: peak {top[1]:.3g} req/s [{top[2]:.3g}, {top[3]:.3g}] "
+            f"({rate['method']})"
+        )
+    else:
+        lines.append(f"  request rate: cannot tell: {rate['why']}")
+    return lines
+
+
+def _sizing(d: Mapping[str, Any]) -> list[str]:
+    s = d["sizing"]
+    if "error" in s:
+        return ["Sizing", f"  cannot size: {s['error']}"]
+    lines = [f"Sizing for {s['mode']}"]
+    e = s.get("engines")
+    if e:
+        lines.append(
+            f"  engines: {e['needed']} [{e['lo']}, {e['hi']}] for a peak of "
+            f"{_big(e['peak'])} {e['unit']} + {e['headroom']:.0%} headroom at "
+            f"{_big(e['capacity_per_engine'])} per engine (now {e['current']})"
+        )
+        if e.get("needed_with_offload"):
+            lines.append(f"  engines with the measured offload gain: {e['needed_with_offload']}")
+    if s.get("native_cpu_gib"):
+        lines.append(f"  native CPU buffer: {s['native_cpu_gib']:.0f} GiB per engine")
+    if s.get("l1_size_gib"):
+        lines.append(
+            f"  LMCache L1: {s['l1_size_gib']:.0f} GiB per node ({s['l1_basis']}), "
+            f"eviction watermark {s['eviction_watermark']}"
+        )
+    if s.get("l2"):
+        lines.append(f"  L2: {s['l2']['kind']} ({s['l2']['scope']}): {s['l2']['reason']}")
+    if s.get("unknown"):
+        lines.append("  unknown: " + "; ".join(s["unknown"]))
+    cost = d.get("cost")
+    if cost:
+        lines.append(
+            f"  cost: now {_num(cost.get('current_per_month'))}/month, sized "
+            f"{_num(cost.get('needed_per_month'))}/month ({cost['basis']})"
+        )
+    lines.append("Configs" if d["configs"] else "Configs: none needed for this mode")
+    lines += [f"  {name}: {cmd}" for name, cmd in d["configs"].items()]
+    return lines
+
+
+def summary_text(d: Mapping[str, Any]) -> str:
+    """The readable summary of ``Plan.to_dict()``."""
+    w = d["window"]
+    head = (
+        f"kvscope plan{' — cluster ' + d['cluster'] if d['cluster'] else ''}: "
+        f"{w['engines']} engines, {w['windows']} windows, {w['first_utc']} → {w['last_utc']}"
+    )
+    blocks = [[head], _happening(d), _decision(d), _fits(d), _forecast(d), _sizing(d)]
+    return "\n\n".join("\n".join(b) for b in blocks) + "\n"
