@@ -193,7 +193,7 @@ def fit_gain(
             f"too few windows of a mode inside the common support [{fmt(lo)}, {fmt(hi)}] "
             f"(< {min_per_mode})"
         )
-    kn = np.quantile(u, np.arange(1, knots + 1) / (knots + 1)) if knots else np.zeros(0)
+    kn = np.unique(np.quantile(u, np.arange(1, knots + 1) / (knots + 1))) if knots else np.zeros(0)
     centre = 0.5 * (lo + hi)
     x = _basis(u, kn, centre)
     design = np.hstack([x, x * d[:, None]])

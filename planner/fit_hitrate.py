@@ -161,6 +161,15 @@ def fit_hitrate(
         theta, jac_fn = _fit(c, h, w, max_nfev)
         f, jac = jac_fn(theta, c)
         cov = sandwich(jac, h - f, w, groups if cov_type == "cluster" else None)
+        eig = np.linalg.eigvalsh((jac * w[:, None]).T @ jac)
+    if not eig.min() > 1e-9 * max(eig.max(), 1e-300):
+        # A (near-)zero direction of the information: the curve is flat in C0 (or h_max).
+        return HitRateFit(
+            **out, estimate=math.nan, interval=nan_interval(level), warnings=tuple(caught),
+            can_tell=False, why="the size scale C0 is not pinned down: the hit ratio is flat "
+            f"over the L1 usage seen ([{fmt(c.min())}, {fmt(c_max)}] bytes, past saturation "
+            "or independent of size)", h_max=nan_est, c0_bytes=nan_est, predictions=(),
+        )  # fmt: skip
     tq = t_quantile(level, n_eng - 1 if cov_type == "cluster" else n - 2)
     se = np.sqrt(np.maximum(np.diag(cov), 0.0))
     eta, lam = float(theta[0]), float(theta[1])

@@ -129,7 +129,8 @@ def fit_preemption(
 
     check_level(level)
     data = _usable(frame, [util, count, exposure])
-    data = data[(data[exposure] > 0) & (data[count] >= 0)]
+    if len(data):
+        data = data[(data[exposure] > 0) & (data[count] >= 0)]
     require_history(WHAT, len(data), min_windows)
     u = data[util].to_numpy(dtype=float)
     y = data[count].to_numpy(dtype=float)
@@ -347,13 +348,14 @@ def _sandwich(cells: _Cells, k: float, beta: Array, alpha: float, cluster: bool)
     x = _design(cells.u, k)
     mu = cells.t * np.exp(np.minimum(x @ beta, 50.0))
     v = 1.0 + alpha * mu
-    bread = np.linalg.pinv((x.T * (cells.c * mu / v)) @ x)
+    # Observed information (NB2's log link is not canonical; statsmodels uses it too):
+    # −∂²ℓ/∂η² = μ(1 + αy)/(1 + αμ)² per window, summed within the cell.
+    bread = np.linalg.pinv((x.T * (mu * (cells.c + alpha * cells.y) / (v * v))) @ x)
     if cluster:
         s = x * ((cells.y - cells.c * mu) / v)[:, None]
         g = cells.g
-        per = np.zeros((int(g.max()) + 1, 2))
-        np.add.at(per, g, s)
-        ng = per.shape[0]
+        ng = int(g.max()) + 1
+        per = np.column_stack([np.bincount(g, weights=s[:, j], minlength=ng) for j in (0, 1)])
         n = float(cells.c.sum())
         meat = per.T @ per * ng / max(ng - 1, 1) * (n - 1) / max(n - 2, 1)
     else:

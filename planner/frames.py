@@ -146,7 +146,11 @@ def _table(
     num: dict[str, npt.NDArray[np.float64]] = {}
     if isinstance(windows, pd.DataFrame):
         df = windows
-        engine = df["engine"] if "engine" in df.columns else _engine_labels(df["labels"].tolist())
+        engine = (
+            df["engine"]
+            if "engine" in df.columns
+            else np.asarray(_engine_labels(df["labels"].tolist()), dtype=np.object_)
+        )
         coded = {"source": _codes(df["source"]), "engine": _codes(engine),
                  "signal": _codes(df["signal"])}  # fmt: skip
         for name in ("start", "length_s", *_FIELDS):

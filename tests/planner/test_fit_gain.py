@@ -1,0 +1,142 @@
+"""planner.fit_gain: offload gain vs utilization and the break-even, against known truth."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import pytest
+import statsmodels.api as sm
+
+from collector.errors import ConfigError, InsufficientHistory
+from planner.fit_gain import fit_gain
+from planner.fitcommon import engine_groups, ols_robust
+from planner.fitsynth import Truth, synthetic_frame
+
+MODES = ("none", "native")
+
+
+def two_modes(n_engines: int = 20, n_windows: int = 240, seed: int = 0, **kw: Any) -> pd.DataFrame:
+    return synthetic_frame(n_engines, n_windows, seed=seed, modes=MODES, **kw)
+
+
+def test_fit_gain_known_crossing_interval_covers_truth() -> None:
+    fit = fit_gain(two_modes(seed=1), offload="native", level=0.9)
+    assert fit.can_tell, fit.why
+    assert fit.verdict == "crosses"
+    assert fit.direction == "offload better above u*"
+    assert fit.interval.covers(0.7)
+    assert fit.interval.width < 0.15
+    assert fit.cov_type == "cluster"
+    assert dict(fit.engines_by_mode) == {"none": 10, "native": 10}
+    assert fit.warnings == ()
+
+
+def test_fit_gain_grid_reports_absolute_and_relative_gain_with_intervals() -> None:
+    truth = Truth()
+    fit = fit_gain(two_modes(seed=2), offload="native", n_grid=11)
+    lo, hi = fit.support
+    assert [p.u for p in fit.grid] == pytest.approx(np.linspace(lo, hi, 11).tolist())
+    for p in fit.grid:
+        assert p.gain_interval.lo <= p.gain <= p.gain_interval.hi
+        assert p.relative_interval.lo <= p.relative <= p.relative_interval.hi
+        true_gain = truth.gain_slope * (p.u - truth.break_even["native"])
+        assert p.gain_interval.lo - 150 <= true_gain <= p.gain_interval.hi + 150
+    # the relative gain is the absolute gain over the no-offload curve, so signs agree
+    assert all(np.sign(p.gain) == np.sign(p.relative) for p in fit.grid)
+
+
+def test_fit_gain_pooled_offload_modes_compare_every_offload_engine() -> None:
+    fit = fit_gain(synthetic_frame(18, 240, seed=3), offload=None)
+    assert fit.offload == "offload"
+    assert dict(fit.engines_by_mode) == {"none": 6, "offload": 12}
+
+
+def test_fit_gain_no_overlap_of_utilization_cannot_tell() -> None:
+    frame = two_modes(util_range={"none": (0.05, 0.4), "native": (0.6, 0.95)})
+    fit = fit_gain(frame, offload="native")
+    assert not fit.can_tell
+    assert "do not overlap" in fit.why
+    assert fit.verdict == "undetermined"
+
+
+def test_fit_gain_positive_throughout_reports_no_break_even() -> None:
+    frame = two_modes(seed=4, truth=Truth(break_even={"native": -1.0}))
+    fit = fit_gain(frame, offload="native")
+    assert not fit.can_tell
+    assert fit.verdict == "positive_throughout"
+    assert "gain > 0 throughout" in fit.why
+    assert fit.roots == ()
+
+
+def test_fit_gain_negative_throughout_reports_no_break_even() -> None:
+    frame = two_modes(seed=5, truth=Truth(break_even={"native": 2.0}))
+    fit = fit_gain(frame, offload="native")
+    assert fit.verdict == "negative_throughout" and not fit.can_tell
+
+
+def test_fit_gain_no_difference_between_modes_cannot_tell_the_sign() -> None:
+    frame = two_modes(seed=6, truth=Truth(gain_slope=0.0), noise_tokens_per_s=800.0)
+    fit = fit_gain(frame, offload="native")
+    assert not fit.can_tell
+    assert fit.verdict == "undetermined"
+    assert "cannot tell its sign" in fit.why
+
+
+def test_fit_gain_too_few_windows_of_one_mode_cannot_tell() -> None:
+    frame = two_modes()
+    frame = frame[(frame["offload_mode"] == "none") | (frame.index % 100 == 0)]
+    fit = fit_gain(frame, offload="native", min_per_mode=30)
+    assert not fit.can_tell and "too few windows for mode native" in fit.why
+
+
+def test_fit_gain_short_history_raises_insufficient_history() -> None:
+    with pytest.raises(InsufficientHistory) as err:
+        fit_gain(two_modes(2, 20), offload="native", min_windows=60)
+    assert (err.value.required, err.value.available) == (60, 40)
+
+
+def test_fit_gain_bootstrap_is_seeded_and_covers_truth() -> None:
+    frame = two_modes(seed=7)
+    a = fit_gain(frame, offload="native", interval_method="bootstrap", n_boot=199, seed=11)
+    b = fit_gain(frame, offload="native", interval_method="bootstrap", n_boot=199, seed=11)
+    c = fit_gain(frame, offload="native", interval_method="bootstrap", n_boot=199, seed=12)
+    assert a.interval == b.interval
+    assert a.interval != c.interval
+    assert a.interval.covers(0.7)
+    assert "199 replicates, seed 11" in a.method
+
+
+def test_fit_gain_bootstrap_time_budget_bounds_replicates() -> None:
+    fit = fit_gain(two_modes(seed=8), offload="native", interval_method="bootstrap",
+                   n_boot=10**6, time_budget_s=0.2)  # fmt: skip
+    done = int(fit.method.split("bootstrap, ")[1].split(" replicates")[0])
+    assert 0 < done < 10**6
+
+
+def test_fit_gain_unknown_interval_method_is_a_config_error() -> None:
+    with pytest.raises(ConfigError, match="interval_method"):
+        fit_gain(two_modes(), offload="native", interval_method="delta")
+
+
+@pytest.mark.parametrize("kind", ["HC3", "cluster"])
+def test_ols_robust_matches_statsmodels(kind: str) -> None:
+    frame = two_modes(12, 50, seed=9)
+    x = np.column_stack([np.ones(len(frame)), frame["kv_util"], frame["kv_util"] ** 2])
+    y = frame["tokens_per_s"].to_numpy()
+    g = engine_groups(frame)
+    params, cov = ols_robust(y, x, g, kind)
+    kw = {"cov_kwds": {"groups": g}} if kind == "cluster" else {}
+    ref = sm.OLS(y, x).fit(cov_type=kind, **kw)
+    np.testing.assert_allclose(params, ref.params, rtol=1e-9)
+    np.testing.assert_allclose(cov, ref.cov_params(), rtol=1e-7)
+
+
+def test_fit_gain_break_even_coverage_over_seeded_replicates() -> None:
+    """The 90 % Fieller interval covers the true break-even 80–97 % of the time."""
+    covered = sum(
+        fit_gain(two_modes(seed=1000 + s), offload="native", level=0.9).interval.covers(0.7)
+        for s in range(50)
+    )
+    assert 40 <= covered <= 48

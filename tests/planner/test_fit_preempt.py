@@ -1,0 +1,122 @@
+"""planner.fit_preempt: the preemption knee, recovered from data whose truth is known."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+import statsmodels.api as sm
+
+from collector.errors import InsufficientHistory
+from planner.fit_preempt import _bin, _collapse, _design, _irls, _sandwich, fit_preemption
+from planner.fitcommon import engine_groups
+from planner.fitsynth import Truth, synthetic_frame
+
+TRUTH = Truth()
+
+
+def overdispersed(frame: pd.DataFrame, alpha: float, seed: int) -> pd.DataFrame:
+    """Same utilization, preemptions drawn NegBin2(μ, α) (gamma-mixed Poisson)."""
+    rng = np.random.default_rng(seed)
+    u = frame["kv_util"].to_numpy()
+    mu = (
+        frame["window_s"].to_numpy()
+        * TRUTH.base_rate_per_s
+        * np.exp(TRUTH.slope * np.maximum(0.0, u - TRUTH.knee))
+    )
+    mix = rng.gamma(1.0 / alpha, alpha, u.size)
+    return frame.assign(preemptions=rng.poisson(mu * mix).astype(float))
+
+
+def test_fit_preemption_synthetic_knee_interval_covers_truth_and_is_narrow() -> None:
+    fit = fit_preemption(synthetic_frame(12, 720, seed=3))
+    assert fit.can_tell, fit.why
+    assert fit.interval.covers(TRUTH.knee)
+    assert fit.interval.width < 0.08
+    assert fit.slope.interval.covers(TRUTH.slope)
+    assert fit.base_rate.interval.covers(TRUTH.base_rate_per_s)
+    assert fit.family == "poisson"
+    assert fit.cov_type == "cluster"  # 12 engines
+    assert fit.n == 12 * 720
+    assert fit.warnings == ()
+    assert min(lr for _, lr in fit.profile) == 0.0
+
+
+def test_fit_preemption_overdispersed_counts_switch_to_negative_binomial() -> None:
+    frame = overdispersed(synthetic_frame(12, 720, seed=4), alpha=1.5, seed=4)
+    fit = fit_preemption(frame)
+    assert fit.family == "negative_binomial"
+    assert fit.dispersion_p < 0.05
+    assert fit.dispersion_alpha == pytest.approx(1.5, rel=0.5)
+    assert fit.interval.covers(TRUTH.knee)
+    assert "negative_binomial" in fit.method
+
+
+def test_fit_preemption_no_preemptions_cannot_tell_and_says_where_they_would_start() -> None:
+    frame = synthetic_frame(4, 100, seed=1).assign(preemptions=0.0)
+    fit = fit_preemption(frame)
+    assert not fit.can_tell
+    assert "no preemptions" in fit.why and "above the largest kv_util" in fit.why
+    assert math.isnan(fit.estimate) and math.isnan(fit.interval.lo)
+
+
+def test_fit_preemption_constant_utilization_cannot_tell() -> None:
+    frame = synthetic_frame(4, 100, seed=1).assign(kv_util=0.9, preemptions=1.0)
+    fit = fit_preemption(frame)
+    assert not fit.can_tell and "barely varies" in fit.why
+
+
+def test_fit_preemption_knee_above_observed_range_is_not_bounded() -> None:
+    # Utilization never reaches the knee: the profile is flat, no interval end is found.
+    frame = synthetic_frame(6, 400, seed=2)
+    frame = frame.assign(kv_util=frame["kv_util"] * 0.6)
+    frame = frame.assign(preemptions=np.random.default_rng(2).poisson(0.02, len(frame)) * 1.0)
+    fit = fit_preemption(frame)
+    assert not fit.can_tell
+    assert "not bounded" in fit.why or "no detectable rise" in fit.why
+
+
+@pytest.mark.parametrize(
+    ("frame", "available"),
+    [
+        (synthetic_frame(2, 50, seed=0), 100),
+        (synthetic_frame(2, 50, seed=0).drop(columns="preemptions"), 0),
+        (synthetic_frame(2, 80, seed=0).assign(kv_util=np.nan), 0),
+    ],
+)
+def test_fit_preemption_short_history_raises_insufficient_history(
+    frame: pd.DataFrame, available: int
+) -> None:
+    with pytest.raises(InsufficientHistory) as err:
+        fit_preemption(frame, min_windows=120)
+    assert (err.value.required, err.value.available) == (120, available)
+
+
+@pytest.mark.parametrize("alpha", [0.0, 0.5])
+@pytest.mark.parametrize("cluster", [True, False])
+def test_irls_and_sandwich_on_cells_match_statsmodels_glm(alpha: float, cluster: bool) -> None:
+    frame = synthetic_frame(12, 300, seed=5)
+    u = _bin(frame["kv_util"].to_numpy(), 2000)
+    y, t = frame["preemptions"].to_numpy(), frame["window_s"].to_numpy()
+    g = engine_groups(frame)
+    beta, _ = _irls(_collapse(u, t, y, g, by_engine=True), 0.85, alpha, None, 100)
+    cov = _sandwich(_collapse(u, t, y, g, by_engine=True), 0.85, beta, alpha, cluster)
+    family = sm.families.Poisson() if alpha == 0 else sm.families.NegativeBinomial(alpha=alpha)
+    model = sm.GLM(y, _design(u, 0.85), family=family, offset=np.log(t))
+    ref = (model.fit(cov_type="cluster", cov_kwds={"groups": g}) if cluster
+           else model.fit(cov_type="HC0"))  # fmt: skip
+    np.testing.assert_allclose(beta, ref.params, rtol=1e-6)
+    np.testing.assert_allclose(cov, ref.cov_params(), rtol=1e-5)
+
+
+@pytest.mark.slow
+def test_fit_preemption_knee_coverage_over_seeded_replicates() -> None:
+    covered = sum(
+        fit_preemption(synthetic_frame(12, 720, seed=2000 + s), level=0.9).interval.covers(
+            TRUTH.knee
+        )
+        for s in range(50)
+    )
+    assert 40 <= covered <= 50  # nominal 45; the profile-LR interval is mildly conservative
