@@ -114,11 +114,24 @@ def _one(
     max_seconds: float,
     agg: str,
 ) -> tuple[Forecast | None, dict[str, Any]]:
-    from planner.forecast import forecast_demand
+    from planner.forecast import MAX_HORIZON_STEPS, forecast_demand
+    from planner.forecast_data import prepare
 
     if series is None:
         return None, cannot_entry(what, missing)
+    note = ""
     try:
+        # A short history is modelled at a fine cadence: keep the horizon within the
+        # forecaster's step limit rather than refuse (forecasting far past a short history
+        # is what the widening interval then shows).
+        cadence = prepare(series, what=what, agg=agg).cadence_s
+        if horizon_s > MAX_HORIZON_STEPS * cadence:
+            note = (
+                f"horizon shortened from {hours(horizon_s)} to "
+                f"{hours(MAX_HORIZON_STEPS * cadence)}: at most {MAX_HORIZON_STEPS} steps of "
+                f"the {cadence:g} s modelling cadence a short history gets"
+            )
+            horizon_s = MAX_HORIZON_STEPS * cadence
         fc = forecast_demand(
             series,
             horizon_s=horizon_s,
@@ -132,7 +145,7 @@ def _one(
         return None, cannot_entry(what, str(exc), exc.available)
     except KvscopeError as exc:
         return None, cannot_entry(what, f"forecast refused: {exc}")
-    return fc, {**fc.to_dict(), "can_tell": True, "why": ""}
+    return fc, {**fc.to_dict(), "can_tell": True, "why": "", "horizon_note": note}
 
 
 def run_forecasts(

@@ -147,6 +147,8 @@ def _forecast(d: Mapping[str, Any]) -> list[str]:
         if kv.get("saturation_note"):
             lines.append(f"  note: {kv['saturation_note']}")
         lines.append(f"  capacity: {kv.get('capacity_basis')}")
+        if kv.get("horizon_note"):
+            lines.append(f"  note: {kv['horizon_note']}")
     else:
         lines.append(f"  KV demand: cannot tell: {kv['why']}")
     rate = f["request_rate"]
