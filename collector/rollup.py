@@ -34,14 +34,15 @@ from __future__ import annotations
 import math
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from itertools import pairwise
+from operator import add, sub
 
 from collector.errors import ConfigError
 from collector.records import Kind, Labels, SignalSample, Snapshot, Window
 
 SeriesKey = tuple[str, Labels]
-Buckets = tuple[tuple[float, float], ...]
+QUANTILES = (0.5, 0.9, 0.99)
 INF = math.inf
 
 
@@ -53,15 +54,16 @@ def histogram_quantile(q: float, buckets: Sequence[tuple[float, float]]) -> floa
     in the +Inf bucket returns the highest finite bound. None where PromQL returns NaN (no
     observations, no +Inf bucket, fewer than two buckets).
     """
-    if math.isnan(q):
-        return None
-    if q < 0:
-        return -INF
-    if q > 1:
-        return INF
+    return histogram_quantiles((q,), buckets)[0]
+
+
+def histogram_quantiles(
+    qs: Sequence[float], buckets: Sequence[tuple[float, float]]
+) -> list[float | None]:
+    """histogram_quantile for several quantiles of the same buckets (prepared once)."""
     ordered = sorted(buckets)
     if not ordered or ordered[-1][0] != INF:
-        return None
+        return [_bucket_quantile(q, None) for q in qs]
     # coalesceBuckets: merge equal bounds; ensureMonotonic: counts never decrease.
     merged: list[list[float]] = []
     for bound, count in ordered:
@@ -73,7 +75,18 @@ def histogram_quantile(q: float, buckets: Sequence[tuple[float, float]]) -> floa
     for pair in merged:
         running = max(running, pair[1])
         pair[1] = running
-    if len(merged) < 2:
+    return [_bucket_quantile(q, merged) for q in qs]
+
+
+def _bucket_quantile(q: float, merged: list[list[float]] | None) -> float | None:
+    """bucketQuantile on coalesced, monotonic buckets (None: no +Inf bucket)."""
+    if math.isnan(q):
+        return None
+    if q < 0:
+        return -INF
+    if q > 1:
+        return INF
+    if merged is None or len(merged) < 2:
         return None
     observations = merged[-1][1]
     if observations == 0:
@@ -101,7 +114,8 @@ class _Point:
     ts: float
     value: float
     sum: float | None = None
-    buckets: Buckets = ()
+    bounds: tuple[float, ...] = ()
+    counts: tuple[float, ...] = ()
 
 
 @dataclass(slots=True)
@@ -153,6 +167,7 @@ class Rollup:
         self.skipped: Counter[str] = Counter()
         self._state: dict[SeriesKey, _Point] = {}
         self._accs: dict[SeriesKey, _Acc] = {}
+        self._layouts: set[tuple[float, ...]] = set()  # bucket bounds already validated
         self._open: int | None = None  # index of the open window (start = index * window_s)
         self._last_ts = -INF
         self._closed_until = -INF
@@ -254,52 +269,43 @@ class Rollup:
         self._state[key] = _Point("gauge", ts, value)
 
     def _add_histogram(self, key: SeriesKey, sample: SignalSample, ts: float) -> None:
-        numbers = [sample.value, *(count for _, count in sample.buckets)]
-        if sample.sum is not None:
-            numbers.append(sample.sum)
-        if any(math.isnan(x) for x in numbers):
-            self.skipped["nan"] += 1
-            return
-        if any(math.isinf(x) for x in numbers):
-            self.skipped["inf"] += 1
-            return
-        bounds = tuple(bound for bound, _ in sample.buckets)
-        if not bounds or bounds[-1] != INF or any(a >= b for a, b in pairwise(bounds)):
+        if not sample.buckets:
             self.skipped["malformed_histogram"] += 1
             return
+        bounds, counts = map(tuple, zip(*sample.buckets, strict=True))
+        total = sum(counts, sample.value + (sample.sum or 0.0))
+        if not math.isfinite(total):  # one pass in C; NaN/Inf anywhere shows up here
+            self.skipped["nan" if math.isnan(total) else "inf"] += 1
+            return
+        if bounds not in self._layouts:
+            if bounds[-1] != INF or any(a >= b for a, b in pairwise(bounds)):
+                self.skipped["malformed_histogram"] += 1
+                return
+            if len(self._layouts) > 1_000:  # bounded even against a hostile exporter
+                self._layouts.clear()
+            self._layouts.add(bounds)
         acc = self._acc(key, "histogram", ts)
-        point = _Point("histogram", ts, sample.value, sample.sum, sample.buckets)
         prev = acc.prev
         if prev is not None:
-            reset = (
-                tuple(b for b, _ in prev.buckets) != bounds
-                or sample.value < prev.value
-                or any(
-                    new < old
-                    for (_, new), (_, old) in zip(sample.buckets, prev.buckets, strict=True)
-                )
-            )
-            if reset:
+            deltas = list(map(sub, counts, prev.counts)) if prev.bounds == bounds else []
+            d_count = sample.value - prev.value
+            if not deltas or d_count < 0 or min(deltas) < 0:  # reset or new bucket layout
                 acc.resets += 1
-                d_count, d_sum = sample.value, sample.sum
-                d_buckets = [count for _, count in sample.buckets]
+                d_count, d_sum, deltas = sample.value, sample.sum, list(counts)
             else:
-                d_count = sample.value - prev.value
                 d_sum = None if sample.sum is None or prev.sum is None else sample.sum - prev.sum
-                d_buckets = [
-                    n - o for (_, n), (_, o) in zip(sample.buckets, prev.buckets, strict=True)
-                ]
             acc.delta = (acc.delta or 0.0) + d_count
             if d_sum is None:
                 acc.sum_known = False
             else:
                 acc.sum_delta = (acc.sum_delta or 0.0) + d_sum
             if not acc.bounds:
-                acc.bounds, acc.bucket_delta = bounds, d_buckets
+                acc.bounds, acc.bucket_delta = bounds, deltas
             elif acc.bounds == bounds:
-                acc.bucket_delta = [a + d for a, d in zip(acc.bucket_delta, d_buckets, strict=True)]
+                acc.bucket_delta = list(map(add, acc.bucket_delta, deltas))
             else:
                 acc.layout_mixed = True
+        point = _Point("histogram", ts, sample.value, sample.sum, bounds, counts)
         acc.prev = point
         self._state[key] = point
         acc.samples += 1
@@ -331,7 +337,24 @@ class Rollup:
         return windows
 
     def _window(self, signal: str, labels: Labels, acc: _Acc, start: float, end: float) -> Window:
-        base = Window(
+        span = acc.last_ts - acc.from_ts
+        rate = None if acc.delta is None or span <= 0 else acc.delta / span
+        mean = lo = hi = sum_delta = None
+        quantiles: list[float | None] = [None, None, None]
+        if acc.kind == "counter":
+            pass
+        elif acc.kind == "gauge":
+            rate = None
+            weighted = acc.weighted + acc.last * (end - acc.last_ts)
+            mean, lo, hi = weighted / (end - acc.from_ts), acc.lo, acc.hi
+        else:
+            sum_delta = acc.sum_delta if acc.sum_known and acc.delta is not None else None
+            mean = sum_delta / acc.delta if sum_delta is not None and acc.delta else None
+            if acc.bounds and not acc.layout_mixed:
+                quantiles = histogram_quantiles(
+                    QUANTILES, tuple(zip(acc.bounds, acc.bucket_delta, strict=True))
+                )
+        return Window(
             source=self.source,
             signal=signal,
             labels=labels,
@@ -339,31 +362,17 @@ class Rollup:
             length_s=self.window_s,
             kind=acc.kind,
             samples=acc.samples,
-            resets=acc.resets,
-            last=acc.last,
-        )
-        span = acc.last_ts - acc.from_ts
-        rate = None if acc.delta is None or span <= 0 else acc.delta / span
-        if acc.kind == "counter":
-            return replace(base, delta=acc.delta, rate=rate)
-        if acc.kind == "gauge":
-            weighted = acc.weighted + acc.last * (end - acc.last_ts)
-            return replace(base, mean=weighted / (end - acc.from_ts), min=acc.lo, max=acc.hi)
-        sum_delta = acc.sum_delta if acc.sum_known and acc.delta is not None else None
-        mean = sum_delta / acc.delta if sum_delta is not None and acc.delta else None
-        quantiles: list[float | None] = [None, None, None]
-        if acc.bounds and not acc.layout_mixed:
-            cumulative = tuple(zip(acc.bounds, acc.bucket_delta, strict=True))
-            quantiles = [histogram_quantile(q, cumulative) for q in (0.5, 0.9, 0.99)]
-        return replace(
-            base,
             delta=acc.delta,
             rate=rate,
-            sum_delta=sum_delta,
+            resets=acc.resets,
             mean=mean,
+            min=lo,
+            max=hi,
+            last=acc.last,
             p50=quantiles[0],
             p90=quantiles[1],
             p99=quantiles[2],
+            sum_delta=sum_delta,
         )
 
     def _ratios(self, counters: dict[SeriesKey, Window], start: float) -> list[Window]:

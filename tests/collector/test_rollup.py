@@ -173,6 +173,8 @@ def test_histogram_quantile_rank_in_inf_bucket_returns_highest_finite_bound() ->
     [
         (0.5, ((0.1, 0), (1.0, 0), (math.inf, 0)), None),  # no observations
         (0.5, ((0.1, 5), (1.0, 10)), None),  # no +Inf bucket
+        (-0.5, ((0.1, 5), (1.0, 10)), -math.inf),  # q is checked first, as in PromQL
+        (math.nan, ((1.0, 5), (math.inf, 10)), None),
         (0.5, ((math.inf, 10),), None),  # fewer than two buckets
         (-0.1, ((1.0, 5), (math.inf, 10)), -math.inf),
         (1.5, ((1.0, 5), (math.inf, 10)), math.inf),
