@@ -1,6 +1,6 @@
 """Serve a simulated cluster's live metrics: one ``/metrics`` per engine and per LMCache pool.
 
-``serve_scenario(scenario, host, port, speed)`` runs the simulation in scaled real time
+``serve_scenario(scenario, "HOST:PORT", speed=…)`` runs the simulation in scaled real time
 (simulated seconds = wall seconds × speed) and answers Prometheus like a real vLLM 0.33 /
 LMCache 0.5.6 cluster would: engine i on ``port + i``, then LMCache pool j on
 ``port + n_engines + j`` (``port`` 0: any free ports). Each port is its own
@@ -16,12 +16,16 @@ The endpoints are announced as one JSON line on stdout (and written to ``ports_f
 
     {"engines": [{"engine": 0, "node": 0, "offload": "native", "lmcache": null,
                   "url": "http://127.0.0.1:9100/metrics"}, …],
-     "lmcache": [{"pool": 0, "scope": "node", "engines": [2, 3],
+     "lmcache": [{"pool": 0, "node": 0, "scope": "node", "engines": [2, 3],
                   "url": "http://127.0.0.1:9104/metrics"}],
-     "model_name": "llama-3.1-8b", "speed": 30.0, "scenario": "…"}
+     "model_name": "llama-3.1-8b", "speed": 30.0, "scenario": "…", "duration_s": 600.0}
 
-The simulation stops at the scenario's ``duration_s``; the endpoints keep serving the final
-values until SIGINT/SIGTERM, which shut every server down and return 0.
+``targets_file`` gets the same endpoints as a ``kvscope collect --targets`` file and
+``file_sd(doc)`` gives Prometheus ``file_sd_configs`` targets.
+
+The simulation stops at the scenario's ``duration_s`` (``--set duration_s=86400`` for a long
+demo); the endpoints keep serving the final values until SIGINT/SIGTERM, which shut every
+server down and return 0.
 """
 
 from __future__ import annotations
