@@ -355,7 +355,7 @@ class Store(Inventory):
             )  # fmt: skip
         query = query.order_by(w.source, w.signal, w.start, w.labels)
         with self._tx("reading windows") as conn:
-            rows = conn.execute(query).tuples().all()
+            rows = conn.execute(query).all()
         cache = self._labels_cache
         return [
             Window(r[0], r[1], cache.get(r[2]) or self._labels(r[2]), *r[3:])  # type: ignore[arg-type]
