@@ -75,7 +75,7 @@ def _happening(d: Mapping[str, Any]) -> list[str]:
     return lines
 
 
-def _decision(d: Mapping[str, Any]) -> list[str]:
+def decision_lines(d: Mapping[str, Any]) -> list[str]:
     dec = d["decision"]
     lines = [
         f"Decision: {dec['mode'].upper()}  (confidence {dec['confidence']:.2f}, "
@@ -206,5 +206,5 @@ def summary_text(d: Mapping[str, Any]) -> str:
         f"kvscope plan{' — cluster ' + d['cluster'] if d['cluster'] else ''}: "
         f"{w['engines']} engines, {w['windows']} windows, {w['first_utc']} → {w['last_utc']}"
     )
-    blocks = [[head], _happening(d), _decision(d), _fits(d), _forecast(d), _sizing(d)]
+    blocks = [[head], _happening(d), decision_lines(d), _fits(d), _forecast(d), _sizing(d)]
     return "\n\n".join("\n".join(b) for b in blocks) + "\n"
