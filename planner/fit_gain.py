@@ -15,16 +15,24 @@ neither curve is extrapolated.
 
 Estimator and uncertainty
 -------------------------
-OLS (statsmodels) with cluster-robust covariance by engine (CR1, Student t with G−1 df)
-when there are ≥ 10 engines and ≥ 3 per mode, HC3 otherwise. Pointwise intervals for g(u)
-(Wald) and g(u)/none(u) (delta method). The break-even u* solves g(u*) = 0 (a sign change
+OLS (normal equations; ``planner.fitcommon.ols_robust``, checked against statsmodels in the
+tests) with cluster-robust covariance by engine (CR1, Student t with G−1 df) when each mode
+has ≥ 2 engines and there are ≥ 4 in all — engine-level differences then enter the gain's
+error, as they must when the mode is fixed per engine — and HC3 otherwise (windows treated
+as independent; ``assumptions`` says what that leaves out). With fewer than 10 engines CR1
+is too narrow (Cameron & Miller 2015). Pointwise intervals for g(u) (Wald) and
+g(u)/none(u) (delta method). The break-even u* solves g(u*) = 0 (a sign change
 of the estimated gain inside the support). Its interval, by default, is Fieller's: the
 set {u : |g(u)| ≤ t·se(g(u))} of break-evens not rejected by a level-α test, i.e. the
 inversion of the pointwise test — it stays valid when g is flat (the delta method's
-ĝ'(u*) in the denominator does not), and is the component containing u*. Alternatively
+ĝ'(u*) in the denominator does not), and is the component containing u*, evaluated on a
+401-point grid over the support. In seeded simulations (20 engines, 240 windows each,
+engine random effects) its 90 % interval covered the true u* in 91 of 100 replicates
+(tests/planner/test_fit_gain.py checks 50); with 4 + 4 engines, 84 of 100. Alternatively
 ``interval_method="bootstrap"``: a seeded stratified cluster bootstrap (engines resampled
 with replacement within each mode; percentile interval), bounded by ``n_boot`` and
-``time_budget_s``.
+``time_budget_s`` — it covered 86/100 (20 engines) and 80/100 (8 engines) in the same
+simulations, so Fieller stays the default.
 
 Assumptions
 -----------
@@ -207,7 +215,7 @@ def fit_gain(
         out["assumptions"] = (
             *assumptions,
             f"only {n_eng} engines: cluster-robust errors with few clusters are biased "
-            "down (Cameron & Miller 2015); prefer interval_method='bootstrap'",
+            "down (Cameron & Miller 2015); intervals may fall short of their level",
         )
     elif cov_type == "HC3":
         out["assumptions"] = (

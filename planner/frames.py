@@ -155,8 +155,8 @@ def _table(
                  "signal": _codes(df["signal"])}  # fmt: skip
         for name in ("start", "length_s", *_FIELDS):
             if name not in df.columns:
-                num[name] = np.full(len(df), np.nan)
-            elif df[name].dtype == np.float64:
+                continue  # an absent field reads as all-NaN
+            if df[name].dtype == np.float64:
                 num[name] = df[name].to_numpy()
             else:
                 num[name] = pd.to_numeric(df[name]).to_numpy(dtype=np.float64, na_value=np.nan)
@@ -236,17 +236,30 @@ def engine_frame(
     n = rows.size
     key_of_row = rows // n_start
     length = num["length_s"]
-    rate, delta = num["rate"], num["delta"]
-    with np.errstate(invalid="ignore", divide="ignore"):
-        rate_or_delta = np.where(np.isnan(rate), delta / length, rate)
     sig_index = {str(s): i for i, s in enumerate(sig_u)}
+    # Rows of each signal as one slice of a (radix-)sorted order: per-signal work then
+    # scales with that signal's windows, not with all of them.
+    order = np.argsort(sig_c.astype(np.int16 if len(sig_u) < 32000 else np.int64), kind="stable")
+    bounds = np.searchsorted(sig_c[order], np.arange(len(sig_u) + 1))
 
-    def agg(signal: str, values: npt.NDArray[np.float64], how: str) -> npt.NDArray[np.float64]:
+    def pick(signal: str, field: str) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.float64]]:
+        """(row code, value) of the signal's windows with a value in ``field``."""
         code = sig_index.get(signal)
-        if code is None:
-            return np.full(n, np.nan)
-        m = (sig_c == code) & ~np.isnan(values)
-        idx, v = row_c[m], values[m]
+        if code is None or (field not in num and field != "rate"):
+            return np.zeros(0, dtype=np.int64), np.zeros(0)
+        idx = order[bounds[code] : bounds[code + 1]]
+        if field == "rate":  # a counter without a rate: delta / length
+            rate = num["rate"][idx] if "rate" in num else np.full(idx.size, np.nan)
+            delta = num["delta"][idx] if "delta" in num else np.full(idx.size, np.nan)
+            with np.errstate(invalid="ignore", divide="ignore"):
+                v = np.where(np.isnan(rate), delta / length[idx], rate)
+        else:
+            v = num[field][idx]
+        keep = ~np.isnan(v)
+        return row_c[idx][keep], v[keep]
+
+    def agg(signal: str, field: str, how: str) -> npt.NDArray[np.float64]:
+        idx, v = pick(signal, field)
         cnt = np.bincount(idx, minlength=n)
         if how == "max":
             res = np.full(n, -np.inf)
@@ -257,17 +270,18 @@ def engine_frame(
                 res = res / np.maximum(cnt, 1)
         return np.where(cnt > 0, res, np.nan)
 
-    def wmean(
-        signal: str, values: npt.NDArray[np.float64], weights: npt.NDArray[np.float64]
-    ) -> npt.NDArray[np.float64]:
-        # Weighted mean over series; a window without a weight counts once.
+    def wmean(signal: str) -> npt.NDArray[np.float64]:
+        """Mean of a ratio's series weighted by their denominators (a missing one counts 1)."""
         code = sig_index.get(signal)
-        if code is None:
+        if code is None or "mean" not in num:
             return np.full(n, np.nan)
-        m = (sig_c == code) & ~np.isnan(values)
-        wt = np.where(np.isnan(weights), 1.0, weights)[m]
-        top = np.bincount(row_c[m], weights=values[m] * wt, minlength=n)
-        bottom = np.bincount(row_c[m], weights=wt, minlength=n)
+        idx = order[bounds[code] : bounds[code + 1]]
+        v = num["mean"][idx]
+        wt = num["delta"][idx] if "delta" in num else np.ones(idx.size)
+        keep = ~np.isnan(v)
+        wt = np.where(np.isnan(wt), 1.0, wt)[keep]
+        top = np.bincount(row_c[idx][keep], weights=v[keep] * wt, minlength=n)
+        bottom = np.bincount(row_c[idx][keep], weights=wt, minlength=n)
         with np.errstate(invalid="ignore", divide="ignore"):
             return np.where(bottom > 0, top / bottom, np.nan)
 
@@ -281,13 +295,12 @@ def engine_frame(
         / np.bincount(row_c, minlength=n),
     }
     for col, signal, field, how in _SIMPLE:
-        cols[col] = agg(signal, rate_or_delta if field == "rate" else num[field], how)
-    mean = num["mean"]
+        cols[col] = agg(signal, field, how)
     for col, ratio, numer, denom in _RATIOS:
         # Prefer the derived ratio (weighted by its denominator); fall back to the counters.
-        w = agg(ratio, delta, "sum")
-        r = wmean(ratio, mean, delta)
-        d_num, d_den = agg(numer, delta, "sum"), agg(denom, delta, "sum")
+        w = agg(ratio, "delta", "sum")
+        r = wmean(ratio)
+        d_num, d_den = agg(numer, "delta", "sum"), agg(denom, "delta", "sum")
         with np.errstate(invalid="ignore", divide="ignore"):
             fallback = np.where(d_den > 0, d_num / d_den, np.nan)
         cols[col] = np.where(np.isnan(r), fallback, r)
