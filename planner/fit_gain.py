@@ -223,17 +223,18 @@ def fit_gain(
             f"engines per mode {n_g}: too few to estimate engine-to-engine variation, which "
             "the HC3 interval leaves out",
         )
-    with recorded_warnings() as caught:
-        params, cov = ols_robust(y, design, g, cov_type)
-    curve = _Curve(kn, centre, params, cov)
     tq = t_quantile(level, n_eng - 1 if cov_type == "cluster" else n - design.shape[1])
     fine = np.linspace(lo, hi, 401)
-    gain, se = curve.gain(fine)
-    roots = _roots(fine, gain)
-    ok = np.abs(gain) <= tq * se  # Fieller acceptance set
+    with recorded_warnings() as caught:
+        params, cov = ols_robust(y, design, g, cov_type)
+        curve = _Curve(kn, centre, params, cov)
+        gain, se = curve.gain(fine)
+        roots = _roots(fine, gain)
+        ok = np.abs(gain) <= tq * se  # Fieller acceptance set
+        points = curve.points(np.linspace(lo, hi, n_grid), tq, level)
     out.update(
         roots=tuple(roots),
-        grid=curve.points(np.linspace(lo, hi, n_grid), tq, level),
+        grid=points,
         cov_type=cov_type,
         warnings=tuple(caught),
         method=f"{method}; {cov_type} errors",

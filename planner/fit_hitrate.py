@@ -175,16 +175,18 @@ def fit_hitrate(
     eta, lam = float(theta[0]), float(theta[1])
     h_max = Estimate(_expit(eta), Interval(_expit(eta - tq * se[0]), _expit(eta + tq * se[0]),
                                            level))  # fmt: skip
-    c0 = Estimate(math.exp(lam), Interval(math.exp(lam - tq * se[1]),
-                                          math.exp(lam + tq * se[1]), level), "bytes")  # fmt: skip
+    c0 = Estimate(_exp(lam), Interval(_exp(lam - tq * se[1]),
+                                          _exp(lam + tq * se[1]), level), "bytes")  # fmt: skip
     q = -math.log(1.0 - target_fraction)
     grid = sorted(set(sizes)) if sizes is not None else [
         *np.quantile(c, [0.25, 0.5, 0.75]).tolist(), 2 * c_max, 4 * c_max]  # fmt: skip
-    preds = _predict(
-        np.asarray(grid, dtype=float), theta, cov, tq=tq, level=level, lo=c.min(), hi=c_max
-    )
-    if target_hit is not None:
-        out["size_for_target_hit"] = _size_for(target_hit, theta, cov, tq, level)
+    with recorded_warnings() as more:
+        preds = _predict(
+            np.asarray(grid, dtype=float), theta, cov, tq=tq, level=level, lo=c.min(), hi=c_max
+        )
+        if target_hit is not None:
+            out["size_for_target_hit"] = _size_for(target_hit, theta, cov, tq, level)
+    caught.extend(more)
     why = ""
     if c0.interval.hi / c0.interval.lo > 100:
         why = (f"the size scale C0 is not pinned down ({level:.0%} interval "
@@ -211,6 +213,11 @@ def _usable(frame: pd.DataFrame, size: str, hit: str) -> pd.DataFrame:
         return frame.iloc[0:0]
     data = frame.dropna(subset=[size, hit])
     return data[(data[size] > 0) & (data[hit] >= 0) & (data[hit] <= 1)]
+
+
+def _exp(x: float) -> float:
+    """exp that saturates to inf instead of raising OverflowError."""
+    return math.exp(x) if x < 709.0 else math.inf
 
 
 def _expit(x: float) -> float:
@@ -282,7 +289,7 @@ def _size_for(target: float, theta: Array, cov: Array, tq: float, level: float) 
     """Size for an absolute hit ratio: −C0·ln(1 − h*/h_max); delta method on its log."""
     import numpy as np
 
-    hm = 1.0 / (1.0 + math.exp(-float(theta[0])))
+    hm = _expit(float(theta[0]))
     if target >= hm:
         return Estimate(math.inf, Interval(math.nan, math.inf, level), "bytes")
     r = target / hm
@@ -293,7 +300,7 @@ def _size_for(target: float, theta: Array, cov: Array, tq: float, level: float) 
     grad = np.array([d_eta, 1.0])
     se = math.sqrt(max(float(grad @ cov @ grad), 0.0))
     return Estimate(
-        math.exp(log_size),
-        Interval(math.exp(log_size - tq * se), math.exp(log_size + tq * se), level),
+        _exp(log_size),
+        Interval(_exp(log_size - tq * se), _exp(log_size + tq * se), level),
         "bytes",
     )

@@ -116,7 +116,10 @@ def recorded_warnings() -> Iterator[list[str]]:
     import numpy as np
 
     out: list[str] = []
-    with warnings.catch_warnings(record=True) as caught, np.errstate(all="ignore"):
+    # numpy floating-point trouble (overflow, 0/0, …) becomes a recorded RuntimeWarning
+    # rather than silence; underflow to 0 is routine (exp of very negative) and ignored.
+    errs = np.errstate(divide="warn", over="warn", invalid="warn", under="ignore")
+    with warnings.catch_warnings(record=True) as caught, errs:
         warnings.simplefilter("always")
         yield out
     seen: set[str] = set()
