@@ -19,14 +19,14 @@ import math
 import signal
 import time
 from collections import Counter
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from collector.errors import ConfigError, KvscopeError
 from collector.records import ScrapeOutcome, Snapshot, Window
 from collector.rollup import Rollup
-from collector.sources import ScrapeResult, Target, TargetSet, make_client, scrape_all
+from collector.sources import Clock, ScrapeResult, Target, TargetSet, make_client, scrape_all
 from collector.store import Store
 
 log = logging.getLogger(__name__)
@@ -103,6 +103,9 @@ class CollectStats:
 
 
 Progress = Callable[[CollectStats], None]
+# Waits until the clock reaches ``deadline`` (or ``stop`` is set): sleep_until for the wall
+# clock; a simulated cluster passes one that advances its simulation to the deadline.
+SleepUntil = Callable[[float, asyncio.Event], Awaitable[None]]
 
 
 def next_tick(now: float, interval_s: float) -> float:
@@ -293,6 +296,8 @@ async def collect_direct(
     max_ticks: int | None = None,
     stop: asyncio.Event | None = None,
     progress: Progress | None = None,
+    clock: Clock = time.time,
+    sleep: SleepUntil = sleep_until,
 ) -> CollectStats:
     """Scrape ``targets`` every ``interval_s`` into ``store`` until stopped; see module doc.
 
@@ -300,6 +305,10 @@ async def collect_direct(
     the gauge and histogram-count windows a single sample gives (counter deltas and rates
     need two samples, so they are None in those windows). The per-target timeout is at most
     90 % of the interval, so a scrape round normally ends before the next tick.
+
+    ``clock`` and ``sleep`` put the loop on another clock than the wall's (kvscope demo runs
+    it on a simulated cluster's clock): ticks, lag and snapshot times follow ``clock``,
+    ``sleep(deadline, stop)`` waits for the next tick; timeouts stay in wall seconds.
     """
     if not (math.isfinite(interval_s) and interval_s > 0):
         raise ConfigError(f"scrape interval must be > 0 seconds, got {interval_s}")
@@ -310,10 +319,10 @@ async def collect_direct(
     register_targets(store, targets)
     state = _Direct(targets, store, window_s, stats)
     async with make_client(timeout_s=timeout, concurrency=concurrency) as client:
-        index = math.floor(time.time() / interval_s)  # the first tick runs at once
-        scheduled = time.time()
+        index = math.floor(clock() / interval_s)  # the first tick runs at once
+        scheduled = clock()
         while not stop.is_set():
-            began = time.time()
+            began = clock()
             stats.last_lag_s = max(0.0, began - scheduled)
             stats.max_lag_s = max(stats.max_lag_s, stats.last_lag_s)
             try:
@@ -324,6 +333,7 @@ async def collect_direct(
                         concurrency=concurrency,
                         max_body_bytes=max_body_bytes,
                         client=client,
+                        clock=clock,
                     ),
                     stop,
                 )
@@ -335,12 +345,12 @@ async def collect_direct(
                 stats.loop_errors += 1
                 stats.last_error = f"internal: {type(exc).__name__}: {exc}"
             stats.ticks += 1
-            stats.last_tick_s = time.time() - began
+            stats.last_tick_s = clock() - began
             if progress is not None:
                 progress(stats)
             if limit is not None and stats.ticks >= limit:
                 break
-            following = math.floor(time.time() / interval_s) + 1
+            following = math.floor(clock() / interval_s) + 1
             if following - index > 1:  # the scrape overran whole ticks: skip them, never overlap
                 stats.skipped_ticks += following - index - 1
                 log.warning(
@@ -351,7 +361,7 @@ async def collect_direct(
                 )
             index = following
             scheduled = index * interval_s
-            await sleep_until(scheduled, stop)
+            await sleep(scheduled, stop)
     state.flush()
     if progress is not None:
         progress(stats)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, cast
@@ -35,6 +35,8 @@ OFFLOAD_MODES: tuple[OffloadMode, ...] = ("none", "native", "lmcache")
 # (prometheus/client_python#1177; see tests/fixtures/metrics/README.md).
 ACCEPT_HEADER = "text/plain;version=0.0.4"
 USER_AGENT = "kvscope-collector"
+
+Clock = Callable[[], float]  # epoch seconds stamped on snapshots (time.time, or a simulated clock)
 
 
 @dataclass(frozen=True, slots=True)
@@ -220,12 +222,15 @@ async def scrape_all(
     concurrency: int,
     max_body_bytes: int,
     client: httpx.AsyncClient | None = None,
+    clock: Clock = time.time,
 ) -> list[ScrapeResult]:
     """Scrape every target concurrently (at most ``concurrency`` at a time).
 
     Each target gets ``timeout_s`` from the moment its request starts (waiting for a slot
     does not count) and at most ``max_body_bytes`` of body, enforced while streaming.
-    Results come back in the order of ``targets``; none of them raises.
+    Results come back in the order of ``targets``; none of them raises. ``clock`` stamps
+    the snapshots and outcomes (a simulated cluster passes its simulated epoch time);
+    timeouts and durations stay in wall seconds.
     """
     if concurrency < 1:
         raise ConfigError(f"scrape concurrency must be >= 1, got {concurrency}")
@@ -240,7 +245,7 @@ async def scrape_all(
     async def one(target: Target) -> ScrapeResult:
         async with slots:
             return await scrape_one(
-                http, target, timeout_s=timeout_s, max_body_bytes=max_body_bytes
+                http, target, timeout_s=timeout_s, max_body_bytes=max_body_bytes, clock=clock
             )
 
     try:
@@ -251,10 +256,15 @@ async def scrape_all(
 
 
 async def scrape_one(
-    client: httpx.AsyncClient, target: Target, *, timeout_s: float, max_body_bytes: int
+    client: httpx.AsyncClient,
+    target: Target,
+    *,
+    timeout_s: float,
+    max_body_bytes: int,
+    clock: Clock = time.time,
 ) -> ScrapeResult:
     """Scrape one target; every failure becomes an outcome with an ``error_kind``."""
-    started = time.time()
+    started = clock()
     t0 = time.perf_counter()
     size = 0
 
