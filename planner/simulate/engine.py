@@ -80,6 +80,7 @@ class Engine:
         self.max_seqs = spec.max_num_seqs
         self.max_tokens = spec.max_num_batched_tokens
         self.factor = 1.0 + connector.step_overhead
+        self.max_jump = 1 << 40  # decode steps per event (1 = naive per-step loop)
         self._seq = 0
         self._step0 = False  # this step's decode blocks are already allocated
         # the segment in flight: one mixed step, or k decode steps of times a + b·j
@@ -147,33 +148,36 @@ class Engine:
 
     # --- planning ---------------------------------------------------------------------------
     def _plan(self, now: float) -> None:
-        self._promote_loaded(now)
+        if self.loading:
+            self._promote_loaded(now)
         dec, pool = self.dec, self.pool
         budget = self.max_tokens
         preempted = False
         self._step0 = False
         if dec.r:
-            need, fill = dec.blocks(1)
-            while need > pool.available and self.running:
+            bs, cnt = dec.bs, dec.cnt
+            need = cnt[-dec.d % bs]  # = dec.blocks(1), inlined: this runs every event
+            while need > pool.total - pool.pinned_total - pool.private_total and self.running:
                 self._preempt_newest(now)
                 preempted = True
-                need, fill = dec.blocks(1)
-            pool.decode_advance(need, fill)
+                need = cnt[-dec.d % bs]
+            pool.decode_advance(need, cnt[(-dec.d - 1) % bs])
             self._step0 = True
             budget -= dec.r
         chunks: list[tuple[Req, int]] = []
-        for req in list(self.prefilling.values()):
-            if req.state != PREFILL or budget <= 0:
-                continue
-            n = min(req.prompt_len + req.generated - req.computed, budget)
-            while not pool.reserve(req, req.computed + n):
-                victim = self._preempt_newest(now)
-                preempted = True
-                if victim is req:
-                    break
-            if req.state == PREFILL:
-                chunks.append((req, n))
-                budget -= n
+        if self.prefilling:
+            for req in list(self.prefilling.values()):
+                if req.state != PREFILL or budget <= 0:
+                    continue
+                n = min(req.prompt_len + req.generated - req.computed, budget)
+                while not pool.reserve(req, req.computed + n):
+                    victim = self._preempt_newest(now)
+                    preempted = True
+                    if victim is req:
+                        break
+                if req.state == PREFILL:
+                    chunks.append((req, n))
+                    budget -= n
         extra = 0.0
         if not preempted:
             extra, budget = self._admit(now, budget, chunks)
@@ -258,8 +262,8 @@ class Engine:
             tel["external_prefix_cache_queries_total"] += p_eff
             tel["external_prefix_cache_hits_total"] += ext
         self.avoided_tokens += ext
-        if req.admitted_at < 0:
-            req.admitted_at = hit + ext  # cached prompt tokens of the first admission
+        if req.cached_prompt < 0:
+            req.cached_prompt = hit + ext  # cached prompt tokens of the first admission
             req.ext_tokens = ext
 
     def _promote_loaded(self, now: float) -> None:
@@ -274,7 +278,7 @@ class Engine:
 
     def _plan_jump(self, now: float) -> None:
         dec, pool = self.dec, self.pool
-        k = min(dec.next_end() - dec.d, 1 + dec.steps_within(pool.available, 1))
+        k = min(dec.next_end() - dec.d, 1 + dec.steps_within(pool.available, 1), self.max_jump)
         a = self.cost.step([], dec.r, dec.s) * self.factor
         b = 0.0
         if k > 1:
@@ -341,7 +345,8 @@ class Engine:
     # --- commit -----------------------------------------------------------------------------
     def _account(self, now: float, steps: int, tokens: int) -> None:
         dur = now - self.seg_start
-        usage = self.pool.used / self.pool.total
+        pool = self.pool
+        usage = (pool.pinned_total + pool.private_total) / pool.total
         self.kv_integral += (self.seg_usage + usage) / 2.0 * dur
         self.busy_time += dur
         self.steps += steps
@@ -410,11 +415,8 @@ class Engine:
             req.first_token = now
             tel = self.tel
             tel.counters["prompt_tokens_total"] += req.prompt_len
-            tel.counters["prompt_tokens_cached_total"] += max(0, req.admitted_at)
-            tel.hist["ttft_seconds"].observe(now - req.arrival)
-            tel.hist["request_prefill_kv_computed_tokens"].observe(
-                req.prompt_len - max(0, req.admitted_at)
-            )
+            tel.counters["prompt_tokens_cached_total"] += max(0, req.cached_prompt)
+            tel.first_token(now - req.arrival, req.prompt_len - max(0, req.cached_prompt))
         self.tel.counters["generation_tokens_total"] += 1
         if req.generated >= req.output_len:
             self._finish(req, now)
@@ -434,18 +436,18 @@ class Engine:
         self.conn.store_on_release(req, c, now)
         self.pool.release(req)
         req.state = DONE
-        h, tel = self.tel.hist, self.tel
-        tel.finished["stop"] += 1
-        h["e2e_latency_seconds"].observe(now - req.arrival)
-        h["queue_time_seconds"].observe(req.first_scheduled - req.arrival)
-        h["inference_time_seconds"].observe(now - req.first_scheduled)
-        h["prefill_time_seconds"].observe(req.first_token - req.first_scheduled)
-        h["decode_time_seconds"].observe(now - req.first_token)
-        if req.output_len > 1:
-            h["request_tpot_seconds"].observe((now - req.first_token) / (req.output_len - 1))
-        h["request_prompt_tokens"].observe(req.prompt_len)
-        h["request_generation_tokens"].observe(req.output_len)
-        h["request_num_preemptions"].observe(req.num_preemptions)
+        self.tel.finished["stop"] += 1
+        self.tel.request_done(
+            (
+                req.arrival,
+                req.first_scheduled,
+                req.first_token,
+                now,
+                req.prompt_len,
+                req.output_len,
+                req.num_preemptions,
+            )
+        )
         self.on_finish(req, now)
 
     # --- observation ------------------------------------------------------------------------

@@ -170,7 +170,15 @@ class LMCacheSnapshot:
 class EngineTelemetry:
     """Mutable cumulative counters of one engine (the engine writes, snapshots read)."""
 
-    __slots__ = ("counters", "finished", "hist", "offload_bytes", "offload_seconds")
+    __slots__ = (
+        "counters",
+        "finished",
+        "firsts",
+        "hist",
+        "offload_bytes",
+        "offload_seconds",
+        "requests",
+    )
 
     def __init__(self, buckets: Mapping[str, tuple[float, ...]] | None = None) -> None:
         bounds = dict(buckets) if buckets is not None else default_buckets()
@@ -179,6 +187,44 @@ class EngineTelemetry:
         self.offload_bytes = {"load": 0.0, "store": 0.0}
         self.offload_seconds = {"load": 0.0, "store": 0.0}
         self.hist = {name: Histogram(tuple(bounds.get(name, ()))) for name in ENGINE_HISTOGRAMS}
+        # per-request observations, bucketed in bulk when read (see flush)
+        self.requests: list[tuple[float, float, float, float, int, int, int]] = []
+        self.firsts: list[tuple[float, int]] = []
+
+    def first_token(self, ttft: float, computed_prompt_tokens: int) -> None:
+        self.firsts.append((ttft, computed_prompt_tokens))
+        if len(self.firsts) >= 65536:
+            self.flush()
+
+    def request_done(self, record: tuple[float, float, float, float, int, int, int]) -> None:
+        """A finished request: (arrival, first scheduled, first token, finish) in simulated
+        seconds, then prompt tokens, generated tokens and preemptions."""
+        self.requests.append(record)
+        if len(self.requests) >= 65536:
+            self.flush()
+
+    def flush(self) -> None:
+        """Bucket the buffered per-request observations (vLLM observes them at first token
+        and at finish; the values and buckets are the same, only the work is batched)."""
+        h = self.hist
+        if self.firsts:
+            for ttft, computed in self.firsts:
+                h["ttft_seconds"].pending.append(ttft)
+                h["request_prefill_kv_computed_tokens"].pending.append(computed)
+            self.firsts = []
+        if self.requests:
+            for arr, sched, first, done, prompt, gen, pre in self.requests:
+                h["e2e_latency_seconds"].pending.append(done - arr)
+                h["queue_time_seconds"].pending.append(sched - arr)
+                h["inference_time_seconds"].pending.append(done - sched)
+                h["prefill_time_seconds"].pending.append(first - sched)
+                h["decode_time_seconds"].pending.append(done - first)
+                if gen > 1:
+                    h["request_tpot_seconds"].pending.append((done - first) / (gen - 1))
+                h["request_prompt_tokens"].pending.append(prompt)
+                h["request_generation_tokens"].pending.append(gen)
+                h["request_num_preemptions"].pending.append(pre)
+            self.requests = []
 
     def add(self, name: str, value: float) -> None:
         self.counters[name] += value
@@ -193,6 +239,7 @@ class EngineTelemetry:
         gauges: Mapping[str, float],
         facts: Mapping[str, int],
     ) -> EngineSnapshot:
+        self.flush()
         return EngineSnapshot(
             engine=engine,
             node=node,

@@ -54,9 +54,9 @@ class Req:
     """One request and its scheduler state (slotted: the simulator makes millions)."""
 
     __slots__ = (
-        "admitted_at",
         "affinity",
         "arrival",
+        "cached_prompt",
         "client",
         "computed",
         "dec_c",
@@ -118,7 +118,7 @@ class Req:
         self.ext_tokens = 0
         self.ready_at = 0.0
         self.first_scheduled = -1.0
-        self.admitted_at = -1.0
+        self.cached_prompt = -1  # prompt tokens found cached at the first admission
         self.first_token = -1.0
         self.last_token_t = -1.0
         self.num_preemptions = 0

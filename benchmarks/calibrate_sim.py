@@ -1,0 +1,223 @@
+"""Calibrate the cluster simulator against published end-to-end results.
+
+    .venv/bin/python benchmarks/calibrate_sim.py            # markdown table on stdout
+    .venv/bin/python benchmarks/calibrate_sim.py --json     # the same rows as JSON
+
+Published figures (reference/numbers.md, with their sources):
+- GKE tiered KV cache (Google Cloud / LMCache blog 2025-10-07): 8x H100, Llama-3.3-70B,
+  SGLang bench_serving generated-shared-prefix, 20 requests per system prompt, question 256,
+  output 512, max concurrency 200, Test 2 cache 4.0-4.3 M tokens; best set-up vs HBM only.
+- vLLM blog "Inside vLLM's New KV Offloading Connector" (2026-01-08): H100, Llama-3.1-8B,
+  500 GB DRAM: CPU hit vs recompute TTFT 2-22x lower; 10,000 prefill-only 512-token
+  requests with the GPU prefix cache off: throughput up to 9x with CPU hits; the DMA path
+  costs ~0.5 % of throughput when nothing hits.
+
+Assumptions of the reproduction (not published): one engine with TP 8 (its KV capacity,
+~1.4 M tokens at gpu_memory_utilization 0.9, matches Test 1's "1.1-1.3 M tokens fit HBM");
+the "cache" of a test counts every KV token of the dataset, so groups = 4.15 M /
+(prefix + 20 x (256 + 512)); LMCache 0.3.3 runs in-process: L1 = the 1 TiB of host DRAM,
+the local SSD (5 TiB) is an L2 at the `local-nvme` tier's figures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from planner.simulate.cluster import Simulation  # noqa: E402
+from planner.simulate.results import SimResult  # noqa: E402
+from planner.simulate.scenario import parse_scenario  # noqa: E402
+
+GIB = 1024**3 / 1e9  # GB per GiB
+# GKE Test 2: prefix -> (best set-up, input throughput, mean TTFT, mean E2E) vs HBM only
+GKE_TEST2 = {
+    1_000: ("HBM", 0.0, 0.0, 0.0),
+    5_000: ("HBM+CPU", 0.16, -0.18, -0.14),
+    10_000: ("HBM+CPU", 0.50, -0.44, -0.33),
+    50_000: ("HBM+CPU+SSD", 1.79, -0.68, -0.64),
+    100_000: ("HBM+CPU+SSD", 2.64, -0.79, -0.73),
+}
+
+
+def _run(raw: dict[str, Any]) -> Simulation:
+    sim = Simulation(parse_scenario(raw, where="calibrate_sim"))
+    sim.run()
+    return sim
+
+
+def _summary(raw: dict[str, Any]) -> dict[str, Any]:
+    result = Simulation(parse_scenario(raw, where="calibrate_sim")).run()
+    assert isinstance(result, SimResult)
+    return result.summary
+
+
+def gke_raw(prefix: int, setup: str) -> dict[str, Any]:
+    offload = "none" if setup == "HBM" else "lmcache"
+    lmcache: dict[str, Any] = {}
+    if setup == "HBM+CPU+SSD":
+        lmcache["l2"] = {"tier": "local-nvme", "size_gb": 5 * 1024 * GIB}
+    return {
+        "name": f"gke-test2-{prefix // 1000}k-{setup}",
+        "cluster": {"nodes": 1, "gpus_per_node": 8, "gpu": "h100-80gb", "model": "llama-3.3-70b",
+                    "tensor_parallel": 8, "offload": offload, "cpu_cache_gb": 1024 * GIB,
+                    "lmcache": lmcache},
+        "workload": {"kind": "shared_prefix", "groups": round(4.15e6 / (prefix + 20 * 768)),
+                     "prompts_per_group": 20, "system_prompt_tokens": prefix,
+                     "question_tokens": 256, "output_tokens": 512, "concurrency": 200},
+        "duration_s": 100_000,
+        "seed": 1,
+    }  # fmt: skip
+
+
+def gke_rows() -> list[dict[str, Any]]:
+    rows = []
+    for prefix, (best, tput, ttft, e2e) in GKE_TEST2.items():
+        base = _summary(gke_raw(prefix, "HBM"))
+        setup = best if best != "HBM" else "HBM+CPU"
+        tier = _summary(gke_raw(prefix, setup))
+        sim = {
+            "input throughput": tier["input_tokens_per_s"] / base["input_tokens_per_s"] - 1,
+            "mean TTFT": tier["ttft_mean_s"] / base["ttft_mean_s"] - 1,
+            "mean E2E": tier["e2e_mean_s"] / base["e2e_mean_s"] - 1,
+        }
+        if best == "HBM" and sim["input throughput"] <= 0:
+            sim = dict.fromkeys(sim, 0.0)  # HBM only is the best set-up, as published
+        for figure, published in (("input throughput", tput), ("mean TTFT", ttft),
+                                  ("mean E2E", e2e)):  # fmt: skip
+            rows.append({
+                "source": "GKE tiered cache, Test 2",
+                "case": f"{prefix // 1000}k prefix, {best} vs HBM",
+                "figure": figure,
+                "published": published,
+                "simulated": round(sim[figure], 4),
+                "error_pp": round((sim[figure] - published) * 100, 1),
+                "unit": "change",
+            })  # fmt: skip
+    return rows
+
+
+def _blog_cluster(offload: str, prefix_caching: bool) -> dict[str, Any]:
+    return {"nodes": 1, "gpus_per_node": 1, "gpu": "h100-80gb", "model": "llama-3.1-8b",
+            "offload": offload, "cpu_cache_gb": 500, "enable_prefix_caching": prefix_caching}  # fmt: skip
+
+
+def ttft_ratio(prompt: int) -> float:
+    """Recompute TTFT / CPU-hit TTFT of one request (idle engine, GPU prefix cache off)."""
+    raw = {
+        "cluster": _blog_cluster("native", False),
+        "workload": {"kind": "shared_prefix", "groups": 1, "prompts_per_group": 1,
+                     "system_prompt_tokens": prompt - 1, "question_tokens": 1,
+                     "output_tokens": 1, "concurrency": 1, "repeat": True, "num_requests": 2,
+                     "think_time_s": 10.0},
+        "duration_s": 10_000,
+    }  # fmt: skip
+    first, second = _run(raw).completed[:2]
+    return (first[1] - first[0]) / (second[1] - second[0])
+
+
+def prefill_only_speedup(n: int = 5_000) -> float:
+    """Throughput of n prefill-only 512-token prompts served from CPU vs recomputed.
+
+    The blog sent 10,000 prompts; at 128 KiB/token they are 671 GB, more than its 500 GB pool,
+    and a second pass in the same order would miss everything under LRU, so the "up to 9x"
+    (all hits) is reproduced with 5,000 prompts (336 GB) read twice.
+    """
+
+    def raw(offload: str, passes: int) -> dict[str, Any]:
+        return {
+            "cluster": _blog_cluster(offload, False),
+            "workload": {"kind": "shared_prefix", "groups": n, "prompts_per_group": 1,
+                         "system_prompt_tokens": 511, "question_tokens": 1, "output_tokens": 1,
+                         "concurrency": 256, "order": "grouped", "repeat": passes > 1,
+                         "num_requests": n * passes},
+            "duration_s": 100_000,
+        }  # fmt: skip
+
+    cold = _run(raw("none", 1)).completed
+    warm = [c for c in _run(raw("native", 2)).completed if c[6] >= n]
+    rate_cold = len(cold) / (max(c[2] for c in cold) - min(c[0] for c in cold))
+    rate_warm = len(warm) / (max(c[2] for c in warm) - min(c[0] for c in warm))
+    return rate_warm / rate_cold
+
+
+def zero_hit_cost() -> float:
+    """Throughput change of native offload when nothing hits (unique 512-token prompts)."""
+    wl = {"kind": "synthetic", "prompt_tokens": 512, "output_tokens": 1, "concurrency": 256,
+          "num_requests": 10_000}  # fmt: skip
+    none = _summary({"cluster": _blog_cluster("none", False), "workload": wl,
+                     "duration_s": 100_000})  # fmt: skip
+    native = _summary({"cluster": _blog_cluster("native", False), "workload": wl,
+                       "duration_s": 100_000})  # fmt: skip
+    return float(native["total_tokens_per_s"] / none["total_tokens_per_s"] - 1)
+
+
+def blog_rows() -> list[dict[str, Any]]:
+    src = "vLLM offloading-connector blog"
+    ratios = {p: ttft_ratio(p) for p in (512, 2048, 8192, 32768, 65536)}
+    cost = zero_hit_cost()
+    speedup = prefill_only_speedup()
+    return [
+        {"source": src, "case": "CPU hit vs recompute, 512-token prompt",
+         "figure": "TTFT ratio (low end)", "published": 2.0, "simulated": round(ratios[512], 2),
+         "error_pp": None, "unit": "x"},
+        {"source": src, "case": "CPU hit vs recompute, 64k-token prompt",
+         "figure": "TTFT ratio (high end)", "published": 22.0,
+         "simulated": round(ratios[65536], 2), "error_pp": None, "unit": "x"},
+        {"source": src, "case": "prefill-only 512-token prompts, all CPU hits, no GPU cache",
+         "figure": "throughput, CPU hits vs recompute", "published": 9.0,
+         "simulated": round(speedup, 2), "error_pp": None, "unit": "x"},
+        {"source": src, "case": "DMA offload path, 0 % hit", "figure": "throughput change",
+         "published": -0.005, "simulated": round(cost, 4),
+         "error_pp": round((cost + 0.005) * 100, 2), "unit": "change"},
+        {"source": src, "case": "TTFT ratio by prompt (512/2k/8k/32k/64k)",
+         "figure": "simulated ratios", "published": None,
+         "simulated": [round(ratios[p], 1) for p in sorted(ratios)], "error_pp": None,
+         "unit": "x"},
+    ]  # fmt: skip
+
+
+def _fmt(value: Any, unit: str) -> str:
+    if value is None:
+        return "–"
+    if isinstance(value, list):
+        return "/".join(f"{v:g}" for v in value)
+    if unit == "change":
+        return f"{value:+.1%}"
+    return f"{value:.1f}×"
+
+
+def render(rows: list[dict[str, Any]]) -> str:
+    out = ["| source | case | figure | published | simulated | error |",
+           "|---|---|---|---|---|---|"]  # fmt: skip
+    for r in rows:
+        err = "–" if r["error_pp"] is None else f"{r['error_pp']:+.1f} pp"
+        if r["error_pp"] is None and isinstance(r["published"], float) and r["unit"] == "x":
+            err = f"{(r['simulated'] / r['published'] - 1):+.0%}"
+        out.append(f"| {r['source']} | {r['case']} | {r['figure']} | "
+                   f"{_fmt(r['published'], r['unit'])} | {_fmt(r['simulated'], r['unit'])} | "
+                   f"{err} |")  # fmt: skip
+    return "\n".join(out)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--json", action="store_true", help="rows as JSON on stdout")
+    args = parser.parse_args()
+    started = time.perf_counter()
+    rows = gke_rows() + blog_rows()
+    if args.json:
+        print(json.dumps(rows, indent=2))
+    else:
+        print(render(rows))
+    print(f"calibrate_sim: {len(rows)} rows in {time.perf_counter() - started:.1f} s",
+          file=sys.stderr)  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
