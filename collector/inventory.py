@@ -1,4 +1,4 @@
-"""The store's inventory half: clusters, scrape targets, engines and table statistics.
+"""The store's inventory half: clusters, scrape targets and their outcomes, engines, statistics.
 
 A mixin of collector.store.Store (kept apart so each module holds one concern): every write is
 an upsert, so registering the same target or engine on every collector start is harmless.
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any
 
@@ -26,6 +26,7 @@ from collector.models import (
     TargetRow,
     WindowRow,
 )
+from collector.records import ScrapeOutcome
 
 
 def _jsonable(value: Any, where: str) -> Any:
@@ -42,16 +43,71 @@ def _jsonable(value: Any, where: str) -> Any:
 
 
 class Inventory:
-    """Clusters, targets and engines (mixed into Store)."""
+    """Clusters, targets, scrape outcomes and engines (mixed into Store)."""
 
     if TYPE_CHECKING:
         _insert: Any
+        batch_size: int
 
         def _tx(
             self, action: str, *, write: bool = False
         ) -> AbstractContextManager[Connection]: ...
 
         def _require_schema(self) -> None: ...
+
+    def write_outcomes(self, outcomes: Iterable[ScrapeOutcome]) -> int:
+        """Record scrape outcomes; a retry of the same (target, started) updates in place."""
+        self._require_schema()
+        rows = [
+            {
+                "target": o.target,
+                "started": o.started,
+                "duration_s": o.duration_s,
+                "up": o.up,
+                "bytes": o.bytes,
+                "series": o.series,
+                "error_kind": o.error_kind,
+                "error": o.error,
+            }
+            for o in outcomes
+        ]
+        if not rows:
+            return 0
+        stmt = self._insert(ScrapeOutcomeRow.__table__)
+        stmt = stmt.on_conflict_do_update(
+            index_elements=["target", "started"],
+            set_={k: stmt.excluded[k] for k in rows[0] if k not in ("target", "started")},
+        )
+        for i in range(0, len(rows), self.batch_size):
+            chunk = list(
+                {(r["target"], r["started"]): r for r in rows[i : i + self.batch_size]}.values()
+            )
+            with self._tx("writing scrape outcomes", write=True) as conn:
+                conn.execute(stmt, chunk)
+        return len(rows)
+
+    def outcomes(
+        self,
+        *,
+        targets: Sequence[str] | None = None,
+        since: float | None = None,
+        until: float | None = None,
+    ) -> list[ScrapeOutcome]:
+        """Scrape outcomes with ``since <= started < until``, ordered by target, started."""
+        self._require_schema()
+        o = ScrapeOutcomeRow
+        query = select(
+            o.target, o.started, o.duration_s, o.up, o.bytes, o.series, o.error_kind, o.error
+        )
+        if targets is not None:
+            query = query.where(o.target.in_(list(targets)))
+        if since is not None:
+            query = query.where(o.started >= since)
+        if until is not None:
+            query = query.where(o.started < until)
+        with self._tx("reading scrape outcomes") as conn:
+            rows = conn.execute(query.order_by(o.target, o.started)).all()
+        return [ScrapeOutcome(*r) for r in rows]
 
     def _cluster_id(self, conn: Connection, name: str) -> int:
         if not name or len(name) > 200:

@@ -47,14 +47,13 @@ from collector.models import (
     EngineRecord,
     EngineRow,
     SchemaVersionRow,
-    ScrapeOutcomeRow,
     TargetRecord,
     TargetRow,
     WindowRow,
     labels_json,
     series_key,
 )
-from collector.records import Labels, ScrapeOutcome, Window
+from collector.records import Labels, Window
 
 # Upgrade steps: MIGRATIONS[n] turns schema version n into n + 1 (inside one transaction).
 MIGRATIONS: dict[int, Callable[[Connection], None]] = {}
@@ -361,62 +360,6 @@ class Store(Inventory):
             Window(r[0], r[1], cache.get(r[2]) or self._labels(r[2]), *r[3:])  # type: ignore[arg-type]
             for r in rows
         ]
-
-    # -- scrape outcomes --------------------------------------------------------------------
-
-    def write_outcomes(self, outcomes: Iterable[ScrapeOutcome]) -> int:
-        """Record scrape outcomes; a retry of the same (target, started) updates in place."""
-        self._require_schema()
-        rows = [
-            {
-                "target": o.target,
-                "started": o.started,
-                "duration_s": o.duration_s,
-                "up": o.up,
-                "bytes": o.bytes,
-                "series": o.series,
-                "error_kind": o.error_kind,
-                "error": o.error,
-            }
-            for o in outcomes
-        ]
-        if not rows:
-            return 0
-        stmt = self._insert(ScrapeOutcomeRow.__table__)
-        stmt = stmt.on_conflict_do_update(
-            index_elements=["target", "started"],
-            set_={k: stmt.excluded[k] for k in rows[0] if k not in ("target", "started")},
-        )
-        for i in range(0, len(rows), self.batch_size):
-            chunk = list(
-                {(r["target"], r["started"]): r for r in rows[i : i + self.batch_size]}.values()
-            )
-            with self._tx("writing scrape outcomes", write=True) as conn:
-                conn.execute(stmt, chunk)
-        return len(rows)
-
-    def outcomes(
-        self,
-        *,
-        targets: Sequence[str] | None = None,
-        since: float | None = None,
-        until: float | None = None,
-    ) -> list[ScrapeOutcome]:
-        """Scrape outcomes with ``since <= started < until``, ordered by target, started."""
-        self._require_schema()
-        o = ScrapeOutcomeRow
-        query = select(
-            o.target, o.started, o.duration_s, o.up, o.bytes, o.series, o.error_kind, o.error
-        )
-        if targets is not None:
-            query = query.where(o.target.in_(list(targets)))
-        if since is not None:
-            query = query.where(o.started >= since)
-        if until is not None:
-            query = query.where(o.started < until)
-        with self._tx("reading scrape outcomes") as conn:
-            rows = conn.execute(query.order_by(o.target, o.started)).all()
-        return [ScrapeOutcome(*r) for r in rows]
 
 
 def _reason(exc: BaseException) -> str:
