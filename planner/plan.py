@@ -191,6 +191,8 @@ def build_plan(
 
     if not (math.isfinite(horizon_s) and horizon_s > 0):
         raise ConfigError(f"horizon must be a positive duration, got {horizon_s!r} s")
+    if not (math.isfinite(forecast_seconds) and forecast_seconds > 0):
+        raise ConfigError(f"forecast time budget must be > 0 s, got {forecast_seconds!r}")
     if gpu_price_per_hour is not None and not (
         math.isfinite(gpu_price_per_hour) and gpu_price_per_hour >= 0
     ):

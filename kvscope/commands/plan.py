@@ -49,6 +49,9 @@ def register(app: typer.Typer) -> None:
             Path | None, typer.Option("--plots", help="write PNG plots of the fits here")
         ] = None,
         seed: Annotated[int, typer.Option("--seed", help="seed of every random draw")] = 0,
+        forecast_seconds: Annotated[
+            float, typer.Option("--forecast-seconds", help="time budget of each forecast")
+        ] = 8.0,
     ) -> None:
         """Decide none / native / lmcache from the store's history, forecast KV demand and size.
 
@@ -79,6 +82,7 @@ def register(app: typer.Typer) -> None:
                 horizon_s=horizon_s,
                 gpu_price_per_hour=gpu_price,
                 seed=seed,
+                forecast_seconds=forecast_seconds,
             )
         if plots is not None:
             from planner.plots import write_plots

@@ -1,0 +1,149 @@
+"""planner.advise: what-if checks, the scenario it builds, and simulated evidence -> decision."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from typing import Any
+
+import pytest
+
+from collector.errors import ConfigError
+from planner.advise import (
+    MAX_REQUESTS,
+    SIM_GAIN_TOLERANCE,
+    WARMUP_FRACTION,
+    WhatIf,
+    advise,
+    layout,
+    scenario_of,
+)
+from planner.costmodel import hbm_kv_capacity_tokens
+from planner.hardware import get_gpu, get_model
+
+SMALL = WhatIf("llama-3.1-8b", "h100", 1, 3000, 128, 4.0, 0.5, engines=2, duration_s=60.0)
+
+
+@pytest.mark.parametrize(
+    ("engines", "tp", "expected"),
+    [
+        (1, 1, (1, 1)),
+        (4, 1, (1, 4)),
+        (8, 1, (1, 8)),
+        (12, 1, (2, 6)),
+        (16, 2, (4, 8)),
+        (7, 1, (1, 7)),
+        (11, 1, (11, 1)),
+        (3, 4, (3, 4)),
+        (2, 16, (2, 16)),
+    ],
+)
+def test_layout_engines_per_node_divide_engines(
+    engines: int, tp: int, expected: tuple[int, int]
+) -> None:
+    nodes, gpn = layout(engines, tp)
+    assert (nodes, gpn) == expected
+    assert nodes * (gpn // tp) == engines and gpn % tp == 0
+
+
+@pytest.mark.parametrize(
+    ("change", "match"),
+    [
+        ({"tp": 0}, "--tp must be an integer >= 1"),
+        ({"prompt_tokens": 0}, "--prompt-tokens"),
+        ({"output_tokens": -3}, "--output-tokens"),
+        ({"engines": 0}, "--engines"),
+        ({"qps": 0.0}, "--qps must be a number > 0"),
+        ({"qps": float("nan")}, "--qps"),
+        ({"duration_s": -1.0}, "--duration"),
+        ({"prefix_share": 1.5}, "--prefix-share must be in \\[0, 1\\]"),
+        ({"prefix_tokens": 0}, "--prefix-tokens"),
+        ({"cpu_gb": 0.0}, "--cpu-gb"),
+        ({"vllm_version": "0.9.0"}, "outside the supported range"),
+        ({"model": "gpt-5"}, "unknown model 'gpt-5'; known: "),
+        ({"gpu": "tpu-v5"}, "unknown GPU"),
+        ({"model": "llama-3.1-70b", "tp": 1}, "does not fit on 1× "),
+    ],
+)
+def test_whatif_check_bad_value_names_the_flag(change: dict[str, Any], match: str) -> None:
+    with pytest.raises(ConfigError, match=match):
+        dataclasses.replace(SMALL, **change).check()
+
+
+def test_scenario_of_shared_prefix_groups_cpu_split_and_duration_cap() -> None:
+    w = dataclasses.replace(
+        SMALL,
+        engines=4,
+        prompt_tokens=8000,
+        prefix_share=0.75,
+        prefix_tokens=120_000,
+        cpu_gb=400.0,
+        qps=50.0,
+        duration_s=300.0,
+    )
+    raw, notes = scenario_of(w)
+    wl = raw["workload"]
+    assert wl["kind"] == "shared_prefix" and wl["system_prompt_tokens"] == 6000
+    assert wl["question_tokens"] == 2000 and wl["groups"] == 20
+    assert raw["cluster"]["nodes"] * raw["cluster"]["gpus_per_node"] == 4
+    # 20 % reserved; native splits the node's DRAM over its 4 engines, LMCache pools it.
+    assert raw["_cpu_gb"] == {"native": 80.0, "lmcache": 320.0}
+    assert raw["duration_s"] * w.qps * (1 - WARMUP_FRACTION) == pytest.approx(MAX_REQUESTS)
+    assert raw["warmup_s"] == pytest.approx(WARMUP_FRACTION * raw["duration_s"])
+    assert any("instead of 300 s" in n for n in notes)
+    plain, plain_notes = scenario_of(dataclasses.replace(SMALL, prefix_share=0.0))
+    assert plain["workload"]["kind"] == "synthetic"
+    assert plain["workload"]["prompt_tokens"] == SMALL.prompt_tokens
+    assert any("--cpu-gb not given" in n for n in plain_notes)
+
+
+def test_advise_small_whatif_wires_simulation_into_evidence_and_is_seeded() -> None:
+    a = advise(SMALL)
+    b = advise(SMALL)
+
+    def strip(d: dict[str, Any]) -> dict[str, Any]:
+        return {m: {k: v for k, v in r.items() if k != "wall_s"} for m, r in d["modes"].items()}
+
+    assert strip(a.simulated) == strip(b.simulated)  # same seed, same answer
+    assert set(a.simulated["modes"]) == {"none", "native", "lmcache"}
+    ev, sim = a.evidence, a.simulated["modes"]
+    for mode, gain in (("native", ev.native_gain), ("lmcache", ev.lmcache_gain)):
+        assert gain is not None and gain.gain is not None
+        assert gain.gain.estimate == pytest.approx(sim[mode]["throughput_gain"])
+        assert gain.gain.hi - gain.gain.lo == pytest.approx(2 * SIM_GAIN_TOLERANCE)
+    capacity = hbm_kv_capacity_tokens(get_model("llama-3.1-8b"), get_gpu("h100"), 1)
+    assert ev.engine_capacity == capacity // 16 * 16  # whole 16-token blocks
+    assert ev.kv_util_p95 == pytest.approx(sim["none"]["kv_util_p95"])
+    assert (ev.engines, ev.engines_per_node, ev.nodes) == (2, 2, 1)
+    assert ev.prompt_tokens_p90 == 3000 and ev.vllm_version == "0.33.0"
+    d = a.to_dict()
+    json.dumps(d, allow_nan=False)
+    assert d["decision"]["mode"] in ("none", "native", "lmcache", "both")
+    assert d["cost_model"]["kv_bytes_per_token"] == 131_072  # numbers.md, Llama-3.1-8B bf16
+    assert len(d["cost_model"]["breakeven_context_by_tier"]) >= 9
+    assert "simulated, not measured" in d["simulated"]["note"]
+
+
+def test_advise_shared_prefixes_overflowing_hbm_recommend_lmcache() -> None:
+    # 600 k distinct prefix tokens (8 × the HBM KV of one engine's share of the traffic) on 4
+    # engines, round robin: prefixes are evicted and reused across engines.
+    w = WhatIf(
+        "llama-3.1-8b",
+        "h100",
+        1,
+        8000,
+        256,
+        30.0,
+        0.75,
+        engines=4,
+        prefix_tokens=600_000,
+        cpu_gb=400.0,
+    )
+    a = advise(w)
+    sim = a.simulated["modes"]
+    assert a.simulated["none_keeps_up"] is False
+    assert sim["lmcache"]["throughput_gain"] > SIM_GAIN_TOLERANCE
+    assert sim["lmcache"]["prefill_compute_saved"] > 0.1
+    assert a.decision.mode in ("lmcache", "both")
+    assert a.sizing is not None and a.sizing.l1_size_gib is not None
+    assert "lmcache_server" in a.sizing.configs and "LMCacheMPConnector" in a.sizing.configs["vllm"]

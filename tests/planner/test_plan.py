@@ -1,0 +1,291 @@
+"""planner.plan: a real SQLite store of a known synthetic cluster -> the plan's numbers.
+
+The main fixture stores 6 engines (2 none, 2 native, 2 lmcache) × 300 one-minute windows
+drawn by planner/fitsynth.py; the plan's figures are checked against the same statistics
+and fits computed directly on the generating frame, and against the generator's truth.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from collector.errors import ConfigError
+from collector.records import ScrapeOutcome, Window, labels_of
+from collector.store import Store
+from planner.decide import RULE_IDS
+from planner.fit_gain import fit_gain
+from planner.fit_preempt import fit_preemption
+from planner.fitsynth import Truth
+from planner.hardware import get_gpu, get_model
+from planner.plan import NoData, Plan, build_plan, lmcache_up_fraction
+from planner.plan_fits import Hardware
+from planner.plan_forecast import kv_capacity
+from tests.planner.synthstore import (
+    BLOCK_SIZE,
+    BLOCKS,
+    TP,
+    fill_store,
+    shifted_frame,
+    sqlite_url,
+)
+
+CAP = BLOCKS * BLOCK_SIZE
+TRUTH = Truth()
+
+
+@pytest.fixture(scope="module")
+def synth(tmp_path_factory: pytest.TempPathFactory) -> tuple[Plan, pd.DataFrame]:
+    frame = shifted_frame()
+    url = sqlite_url(tmp_path_factory.mktemp("plan") / "synth.db")
+    fill_store(url, frame)
+    with Store(url) as store:
+        plan = build_plan(store, cluster="synth", gpu_price_per_hour=3.0, forecast_seconds=1)
+    return plan, frame
+
+
+def test_plan_synthetic_happening_matches_frame_statistics(synth: tuple[Plan, Any]) -> None:
+    plan, frame = synth
+    h = plan.happening
+    p50, p95 = np.quantile(frame["kv_util"], [0.5, 0.95])
+    assert h["kv_util"]["p50"] == pytest.approx(p50)
+    assert h["kv_util"]["p95"] == pytest.approx(p95)
+    assert h["kv_util"]["windows"] == len(frame)
+    per_1k = 1000 * frame["preemptions"].sum() / frame["requests"].sum()
+    assert h["preemptions"]["per_1k_requests"] == pytest.approx(per_1k)
+    lm = frame[frame["offload_mode"] == "lmcache"]
+    pooled = (lm["lmcache_hit_ratio"] * lm["lmcache_requested_tokens"]).sum() / lm[
+        "lmcache_requested_tokens"
+    ].sum()
+    assert h["hit_ratios"]["lmcache"]["ratio"] == pytest.approx(pooled)
+    assert {m: s["engines"] for m, s in h["by_mode"].items()} == {
+        "none": 2,
+        "native": 2,
+        "lmcache": 2,
+    }
+    assert h["reprefill_share"]["value"] is None  # no vllm:prompt_tokens_recomputed
+    assert "0.16–0.19" in h["reprefill_share"]["basis"]
+    assert h["current_mode"]["mode"] is None  # native and lmcache on different engines
+
+
+def test_plan_synthetic_fits_equal_direct_fits_and_recover_truth(synth: tuple[Plan, Any]) -> None:
+    plan, frame = synth
+    knee = fit_preemption(frame)
+    assert plan.fits["preemption_knee"]["estimate"] == pytest.approx(knee.estimate, rel=1e-6)
+    assert 0.75 < knee.estimate < 0.95  # truth 0.85
+    for mode in ("native", "lmcache"):
+        entry = plan.fits[f"gain_{mode}"]
+        direct = fit_gain(frame, offload=mode)
+        assert entry["estimate"] == pytest.approx(direct.estimate, rel=1e-6)
+        assert entry["can_tell"] is True
+        assert abs(entry["estimate"] - TRUTH.break_even[mode]) < 0.15
+        assert entry["interval"]["lo"] <= entry["estimate"] <= entry["interval"]["hi"]
+    mfu = plan.fits["prefill_mfu"]
+    assert mfu["can_tell"] is True
+    assert mfu["interval"]["lo"] - 0.05 < TRUTH.mfu < mfu["interval"]["hi"] + 0.05
+    hit = plan.fits["lmcache_hitrate"]
+    assert hit["h_max"]["estimate"] == pytest.approx(TRUTH.h_max, abs=0.05)
+    for entry in plan.fits.values():
+        assert set(entry) >= {"estimate", "interval", "n", "method", "can_tell", "why", "warnings"}
+
+
+def test_plan_synthetic_evidence_reads_fits_at_current_utilization(
+    synth: tuple[Plan, Any],
+) -> None:
+    plan, _ = synth
+    ev = plan.evidence
+    assert (ev.model, ev.gpu, ev.tp, ev.engines) == ("llama-3.1-8b", "h100", TP, 6)
+    at = plan.fits["gain_native"]["at_current_util"]
+    assert at["u"] == pytest.approx(ev.kv_util_p50, abs=0.05)  # nearest grid point
+    assert ev.native_gain is not None and ev.native_gain.gain is not None
+    assert ev.native_gain.gain.estimate == pytest.approx(at["relative"])
+    assert ev.effective_mfu is not None
+    assert ev.effective_mfu.estimate == pytest.approx(plan.fits["prefill_mfu"]["estimate"])
+    assert ev.l1_hit_curve is not None and len(ev.l1_hit_curve) > 10
+    assert ev.current_mode is None
+
+
+def test_plan_synthetic_forecast_uses_cache_config_capacity(synth: tuple[Plan, Any]) -> None:
+    plan, frame = synth
+    kv = plan.forecast["kv_demand"]
+    assert kv["can_tell"] is True
+    assert kv["capacity_total"] == 6 * CAP
+    assert "num_gpu_blocks × block_size" in kv["capacity_basis"]
+    assert plan.evidence.engine_capacity == CAP
+    demand = (frame["kv_util"] * CAP).groupby(frame["start"]).sum()
+    last_hour = demand[demand.index >= demand.index.max() - 3600]
+    assert plan.evidence.demand_now == pytest.approx(last_hour.mean(), rel=1e-6)
+    peak = plan.evidence.demand_peak
+    assert peak is not None and peak.lo <= peak.estimate <= peak.hi
+    assert plan.forecast["request_rate"]["can_tell"] is True
+    ttl = plan.evidence.time_to_saturation_s
+    if kv["time_to_saturation_lo_s"] is None:
+        assert ttl is None
+    else:
+        assert ttl is not None and ttl.lo == pytest.approx(kv["time_to_saturation_lo_s"])
+
+
+def test_plan_synthetic_decision_sizing_and_json(synth: tuple[Plan, Any]) -> None:
+    plan, _ = synth
+    d = plan.to_dict()
+    text = json.dumps(d, allow_nan=False)  # every number finite or null
+    assert json.loads(text)["decision"]["mode"] in ("none", "native", "lmcache", "both")
+    assert set(d) >= {
+        "cluster",
+        "window",
+        "happening",
+        "decision",
+        "fits",
+        "forecast",
+        "sizing",
+        "configs",
+        "basis",
+        "cost",
+    }
+    assert d["window"]["windows"] > 0 and d["window"]["engines"] == 6
+    # Preemptions above 1 per 1k requests in the synthetic cluster: R1 finds pressure.
+    first = plan.decision.reasons[0]
+    assert first.rule_id == "R1_hbm_pressure" and "under pressure" in first.text
+    assert all(r.rule_id in RULE_IDS for r in plan.decision.reasons)
+    assert plan.sizing is not None and plan.sizing.engines is not None
+    eng, peak = plan.sizing.engines, plan.evidence.demand_peak
+    assert peak is not None
+    assert eng.needed == max(1, math.ceil(peak.estimate * 1.2 / CAP - 1e-9))
+    assert d["cost"]["current_per_month"] == pytest.approx(3.0 * TP * 730 * 6)
+    assert d["cost"]["needed_per_month"] == pytest.approx(3.0 * TP * 730 * eng.needed)
+    assert any("left unknown: cross_engine_reuse" in b for b in plan.basis)
+
+
+def _kv_windows(source: str, n: int, t0: float) -> list[Window]:
+    labels = labels_of({"engine": "0", "model_name": "m"})
+    return [
+        Window(
+            source,
+            "kv_cache_usage_ratio",
+            labels,
+            t0 + 60 * i,
+            60.0,
+            "gauge",
+            4,
+            mean=0.3 + 0.01 * i,
+            max=0.4 + 0.01 * i,
+        )
+        for i in range(n)
+    ]
+
+
+def test_plan_only_kv_usage_unregistered_gives_cant_tell_entries(tmp_path: Path) -> None:
+    url = sqlite_url(tmp_path / "thin.db")
+    with Store(url) as store:
+        store.migrate()
+        store.write_windows(_kv_windows("lonely", 10, 1.8e9))
+        plan = build_plan(store, forecast_seconds=1)
+    for name, entry in plan.fits.items():
+        assert entry["can_tell"] is False, name
+        assert entry["why"], name
+    assert "needs at least" in plan.fits["preemption_knee"]["why"]
+    assert "catalogue" in plan.fits["prefill_mfu"]["why"]
+    kv = plan.forecast["kv_demand"]
+    assert kv["can_tell"] is False and "needs at least" in kv["why"]
+    assert kv["unit"] == "engines of KV" and kv["capacity_total"] == 1
+    assert plan.evidence.model is None and plan.evidence.kv_util_p50 == pytest.approx(0.345)
+    assert "model (cost-model priors)" in plan.decision.unknowns
+    assert any("without engine metadata" in b for b in plan.basis)
+    json.dumps(plan.to_dict(), allow_nan=False)
+
+
+def test_plan_no_offload_unknown_model_names_what_is_missing(tmp_path: Path) -> None:
+    url = sqlite_url(tmp_path / "plain.db")
+    frame = shifted_frame(3, 150, seed=5, modes=("none",))
+    fill_store(url, frame, model="acme-13b", facts=False)
+    with Store(url) as store:
+        plan = build_plan(store, cluster="synth", forecast_seconds=1)
+    assert plan.fits["gain_native"]["why"] == "no engine ran native offload"
+    assert plan.fits["gain_lmcache"]["why"] == "no engine ran lmcache offload"
+    assert plan.fits["lmcache_hitrate"]["can_tell"] is False
+    assert "catalogue" in plan.fits["prefill_mfu"]["why"]
+    assert plan.evidence.current_mode == "none"
+    assert any("not in the hardware catalogue" in u for u in plan.decision.unknowns)
+    # No cache_config facts and no catalogue model: demand in engines' worth of KV.
+    assert plan.forecast["kv_demand"]["unit"] == "engines of KV"
+    assert plan.forecast["kv_demand"]["capacity_total"] == 3
+
+
+def test_plan_empty_store_and_empty_period_raise_nodata(tmp_path: Path) -> None:
+    url = sqlite_url(tmp_path / "empty.db")
+    with Store(url) as store:
+        store.migrate()
+        with pytest.raises(NoData, match="holds no windows yet"):
+            build_plan(store)
+        store.write_windows(_kv_windows("e", 3, 1.8e9))
+        with pytest.raises(NoData, match="widen --since"):
+            build_plan(store, since=1.9e9)
+        with pytest.raises(NoData, match="cluster 'nope'"):
+            build_plan(store, cluster="nope")
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"horizon_s": 0.0}, "horizon"),
+        ({"horizon_s": math.inf}, "horizon"),
+        ({"gpu_price_per_hour": -1.0}, "gpu price"),
+        ({"gpu_price_per_hour": math.nan}, "gpu price"),
+    ],
+)
+def test_plan_bad_arguments_raise_configerror(
+    tmp_path: Path, kwargs: dict[str, float], match: str
+) -> None:
+    with Store(sqlite_url(tmp_path / "a.db")) as store:
+        store.migrate()
+        with pytest.raises(ConfigError, match=match):
+            build_plan(store, **kwargs)  # type: ignore[arg-type]
+
+
+def test_kv_capacity_prefers_facts_then_prior_then_engines() -> None:
+    windows = _kv_windows("a", 2, 1.8e9) + _kv_windows("b", 2, 1.8e9)
+    hw = Hardware(get_model("llama-3.1-8b"), get_gpu("h100"), 1)
+    facts: dict[str, dict[str, Any]] = {
+        "a": {"num_gpu_blocks": 1000, "block_size": 16},
+        "b": {"num_gpu_blocks": "x"},
+    }
+    mixed = kv_capacity(windows, facts, hw)
+    assert mixed is not None and mixed.per_source is not None
+    assert mixed.per_source["a"] == 16_000
+    from planner.costmodel import hbm_kv_capacity_tokens
+
+    prior = hbm_kv_capacity_tokens(hw.model, hw.gpu, 1)
+    assert mixed.per_source["b"] == prior and mixed.total == 16_000 + prior
+    assert "1 source(s): num_gpu_blocks" in mixed.basis and "prior" in mixed.basis
+    blind = kv_capacity(windows, facts, None)
+    assert blind is not None and blind.per_source is None
+    assert (blind.unit, blind.total) == ("engines of KV", 2.0)
+    assert kv_capacity([], facts, hw) is None
+
+
+def test_lmcache_up_fraction_reads_last_outcome_per_target(tmp_path: Path) -> None:
+    with Store(sqlite_url(tmp_path / "up.db")) as store:
+        store.migrate()
+        assert lmcache_up_fraction(store, "c", None, None) is None
+        for name in ("lm-a", "lm-b"):
+            store.upsert_target(name, f"http://127.0.0.1:1/{name}", kind="lmcache", cluster="c")
+        store.upsert_target("vllm-a", "http://127.0.0.1:1/v", kind="vllm", cluster="c")
+        store.write_outcomes(
+            [
+                ScrapeOutcome("lm-a", 100.0, 0.1, False),
+                ScrapeOutcome("lm-a", 200.0, 0.1, True),
+                ScrapeOutcome("lm-b", 100.0, 0.1, True),
+                ScrapeOutcome("lm-b", 200.0, 0.1, False),
+                ScrapeOutcome("vllm-a", 200.0, 0.1, False),
+            ]
+        )
+        assert lmcache_up_fraction(store, "c", None, None) == 0.5
+        assert lmcache_up_fraction(store, "c", None, 150.0) == 0.5
+        assert lmcache_up_fraction(store, "c", 150.0, None) == 0.5
+        assert lmcache_up_fraction(store, "other", None, None) is None

@@ -1,0 +1,121 @@
+"""`kvscope advise`: --explain, JSON shape, readable answer, and clear errors (exit 2)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+from typer.testing import CliRunner
+
+from collector.errors import ConfigError
+from kvscope.cli import app
+from planner.decide import RULE_IDS
+
+RUNNER = CliRunner()
+SMALL = [
+    "--model",
+    "llama-3.1-8b",
+    "--gpu",
+    "h100",
+    "--tp",
+    "1",
+    "--prompt-tokens",
+    "3000",
+    "--output-tokens",
+    "128",
+    "--qps",
+    "4",
+    "--prefix-share",
+    "0.5",
+    "--engines",
+    "2",
+    "--duration",
+    "60",
+]
+
+
+def test_advise_cli_explain_prints_every_rule_id_without_other_args() -> None:
+    r = RUNNER.invoke(app, ["advise", "--explain"])
+    assert r.exit_code == 0, r.exception
+    assert r.stdout.startswith("# How kvscope decides")
+    for rule in RULE_IDS:
+        assert f"## {rule}" in r.stdout, rule
+
+
+def test_advise_cli_json_shape() -> None:
+    r = RUNNER.invoke(
+        app, ["advise", *SMALL, "--json", "--cpu-gb", "200", "--vllm-version", "0.13.0"]
+    )
+    assert r.exit_code == 0, r.exception
+    d = json.loads(r.stdout)
+    assert set(d) >= {
+        "inputs",
+        "decision",
+        "simulated",
+        "cost_model",
+        "sizing",
+        "configs",
+        "evidence",
+        "scenario",
+        "notes",
+    }
+    assert d["inputs"]["vllm_version"] == "0.13.0" and d["inputs"]["cpu_gb"] == 200
+    assert set(d["simulated"]["modes"]) == {"none", "native", "lmcache"}
+    for row in d["simulated"]["modes"].values():
+        assert {"total_tokens_per_s", "throughput_gain", "ttft_mean_s", "kv_util_p95"} <= set(row)
+    assert d["decision"]["reasons"] and d["decision"]["rests_on"]
+    assert "offload=lmcache" in r.stderr  # progress on stderr, JSON alone on stdout
+
+
+def test_advise_cli_text_answer() -> None:
+    r = RUNNER.invoke(app, ["advise", *SMALL])
+    assert r.exit_code == 0, r.exception
+    for part in (
+        "Decision:",
+        "Simulated (seed 0",
+        "gain vs none",
+        "Cost model",
+        "B* ",
+        "reading beats re-prefill",
+        "Sizing",
+        "Notes",
+    ):
+        assert part in r.stdout, part
+
+
+@pytest.mark.parametrize(
+    ("args", "match"),
+    [
+        (["--model", "llama-3.1-8b"], "missing --gpu, --tp, --prompt-tokens"),
+        ([*SMALL[:-2], "--duration", "0"], "--duration must be a number > 0"),
+        ([*SMALL, "--prefix-share", "1.5"], "--prefix-share must be in [0, 1]"),
+        ([*SMALL, "--model", "gpt-5"], "unknown model 'gpt-5'"),
+        ([*SMALL, "--vllm-version", "0.40.0"], "outside the supported range"),
+    ],
+)
+def test_advise_cli_bad_arguments_raise_configerror(args: list[str], match: str) -> None:
+    r = RUNNER.invoke(app, ["advise", *args])
+    assert isinstance(r.exception, ConfigError), r.exception
+    assert match in str(r.exception)
+
+
+def test_advise_cli_bad_arguments_exit_2_with_one_line() -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KVSCOPE_")}
+    for args, message in (
+        ([*SMALL, "--qps", "-2"], "kvscope: error: --qps must be a number > 0"),
+        ([*SMALL, "--tp", "many"], "Invalid value for '--tp'"),  # typer's usage error
+    ):
+        proc = subprocess.run(
+            [sys.executable, "-m", "kvscope.cli", "advise", *args],
+            check=False,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env=env,
+        )
+        assert proc.returncode == 2, proc.stderr
+        assert message in proc.stderr and "Traceback" not in proc.stderr
+        assert proc.stdout == ""
