@@ -55,7 +55,8 @@ from collector.models import (
 )
 from collector.records import Labels, Window
 
-# Upgrade steps: MIGRATIONS[n] turns schema version n into n + 1 (inside one transaction).
+# Upgrade steps: MIGRATIONS[n] turns schema version n into n + 1, inside migrate()'s one
+# transaction and after create_all() has added any new table (steps alter existing tables).
 MIGRATIONS: dict[int, Callable[[Connection], None]] = {}
 _PG_MIGRATE_LOCK = 0x6B7673636F7065  # pg_advisory_xact_lock key ("kvscope")
 _WINDOW_KEY = ("source", "series_key", "start")
@@ -84,6 +85,8 @@ class Store(Inventory):
 
     def __init__(self, url: str, *, batch_size: int = 5_000) -> None:
         self.url = redact(url)
+        if batch_size < 1:
+            raise StoreError(f"{self.url}: batch_size must be >= 1, got {batch_size}")
         self.batch_size = batch_size
         self._schema_ok = False
         self._series_cache: dict[tuple[str, Labels], tuple[str, str]] = {}
@@ -116,8 +119,8 @@ class Store(Inventory):
         if self.dialect == "postgresql":
             return create_engine(parsed, pool_pre_ping=True, connect_args={"connect_timeout": 10})
         database = parsed.database or ""
-        in_memory = database in ("", ":memory:") or database.startswith("file:")
-        if not in_memory:
+        in_memory = database in ("", ":memory:") or "mode=memory" in database
+        if not in_memory and not database.startswith("file:"):
             Path(database).expanduser().parent.mkdir(parents=True, exist_ok=True)
         engine = create_engine(parsed, connect_args={"timeout": 30})
 
