@@ -205,7 +205,9 @@ class Store(Inventory):
             if version is not None and version > SCHEMA_VERSION:
                 raise StoreError(self._version_message(version))
             Base.metadata.create_all(conn, checkfirst=True)
-            for step in range(version or SCHEMA_VERSION, SCHEMA_VERSION):
+            for step in range(SCHEMA_VERSION if version is None else version, SCHEMA_VERSION):
+                if step not in MIGRATIONS:
+                    raise StoreError(f"{self.url}: no upgrade path from schema version {step}")
                 MIGRATIONS[step](conn)
             conn.execute(delete(SchemaVersionRow))
             conn.execute(

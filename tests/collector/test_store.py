@@ -15,7 +15,7 @@ import pytest
 from collector.errors import ConfigError, StoreError
 from collector.models import SCHEMA_VERSION
 from collector.records import Labels, ScrapeOutcome, Window
-from collector.store import Store, redact
+from collector.store import MIGRATIONS, Store, redact
 
 ENGINE: Labels = (("engine", "0"), ("model_name", "llama"))
 T0 = 1_764_000_000.0
@@ -141,21 +141,44 @@ def test_schema_newer_than_code_refused(db_url: str) -> None:
     with Store(db_url) as s:
         s.migrate()
         s.write_windows([win()])
-    bump = f"UPDATE schema_version SET version = {SCHEMA_VERSION + 1}"
-    if db_url.startswith("sqlite:///"):
-        with sqlite3.connect(db_url.removeprefix("sqlite:///")) as con:
-            con.execute(bump)
-    else:
-        server, options = db_url.replace("postgresql+psycopg://", "postgresql://").split("?")
-        schema = options.rsplit("%3D", 1)[1]
-        with psycopg.connect(server, autocommit=True) as con:
-            con.execute(f"UPDATE {schema}.schema_version SET version = {SCHEMA_VERSION + 1}")
+    _set_version(db_url, SCHEMA_VERSION + 1)
     with Store(db_url) as s:
         with pytest.raises(StoreError, match="newer than this kvscope"):
             s.migrate()
         with pytest.raises(StoreError, match="newer than this kvscope"):
             s.read_windows()
         assert s.schema_version() == SCHEMA_VERSION + 1
+
+
+def _set_version(db_url: str, version: int) -> None:
+    if db_url.startswith("sqlite:///"):
+        with sqlite3.connect(db_url.removeprefix("sqlite:///")) as con:
+            con.execute(f"UPDATE schema_version SET version = {version}")
+        return
+    server, options = db_url.replace("postgresql+psycopg://", "postgresql://").split("?")
+    schema = options.rsplit("%3D", 1)[1]
+    with psycopg.connect(server, autocommit=True) as con:
+        con.execute(f"UPDATE {schema}.schema_version SET version = {version}")
+
+
+def test_schema_older_refused_then_upgraded_by_migrate(
+    db_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with Store(db_url) as s:
+        s.migrate()
+        s.write_windows([win()])
+    _set_version(db_url, SCHEMA_VERSION - 1)
+    with Store(db_url) as s:
+        with pytest.raises(StoreError, match="older than"):
+            s.read_windows()
+        with pytest.raises(StoreError, match="no upgrade path"):
+            s.migrate()
+    steps: list[int] = []
+    monkeypatch.setitem(MIGRATIONS, SCHEMA_VERSION - 1, lambda conn: steps.append(1))
+    with Store(db_url) as s:
+        assert s.migrate() == SCHEMA_VERSION
+        assert steps == [1]
+        assert s.read_windows() == [win()]  # data kept across the upgrade
 
 
 def test_unmigrated_database_refused_with_hint(db_url: str) -> None:
