@@ -183,7 +183,6 @@ def build_plan(
     gpu_price_per_hour: float | None = None,
     seed: int = 0,
     forecast_seconds: float = 8.0,
-    fit_budget_s: float = 10.0,
 ) -> Plan:
     """Read, fit, forecast, decide and size (module docstring). Raises NoData when the store
     has no windows for the cluster and period, ConfigError on a bad argument."""
@@ -222,7 +221,7 @@ def build_plan(
     hw_names, hw = _hardware(in_window, basis)
     modes = {s: m for s, m in modes_by_source(in_window).items() if s in present}
     happening, ev_obs = observe(frame, windows, modes)
-    fits = run_fits(frame, hw, seed=seed, budget_s=fit_budget_s)
+    fits = run_fits(frame, hw, seed=seed)
     cap = kv_capacity(windows, {e.source: e.facts for e in in_window}, hw)
     fc = run_forecasts(windows, cap, horizon_s=horizon_s, seed=seed, max_seconds=forecast_seconds)
     u_now = ev_obs.get("kv_util_p50")

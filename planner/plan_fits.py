@@ -134,10 +134,94 @@ def peak_flops(hw: Hardware) -> float:
     return per_gpu * hw.tp
 
 
-def run_fits(
-    frame: pd.DataFrame, hw: Hardware | None, *, seed: int = 0, budget_s: float = 10.0
-) -> dict[str, FitRun]:
-    """Every fit the data supports (FIT_NAMES), each a FitRun."""
+def _flops(hw: Hardware) -> Callable[[float], float]:
+    model = hw.model
+
+    def flops(tokens: float) -> float:
+        return costmodel.prefill_flops(model, max(1, round(tokens)))
+
+    return flops
+
+
+NO_HW = "model/gpu/tp unknown or not in the hardware catalogue: no FLOPs"
+_WHAT = {
+    "preemption_knee": "preemption knee",
+    "gain_native": "offload gain (native vs none)",
+    "gain_lmcache": "offload gain (lmcache vs none)",
+    "prefill_mfu": "prefill MFU",
+    "lmcache_hitrate": "LMCache L1 hit-rate curve",
+}
+
+
+def run_fits(frame: pd.DataFrame, hw: Hardware | None, *, seed: int = 0) -> dict[str, FitRun]:
+    """Every fit the data supports (FIT_NAMES), each a FitRun, through planner.fit.fit_all.
+
+    fit_all lists a fit lacking history as skipped; any other failure of it (a refused
+    argument, a numerical error) is caught here and the fits are rerun one by one, so one
+    failing fit becomes a can't-tell entry instead of sinking the others.
+    """
+    from planner.fit import fit_all
+
+    try:
+        report = fit_all(
+            frame,
+            prefill_flops=_flops(hw) if hw else None,
+            peak_flops=peak_flops(hw) if hw else None,
+            level=LEVEL,
+            seed=seed,
+        )
+    except Exception as exc:  # loop boundary: isolate the fits instead
+        log.warning("plan: fit_all failed (%s); running the fits one by one", exc)
+        return _isolated(frame, hw, seed=seed)
+    took = dict(report.seconds)
+    found: dict[str, FitResult | None] = {
+        "preemption_knee": report.preemption,
+        "prefill_mfu": report.mfu,
+        "lmcache_hitrate": report.hitrate,
+        **{f"gain_{g.offload}": g for g in report.gains},
+    }
+    why: dict[str, str] = {}
+    for sk in report.skipped:
+        name = {
+            "preemption": "preemption_knee",
+            "mfu": "prefill_mfu",
+            "hitrate": "lmcache_hitrate",
+        }.get(sk.what, sk.what.replace("/", "_"))
+        why[name] = NO_HW if name == "prefill_mfu" and hw is None else sk.reason
+    modes = set(frame["offload_mode"].astype(str)) if len(frame) else set()
+    runs: dict[str, FitRun] = {}
+    for name in FIT_NAMES:
+        fit = found.get(name)
+        if fit is not None:
+            key = {
+                "preemption_knee": "preemption",
+                "prefill_mfu": "mfu",
+                "lmcache_hitrate": "hitrate",
+            }.get(name, name.replace("_", "/", 1))
+            runs[name] = FitRun(name, fit, entry_of(fit, took.get(key, math.nan)))
+            continue
+        reason = why.get(name)
+        if reason is None and name.startswith("gain_"):
+            mode = name.removeprefix("gain_")
+            reason = f"no engine ran {mode} offload" if mode not in modes else "not fitted"
+        available = next(
+            (
+                sk.available
+                for sk in report.skipped
+                if sk.reason == reason and sk.available is not None
+            ),
+            0,
+        )
+        runs[name] = FitRun(
+            name, None, cannot_entry(_WHAT[name], reason or "not fitted", available)
+        )
+    for run in runs.values():
+        _extras(run)
+    return runs
+
+
+def _isolated(frame: pd.DataFrame, hw: Hardware | None, *, seed: int) -> dict[str, FitRun]:
+    """The fits one by one, each failure its own can't-tell entry."""
     from planner.fit_gain import fit_gain
     from planner.fit_hitrate import fit_hitrate
     from planner.fit_mfu import fit_mfu
@@ -161,26 +245,14 @@ def run_fits(
             runs[name] = _run(
                 name,
                 what,
-                lambda m=mode: fit_gain(  # type: ignore[misc]
-                    frame, offload=m, level=LEVEL, seed=seed, time_budget_s=budget_s
-                ),
+                lambda m=mode: fit_gain(frame, offload=m, level=LEVEL, seed=seed),  # type: ignore[misc]
             )
     if hw is None:
-        runs["prefill_mfu"] = FitRun(
-            "prefill_mfu",
-            None,
-            cannot_entry(
-                "prefill MFU", "model/gpu/tp unknown or not in the hardware catalogue: no FLOPs"
-            ),
-        )
+        runs["prefill_mfu"] = FitRun("prefill_mfu", None, cannot_entry("prefill MFU", NO_HW))
     else:
-        model = hw.model
-
-        def flops(tokens: float) -> float:
-            return costmodel.prefill_flops(model, max(1, round(tokens)))
-
+        flops, peak = _flops(hw), peak_flops(hw)
         runs["prefill_mfu"] = _run(
-            "prefill_mfu", "prefill MFU", lambda: fit_mfu(frame, flops, peak_flops(hw), level=LEVEL)
+            "prefill_mfu", "prefill MFU", lambda: fit_mfu(frame, flops, peak, level=LEVEL)
         )
     runs["lmcache_hitrate"] = _run(
         "lmcache_hitrate", "LMCache L1 hit-rate curve", lambda: fit_hitrate(frame, level=LEVEL)
