@@ -9,6 +9,7 @@ from pathlib import Path
 
 from typer.testing import CliRunner
 
+from collector.errors import StoreError
 from collector.records import Window
 from collector.store import Store
 from kvscope.cli import app
@@ -48,19 +49,22 @@ def test_db_default_url_from_environment(tmp_path: Path) -> None:
     assert json.loads(result.stdout)["db"] == url
 
 
-def test_db_errors_exit_2_with_redacted_url(tmp_path: Path) -> None:
-    cases = [
-        (["migrate", "--db", "postgresql://kv:s3cr3t@127.0.0.1:1/kv"], "kv:***@127.0.0.1:1"),
-        (["stats", "--db", f"sqlite:///{tmp_path / 'empty.db'}"], "kvscope db migrate"),
-    ]
-    for args, says in cases:
-        proc = subprocess.run(
-            [sys.executable, "-m", "kvscope.cli", "db", *args],
-            capture_output=True, text=True, check=False,
-        )  # fmt: skip
-        assert proc.returncode == 2, proc.stderr
-        assert says in proc.stderr and "s3cr3t" not in proc.stderr
-        assert proc.stdout == ""
+def test_db_error_exits_2_with_redacted_url_on_stderr() -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "kvscope.cli", "db", "migrate", "--db",
+         "postgresql://kv:s3cr3t@127.0.0.1:1/kv"],
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 2, proc.stderr
+    assert "kv:***@127.0.0.1:1" in proc.stderr and "s3cr3t" not in proc.stderr
+    assert proc.stdout == ""
+
+
+def test_db_stats_unmigrated_raises_store_error_with_hint(tmp_path: Path) -> None:
+    result = RUNNER.invoke(app, ["db", "stats", "--db", f"sqlite:///{tmp_path / 'empty.db'}"])
+    assert isinstance(result.exception, StoreError)
+    assert "kvscope db migrate" in str(result.exception)
+    assert result.stdout == ""
 
 
 def test_db_help_has_examples() -> None:
