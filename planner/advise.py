@@ -10,8 +10,8 @@ share of each prompt that is a shared prefix, how many distinct prefix tokens th
 3. the simulated figures fill an Evidence record (``evidence_from_sim``), which is decided
    (planner/decide.py) and sized (planner/sizing.py) exactly like `kvscope plan`'s.
 
-Simulated gains are not measurements: they carry the simulator's calibration error (not
-measured against hardware; SIM_GAIN_TOLERANCE) and one seed's noise.
+Simulated gains are not measurements: they carry the simulator's calibration error (checked
+against GKE Test 2 only: ``sim_gain_tolerance``) and one seed's noise.
 """
 
 from __future__ import annotations
@@ -31,10 +31,19 @@ from planner.plan import json_safe
 from planner.sizing import Sizing, size
 
 GIB = 1024**3
-# Assumption: ±10 percentage points on a simulated relative throughput gain. The simulator is
-# not calibrated against hardware for offload; BLIS, the reference simulator of numbers.md,
-# reaches 11.8 % E2E MAPE on vLLM 0.15.1, and the two runs of a gain share most of the bias.
+# Calibration allowance on a simulated relative throughput gain g: ±(10 pp + 20 % of |g|).
+# benchmarks/calibrate_sim.py reproduces GKE Test 2 (numbers.md) with this simulator; its
+# input-throughput gains miss the published ones by −9.4, +9.4, +2.5 and −57.2 pp at +16,
+# +50, +179 and +264 %: the band covers every one. Beyond that cluster it is an assumption.
 SIM_GAIN_TOLERANCE = 0.10
+SIM_GAIN_TOLERANCE_REL = 0.20
+
+
+def sim_gain_tolerance(gain: float) -> float:
+    """Half-width of the calibration band around a simulated relative gain."""
+    return SIM_GAIN_TOLERANCE + SIM_GAIN_TOLERANCE_REL * abs(gain)
+
+
 # Simulated requests per mode at most: keeps one advise call to a few seconds of wall time
 # (~1 s per 2,000 requests of an 8B model on one core, measured with this simulator).
 MAX_REQUESTS = 3000
@@ -46,7 +55,8 @@ DRAM_RESERVE = 0.2  # sizing.size's default reserve for OS, vLLM processes and p
 MODES = ("none", "native", "lmcache")
 SIM_NOTE = (
     "simulated, not measured: planner/simulate with its defaults (MFU 50 % prior, numbers.md); "
-    f"gains carry the simulator's calibration error (±{SIM_GAIN_TOLERANCE:.0%} assumed) and "
+    "gains carry the simulator's calibration error (±(10 pp + 20 % of the gain): its misses on "
+    "GKE Test 2, benchmarks/calibrate_sim.py) and "
     "one seed's noise; an open loop at the given QPS shows throughput gains only when the "
     "cluster without offload cannot keep up — otherwise see the TTFT and prefill-compute rows"
 )
@@ -347,7 +357,7 @@ def simulated_section(
     return {
         "modes": modes,
         "none_keeps_up": keeps_up,
-        "gain_tolerance": SIM_GAIN_TOLERANCE,
+        "gain_tolerance": {"absolute": SIM_GAIN_TOLERANCE, "relative": SIM_GAIN_TOLERANCE_REL},
         "note": SIM_NOTE,
     }
 
@@ -362,7 +372,7 @@ def evidence_from_sim(w: WhatIf, runs: dict[str, Any], sim: dict[str, Any]) -> E
         g = m[mode]["throughput_gain"]
         if g is None:
             return GainEvidence(False, why="no simulated throughput")
-        tol = SIM_GAIN_TOLERANCE
+        tol = sim_gain_tolerance(g)
         return GainEvidence(True, ValueCI(g, g - tol, g + tol), why="simulated")
 
     window = none["measured_window_s"] or 1.0

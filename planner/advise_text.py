@@ -34,10 +34,11 @@ def advice_text(d: Mapping[str, Any]) -> str:
         f"{i['output_tokens']} output tokens, {i['qps']:g} req/s"
     )
     modes = list(sim["modes"])
+    tol = sim["gain_tolerance"]
     table = [
         f"Simulated (seed {i['seed']}, {d['scenario']['duration_s']:.0f} s, first "
-        f"{d['scenario']['warmup_s']:.0f} s not measured): gains ±{sim['gain_tolerance']:.0%} "
-        "calibration allowance",
+        f"{d['scenario']['warmup_s']:.0f} s not measured): gains ±({tol['absolute']:.0%} + "
+        f"{tol['relative']:.0%} of the gain) calibration allowance",
         f"  {'':24}" + "".join(f"{m:>14}" for m in modes),
     ]
     for key, label, fmt in ROWS:

@@ -110,7 +110,8 @@ def test_advise_small_whatif_wires_simulation_into_evidence_and_is_seeded() -> N
     for mode, gain in (("native", ev.native_gain), ("lmcache", ev.lmcache_gain)):
         assert gain is not None and gain.gain is not None
         assert gain.gain.estimate == pytest.approx(sim[mode]["throughput_gain"])
-        assert gain.gain.hi - gain.gain.lo == pytest.approx(2 * SIM_GAIN_TOLERANCE)
+        g = gain.gain.estimate
+        assert gain.gain.hi - gain.gain.lo == pytest.approx(2 * (0.10 + 0.20 * abs(g)))
     capacity = hbm_kv_capacity_tokens(get_model("llama-3.1-8b"), get_gpu("h100"), 1)
     assert ev.engine_capacity == capacity // 16 * 16  # whole 16-token blocks
     assert ev.kv_util_p95 == pytest.approx(sim["none"]["kv_util_p95"])
