@@ -80,6 +80,7 @@ class Engine:
         self.max_seqs = spec.max_num_seqs
         self.max_tokens = spec.max_num_batched_tokens
         self.factor = 1.0 + connector.step_overhead
+        self.has_conn = connector.mode != "none"
         self.max_jump = 1 << 40  # decode steps per event (1 = naive per-step loop)
         self._seq = 0
         self._step0 = False  # this step's decode blocks are already allocated
@@ -216,7 +217,7 @@ class Engine:
             else:
                 hit = pool.lookup(req.path, (p_eff - 1) // bs) * bs
                 ext = 0
-                if conn.mode != "none":
+                if self.has_conn:
                     # a blocked head is looked up again every step; the connector answers
                     # repeats from its per-request cache, so only the first one costs
                     if not req.looked:
@@ -258,7 +259,7 @@ class Engine:
         tel = self.tel.counters
         tel["prefix_cache_queries_total"] += p_eff
         tel["prefix_cache_hits_total"] += hit
-        if self.conn.mode != "none":
+        if self.has_conn:
             tel["external_prefix_cache_queries_total"] += p_eff
             tel["external_prefix_cache_hits_total"] += ext
         self.avoided_tokens += ext
@@ -285,8 +286,9 @@ class Engine:
             b = (self.cost.step([], dec.r, dec.s + dec.r * (k - 1)) * self.factor - a) / (k - 1)
         self.seg, self.seg_k, self.seg_a, self.seg_b = JUMP, k, a, b
         self.seg_end = now + self._cum(k)
-        limit = min((r.ready_at for r in self.loading), default=math.inf)
-        limit = min(limit, self.horizon)
+        limit = self.horizon
+        if self.loading:
+            limit = min(limit, *(r.ready_at for r in self.loading))
         if self.seg_end > limit > now:
             self.seg_k = min(k, self._steps_by(limit - now) + 1)
             self.seg_end = now + self._cum(self.seg_k)

@@ -92,8 +92,36 @@ class BlockPool:
         path = req.path
         full = target_tokens // bs
         priv = 1 if target_tokens % bs else 0
-        # plan: walk from the current holding to `full` blocks, summing the pin increase
         idx, h = req.hold_idx, req.hold_blocks
+        if idx < len(path):
+            # fast path: the new full blocks stay inside the segment being extended (a chunked
+            # prefill continuing, a one-segment prompt)
+            n = path[idx]
+            n0 = start[n] // bs
+            e = full - n0
+            if h <= e <= end[n] // bs - n0 and (h > 0 or e > 0 or idx == len(path) - 1):
+                p = pin.get(n, 0)
+                grow = e - p if e > p else 0
+                if self.pinned_total + grow + self.private_total + priv - req.private > self.total:
+                    return False
+                if e > h:
+                    if h == 0:
+                        self.holders[n] = self.holders.get(n, 0) + 1
+                    c = cached.get(n, 0)
+                    if e > c:
+                        cached[n] = e
+                        self.cached_total += e - c
+                    if grow:
+                        pin[n] = e
+                        self.pinned_total += grow
+                    req.hold_blocks = e
+                self.private_total += priv - req.private
+                req.private = priv
+                over = self.cached_total + self.private_total - self.total
+                if over > 0:
+                    self._evict(over)
+                return True
+        # plan: walk from the current holding to `full` blocks, summing the pin increase
         done = start[path[idx]] // bs + h if idx < len(path) else full
         delta_pin = 0
         i = idx

@@ -75,7 +75,7 @@ def summarize(sim: Simulation) -> SimResult:
     n = len(engines)
     summary: dict[str, Any] = {
         "scenario": sc.name,
-        "offload": sc.cluster.offload,
+        "offload": _offload_label(sc.cluster.engines_offload),
         "num_engines": n,
         "simulated_s": round(t1, 6),
         "measured_window_s": round(window, 6),
@@ -146,6 +146,12 @@ def summarize(sim: Simulation) -> SimResult:
         [{"key": p.key, "value": p.value, "source": p.source} for p in sc.params] + derived
     )
     return SimResult(summary, per_engine, pools, params)
+
+
+def _offload_label(modes: tuple[str, ...]) -> str:
+    if len(set(modes)) == 1:
+        return modes[0]
+    return "mixed: " + ", ".join(f"{m}x{modes.count(m)}" for m in sorted(set(modes)))
 
 
 def _given(raw: Any, key: str) -> bool:

@@ -81,8 +81,7 @@ class NativeSpec:
 @dataclass(frozen=True, slots=True)
 class L2Spec:
     name: str
-    read_Bps: float  # noqa: N815
-    write_Bps: float  # noqa: N815
+    read_Bps: float  # noqa: N815 - (writes through from L1 are asynchronous: no cost)
     latency_s: float  # per chunk object
     concurrency: int
     size_bytes: float  # math.inf = unbounded
@@ -93,8 +92,7 @@ class LMCacheSpec:
     chunk_size: int
     lookup_overhead_s: float  # per admitted request, blocks the step (vLLM scheduler lookup)
     store_overhead_s: float  # per step that stores chunks, blocks the step
-    read_Bps: float  # noqa: N815 - L1 -> GPU, per GPU
-    write_Bps: float  # noqa: N815 - GPU -> L1, per GPU (stores are asynchronous)
+    read_Bps: float  # noqa: N815 - L1 -> GPU, per GPU (stores are asynchronous: no cost)
     latency_s: float  # per chunk read from L1
     async_load: bool
     l2: L2Spec | None
@@ -341,12 +339,6 @@ def _parse_lmcache(sec: Section) -> LMCacheSpec:
         sec.number("bandwidth_gbps", tier.read_Bps / GB, low=0.0, low_open=True, source=tier_src)
         * GB
     )
-    write = (
-        sec.number(
-            "store_bandwidth_gbps", tier.write_Bps / GB, low=0.0, low_open=True, source=tier_src
-        )
-        * GB
-    )
     lat = sec.number("latency_ms", tier.latency_s * 1e3, low=0.0, source=tier_src) / 1e3
     async_load = sec.boolean(
         "async_load", False, source="default: in-process connector loads inside the forward"
@@ -355,12 +347,12 @@ def _parse_lmcache(sec: Section) -> LMCacheSpec:
     if l2 is None:
         sec.raw("l2")
     sec.finish()
-    return LMCacheSpec(chunk, lookup, store, read, write, lat, async_load, l2)
+    return LMCacheSpec(chunk, lookup, store, read, lat, async_load, l2)
 
 
 def _parse_l2(sec: Section) -> L2Spec:
     name = "custom"
-    read = write = lat = None
+    read = lat = None
     concurrency = 1
     if sec.has("tier"):
         name = sec.string("tier", "")
@@ -368,12 +360,7 @@ def _parse_l2(sec: Section) -> L2Spec:
             tier = get_tier(name)
         except ConfigError as exc:
             raise sec.fail("tier", str(exc)) from exc
-        read, write, lat, concurrency = (
-            tier.read_Bps,
-            tier.write_Bps,
-            tier.latency_s,
-            tier.concurrency,
-        )
+        read, lat, concurrency = tier.read_Bps, tier.latency_s, tier.concurrency
         src = f"default: tier {name}"
     else:
         sec.raw("tier")
@@ -383,20 +370,13 @@ def _parse_l2(sec: Section) -> L2Spec:
     read_bw = (
         sec.number("bandwidth_gbps", (read or 1.0) / GB, low=0.0, low_open=True, source=src) * GB
     )
-    write_bw = (
-        sec.number(
-            "write_bandwidth_gbps", (write or read_bw) / GB, low=0.0, low_open=True, source=src
-        )
-        * GB
-    )
     latency = sec.number("latency_ms", (lat or 0.0) * 1e3, low=0.0, source=src) / 1e3
     conc = sec.integer("concurrency", concurrency, low=1, source=src)
-    size = (
-        sec.number("size_gb", math.inf, low=0.0, low_open=True, source="default: unbounded") * GB
-        if sec.has("size_gb")
-        else math.inf
-    )
-    if not sec.has("size_gb"):
+    if sec.has("size_gb"):
+        size = sec.number("size_gb", low=0.0, low_open=True) * GB
+    else:
         sec.raw("size_gb")
+        size = math.inf
+        sec.params.append(Param(sec.key("size_gb"), None, "default: unbounded"))
     sec.finish()
-    return L2Spec(name, read_bw, write_bw, latency, conc, size)
+    return L2Spec(name, read_bw, latency, conc, size)

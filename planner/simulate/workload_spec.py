@@ -179,7 +179,9 @@ def parse_workload(sec: Section, base_dir: Path | None) -> WorkloadSpec:
         0.25 if arrival == "bursty" else 1.0,
         low=0.0,
         low_open=True,
-        source="default: gamma shape 0.25 (vLLM benchmark_serving --burstiness)",
+        source="default: gamma shape 0.25 (vLLM benchmark_serving --burstiness)"
+        if arrival == "bursty"
+        else "default: 1 (Poisson)",
     )
     period = sec.number(
         "diurnal_period_s", 86_400.0, low=0.0, low_open=True, source="default: one day"
