@@ -42,13 +42,17 @@ def _timed(scenario: Scenario, max_jump: int | None) -> tuple[Simulation, float,
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--hours", type=float, default=1.0, help="simulated hours (default 1)")
-    ap.add_argument("--baseline-s", type=float, default=60.0,
-                    help="simulated seconds the naive per-step baseline covers")  # fmt: skip
+    ap.add_argument(
+        "--baseline-s",
+        type=float,
+        default=60.0,
+        help="simulated seconds the naive per-step baseline covers",
+    )
     args = ap.parse_args()
     base = load_scenario(SCENARIO)
     window = dataclasses.replace(base, duration_s=args.baseline_s)
-    naive, naive_wall, naive_cpu = _timed(window, max_jump=1)
-    fast, fast_wall, fast_cpu = _timed(window, max_jump=None)
+    naive, _, naive_cpu = _timed(window, max_jump=1)
+    fast, _, fast_cpu = _timed(window, max_jump=None)
     # same requests, same engines, same times up to float rounding (a jump sums its steps in
     # closed form, the naive loop one by one)
     a = sorted(naive.completed, key=lambda c: c[6])
@@ -73,7 +77,7 @@ def main() -> None:
         "completed_requests": len(sim.completed),
         "kv_usage_mean": round(
             sum(e.kv_integral for e in sim.engines) / len(sim.engines) / hour.duration_s, 3
-        ),  # fmt: skip
+        ),
         "preemptions": sum(e.preemptions for e in sim.engines),
         "baseline_window_s": args.baseline_s,
         "baseline_naive_cpu_s": round(naive_cpu, 3),
@@ -82,18 +86,20 @@ def main() -> None:
         "baseline_results_identical": same,
         "speedup_vs_naive_same_window": round(naive_cpu / fast_cpu, 2),
         "naive_projected_cpu_s_for_run": round(naive_cpu / args.baseline_s * hour.duration_s, 1),
-        "speedup_vs_naive_projected": round(
-            naive_cpu / args.baseline_s * hour.duration_s / cpu, 2
-        ),  # fmt: skip
+        "speedup_vs_naive_projected": round(naive_cpu / args.baseline_s * hour.duration_s / cpu, 2),
     }
-    print(f"simulated {hour.duration_s:.0f} s of {out['engines']} engines in {wall:.2f} s wall "
-          f"({cpu:.2f} s CPU): {sim.events:,} events, {out['events_per_cpu_s']:,} events/CPU-s, "
-          f"{steps:,} engine steps ({out['engine_steps_per_event']} per event)")  # fmt: skip
-    print(f"baseline: naive per-step loop over the first {args.baseline_s:.0f} s took "
-          f"{naive_cpu:.2f} s CPU vs {fast_cpu:.2f} s event-driven -> "
-          f"x{out['speedup_vs_naive_same_window']} (identical results: {same}); projected "
-          f"naive run {out['naive_projected_cpu_s_for_run']:.0f} s CPU -> "
-          f"x{out['speedup_vs_naive_projected']}")  # fmt: skip
+    print(
+        f"simulated {hour.duration_s:.0f} s of {out['engines']} engines in {wall:.2f} s wall "
+        f"({cpu:.2f} s CPU): {sim.events:,} events, {out['events_per_cpu_s']:,} events/CPU-s, "
+        f"{steps:,} engine steps ({out['engine_steps_per_event']} per event)"
+    )
+    print(
+        f"baseline: naive per-step loop over the first {args.baseline_s:.0f} s took "
+        f"{naive_cpu:.2f} s CPU vs {fast_cpu:.2f} s event-driven -> "
+        f"x{out['speedup_vs_naive_same_window']} (identical results: {same}); projected "
+        f"naive run {out['naive_projected_cpu_s_for_run']:.0f} s CPU -> "
+        f"x{out['speedup_vs_naive_projected']}"
+    )
     print(json.dumps(out))
 
 

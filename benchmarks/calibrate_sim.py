@@ -30,9 +30,9 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from planner.simulate.cluster import Simulation  # noqa: E402
-from planner.simulate.results import SimResult  # noqa: E402
-from planner.simulate.scenario import parse_scenario  # noqa: E402
+from planner.simulate.cluster import Simulation
+from planner.simulate.results import SimResult
+from planner.simulate.scenario import parse_scenario
 
 GIB = 1024**3 / 1e9  # GB per GiB
 # GKE Test 2: prefix -> (best set-up, input throughput, mean TTFT, mean E2E) vs HBM only
@@ -64,15 +64,28 @@ def gke_raw(prefix: int, setup: str) -> dict[str, Any]:
         lmcache["l2"] = {"tier": "local-nvme", "size_gb": 5 * 1024 * GIB}
     return {
         "name": f"gke-test2-{prefix // 1000}k-{setup}",
-        "cluster": {"nodes": 1, "gpus_per_node": 8, "gpu": "h100-80gb", "model": "llama-3.3-70b",
-                    "tensor_parallel": 8, "offload": offload, "cpu_cache_gb": 1024 * GIB,
-                    "lmcache": lmcache},
-        "workload": {"kind": "shared_prefix", "groups": round(4.15e6 / (prefix + 20 * 768)),
-                     "prompts_per_group": 20, "system_prompt_tokens": prefix,
-                     "question_tokens": 256, "output_tokens": 512, "concurrency": 200},
+        "cluster": {
+            "nodes": 1,
+            "gpus_per_node": 8,
+            "gpu": "h100-80gb",
+            "model": "llama-3.3-70b",
+            "tensor_parallel": 8,
+            "offload": offload,
+            "cpu_cache_gb": 1024 * GIB,
+            "lmcache": lmcache,
+        },
+        "workload": {
+            "kind": "shared_prefix",
+            "groups": round(4.15e6 / (prefix + 20 * 768)),
+            "prompts_per_group": 20,
+            "system_prompt_tokens": prefix,
+            "question_tokens": 256,
+            "output_tokens": 512,
+            "concurrency": 200,
+        },
         "duration_s": 100_000,
         "seed": 1,
-    }  # fmt: skip
+    }
 
 
 def gke_rows() -> list[dict[str, Any]]:
@@ -88,35 +101,55 @@ def gke_rows() -> list[dict[str, Any]]:
         }
         if best == "HBM" and sim["input throughput"] <= 0:
             sim = dict.fromkeys(sim, 0.0)  # HBM only is the best set-up, as published
-        for figure, published in (("input throughput", tput), ("mean TTFT", ttft),
-                                  ("mean E2E", e2e)):  # fmt: skip
-            rows.append({
-                "source": "GKE tiered cache, Test 2",
-                "case": f"{prefix // 1000}k prefix, {best} vs HBM",
-                "figure": figure,
-                "published": published,
-                "simulated": round(sim[figure], 4),
-                "error_pp": round((sim[figure] - published) * 100, 1),
-                "unit": "change",
-            })  # fmt: skip
+        for figure, published in (
+            ("input throughput", tput),
+            ("mean TTFT", ttft),
+            ("mean E2E", e2e),
+        ):
+            rows.append(
+                {
+                    "source": "GKE tiered cache, Test 2",
+                    "case": f"{prefix // 1000}k prefix, {best} vs HBM",
+                    "figure": figure,
+                    "published": published,
+                    "simulated": round(sim[figure], 4),
+                    "error_pp": round((sim[figure] - published) * 100, 1),
+                    "unit": "change",
+                }
+            )
     return rows
 
 
 def _blog_cluster(offload: str, prefix_caching: bool) -> dict[str, Any]:
-    return {"nodes": 1, "gpus_per_node": 1, "gpu": "h100-80gb", "model": "llama-3.1-8b",
-            "offload": offload, "cpu_cache_gb": 500, "enable_prefix_caching": prefix_caching}  # fmt: skip
+    return {
+        "nodes": 1,
+        "gpus_per_node": 1,
+        "gpu": "h100-80gb",
+        "model": "llama-3.1-8b",
+        "offload": offload,
+        "cpu_cache_gb": 500,
+        "enable_prefix_caching": prefix_caching,
+    }
 
 
 def ttft_ratio(prompt: int) -> float:
     """Recompute TTFT / CPU-hit TTFT of one request (idle engine, GPU prefix cache off)."""
     raw = {
         "cluster": _blog_cluster("native", False),
-        "workload": {"kind": "shared_prefix", "groups": 1, "prompts_per_group": 1,
-                     "system_prompt_tokens": prompt - 1, "question_tokens": 1,
-                     "output_tokens": 1, "concurrency": 1, "repeat": True, "num_requests": 2,
-                     "think_time_s": 10.0},
+        "workload": {
+            "kind": "shared_prefix",
+            "groups": 1,
+            "prompts_per_group": 1,
+            "system_prompt_tokens": prompt - 1,
+            "question_tokens": 1,
+            "output_tokens": 1,
+            "concurrency": 1,
+            "repeat": True,
+            "num_requests": 2,
+            "think_time_s": 10.0,
+        },
         "duration_s": 10_000,
-    }  # fmt: skip
+    }
     first, second = _run(raw).completed[:2]
     return (first[1] - first[0]) / (second[1] - second[0])
 
@@ -132,12 +165,20 @@ def prefill_only_speedup(n: int = 5_000) -> float:
     def raw(offload: str, passes: int) -> dict[str, Any]:
         return {
             "cluster": _blog_cluster(offload, False),
-            "workload": {"kind": "shared_prefix", "groups": n, "prompts_per_group": 1,
-                         "system_prompt_tokens": 511, "question_tokens": 1, "output_tokens": 1,
-                         "concurrency": 256, "order": "grouped", "repeat": passes > 1,
-                         "num_requests": n * passes},
+            "workload": {
+                "kind": "shared_prefix",
+                "groups": n,
+                "prompts_per_group": 1,
+                "system_prompt_tokens": 511,
+                "question_tokens": 1,
+                "output_tokens": 1,
+                "concurrency": 256,
+                "order": "grouped",
+                "repeat": passes > 1,
+                "num_requests": n * passes,
+            },
             "duration_s": 100_000,
-        }  # fmt: skip
+        }
 
     cold = _run(raw("none", 1)).completed
     warm = [c for c in _run(raw("native", 2)).completed if c[6] >= n]
@@ -148,12 +189,19 @@ def prefill_only_speedup(n: int = 5_000) -> float:
 
 def zero_hit_cost() -> float:
     """Throughput change of native offload when nothing hits (unique 512-token prompts)."""
-    wl = {"kind": "synthetic", "prompt_tokens": 512, "output_tokens": 1, "concurrency": 256,
-          "num_requests": 10_000}  # fmt: skip
-    none = _summary({"cluster": _blog_cluster("none", False), "workload": wl,
-                     "duration_s": 100_000})  # fmt: skip
-    native = _summary({"cluster": _blog_cluster("native", False), "workload": wl,
-                       "duration_s": 100_000})  # fmt: skip
+    wl = {
+        "kind": "synthetic",
+        "prompt_tokens": 512,
+        "output_tokens": 1,
+        "concurrency": 256,
+        "num_requests": 10_000,
+    }
+    none = _summary(
+        {"cluster": _blog_cluster("none", False), "workload": wl, "duration_s": 100_000}
+    )
+    native = _summary(
+        {"cluster": _blog_cluster("native", False), "workload": wl, "duration_s": 100_000}
+    )
     return float(native["total_tokens_per_s"] / none["total_tokens_per_s"] - 1)
 
 
@@ -163,23 +211,52 @@ def blog_rows() -> list[dict[str, Any]]:
     cost = zero_hit_cost()
     speedup = prefill_only_speedup()
     return [
-        {"source": src, "case": "CPU hit vs recompute, 512-token prompt",
-         "figure": "TTFT ratio (low end)", "published": 2.0, "simulated": round(ratios[512], 2),
-         "error_pp": None, "unit": "x"},
-        {"source": src, "case": "CPU hit vs recompute, 64k-token prompt",
-         "figure": "TTFT ratio (high end)", "published": 22.0,
-         "simulated": round(ratios[65536], 2), "error_pp": None, "unit": "x"},
-        {"source": src, "case": "prefill-only 512-token prompts, all CPU hits, no GPU cache",
-         "figure": "throughput, CPU hits vs recompute", "published": 9.0,
-         "simulated": round(speedup, 2), "error_pp": None, "unit": "x"},
-        {"source": src, "case": "DMA offload path, 0 % hit", "figure": "throughput change",
-         "published": -0.005, "simulated": round(cost, 4),
-         "error_pp": round((cost + 0.005) * 100, 2), "unit": "change"},
-        {"source": src, "case": "TTFT ratio by prompt (512/2k/8k/32k/64k)",
-         "figure": "simulated ratios", "published": None,
-         "simulated": [round(ratios[p], 1) for p in sorted(ratios)], "error_pp": None,
-         "unit": "x"},
-    ]  # fmt: skip
+        {
+            "source": src,
+            "case": "CPU hit vs recompute, 512-token prompt",
+            "figure": "TTFT ratio (low end)",
+            "published": 2.0,
+            "simulated": round(ratios[512], 2),
+            "error_pp": None,
+            "unit": "x",
+        },
+        {
+            "source": src,
+            "case": "CPU hit vs recompute, 64k-token prompt",
+            "figure": "TTFT ratio (high end)",
+            "published": 22.0,
+            "simulated": round(ratios[65536], 2),
+            "error_pp": None,
+            "unit": "x",
+        },
+        {
+            "source": src,
+            "case": "prefill-only 512-token prompts, all CPU hits, no GPU cache",
+            "figure": "throughput, CPU hits vs recompute",
+            "published": 9.0,
+            "simulated": round(speedup, 2),
+            "error_pp": None,
+            "unit": "x",
+        },
+        {
+            "source": src,
+            "case": "DMA offload path, 0 % hit",
+            "figure": "throughput change",
+            "published": -0.005,
+            "simulated": round(cost, 4),
+            "error_pp": round((cost + 0.005) * 100, 2),
+            "unit": "change",
+        },
+        {
+            "source": src,
+            "case": "TTFT ratio by prompt (512/2k/8k/32k/64k)",
+            "figure": "simulated ratios",
+            "published": None,
+            "simulated": [round(ratios[p], 1) for p in sorted(ratios)],
+            "error_pp": None,
+            "unit": "x",
+        },
+    ]
 
 
 def _fmt(value: Any, unit: str) -> str:
@@ -193,15 +270,19 @@ def _fmt(value: Any, unit: str) -> str:
 
 
 def render(rows: list[dict[str, Any]]) -> str:
-    out = ["| source | case | figure | published | simulated | error |",
-           "|---|---|---|---|---|---|"]  # fmt: skip
+    out = [
+        "| source | case | figure | published | simulated | error |",
+        "|---|---|---|---|---|---|",
+    ]
     for r in rows:
         err = "–" if r["error_pp"] is None else f"{r['error_pp']:+.1f} pp"
         if r["error_pp"] is None and isinstance(r["published"], float) and r["unit"] == "x":
             err = f"{(r['simulated'] / r['published'] - 1):+.0%}"
-        out.append(f"| {r['source']} | {r['case']} | {r['figure']} | "
-                   f"{_fmt(r['published'], r['unit'])} | {_fmt(r['simulated'], r['unit'])} | "
-                   f"{err} |")  # fmt: skip
+        out.append(
+            f"| {r['source']} | {r['case']} | {r['figure']} | "
+            f"{_fmt(r['published'], r['unit'])} | {_fmt(r['simulated'], r['unit'])} | "
+            f"{err} |"
+        )
     return "\n".join(out)
 
 
@@ -215,8 +296,9 @@ def main() -> None:
         print(json.dumps(rows, indent=2))
     else:
         print(render(rows))
-    print(f"calibrate_sim: {len(rows)} rows in {time.perf_counter() - started:.1f} s",
-          file=sys.stderr)  # fmt: skip
+    print(
+        f"calibrate_sim: {len(rows)} rows in {time.perf_counter() - started:.1f} s", file=sys.stderr
+    )
 
 
 if __name__ == "__main__":
