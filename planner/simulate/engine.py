@@ -333,7 +333,8 @@ class Engine:
         else:
             del self.prefilling[seq]
             c = req.computed
-        self.conn.store_on_release(req, c, now)
+        if self.has_conn:
+            self.conn.store_on_release(req, c, now)
         pool.release(req)
         req.computed = 0
         req.state = WAITING
@@ -435,7 +436,8 @@ class Engine:
         else:
             c = req.computed
         self.running.pop(req.seq, None)
-        self.conn.store_on_release(req, c, now)
+        if self.has_conn:
+            self.conn.store_on_release(req, c, now)
         self.pool.release(req)
         req.state = DONE
         self.tel.finished["stop"] += 1

@@ -130,6 +130,7 @@ class LMCacheConnector(Connector):
             tel.add("lmcache_hit_l2_tokens_total", (total - l1) * cs)
         ext = total * cs - hit_tokens
         if ext <= 0:
+            self._l1_chunks.pop(req.rid, None)
             return 0
         self._l1_chunks[req.rid] = l1
         return ext

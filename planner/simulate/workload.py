@@ -69,7 +69,6 @@ class Req:
         "generated",
         "hold_blocks",
         "hold_idx",
-        "ignore",
         "last_token_t",
         "looked",
         "num_preemptions",
@@ -122,7 +121,6 @@ class Req:
         self.first_token = -1.0
         self.last_token_t = -1.0
         self.num_preemptions = 0
-        self.ignore = False  # stale heap entry marker
         self.looked = False  # connector lookup already charged for this queueing
 
     @property
