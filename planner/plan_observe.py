@@ -273,9 +273,15 @@ def observe(
     }
     ev["prompt_tokens_mean"], ev["prompt_tokens_p90"] = prompt_mean, prompt_p90
     by_mode: dict[str, Any] = {}
+    # LMCache servers scraped as their own targets have no engine rows: their hit counters
+    # belong to the lmcache mode.
+    servers = {w.source for w in windows if w.signal.startswith("lmcache_")}
+    servers -= set(rows["source"].astype(str))
     for m in sorted(set(rows["offload_mode"].astype(str))):
         sub = rows[rows["offload_mode"].astype(str) == m]
         sources = set(sub["source"].astype(str)) | {s for s, mm in modes.items() if mm == m}
+        if m == "lmcache":
+            sources |= servers
         by_mode[m] = _mode_summary(sub, windows, sources)
     out["by_mode"] = by_mode
     healthy = lmcache_health(windows)

@@ -10,6 +10,7 @@ matplotlib (Agg backend) is imported inside :func:`write_plots` only.
 from __future__ import annotations
 
 import math
+import textwrap
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -119,7 +120,7 @@ def _preemptions(plan: Plan, seed: int) -> Any:
     ax.set_ylabel("preemptions per minute")
     ax.set_title(
         "Preemptions vs KV-cache utilization"
-        + ("" if fit.can_tell else f"\n(cannot tell: {fit.why[:90]})")
+        + ("" if fit.can_tell else "\n" + textwrap.fill(f"(cannot tell: {fit.why})", 90))
     )
     ax.legend(loc="upper left", fontsize=8)
     return fig
@@ -261,7 +262,8 @@ def _hitrate(plan: Plan, seed: int) -> Any:
     ax.set_xlabel("LMCache L1 in use (GiB)")
     ax.set_ylabel("LMCache hit ratio (tokens)")
     ax.set_title(
-        "LMCache hit rate vs L1 size" + ("" if fit.can_tell else f"\n(cannot tell: {fit.why[:90]})")
+        "LMCache hit rate vs L1 size"
+        + ("" if fit.can_tell else "\n" + textwrap.fill(f"(cannot tell: {fit.why})", 90))
     )
     ax.legend(fontsize=8, loc="lower right")
     return fig

@@ -289,3 +289,33 @@ def test_lmcache_up_fraction_reads_last_outcome_per_target(tmp_path: Path) -> No
         assert lmcache_up_fraction(store, "c", None, 150.0) == 0.5
         assert lmcache_up_fraction(store, "c", 150.0, None) == 0.5
         assert lmcache_up_fraction(store, "other", None, None) is None
+
+
+def test_observe_lmcache_server_source_counts_for_lmcache_mode() -> None:
+    from planner.frames import engine_frame
+    from planner.plan_observe import observe
+
+    eng = labels_of({"engine": "0", "model_name": "m"})
+    srv = labels_of({"model_name": "m"})
+    windows = [
+        Window("e-lm", "kv_cache_usage_ratio", eng, 0.0, 60.0, "gauge", 4, mean=0.5, max=0.6),
+        Window("e-none", "kv_cache_usage_ratio", eng, 0.0, 60.0, "gauge", 4, mean=0.9, max=1.0),
+        Window(
+            "lm-server",
+            "lmcache_requested_tokens_total",
+            srv,
+            0.0,
+            60.0,
+            "counter",
+            4,
+            delta=1000.0,
+        ),
+        Window("lm-server", "lmcache_hit_tokens_total", srv, 0.0, 60.0, "counter", 4, delta=250.0),
+    ]
+    modes = {"e-lm": "lmcache", "e-none": "none"}
+    happening, ev = observe(engine_frame(windows, modes), windows, modes)
+    assert happening["by_mode"]["lmcache"]["lmcache_hit_ratio"] == pytest.approx(0.25)
+    assert happening["by_mode"]["none"]["lmcache_hit_ratio"] is None
+    assert happening["hit_ratios"]["lmcache"]["ratio"] == pytest.approx(0.25)
+    assert ev["engines"] == 2 and ev["current_mode"] == "lmcache"
+    assert (ev["kv_util_p50"], happening["kv_util"]["max"]) == (pytest.approx(0.7), 1.0)
