@@ -31,6 +31,13 @@ LMCACHE_HEALTHY = "lmcache_healthy"
 NEEDED_SIGNALS: frozenset[str] = FRAME_SIGNALS | {RECOMPUTED, PROMPT_TOKENS, LMCACHE_HEALTHY}
 _RATIO_OF = {ratio: (num, den) for ratio, num, den in DERIVED_RATIOS}
 OFFLOAD_MODES = ("none", "native", "lmcache")
+_FRACTION_FIELDS = (
+    "kv_util_p50",
+    "kv_util_p95",
+    "reprefill_share",
+    "prefix_hit_ratio",
+    "external_hit_ratio",
+)
 
 
 def _num(x: object) -> float | None:
@@ -288,6 +295,9 @@ def observe(
     ev["lmcache_healthy"] = healthy
     out["lmcache_healthy"] = healthy
     ev["engines"] = len(rows.groupby(["source", "engine"])) or None
+    for key in _FRACTION_FIELDS:  # a counter glitch must not push a share past 1
+        if ev.get(key) is not None:
+            ev[key] = min(max(float(ev[key]), 0.0), 1.0)
     return out, ev
 
 
