@@ -319,3 +319,21 @@ def test_observe_lmcache_server_source_counts_for_lmcache_mode() -> None:
     assert happening["hit_ratios"]["lmcache"]["ratio"] == pytest.approx(0.25)
     assert ev["engines"] == 2 and ev["current_mode"] == "lmcache"
     assert (ev["kv_util_p50"], happening["kv_util"]["max"]) == (pytest.approx(0.7), 1.0)
+
+
+def test_run_fits_one_refused_fit_leaves_the_others_standing() -> None:
+    import dataclasses
+
+    from planner.fitsynth import synthetic_frame
+    from planner.plan_fits import run_fits
+
+    frame = synthetic_frame(3, 150, seed=4)
+    # A GPU entry without FLOPs: fit_all's MFU fit refuses it (ConfigError).
+    hw = Hardware(
+        get_model("llama-3.1-8b"), dataclasses.replace(get_gpu("h100"), bf16_flops=0.0), 1
+    )
+    runs = run_fits(frame, hw)
+    assert runs["prefill_mfu"].result is None
+    assert runs["prefill_mfu"].entry["why"].startswith("fit refused: peak_flops must be")
+    assert runs["preemption_knee"].result is not None
+    assert runs["gain_native"].result is not None and runs["lmcache_hitrate"].result is not None
