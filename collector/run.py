@@ -26,7 +26,7 @@ from typing import Any, TypeVar
 from collector.errors import ConfigError, KvscopeError
 from collector.records import ScrapeOutcome, Snapshot, Window
 from collector.rollup import Rollup
-from collector.sources import Clock, ScrapeResult, Target, TargetSet, make_client, scrape_all
+from collector.sources import ClientPool, Clock, ScrapeResult, Target, TargetSet, scrape_all
 from collector.store import Store
 
 log = logging.getLogger(__name__)
@@ -318,7 +318,7 @@ async def collect_direct(
     timeout = min(timeout_s, 0.9 * interval_s) if not once else timeout_s
     register_targets(store, targets)
     state = _Direct(targets, store, window_s, stats)
-    async with make_client(timeout_s=timeout, concurrency=concurrency) as client:
+    async with ClientPool(timeout_s=timeout) as client:
         index = math.floor(clock() / interval_s)  # the first tick runs at once
         scheduled = clock()
         while not stop.is_set():

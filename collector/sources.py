@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import ssl
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -204,15 +205,56 @@ def _optional_str(doc: Mapping[object, object], key: str, where: str) -> str | N
 # --------------------------------------------------------------------------- scraping
 
 
-def make_client(*, timeout_s: float, concurrency: int) -> httpx.AsyncClient:
-    """The HTTP client the collect loop keeps across scrapes (keep-alive, no env proxies)."""
+def make_client(
+    *, timeout_s: float, concurrency: int, verify: ssl.SSLContext | bool = True
+) -> httpx.AsyncClient:
+    """An HTTP client for scraping (keep-alive, redirects followed, no env proxies)."""
     return httpx.AsyncClient(
         timeout=httpx.Timeout(timeout_s),
         limits=httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency),
         follow_redirects=True,  # vLLM answers /metrics/ with a 307, Prometheus follows it
         trust_env=False,  # targets are cluster-internal: never route them through a proxy
         headers={"User-Agent": USER_AGENT},
+        verify=verify,
     )
+
+
+class ClientPool:
+    """One small keep-alive HTTP client per target, all sharing one TLS context.
+
+    httpcore's connection pool examines every pooled connection whenever it assigns a
+    request, so ONE client shared by hundreds of targets makes a scrape round quadratic in
+    the number of targets; one client (one connection) per target, as Prometheus keeps one
+    connection per target, stays linear (benchmarks/bench_scrape.py measures both).
+    """
+
+    def __init__(self, *, timeout_s: float) -> None:
+        self.timeout_s = timeout_s
+        self._tls: ssl.SSLContext | None = None
+        self._clients: dict[tuple[str, str], httpx.AsyncClient] = {}
+
+    def client(self, target: Target) -> httpx.AsyncClient:
+        key = (target.name, target.url)
+        found = self._clients.get(key)
+        if found is None:
+            if self._tls is None:
+                self._tls = httpx.create_ssl_context()  # ~0.1 s: build it once
+            found = make_client(timeout_s=self.timeout_s, concurrency=1, verify=self._tls)
+            self._clients[key] = found
+        return found
+
+    def __len__(self) -> int:
+        return len(self._clients)
+
+    async def aclose(self) -> None:
+        clients, self._clients = list(self._clients.values()), {}
+        await asyncio.gather(*(c.aclose() for c in clients))
+
+    async def __aenter__(self) -> ClientPool:
+        return self
+
+    async def __aexit__(self, *_exc: object) -> None:
+        await self.aclose()
 
 
 async def scrape_all(
@@ -221,13 +263,15 @@ async def scrape_all(
     timeout_s: float,
     concurrency: int,
     max_body_bytes: int,
-    client: httpx.AsyncClient | None = None,
+    client: httpx.AsyncClient | ClientPool | None = None,
     clock: Clock = time.time,
 ) -> list[ScrapeResult]:
     """Scrape every target concurrently (at most ``concurrency`` at a time).
 
     Each target gets ``timeout_s`` from the moment its request starts (waiting for a slot
     does not count) and at most ``max_body_bytes`` of body, enforced while streaming.
+    ``client`` is a ClientPool kept across rounds (the collect loop's), one shared
+    AsyncClient, or None (a pool for this round only).
     Results come back in the order of ``targets``; none of them raises. ``clock`` stamps
     the snapshots and outcomes (a simulated cluster passes its simulated epoch time);
     timeouts and durations stay in wall seconds.
@@ -236,13 +280,11 @@ async def scrape_all(
         raise ConfigError(f"scrape concurrency must be >= 1, got {concurrency}")
     if timeout_s <= 0:
         raise ConfigError(f"scrape timeout must be > 0, got {timeout_s}")
-    own = client is None
-    http = (
-        client if client is not None else make_client(timeout_s=timeout_s, concurrency=concurrency)
-    )
+    pool = ClientPool(timeout_s=timeout_s) if client is None else client
     slots = asyncio.Semaphore(concurrency)
 
     async def one(target: Target) -> ScrapeResult:
+        http = pool.client(target) if isinstance(pool, ClientPool) else pool
         async with slots:
             return await scrape_one(
                 http, target, timeout_s=timeout_s, max_body_bytes=max_body_bytes, clock=clock
@@ -251,8 +293,8 @@ async def scrape_all(
     try:
         return list(await asyncio.gather(*(one(t) for t in targets)))
     finally:
-        if own:
-            await http.aclose()
+        if client is None:
+            await pool.aclose()
 
 
 async def scrape_one(
