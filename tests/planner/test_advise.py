@@ -9,12 +9,11 @@ from typing import Any
 import pytest
 
 from collector.errors import ConfigError
-from planner.advise import (
+from planner.advise import WhatIf, advise
+from planner.advise_sim import (
     MAX_REQUESTS,
     SIM_GAIN_TOLERANCE,
     WARMUP_FRACTION,
-    WhatIf,
-    advise,
     layout,
     scenario_of,
 )
