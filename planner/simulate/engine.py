@@ -180,7 +180,7 @@ class Engine:
                     chunks.append((req, n))
                     budget -= n
         extra = 0.0
-        if not preempted:
+        if not preempted or (not chunks and not dec.r):  # an empty step admits anyway
             extra, budget = self._admit(now, budget, chunks)
         if not chunks and not dec.r:
             self.seg = IDLE
@@ -213,6 +213,8 @@ class Engine:
             if req.state == LOADED:
                 n = min(p_eff - req.computed, budget)
                 if not pool.reserve(req, req.computed + n):
+                    if self._unblock(chunks):
+                        continue
                     break
             else:
                 hit = pool.lookup(req.path, (p_eff - 1) // bs) * bs
@@ -226,6 +228,8 @@ class Engine:
                     req.looked = True
                 if ext and conn.is_async:
                     if not pool.reserve(req, hit + ext):
+                        if self._unblock(chunks):
+                            continue
                         break
                     self._count_lookup(req, p_eff, hit, ext)
                     waiting.popleft()
@@ -238,6 +242,8 @@ class Engine:
                     continue
                 n = min(p_eff - hit - ext, budget)
                 if not pool.reserve(req, hit + ext + n):
+                    if self._unblock(chunks):
+                        continue
                     break
                 self._count_lookup(req, p_eff, hit, ext)
                 if ext:
@@ -254,6 +260,30 @@ class Engine:
             chunks.append((req, n))
             budget -= n
         return extra, budget
+
+    def _unblock(self, chunks: list[tuple[Req, int]]) -> bool:
+        """The waiting head cannot get blocks while nothing runs: only requests whose KV was
+        loaded (and wait behind the head) hold blocks. Let the first of them go first, or if
+        the head is one, send the others back to plain waiting (their KV stays in the
+        connector's cache) so the engine cannot deadlock. True = retry the admission."""
+        if self.running or chunks:
+            return False
+        waiting = self.waiting
+        for i in range(1, len(waiting) if waiting[0].state != LOADED else 0):
+            if waiting[i].state == LOADED:
+                req = waiting[i]
+                del waiting[i]
+                waiting.appendleft(req)
+                return True
+        freed = False
+        for req in list(waiting)[1:]:
+            if req.state == LOADED:
+                self.pool.release(req)
+                req.computed = 0
+                req.state = WAITING
+                req.looked = False
+                freed = True
+        return freed
 
     def _count_lookup(self, req: Req, p_eff: int, hit: int, ext: int) -> None:
         tel = self.tel.counters
