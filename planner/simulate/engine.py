@@ -22,14 +22,14 @@ from collections import deque
 from collections.abc import Callable
 
 from planner import costmodel
+from planner.simulate.commit import LOADED, LOADING, PREFILL, WAITING, EngineCommit
 from planner.simulate.decode import DECODE, DecodeBatch
 from planner.simulate.kvcache import BlockPool
 from planner.simulate.offload import Connector
 from planner.simulate.scenario import ClusterSpec
-from planner.simulate.telemetry import EngineSnapshot, EngineTelemetry
+from planner.simulate.telemetry import EngineTelemetry
 from planner.simulate.workload import ContentTree, Req
 
-WAITING, LOADING, PREFILL, DONE, LOADED = 0, 1, 2, 4, 5
 IDLE, MIXED, JUMP, WAIT = 0, 1, 2, 3
 
 
@@ -47,7 +47,7 @@ class StepCost:
         )
 
 
-class Engine:
+class Engine(EngineCommit):
     def __init__(
         self,
         idx: int,
@@ -374,148 +374,3 @@ class Engine:
         self.preemptions += 1
         self.tel.counters["preemptions_total"] += 1
         return req
-
-    # --- commit -----------------------------------------------------------------------------
-    def _account(self, now: float, steps: int, tokens: int) -> None:
-        dur = now - self.seg_start
-        pool = self.pool
-        usage = (pool.pinned_total + pool.private_total) / pool.total
-        self.kv_integral += (self.seg_usage + usage) / 2.0 * dur
-        self.busy_time += dur
-        self.steps += steps
-        self.tel.hist["iteration_tokens"].observe(tokens, steps)
-
-    def _commit_mixed(self, now: float) -> None:
-        dec, tel = self.dec, self.tel
-        r = dec.r
-        dec.advance(1)
-        tokens = r
-        if r:
-            tel.counters["generation_tokens_total"] += r
-            tel.hist["inter_token_latency_seconds"].observe(now - self.seg_start, r)
-        for req, n in self.seg_chunks:
-            c0 = req.computed
-            req.computed = c1 = c0 + n
-            tokens += n
-            self._mark_computed(req, c0, c1)
-            self.conn.store(req, c0, c1, now)
-            if c1 == req.prompt_len + req.generated:
-                self._prefill_done(req, now)
-        self.seg_chunks = []
-        self._account(now, 1, tokens)
-        for req in dec.pop_done():
-            self._finish(req, now)
-
-    def _commit_jump(self, now: float) -> None:
-        dec, pool, k = self.dec, self.pool, self.seg_k
-        if k > 1:
-            pool.decode_advance(*dec.blocks(k - 1, 1))
-        r = dec.r
-        dec.advance(k)
-        self.tel.counters["generation_tokens_total"] += r * k
-        self.tel.hist["inter_token_latency_seconds"].observe_linear(self.seg_a, self.seg_b, k, r)
-        self._account(now, k, r)
-        for req in dec.pop_done():
-            self._finish(req, now)
-
-    def _mark_computed(self, req: Req, c0: int, c1: int) -> None:
-        """Count prefill tokens [c0, c1); those computed before anywhere are re-prefill."""
-        tree = self.tree
-        start, end, hw = tree.start, tree.end, tree.hw
-        self.computed_tokens += c1 - c0
-        for n in req.path:
-            s, e = start[n], end[n]
-            if e <= c0:
-                continue
-            if s >= c1:
-                break
-            lo, hi = max(c0, s), min(c1, e)
-            seen = s + hw[n]
-            if seen > lo:
-                self.reprefill_tokens += min(seen, hi) - lo
-            hw[n] = max(hw[n], hi - s)
-
-    def _mark_decoded(self, req: Req, computed: int) -> None:
-        n = req.path[-1]
-        hw = self.tree.hw
-        hw[n] = max(hw[n], computed - self.tree.start[n])
-
-    def _prefill_done(self, req: Req, now: float) -> None:
-        del self.prefilling[req.seq]
-        req.generated += 1
-        req.last_token_t = now
-        if req.first_token < 0:
-            req.first_token = now
-            tel = self.tel
-            tel.counters["prompt_tokens_total"] += req.prompt_len
-            tel.counters["prompt_tokens_cached_total"] += max(0, req.cached_prompt)
-            tel.first_token(now - req.arrival, req.prompt_len - max(0, req.cached_prompt))
-        self.tel.counters["generation_tokens_total"] += 1
-        if req.generated >= req.output_len:
-            self._finish(req, now)
-        else:
-            req.state = DECODE
-            self.dec.add(req, req.computed, req.output_len - req.generated)
-
-    def _finish(self, req: Req, now: float) -> None:
-        if req.state == DECODE:
-            c = self.dec.remove(req)
-            req.generated = req.output_len
-            self.pool.settle_decode(req, c)
-            self._mark_decoded(req, c)
-        else:
-            c = req.computed
-        self.running.pop(req.seq, None)
-        if self.has_conn:
-            self.conn.store_on_release(req, c, now)
-        self.pool.release(req)
-        req.state = DONE
-        self.tel.finished["stop"] += 1
-        self.tel.request_done(
-            (
-                req.arrival,
-                req.first_scheduled,
-                req.first_token,
-                now,
-                req.prompt_len,
-                req.output_len,
-                req.num_preemptions,
-            )
-        )
-        self.on_finish(req, now)
-
-    # --- observation ------------------------------------------------------------------------
-    def check(self) -> None:
-        """Block accounting against a recount (tests): between events, every decoding request
-        has its blocks allocated for one more token than it has computed."""
-        bs, lazy, private = self.bs, 0, 0
-        for req in self.running.values():
-            if req.state == DECODE:
-                c = self.dec.computed(req) + (1 if self._step0 else 0)
-                n0 = self.tree.start[req.path[-1]] // bs
-                held = req.hold_blocks if req.hold_idx == len(req.path) - 1 else 0
-                lazy += max(0, c // bs - n0 - held)
-                private += 1 if c % bs else 0
-            else:
-                private += req.private
-        for req in self.loading:
-            private += req.private
-        for req in self.waiting:
-            if req.state == LOADED:
-                private += req.private
-        self.pool.check(lazy, private)
-        assert self.dec.r == sum(1 for r in self.running.values() if r.state == DECODE)
-        assert all(r.state == PREFILL for r in self.prefilling.values())
-
-    def snapshot(self, t: float) -> EngineSnapshot:
-        pool = self.pool
-        gauges = {
-            "requests_running": float(len(self.running)),
-            "requests_waiting": float(len(self.waiting) + len(self.loading)),
-            "kv_cache_usage_ratio": pool.used / pool.total,
-            "offload_cpu_usage_ratio": self.conn.usage_ratio(),
-        }
-        facts = {"num_gpu_blocks": pool.total, "block_size": self.bs}
-        return self.tel.snapshot(
-            engine=self.idx, node=self.node, offload=self.conn.mode, t=t, gauges=gauges, facts=facts
-        )
