@@ -1,0 +1,260 @@
+"""`kvscope demo`: a short run end to end (simulated cluster on 127.0.0.1 -> collector ->
+SQLite -> planner -> summary and PNGs), its clean-up, its reproducibility and its CLI."""
+
+from __future__ import annotations
+
+import io
+import itertools
+import os
+import re
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import pytest
+import yaml
+
+from collector.store import Store
+from kvscope.demo import WINDOW_S, DemoOptions, DemoResult, run_demo, summary
+
+REPO = Path(__file__).resolve().parents[1]
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+# Two engines on one node, one without offload and one on LMCache, HBM limited so KV use
+# moves with the (rising) load: enough for every stage to run in a few seconds.
+TINY = {
+    "name": "demo-test",
+    "cluster": {
+        "nodes": 1,
+        "gpus_per_node": 2,
+        "model": "llama-3.1-8b",
+        "gpu_memory_utilization": 0.3,
+        "engines_offload": ["none", "lmcache"],
+        "cpu_cache_gb": 50,
+    },
+    "workload": {
+        "kind": "shared_prefix",
+        "groups": 16,
+        "prompts_per_group": 8,
+        "popularity": "zipf",
+        "system_prompt_tokens": 6000,
+        "question_tokens": 800,
+        "output_tokens": 300,
+        "qps": 2,
+        "arrival": "diurnal",
+        "diurnal_period_s": 7200,
+        "diurnal_amplitude": 1.0,
+    },
+}
+
+
+def _scenario(directory: Path) -> Path:
+    path = directory / "tiny.yaml"
+    path.write_text(yaml.safe_dump(TINY), encoding="utf-8")
+    return path
+
+
+@dataclass(frozen=True)
+class Run:
+    result: DemoResult
+    err: str
+    db: Path
+    out: Path
+    threads_before: frozenset[str]
+
+
+@pytest.fixture(scope="module")
+def short_run(tmp_path_factory: pytest.TempPathFactory) -> Run:
+    tmp = tmp_path_factory.mktemp("demo")
+    db, out = tmp / "demo.db", tmp / "plots"
+    db.write_bytes(b"not a database: the demo must replace it")
+    before = frozenset(t.name for t in threading.enumerate())
+    err = io.StringIO()
+    opts = DemoOptions(
+        db=f"sqlite:///{db}", out=out, speed=400.0, sim_hours=0.5, seed=3,
+        scenario=_scenario(tmp),
+    )  # fmt: skip
+    result = run_demo(opts, err=err)
+    return Run(result, err.getvalue(), db, out, before)
+
+
+def test_demo_short_run_stores_windows_for_every_engine(short_run: Run) -> None:
+    with Store(f"sqlite:///{short_run.db}") as store:
+        engines = {e.source: e for e in store.engines()}
+        windows = store.read_windows(signals=["kv_cache_usage_ratio", "preemptions_total"])
+    assert {e.offload for e in engines.values()} == {"none", "lmcache"}
+    assert {e.facts.get("num_gpu_blocks") for e in engines.values()} - {None}, "no engine facts"
+    minutes = round(short_run.result.scenario.duration_s / WINDOW_S)
+    for source in engines:
+        kv = [w for w in windows if w.source == source and w.signal == "kv_cache_usage_ratio"]
+        starts = sorted({w.start for w in kv})
+        assert len(starts) == minutes, (source, len(starts))
+        assert all(b - a == WINDOW_S for a, b in itertools.pairwise(starts))
+        assert max(w.max or 0.0 for w in kv) > min(w.min or 1.0 for w in kv)  # KV use moved
+    # "recent" history: the simulated period ends about when the run started
+    last = max(w.start + w.length_s for w in windows)
+    assert time.time() - 600 < last <= time.time()
+
+
+def test_demo_short_run_summary_names_decision_and_files(short_run: Run) -> None:
+    text = summary(short_run.result)
+    mode = short_run.result.plan.decision.mode
+    assert f"Decision: {mode.upper()}" in text
+    for section in ("What is happening", "Fits (95 % intervals)", "Forecast", "Sizing", "Files"):
+        assert section in text
+    assert str(short_run.db) in text
+    for path in short_run.result.plots:
+        assert str(path) in text
+    payload = short_run.result.to_dict()
+    assert payload["decision"]["mode"] == mode
+    assert payload["demo"]["windows_written"] == short_run.result.windows_written > 0
+
+
+def test_demo_short_run_progress_covers_every_phase(short_run: Run) -> None:
+    for phase in ("[1/4 simulate]", "[2/4 collect]", "[3/4 plan]", "[4/4 plots]"):
+        assert phase in short_run.err
+    assert re.search(r"sim 0:29:45 / 0:30:00 \(99%\), 3/3 targets up", short_run.err)
+
+
+def _png_size(path: Path) -> tuple[int, int]:
+    data = path.read_bytes()
+    assert data[:8] == PNG_SIGNATURE, path
+    assert data[12:16] == b"IHDR"
+    width, height = struct.unpack(">II", data[16:24])
+    assert data.rstrip(b"\0").endswith(b"IEND\xaeB`\x82"), f"{path}: truncated"
+    return width, height
+
+
+def test_demo_short_run_writes_valid_pngs(short_run: Run) -> None:
+    plots = short_run.result.plots
+    assert plots, "no plot written"
+    assert {p.parent for p in plots} == {short_run.out}
+    assert sorted(short_run.out.glob("*.png")) == sorted(plots)
+    for path in plots:
+        width, height = _png_size(path)
+        assert width >= 300 and height >= 200, (path, width, height)
+        assert path.stat().st_size > 10_000, path
+
+
+def _refused(url: str) -> bool:
+    parts = urlsplit(url)
+    with socket.socket() as s:
+        s.settimeout(2)
+        return s.connect_ex((parts.hostname or "", parts.port or 0)) != 0
+
+
+def test_demo_short_run_leaves_no_port_or_thread(short_run: Run) -> None:
+    doc = short_run.result.endpoints
+    urls = [e["url"] for e in doc["engines"]] + [p["url"] for p in doc["lmcache"]]
+    assert len(urls) == 3
+    assert all(_refused(u) for u in urls)
+    deadline = time.monotonic() + 5
+    while True:
+        extra = {t.name for t in threading.enumerate() if t.is_alive()} - short_run.threads_before
+        if not extra or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+    assert not extra
+
+
+def _window_values(db: Path, epoch0: float) -> list[tuple[object, ...]]:
+    with Store(f"sqlite:///{db}") as store:
+        rows = store.read_windows()
+    return sorted(
+        (w.source, w.signal, w.labels, w.start - epoch0, w.delta, w.mean, w.last) for w in rows
+    )
+
+
+def test_demo_rerun_same_seed_overwrites_db_with_same_windows(tmp_path: Path) -> None:
+    db = tmp_path / "demo.db"
+    scenario = _scenario(tmp_path)
+    runs = []
+    for _ in range(2):
+        opts = DemoOptions(db=f"sqlite:///{db}", out=tmp_path / "out", speed=2000.0,
+                           sim_hours=0.1, seed=5, scenario=scenario)  # fmt: skip
+        result = run_demo(opts, err=io.StringIO())
+        first = float(result.plan.window["first"])
+        runs.append((result, _window_values(db, first)))
+    (a, wa), (b, wb) = runs
+    assert len(wa) == a.windows_written == b.windows_written  # the second run replaced the first
+    assert wa == wb
+    assert a.plan.decision.mode == b.plan.decision.mode
+
+
+# ------------------------------------------------------------------ the command line
+
+
+def _cli(*args: str) -> list[str]:
+    return [sys.executable, "-m", "kvscope.cli", "demo", *args]
+
+
+def _env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KVSCOPE_")}
+    env["PYTHONUNBUFFERED"] = "1"
+    return env
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--speed", "0"], "--speed must be > 0"),
+        (["--sim-hours", "-1"], "--sim-hours must be > 0"),
+        (["--scenario", "missing.yaml"], "missing.yaml: cannot read scenario"),
+        (["--horizon", "soon"], "--horizon: 'soon' is not a duration"),
+        (["--db", "nosuchdb://x"], "bad database URL nosuchdb://x"),
+    ],
+)
+def test_demo_cli_bad_option_exits_2_naming_it(
+    tmp_path: Path, args: list[str], message: str
+) -> None:
+    proc = subprocess.run(
+        _cli("--out", str(tmp_path / "out"), "--db", f"sqlite:///{tmp_path}/d.db", *args),
+        capture_output=True, text=True, timeout=60, cwd=tmp_path, env=_env(), check=False,
+    )  # fmt: skip
+    assert proc.returncode == 2, proc.stderr
+    assert message in proc.stderr
+    assert "[1/4 simulate]" not in proc.stderr  # refused before anything started
+    assert proc.stdout == ""
+
+
+def test_demo_cli_help_has_example() -> None:
+    proc = subprocess.run(
+        _cli("--help"), capture_output=True, text=True, timeout=60, env=_env(), check=False
+    )
+    assert proc.returncode == 0
+    assert "Example: kvscope demo" in proc.stdout
+
+
+def test_demo_cli_sigint_stops_cleanly_and_frees_ports(tmp_path: Path) -> None:
+    db = tmp_path / "demo.db"
+    proc = subprocess.Popen(
+        _cli("--scenario", str(_scenario(tmp_path)), "--db", f"sqlite:///{db}",
+             "--out", str(tmp_path / "out"), "--speed", "20", "--sim-hours", "1"),
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env(), cwd=tmp_path,
+    )  # fmt: skip
+    lines: list[str] = []
+    try:
+        assert proc.stderr is not None
+        for line in proc.stderr:  # wait until windows are being written
+            lines.append(line)
+            if "[2/4 collect] sim" in line and " 0 windows" not in line:
+                break
+        proc.send_signal(signal.SIGINT)
+        out, rest = proc.communicate(timeout=20)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    err = "".join(lines) + rest
+    assert proc.returncode == 130, err
+    assert "interrupted at simulated" in err and out == ""
+    urls = re.findall(r"http://127\.0\.0\.1:\d+/metrics", lines[0])
+    assert len(urls) == 2 and all(_refused(u) for u in urls)
+    with Store(f"sqlite:///{db}") as store:
+        assert store.read_windows(), "the windows collected before Ctrl-C were not flushed"
