@@ -51,6 +51,9 @@ class Model:
     weight_bytes_per_param: float  # 2 bf16, 1 fp8
     kv_bytes_per_elem: float  # 2 bf16 KV, 1 fp8 KV (FP8 weights keep bf16 KV by default)
     source: str
+    # Context length vLLM derives as max_model_len (config.json max_position_embeddings);
+    # None = unknown. Added after `source` so the ten-field constructor keeps working.
+    max_context: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -217,9 +220,11 @@ def _model_from(name: str, entry: object, where: str, base_dir: Path | None) -> 
             model = dataclasses.replace(model, kv_bytes_per_elem=kv)
         return dataclasses.replace(model, source=f"{e['source'].strip()} ({model.source})")
     keys = {*_MODEL_INT_KEYS, *_MODEL_FLOAT_KEYS, "source"}
-    e = _check_keys(entry, keys | {"aliases"}, keys, where)
+    e = _check_keys(entry, keys | {"aliases", "max_context"}, keys, where)
     ints: dict[str, int] = {}
-    for key in _MODEL_INT_KEYS:
+    for key in (*_MODEL_INT_KEYS, "max_context"):
+        if key not in e:
+            continue
         value = e[key]
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ConfigError(f"{where}: key {key!r} must be an integer >= 1, got {value!r}")
@@ -237,6 +242,7 @@ def _model_from(name: str, entry: object, where: str, base_dir: Path | None) -> 
         ),
         kv_bytes_per_elem=_number(e["kv_bytes_per_elem"], "kv_bytes_per_elem", where),
         source=e["source"].strip(),
+        max_context=ints.get("max_context"),
     )
 
 
@@ -411,6 +417,8 @@ def model_from_hf_config(path_or_dict: Path | str | Mapping[str, Any], name: str
         per_layer += 2 * head_dim  # q_norm / k_norm
     tied = bool(cfg.get("tie_word_embeddings", False))
     params = layers * per_layer + vocab * hidden * (1 if tied else 2) + hidden
+    # vLLM's max_model_len default: max_position_embeddings (rope_scaling factors ignored)
+    max_context = need("max_position_embeddings") if "max_position_embeddings" in cfg else None
     return Model(
         name=name.strip().lower(),
         params=float(params),
@@ -422,4 +430,5 @@ def model_from_hf_config(path_or_dict: Path | str | Mapping[str, Any], name: str
         weight_bytes_per_param=_weight_bytes(cfg, where),
         kv_bytes_per_elem=2.0,  # vLLM's default KV dtype follows the bf16/fp16 activations
         source=f"Hugging Face config {where}; params estimated from shapes",
+        max_context=max_context,
     )

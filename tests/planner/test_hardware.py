@@ -166,6 +166,10 @@ def test_load_catalog_model_from_hf_config_reference(tmp_path: Path) -> None:
                            "kv_heads": 1, "head_dim": 8, "weight_bytes_per_param": 2,
                            "kv_bytes_per_elem": 2, "source": "s"}}}, "'layers'"),
         ({"models": {"m": {"hf_config": "missing.json", "source": "s"}}}, "missing.json"),
+        ({"models": {"m": {"params": 1e9, "layers": 2, "hidden": 8, "q_heads": 1,
+                           "kv_heads": 1, "head_dim": 8, "weight_bytes_per_param": 2,
+                           "kv_bytes_per_elem": 2, "max_context": 0, "source": "s"}}},
+         "'max_context'"),
         ([1, 2], "top level"),
     ],
 )  # fmt: skip
@@ -193,6 +197,19 @@ def test_model_from_hf_config_llama_8b_roundtrip_matches_catalogue(tmp_path: Pat
         ref.layers, ref.hidden, ref.q_heads, ref.kv_heads, ref.head_dim)  # fmt: skip
     assert model.weight_bytes_per_param == 2.0
     assert model.name == "llama-8b-local"
+    assert model.max_context == ref.max_context == LLAMA_8B_CONFIG["max_position_embeddings"]
+
+
+def test_model_from_hf_config_without_max_position_embeddings_has_no_context() -> None:
+    cfg = {k: v for k, v in LLAMA_8B_CONFIG.items() if k != "max_position_embeddings"}
+    assert model_from_hf_config(cfg, "x").max_context is None
+
+
+@pytest.mark.parametrize(("name", "context"), [("qwen3-8b", 40960), ("llama-3.1-70b", 131072)])
+def test_catalogue_models_carry_their_config_context_length(name: str, context: int) -> None:
+    model = get_model(name)
+    assert model.max_context == context
+    assert str(context) in model.source  # the figure is cited with its config.json
 
 
 @pytest.mark.parametrize(
