@@ -23,7 +23,12 @@ from planner.simulate.engine import IDLE, Engine, StepCost
 from planner.simulate.lmcache import LMCacheConnector, LMCachePool
 from planner.simulate.offload import Connector, NativeOffload
 from planner.simulate.scenario import Scenario
-from planner.simulate.telemetry import EngineSnapshot, EngineTelemetry, LMCacheSnapshot
+from planner.simulate.telemetry import (
+    EngineSnapshot,
+    EngineTelemetry,
+    LMCacheSnapshot,
+    default_buckets,
+)
 from planner.simulate.workload import ContentTree, Req, Workload
 from planner.simulate.workload_spec import min_request_tokens
 
@@ -71,6 +76,12 @@ class Simulation:
                 f"{scenario.name}: cluster.num_gpu_blocks: the KV cache holds {capacity} tokens, "
                 f"less than the shortest request of the workload ({shortest} tokens)"
             )
+        if shortest > spec.max_model_len:
+            raise ConfigError(
+                f"{scenario.name}: cluster.max_model_len: {spec.max_model_len} tokens is less "
+                f"than the shortest request of the workload ({shortest} tokens)"
+            )
+        self.too_long = 0  # refused by the frontend: prompt + output > max_model_len
         self.workload = Workload(scenario.workload, scenario.seed, self.tree)
         self.end_time = scenario.duration_s
         self.now = 0.0
@@ -81,8 +92,9 @@ class Simulation:
         pool_of = self._build_pools()
         cost = StepCost(spec)
         self.engines: list[Engine] = []
+        bounds = default_buckets(spec.max_model_len) if buckets is None else buckets
         for i, mode in enumerate(spec.engines_offload):
-            tel = EngineTelemetry(buckets)
+            tel = EngineTelemetry(bounds)
             conn: Connector
             if mode == "native":
                 conn = NativeOffload(spec, self.tree, tel)
@@ -146,12 +158,17 @@ class Simulation:
             self._push(eng.seg_end, ENGINE, eng.idx, self.version[eng.idx])
 
     def _arrive(self, req: Req, t: float) -> None:
-        eng = self.router.pick(req)
         self.outstanding += 1
-        if eng.on_arrival(req, t):
-            self._schedule(eng)
-        if req.engine < 0:  # refused (longer than the engine's KV capacity): the client
-            self.outstanding -= 1  # gets its error at once and goes on
+        if req.prompt_len + req.output_len > self.scenario.cluster.max_model_len:
+            # vLLM's frontend answers HTTP 400 (prompt + max_tokens > max_model_len): no
+            # engine sees the request, no engine metric counts it
+            self.too_long += 1
+        else:
+            eng = self.router.pick(req)
+            if eng.on_arrival(req, t):
+                self._schedule(eng)
+        if req.engine < 0:  # refused (too long, or longer than the engine's KV capacity):
+            self.outstanding -= 1  # the client gets its error at once and goes on
             again = self.workload.after_completion(req, t + 1e-3)  # the error's round trip
             if again is not None:
                 self._push(again.arrival, ARRIVAL, again, 0)

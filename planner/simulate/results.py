@@ -81,7 +81,7 @@ def summarize(sim: Simulation) -> SimResult:
         "measured_window_s": round(window, 6),
         "finished_early": finished_early,
         "completed_requests": len(done),
-        "rejected_requests": sum(e.rejected for e in engines),
+        "rejected_requests": sum(e.rejected for e in engines) + sim.too_long,
         "total_tokens_per_s": _clean((prompt + output) / window),
         "input_tokens_per_s": _clean(prompt / window),
         "output_tokens_per_s": _clean(output / window),

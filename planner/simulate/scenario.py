@@ -40,6 +40,7 @@ CLUSTER_KEYS = frozenset(
         "lmcache_scope",
         "max_num_seqs",
         "max_num_batched_tokens",
+        "max_model_len",
         "block_size",
         "num_gpu_blocks",
         "kv_cache_dtype",
@@ -124,6 +125,7 @@ class ClusterSpec:
     lmcache: LMCacheSpec
     kv_bytes_per_token_gpu: float  # on one GPU of the TP group
     kv_bytes_per_token_engine: float  # unique bytes the engine holds (what a tier stores)
+    max_model_len: int  # longest request (prompt + output) the frontend accepts
 
     @property
     def engines_per_node(self) -> int:
@@ -233,6 +235,7 @@ def _parse_cluster(sec: Section) -> ClusterSpec:
             "max_num_batched_tokens",
             f"{budget} is smaller than max_num_seqs ({max_seqs}); vLLM rejects it",
         )
+    max_len = _max_model_len(sec, model, num_blocks * block)
     mfu = sec.number("mfu", costmodel.DEFAULT_MFU, low=0.0, low_open=True, high=1.0, source=SRC_MFU)
     hbm_eff = sec.number(
         "hbm_efficiency",
@@ -293,6 +296,26 @@ def _parse_cluster(sec: Section) -> ClusterSpec:
         lmcache=lmc,
         kv_bytes_per_token_gpu=kv_gpu,
         kv_bytes_per_token_engine=costmodel.kv_bytes_per_token_engine(model),
+        max_model_len=max_len,
+    )
+
+
+def _max_model_len(sec: Section, model: Model, kv_tokens: int) -> int:
+    """vLLM's --max-model-len: by default the model's context length (config.json
+    max_position_embeddings); a larger value is refused (vLLM wants
+    VLLM_ALLOW_LONG_MAX_MODEL_LEN). A model without a known context defaults to the KV
+    capacity. vLLM also refuses to start when one max_model_len request does not fit the KV
+    cache; the simulator instead refuses such requests at the engine (an `abort`)."""
+    if model.max_context is None:
+        return sec.integer(
+            "max_model_len", kv_tokens, low=1, source="default: KV capacity (no model context)"
+        )
+    return sec.integer(
+        "max_model_len",
+        model.max_context,
+        low=1,
+        high=model.max_context,
+        source=f"default: {model.name} context length (config.json max_position_embeddings)",
     )
 
 

@@ -55,11 +55,24 @@ LMCACHE_COUNTERS = (
 )
 
 
-def default_buckets() -> dict[str, tuple[float, ...]]:
-    """Bucket bounds per histogram signal, as the real exporters use them."""
+# Request-token histograms: vLLM renders them with build_1_2_5_buckets(max_model_len).
+TOKEN_HISTOGRAMS = (
+    "request_prompt_tokens",
+    "request_generation_tokens",
+    "request_prefill_kv_computed_tokens",
+)
+
+
+def default_buckets(max_model_len: int | None = None) -> dict[str, tuple[float, ...]]:
+    """Bucket bounds per histogram signal, as the real exporters use them: the catalogue's,
+    with the request-token histograms rendered for `max_model_len` when given (the
+    catalogue's are vLLM's for max_model_len 4096, top finite bound 2000)."""
     from collector import catalog
 
-    return {name: tuple(catalog.SIGNALS[name].buckets) for name in ENGINE_HISTOGRAMS}
+    out = {name: tuple(catalog.SIGNALS[name].buckets) for name in ENGINE_HISTOGRAMS}
+    if max_model_len is not None:
+        out.update(dict.fromkeys(TOKEN_HISTOGRAMS, catalog.token_buckets(max_model_len)))
+    return out
 
 
 class Histogram:

@@ -51,6 +51,8 @@ BAD: list[tuple[Any, str]] = [
     (_with("cluster.engines_offload", ["native", "disk"]), "cluster.engines_offload[1]"),
     (_with("cluster.max_num_seqs", 0), "cluster.max_num_seqs"),
     (_with("cluster.max_num_batched_tokens", 16), "cluster.max_num_batched_tokens"),
+    (_with("cluster.max_model_len", 131073), "cluster.max_model_len"),  # > Llama-3.1 context
+    (_with("cluster.max_model_len", 0), "cluster.max_model_len"),
     (_with("cluster.block_size", "16"), "cluster.block_size"),
     (_with("cluster.nodes", 1.5), "cluster.nodes"),
     (_with("cluster.mfu", True), "cluster.mfu"),

@@ -8,9 +8,16 @@ from typing import Any
 import pytest
 
 from collector import catalog
+from collector.errors import ConfigError
 from planner.simulate.cluster import Simulation
+from planner.simulate.results import SimResult
 from planner.simulate.scenario import parse_scenario
-from planner.simulate.telemetry import ENGINE_HISTOGRAMS, Histogram, default_buckets
+from planner.simulate.telemetry import (
+    ENGINE_HISTOGRAMS,
+    TOKEN_HISTOGRAMS,
+    Histogram,
+    default_buckets,
+)
 
 RAW: dict[str, Any] = {
     "cluster": {"nodes": 1, "gpus_per_node": 2, "model": "llama-3.1-8b", "num_gpu_blocks": 900,
@@ -57,6 +64,58 @@ def test_default_buckets_come_from_the_catalog() -> None:
     for name in ENGINE_HISTOGRAMS:
         assert buckets[name] == tuple(catalog.SIGNALS[name].buckets)
         assert name in catalog.SIGNALS
+
+
+def test_default_buckets_render_token_histograms_for_max_model_len() -> None:
+    buckets = default_buckets(131072)
+    for name in ENGINE_HISTOGRAMS:
+        if name in TOKEN_HISTOGRAMS:
+            assert buckets[name] == catalog.token_buckets(131072)
+            assert buckets[name][-1] == 100_000.0  # vLLM build_1_2_5_buckets(131072)
+        else:
+            assert buckets[name] == tuple(catalog.SIGNALS[name].buckets)
+
+
+def test_prompts_above_2000_tokens_land_in_finite_buckets_by_default() -> None:
+    """The catalogue's 4096-rendered buckets end at 2000: every longer prompt used to fall
+    into +Inf. The scenario's max_model_len (default: the model's context) sets them."""
+    raw = {**RAW, "workload": {**RAW["workload"], "system_prompt_tokens": 6000}}
+    raw["cluster"] = {**RAW["cluster"], "num_gpu_blocks": 3000}
+    sim = Simulation(parse_scenario(raw))
+    assert sim.scenario.cluster.max_model_len == 131072  # Llama-3.1 config.json
+    sim.advance_to(60, settle=True)
+    prompt = sim.engine_snapshots()[0].histograms["request_prompt_tokens"]
+    assert prompt.bounds == catalog.token_buckets(131072)
+    assert prompt.count > 0
+    assert prompt.cumulative[-2] == prompt.count  # nothing in +Inf
+    assert prompt.cumulative[prompt.bounds.index(5000.0)] == 0  # all are > 6000 tokens
+    assert prompt.cumulative[prompt.bounds.index(10000.0)] == prompt.count
+
+
+def test_requests_longer_than_max_model_len_are_refused_before_the_engines() -> None:
+    raw = {**RAW, "cluster": {**RAW["cluster"], "max_model_len": 2600}}
+    # question + system prompt 2300 tokens, outputs 0-600: the long ones exceed 2600
+    raw["workload"] = {**RAW["workload"], "output_tokens": {"dist": "uniform", "min": 1,
+                                                            "max": 600}}  # fmt: skip
+    sim = Simulation(parse_scenario(raw))
+    result = sim.run()
+    assert isinstance(result, SimResult)
+    summary = result.summary
+    assert sim.too_long > 0
+    assert summary["rejected_requests"] == sim.too_long + sum(e.rejected for e in sim.engines)
+    assert all(c[3] + c[4] <= 2600 for c in sim.completed)
+    snaps = sim.engine_snapshots()
+    # the frontend refuses them: no engine counts them as finished (abort or otherwise)
+    assert sum(s.finished["abort"] for s in snaps) == sum(e.rejected for e in sim.engines)
+    prompt = snaps[0].histograms["request_prompt_tokens"]
+    assert prompt.bounds == catalog.token_buckets(2600)
+    assert prompt.bounds[-1] == 2000.0
+
+
+def test_max_model_len_below_the_shortest_request_is_refused() -> None:
+    raw = {**RAW, "cluster": {**RAW["cluster"], "max_model_len": 1000}}
+    with pytest.raises(ConfigError, match=r"cluster\.max_model_len"):
+        Simulation(parse_scenario(raw))
 
 
 def test_telemetry_counters_never_decrease_across_advances() -> None:
