@@ -1,8 +1,10 @@
 """Offload modes side by side, optionally over a sweep of one numeric scenario key.
 
 For every sweep value the scenario runs once per mode (all engines in that mode, same seed,
-same requests); gains are relative to `none`. The break-even of a mode is where its
-throughput gain crosses zero, linearly interpolated between neighbouring sweep values.
+same requests); gains are relative to `none`. A break-even of a mode is a value of the swept
+key where its throughput gain crosses zero, linearly interpolated between neighbouring sweep
+values, reported with its direction: the sign the gain takes as the key rises past it. A
+gain can cross zero more than once (every crossing is listed); `break_even` keeps the first.
 """
 
 from __future__ import annotations
@@ -34,6 +36,17 @@ FIGURES = (
     "external_hit_rate",
     "kv_usage_mean",
     "completed_requests",
+    "async_loads",
+    "load_wait_mean_s",
+    "preempted_after_load",
+    "max_preemptions_per_request",
+    "pcie_load_busy_max",
+)
+CROSSING_NOTE = (
+    "value of the swept key where the throughput gain vs none crosses zero, linearly "
+    "interpolated between the sweep points in `between`; gain_turns = the sign of the gain "
+    "just above the value as the key rises (positive: the mode starts to pay off, negative: "
+    "it stops paying off)"
 )
 
 
@@ -94,6 +107,36 @@ def break_even(points: Sequence[tuple[float, float]]) -> float | None:
     return None
 
 
+def crossings(points: Sequence[tuple[float, float]]) -> list[dict[str, Any]]:
+    """Every zero crossing of y as x rises: {"value", "gain_turns", "between": [x0, x1]}.
+
+    gain_turns is "positive" or "negative" (the sign just above the crossing), or "zero" when
+    y ends the sweep at exactly zero. A run of zeros between two signs crosses at its first x;
+    touching zero without changing sign is not a crossing."""
+    out: list[dict[str, Any]] = []
+    last: tuple[float, float, int] | None = None  # last point with y != 0
+    zero_at: float | None = None  # first x of the zeros since then
+    for x, y in sorted(points):
+        sign = (y > 0.0) - (y < 0.0)
+        if sign == 0:
+            zero_at = x if zero_at is None else zero_at
+            continue
+        if last is None or sign != last[2]:
+            if zero_at is not None:
+                at, lo = zero_at, zero_at if last is None else last[0]
+            elif last is not None:
+                at, lo = last[0] + (0.0 - last[1]) * (x - last[0]) / (y - last[1]), last[0]
+            else:
+                at = None
+            if at is not None:
+                turns = "positive" if sign > 0 else "negative"
+                out.append({"value": _round(at), "gain_turns": turns, "between": [lo, x]})
+        last, zero_at = (x, y, sign), None
+    if zero_at is not None and last is not None:
+        out.append({"value": zero_at, "gain_turns": "zero", "between": [last[0], zero_at]})
+    return out
+
+
 def run_raw(raw: Mapping[str, Any], where: str, base_dir: Path | None = None) -> SimResult:
     result = Simulation(parse_scenario(raw, where=where, base_dir=base_dir)).run()
     assert isinstance(result, SimResult)
@@ -138,6 +181,8 @@ def compare(
     summary: dict[str, Any] = {"modes": list(modes), "sweep_key": sweep.key if sweep else None}
     summary["points"] = points
     summary["break_even"] = {}
+    summary["break_even_crossings"] = {}
+    summary["break_even_note"] = CROSSING_NOTE
     for mode in modes:
         if mode == "none":
             continue
@@ -146,7 +191,9 @@ def compare(
             for p in points
             if sweep and p["modes"] and p["modes"][mode]["throughput_gain"] is not None
         ]
-        summary["break_even"][mode] = _round(break_even(curve)) if len(curve) > 1 else None
+        several = len(curve) > 1
+        summary["break_even"][mode] = _round(break_even(sorted(curve))) if several else None
+        summary["break_even_crossings"][mode] = crossings(curve) if several else []
     return summary
 
 
@@ -168,6 +215,9 @@ def render_table(result: Mapping[str, Any]) -> str:
         ("ttft_mean_s", "TTFT mean s", "{:.3f}"),
         ("external_hit_rate", "external hit rate", "{:.1%}"),
         ("prefix_hit_rate", "GPU prefix hit rate", "{:.1%}"),
+        ("preempted_after_load", "re-preempted after load", "{:.0f}"),
+        ("max_preemptions_per_request", "max preemptions/request", "{:.0f}"),
+        ("pcie_load_busy_max", "PCIe load busy (max)", "{:.1%}"),
     )
     for point in result["points"]:
         if result["sweep_key"]:
@@ -184,7 +234,32 @@ def render_table(result: Mapping[str, Any]) -> str:
             lines.append(f"  {label:26}" + "".join(cells))
         lines.append("")
     if result["sweep_key"]:
-        for mode, x in result["break_even"].items():
-            where = "never crosses zero in the sweep" if x is None else f"{x:.4g}"
-            lines.append(f"break-even {result['sweep_key']} for {mode}: {where}")
+        for mode in result["break_even"]:
+            lines.append(f"break-even {result['sweep_key']} for {mode}: {_describe(result, mode)}")
     return "\n".join(lines).rstrip() + "\n"
+
+
+def _describe(result: Mapping[str, Any], mode: str) -> str:
+    found = result.get("break_even_crossings", {}).get(mode) or []
+    if not found:
+        gains = [
+            p["modes"][mode]["throughput_gain"]
+            for p in result["points"]
+            if p["modes"] and p["modes"][mode]["throughput_gain"] is not None
+        ]
+        if gains and all(g > 0 for g in gains):
+            return "never crosses zero in the sweep (gain positive throughout)"
+        if gains and all(g < 0 for g in gains):
+            return "never crosses zero in the sweep (gain negative throughout)"
+        return "never crosses zero in the sweep"
+    parts = []
+    for c in found:
+        lo, hi = c["between"]
+        if c["gain_turns"] == "zero":
+            parts.append(f"gain reaches zero at {c['value']:.4g}")
+        else:
+            parts.append(
+                f"gain turns {c['gain_turns']} above {c['value']:.4g} "
+                f"(interpolated between {lo:g} and {hi:g})"
+            )
+    return "; ".join(parts)

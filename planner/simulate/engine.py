@@ -10,7 +10,10 @@ Scheduling follows vLLM v1's Scheduler.schedule() with these documented simplifi
 - waiting requests are admitted FCFS while the token budget, max_num_seqs and free blocks
   allow; the prefix-cache hit is capped so the last token is recomputed (vLLM does so);
 - a KV connector hit is loaded asynchronously (native offload: the request waits while
-  the batch runs) or inside the step (LMCache in-process connector, blocking).
+  the batch runs) or inside the step (LMCache in-process connector, blocking). As in vLLM,
+  requests behind one that is loading are admitted meanwhile, and when its load is done it
+  joins the end of the running queue, so it is the next preemption victim
+  (`cluster.resume_after_load: in_place` is the what-if where it keeps its place).
 Decode-only stretches are advanced k steps at once (decode.py). Step times come from
 planner.costmodel.step_seconds (roofline); see PARAMETERS.md.
 """
@@ -22,10 +25,11 @@ from collections import deque
 from collections.abc import Callable
 
 from planner import costmodel
-from planner.simulate.commit import LOADED, LOADING, PREFILL, WAITING, EngineCommit
-from planner.simulate.decode import DECODE, DecodeBatch
+from planner.simulate.commit import LOADED, LOADING, PREFILL, WAITING
+from planner.simulate.decode import DecodeBatch
 from planner.simulate.kvcache import BlockPool
 from planner.simulate.offload import Connector
+from planner.simulate.queues import EngineQueues
 from planner.simulate.scenario import ClusterSpec
 from planner.simulate.telemetry import EngineTelemetry
 from planner.simulate.workload import ContentTree, Req
@@ -47,7 +51,7 @@ class StepCost:
         )
 
 
-class Engine(EngineCommit):
+class Engine(EngineQueues):
     def __init__(
         self,
         idx: int,
@@ -81,6 +85,7 @@ class Engine(EngineCommit):
         self.max_tokens = spec.max_num_batched_tokens
         self.factor = 1.0 + connector.step_overhead
         self.has_conn = connector.mode != "none"
+        self.resume_in_place = spec.resume_after_load == "in_place"
         self.max_jump = 1 << 40  # decode steps per event (1 = naive per-step loop)
         self._seq = 0
         self._step0 = False  # this step's decode blocks are already allocated
@@ -100,6 +105,10 @@ class Engine(EngineCommit):
         self.computed_tokens = 0
         self.rejected = 0
         self.stall_s = 0.0  # step time spent in blocking connector lookups and loads
+        self.loads = 0  # requests admitted after an async load
+        self.load_wait_s = 0.0  # their time from the load's start to admission
+        self.preempted_after_load = 0  # preemptions of requests resumed by an async load
+        self.max_req_preemptions = 0  # most preemptions of one request (starvation)
 
     # --- cluster interface ----------------------------------------------------------------
     def load_estimate(self) -> int:
@@ -235,7 +244,11 @@ class Engine(EngineCommit):
                     waiting.popleft()
                     req.computed = hit + ext
                     req.ready_at = conn.load(req, hit, ext, now)
+                    req.load_t = now
                     req.state = LOADING
+                    if self.resume_in_place:  # what-if: its place is taken now
+                        self._seq += 1
+                        req.seq = self._seq
                     self.loading.append(req)
                     if req.first_scheduled < 0:
                         req.first_scheduled = now
@@ -250,40 +263,22 @@ class Engine(EngineCommit):
                     extra += conn.load(req, hit, ext, now)
                 req.computed = hit + ext
             waiting.popleft()
-            req.state = PREFILL
-            self._seq += 1
-            req.seq = self._seq
-            self.running[req.seq] = req
-            self.prefilling[req.seq] = req
+            if req.state == LOADED:
+                self.loads += 1
+                self.load_wait_s += now - req.load_t
+                req.state = PREFILL
+                self._enter_after_load(req)
+            else:
+                req.state = PREFILL
+                self._seq += 1
+                req.seq = self._seq
+                self.running[req.seq] = req
+                self.prefilling[req.seq] = req
             if req.first_scheduled < 0:
                 req.first_scheduled = now
             chunks.append((req, n))
             budget -= n
         return extra, budget
-
-    def _unblock(self, chunks: list[tuple[Req, int]]) -> bool:
-        """The waiting head cannot get blocks while nothing runs: only requests whose KV was
-        loaded (and wait behind the head) hold blocks. Let the first of them go first, or if
-        the head is one, send the others back to plain waiting (their KV stays in the
-        connector's cache) so the engine cannot deadlock. True = retry the admission."""
-        if self.running or chunks:
-            return False
-        waiting = self.waiting
-        for i in range(1, len(waiting) if waiting[0].state != LOADED else 0):
-            if waiting[i].state == LOADED:
-                req = waiting[i]
-                del waiting[i]
-                waiting.appendleft(req)
-                return True
-        freed = False
-        for req in list(waiting)[1:]:
-            if req.state == LOADED:
-                self.pool.release(req)
-                req.computed = 0
-                req.state = WAITING
-                req.looked = False
-                freed = True
-        return freed
 
     def _count_lookup(self, req: Req, p_eff: int, hit: int, ext: int) -> None:
         tel = self.tel.counters
@@ -296,16 +291,6 @@ class Engine(EngineCommit):
         if req.cached_prompt < 0:
             req.cached_prompt = hit + ext  # cached prompt tokens of the first admission
             req.ext_tokens = ext
-
-    def _promote_loaded(self, now: float) -> None:
-        if not self.loading:
-            return
-        ready = [r for r in self.loading if r.ready_at <= now]
-        if ready:
-            self.loading = [r for r in self.loading if r.ready_at > now]
-            for req in sorted(ready, key=lambda r: (r.ready_at, r.rid), reverse=True):
-                req.state = LOADED
-                self.waiting.appendleft(req)
 
     def _plan_jump(self, now: float) -> None:
         dec, pool = self.dec, self.pool
@@ -349,28 +334,3 @@ class Engine(EngineCommit):
         self.seg_k = k
         self.seg_end = self.seg_start + self._cum(k)
         return True
-
-    # --- preemption -------------------------------------------------------------------------
-    def _preempt_newest(self, now: float) -> Req:
-        seq = next(reversed(self.running))
-        req = self.running.pop(seq)
-        pool = self.pool
-        if req.state == DECODE:
-            c = self.dec.remove(req)
-            req.generated = c - req.prompt_len + 1
-            pool.settle_decode(req, c + 1 if self._step0 else c)
-            self._mark_decoded(req, c)
-        else:
-            del self.prefilling[seq]
-            c = req.computed
-        if self.has_conn:
-            self.conn.store_on_release(req, c, now)
-        pool.release(req)
-        req.computed = 0
-        req.state = WAITING
-        req.looked = False
-        req.num_preemptions += 1
-        self.waiting.appendleft(req)
-        self.preemptions += 1
-        self.tel.counters["preemptions_total"] += 1
-        return req

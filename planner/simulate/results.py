@@ -108,6 +108,17 @@ def summarize(sim: Simulation) -> SimResult:
             )
         ),
         "kv_usage_mean": _clean(sum(e.kv_integral for e in engines) / (n * max(t1, 1e-9))),
+        # why an async connector helps or hurts: loads, their wait for admission (step
+        # boundary, budget, blocks), resumed requests preempted again, starvation, PCIe load
+        "async_loads": sum(e.loads for e in engines),
+        "load_wait_mean_s": _clean(
+            _ratio(sum(e.load_wait_s for e in engines), sum(e.loads for e in engines))
+        ),
+        "preempted_after_load": sum(e.preempted_after_load for e in engines),
+        "max_preemptions_per_request": max((e.max_req_preemptions for e in engines), default=0),
+        "pcie_load_busy_max": _clean(
+            max((e.tel.offload_seconds["load"] for e in engines), default=0.0) / max(t1, 1e-9)
+        ),
         "offload_load_bytes": sum(e.tel.offload_bytes["load"] for e in engines),
         "offload_store_bytes": sum(e.tel.offload_bytes["store"] for e in engines),
         "events": sim.events,
@@ -183,6 +194,11 @@ def _engine_row(
         "kv_usage_mean": _clean(eng.kv_integral / max(t1, 1e-9)),
         "busy_fraction": _clean(eng.busy_time / max(t1, 1e-9)),
         "connector_stall_fraction": _clean(eng.stall_s / max(t1, 1e-9)),
+        "async_loads": eng.loads,
+        "load_wait_mean_s": _clean(_ratio(eng.load_wait_s, eng.loads)),
+        "preempted_after_load": eng.preempted_after_load,
+        "max_preemptions_per_request": eng.max_req_preemptions,
+        "pcie_load_busy": _clean(eng.tel.offload_seconds["load"] / max(t1, 1e-9)),
         "steps": eng.steps,
         "offload_cache_usage": _clean(eng.conn.usage_ratio()),
     }

@@ -50,6 +50,7 @@ CLUSTER_KEYS = frozenset(
         "step_overhead_s",
         "activation_reserve_gb",
         "router",
+        "resume_after_load",
         "enable_prefix_caching",
         "native",
         "lmcache",
@@ -69,6 +70,11 @@ SRC_CHUNK = "default: LMCache --chunk-size 256 (numbers.md)"
 SRC_LOOKUP = "default: assumption, fitted so LMCache with nothing to reuse costs ~1-3 %"
 SRC_SCOPE = "default: one LMCache server per node (numbers.md, K8s DaemonSet pattern)"
 SRC_CPU = "default: assumption (100 GB host DRAM per engine / pool)"
+SRC_RESUME = (
+    "default: vLLM v1 Scheduler.schedule() appends a request whose async KV load finished "
+    "to `running` (FCFS preemption pops the last)"
+)
+RESUME_ORDERS = ("append", "in_place")
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,6 +132,10 @@ class ClusterSpec:
     kv_bytes_per_token_gpu: float  # on one GPU of the TP group
     kv_bytes_per_token_engine: float  # unique bytes the engine holds (what a tier stores)
     max_model_len: int  # longest request (prompt + output) the frontend accepts
+    # where a request whose async KV load finished enters the running queue: "append" (vLLM:
+    # behind everything admitted while it loaded, so the first preemption victim) or
+    # "in_place" (a what-if: the place it would have had, admitted when its load began)
+    resume_after_load: str = "append"
 
     @property
     def engines_per_node(self) -> int:
@@ -259,6 +269,7 @@ def _parse_cluster(sec: Section) -> ClusterSpec:
         "step_overhead_s", costmodel.DEFAULT_STEP_OVERHEAD_S, low=0.0, source=SRC_OVERHEAD
     )
     router = sec.choice("router", "round_robin", ROUTERS, source="default: round_robin")
+    resume = sec.choice("resume_after_load", "append", RESUME_ORDERS, source=SRC_RESUME)
     prefix = sec.boolean("enable_prefix_caching", True, source="default: vLLM v1 enables it")
     offload = sec.choice("offload", "none", OFFLOAD_MODES, source="default: no offload")
     n_engines = nodes * (gpn // tp)
@@ -297,6 +308,7 @@ def _parse_cluster(sec: Section) -> ClusterSpec:
         kv_bytes_per_token_gpu=kv_gpu,
         kv_bytes_per_token_engine=costmodel.kv_bytes_per_token_engine(model),
         max_model_len=max_len,
+        resume_after_load=resume,
     )
 
 

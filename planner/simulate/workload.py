@@ -70,6 +70,7 @@ class Req:
         "hold_blocks",
         "hold_idx",
         "last_token_t",
+        "load_t",
         "looked",
         "num_preemptions",
         "output_len",
@@ -116,6 +117,7 @@ class Req:
         self.seq = 0  # admission order on its engine (preemption takes the newest)
         self.ext_tokens = 0
         self.ready_at = 0.0
+        self.load_t = -1.0  # start of the async load its current residency began with
         self.first_scheduled = -1.0
         self.cached_prompt = -1  # prompt tokens found cached at the first admission
         self.first_token = -1.0
