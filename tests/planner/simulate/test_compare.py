@@ -12,7 +12,13 @@ import pytest
 import yaml
 
 from collector.errors import ConfigError
-from planner.simulate.compare import break_even, parse_modes, parse_sweep, render_table
+from planner.simulate.compare import (
+    break_even,
+    crossings,
+    parse_modes,
+    parse_sweep,
+    render_table,
+)
 
 SMALL: dict[str, Any] = {
     "name": "cli-small",
@@ -86,6 +92,51 @@ def test_break_even_interpolates_the_zero_crossing(
         assert got == pytest.approx(expected)
 
 
+@pytest.mark.parametrize(
+    ("points", "expected"),
+    [
+        # the shared_prefix sweep: a loss at 0.5, gains at 0.7 and 0.9 -> turns positive
+        ([(0.5, -0.126), (0.7, 0.021), (0.9, 0.003)], [(0.6714, "positive", [0.5, 0.7])]),
+        ([(0.3, 0.5), (0.5, 0.1), (0.7, -0.1), (0.9, -0.2)], [(0.6, "negative", [0.5, 0.7])]),
+        ([(1.0, -0.1), (2.0, 0.1), (3.0, -0.1)],
+         [(1.5, "positive", [1.0, 2.0]), (2.5, "negative", [2.0, 3.0])]),
+        ([(1.0, 0.2), (2.0, 0.0), (3.0, -0.1)], [(2.0, "negative", [1.0, 3.0])]),
+        ([(1.0, 0.2), (2.0, 0.0), (3.0, 0.1)], []),  # touches zero, keeps its sign
+        ([(1.0, 0.0), (2.0, 0.1)], [(1.0, "positive", [1.0, 2.0])]),
+        ([(1.0, -0.1), (2.0, 0.0)], [(2.0, "zero", [1.0, 2.0])]),
+        ([(0.9, -0.2), (0.3, 0.5)], [(0.7286, "negative", [0.3, 0.9])]),  # sweep given unsorted
+        ([(1.0, 0.2), (2.0, 0.1)], []),
+    ],
+)  # fmt: skip
+def test_crossings_report_every_sign_change_with_its_direction(
+    points: list[tuple[float, float]], expected: list[tuple[float, str, list[float]]]
+) -> None:
+    got = crossings(points)
+    assert [(c["gain_turns"], c["between"]) for c in got] == [(d, b) for _, d, b in expected]
+    for c, (value, _, _) in zip(got, expected, strict=True):
+        assert c["value"] == pytest.approx(value, abs=1e-4)
+
+
+def test_render_table_states_the_direction_of_each_crossing() -> None:
+    def point(value: float, gain: float) -> dict[str, Any]:
+        row = {"throughput_gain": gain, "total_tokens_per_s": 1.0}
+        return {"value": value, "modes": {"none": dict(row, throughput_gain=0.0), "native": row}}
+
+    doc = {
+        "modes": ["none", "native"],
+        "sweep_key": "cluster.gpu_memory_utilization",
+        "points": [point(0.5, -0.1), point(0.7, 0.1), point(0.9, -0.1)],
+        "break_even": {"native": 0.6},
+        "break_even_crossings": {"native": crossings([(0.5, -0.1), (0.7, 0.1), (0.9, -0.1)])},
+    }
+    last = render_table(doc).splitlines()[-1]
+    assert "gain turns positive above 0.6 (interpolated between 0.5 and 0.7)" in last
+    assert "gain turns negative above 0.8 (interpolated between 0.7 and 0.9)" in last
+    doc["points"] = [point(0.5, 0.1), point(0.9, 0.2)]
+    doc["break_even_crossings"] = {"native": []}
+    assert "gain positive throughout" in render_table(doc)
+
+
 def test_cli_json_has_the_documented_fields(scenario_file: Path) -> None:
     proc = _cli(str(scenario_file), "--json")
     assert proc.returncode == 0, proc.stderr
@@ -114,6 +165,15 @@ def test_cli_compare_sweep_json_and_table(scenario_file: Path) -> None:
         assert point["modes"]["none"]["throughput_gain"] == 0.0
         assert point["modes"]["native"]["avoided_reprefill_tokens"] > 0
     assert set(doc["break_even"]) == {"native", "lmcache"}
+    assert set(doc["break_even_crossings"]) == {"native", "lmcache"}
+    assert "gain_turns" in doc["break_even_note"]
+    for mode, found in doc["break_even_crossings"].items():
+        first = found[0]["value"] if found else None
+        assert doc["break_even"][mode] == first  # `break_even` keeps the first crossing
+    for key in ("preempted_after_load", "max_preemptions_per_request", "pcie_load_busy_max",
+                "load_wait_mean_s", "async_loads"):  # fmt: skip
+        assert key in doc["points"][0]["modes"]["native"], key
+    assert doc["points"][0]["modes"]["native"]["async_loads"] > 0
     table = render_table(doc)
     assert "gain vs none" in table and "break-even cluster.num_gpu_blocks" in table
     text = _cli(str(scenario_file), "--compare", "none,native")

@@ -46,6 +46,7 @@ BAD: list[tuple[Any, str]] = [
     (_with("cluster.gpu_memory_utilization", 0), "cluster.gpu_memory_utilization"),
     (_with("cluster.offload", "ssd"), "cluster.offload"),
     (_with("cluster.router", "random"), "cluster.router"),
+    (_with("cluster.resume_after_load", "front"), "cluster.resume_after_load"),
     (_with("cluster.lmcache_scope", "rack"), "cluster.lmcache_scope"),
     (_with("cluster.engines_offload", ["native"]), "cluster.engines_offload"),
     (_with("cluster.engines_offload", ["native", "disk"]), "cluster.engines_offload[1]"),
@@ -113,6 +114,8 @@ def test_parse_scenario_defaults_recorded_with_sources() -> None:
     assert params["cluster.max_num_batched_tokens"].value == 8192
     assert params["cluster.block_size"].value == 16
     assert params["cluster.router"].value == "round_robin"
+    assert params["cluster.resume_after_load"].value == "append"
+    assert "vLLM" in params["cluster.resume_after_load"].source
     assert params["cluster.lmcache.chunk_size"].value == 256
     for p in sc.params:
         assert p.source, p.key
