@@ -8,7 +8,10 @@ vLLM --kv-offloading-size are both GiB), times seconds.
 
 Where the fields come from (for the `kvscope plan` wiring):
 - kv_util_*, preemptions_per_1k, prompt_tokens_*, prefix/external hit ratios: quantiles and
-  ratios of the planner/frames.py columns over the analysis window.
+  ratios of the planner/frames.py columns over the analysis window. prompt_tokens_mean is
+  exact (Σ histogram sum / Σ count); prompt_tokens_p90 is read from the histogram buckets
+  and, when its rank lies in the +Inf bucket (PromQL then returns the highest finite bound),
+  is only a lower bound: prompt_tokens_p90_censored says so.
 - native_gain / lmcache_gain from planner.fit_gain's result for that mode: `gain` = the
   `relative` gain and `relative_interval` of its grid point at the current utilization;
   can_tell = that utilization lies in the fit's common support (the interval may then
@@ -105,6 +108,8 @@ class Evidence:
     l1_hit_curve: (L1 GiB, hit rate) points of the LMCache hit-rate-vs-L1-size fit.
     demand_*: the forecast's unit (demand_unit), engine_capacity: sustainable demand of one
     engine in that unit.
+    prompt_tokens_p90_censored: the histogram put the p90's rank in its +Inf bucket, so
+    prompt_tokens_p90 is the top finite bucket bound, a lower bound of the real p90.
     """
 
     model: str | None = None
@@ -121,6 +126,7 @@ class Evidence:
     reprefill_share: float | None = None
     prompt_tokens_mean: float | None = None
     prompt_tokens_p90: float | None = None
+    prompt_tokens_p90_censored: bool = False  # the p90 is only known as >= prompt_tokens_p90
     prefix_hit_ratio: float | None = None
     external_hit_ratio: float | None = None
     cross_engine_reuse: float | None = None

@@ -271,14 +271,22 @@ def observe(
         "cluster_p95": p95_tps,
         "basis": "prompt + generation token rates summed over engines per window start",
     }
-    prompt_mean, prompt_p90 = _prompt_lengths(windows)
+    prompt_mean, prompt_p90, censored = prompt_lengths(windows)
     out["prompt_tokens"] = {
         "mean": prompt_mean,
         "p90": prompt_p90,
-        "basis": "request_prompt_tokens histogram: Σ sum / Σ count; p90 = request-weighted "
-        "median of the windows' p90s (approximation)",
+        "p90_censored": censored,
+        "basis": "request_prompt_tokens histogram: mean = Σ sum / Σ count (exact); p90 = "
+        "request-weighted median of the windows' p90s (approximation)"
+        + (
+            "; censored: the p90 lies in the +Inf bucket of the median windows, so it is only "
+            "known as >= the top finite bucket bound (vLLM's buckets end below max_model_len)"
+            if censored
+            else ""
+        ),
     }
     ev["prompt_tokens_mean"], ev["prompt_tokens_p90"] = prompt_mean, prompt_p90
+    ev["prompt_tokens_p90_censored"] = censored
     by_mode: dict[str, Any] = {}
     # LMCache servers scraped as their own targets have no engine rows: their hit counters
     # belong to the lmcache mode.
@@ -301,10 +309,29 @@ def observe(
     return out, ev
 
 
-def _prompt_lengths(windows: Sequence[Window]) -> tuple[float | None, float | None]:
+def p90_censored(w: Window) -> bool:
+    """True when the window's p90 lies in the +Inf bucket: PromQL's histogram_quantile then
+    returns the highest finite bound, a lower bound of the real p90 (collector/rollup.py).
+
+    The window keeps no bucket bounds, but the quantiles tell: two quantiles whose ranks fall
+    in the same finite bucket are interpolated to different values, so p99 == p90 > 0 means
+    both ranks are in the +Inf bucket (or p90's rank ends exactly at the top bound's count,
+    where "≥ the bound" is as true).
+    """
+    return w.p90 is not None and w.p99 is not None and w.p90 > 0 and w.p99 == w.p90
+
+
+def prompt_lengths(windows: Sequence[Window]) -> tuple[float | None, float | None, bool]:
+    """(exact mean, p90, p90 censored) of request_prompt_tokens over the windows.
+
+    The p90 is the request-weighted median of the windows' p90s; it is censored (a lower
+    bound) when a censored window's p90 is at or below that median, since its real value
+    may move the median up (censored values above the median cannot).
+    """
     total = count = 0.0
     p90s: list[float] = []
     weights: list[float] = []
+    censored: list[float] = []
     for w in windows:
         if w.signal != PROMPT_HIST or not w.delta or w.delta <= 0:
             continue
@@ -313,8 +340,11 @@ def _prompt_lengths(windows: Sequence[Window]) -> tuple[float | None, float | No
         if w.p90 is not None and math.isfinite(w.p90):
             p90s.append(w.p90)
             weights.append(w.delta)
+            if p90_censored(w):
+                censored.append(w.p90)
     mean = total / count if count > 0 and total > 0 else None
-    return mean, weighted_median(p90s, weights)
+    p90 = weighted_median(p90s, weights)
+    return mean, p90, p90 is not None and any(c <= p90 for c in censored)
 
 
 def modes_by_source(engines: Iterable[object]) -> dict[str, str]:

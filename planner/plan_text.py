@@ -63,6 +63,7 @@ def _happening(d: Mapping[str, Any]) -> list[str]:
         f"{_num(ttft['worst_window_p90_s'], '{:.3g} s')}), mean {_num(ttft['mean_s'], '{:.3g} s')}",
         f"  throughput        {_num(tps['cluster_mean'])} tokens/s cluster mean, p95 "
         f"{_num(tps['cluster_p95'])}",
+        _prompt_line(h.get("prompt_tokens") or {}),
         f"  offload deployed  {h['current_mode']['mode'] or 'n/a'} ({h['current_mode']['basis']})",
     ]
     for mode, m in h["by_mode"].items():
@@ -73,6 +74,14 @@ def _happening(d: Mapping[str, Any]) -> list[str]:
             f"{_pct(m['external_hit_ratio'], 1)}, LMCache hit {_pct(m['lmcache_hit_ratio'], 1)}"
         )
     return lines
+
+
+def _prompt_line(p: Mapping[str, Any]) -> str:
+    censored = bool(p.get("p90_censored"))
+    p90 = ("≥ " if censored else "") + _num(p.get("p90"))
+    return f"  prompt length     mean {_num(p.get('mean'))} tokens (exact), p90 {p90}" + (
+        "  (censored: beyond the histogram's top finite bucket)" if censored else ""
+    )
 
 
 def decision_lines(d: Mapping[str, Any]) -> list[str]:

@@ -87,17 +87,30 @@ def _r1_hbm_pressure(s: RuleState) -> None:
 
 
 def _r2_short_prompts(s: RuleState) -> None:
-    p = s.prompt
-    if p is None:
+    ev, thr = s.ev, s.t.short_prompt_tokens
+    p90, mean, censored = ev.prompt_tokens_p90, ev.prompt_tokens_mean, ev.prompt_tokens_p90_censored
+    if p90 is None and mean is None:
         s.unknown("prompt_tokens_p90 (prompt-length mix)")
         return
-    numbers: dict[str, float | str] = {"prompt_tokens": p, "threshold": s.t.short_prompt_tokens}
+    if censored and p90 is not None and p90 < thr and (mean is None or mean < thr):
+        _r2_undetermined(s, p90, mean)
+        return
+    # A censored p90 is a lower bound: it can show prompts long, never short; then the
+    # exact mean decides "long" (mean >= mark) and nothing decides "short".
+    if p90 is not None and (p90 >= thr or not censored):
+        p, what = p90, "p90 >=" if censored else "p90"
+    else:
+        assert mean is not None
+        p, what = mean, "mean"
+    numbers: dict[str, float | str] = {"prompt_tokens": p, "threshold": thr}
+    if censored:
+        numbers["prompt_tokens_p90_at_least"] = float(p90 or 0.0)
     if s.model is not None and s.gpu is not None and s.tp is not None:
         numbers["prefill_seconds"] = prefill_seconds(s.model, s.gpu, s.tp, int(p), mfu=s.mfu)
-    if p >= s.t.short_prompt_tokens:
+    if p >= thr:
         s.say(
-            f"prompts are long enough to reload ({p:.0f} tokens >= "
-            f"{s.t.short_prompt_tokens:.0f}; GKE: 5 k-token prompts gained 16–27 %)",
+            f"prompts are long enough to reload ({what} {p:.0f} tokens >= {thr:.0f}; "
+            "GKE: 5 k-token prompts gained 16–27 %)",
             numbers,
             SRC_GKE,
         )
@@ -107,12 +120,31 @@ def _r2_short_prompts(s: RuleState) -> None:
     s.vote("lmcache", False, "prior")
     s.rest("prior: " + SRC_GKE)
     s.say(
-        f"prompts are short ({'p90' if s.ev.prompt_tokens_p90 else 'mean'}"
-        f" {p:.0f} tokens < {s.t.short_prompt_tokens:.0f}): 1 k-token prefixes gained 0–1 % "
-        "in the GKE tests while offload costs 0.5 % (vLLM DMA) to 3–15 % (LMCache) when "
+        f"prompts are short ({what} {p:.0f} tokens < {thr:.0f}): 1 k-token prefixes gained "
+        "0–1 % in the GKE tests while offload costs 0.5 % (vLLM DMA) to 3–15 % (LMCache) when "
         "nothing hits: recomputing is as cheap as reloading",
         numbers,
         SRC_GKE,
+    )
+
+
+def _r2_undetermined(s: RuleState, p90: float, mean: float | None) -> None:
+    """The p90 is censored below the mark and the mean does not reach it: no verdict."""
+    thr = s.t.short_prompt_tokens
+    numbers: dict[str, float | str] = {"prompt_tokens_p90_at_least": p90, "threshold": thr}
+    if mean is not None:
+        numbers["prompt_tokens_mean"] = mean
+    s.unknown(
+        f"prompt_tokens_p90 (censored: only known as >= {p90:.0f} tokens, the top finite "
+        "bucket of the prompt-length histogram)"
+    )
+    s.say(
+        f"prompt length undetermined: the p90 is only known as >= {p90:.0f} tokens (the "
+        "histogram's top finite bucket)"
+        + (f", the mean is {mean:.0f}" if mean is not None else "")
+        + f"; the short-prompt prior (< {thr:.0f} tokens) is not applied",
+        numbers,
+        "measured: request_prompt_tokens histogram (censored quantile)",
     )
 
 
@@ -147,6 +179,7 @@ def _r3_slow_tier(s: RuleState) -> None:
     }
     if p is not None:
         numbers["prompt_tokens"] = p
+        numbers["prompt_tokens_basis"] = s.prompt_label
     verdict = "too slow: reloading loses to re-prefill, no L2" if slow else "fast enough for L2"
     s.rest("cost model: break-even bandwidth B* (planner/breakeven.py)")
     s.say(

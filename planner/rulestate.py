@@ -98,8 +98,24 @@ class RuleState:
 
     @property
     def prompt(self) -> float | None:
-        p90, mean = self.ev.prompt_tokens_p90, self.ev.prompt_tokens_mean
-        return p90 if p90 is not None else mean
+        """The prompt length the rules compare: the p90 when the histogram resolved it, else
+        the exact mean (Σ sum / Σ count), else a censored p90 (a lower bound)."""
+        ev = self.ev
+        if ev.prompt_tokens_p90 is not None and not ev.prompt_tokens_p90_censored:
+            return ev.prompt_tokens_p90
+        if ev.prompt_tokens_mean is not None:
+            return ev.prompt_tokens_mean
+        return ev.prompt_tokens_p90
+
+    @property
+    def prompt_label(self) -> str:
+        """What `prompt` is, for the reasons' text."""
+        ev = self.ev
+        if ev.prompt_tokens_p90 is not None and not ev.prompt_tokens_p90_censored:
+            return "p90"
+        if ev.prompt_tokens_mean is not None:
+            return "mean"
+        return "p90 lower bound" if ev.prompt_tokens_p90 is not None else "unknown"
 
     def overhead(self, mode: str) -> ValueCI:
         measured = self.ev.overhead_zero_hit

@@ -131,6 +131,48 @@ def test_decide_short_prompts_reason_has_cost_model_prefill_seconds() -> None:
     assert 0 < float(r.numbers["prefill_seconds"]) < 0.2  # 1 k tokens of an 8B model on H100
 
 
+@pytest.mark.parametrize(
+    ("p90", "mean", "expect"),
+    [
+        # the demo's case: 6.8 k-token prompts, vLLM buckets ending at 2000
+        (2000, 6800, "long"),
+        (2000, 1500, "undetermined"),  # p90 >= 2000 and mean 1500: could be either
+        (2000, None, "undetermined"),
+        (5000, 1500, "long"),  # a lower bound above the mark is enough
+    ],
+)
+def test_decide_censored_prompt_p90_is_a_lower_bound_never_short(
+    p90: float, mean: float | None, expect: str
+) -> None:
+    d = decide(
+        ev(
+            **PRESSURE,
+            prompt_tokens_p90=p90,
+            prompt_tokens_mean=mean,
+            prompt_tokens_p90_censored=True,
+        )
+    )
+    r = reason(d, "R2_short_prompts")
+    assert "short" not in r.text.split("(")[0]  # never "prompts are short"
+    assert r.numbers["prompt_tokens_p90_at_least"] == p90
+    censored_unknown = [u for u in d.unknowns if u.startswith("prompt_tokens_p90 (censored")]
+    if expect == "long":
+        assert r.text.startswith("prompts are long enough")
+        assert not censored_unknown
+        assert d.mode != "none"  # R5 (local reuse under pressure) is no longer overridden
+    else:
+        assert r.text.startswith("prompt length undetermined")
+        assert f">= {p90:.0f} tokens" in r.text
+        assert censored_unknown
+
+
+def test_decide_same_p90_uncensored_is_short() -> None:
+    """The control: the same numbers without the censoring flag vote both modes off."""
+    d = decide(ev(**PRESSURE, prompt_tokens_p90=2000, prompt_tokens_mean=1500))
+    assert reason(d, "R2_short_prompts").text.startswith("prompts are short (p90 2000")
+    assert d.mode == "none"
+
+
 def test_decide_forecast_saturation_counts_as_pressure() -> None:
     soon = ValueCI(5 * 86400, 3 * 86400, 9 * 86400)
     d = decide(
