@@ -286,16 +286,38 @@ def render(rows: list[dict[str, Any]]) -> str:
     return "\n".join(out)
 
 
+def overall(rows: list[dict[str, Any]]) -> dict[str, float]:
+    """One score per kind of row, to compare two versions of the simulator: the mean absolute
+    error in percentage points of the `change` rows (GKE Test 2, DMA cost) and the mean
+    absolute relative error of the `x` rows with a published figure (blog ratios)."""
+    pp = [abs(r["error_pp"]) for r in rows if r["unit"] == "change" and r["error_pp"] is not None]
+    rel = [
+        abs(r["simulated"] / r["published"] - 1)
+        for r in rows
+        if r["unit"] == "x" and isinstance(r["published"], float)
+    ]
+    return {
+        "change_rows_mean_abs_error_pp": round(sum(pp) / len(pp), 2) if pp else 0.0,
+        "ratio_rows_mean_abs_relative_error": round(sum(rel) / len(rel), 4) if rel else 0.0,
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", action="store_true", help="rows as JSON on stdout")
     args = parser.parse_args()
     started = time.perf_counter()
     rows = gke_rows() + blog_rows()
+    score = overall(rows)
     if args.json:
-        print(json.dumps(rows, indent=2))
+        print(json.dumps({"rows": rows, "overall": score}, indent=2))
     else:
         print(render(rows))
+        print(
+            f"\noverall: change rows {score['change_rows_mean_abs_error_pp']:.2f} pp mean "
+            f"absolute error; ratio rows {score['ratio_rows_mean_abs_relative_error']:.1%} mean "
+            "absolute relative error"
+        )
     print(
         f"calibrate_sim: {len(rows)} rows in {time.perf_counter() - started:.1f} s", file=sys.stderr
     )
