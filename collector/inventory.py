@@ -163,7 +163,8 @@ class Inventory:
         """Register or update the engine scraped as ``source``; None keeps the stored value.
 
         ``offload`` is "none", "native" (vLLM's CPU offload) or "lmcache"; ``facts`` (e.g.
-        block_size, num_gpu_blocks from vllm:cache_config_info) replaces the stored facts.
+        block_size, num_gpu_blocks of the cache-config info family, catalog.FACTS) replaces
+        the stored facts.
         """
         if offload is not None and offload not in OFFLOAD_MODES:
             raise ConfigError(f"engine {source}: offload must be one of {OFFLOAD_MODES}")

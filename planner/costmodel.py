@@ -24,7 +24,8 @@ DEFAULT_STEP_OVERHEAD_S = 3e-4
 # layer does two (after attention and after the MLP).
 ALLREDUCE_LATENCY_S = 8e-6
 # Assumption: HBM vLLM keeps for activations, CUDA graphs and NCCL buffers besides weights and
-# KV (it profiles the real peak at start-up). Calibrate with vllm:cache_config_info num_gpu_blocks.
+# KV (it profiles the real peak at start-up). Calibrate with the engines' num_gpu_blocks
+# (cache-config info, collector.catalog.FACTS["cache_config"]).
 DEFAULT_ACTIVATION_RESERVE_BYTES = 2 * GIB
 # numbers.md: "Decode is memory-bound: step time ≈ (weights + KV read) / (HBM bw × ~0.7)".
 DEFAULT_HBM_EFFICIENCY = 0.7

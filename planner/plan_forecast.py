@@ -2,8 +2,9 @@
 request rate, each with its interval, backtest and (for KV) time to saturation.
 
 HBM KV capacity per engine, in order of trust:
-1. ``num_gpu_blocks × block_size`` from the engine's ``vllm:cache_config_info`` (the
-   collector stores them as engine facts): what vLLM actually allocated;
+1. ``num_gpu_blocks × block_size`` from the engine's cache-config info family
+   (collector.catalog.FACTS["cache_config"]; the collector stores them as engine facts):
+   what vLLM actually allocated;
 2. the cost model's ``hbm_kv_capacity_tokens`` for the engine's model/GPU/TP at vLLM's
    default gpu_memory_utilization 0.9 (a prior: weights and reserve estimated);
 3. neither for some engine: demand is forecast in *engines' worth of KV* (Σ usage ratios)
@@ -17,6 +18,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from collector import catalog
 from collector.errors import InsufficientHistory, KvscopeError
 from collector.records import Window
 from planner import costmodel
@@ -94,7 +96,8 @@ def kv_capacity(
     total = sum(per[s] for s, _ in series)
     parts = []
     if measured:
-        parts.append(f"{measured} source(s): num_gpu_blocks × block_size (vllm:cache_config_info)")
+        family = catalog.FACTS["cache_config"]  # the vendor name lives in the catalogue
+        parts.append(f"{measured} source(s): num_gpu_blocks × block_size ({family})")
     if prior:
         parts.append(
             f"{prior} source(s): cost-model prior hbm_kv_capacity_tokens at "

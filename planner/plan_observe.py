@@ -16,6 +16,7 @@ from collections import Counter, defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from collector import catalog
 from collector.catalog import DERIVED_RATIOS
 from collector.records import Window
 from planner.frames import SIGNALS as FRAME_SIGNALS
@@ -115,15 +116,15 @@ def reprefill_share(windows: Sequence[Window]) -> tuple[float | None, str]:
         elif w.signal == PROMPT_TOKENS:
             prompt[w.source] += d
     den = sum(prompt[s] for s in recomputed)
+    family = catalog.SIGNALS[RECOMPUTED].exported  # the vendor name lives in the catalogue
     if not recomputed or den <= 0:
         return None, (
-            "not derivable: needs vllm:prompt_tokens_recomputed (exposed by vLLM 0.16–0.19 "
-            "only) beside the prompt-token counter"
+            f"not derivable: needs {family} (exposed by vLLM 0.16–0.19 only) beside the "
+            "prompt-token counter"
         )
     share = min(max(sum(recomputed.values()) / den, 0.0), 1.0)
     return share, (
-        f"Σ recomputed / Σ prompt tokens over {len(recomputed)} source(s) reporting "
-        "vllm:prompt_tokens_recomputed"
+        f"Σ recomputed / Σ prompt tokens over {len(recomputed)} source(s) reporting {family}"
     )
 
 
