@@ -22,6 +22,10 @@ if TYPE_CHECKING:
 GIB = 1024**3
 MODE_COLOURS = {"none": "tab:gray", "native": "tab:blue", "lmcache": "tab:orange"}
 MAX_POINTS = 4000  # scatter points per series (a seeded subsample beyond)
+NOTE_FONT_PT = 9
+# Average glyph width of DejaVu Sans (matplotlib's default) is ~0.55 em: characters per line
+# of a note = figure width in points / (font size × 0.55).
+GLYPH_EM = 0.55
 
 
 def write_plots(plan: Plan, directory: Path, *, seed: int = 0) -> list[Path]:
@@ -55,6 +59,29 @@ def write_plots(plan: Plan, directory: Path, *, seed: int = 0) -> list[Path]:
             plt.close(fig)
         written.append(path)
     return written
+
+
+def _note(fig: Any, lines: list[str]) -> None:
+    """Put the "cannot tell" reasons in a box under the axes, wrapped to the figure's
+    width (a long title would be clipped or squeeze the plot)."""
+    if not lines:
+        return
+    width = fig.get_figwidth() * 72 / (NOTE_FONT_PT * GLYPH_EM)
+    text = "\n".join(textwrap.fill(line, max(40, int(width * 0.95))) for line in lines)
+    fig.text(
+        0.5,
+        -0.01,
+        text,
+        ha="center",
+        va="top",
+        multialignment="left",
+        fontsize=NOTE_FONT_PT,
+        bbox={"boxstyle": "round,pad=0.4", "facecolor": "#fff6e0", "edgecolor": "#c8a040"},
+    )
+
+
+def _title(base: str, can_tell: bool) -> str:
+    return base if can_tell else f"{base}\n(cannot tell: see the note below)"
 
 
 def _sample(n: int, seed: int) -> Any:
@@ -118,11 +145,9 @@ def _preemptions(plan: Plan, seed: int) -> Any:
         ax.set_ylim(0, max(top, float(curve(fit.base_rate.value, fit.slope.value).max())) * 1.1)
     ax.set_xlabel(f"{col} (window mean)")
     ax.set_ylabel("preemptions per minute")
-    ax.set_title(
-        "Preemptions vs KV-cache utilization"
-        + ("" if fit.can_tell else "\n" + textwrap.fill(f"(cannot tell: {fit.why})", 90))
-    )
+    ax.set_title(_title("Preemptions vs KV-cache utilization", fit.can_tell))
     ax.legend(loc="upper left", fontsize=8)
+    _note(fig, [] if fit.can_tell else [f"Knee: cannot tell: {fit.why}"])
     return fig
 
 
@@ -177,11 +202,14 @@ def _throughput(plan: Plan, seed: int) -> Any:
                 bottom.axvspan(fit.interval.lo, fit.interval.hi, color=colour, alpha=0.1)
     bottom.axhline(0, color="black", lw=0.8)
     top.set_ylabel("tokens/s per engine")
-    top.set_title("Throughput vs KV-cache utilization by offload mode")
-    top.legend(fontsize=8, loc="upper left")
+    notes = [f"{f.offload} gain: cannot tell: {f.why}" for f in gains if not f.can_tell]
+    top.set_title(_title("Throughput vs KV-cache utilization by offload mode", not notes))
+    # legends beside the axes: inside they hide the scatter
+    top.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     bottom.set_xlabel("kv_util (window mean)")
     bottom.set_ylabel("gain vs none, % (95 % band)")
-    bottom.legend(fontsize=8, loc="upper left")
+    bottom.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    _note(fig, notes)
     return fig
 
 
@@ -215,7 +243,7 @@ def _forecast(plan: Plan, seed: int) -> Any:
     ax.set_xlabel("hours since the first window")
     ax.set_ylabel(f"KV demand ({cap.unit if cap else 'units'}, bucket peak)")
     ax.set_title("KV demand forecast against HBM KV capacity")
-    ax.legend(fontsize=8, loc="upper left")
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     return fig
 
 
@@ -261,9 +289,7 @@ def _hitrate(plan: Plan, seed: int) -> Any:
     ax.axhline(h, color="black", ls=":", label=f"h_max {h:.2f}")
     ax.set_xlabel("LMCache L1 in use (GiB)")
     ax.set_ylabel("LMCache hit ratio (tokens)")
-    ax.set_title(
-        "LMCache hit rate vs L1 size"
-        + ("" if fit.can_tell else "\n" + textwrap.fill(f"(cannot tell: {fit.why})", 90))
-    )
+    ax.set_title(_title("LMCache hit rate vs L1 size", fit.can_tell))
     ax.legend(fontsize=8, loc="lower right")
+    _note(fig, [] if fit.can_tell else [f"Hit-rate curve: cannot tell: {fit.why}"])
     return fig
