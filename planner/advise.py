@@ -192,9 +192,11 @@ def evidence_from_sim(w: WhatIf, runs: dict[str, Any], sim: dict[str, Any]) -> E
     def gain(mode: str) -> GainEvidence:
         g = m[mode]["throughput_gain"]
         if g is None:
-            return GainEvidence(False, why="no simulated throughput")
+            return GainEvidence(False, why="no simulated throughput", provenance="simulated")
         tol = sim_gain_tolerance(g)
-        return GainEvidence(True, ValueCI(g, g - tol, g + tol), why="simulated")
+        return GainEvidence(
+            True, ValueCI(g, g - tol, g + tol), why="simulated", provenance="simulated"
+        )
 
     window = none["measured_window_s"] or 1.0
     prompt_total = (none["input_tokens_per_s"] or 0.0) * window

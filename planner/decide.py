@@ -121,7 +121,10 @@ def decide(
                 "watch TTFT and ITL separately from throughput",
             )
         )
-    measured = any(v.basis == "measured" for v in s.votes.values() if v.on is not None)
+    # A simulated gain (kvscope advise) stands where the cluster's measured one would.
+    measured = any(
+        v.basis in ("measured", "simulated") for v in s.votes.values() if v.on is not None
+    )
     confidence = (0.85 if measured else 0.7) * s.penalty * 0.92 ** len(s.unknowns)
     confidence = min(max(confidence, 0.05), 0.95)
     label = "high" if confidence >= 0.75 else "medium" if confidence >= 0.5 else "low"

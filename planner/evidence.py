@@ -30,6 +30,9 @@ from dataclasses import dataclass, fields
 from collector.errors import ConfigError
 
 MODES = ("none", "native", "lmcache", "both")
+# Where a throughput gain came from: the cluster's own windows (planner/fit_gain.py, `kvscope
+# plan`) or what-if runs of the simulator (planner/advise_sim.py, `kvscope advise`).
+GAIN_PROVENANCES = ("measured", "simulated")
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,17 +64,23 @@ class GainEvidence:
 
     gain: relative throughput gain at the current utilization (0.12 = +12 %);
     breakeven_util: KV utilization above which the mode pays; can_tell False when the fit
-    could not separate the effect from noise (why says what was missing).
+    could not separate the effect from noise (why says what was missing); provenance:
+    "measured" (fitted on the cluster's windows) or "simulated" (what-if simulator runs).
     """
 
     can_tell: bool
     gain: ValueCI | None = None
     breakeven_util: ValueCI | None = None
     why: str = ""
+    provenance: str = "measured"
 
     def __post_init__(self) -> None:
         if self.can_tell and self.gain is None:
             raise ConfigError("a gain fit that can tell needs its gain interval")
+        if self.provenance not in GAIN_PROVENANCES:
+            raise ConfigError(
+                f"gain provenance must be one of {GAIN_PROVENANCES}, got {self.provenance!r}"
+            )
 
 
 _FRACTIONS = (

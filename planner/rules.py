@@ -1,7 +1,7 @@
 """The rule table of the offload decider: R1–R9, applied in order by planner/decide.py.
 
 Each rule reads the Evidence and the votes of the rules before it, may vote native or
-lmcache on or off (basis: prior, measured, dram or health) and leaves a Reason with the
+lmcache on or off (basis: prior, measured, simulated, dram or health) and leaves a Reason with the
 numbers it used and their source. planner/DECIDER.md documents every rule id of RULES.
 """
 
@@ -301,6 +301,14 @@ def _r6_idle_connector(s: RuleState) -> None:
         )
 
 
+# Where R7's gain came from, for its reasons (GainEvidence.provenance).
+GAIN_SOURCES = {
+    "measured": "measured: planner/fit_gain.py on the cluster's windows",
+    "simulated": "simulated: planner/simulate what-if runs of the described workload "
+    "(planner/advise_sim.py; its band comes from the simulator's misses on GKE Test 2)",
+}
+
+
 def _r7_measured_gain(s: RuleState) -> None:
     fits: dict[str, GainEvidence | None] = {
         "native": s.ev.native_gain,
@@ -310,8 +318,10 @@ def _r7_measured_gain(s: RuleState) -> None:
         if fit is None:
             s.unknown(f"throughput-gain fit ({mode})")
             continue
+        prov = fit.provenance
+        what = "throughput-gain fit" if prov == "measured" else "simulated throughput gain"
         if not fit.can_tell or fit.gain is None:
-            s.unknown(f"throughput-gain fit ({mode}) cannot tell: {fit.why or 'no reason given'}")
+            s.unknown(f"{what} ({mode}) cannot tell: {fit.why or 'no reason given'}")
             continue
         gain = fit.gain
         numbers: dict[str, float | str] = {"gain": gain.estimate, "lo": gain.lo, "hi": gain.hi}
@@ -320,26 +330,27 @@ def _r7_measured_gain(s: RuleState) -> None:
             b = fit.breakeven_util
             numbers |= {"breakeven_util": b.estimate, "breakeven_lo": b.lo, "breakeven_hi": b.hi}
             extra = f"; pays above {b.estimate:.0%} KV use [{b.lo:.0%}, {b.hi:.0%}]"
-        s.rest(f"measured: throughput-gain fit ({mode}) {gain.pct()}")
+        numbers["provenance"] = prov
+        s.rest(f"{prov}: {what} ({mode}) {gain.pct()}")
         if gain.lo > 0 or gain.hi < 0:
             before = s.votes[mode].on
-            s.vote(mode, gain.lo > 0, "measured")
+            s.vote(mode, gain.lo > 0, prov)
             flip = (
                 " (overrides the priors)" if before is not None and before != (gain.lo > 0) else ""
             )
             verb = "raises" if gain.lo > 0 else "lowers"
             s.say(
-                f"measured: {mode} offload {verb} throughput by {gain.pct()}{extra}{flip}",
+                f"{prov}: {mode} offload {verb} throughput by {gain.pct()}{extra}{flip}",
                 numbers,
-                "measured: planner/fit.py",
+                GAIN_SOURCES[prov],
             )
         else:
             s.penalty *= 0.8
             s.say(
-                f"measured: {mode} gain {gain.pct()} is indistinguishable "
+                f"{prov}: {mode} gain {gain.pct()} is indistinguishable "
                 f"from zero{extra}; the priors stand",
                 numbers,
-                "measured: planner/fit.py",
+                GAIN_SOURCES[prov],
             )
 
 

@@ -59,7 +59,7 @@ class Risk:
 @dataclass(slots=True)
 class Vote:
     on: bool | None = None
-    basis: str = ""  # "prior" | "measured" | "dram" | "health"
+    basis: str = ""  # "prior" | "measured" | "simulated" | "dram" | "health"
 
 
 @dataclass(slots=True)

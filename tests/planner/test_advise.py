@@ -111,6 +111,7 @@ def test_advise_small_whatif_wires_simulation_into_evidence_and_is_seeded() -> N
         assert gain.gain.estimate == pytest.approx(sim[mode]["throughput_gain"])
         g = gain.gain.estimate
         assert gain.gain.hi - gain.gain.lo == pytest.approx(2 * (0.10 + 0.20 * abs(g)))
+        assert gain.provenance == "simulated"
     capacity = hbm_kv_capacity_tokens(get_model("llama-3.1-8b"), get_gpu("h100"), 1)
     assert ev.engine_capacity == capacity // 16 * 16  # whole 16-token blocks
     assert ev.kv_util_p95 == pytest.approx(sim["none"]["kv_util_p95"])
@@ -122,6 +123,11 @@ def test_advise_small_whatif_wires_simulation_into_evidence_and_is_seeded() -> N
     assert d["cost_model"]["kv_bytes_per_token"] == 131_072  # numbers.md, Llama-3.1-8B bf16
     assert len(d["cost_model"]["breakeven_context_by_tier"]) >= 9
     assert "simulated, not measured" in d["simulated"]["note"]
+    r7 = [r for r in d["decision"]["reasons"] if r["rule"] == "R7_measured_gain"]
+    assert len(r7) == 2  # native and lmcache: the gains came from the simulator, not a fit
+    for r in r7:
+        assert r["text"].startswith("simulated:") and r["source"].startswith("simulated:")
+        assert "fit_gain" not in r["source"]
 
 
 def test_advise_shared_prefixes_overflowing_hbm_recommend_lmcache() -> None:

@@ -239,6 +239,25 @@ def test_decide_measured_positive_gain_overrides_short_prompt_prior() -> None:
     assert any(s.startswith("measured: throughput-gain fit (lmcache)") for s in d.rests_on)
 
 
+@pytest.mark.parametrize("provenance", ["measured", "simulated"])
+def test_decide_gain_reason_says_where_the_gain_came_from(provenance: str) -> None:
+    d = decide(ev(**PRESSURE, native_gain=gain(-0.06, -0.09, -0.03, provenance=provenance)))
+    r = reason(d, "R7_measured_gain")
+    other = "simulated" if provenance == "measured" else "measured"
+    assert r.text.startswith(f"{provenance}: native offload lowers throughput")
+    assert r.source.startswith(f"{provenance}:") and other not in r.source
+    assert r.numbers["provenance"] == provenance
+    assert any(s.startswith(f"{provenance}: ") and "(native)" in s for s in d.rests_on)
+    assert d.mode == "none"
+    # the same vote, the same confidence: only the wording follows the provenance
+    assert d.confidence == decide(ev(**PRESSURE, native_gain=gain(-0.06, -0.09, -0.03))).confidence
+
+
+def test_gain_evidence_unknown_provenance_raises() -> None:
+    with pytest.raises(ConfigError, match="provenance"):
+        GainEvidence(can_tell=False, provenance="guessed")
+
+
 def test_decide_gain_straddling_zero_keeps_prior_and_lowers_confidence() -> None:
     sure = decide(ev(**PRESSURE))
     unsure = decide(ev(**PRESSURE, native_gain=gain(0.01, -0.02, 0.04)))
