@@ -124,6 +124,13 @@ class RuleState:
         return NATIVE_OVERHEAD_PRIOR if mode == "native" else LMCACHE_OVERHEAD_PRIOR
 
 
+def deployed_modes(mode: str | None) -> tuple[str, ...]:
+    """The connectors a deployed `current_mode` runs."""
+    return {"native": ("native",), "lmcache": ("lmcache",), "both": ("native", "lmcache")}.get(
+        mode or "", ()
+    )
+
+
 HA_ADVICE = (
     "run one LMCache server per node (DaemonSet, hostNetwork; --isolated-ipc on both sides "
     "removes the /dev/shm mount) so a failure stays on one node; keep the shared prefixes in an "
