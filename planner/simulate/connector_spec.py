@@ -1,0 +1,115 @@
+"""The connector sections of a scenario's cluster: `native` (vLLM's OffloadingConnector) and
+`lmcache` (with its optional `l2` tier), parsed into frozen specs (split from scenario.py
+to keep modules short)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from collector.errors import ConfigError
+from planner import costmodel
+from planner.hardware import get_tier
+from planner.simulate.spec import Param, Section
+
+GB = 1e9
+SRC_NATIVE = "default: vLLM blog 2026-01-08, DMA offload path costs ~0.5 % at 0 % hit"
+SRC_CHUNK = "default: LMCache --chunk-size 256 (numbers.md)"
+SRC_LOOKUP = "default: assumption, fitted so LMCache with nothing to reuse costs ~1-3 %"
+
+
+@dataclass(frozen=True, slots=True)
+class NativeSpec:
+    """vLLM's OffloadingConnector (engine-local CPU pool, async DMA over PCIe)."""
+
+    step_overhead: float  # fractional step-time cost of the store path when nothing hits
+    latency_s: float  # per transfer
+
+
+@dataclass(frozen=True, slots=True)
+class L2Spec:
+    name: str
+    read_Bps: float  # noqa: N815 - (writes through from L1 are asynchronous: no cost)
+    latency_s: float  # per chunk object
+    concurrency: int
+    size_bytes: float  # math.inf = unbounded
+
+
+@dataclass(frozen=True, slots=True)
+class LMCacheSpec:
+    chunk_size: int
+    lookup_overhead_s: float  # per admitted request, blocks the step (vLLM scheduler lookup)
+    store_overhead_s: float  # per step that stores chunks, blocks the step
+    read_Bps: float  # noqa: N815 - L1 -> GPU, per GPU (stores are asynchronous: no cost)
+    latency_s: float  # per chunk read from L1
+    async_load: bool
+    l2: L2Spec | None
+
+
+def parse_native(sec: Section) -> NativeSpec:
+    tier = get_tier("cpu-dram-pcie")
+    frac = sec.number("step_overhead", 0.005, low=0.0, high=1.0, source=SRC_NATIVE)
+    lat = (
+        sec.number(
+            "latency_ms",
+            tier.latency_s * 1e3,
+            low=0.0,
+            source=f"default: tier cpu-dram-pcie ({tier.source})",
+        )
+        / 1e3
+    )
+    sec.finish()
+    return NativeSpec(frac, lat)
+
+
+def parse_lmcache(sec: Section) -> LMCacheSpec:
+    tier = get_tier("lmcache-cpu-loopback")
+    tier_src = "default: tier lmcache-cpu-loopback (numbers.md: 13-22 GB/s loopback)"
+    chunk = sec.integer("chunk_size", costmodel.LMCACHE_CHUNK_TOKENS, low=1, source=SRC_CHUNK)
+    lookup = sec.number("lookup_overhead_s", 1e-3, low=0.0, source=SRC_LOOKUP)
+    store = sec.number("store_overhead_s", 2e-4, low=0.0, source=SRC_LOOKUP)
+    read = (
+        sec.number("bandwidth_gbps", tier.read_Bps / GB, low=0.0, low_open=True, source=tier_src)
+        * GB
+    )
+    lat = sec.number("latency_ms", tier.latency_s * 1e3, low=0.0, source=tier_src) / 1e3
+    async_load = sec.boolean(
+        "async_load", False, source="default: in-process connector loads inside the forward"
+    )
+    l2 = parse_l2(sec.section("l2")) if sec.has("l2") else None
+    if l2 is None:
+        sec.raw("l2")
+    sec.finish()
+    return LMCacheSpec(chunk, lookup, store, read, lat, async_load, l2)
+
+
+def parse_l2(sec: Section) -> L2Spec:
+    name = "custom"
+    read = lat = None
+    concurrency = 1
+    if sec.has("tier"):
+        name = sec.string("tier", "")
+        try:
+            tier = get_tier(name)
+        except ConfigError as exc:
+            raise sec.fail("tier", str(exc)) from exc
+        read, lat, concurrency = tier.read_Bps, tier.latency_s, tier.concurrency
+        src = f"default: tier {name}"
+    else:
+        sec.raw("tier")
+        if not sec.has("bandwidth_gbps"):
+            raise sec.fail("bandwidth_gbps", "is required when no tier is named")
+        src = "scenario"
+    read_bw = (
+        sec.number("bandwidth_gbps", (read or 1.0) / GB, low=0.0, low_open=True, source=src) * GB
+    )
+    latency = sec.number("latency_ms", (lat or 0.0) * 1e3, low=0.0, source=src) / 1e3
+    conc = sec.integer("concurrency", concurrency, low=1, source=src)
+    if sec.has("size_gb"):
+        size = sec.number("size_gb", low=0.0, low_open=True) * GB
+    else:
+        sec.raw("size_gb")
+        size = math.inf
+        sec.params.append(Param(sec.key("size_gb"), None, "default: unbounded"))
+    sec.finish()
+    return L2Spec(name, read_bw, latency, conc, size)
