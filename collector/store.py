@@ -29,7 +29,6 @@ from sqlalchemy import (
     func,
     insert,
     inspect,
-    or_,
     select,
     text,
 )
@@ -43,17 +42,15 @@ from collector.models import (
     SCHEMA_VERSION,
     WINDOW_VALUE_COLUMNS,
     Base,
-    ClusterRow,
     EngineRecord,
-    EngineRow,
     SchemaVersionRow,
     TargetRecord,
-    TargetRow,
     WindowRow,
     labels_json,
     series_key,
 )
 from collector.records import Labels, Window
+from collector.store_frame import FrameReader, window_filters
 
 # Upgrade steps: MIGRATIONS[n] turns schema version n into n + 1, inside migrate()'s one
 # transaction and after create_all() has added any new table (steps alter existing tables).
@@ -80,7 +77,7 @@ def redact(url: str) -> str:
         return re.sub(r"(://[^:/@]*:)[^@]*@", r"\1***@", url)
 
 
-class Store(Inventory):
+class Store(Inventory, FrameReader):
     """kvscope's SQL store; see the module docstring. Use as a context manager or call close()."""
 
     def __init__(self, url: str, *, batch_size: int = 5_000) -> None:
@@ -334,29 +331,18 @@ class Store(Inventory):
         """Windows with ``since <= start < until``, ordered by source, signal, start, labels.
 
         ``cluster`` keeps the sources registered in that cluster as a target or an engine.
+        One Window object per row: for millions of windows use :meth:`read_frame`.
         """
         self._require_schema()
         w = WindowRow
         query = select(
             w.source, w.signal, w.labels, w.start, w.length_s, w.kind, w.samples, w.delta,
             w.rate, w.resets, w.mean, w.min, w.max, w.last, w.p50, w.p90, w.p99, w.sum_delta,
+        ).where(
+            *window_filters(
+                signals=signals, sources=sources, cluster=cluster, since=since, until=until
+            )
         )  # fmt: skip
-        if signals is not None:
-            query = query.where(w.signal.in_(list(signals)))
-        if sources is not None:
-            query = query.where(w.source.in_(list(sources)))
-        if since is not None:
-            query = query.where(w.start >= since)
-        if until is not None:
-            query = query.where(w.start < until)
-        if cluster is not None:
-            in_cluster = select(ClusterRow.id).where(ClusterRow.name == cluster)
-            query = query.where(
-                or_(
-                    w.source.in_(select(TargetRow.name).where(TargetRow.cluster_id.in_(in_cluster))),
-                    w.source.in_(select(EngineRow.source).where(EngineRow.cluster_id.in_(in_cluster))),
-                )
-            )  # fmt: skip
         query = query.order_by(w.source, w.signal, w.start, w.labels)
         with self._tx("reading windows") as conn:
             rows = conn.execute(query).all()

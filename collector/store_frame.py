@@ -1,0 +1,464 @@
+"""Columnar window reads: ``Store.read_frame`` hands windows back as one pandas DataFrame.
+
+``read_windows`` makes a frozen Window per row: right for thousands of windows, minutes for the
+~12 M windows of 100 engines × 7 days of 1-minute windows. ``read_frame`` runs one statement
+with only the columns asked for and fills numpy arrays chunk by chunk:
+
+* SQLite: the driver's ``fetchmany``; a row names its series by one short text (series key,
+  kind, source) that is factorized per chunk. The driver still makes a Python object per
+  value, which is this backend's floor (benchmarks/bench_plan.py measures it).
+* PostgreSQL: ``COPY (SELECT …) TO STDOUT (FORMAT BINARY)`` of one row per block of table
+  ids whose columns are arrays of fixed-width values (NULL sent as NaN, the series as two
+  64-bit hashes), read with ``numpy.frombuffer``: no Python object per window.
+
+Labels are decoded once per distinct series (``signal`` and ``labels`` come from one point
+look-up per series), never per row.
+
+Columns (FRAME_COLUMNS; ``columns=`` picks a subset, kept in this order): ``source``,
+``signal``, ``labels``, ``engine``, ``model_name``, ``kind`` are pandas Categoricals (labels:
+the canonical JSON text the store keeps; engine / model_name: those labels, NaN when absent);
+``samples`` and ``resets`` are int64; the rest float64 with NaN for NULL (unknown).
+Rows come in read_windows' order (source, signal, start, labels; text in the database's
+collation) unless ``ordered=False``. :func:`windows_frame` builds the same frame from Window
+records.
+"""
+
+from __future__ import annotations
+
+import json
+import operator
+import struct
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import AbstractContextManager
+from typing import TYPE_CHECKING, Any
+
+from sqlalchemy import ColumnElement, Connection, and_, or_, select
+
+from collector.catalog import ENGINE_LABEL
+from collector.errors import StoreError
+from collector.models import ClusterRow, EngineRow, TargetRow, WindowRow, labels_json
+from collector.records import Window
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    import numpy as np
+    import numpy.typing as npt
+    import pandas as pd
+
+    IntArray = npt.NDArray[np.int64]
+    RankFn = Callable[[str, Sequence[str]], Sequence[int]]
+
+CATEGORY_COLUMNS = ("source", "signal", "labels", "engine", "model_name", "kind")
+INT_COLUMNS = ("samples", "resets")
+FLOAT_COLUMNS = ("start", "length_s", "delta", "rate", "mean", "min", "max", "last", "p50",
+                 "p90", "p99", "sum_delta")  # fmt: skip
+FRAME_COLUMNS = ("source", "signal", "labels", "engine", "model_name", "start", "length_s",
+                 "kind", "samples", "delta", "rate", "resets", "mean", "min", "max", "last",
+                 "p50", "p90", "p99", "sum_delta")  # fmt: skip
+_FROM_LABELS = {"engine": ENGINE_LABEL, "model_name": "model_name"}
+_SEP = "\x1f"  # never raw in a series key (hex), a kind, or labels JSON (escapes controls)
+_CHUNK = 65_536  # rows per fetchmany (SQLite)
+_BLOCK = 65_536  # table ids per COPY row (PostgreSQL)
+_PGCOPY = b"PGCOPY\n\xff\r\n\x00"
+# One series: (source, signal, kind, labels JSON).
+Series = tuple[str, str, str, str]
+
+
+def window_filters(
+    *,
+    signals: Sequence[str] | None = None,
+    sources: Sequence[str] | None = None,
+    cluster: str | None = None,
+    since: float | None = None,
+    until: float | None = None,
+) -> list[ColumnElement[bool]]:
+    """WHERE conditions of a window read (read_windows and read_frame share them)."""
+    w = WindowRow
+    out: list[ColumnElement[bool]] = []
+    if signals is not None:
+        out.append(w.signal.in_(list(signals)))
+    if sources is not None:
+        out.append(w.source.in_(list(sources)))
+    if since is not None:
+        out.append(w.start >= since)
+    if until is not None:
+        out.append(w.start < until)
+    if cluster is not None:
+        in_cluster = select(ClusterRow.id).where(ClusterRow.name == cluster)
+        out.append(
+            or_(
+                w.source.in_(select(TargetRow.name).where(TargetRow.cluster_id.in_(in_cluster))),
+                w.source.in_(select(EngineRow.source).where(EngineRow.cluster_id.in_(in_cluster))),
+            )
+        )  # fmt: skip
+    return out
+
+
+def frame_columns(columns: Iterable[str] | None) -> tuple[str, ...]:
+    """The asked columns in FRAME_COLUMNS order; a StoreError names an unknown one."""
+    if columns is None:
+        return FRAME_COLUMNS
+    wanted = set(columns)
+    unknown = sorted(wanted - set(FRAME_COLUMNS))
+    if unknown:
+        raise StoreError(f"unknown frame column(s) {unknown}; known: {', '.join(FRAME_COLUMNS)}")
+    return tuple(c for c in FRAME_COLUMNS if c in wanted)
+
+
+def windows_frame(windows: Iterable[Window], columns: Iterable[str] | None = None) -> pd.DataFrame:
+    """The frame Store.read_frame would return for these Window records, in their order."""
+    import numpy as np
+
+    cols = frame_columns(columns)
+    rows = list(windows)
+    ids: dict[tuple[str, str, str, object], int] = {}
+    series: list[Series] = []
+    texts: dict[object, str] = {}
+    sid = np.empty(len(rows), dtype=np.int64)
+    for i, w in enumerate(rows):
+        key = (w.source, w.signal, w.kind, w.labels)
+        code = ids.get(key)
+        if code is None:
+            text = texts.get(w.labels)
+            if text is None:
+                text = texts[w.labels] = labels_json(w.labels)
+            code = ids[key] = len(series)
+            series.append((w.source, w.signal, w.kind, text))
+        sid[i] = code
+    nums: dict[str, npt.NDArray[Any]] = {}
+    for name in ("start", *(c for c in cols if c in FLOAT_COLUMNS or c in INT_COLUMNS)):
+        values = list(map(operator.attrgetter(name), rows))
+        nums[name] = np.asarray(values, dtype=np.int64 if name in INT_COLUMNS else np.float64)
+    return assemble(series, sid, nums, cols, order=None)
+
+
+def assemble(
+    series: Sequence[Series],
+    sid: IntArray,
+    nums: dict[str, npt.NDArray[Any]],
+    columns: Sequence[str],
+    order: IntArray | None,
+) -> pd.DataFrame:
+    """The frame from per-series identities, each row's series code and numeric columns."""
+    import numpy as np
+    import pandas as pd
+
+    if order is not None:
+        sid = sid[order]
+    per_series: dict[str, list[str | None]] = {
+        "source": [s[0] for s in series],
+        "signal": [s[1] for s in series],
+        "kind": [s[2] for s in series],
+        "labels": [s[3] for s in series],
+    }
+    if any(c in _FROM_LABELS for c in columns):
+        texts = [s[3] for s in series]
+        decoded = {text: json.loads(text) for text in set(texts)}
+        for col, label in _FROM_LABELS.items():
+            per_series[col] = [decoded[t].get(label) for t in texts]
+    data: dict[str, Any] = {}
+    for col in columns:
+        if col in CATEGORY_COLUMNS:
+            cats = sorted({v for v in per_series[col] if v is not None})
+            index: dict[str | None, int] = {v: i for i, v in enumerate(cats)}
+            lut = np.asarray([index.get(v, -1) for v in per_series[col]] + [-1], dtype=np.int64)
+            data[col] = pd.Categorical.from_codes(
+                lut[sid] if len(sid) else np.zeros(0, dtype=np.int64),
+                categories=pd.Index(cats, dtype=object),
+            )
+        else:
+            values = nums[col]
+            data[col] = values[order] if order is not None else values
+    return pd.DataFrame(data, columns=list(columns))
+
+
+def sort_order(
+    series: Sequence[Series], sid: IntArray, start: npt.NDArray[np.float64], ranks: RankFn
+) -> IntArray:
+    """Row order of read_windows: source, signal, start, labels (text ranks from ``ranks``)."""
+    import numpy as np
+    import pandas as pd
+
+    if sid.size == 0:
+        return np.zeros(0, dtype=np.int64)
+    src = np.asarray(ranks("source", [s[0] for s in series]), dtype=np.int64)
+    sig = np.asarray(ranks("signal", [s[1] for s in series]), dtype=np.int64)
+    lab = np.asarray(ranks("labels", [s[3] for s in series]), dtype=np.int64)
+    n_lab = int(lab.max()) + 1
+    srcsig = src * (int(sig.max()) + 1) + sig
+    codes, uniques = pd.factorize(start)
+    start_rank = np.empty(len(uniques), dtype=np.int64)
+    start_rank[np.argsort(np.asarray(uniques), kind="stable")] = np.arange(len(uniques))
+    n_start = max(len(uniques), 1)
+    if (int(srcsig.max()) + 1) * n_start * n_lab < 2**62:
+        key = (srcsig[sid] * n_start + start_rank[codes]) * n_lab + lab[sid]
+        order: IntArray = np.argsort(key, kind="stable")
+        return order
+    fallback: IntArray = np.lexsort((lab[sid], start, srcsig[sid]))
+    return fallback
+
+
+def _python_ranks(_what: str, values: Sequence[str]) -> list[int]:
+    """Dense ranks in code-point order (SQLite's BINARY collation compares UTF-8 bytes)."""
+    order = {v: i for i, v in enumerate(sorted(set(values)))}
+    return [order[v] for v in values]
+
+
+class FrameReader:
+    """Store.read_frame (mixed into Store; see the module docstring)."""
+
+    if TYPE_CHECKING:
+        dialect: str
+
+        def _tx(
+            self, action: str, *, write: bool = False
+        ) -> AbstractContextManager[Connection]: ...
+
+        def _require_schema(self) -> None: ...
+
+    def read_frame(
+        self,
+        *,
+        signals: Sequence[str] | None = None,
+        sources: Sequence[str] | None = None,
+        cluster: str | None = None,
+        since: float | None = None,
+        until: float | None = None,
+        columns: Iterable[str] | None = None,
+        ordered: bool = True,
+    ) -> pd.DataFrame:
+        """Windows with ``since <= start < until`` as one DataFrame (module docstring).
+
+        Same filters as read_windows; ``columns`` picks frame columns (all by default);
+        ``ordered=False`` skips the sort into read_windows' order (the rows are the same).
+        """
+        import numpy as np
+
+        cols = frame_columns(columns)
+        self._require_schema()
+        conds = window_filters(
+            signals=signals, sources=sources, cluster=cluster, since=since, until=until
+        )
+        numeric = ["start", *(c for c in cols if c != "start" and c not in CATEGORY_COLUMNS)]
+        with self._tx("reading windows as a frame") as conn:
+            if self.dialect == "postgresql":
+                conn.exec_driver_sql("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+                series, sid, nums = _read_postgres(conn, conds, numeric)
+                ranks = _pg_ranks(conn)
+            else:
+                series, sid, nums = _read_sqlite(conn, conds, numeric)
+                ranks = _python_ranks
+            order = sort_order(series, sid, nums["start"], ranks) if ordered else None
+        if order is not None and np.array_equal(order, np.arange(order.size)):
+            order = None
+        return assemble(series, sid, nums, cols, order)
+
+
+def _compiled(conn: Connection, clause: Any) -> tuple[str, Any]:
+    """SQL text and driver parameters of a Core clause (IN lists rendered out)."""
+    compiled = clause.compile(dialect=conn.dialect, compile_kwargs={"render_postcompile": True})
+    if compiled.positiontup is not None:
+        return str(compiled), tuple(compiled.params[k] for k in compiled.positiontup)
+    return str(compiled), dict(compiled.params)
+
+
+def _read_sqlite(
+    conn: Connection, conds: list[ColumnElement[bool]], numeric: Sequence[str]
+) -> tuple[list[Series], IntArray, dict[str, npt.NDArray[Any]]]:
+    import numpy as np
+    import pandas as pd
+
+    w = WindowRow
+    key = (w.series_key + _SEP + w.kind + _SEP + w.source).label("k")
+    stmt = select(key, *(w.__table__.c[c] for c in numeric)).where(*conds)
+    sql, params = _compiled(conn, stmt)
+    raw = conn.connection.driver_connection
+    cursor = raw.cursor()  # type: ignore[union-attr]
+    cursor.execute(sql, params)
+    ids: dict[str, int] = {}
+    first_start: list[float] = []
+    sid_parts: list[IntArray] = []
+    parts: dict[str, list[npt.NDArray[Any]]] = {c: [] for c in numeric}
+    while rows := cursor.fetchmany(_CHUNK):
+        chunk = pd.DataFrame(rows)
+        codes, uniques = pd.factorize(chunk[0])
+        start = chunk[1].to_numpy(dtype=np.float64)
+        first = first_positions(codes)
+        lut = np.empty(len(uniques), dtype=np.int64)
+        for j, text in enumerate(uniques.tolist()):
+            code = ids.get(text)
+            if code is None:
+                code = ids[text] = len(first_start)
+                first_start.append(float(start[first[j]]))
+            lut[j] = code
+        sid_parts.append(lut[codes])
+        for j, name in enumerate(numeric, start=1):
+            if name in INT_COLUMNS:
+                parts[name].append(chunk[j].to_numpy(dtype=np.int64))
+            else:
+                parts[name].append(chunk[j].to_numpy(dtype=np.float64, na_value=np.nan))
+    cursor.close()
+    series: list[Series] = []
+    look = "SELECT signal, labels FROM windows WHERE source = ? AND start = ? AND series_key = ?"
+    for text, start_of in zip(ids, first_start, strict=True):
+        series_key, kind, source = text.split(_SEP, 2)
+        found = raw.execute(look, (source, start_of, series_key)).fetchone()  # type: ignore[union-attr]
+        if found is None:  # pragma: no cover - the row was just read in this transaction
+            raise StoreError(f"series {series_key} of {source} vanished while reading")
+        series.append((source, str(found[0]), kind, str(found[1])))
+    return series, _concat(sid_parts, np.int64), {c: _concat(parts[c], _dtype(c)) for c in numeric}
+
+
+def first_positions(codes: IntArray) -> IntArray:
+    """Index of the first row of each code, for codes numbered in order of appearance."""
+    import numpy as np
+
+    if codes.size == 0:
+        return np.zeros(0, dtype=np.int64)
+    running = np.maximum.accumulate(codes)
+    new: IntArray = np.flatnonzero(np.diff(running, prepend=-1) > 0)
+    return new
+
+
+def _dtype(column: str) -> Any:
+    import numpy as np
+
+    return np.int64 if column in INT_COLUMNS else np.float64
+
+
+def _concat(parts: list[npt.NDArray[Any]], dtype: Any) -> npt.NDArray[Any]:
+    import numpy as np
+
+    return np.concatenate(parts) if parts else np.zeros(0, dtype=dtype)
+
+
+def _read_postgres(
+    conn: Connection, conds: list[ColumnElement[bool]], numeric: Sequence[str]
+) -> tuple[list[Series], IntArray, dict[str, npt.NDArray[Any]]]:
+    """One COPY BINARY: per block of ids, one array per column (module docstring)."""
+    import numpy as np
+    import pandas as pd
+
+    bounds = conn.exec_driver_sql("SELECT min(id), max(id) FROM windows").one()
+    if bounds[0] is None:
+        return [], np.zeros(0, dtype=np.int64), {c: np.zeros(0, dtype=_dtype(c)) for c in numeric}
+    where, params = _compiled(conn, and_(*conds)) if conds else ("TRUE", {})
+    ident = "windows.source || E'\\x1f' || windows.series_key || E'\\x1f' || windows.kind"
+    exprs = [
+        "windows.id::int8",
+        f"hashtextextended({ident}, 0)",
+        f"hashtextextended({ident}, 1)",
+        *(
+            f"windows.{c}::int8" if c in INT_COLUMNS else f"coalesce(windows.{c}, 'NaN'::float8)"
+            for c in numeric
+        ),
+    ]
+    aggs = ", ".join(f"array_agg({e})" for e in exprs)
+    sql = (
+        f"COPY (SELECT x.* FROM generate_series({int(bounds[0])}, {int(bounds[1])}, {_BLOCK}) "
+        f"AS b(lo), LATERAL (SELECT {aggs} FROM windows WHERE windows.id >= b.lo AND "
+        f"windows.id < b.lo + {_BLOCK} AND ({where})) AS x) TO STDOUT (FORMAT BINARY)"
+    )
+    blocks: list[list[npt.NDArray[np.int64] | npt.NDArray[np.float64]]] = []
+    raw = conn.connection.driver_connection
+    with raw.cursor() as cursor, cursor.copy(sql, params or None) as copy:  # type: ignore[union-attr]
+        blocks.extend(_copy_blocks(copy, len(exprs)))
+    if not blocks:
+        return [], np.zeros(0, dtype=np.int64), {c: np.zeros(0, dtype=_dtype(c)) for c in numeric}
+    cols = [np.concatenate([b[i] for b in blocks]) for i in range(len(exprs))]
+    row_id, h1, h2 = cols[0], cols[1], cols[2]
+    codes, _ = pd.factorize(h1)
+    first = first_positions(codes)
+    sid = codes.astype(np.int64, copy=False)
+    if not np.array_equal(h2, h2[first][sid]):  # a 64-bit collision: use both hashes
+        _, first, sid = np.unique(
+            np.stack([h1, h2], axis=1), axis=0, return_index=True, return_inverse=True
+        )
+    lookup = conn.exec_driver_sql(
+        "SELECT id, source, signal, kind, labels FROM windows WHERE id = ANY(%(ids)s)",
+        {"ids": [int(i) for i in row_id[first]]},
+    ).all()
+    by_id = {int(r[0]): (str(r[1]), str(r[2]), str(r[3]), str(r[4])) for r in lookup}
+    series = [by_id[int(i)] for i in row_id[first]]
+    nums = {c: cols[3 + i].astype(_dtype(c), copy=False) for i, c in enumerate(numeric)}
+    return series, sid.reshape(-1).astype(np.int64, copy=False), nums
+
+
+def _copy_blocks(chunks: Iterable[Any], n_fields: int) -> Iterator[list[Any]]:
+    """Tuples of a binary COPY whose fields are 1-d arrays of int8/float8 without NULLs."""
+    pending = b""
+    header = False
+    for chunk in chunks:
+        data = pending + bytes(chunk) if pending else bytes(chunk)
+        pos = 0
+        if not header:
+            if len(data) < 19:
+                pending = data
+                continue
+            if data[:11] != _PGCOPY:
+                raise StoreError("COPY BINARY: unexpected header")
+            pos = 19 + struct.unpack_from(">i", data, 15)[0]
+            header = True
+        while True:
+            parsed = _copy_tuple(data, pos, n_fields)
+            if parsed is None:
+                break
+            arrays, pos = parsed
+            if arrays:
+                yield arrays
+        pending = data[pos:]
+
+
+def _copy_tuple(data: bytes, pos: int, n_fields: int) -> tuple[list[Any], int] | None:
+    """One tuple at ``pos`` (None: incomplete); [] for the trailer or an empty block."""
+    import numpy as np
+
+    if len(data) - pos < 2:
+        return None
+    (count,) = struct.unpack_from(">h", data, pos)
+    if count == -1:
+        return [], len(data)
+    if count != n_fields:
+        raise StoreError(f"COPY BINARY: {count} fields, expected {n_fields}")
+    p = pos + 2
+    out: list[Any] = []
+    for _ in range(n_fields):
+        if len(data) - p < 4:
+            return None
+        (size,) = struct.unpack_from(">i", data, p)
+        p += 4
+        if size == -1:  # array_agg of an empty block
+            out.append(None)
+            continue
+        if len(data) - p < size:
+            return None
+        ndim, _flags, oid = struct.unpack_from(">iii", data, p)
+        if ndim == 0:
+            out.append(None)
+        else:
+            n = struct.unpack_from(">i", data, p + 12)[0]
+            width = 8 if oid in (20, 701) else 4
+            kind = ">i8" if oid == 20 else ">f8" if oid == 701 else ">i4"
+            elems = np.frombuffer(data, dtype=[("n", ">i4"), ("v", kind)], count=n, offset=p + 20)
+            if not (elems["n"] == width).all():
+                raise StoreError("COPY BINARY: NULL or odd-sized array element")
+            out.append(elems["v"].astype(np.dtype(kind).newbyteorder("=")))
+        p += size
+    if any(a is None for a in out):
+        return [], p
+    return out, p
+
+
+def _pg_ranks(conn: Connection) -> RankFn:
+    """Dense ranks by the database's own text order (the collation read_windows sorts by)."""
+
+    def ranks(_what: str, values: Sequence[str]) -> list[int]:
+        distinct = sorted(set(values))
+        rows = conn.exec_driver_sql(
+            "SELECT v FROM unnest(%(v)s::text[]) AS u(v) ORDER BY v", {"v": distinct}
+        ).all()
+        order = {str(r[0]): i for i, r in enumerate(rows)}
+        return [order[v] for v in values]
+
+    return ranks
