@@ -23,6 +23,7 @@ from collector.errors import InsufficientHistory, KvscopeError
 from collector.records import Window
 from planner import costmodel
 from planner.evidence import ValueCI
+from planner.forecast_agree import compare
 from planner.plan_fits import Hardware, cannot_entry, finite, value_ci
 
 if TYPE_CHECKING:
@@ -206,6 +207,8 @@ def run_forecasts(
         }
     rate_entry["unit"] = "requests/s"
     section = {"kv_demand": kv_entry, "request_rate": rate_entry, "horizon_s": horizon_s}
+    # both stay reported; a note says when their growth contradicts (forecast_agree.py)
+    section["agreement"] = compare(kv, kv_series, rate, rate_series, cap.total if cap else None)
     ev = kv_evidence(kv, kv_series, cap, horizon_s)
     return ForecastRun(kv, kv_series, rate, rate_series, cap, section, ev)
 

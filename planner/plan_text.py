@@ -163,12 +163,18 @@ def _forecast(d: Mapping[str, Any]) -> list[str]:
     rate = f["request_rate"]
     if rate.get("can_tell") and rate.get("points"):
         top = max(rate["points"], key=lambda p: p[1])
-        lines.append(
+        lines += [
             f"  request rate: peak {top[1]:.3g} req/s [{top[2]:.3g}, {top[3]:.3g}] "
-            f"({rate['method']})"
-        )
+            f"({rate['level']:.0%} interval)",
+            f"  method {rate['method']}; backtest coverage {_pct(rate['backtest_coverage'])}, "
+            f"MASE {_num(rate['backtest_mase'], '{:.2f}')} over {rate['backtest_origins']} "
+            "origins",
+        ]
     else:
         lines.append(f"  request rate: cannot tell: {rate['why']}")
+    agreement = f.get("agreement") or {}
+    if agreement.get("note"):
+        lines.append(f"  note: {agreement['note']}")
     return lines
 
 
