@@ -107,6 +107,23 @@ def load_demo_scenario(path: Path, sim_hours: float, seed: int) -> Scenario:
     return parse_scenario(raw, where=str(path), base_dir=path.parent)
 
 
+def clear_outputs(out: Path) -> list[Path]:
+    """Delete the PNGs an earlier run wrote in ``out`` (only the demo's own file names), so
+    a plot this run cannot draw does not linger from a previous one. Returns what it deleted."""
+    from planner.plots import PLOT_FILES
+
+    gone = []
+    for name in PLOT_FILES:
+        path = out / name
+        try:
+            if path.is_file():
+                path.unlink()
+                gone.append(path)
+        except OSError as exc:
+            raise ConfigError(f"--out {out}: cannot delete {path}: {exc.strerror or exc}") from None
+    return gone
+
+
 def fresh_sqlite(url: str) -> None:
     """Delete a SQLite file store (and its journals) so a re-run starts empty; create its
     directory. Other stores are kept (the plan reads only this run's period)."""
@@ -321,6 +338,13 @@ def run_demo(opts: DemoOptions, *, err: IO[str] | None = None) -> DemoResult:
     scenario = load_demo_scenario(opts.scenario, opts.sim_hours, opts.seed)
     duration = scenario.duration_s
     fresh_sqlite(opts.db)
+    stale = clear_outputs(opts.out)
+    if stale:
+        print(
+            f"kvscope demo: removed {len(stale)} plot(s) of an earlier run from {opts.out}/",
+            file=err,
+            flush=True,
+        )
     with Store(opts.db) as store:
         store.migrate()
         got = _serve_and_collect(scenario, store, opts, err)

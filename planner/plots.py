@@ -20,6 +20,13 @@ if TYPE_CHECKING:
     from planner.plan import Plan
 
 GIB = 1024**3
+# The files write_plots may write (each only when its fit or forecast ran).
+PLOT_FILES = (
+    "preemptions_vs_kv_util.png",
+    "throughput_vs_kv_util.png",
+    "kv_demand_forecast.png",
+    "lmcache_hit_rate.png",
+)
 MODE_COLOURS = {"none": "tab:gray", "native": "tab:blue", "lmcache": "tab:orange"}
 MAX_POINTS = 4000  # scatter points per series (a seeded subsample beyond)
 NOTE_FONT_PT = 9
@@ -40,13 +47,8 @@ def write_plots(plan: Plan, directory: Path, *, seed: int = 0) -> list[Path]:
     except OSError as exc:
         raise ConfigError(f"--plots {directory}: cannot create directory: {exc}") from exc
     written: list[Path] = []
-    makers = (
-        ("preemptions_vs_kv_util.png", _preemptions),
-        ("throughput_vs_kv_util.png", _throughput),
-        ("kv_demand_forecast.png", _forecast),
-        ("lmcache_hit_rate.png", _hitrate),
-    )
-    for name, make in makers:
+    makers = (_preemptions, _throughput, _forecast, _hitrate)
+    for name, make in zip(PLOT_FILES, makers, strict=True):
         fig = make(plan, seed)
         if fig is None:
             continue

@@ -22,7 +22,8 @@ import pytest
 import yaml
 
 from collector.store import Store
-from kvscope.demo import WINDOW_S, DemoOptions, DemoResult, run_demo, summary
+from kvscope.demo import WINDOW_S, DemoOptions, DemoResult, clear_outputs, run_demo, summary
+from planner.plots import PLOT_FILES
 
 REPO = Path(__file__).resolve().parents[1]
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
@@ -74,6 +75,10 @@ def short_run(tmp_path_factory: pytest.TempPathFactory) -> Run:
     tmp = tmp_path_factory.mktemp("demo")
     db, out = tmp / "demo.db", tmp / "plots"
     db.write_bytes(b"not a database: the demo must replace it")
+    out.mkdir()
+    for name in PLOT_FILES:  # an earlier run's plots: each must be gone or redrawn
+        (out / name).write_bytes(b"stale plot of an earlier run")
+    (out / "keep.txt").write_text("not the demo's: stays", encoding="utf-8")
     before = frozenset(t.name for t in threading.enumerate())
     err = io.StringIO()
     opts = DemoOptions(
@@ -135,11 +140,30 @@ def test_demo_short_run_writes_valid_pngs(short_run: Run) -> None:
     plots = short_run.result.plots
     assert plots, "no plot written"
     assert {p.parent for p in plots} == {short_run.out}
-    assert sorted(short_run.out.glob("*.png")) == sorted(plots)
+    assert sorted(short_run.out.glob("*.png")) == sorted(plots)  # no stale plot left
+    assert (short_run.out / "keep.txt").read_text(encoding="utf-8") == "not the demo's: stays"
     for path in plots:
         width, height = _png_size(path)
         assert width >= 300 and height >= 200, (path, width, height)
         assert path.stat().st_size > 10_000, path
+
+
+def test_clear_outputs_deletes_only_the_demos_own_plots(tmp_path: Path) -> None:
+    for name in (*PLOT_FILES, "mine.png", "report.html"):
+        (tmp_path / name).write_bytes(b"x")
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / PLOT_FILES[0]).write_bytes(b"x")
+    gone = clear_outputs(tmp_path)
+    assert sorted(p.name for p in gone) == sorted(PLOT_FILES)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["mine.png", "report.html", "sub"]
+    assert (tmp_path / "sub" / PLOT_FILES[0]).exists()
+    assert clear_outputs(tmp_path / "missing") == []  # nothing to clear: no error
+
+
+def test_clear_outputs_a_directory_in_the_way_is_kept(tmp_path: Path) -> None:
+    (tmp_path / PLOT_FILES[0]).mkdir()  # not a file: not ours to delete
+    assert clear_outputs(tmp_path) == []
+    assert (tmp_path / PLOT_FILES[0]).is_dir()
 
 
 def _refused(url: str) -> bool:
