@@ -58,7 +58,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from planner.accuracy_scenarios import Draw
-from planner.accuracy_truth import TruthCurve, measure_truth
+from planner.accuracy_truth import Crossing, TruthCurve, measure_truth
 
 if TYPE_CHECKING:
     from planner.fit_gain import GainFit
@@ -67,6 +67,8 @@ if TYPE_CHECKING:
 
 TOLERANCE = 0.05  # ±5 percentage points of utilization
 LEVEL = 0.90
+COLLAPSE = 0.9  # time-averaged kv_util at which the engine without offload has given out
+CAPACITY_STEPS = 4  # bisection steps (the rate is known to within (1/4)^(1/16) ≈ 9 %)
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,7 +78,7 @@ class Budget:
     telemetry_s: float = 5400.0  # one diurnal period
     telemetry_warmup_s: float = 300.0
     engines_per_mode: int = 3
-    peak: float = 0.95  # peak offered rate / capacity
+    peak: float = 1.0  # peak offered rate / capacity (engines' load scales 0.85-1.15)
     truth_s: float = 2100.0
     truth_warmup_s: float = 300.0
     truth_batches: int = 6
@@ -108,9 +110,14 @@ def _raw(draw: Draw, mode: str, seed: int, duration_s: float, warmup_s: float) -
     return raw
 
 
-def capacity(draw: Draw, budget: Budget) -> float:
-    """Arrivals/s the engine completes without offload under a closed loop that fills its KV
-    cache (zero think time; sessions = requests / turns)."""
+def capacity(draw: Draw, budget: Budget, say: Callable[[str], None] | None = None) -> float:
+    """The load scale of a case: the offered rate (arrivals/s) at which the engine WITHOUT
+    offload fills its KV cache (time-averaged kv_util >= ``COLLAPSE``: preemptions, a
+    growing queue), found by bisection between 25 % and 100 % of a closed-loop upper bound
+    (clients enough to fill the KV cache, zero think time), or that bound when even it does
+    not fill the cache. Telemetry peaks and truth ladders are fractions of it, so both cover
+    the utilizations up to where the engine without offload gives out."""
+    from planner.accuracy_truth import run_level
     from planner.simulate.cluster import Simulation
     from planner.simulate.scenario import parse_scenario
 
@@ -124,7 +131,26 @@ def capacity(draw: Draw, budget: Budget) -> float:
     if spec.kind == "multi_turn":
         wl["think_time_s"] = 0.0
     result = Simulation(parse_scenario({**raw, "workload": wl})).run()
-    return float(result["requests_per_s"]) / draw.turns  # type: ignore[index]
+    bound = float(result["requests_per_s"]) / draw.turns  # type: ignore[index]
+
+    def full(rate: float) -> bool:
+        level = run_level(
+            draw.raw, "none", rate, draw.seed,
+            duration_s=budget.calibrate_s, warmup_s=budget.calibrate_s / 3, batches=1,
+        )  # fmt: skip
+        if say:
+            say(f"{draw.name}: probe {rate:.4g} {draw.rate_unit}: kv_util {level.u:.2f}")
+        return level.u >= COLLAPSE
+
+    if not full(bound):
+        return bound
+    lo, hi = 0.25 * bound, bound
+    if full(lo):
+        return lo
+    for _ in range(CAPACITY_STEPS):
+        mid = math.sqrt(lo * hi)
+        lo, hi = (lo, mid) if full(mid) else (mid, hi)
+    return hi
 
 
 def _mean_request_tokens(spec: WorkloadSpec) -> float:
@@ -201,7 +227,6 @@ class ModeResult:
     true_u: float | None  # first true crossing inside the fit's support (None: none)
     true_lo: float | None  # 90 % bootstrap interval of that crossing
     true_hi: float | None
-    true_share: float  # share of truth bootstrap replicates with a crossing in the support
     true_sign: str  # crosses | positive | negative | unknown (on the fit's support)
     truth_determinate: bool
     true_crossings: tuple[float, ...]  # every true crossing on the truth's support
@@ -240,15 +265,12 @@ def judge(truth: TruthCurve, fit: GainFit) -> ModeResult:
     lo, hi = fit.support
     has_support = math.isfinite(lo) and math.isfinite(hi)
     sign = truth.sign_on(lo, hi) if has_support else "unknown"
-    inside = [c.u for c in truth.crossings if has_support and lo <= c.u <= hi]
-    true_u = inside[0] if inside else None
-    t_lo = t_hi = math.nan
-    if true_u is not None:
-        share, t_lo, t_hi = truth.located(true_u, LEVEL)
-        determinate = share >= LEVEL and t_hi - t_lo <= TOLERANCE
+    first = truth.first_in(lo, hi) if has_support else None
+    true_u = first.u if first else None
+    if first is not None:
+        determinate = first.hi - first.lo <= TOLERANCE
     else:
-        share = truth.share_crossing_in(lo, hi) if has_support else 0.0
-        determinate = share <= 1.0 - LEVEL and sign != "unknown"
+        determinate = sign in ("positive", "negative")
     reported = fit.verdict == "crosses"
     f_u = fit.estimate if reported else None
     i_lo, i_hi = (fit.interval.lo, fit.interval.hi) if reported else (None, None)
@@ -257,53 +279,50 @@ def judge(truth: TruthCurve, fit: GainFit) -> ModeResult:
     error = covered = None
     if reported and true_u is not None and f_u is not None:
         error = 100.0 * (f_u - true_u)
-    if reported and i_lo is not None and i_hi is not None:
-        target = true_u
-        if target is None and sign in ("positive", "negative"):
-            target = _nearest_outside(truth, lo, hi)
-        if target is not None:
-            covered = (open_lo or i_lo <= target) and (open_hi or target <= i_hi)
+    if reported and i_lo is not None and i_hi is not None and true_u is not None:
+        covered = (open_lo or i_lo <= true_u) and (open_hi or true_u <= i_hi)
     outcome = _outcome(
-        fit, sign, true_u, error, i_lo=i_lo, i_hi=i_hi, open_lo=open_lo, open_hi=open_hi
+        fit, sign, first, error, i_lo=i_lo, i_hi=i_hi, open_lo=open_lo, open_hi=open_hi
     )
     if not determinate:
         outcome = "truth_flat"
     return ModeResult(
         mode=truth.mode, outcome=outcome, true_u=true_u,
-        true_lo=t_lo if math.isfinite(t_lo) else None,
-        true_hi=t_hi if math.isfinite(t_hi) else None, true_share=share, true_sign=sign,
-        truth_determinate=determinate, true_crossings=tuple(c.u for c in truth.crossings),
-        fitted_u=f_u, lo=i_lo, hi=i_hi, open_lo=open_lo, open_hi=open_hi, error_pp=error,
-        covered=covered, can_tell=fit.can_tell, verdict=fit.verdict, why=fit.why,
-        support=(lo, hi), truth_support=truth.support, gains=_gain_checks(truth, fit),
-        cov_type=fit.cov_type, windows=fit.n,
+        true_lo=first.lo if first else None, true_hi=first.hi if first else None,
+        true_sign=sign, truth_determinate=determinate,
+        true_crossings=tuple(c.u for c in truth.crossings), fitted_u=f_u, lo=i_lo, hi=i_hi,
+        open_lo=open_lo, open_hi=open_hi, error_pp=error, covered=covered,
+        can_tell=fit.can_tell, verdict=fit.verdict, why=fit.why, support=(lo, hi),
+        truth_support=truth.support, gains=_gain_checks(truth, fit), cov_type=fit.cov_type,
+        windows=fit.n,
     )  # fmt: skip
 
 
-def _nearest_outside(truth: TruthCurve, lo: float, hi: float) -> float | None:
-    outside = [c.u for c in truth.crossings if c.u < lo or c.u > hi]
-    return min(outside, key=lambda u: min(abs(u - lo), abs(u - hi))) if outside else None
-
-
 def _outcome(
-    fit: GainFit, sign: str, true_u: float | None, error: float | None, *,
+    fit: GainFit, sign: str, first: Crossing | None, error: float | None, *,
     i_lo: float | None, i_hi: float | None, open_lo: bool, open_hi: bool,
 ) -> str:  # fmt: skip
     if fit.verdict == "crosses":
-        if true_u is None:
+        if first is None:
             return "false_crossing" if fit.can_tell else "cannot_tell"
         if not fit.can_tell:
             return "cannot_tell"
         assert error is not None and i_lo is not None and i_hi is not None
         if abs(error) <= 100 * TOLERANCE:
             return "ok"
-        miss = max(i_lo - true_u if not open_lo else 0.0, true_u - i_hi if not open_hi else 0.0)
+        miss = max(i_lo - first.u if not open_lo else 0.0, first.u - i_hi if not open_hi else 0.0)
         return "confidently_wrong" if miss > TOLERANCE else "off"
     if fit.verdict in ("positive_throughout", "negative_throughout"):
         claimed = fit.verdict.split("_")[0]
         if sign == claimed:
             return "agrees_none"
-        return "missed" if sign == "crosses" else "wrong_sign"
+        if first is None:
+            return "wrong_sign"
+        # "no break-even in [lo, hi]" puts u* beyond the edge where the claimed sign starts:
+        # right to within the tolerance when the true crossing is that close to the edge
+        lo, hi = fit.support
+        edge = lo if (claimed == "positive") == first.rising else hi
+        return "agrees_edge" if abs(first.u - edge) <= TOLERANCE else "missed"
     return "cannot_tell"
 
 
@@ -355,7 +374,7 @@ def simulate_case(
     """Calibrate, simulate the telemetry (-> frame) and measure the truth (module doc)."""
     seconds: dict[str, float] = {}
     t0 = time.perf_counter()
-    cap = capacity(draw, budget)
+    cap = capacity(draw, budget, say)
     seconds["calibrate"] = time.perf_counter() - t0
     if say:
         say(f"{draw.name}: capacity {cap:.4g} {draw.rate_unit}")

@@ -40,12 +40,20 @@ import math
 import random
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from collector.errors import ConfigError
 
+if TYPE_CHECKING:
+    import numpy as np
+    import numpy.typing as npt
+
+    Array = npt.NDArray[np.float64]
+
 SATURATED = 0.97  # served / offered tokens below this: the level is saturated
 N_BOOT = 200
+GRID = 401
+LEVEL = 0.90
 MAX_NEW = 2  # rates added per refinement round and mode
 
 
@@ -69,13 +77,19 @@ class LevelResult:
 
 @dataclass(frozen=True, slots=True)
 class Crossing:
-    """Where a gain curve changes sign."""
+    """A located sign change of the gain: ``u`` and the stretch [lo, hi] around it where
+    the gain's 90 % bootstrap band contains 0 (planner.fit_gain.located_crossings)."""
 
     u: float
+    lo: float
+    hi: float
     rising: bool  # gain goes from negative to positive as u grows
 
 
-def _curve(points: Sequence[tuple[float, float, float]]) -> tuple[list[float], list[float]]:
+Points = Sequence[tuple[float, float, float]]  # (rate, u, tp) of one arm's levels
+
+
+def _curve(points: Points) -> tuple[list[float], list[float]]:
     """(rate, u, tp) -> (u, tp) ordered by rate; by u where u does not rise with the rate;
     equal u keep their mean throughput."""
     xy = [(u, tp) for _, u, tp in sorted(points)]
@@ -92,41 +106,33 @@ def _curve(points: Sequence[tuple[float, float, float]]) -> tuple[list[float], l
     return us, ts
 
 
-def _crossings(
-    none: Sequence[tuple[float, float, float]], off: Sequence[tuple[float, float, float]]
-) -> tuple[tuple[float, float], list[Crossing]]:
-    """Support and sign changes of tp_off(u)/tp_none(u) - 1 (piecewise-linear interpolants,
-    evaluated on 16 points between consecutive breakpoints)."""
+def _gain(
+    grid: Array,
+    none: Sequence[tuple[float, float, float]],
+    off: Sequence[tuple[float, float, float]],
+) -> Array:
+    """tp_off(u)/tp_none(u) - 1 on ``grid`` (piecewise-linear interpolants of each arm)."""
     import numpy as np
 
     un, tn = _curve(none)
     uo, to = _curve(off)
-    lo, hi = max(un[0], uo[0]), min(un[-1], uo[-1])
-    if not lo < hi:
-        return (lo, hi), []
-    knots = np.unique(np.clip(np.array([lo, hi, *un, *uo]), lo, hi))
-    pieces = [np.linspace(a, b, 16, endpoint=False) for a, b in itertools.pairwise(knots)]
-    grid = np.concatenate([*pieces, knots[-1:]])
-    g = np.interp(grid, uo, to) / np.interp(grid, un, tn) - 1.0
-    s = np.sign(g)
-    out: list[Crossing] = []
-    for i in np.flatnonzero(s[:-1] * s[1:] < 0):
-        x = grid[i] - g[i] * (grid[i + 1] - grid[i]) / (g[i + 1] - g[i])
-        out.append(Crossing(float(x), bool(g[i + 1] > g[i])))
-    return (float(lo), float(hi)), out
+    out: Array = np.interp(grid, uo, to) / np.interp(grid, un, tn) - 1.0
+    return out
 
 
 @dataclass(frozen=True, slots=True)
 class TruthCurve:
-    """The utilization-matched gain of one offload mode against none, with the bootstrap
-    replicates of its crossings."""
+    """The utilization-matched gain of one offload mode against none on a grid over the
+    utilizations both arms reach, with its pointwise 90 % batch-bootstrap band."""
 
     mode: str
     none: tuple[LevelResult, ...]
     off: tuple[LevelResult, ...]
-    support: tuple[float, float]  # utilizations both arms reach
-    crossings: tuple[Crossing, ...]
-    boot: tuple[tuple[float, ...], ...] = ()  # crossings of each bootstrap replicate
+    support: tuple[float, float]
+    grid: tuple[float, ...]
+    mean: tuple[float, ...]  # gain of the measured curves
+    band: tuple[tuple[float, float], ...]  # (5th, 95th) percentile of the replicates
+    crossings: tuple[Crossing, ...]  # located sign changes (module doc)
 
     def gain(self, u: float) -> float:
         """Relative gain at utilization ``u`` (NaN outside the support)."""
@@ -135,51 +141,52 @@ class TruthCurve:
         lo, hi = self.support
         if not lo <= u <= hi:
             return math.nan
-        un, tn = _curve([(p.rate, p.u, p.served_tp) for p in self.none])
-        uo, to = _curve([(p.rate, p.u, p.served_tp) for p in self.off])
-        return float(np.interp(u, uo, to) / np.interp(u, un, tn) - 1.0)
+        return float(np.interp(u, self.grid, self.mean))
+
+    def first_in(self, lo: float, hi: float) -> Crossing | None:
+        """The first located crossing with ``lo <= u <= hi``."""
+        return next((c for c in self.crossings if lo <= c.u <= hi), None)
 
     def sign_on(self, lo: float, hi: float) -> str:
-        """``crosses`` when a crossing lies in [lo, hi], else ``positive``/``negative``
-        (the sign of the gain in the middle of the range), ``unknown`` without overlap."""
+        """On [lo, hi] ∩ support: ``crosses`` (a located crossing), else ``positive`` /
+        ``negative`` (the sign where the band excludes 0), ``flat`` (it never does) or
+        ``unknown`` (no overlap)."""
         a, b = max(lo, self.support[0]), min(hi, self.support[1])
         if not a < b:
             return "unknown"
-        if any(a <= c.u <= b for c in self.crossings):
+        if self.first_in(a, b) is not None:
             return "crosses"
-        return "positive" if self.gain(0.5 * (a + b)) > 0 else "negative"
-
-    def located(self, u0: float, level: float = 0.9) -> tuple[float, float, float]:
-        """How well the crossing at ``u0`` is located: (share of bootstrap replicates with a
-        crossing, and the ``level`` percentile interval of each replicate's crossing
-        nearest to ``u0``; NaN when no replicate has one)."""
-        import numpy as np
-
-        near = [min(b, key=lambda u: abs(u - u0)) for b in self.boot if b]
-        share = len(near) / max(len(self.boot), 1)
-        if not near:
-            return share, math.nan, math.nan
-        tail = (1.0 - level) / 2.0
-        q_lo, q_hi = np.quantile(np.array(near), [tail, 1.0 - tail])
-        return share, float(q_lo), float(q_hi)
-
-    def share_crossing_in(self, lo: float, hi: float) -> float:
-        """Share of bootstrap replicates with a crossing in [lo, hi]."""
-        return sum(any(lo <= u <= hi for u in b) for b in self.boot) / max(len(self.boot), 1)
+        sig = [
+            m for u, m, (q0, q1) in zip(self.grid, self.mean, self.band, strict=True)
+            if a <= u <= b and (q0 > 0 or q1 < 0)
+        ]  # fmt: skip
+        if not sig:
+            return "flat"
+        return "positive" if sig[0] > 0 else "negative"
 
 
 def truth_curve(
     mode: str, none: Sequence[LevelResult], off: Sequence[LevelResult], *, seed: int = 0
 ) -> TruthCurve:
-    """The gain curve from both arms' levels (``served_tp`` set) and its batch bootstrap."""
+    """The gain curve from both arms' levels (``served_tp`` set), its batch bootstrap band
+    and its located crossings."""
+    import numpy as np
+
+    from planner.fit_gain import located_crossings
+
     if len(none) < 2 or len(off) < 2:
         raise ConfigError("truth curve needs at least two rates per arm")
-    support, crossings = _crossings(
-        [(p.rate, p.u, p.served_tp) for p in none], [(p.rate, p.u, p.served_tp) for p in off]
-    )
+    pn = [(p.rate, p.u, p.served_tp) for p in none]
+    po = [(p.rate, p.u, p.served_tp) for p in off]
+    lo = max(min(p.u for p in none), min(p.u for p in off))
+    hi = min(max(p.u for p in none), max(p.u for p in off))
+    if not lo < hi:
+        raise ConfigError(f"truth {mode}: the arms' utilizations do not overlap")
+    grid = np.linspace(lo, hi, GRID)
+    mean = _gain(grid, pn, po)
     rng = random.Random(seed)
-    boot: list[tuple[float, ...]] = []
-    for _ in range(N_BOOT):
+    reps = np.empty((N_BOOT, GRID))
+    for k in range(N_BOOT):
         picks: dict[float, list[int]] = {}
         arms = []
         for arm in (none, off):
@@ -187,12 +194,20 @@ def truth_curve(
             for p in arm:
                 nb = len(p.batch_u)
                 idx = picks.setdefault(p.rate, [rng.randrange(nb) for _ in range(nb)])
-                u = sum(p.batch_u[i] for i in idx) / nb
-                tp = sum(p.batch_tp[i] for i in idx) / nb
-                pts.append((p.rate, u, tp))
+                pts.append(
+                    (p.rate, sum(p.batch_u[i] for i in idx) / nb,
+                     sum(p.batch_tp[i] for i in idx) / nb)
+                )  # fmt: skip
             arms.append(pts)
-        boot.append(tuple(c.u for c in _crossings(arms[0], arms[1])[1]))
-    return TruthCurve(mode, tuple(none), tuple(off), support, tuple(crossings), tuple(boot))
+        reps[k] = _gain(grid, arms[0], arms[1])
+    tail = (1.0 - LEVEL) / 2.0
+    q0, q1 = np.quantile(reps, [tail, 1.0 - tail], axis=0)
+    ok = (q0 <= 0.0) & (q1 >= 0.0)
+    crossings = tuple(Crossing(*c) for c in located_crossings(grid, mean, ok))
+    return TruthCurve(
+        mode, tuple(none), tuple(off), (float(lo), float(hi)), tuple(grid.tolist()),
+        tuple(mean.tolist()), tuple(zip(q0.tolist(), q1.tolist(), strict=True)), crossings,
+    )  # fmt: skip
 
 
 def run_level(

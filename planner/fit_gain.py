@@ -21,14 +21,21 @@ has ≥ 2 engines and there are ≥ 4 in all — engine-level differences then e
 error, as they must when the mode is fixed per engine — and HC3 otherwise (windows treated
 as independent; ``assumptions`` says what that leaves out). With fewer than 10 engines CR1
 is too narrow (Cameron & Miller 2015). Pointwise intervals for g(u) (Wald) and
-g(u)/none(u) (delta method). The break-even u* solves g(u*) = 0 (a sign change
-of the estimated gain inside the support). Its interval, by default, is Fieller's: the
-set {u : |g(u)| ≤ t·se(g(u))} of break-evens not rejected by a level-α test, i.e. the
-inversion of the pointwise test — it stays valid when g is flat (the delta method's
-ĝ'(u*) in the denominator does not), and is the component containing u*, evaluated on a
-401-point grid over the support. In seeded simulations (20 engines, 240 windows each,
-engine random effects) its 90 % interval covered the true u* in 91 of 100 replicates
-(tests/planner/test_fit_gain.py checks 50); with 4 + 4 engines, 84 of 100. Alternatively
+g(u)/none(u) (delta method). The break-even u* solves g(u*) = 0: a sign change of the
+estimated gain that the data *locate*, i.e. one between two utilizations where the gain's
+interval excludes 0 with opposite signs (:func:`located_crossings`). Its interval, by
+default, is Fieller's: the set {u : |g(u)| ≤ t·se(g(u))} of break-evens not rejected by a
+level-α test, i.e. the inversion of the pointwise test — it stays valid when g is flat
+(the delta method's ĝ'(u*) in the denominator does not) — namely the accepted stretch
+around u*, evaluated on a 401-point grid over the support. Sign changes of the estimate
+inside a stretch where the interval contains 0 and that reaches the edge of the support,
+or has the same sign on both sides, are not break-evens: in real telemetry the absolute
+gain goes to 0 with the throughput as u → 0, so the estimate wanders across 0 near the
+low edge (planner/accuracy.py: in the simulator study this happened in most cases and,
+taken as the break-even, turned a clear answer into "reaches the edge"). In seeded
+simulations (20 engines, 240 windows each, engine random effects) its 90 % interval
+covered the true u* in 91 of 100 replicates (tests/planner/test_fit_gain.py checks 50);
+with 4 + 4 engines, 84 of 100. Alternatively
 ``interval_method="bootstrap"``: a seeded stratified cluster bootstrap (engines resampled
 with replacement within each mode; percentile interval), bounded by ``n_boot`` and
 ``time_budget_s`` — it covered 86/100 (20 engines) and 80/100 (8 engines) in the same
@@ -45,9 +52,11 @@ windows as independent (serial correlation makes it too narrow); CR1 needs enoug
 When the data cannot tell
 -------------------------
 ``can_tell`` is False with a reason when: a mode has too few windows; the utilization
-ranges do not overlap; there is no crossing in the support (``verdict`` then says
-``positive_throughout`` / ``negative_throughout``); the gain's interval contains 0 at
-every u (``undetermined``); or the break-even interval reaches the edge of the support.
+ranges do not overlap; no break-even is located in the support (``verdict`` then says
+``positive_throughout`` / ``negative_throughout``: the sign wherever the interval excludes
+0); the gain's interval contains 0 at every u (``undetermined``); the gain changes sign
+(located) more than once; or, with the bootstrap, the break-even interval reaches the edge
+of the support.
 """
 
 from __future__ import annotations
@@ -245,16 +254,25 @@ def fit_gain(
             f"the gain's {level:.0%} interval contains 0 at every {util} in {span}: "
             "the data cannot tell its sign"
         )
-    if not roots:
-        sign = ">" if gain[0] > 0 else "<"
-        return cannot(
-            f"no break-even: gain {sign} 0 throughout {span} (its interval excludes 0 on "
-            f"{float(np.mean(~ok)):.0%} of it)",
-            verdict="positive_throughout" if gain[0] > 0 else "negative_throughout",
+    located = located_crossings(fine, gain, ok)
+    if not located:
+        # every stretch where the interval excludes 0 has the same sign: no break-even
+        # the data can locate (where the estimate changes sign, its interval contains 0)
+        positive = bool(gain[~ok][0] > 0)
+        loose = (
+            f"; the estimate crosses 0 at {', '.join(fmt(r) for r in roots)}, where its "
+            "interval contains 0"
+            if roots
+            else ""
         )
-    root = roots[0]
+        return cannot(
+            f"no break-even: gain {'>' if positive else '<'} 0 throughout {span} (its interval "
+            f"excludes 0 on {float(np.mean(~ok)):.0%} of it{loose})",
+            verdict="positive_throughout" if positive else "negative_throughout",
+        )
+    root, iv_lo, iv_hi, rising = located[0]
+    open_lo = open_hi = False
     if interval_method == "fieller":
-        iv_lo, iv_hi, open_lo, open_hi = _component(fine, ok, root)
         how = f"Fieller (inverted pointwise {cov_type} t-test)"
     else:
         with recorded_warnings() as more:
@@ -270,12 +288,12 @@ def fit_gain(
             f"the break-even interval reaches the edge of the common support {span}: "
             "u* may lie outside the observed range"
         )
-    elif len(roots) > 1:
+    elif len(located) > 1:
         why = (
-            f"the estimated gain crosses 0 {len(roots)} times "
-            f"({', '.join(fmt(r) for r in roots)}); the first is reported"
+            f"the gain changes sign {len(located)} times where its interval excludes 0 "
+            f"(at {', '.join(fmt(c[0]) for c in located)}); the first is reported"
         )
-    better = "above" if gain[-1] > gain[0] else "below"
+    better = "above" if rising else "below"
     out.update(
         estimate=float(root),
         interval=Interval(iv_lo, iv_hi, level),
@@ -355,21 +373,32 @@ def _roots(u: Array, gain: Array) -> list[float]:
     return sorted(out + [float(u[i]) for i in exact])
 
 
-def _component(u: Array, ok: npt.NDArray[np.bool_], root: float) -> tuple[float, float, bool, bool]:
-    """The run of accepted grid points containing ``root``: (lo, hi, open_lo, open_hi)."""
+def located_crossings(
+    u: Array, gain: Array, ok: npt.NDArray[np.bool_]
+) -> list[tuple[float, float, float, bool]]:
+    """Sign changes of ``gain`` that the data locate: (root, lo, hi, rising) for each pair of
+    consecutive grid points where the interval excludes 0 (``~ok``) with opposite signs.
+
+    [lo, hi] is the accepted stretch between them (the Fieller set around the crossing, on
+    the grid; widened to the root when the root falls between grid points) and root the
+    first sign change of the estimate between them. A sign change inside a stretch of
+    accepted points that reaches the edge of the grid, or that has the same sign on both
+    sides, is not located: the gain is not distinguishable from 0 there (near u = 0 both
+    modes' throughput, hence the absolute gain, go to 0, so the estimate often wanders
+    across 0 at the low edge).
+    """
     import numpy as np
 
-    i = int(np.clip(np.searchsorted(u, root), 0, u.size - 1))
-    if not ok[i] and i > 0 and ok[i - 1]:
-        i -= 1
-    if not ok[i]:  # tiny interval between grid points
-        return root, root, False, False
-    lo_i, hi_i = i, i
-    while lo_i > 0 and ok[lo_i - 1]:
-        lo_i -= 1
-    while hi_i < u.size - 1 and ok[hi_i + 1]:
-        hi_i += 1
-    return float(u[lo_i]), float(u[hi_i]), lo_i == 0, hi_i == u.size - 1
+    sig = np.flatnonzero(~ok)
+    out: list[tuple[float, float, float, bool]] = []
+    for a, b in zip(sig[:-1].tolist(), sig[1:].tolist(), strict=True):
+        if (gain[a] > 0) == (gain[b] > 0):
+            continue
+        seg = slice(a, b + 1)
+        root = _roots(u[seg], gain[seg])[0]
+        lo, hi = (float(u[a + 1]), float(u[b - 1])) if b > a + 1 else (root, root)
+        out.append((root, min(lo, root), max(hi, root), bool(gain[b] > 0)))
+    return out
 
 
 def _bootstrap(

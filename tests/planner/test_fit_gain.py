@@ -10,7 +10,7 @@ import pytest
 import statsmodels.api as sm
 
 from collector.errors import ConfigError, InsufficientHistory
-from planner.fit_gain import fit_gain
+from planner.fit_gain import fit_gain, located_crossings
 from planner.fitcommon import engine_groups, ols_robust
 from planner.fitsynth import Truth, synthetic_frame
 
@@ -140,3 +140,38 @@ def test_fit_gain_break_even_coverage_over_seeded_replicates() -> None:
         for s in range(50)
     )
     assert 40 <= covered <= 48
+
+
+def _proportional_gain_frame(seed: int, relative: float) -> pd.DataFrame:
+    """Throughput ∝ utilization in both modes (so the absolute gain → 0 as u → 0), offload
+    ``relative`` better everywhere; 4 + 4 engines of 200 windows."""
+    rng = np.random.default_rng(seed)
+    parts = []
+    for e in range(8):
+        u = rng.uniform(0.01, 0.9, 200)
+        tp = 20000.0 * u * (1.0 + (relative if e % 2 else 0.0))
+        tp = tp * (1.0 + rng.normal(0.0, 0.08, u.size)) + rng.normal(0.0, 30.0, u.size)
+        parts.append(pd.DataFrame({"source": f"e{e}", "engine": "0", "kv_util": u,
+                                   "tokens_per_s": tp,
+                                   "offload_mode": "native" if e % 2 else "none"}))  # fmt: skip
+    return pd.concat(parts, ignore_index=True)
+
+
+def test_fit_gain_sign_change_near_zero_utilization_is_not_a_break_even() -> None:
+    # seed 3: the estimate dips below 0 near the low edge, where its interval contains 0
+    fit = fit_gain(_proportional_gain_frame(3, 0.1), offload="native", level=0.9)
+    assert fit.roots and fit.roots[0] < 0.06
+    assert fit.verdict == "positive_throughout"
+    assert not fit.can_tell
+    assert "where its interval contains 0" in fit.why
+
+
+def test_located_crossings_skip_sign_changes_not_bounded_by_significant_gain() -> None:
+    u = np.linspace(0.0, 1.0, 11)
+    gain = np.array([0.1, -0.1, -2.0, -3.0, -1.0, 0.2, 0.5, 3.0, 4.0, 0.3, 5.0])
+    ok = np.abs(gain) <= 0.6  # interval contains 0
+    # wiggle at the low edge (0.1 -> -0.1) and the dip at 0.9 are inside accepted stretches
+    [(root, lo, hi, rising)] = located_crossings(u, gain, ok)
+    assert (root, lo, hi) == pytest.approx((0.4 + 0.1 / 1.2, 0.4 + 0.1 / 1.2, 0.6))
+    assert rising
+    assert located_crossings(u, np.abs(gain) + 1.0, np.zeros(11, dtype=bool)) == []
