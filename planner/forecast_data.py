@@ -250,39 +250,78 @@ def demand_series_from_windows(
     Series are summed per window start; inside a series' own lifetime a missing window is
     interpolated (so one late scrape is not read as a drop in demand), outside it the series
     contributes 0 (an engine that was not there). Returns a Series indexed by window start
-    (epoch seconds), named after the signal.
+    (epoch seconds), named after the signal. :func:`demand_series_from_frame` does the same
+    from the columnar frame of ``Store.read_frame``.
     """
+    from collector.store_frame import windows_frame
+
+    mine = [w for w in windows if w.signal == signal]
+    frame = windows_frame(mine, FRAME_COLUMNS)
+    return demand_series_from_frame(frame, signal=signal, capacity_tokens=capacity_tokens)
+
+
+# The Store.read_frame columns demand_series_from_frame reads.
+FRAME_COLUMNS = ("source", "signal", "labels", "kind", "start", "length_s", "delta", "rate",
+                 "mean")  # fmt: skip
+
+
+def demand_series_from_frame(
+    frame: pd.DataFrame,
+    *,
+    signal: str = "kv_cache_usage_ratio",
+    capacity_tokens: float | Mapping[str, float] | None = None,
+) -> pd.Series:
+    """:func:`demand_series_from_windows` from a ``Store.read_frame`` frame (FRAME_COLUMNS;
+    NaN = unknown): the same series from the same windows."""
+    import json
+
     import numpy as np
     import pandas as pd
 
-    rows: list[tuple[float, str, float]] = []
-    for w in windows:
-        if w.signal != signal:
-            continue
-        if w.kind in ("gauge", "ratio"):
-            value = w.mean
-        elif w.kind == "counter":
-            value = w.rate
-        else:
-            value = None if w.delta is None or w.length_s <= 0 else w.delta / w.length_s
-        if value is None or not math.isfinite(value):
-            continue
-        if capacity_tokens is not None:
-            if isinstance(capacity_tokens, Mapping):
-                if w.source not in capacity_tokens:
-                    raise SeriesError(
-                        f"capacity_tokens has no entry for source {w.source!r} "
-                        f"(signal {signal}, window start {w.start:.0f})"
-                    )
-                value *= capacity_tokens[w.source]
-            else:
-                value *= capacity_tokens
-        key = w.source + "|" + ",".join(f"{k}={val}" for k, val in w.labels)
-        rows.append((w.start, key, value))
-    if not rows:
+    rows = np.flatnonzero((frame["signal"] == signal).to_numpy(dtype=bool))
+
+    def col(name: str) -> FloatArray:
+        out: FloatArray = frame[name].to_numpy(dtype=np.float64, na_value=np.nan)[rows]
+        return out
+
+    def text(name: str) -> npt.NDArray[np.object_]:
+        return frame[name].take(rows).to_numpy(dtype=object)
+
+    kind, delta, length = text("kind"), col("delta"), col("length_s")
+    with np.errstate(invalid="ignore", divide="ignore"):
+        per_s = np.where(np.isnan(delta) | ~(length > 0), np.nan, delta / length)
+    value = np.where(kind == "counter", col("rate"), per_s)  # a histogram: observations/s
+    value = np.where((kind == "gauge") | (kind == "ratio"), col("mean"), value)
+    keep = np.isfinite(value)
+    rows, value = rows[keep], value[keep]
+    if rows.size == 0:
         raise SeriesError(f"no windows of signal {signal!r} with a value")
-    frame = pd.DataFrame(rows, columns=["start", "series", "value"])
-    wide = frame.pivot_table(index="start", columns="series", values="value", aggfunc="mean")
+    sources, start = text("source"), col("start")
+    src_codes, src_names = pd.factorize(sources)
+    if isinstance(capacity_tokens, Mapping):
+        missing = [i for i, s in enumerate(src_names.tolist()) if s not in capacity_tokens]
+        if missing:
+            at = int(np.flatnonzero(np.isin(src_codes, missing))[0])
+            raise SeriesError(
+                f"capacity_tokens has no entry for source {sources[at]!r} "
+                f"(signal {signal}, window start {start[at]:.0f})"
+            )
+        per_source = [float(capacity_tokens[s]) for s in src_names.tolist()]
+        value = value * np.asarray(per_source, dtype=np.float64)[src_codes]
+    elif capacity_tokens is not None:
+        value = value * capacity_tokens
+    # Series key "source|k=v,…" (labels in name order), built once per distinct series.
+    lab_codes, lab_texts = pd.factorize(text("labels"))
+    width = max(len(lab_texts), 1)
+    pair_codes, pairs = pd.factorize(src_codes.astype(np.int64) * width + lab_codes)
+    keys = [
+        f"{src_names[p // width]}|"
+        + ",".join(f"{k}={v}" for k, v in json.loads(lab_texts[p % width]).items())
+        for p in pairs.tolist()
+    ]
+    series = np.asarray(keys, dtype=object)[pair_codes]
+    long = pd.DataFrame({"start": start, "series": series.tolist(), "value": value})
+    wide = long.pivot_table(index="start", columns="series", values="value", aggfunc="mean")
     wide = wide.interpolate(method="index", limit_area="inside").fillna(0.0)
     out = wide.sum(axis=1).astype(np.float64)
     out.index = out.index.astype(np.float64)

@@ -137,8 +137,9 @@ def _table(
     """Numeric columns (start, length_s, fields) and coded columns (source, engine, signal).
 
     A DataFrame input needs ``source``, ``signal``, ``start``, ``length_s`` and either an
-    ``engine`` column or a ``labels`` column (Labels tuples); missing field columns are NaN.
-    Categorical ``source``/``engine``/``signal`` columns are the fast path (no hashing).
+    ``engine`` column or a ``labels`` column (Labels tuples); missing field columns are NaN;
+    rows of other signals are ignored. Categorical ``source``/``engine``/``signal`` columns
+    (``Store.read_frame``) are the fast path (no hashing).
     """
     import numpy as np
     import pandas as pd
@@ -146,6 +147,9 @@ def _table(
     num: dict[str, npt.NDArray[np.float64]] = {}
     if isinstance(windows, pd.DataFrame):
         df = windows
+        keep = df["signal"].isin(SIGNALS).to_numpy(dtype=bool)
+        if not keep.all():  # other signals are ignored, as for Window records
+            df = df[keep]
         engine = (
             df["engine"]
             if "engine" in df.columns

@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from collector.errors import ConfigError, KvscopeError
@@ -26,6 +26,7 @@ from planner.evidence import Evidence
 from planner.plan_fits import FitRun, Hardware, gain_evidence, hit_curve, mfu_evidence, run_fits
 from planner.plan_forecast import ForecastRun, kv_capacity, run_forecasts
 from planner.plan_observe import NEEDED_SIGNALS, modes_by_source, most_common, observe
+from planner.plan_table import PLAN_COLUMNS, WindowTable
 from planner.sizing import Sizing, size
 
 if TYPE_CHECKING:
@@ -55,11 +56,13 @@ class NoData(KvscopeError):
 
 @dataclass(frozen=True, slots=True, eq=False)
 class PlanDetails:
-    """What the plots need beyond the JSON: the frame, the fit objects, the forecasts."""
+    """What the plots need beyond the JSON: the frame, the fit objects, the forecasts; and
+    the seconds each stage took (read, frame, observe, fits, forecasts, decide)."""
 
     frame: pd.DataFrame
     fits: Mapping[str, FitRun]
     forecasts: ForecastRun
+    seconds: Mapping[str, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -183,9 +186,16 @@ def build_plan(
     gpu_price_per_hour: float | None = None,
     seed: int = 0,
     forecast_seconds: float = 8.0,
+    columnar: bool = True,
 ) -> Plan:
     """Read, fit, forecast, decide and size (module docstring). Raises NoData when the store
-    has no windows for the cluster and period, ConfigError on a bad argument."""
+    has no windows for the cluster and period, ConfigError on a bad argument.
+
+    The windows are read as one columnar frame (Store.read_frame); ``columnar=False`` reads
+    Window records (read_windows) instead and converts them: the same plan, much slower for
+    millions of windows, kept as the reference the columnar path is tested against.
+    """
+    from collector.store_frame import windows_frame
     from planner.frames import engine_frame
 
     if not (math.isfinite(horizon_s) and horizon_s > 0):
@@ -196,16 +206,33 @@ def build_plan(
         math.isfinite(gpu_price_per_hour) and gpu_price_per_hour >= 0
     ):
         raise ConfigError(f"gpu price must be a number >= 0, got {gpu_price_per_hour!r}")
-    windows = store.read_windows(
-        signals=sorted(NEEDED_SIGNALS), cluster=cluster, since=since, until=until
-    )
-    if not windows:
+    took: dict[str, float] = {}
+    clock = time.perf_counter()
+
+    def lap(stage: str) -> None:
+        nonlocal clock
+        now = time.perf_counter()
+        took[stage] = now - clock
+        clock = now
+
+    signals = sorted(NEEDED_SIGNALS)
+    if columnar:
+        table = store.read_frame(
+            signals=signals, cluster=cluster, since=since, until=until, columns=PLAN_COLUMNS
+        )
+    else:
+        rows = store.read_windows(signals=signals, cluster=cluster, since=since, until=until)
+        table = windows_frame(rows, PLAN_COLUMNS)
+    if not len(table):
         raise _no_data(store, cluster, since)
-    records = store.engines(cluster)
-    meta = {e.source: e for e in records}
-    frame = engine_frame(windows, meta)
+    windows = WindowTable(table)
+    lap("read")
+    engines = store.engines(cluster)
+    meta = {e.source: e for e in engines}
+    frame = engine_frame(table, meta)
+    lap("frame")
     present = set(frame["source"].astype(str))
-    in_window = [e for e in records if e.source in present]
+    in_window = [e for e in engines if e.source in present]
     basis: list[str] = [
         f"{len(windows)} windows of {len(present)} source(s) from {store.url}"
         + (f", cluster {cluster!r}" if cluster else ""),
@@ -221,9 +248,12 @@ def build_plan(
     hw_names, hw = _hardware(in_window, basis)
     modes = {s: m for s, m in modes_by_source(in_window).items() if s in present}
     happening, ev_obs = observe(frame, windows, modes)
+    lap("observe")
     fits = run_fits(frame, hw, seed=seed)
+    lap("fits")
     cap = kv_capacity(windows, {e.source: e.facts for e in in_window}, hw)
     fc = run_forecasts(windows, cap, horizon_s=horizon_s, seed=seed, max_seconds=forecast_seconds)
+    lap("forecasts")
     u_now = ev_obs.get("kv_util_p50")
     native, native_at = gain_evidence(fits["gain_native"], u_now)
     lmcache, lmcache_at = gain_evidence(fits["gain_lmcache"], u_now)
@@ -249,8 +279,8 @@ def build_plan(
     except ConfigError as exc:
         sizing_error = str(exc)
     basis += _basis(evidence, fits, fc)
-    first = min(w.start for w in windows)
-    last = max(w.start + w.length_s for w in windows)
+    first = float(table["start"].min())
+    last = float((table["start"] + table["length_s"]).max())
     window = {
         "since": since,
         "until": until,
@@ -262,6 +292,7 @@ def build_plan(
         "engines": evidence.engines or 0,
         "sources": len(present),
     }
+    lap("decide")
     return Plan(
         cluster,
         window,
@@ -274,7 +305,7 @@ def build_plan(
         sizing_error,
         _cost(evidence, sizing, gpu_price_per_hour),
         tuple(basis),
-        PlanDetails(frame, fits, fc),
+        PlanDetails(frame, fits, fc, took),
     )
 
 

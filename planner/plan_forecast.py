@@ -25,9 +25,12 @@ from planner import costmodel
 from planner.evidence import ValueCI
 from planner.forecast_agree import compare
 from planner.plan_fits import Hardware, cannot_entry, finite, value_ci
+from planner.plan_table import WindowTable
 
 if TYPE_CHECKING:
     import pandas as pd
+
+    Windows = Sequence[Window] | pd.DataFrame | WindowTable
 
     from planner.forecast import Forecast
 
@@ -59,10 +62,20 @@ class ForecastRun:
 
 
 def kv_capacity(
-    windows: Sequence[Window], facts: Mapping[str, Mapping[str, Any]], hw: Hardware | None
+    windows: Windows, facts: Mapping[str, Mapping[str, Any]], hw: Hardware | None
 ) -> Capacity | None:
-    """HBM KV capacity of every engine that reports KV usage (module docstring)."""
-    series = {(w.source, w.labels) for w in windows if w.signal == KV_SIGNAL}
+    """HBM KV capacity of every engine that reports KV usage (module docstring).
+
+    ``windows``: Window records or their table (planner/plan_table.py).
+    """
+    import numpy as np
+
+    t = WindowTable.of(windows)
+    rows = t.rows([KV_SIGNAL])
+    pairs = np.unique(np.stack([t.codes("source")[rows], t.codes("labels")[rows]]), axis=1)
+    # One (source, labels) pair per engine reporting KV usage, sorted (capacities are
+    # integers of tokens: the order of the sum does not matter).
+    series = sorted((t.sources[a], int(b)) for a, b in pairs.T.tolist())
     if not series:
         return None
     sources = sorted({s for s, _ in series})
@@ -153,7 +166,7 @@ def _one(
 
 
 def run_forecasts(
-    windows: Sequence[Window],
+    windows: Windows,
     cap: Capacity | None,
     *,
     horizon_s: float,
@@ -162,20 +175,21 @@ def run_forecasts(
 ) -> ForecastRun:
     """KV demand (modelled at each bucket's peak: saturation happens at peaks) and the
     request rate (bucket means); both from planner.forecast with its default level."""
-    from planner.forecast_data import SeriesError, demand_series_from_windows
+    from planner.forecast_data import SeriesError, demand_series_from_frame
 
+    frame = WindowTable.of(windows).frame
     kv_series = rate_series = None
     kv_why = f"no {KV_SIGNAL} windows"
     rate_why = f"no {RATE_SIGNAL} windows"
     if cap is not None:
         try:
-            kv_series = demand_series_from_windows(
-                windows, signal=KV_SIGNAL, capacity_tokens=cap.per_source
+            kv_series = demand_series_from_frame(
+                frame, signal=KV_SIGNAL, capacity_tokens=cap.per_source
             )
         except SeriesError as exc:
             kv_why = str(exc)
     try:
-        rate_series = demand_series_from_windows(windows, signal=RATE_SIGNAL)
+        rate_series = demand_series_from_frame(frame, signal=RATE_SIGNAL)
     except SeriesError as exc:
         rate_why = str(exc)
     kv, kv_entry = _one(

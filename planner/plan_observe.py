@@ -12,7 +12,7 @@ follow from it (planner/evidence.py says where each field comes from).
 from __future__ import annotations
 
 import math
-from collections import Counter, defaultdict
+from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -20,9 +20,12 @@ from collector import catalog
 from collector.catalog import DERIVED_RATIOS
 from collector.records import Window
 from planner.frames import SIGNALS as FRAME_SIGNALS
+from planner.plan_table import WindowTable, seq_sum
 
 if TYPE_CHECKING:
     import pandas as pd
+
+    Windows = Sequence[Window] | pd.DataFrame | WindowTable
 
 RECOMPUTED = "prompt_tokens_recomputed_total"
 PROMPT_TOKENS = "prompt_tokens_total"
@@ -79,70 +82,83 @@ def weighted_median(values: Sequence[float], weights: Sequence[float]) -> float 
 
 
 def pooled_ratio(
-    windows: Sequence[Window], ratio: str, sources: set[str] | None = None
+    windows: Windows, ratio: str, sources: Iterable[str] | None = None
 ) -> tuple[float | None, float]:
     """(Σ Δnumerator / Σ Δdenominator, Σ Δdenominator) over the windows of ``sources``.
 
     The counters are used when present (exact); else the derived ratio windows, weighted by
     their denominator delta. (None, 0) when nothing was queried.
     """
+    import numpy as np
+
+    t = WindowTable.of(windows)
     num_sig, den_sig = _RATIO_OF[ratio]
-    sums: dict[str, float] = defaultdict(float)
-    for w in windows:
-        if sources is not None and w.source not in sources:
-            continue
-        if w.signal in (num_sig, den_sig) and w.delta is not None and math.isfinite(w.delta):
-            sums[w.signal] += w.delta
-        elif w.signal == ratio and _num(w.mean) is not None and (w.delta or 0) > 0:
-            sums["_rnum"] += float(w.mean or 0) * float(w.delta or 0)
-            sums["_rden"] += float(w.delta or 0)
-    if sums[den_sig] > 0:
-        return sums[num_sig] / sums[den_sig], sums[den_sig]
-    if sums["_rden"] > 0:
-        return sums["_rnum"] / sums["_rden"], sums["_rden"]
+    sums = []
+    for signal in (num_sig, den_sig):
+        delta = t.values("delta", t.rows([signal], sources))
+        sums.append(seq_sum(delta[np.isfinite(delta)]))
+    if sums[1] > 0:
+        return sums[0] / sums[1], sums[1]
+    rows = t.rows([ratio], sources)
+    mean, delta = t.values("mean", rows), t.values("delta", rows)
+    keep = np.isfinite(mean) & (delta > 0)
+    den = seq_sum(delta[keep])
+    if den > 0:
+        return seq_sum(mean[keep] * delta[keep]) / den, den
     return None, 0.0
 
 
-def reprefill_share(windows: Sequence[Window]) -> tuple[float | None, str]:
+def reprefill_share(windows: Windows) -> tuple[float | None, str]:
     """Recomputed prompt tokens / prompt tokens on the sources that report recomputation."""
-    recomputed: dict[str, float] = defaultdict(float)
-    prompt: dict[str, float] = defaultdict(float)
-    for w in windows:
-        d = w.delta if w.delta is not None else (w.rate or 0.0) * w.length_s
-        if not math.isfinite(d):
-            continue
-        if w.signal == RECOMPUTED:
-            recomputed[w.source] += d
-        elif w.signal == PROMPT_TOKENS:
-            prompt[w.source] += d
-    den = sum(prompt[s] for s in recomputed)
+    import numpy as np
+
+    t = WindowTable.of(windows)
+    rows = t.rows([RECOMPUTED, PROMPT_TOKENS])
+    delta, rate = t.values("delta", rows), t.values("rate", rows)
+    with np.errstate(invalid="ignore", over="ignore"):
+        from_rate = np.where(np.isnan(rate), 0.0, rate) * t.values("length_s", rows)
+    d = np.where(np.isnan(delta), from_rate, delta)  # a counter without delta: rate × length
+    keep = np.isfinite(d)
+    rows, d = rows[keep], d[keep]
+    src = t.codes("source")[rows]
+    is_rec = t.codes("signal")[rows] == t.code("signal", RECOMPUTED)
+    rec_src = src[is_rec]
+    _, first = np.unique(rec_src, return_index=True)
+    recomputed: list[float] = []
+    den = 0.0
+    for code in rec_src[np.sort(first)].tolist():  # sources in order of first appearance
+        recomputed.append(seq_sum(d[is_rec & (src == code)]))
+        den += seq_sum(d[~is_rec & (src == code)])
     family = catalog.SIGNALS[RECOMPUTED].exported  # the vendor name lives in the catalogue
     if not recomputed or den <= 0:
         return None, (
             f"not derivable: needs {family} (exposed by vLLM 0.16–0.19 only) beside the "
             "prompt-token counter"
         )
-    share = min(max(sum(recomputed.values()) / den, 0.0), 1.0)
+    share = min(max(sum(recomputed) / den, 0.0), 1.0)
     return share, (
         f"Σ recomputed / Σ prompt tokens over {len(recomputed)} source(s) reporting {family}"
     )
 
 
-def lmcache_health(windows: Sequence[Window]) -> bool | None:
+def lmcache_health(windows: Windows) -> bool | None:
     """False when any LMCache healthy gauge ended below 0.5; None when none is exposed."""
-    last: dict[tuple[str, object], tuple[float, float]] = {}
-    for w in windows:
-        if w.signal != LMCACHE_HEALTHY:
-            continue
-        value = _num(w.last if w.last is not None else w.mean)
-        if value is None:
-            continue
-        key = (w.source, w.labels)
-        if key not in last or w.start >= last[key][0]:
-            last[key] = (w.start, value)
-    if not last:
+    import numpy as np
+
+    t = WindowTable.of(windows)
+    rows = t.rows([LMCACHE_HEALTHY])
+    last, mean = t.values("last", rows), t.values("mean", rows)
+    value = np.where(np.isnan(last), mean, last)
+    keep = np.isfinite(value)
+    rows, value = rows[keep], value[keep]
+    if rows.size == 0:
         return None
-    return all(v >= 0.5 for _, v in last.values())
+    labels = t.codes("labels")
+    series = t.codes("source")[rows] * (int(labels.max()) + 2) + labels[rows]
+    # Per series its latest window; of equal starts the later row (a loop keeping >=).
+    order = np.lexsort((np.arange(rows.size), t.values("start", rows), series))
+    ends = np.flatnonzero(np.diff(series[order], append=-1) != 0)
+    return bool((value[order][ends] >= 0.5).all())
 
 
 def _engine_rows(frame: pd.DataFrame) -> pd.DataFrame:
@@ -167,9 +183,7 @@ def current_mode(modes: Mapping[str, str]) -> tuple[str | None, str]:
     return mode, f"{mode}: from engine metadata of {note}"
 
 
-def _mode_summary(
-    rows: pd.DataFrame, windows: Sequence[Window], sources: set[str]
-) -> dict[str, Any]:
+def _mode_summary(rows: pd.DataFrame, windows: WindowTable, sources: set[str]) -> dict[str, Any]:
     import numpy as np
 
     p50, p95 = quantiles(rows["kv_util"].tolist(), [0.5, 0.95])
@@ -190,14 +204,16 @@ def _mode_summary(
 
 
 def observe(
-    frame: pd.DataFrame, windows: Sequence[Window], modes: Mapping[str, str]
+    frame: pd.DataFrame, windows: Windows, modes: Mapping[str, str]
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     """(``happening`` section, Evidence fields) from the frame and the raw windows.
 
-    ``modes`` maps a source to its offload mode (engine metadata).
+    ``windows``: Window records or their table (planner/plan_table.py); ``modes`` maps a
+    source to its offload mode (engine metadata).
     """
     import numpy as np
 
+    windows = WindowTable.of(windows)
     rows = _engine_rows(frame)
     ev: dict[str, Any] = {}
     out: dict[str, Any] = {}
@@ -291,7 +307,8 @@ def observe(
     by_mode: dict[str, Any] = {}
     # LMCache servers scraped as their own targets have no engine rows: their hit counters
     # belong to the lmcache mode.
-    servers = {w.source for w in windows if w.signal.startswith("lmcache_")}
+    lm_rows = windows.rows(s for s in windows.signals if s.startswith("lmcache_"))
+    servers = {windows.sources[c] for c in np.unique(windows.codes("source")[lm_rows]).tolist()}
     servers -= set(rows["source"].astype(str))
     for m in sorted(set(rows["offload_mode"].astype(str))):
         sub = rows[rows["offload_mode"].astype(str) == m]
@@ -322,30 +339,29 @@ def p90_censored(w: Window) -> bool:
     return w.p90 is not None and w.p99 is not None and w.p90 > 0 and w.p99 == w.p90
 
 
-def prompt_lengths(windows: Sequence[Window]) -> tuple[float | None, float | None, bool]:
+def prompt_lengths(windows: Windows) -> tuple[float | None, float | None, bool]:
     """(exact mean, p90, p90 censored) of request_prompt_tokens over the windows.
 
     The p90 is the request-weighted median of the windows' p90s; it is censored (a lower
     bound) when a censored window's p90 is at or below that median, since its real value
     may move the median up (censored values above the median cannot).
     """
-    total = count = 0.0
-    p90s: list[float] = []
-    weights: list[float] = []
-    censored: list[float] = []
-    for w in windows:
-        if w.signal != PROMPT_HIST or not w.delta or w.delta <= 0:
-            continue
-        count += w.delta
-        total += w.sum_delta or 0.0
-        if w.p90 is not None and math.isfinite(w.p90):
-            p90s.append(w.p90)
-            weights.append(w.delta)
-            if p90_censored(w):
-                censored.append(w.p90)
+    import numpy as np
+
+    t = WindowTable.of(windows)
+    rows = t.rows([PROMPT_HIST])
+    delta = t.values("delta", rows)
+    keep = delta > 0  # NaN (unknown) is not
+    rows, delta = rows[keep], delta[keep]
+    count = seq_sum(delta)
+    sums = t.values("sum_delta", rows)
+    total = seq_sum(np.where(np.isnan(sums), 0.0, sums))
+    p90, p99 = t.values("p90", rows), t.values("p99", rows)
+    known = np.isfinite(p90)
+    censored = p90[known & (p90 > 0) & (p99 == p90)]  # as p90_censored, per window
     mean = total / count if count > 0 and total > 0 else None
-    p90 = weighted_median(p90s, weights)
-    return mean, p90, p90 is not None and any(c <= p90 for c in censored)
+    median = weighted_median(p90[known].tolist(), delta[known].tolist())
+    return mean, median, median is not None and bool((censored <= median).any())
 
 
 def modes_by_source(engines: Iterable[object]) -> dict[str, str]:
