@@ -90,14 +90,15 @@ class Budget:
 
 
 FULL = Budget()
-FAST = Budget(
-    telemetry_s=3600.0,
+FAST = Budget(  # the test suite's: 2 + 2 engines, 40 simulated minutes of telemetry
+    telemetry_s=2400.0,
     telemetry_warmup_s=240.0,
-    truth_s=1400.0,
+    engines_per_mode=2,
+    truth_s=1000.0,
     truth_warmup_s=200.0,
-    truth_batches=6,
-    truth_min_requests=1500.0,
-    truth_fractions=(0.08, 0.25, 0.45, 0.62, 0.78, 0.92),
+    truth_batches=5,
+    truth_min_requests=1000.0,
+    truth_fractions=(0.1, 0.35, 0.6, 0.8, 1.0),
     calibrate_s=600.0,
 )
 LOAD_SCALES = (0.85, 1.0, 1.15)  # per-engine load multipliers, the same set in every arm

@@ -22,20 +22,21 @@ error, as they must when the mode is fixed per engine — and HC3 otherwise (win
 as independent; ``assumptions`` says what that leaves out). With fewer than 10 engines CR1
 is too narrow (Cameron & Miller 2015). Pointwise intervals for g(u) (Wald) and
 g(u)/none(u) (delta method). The break-even u* solves g(u*) = 0: a sign change of the
-estimated gain that the data *locate*, i.e. one between two utilizations where the gain's
-interval excludes 0 with opposite signs (:func:`located_crossings`). Its interval, by
-default, is Fieller's: the set {u : |g(u)| ≤ t·se(g(u))} of break-evens not rejected by a
-level-α test, i.e. the inversion of the pointwise test — it stays valid when g is flat
-(the delta method's ĝ'(u*) in the denominator does not) — namely the accepted stretch
-around u*, evaluated on a 401-point grid over the support. Sign changes of the estimate
-inside a stretch where the interval contains 0 and that reaches the edge of the support,
-or has the same sign on both sides, are not break-evens: in real telemetry the absolute
-gain goes to 0 with the throughput as u → 0, so the estimate wanders across 0 near the
-low edge (planner/accuracy.py: in the simulator study this happened in most cases and,
-taken as the break-even, turned a clear answer into "reaches the edge"). In seeded
-simulations (20 engines, 240 windows each, engine random effects) its 90 % interval
-covered the true u* in 91 of 100 replicates (tests/planner/test_fit_gain.py checks 50);
-with 4 + 4 engines, 84 of 100. Alternatively
+estimated gain that the data *locate* — between two utilizations where the gain's interval
+excludes 0 with opposite signs (:func:`located_crossings`). Its interval, by default, is
+Fieller's: the set {u : |g(u)| ≤ t·se(g(u))} of break-evens not rejected by a level-α
+test, i.e. the inversion of the pointwise test — it stays valid when g is flat (the delta
+method's ĝ'(u*) in the denominator does not) — namely the accepted stretch around u*,
+evaluated on a 401-point grid over the support. Without a located sign change, one inside
+the accepted stretch at an edge of the support is reported with that stretch as its
+interval, open at the edge (u* may lie beyond the observed range); a sign change inside an
+interior accepted stretch with the same sign on both sides is a wiggle, not a break-even.
+Why not simply the first root: in real telemetry the absolute gain goes to 0 with the
+throughput as u → 0, so the estimate often wanders across 0 near the low edge; taken as
+the break-even, that root hid a located break-even further up (planner/accuracy.py, the
+simulator study). In seeded simulations (20 engines, 240 windows each, engine random
+effects) its 90 % interval covered the true u* in 91 of 100 replicates
+(tests/planner/test_fit_gain.py checks 50); with 4 + 4 engines, 84 of 100. Alternatively
 ``interval_method="bootstrap"``: a seeded stratified cluster bootstrap (engines resampled
 with replacement within each mode; percentile interval), bounded by ``n_boot`` and
 ``time_budget_s`` — it covered 86/100 (20 engines) and 80/100 (8 engines) in the same
@@ -52,11 +53,10 @@ windows as independent (serial correlation makes it too narrow); CR1 needs enoug
 When the data cannot tell
 -------------------------
 ``can_tell`` is False with a reason when: a mode has too few windows; the utilization
-ranges do not overlap; no break-even is located in the support (``verdict`` then says
+ranges do not overlap; there is no break-even in the support (``verdict`` then says
 ``positive_throughout`` / ``negative_throughout``: the sign wherever the interval excludes
-0); the gain's interval contains 0 at every u (``undetermined``); the gain changes sign
-(located) more than once; or, with the bootstrap, the break-even interval reaches the edge
-of the support.
+0); the gain's interval contains 0 at every u (``undetermined``); the break-even interval
+reaches the edge of the support; or the gain changes sign (located) more than once.
 """
 
 from __future__ import annotations
@@ -255,9 +255,10 @@ def fit_gain(
             "the data cannot tell its sign"
         )
     located = located_crossings(fine, gain, ok)
-    if not located:
-        # every stretch where the interval excludes 0 has the same sign: no break-even
-        # the data can locate (where the estimate changes sign, its interval contains 0)
+    edge = None if located else _edge_crossing(fine, gain, ok)
+    if not located and edge is None:
+        # every stretch where the interval excludes 0 has the same sign and the estimate
+        # changes sign only inside interior stretches where it does not: no break-even
         positive = bool(gain[~ok][0] > 0)
         loose = (
             f"; the estimate crosses 0 at {', '.join(fmt(r) for r in roots)}, where its "
@@ -270,11 +271,15 @@ def fit_gain(
             f"excludes 0 on {float(np.mean(~ok)):.0%} of it{loose})",
             verdict="positive_throughout" if positive else "negative_throughout",
         )
-    root, iv_lo, iv_hi, rising = located[0]
     open_lo = open_hi = False
+    if located:
+        root, iv_lo, iv_hi, rising = located[0]
+    else:
+        assert edge is not None
+        root, iv_lo, iv_hi, rising, open_lo, open_hi = edge
     if interval_method == "fieller":
         how = f"Fieller (inverted pointwise {cov_type} t-test)"
-    else:
+    else:  # bootstrap
         with recorded_warnings() as more:
             iv_lo, iv_hi, open_lo, open_hi, done = _bootstrap(
                 design, y, d, g, curve=curve, root=root, fine=fine, level=level,
@@ -399,6 +404,28 @@ def located_crossings(
         lo, hi = (float(u[a + 1]), float(u[b - 1])) if b > a + 1 else (root, root)
         out.append((root, min(lo, root), max(hi, root), bool(gain[b] > 0)))
     return out
+
+
+def _edge_crossing(
+    u: Array, gain: Array, ok: npt.NDArray[np.bool_]
+) -> tuple[float, float, float, bool, bool, bool] | None:
+    """A sign change of the estimate inside a stretch of accepted points at an edge of the
+    grid (the low one first): (root, lo, hi, rising, open_lo, open_hi), else None. The
+    break-even may then lie anywhere in that stretch or beyond the edge."""
+    import numpy as np
+
+    sig = np.flatnonzero(~ok)
+    if not sig.size:
+        return None
+    for a, b, at_lo in ((0, int(sig[0]), True), (int(sig[-1]), u.size - 1, False)):
+        roots = _roots(u[a : b + 1], gain[a : b + 1])
+        if roots:
+            root = roots[-1] if at_lo else roots[0]
+            rising = bool(gain[b] > 0) if at_lo else bool(gain[a] < 0)
+            lo, hi = (float(u[0]), float(u[max(b - 1, 0)])) if at_lo else (
+                float(u[min(a + 1, u.size - 1)]), float(u[-1]))  # fmt: skip
+            return root, min(lo, root), max(hi, root), rising, at_lo, not at_lo
+    return None
 
 
 def _bootstrap(

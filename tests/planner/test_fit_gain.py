@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -142,14 +143,14 @@ def test_fit_gain_break_even_coverage_over_seeded_replicates() -> None:
     assert 40 <= covered <= 48
 
 
-def _proportional_gain_frame(seed: int, relative: float) -> pd.DataFrame:
-    """Throughput ∝ utilization in both modes (so the absolute gain → 0 as u → 0), offload
-    ``relative`` better everywhere; 4 + 4 engines of 200 windows."""
+def _proportional_gain_frame(seed: int, relative: Callable[[Any], Any]) -> pd.DataFrame:
+    """Throughput ∝ utilization in both modes (so the absolute gain → 0 as u → 0) times
+    1 + ``relative(u)`` with offload; 4 + 4 engines of 200 windows."""
     rng = np.random.default_rng(seed)
     parts = []
     for e in range(8):
         u = rng.uniform(0.01, 0.9, 200)
-        tp = 20000.0 * u * (1.0 + (relative if e % 2 else 0.0))
+        tp = 20000.0 * u * (1.0 + (relative(u) if e % 2 else 0.0))
         tp = tp * (1.0 + rng.normal(0.0, 0.08, u.size)) + rng.normal(0.0, 30.0, u.size)
         parts.append(pd.DataFrame({"source": f"e{e}", "engine": "0", "kv_util": u,
                                    "tokens_per_s": tp,
@@ -157,13 +158,27 @@ def _proportional_gain_frame(seed: int, relative: float) -> pd.DataFrame:
     return pd.concat(parts, ignore_index=True)
 
 
-def test_fit_gain_sign_change_near_zero_utilization_is_not_a_break_even() -> None:
-    # seed 3: the estimate dips below 0 near the low edge, where its interval contains 0
-    fit = fit_gain(_proportional_gain_frame(3, 0.1), offload="native", level=0.9)
-    assert fit.roots and fit.roots[0] < 0.06
-    assert fit.verdict == "positive_throughout"
+def _hockey_stick(u: Any) -> Any:
+    return np.where(u < 0.5, -0.01, 0.4 * (u - 0.5))  # -1 % until 0.5, then rising
+
+
+def test_fit_gain_sign_change_at_the_low_edge_does_not_hide_the_located_break_even() -> None:
+    # seed 6: the estimate also crosses 0 near u = 0, where its interval contains 0
+    fit = fit_gain(_proportional_gain_frame(6, _hockey_stick), offload="native", level=0.9)
+    assert fit.roots[0] < 0.15 and len(fit.roots) > 1
+    assert fit.can_tell, fit.why
+    assert fit.estimate == pytest.approx(0.5, abs=0.05)
+    assert fit.interval.covers(0.5)
+    assert fit.direction == "offload better above u*"
+
+
+def test_fit_gain_sign_change_only_at_the_low_edge_reaches_the_edge() -> None:
+    # offload 10 % better everywhere; seed 3: the estimate dips below 0 near u = 0 only
+    fit = fit_gain(_proportional_gain_frame(3, lambda u: 0.1), offload="native", level=0.9)
+    assert fit.verdict == "crosses"
     assert not fit.can_tell
-    assert "where its interval contains 0" in fit.why
+    assert "reaches the edge" in fit.why
+    assert fit.interval.lo == fit.support[0] and fit.interval.hi < 0.06
 
 
 def test_located_crossings_skip_sign_changes_not_bounded_by_significant_gain() -> None:
