@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import json
 import math
 import sqlite3
 import threading
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
+import pandas as pd
 import psycopg
 import pytest
 
@@ -16,6 +19,7 @@ from collector.errors import ConfigError, StoreError
 from collector.models import SCHEMA_VERSION
 from collector.records import Labels, ScrapeOutcome, Window
 from collector.store import MIGRATIONS, Store, redact
+from collector.store_frame import CATEGORY_COLUMNS, FRAME_COLUMNS, windows_frame
 
 ENGINE: Labels = (("engine", "0"), ("model_name", "llama"))
 T0 = 1_764_000_000.0
@@ -320,3 +324,141 @@ def test_in_memory_sqlite_works() -> None:
         s.migrate()
         s.write_windows(grid(1, 1, 2))
         assert len(s.read_windows()) == 2
+
+
+# -- read_frame: the columnar read ----------------------------------------------------------
+
+ODD: Labels = (("model_name", 'Qwen/Qwen3 "235B" \\ ü 😀'), ("path", "a,b=c|d"))
+
+
+def _nan_at(m: int, x: float) -> float:
+    return math.nan if m == 2 else x
+
+
+def mixed() -> list[Window]:
+    """Counters, gauges, histograms and ratios; NaN values; odd and engine-less labels."""
+    eng1: Labels = (("engine", "1"), ("model_name", "llama"))
+    reason: Labels = (("engine", "0"), ("finished_reason", "stop"), ("model_name", "llama"))
+    out: list[Window] = []
+    for m in range(4):
+        t = T0 + 60.0 * m
+        out += [
+            Window("e1", "preemptions_total", ENGINE, t, 60.0, "counter", 4,
+                   delta=_nan_at(m, float(m)), rate=m / 60, resets=m % 2),
+            Window("e1", "request_success_total", reason, t, 59.5, "counter", 3, delta=2.0),
+            Window("e1", "kv_cache_usage_ratio", ENGINE, t, 60.0, "gauge", 4,
+                   mean=0.1 * m, min=-0.0, max=_nan_at(m, 0.5), last=0.3),
+            Window("e1", "kv_cache_usage_ratio", eng1, t, 60.0, "gauge", 4, mean=1e-300, max=1e308),
+            Window("e0", "ttft_seconds", ENGINE, t, 60.0, "histogram", 4, delta=5.0,
+                   p50=0.1, p90=_nan_at(m, 0.2), p99=math.pi, sum_delta=t / 7),
+            Window("e0", "prefix_cache_hit_ratio", ENGINE, t, 60.0, "ratio", 4,
+                   mean=_nan_at(m, 0.25), delta=100.0),
+            Window("lm/ü", "lmcache_hit_tokens_total", ODD, t + 0.123456789, 60.0, "counter", 2,
+                   delta=1.5),
+            Window("lm/ü", "lmcache_healthy", (), t, 60.0, "gauge", 1, last=1.0),
+        ]  # fmt: skip
+    return out
+
+
+def assert_frame_is_windows(frame: Any, windows: list[Window]) -> None:
+    """Every row of the frame equals the Window at the same position, field by field."""
+    assert len(frame) == len(windows)
+    records = frame.to_dict("records")
+    for row, w in zip(records, windows, strict=True):
+        labels = tuple(sorted(json.loads(row["labels"]).items()))
+        assert (row["source"], row["signal"], labels, row["kind"]) == (
+            w.source, w.signal, w.labels, w.kind,
+        )  # fmt: skip
+        assert row["engine"] == dict(w.labels).get("engine") or (
+            "engine" not in dict(w.labels) and isinstance(row["engine"], float)
+        )
+        assert row["model_name"] == dict(w.labels).get("model_name") or (
+            "model_name" not in dict(w.labels) and isinstance(row["model_name"], float)
+        )
+        for name in ("start", "length_s", "samples", "resets"):
+            assert row[name] == getattr(w, name), name
+        for name in ("delta", "rate", "mean", "min", "max", "last", "p50", "p90", "p99",
+                     "sum_delta"):  # fmt: skip
+            value = getattr(w, name)
+            if value is None:
+                assert math.isnan(row[name]), name
+            else:
+                assert row[name] == value and math.copysign(1, row[name]) == math.copysign(
+                    1, value
+                ), name
+
+
+def test_read_frame_mixed_equals_read_windows_field_by_field(store: Store) -> None:
+    rows = mixed()
+    store.write_windows(reversed(rows))
+    windows = store.read_windows()
+    frame = store.read_frame()
+    assert tuple(frame.columns) == FRAME_COLUMNS
+    assert_frame_is_windows(frame, windows)
+    pd.testing.assert_frame_equal(frame, windows_frame(windows))
+    unordered = store.read_frame(ordered=False)
+    pd.testing.assert_frame_equal(
+        unordered.sort_values(["source", "signal", "start", "labels"], ignore_index=True),
+        frame.sort_values(["source", "signal", "start", "labels"], ignore_index=True),
+    )
+
+
+@pytest.mark.parametrize(
+    "filters",
+    [
+        {"signals": ["kv_cache_usage_ratio"]},  # few rows of many: the index
+        {"signals": ["kv_cache_usage_ratio", "ttft_seconds", "preemptions_total",
+                     "request_success_total", "prefix_cache_hit_ratio",
+                     "lmcache_hit_tokens_total", "lmcache_healthy"]},  # most rows: a scan
+        {"sources": ["e0", "nope"]},
+        {"sources": ["e0", "e1", "lm/ü"], "since": T0 + 60},
+        {"cluster": "east"},
+        {"cluster": "nowhere"},
+        {"since": T0 + 60, "until": T0 + 180},
+        {"signals": ["ttft_seconds"], "sources": ["e0"], "since": T0 + 120},
+        {"signals": []},
+    ],
+)  # fmt: skip
+def test_read_frame_filters_select_read_windows_rows(store: Store, filters: dict[str, Any]) -> None:
+    store.write_windows(mixed())
+    store.upsert_target("e0", "http://10.0.0.1:8000/metrics", cluster="east")
+    store.upsert_engine("east", "lm/ü", model="llama")
+    windows = store.read_windows(**filters)
+    assert_frame_is_windows(store.read_frame(**filters), windows)
+
+
+def test_read_frame_columns_subset_in_frame_order(store: Store) -> None:
+    store.write_windows(mixed())
+    frame = store.read_frame(columns=["p90", "engine", "source", "start"], signals=["ttft_seconds"])
+    assert list(frame.columns) == ["source", "engine", "start", "p90"]
+    assert frame["p90"].isna().sum() == 1 and set(frame["engine"]) == {"0"}
+    with pytest.raises(StoreError, match=r"unknown frame column\(s\) \['bogus'\]"):
+        store.read_frame(columns=["start", "bogus"])
+
+
+@pytest.mark.parametrize("columns", [None, ["source", "engine", "start", "samples", "mean"]])
+def test_read_frame_empty_has_columns_and_dtypes(store: Store, columns: list[str] | None) -> None:
+    empty = store.read_frame(columns=columns)
+    store.write_windows(mixed())
+    none = store.read_frame(columns=columns, signals=["nope"])
+    full = store.read_frame(columns=columns)
+    for frame in (empty, none):
+        assert len(frame) == 0
+        assert list(frame.columns) == list(full.columns) == list(columns or FRAME_COLUMNS)
+        for name in frame.columns:
+            want = "category" if name in CATEGORY_COLUMNS else (
+                "int64" if name in ("samples", "resets") else "float64"
+            )  # fmt: skip
+            assert str(frame[name].dtype) == str(full[name].dtype) == want, name
+
+
+def test_read_frame_unmigrated_refused_with_hint(db_url: str) -> None:
+    with Store(db_url) as s, pytest.raises(StoreError, match="kvscope db migrate"):
+        s.read_frame()
+
+
+def test_read_frame_in_memory_sqlite() -> None:
+    with Store("sqlite://") as s:
+        s.migrate()
+        s.write_windows(mixed())
+        assert_frame_is_windows(s.read_frame(), s.read_windows())

@@ -17,7 +17,7 @@ import pandas as pd
 import pytest
 
 from collector.errors import ConfigError
-from collector.records import ScrapeOutcome, Window, labels_of
+from collector.records import Kind, ScrapeOutcome, Window, labels_of
 from collector.store import Store
 from planner.decide import RULE_IDS
 from planner.fit_gain import fit_gain
@@ -337,3 +337,118 @@ def test_run_fits_one_refused_fit_leaves_the_others_standing() -> None:
     assert runs["prefill_mfu"].entry["why"].startswith("fit refused: peak_flops must be")
     assert runs["preemption_knee"].result is not None
     assert runs["gain_native"].result is not None and runs["lmcache_hitrate"].result is not None
+
+
+def _odd_windows(windows: list[Window]) -> list[Window]:
+    """Beside a synthetic cluster: several series per signal (L1 backends, finish reasons
+    with uneven window lengths), re-prefill counters with gaps, NaN ratios, an LMCache server
+    source with a health gauge that ends unhealthy, censored prompt p90s."""
+    import random
+
+    rng = random.Random(5)
+    out: list[Window] = []
+    kv = [w for w in windows if w.signal == "kv_cache_usage_ratio"]
+    last = max(w.start for w in kv)
+    for w in kv:
+        t, lab = w.start, labels_of({"engine": "0", "model_name": "m"})
+
+        def add(source: str, signal: str, labels: dict[str, str], kind: Kind, **v: Any) -> None:
+            out.append(Window(source, signal, labels_of(labels), t, 60.0, kind, 4, **v))  # noqa: B023
+
+        add(
+            w.source,
+            "prompt_tokens_recomputed_total",
+            dict(lab),
+            "counter",
+            delta=rng.random() * 100 if rng.random() > 0.1 else None,
+            rate=rng.random(),
+        )
+        for backend in ("cpu", "disk", "remote"):
+            add(
+                w.source,
+                "lmcache_l1_usage_bytes",
+                {"backend": backend, "model_name": "m"},
+                "gauge",
+                mean=rng.random() * 1e9 / 3,
+            )
+        for reason in ("abort", "x", "y"):
+            out.append(
+                Window(
+                    w.source,
+                    "request_success_total",
+                    labels_of({**dict(lab), "finished_reason": reason}),
+                    t,
+                    60.0 if rng.random() > 0.05 else 59.7,
+                    "counter",
+                    4,
+                    delta=rng.randrange(5) + rng.random() / 7,
+                )
+            )
+        add(
+            w.source,
+            "external_prefix_cache_hit_ratio",
+            dict(lab),
+            "ratio",
+            mean=rng.random() if rng.random() > 0.1 else math.nan,
+            delta=rng.random() * 1000,
+        )
+        add(
+            w.source,
+            "request_prompt_tokens",
+            {"engine": "1", "model_name": "m"},
+            "histogram",
+            delta=3.0,
+            sum_delta=1e5 * rng.random(),
+            p90=16384.0,
+            p99=16384.0,
+        )
+        add(
+            "lm-server",
+            "lmcache_healthy",
+            {"worker": "1"},
+            "gauge",
+            mean=0.0 if t == last else 1.0,
+            last=None if rng.random() > 0.7 else float(t < last),
+        )
+        add(
+            "lm-server",
+            "lmcache_requested_tokens_total",
+            {"model_name": "m"},
+            "counter",
+            delta=500 + rng.random() * 500,
+        )
+        add("lm-server", "lmcache_hit_tokens_total", {"model_name": "m"}, "counter",
+            delta=rng.random() * 500)  # fmt: skip
+    return out
+
+
+def _without_timings(obj: Any) -> Any:
+    if isinstance(obj, dict):
+        return {
+            k: _without_timings(v) for k, v in obj.items() if k not in ("seconds", "fit_seconds")
+        }
+    if isinstance(obj, list):
+        return [_without_timings(v) for v in obj]
+    return obj
+
+
+def test_plan_columnar_read_equals_window_read_exactly(tmp_path: Path) -> None:
+    url = sqlite_url(tmp_path / "odd.db")
+    windows = fill_store(url, shifted_frame(3, 150, seed=9), cluster="c")
+    with Store(url) as store:
+        store.write_windows(_odd_windows(windows))
+        store.upsert_target("lm-server", "http://127.0.0.1:1/metrics", kind="lmcache", cluster="c")
+        # forecast_seconds: ample, so no candidate model is skipped for time in either run.
+        plans = [
+            build_plan(store, cluster="c", since=windows[0].start + 600, forecast_seconds=60,
+                       columnar=columnar)
+            for columnar in (True, False)
+        ]  # fmt: skip
+        a, b = (json.dumps(_without_timings(p.to_dict()), sort_keys=True) for p in plans)
+        assert a == b  # the same numbers to the last bit
+        h = plans[0].happening
+        assert h["lmcache_healthy"] is False and h["prompt_tokens"]["p90_censored"] is True
+        assert h["reprefill_share"]["value"] is not None
+        assert plans[0].window["first"] == windows[0].start + 600
+        assert set(plans[0].details.seconds) == {"read", "frame", "observe", "fits",
+                                                 "forecasts", "decide"}  # fmt: skip

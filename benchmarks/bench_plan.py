@@ -1,0 +1,186 @@
+"""`kvscope plan` on 100 engines × 7 days of 1-minute windows: read paths and the whole plan.
+
+Builds (once, cached under /tmp; ``--rebuild`` to redo) a SQLite store of a seeded synthetic
+cluster (planner.fitsynth: 100 engines, none/native/lmcache in turn, ~12.7 M windows of every
+signal the plan reads, written in time order with Store.write_windows as the collector
+would), then times in the same run:
+
+* baseline: ``Store.read_windows`` (one Window object per row) on a subset of the engines,
+  extrapolated to the whole store by its rows/s;
+* ``Store.read_frame`` on the same subset (same rows, ratio against the baseline) and on the
+  whole store with the plan's columns;
+* ``build_plan`` on the whole store: wall and CPU time and the seconds of each stage
+  (PlanDetails.seconds), against the baseline plan (read_windows extrapolated + the same
+  later stages).
+
+``--postgres`` also copies the store into a throwaway PostgreSQL 15 (tests/services.py)
+and times read_frame and build_plan there. BLAS threads are pinned to one before numpy loads.
+
+    .venv/bin/python benchmarks/bench_plan.py [--engines 100] [--days 7] [--rebuild]
+"""
+
+from __future__ import annotations
+
+import os
+
+for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ[_var] = "1"
+
+import argparse  # noqa: E402
+import sqlite3  # noqa: E402
+import sys  # noqa: E402
+import time  # noqa: E402
+from collections.abc import Callable, Iterator  # noqa: E402
+from pathlib import Path  # noqa: E402
+from typing import Any, TypeVar  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from collector.store import Store  # noqa: E402
+from planner.fitsynth import frame_to_windows, synthetic_frame  # noqa: E402
+from planner.plan import build_plan  # noqa: E402
+from planner.plan_observe import NEEDED_SIGNALS  # noqa: E402
+from planner.plan_table import PLAN_COLUMNS  # noqa: E402
+from tests.planner.synthstore import BLOCK_SIZE, BLOCKS, GPU, MODEL, TP, with_rates  # noqa: E402
+
+CLUSTER = "bench"
+T = TypeVar("T")
+
+
+def build(path: Path, engines: int, days: float, seed: int) -> None:
+    """Write the synthetic store to ``path`` (via a temporary file: no half-built cache)."""
+    tmp = path.with_name(path.name + ".building")
+    for p in (tmp, *(tmp.with_name(tmp.name + x) for x in ("-wal", "-shm"))):
+        p.unlink(missing_ok=True)
+    frame = synthetic_frame(engines, int(days * 1440), seed=seed)
+    frame = frame.sort_values(["start", "source"], kind="stable", ignore_index=True)
+    t0, written = time.perf_counter(), 0
+    with Store(f"sqlite:///{tmp}", batch_size=50_000) as store:
+        store.migrate()
+        step = engines * 360  # six hours of the cluster per chunk
+        for i in range(0, len(frame), step):
+            written += store.write_windows(with_rates(frame_to_windows(frame.iloc[i : i + step])))
+            rate = written / (time.perf_counter() - t0)
+            print(f"\r  building: {written:,} windows ({rate:,.0f}/s)", end="", file=sys.stderr)
+        for source, mode in frame.groupby("source")["offload_mode"].first().items():
+            facts = {"num_gpu_blocks": BLOCKS, "block_size": BLOCK_SIZE}
+            store.upsert_engine(CLUSTER, str(source), model=MODEL, gpu=GPU, tensor_parallel=TP,
+                                offload=str(mode), facts=facts)  # fmt: skip
+    with sqlite3.connect(tmp) as con:
+        con.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    tmp.rename(path)
+    print(f"\n  built {written:,} windows in {time.perf_counter() - t0:.0f} s", file=sys.stderr)
+
+
+def timed(fn: Callable[[], T]) -> tuple[float, float, T]:
+    """(wall s, CPU s of this process, result)."""
+    t0, c0 = time.perf_counter(), time.process_time()
+    out = fn()
+    return time.perf_counter() - t0, time.process_time() - c0, out
+
+
+def line(label: str, wall: float, cpu: float, extra: str = "") -> None:
+    print(f"{label:<46s} {wall:8.2f} s wall {cpu:8.2f} s cpu  {extra}", flush=True)
+
+
+def bench(url: str, sources: list[str], total_rows: int, forecast_seconds: float) -> None:
+    """Every timing of the module docstring on one store."""
+    with Store(url) as store:
+        store.read_frame(signals=["warm-up"])
+        wall, cpu, rows = timed(lambda: store.read_windows(sources=sources))
+        base_rate = len(rows) / cpu
+        line(f"baseline read_windows ({len(sources)} engines)", wall, cpu,
+             f"{len(rows):,} rows, {base_rate:,.0f} rows/s")  # fmt: skip
+        del rows
+        wall, cpu, sub = timed(lambda: store.read_frame(sources=sources))
+        rate = len(sub) / cpu
+        line(f"read_frame ({len(sources)} engines, all columns)", wall, cpu,
+             f"{rate:,.0f} rows/s = {rate / base_rate:.1f}× baseline")  # fmt: skip
+        del sub
+        base_all = total_rows / base_rate
+        print(f"{'baseline read_windows, whole store (extrap.)':<46s} {base_all:8.1f} s cpu")
+        wall, cpu, table = timed(
+            lambda: store.read_frame(signals=sorted(NEEDED_SIGNALS), columns=PLAN_COLUMNS)
+        )
+        line("read_frame (whole store, plan columns)", wall, cpu,
+             f"{len(table):,} rows, {len(table) / cpu:,.0f} rows/s = "
+             f"{base_all / cpu:.1f}× baseline")  # fmt: skip
+        del table
+        wall, cpu, plan = timed(lambda: build_plan(store, forecast_seconds=forecast_seconds))
+        stages = dict(plan.details.seconds)
+        line("build_plan (whole store)", wall, cpu, f"{plan.window['windows']:,} windows")
+        for stage, seconds in stages.items():
+            print(f"  {stage:<44s} {seconds:8.2f} s wall")
+        baseline_plan = wall - stages.get("read", 0.0) + base_all
+        verdict = "met" if wall <= 30 else "NOT met"
+        print(f"RESULT {url.split(':', 1)[0]}: build_plan {wall:.1f} s wall ({cpu:.1f} s cpu) = "
+              f"{baseline_plan / wall:.1f}× faster than with read_windows "
+              f"(~{baseline_plan:.0f} s); target <= 30 s: {verdict}")  # fmt: skip
+
+
+def copy_to_postgres(sqlite_path: Path, url: str) -> None:
+    """The SQLite store's windows and engines into a migrated PostgreSQL (COPY)."""
+    import psycopg
+
+    from collector.models import WindowRow
+
+    cols = [c.name for c in WindowRow.__table__.columns if c.name != "id"]
+    with Store(url) as store:
+        store.migrate()
+        with Store(f"sqlite:///{sqlite_path}") as src:
+            for e in src.engines():
+                store.upsert_engine(e.cluster, e.source, model=e.model, gpu=e.gpu,
+                                    tensor_parallel=e.tensor_parallel, offload=e.offload,
+                                    facts=dict(e.facts))  # fmt: skip
+    t0 = time.perf_counter()
+    with (
+        sqlite3.connect(sqlite_path) as lite,
+        psycopg.connect(url.replace("postgresql+psycopg://", "postgresql://")) as pg,
+        pg.cursor() as cur,
+        cur.copy(f"COPY windows ({', '.join(cols)}) FROM STDIN") as copy,
+    ):
+        for row in _rows(lite, f"SELECT {', '.join(cols)} FROM windows ORDER BY id"):
+            copy.write_row(row)
+    with psycopg.connect(url.replace("postgresql+psycopg://", "postgresql://")) as pg:
+        pg.autocommit = True
+        pg.execute("VACUUM ANALYZE windows")
+    print(f"  copied into PostgreSQL in {time.perf_counter() - t0:.0f} s", file=sys.stderr)
+
+
+def _rows(con: sqlite3.Connection, sql: str) -> Iterator[Any]:
+    cursor = con.execute(sql)
+    while rows := cursor.fetchmany(50_000):
+        yield from rows
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    ap.add_argument("--engines", type=int, default=100)
+    ap.add_argument("--days", type=float, default=7.0)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--subset", type=int, default=5, help="engines read by the baseline")
+    ap.add_argument("--db", type=Path, help="store path (default: cached under /tmp)")
+    ap.add_argument("--rebuild", action="store_true", help="rebuild the cached store")
+    ap.add_argument("--postgres", action="store_true", help="also time a PostgreSQL copy")
+    ap.add_argument("--forecast-seconds", type=float, default=8.0)
+    args = ap.parse_args()
+    path = args.db or Path(f"/tmp/kvscope-bench-plan-{args.engines}x{args.days:g}d-s{args.seed}.db")
+    if args.rebuild or not path.exists():
+        build(path, args.engines, args.days, args.seed)
+    with sqlite3.connect(path) as con:
+        total = int(con.execute("SELECT count(*) FROM windows").fetchone()[0])
+        names = [r[0] for r in con.execute("SELECT source FROM engines ORDER BY source")]
+    subset = names[: args.subset]
+    print(f"store {path}: {total:,} windows of {len(names)} engines")
+    bench(f"sqlite:///{path}", subset, total, args.forecast_seconds)
+    if args.postgres:
+        from tests.services import postgres
+
+        with postgres() as url:
+            copy_to_postgres(path, url)
+            bench(url, subset, total, args.forecast_seconds)
+
+
+if __name__ == "__main__":
+    main()
