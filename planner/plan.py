@@ -26,7 +26,7 @@ from planner.evidence import Evidence
 from planner.plan_fits import FitRun, Hardware, gain_evidence, hit_curve, mfu_evidence, run_fits
 from planner.plan_forecast import ForecastRun, kv_capacity, run_forecasts
 from planner.plan_observe import NEEDED_SIGNALS, modes_by_source, most_common, observe
-from planner.plan_table import PLAN_COLUMNS, WindowTable
+from planner.plan_table import PLAN_COLUMNS, WindowTable, names
 from planner.sizing import Sizing, size
 
 if TYPE_CHECKING:
@@ -231,7 +231,7 @@ def build_plan(
     meta = {e.source: e for e in engines}
     frame = engine_frame(table, meta)
     lap("frame")
-    present = set(frame["source"].astype(str))
+    present = names(frame["source"])
     in_window = [e for e in engines if e.source in present]
     basis: list[str] = [
         f"{len(windows)} windows of {len(present)} source(s) from {store.url}"

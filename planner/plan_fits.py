@@ -20,6 +20,7 @@ from planner import costmodel
 from planner.evidence import GainEvidence, ValueCI
 from planner.fitcommon import Estimate, FitResult, Interval
 from planner.hardware import GPU, Model
+from planner.plan_table import names
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -188,7 +189,7 @@ def run_fits(frame: pd.DataFrame, hw: Hardware | None, *, seed: int = 0) -> dict
             "hitrate": "lmcache_hitrate",
         }.get(sk.what, sk.what.replace("/", "_"))
         why[name] = NO_HW if name == "prefill_mfu" and hw is None else sk.reason
-    modes = set(frame["offload_mode"].astype(str)) if len(frame) else set()
+    modes = names(frame["offload_mode"])
     runs: dict[str, FitRun] = {}
     for name in FIT_NAMES:
         fit = found.get(name)
@@ -227,7 +228,7 @@ def _isolated(frame: pd.DataFrame, hw: Hardware | None, *, seed: int) -> dict[st
     from planner.fit_mfu import fit_mfu
     from planner.fit_preempt import fit_preemption
 
-    modes = set(frame["offload_mode"].astype(str)) if len(frame) else set()
+    modes = names(frame["offload_mode"])
     runs = {
         "preemption_knee": _run(
             "preemption_knee", "preemption knee", lambda: fit_preemption(frame, level=LEVEL)

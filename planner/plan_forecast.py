@@ -72,10 +72,12 @@ def kv_capacity(
 
     t = WindowTable.of(windows)
     rows = t.rows([KV_SIGNAL])
-    pairs = np.unique(np.stack([t.codes("source")[rows], t.codes("labels")[rows]]), axis=1)
+    labels = t.codes("labels")
+    width = int(labels.max()) + 2 if labels.size else 1
+    pairs = np.unique(t.codes("source")[rows] * width + labels[rows])
     # One (source, labels) pair per engine reporting KV usage, sorted (capacities are
     # integers of tokens: the order of the sum does not matter).
-    series = sorted((t.sources[a], int(b)) for a, b in pairs.T.tolist())
+    series = sorted((t.sources[p // width], p % width) for p in pairs.tolist())
     if not series:
         return None
     sources = sorted({s for s, _ in series})

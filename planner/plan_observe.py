@@ -20,11 +20,14 @@ from collector import catalog
 from collector.catalog import DERIVED_RATIOS
 from collector.records import Window
 from planner.frames import SIGNALS as FRAME_SIGNALS
-from planner.plan_table import WindowTable, seq_sum
+from planner.plan_table import WindowTable, names, seq_sum
 
 if TYPE_CHECKING:
+    import numpy as np
+    import numpy.typing as npt
     import pandas as pd
 
+    FloatArray = npt.NDArray[np.float64]
     Windows = Sequence[Window] | pd.DataFrame | WindowTable
 
 RECOMPUTED = "prompt_tokens_recomputed_total"
@@ -59,14 +62,23 @@ def quantiles(values: Iterable[float], qs: Sequence[float]) -> list[float | None
     """Quantiles of the finite values (None each when there is none)."""
     import numpy as np
 
-    arr = np.asarray([v for v in values if _num(v) is not None], dtype=float)
+    if isinstance(values, np.ndarray) and values.dtype == np.float64:
+        arr = values[np.isfinite(values)]  # the same values, without a Python loop
+    else:
+        arr = np.asarray([v for v in values if _num(v) is not None], dtype=float)
     if arr.size == 0:
         return [None] * len(qs)
     return [float(v) for v in np.quantile(arr, qs)]
 
 
-def weighted_median(values: Sequence[float], weights: Sequence[float]) -> float | None:
+def weighted_median(
+    values: Sequence[float] | FloatArray, weights: Sequence[float] | FloatArray
+) -> float | None:
     """The value at half the total weight (finite values with weight > 0 only)."""
+    import numpy as np
+
+    if isinstance(values, np.ndarray) and isinstance(weights, np.ndarray):
+        return _weighted_median_array(values.astype(float), weights.astype(float))
     pairs = sorted(
         (v, w) for v, w in zip(values, weights, strict=True) if _num(v) is not None and (w or 0) > 0
     )
@@ -79,6 +91,21 @@ def weighted_median(values: Sequence[float], weights: Sequence[float]) -> float 
         if run >= total / 2:
             return float(v)
     return float(pairs[-1][0])
+
+
+def _weighted_median_array(v: FloatArray, w: FloatArray) -> float | None:
+    """weighted_median on arrays: the same pairs, order and running sum, vectorized."""
+    import numpy as np
+
+    keep = np.isfinite(v) & (w > 0)
+    v, w = v[keep], w[keep]
+    order = np.lexsort((w, v))  # as sorting (value, weight) pairs
+    v, w = v[order], w[order]
+    run = np.cumsum(w)  # left to right, as the loop adds
+    if v.size == 0 or not run[-1] > 0:
+        return None
+    at = np.flatnonzero(run >= run[-1] / 2)
+    return float(v[at[0]] if at.size else v[-1])
 
 
 def pooled_ratio(
@@ -186,7 +213,7 @@ def current_mode(modes: Mapping[str, str]) -> tuple[str | None, str]:
 def _mode_summary(rows: pd.DataFrame, windows: WindowTable, sources: set[str]) -> dict[str, Any]:
     import numpy as np
 
-    p50, p95 = quantiles(rows["kv_util"].tolist(), [0.5, 0.95])
+    p50, p95 = quantiles(rows["kv_util"].to_numpy(dtype=float), [0.5, 0.95])
     pre = float(np.nansum(rows["preemptions"].to_numpy(dtype=float)))
     req = float(np.nansum(rows["requests"].to_numpy(dtype=float)))
     per_engine = rows.groupby(["source", "engine"])["tokens_per_s"].mean()
@@ -217,7 +244,7 @@ def observe(
     rows = _engine_rows(frame)
     ev: dict[str, Any] = {}
     out: dict[str, Any] = {}
-    p50, p95 = quantiles(rows["kv_util"].tolist(), [0.5, 0.95])
+    p50, p95 = quantiles(rows["kv_util"].to_numpy(dtype=float), [0.5, 0.95])
     kv_max = _num(np.nanmax(rows["kv_util_max"].to_numpy(dtype=float))) if len(rows) else None
     n_kv = int(rows["kv_util"].notna().sum())
     out["kv_util"] = {
@@ -273,15 +300,15 @@ def observe(
     counts = rows["ttft_count"].to_numpy(dtype=float)
     tsum = float(np.nansum(rows["ttft_mean_s"].to_numpy(dtype=float) * counts))
     out["ttft"] = {
-        "p90_s": weighted_median(rows["ttft_p90_s"].tolist(), np.nan_to_num(counts).tolist()),
-        "worst_window_p90_s": quantiles(rows["ttft_p90_s"].tolist(), [1.0])[0],
+        "p90_s": weighted_median(rows["ttft_p90_s"].to_numpy(dtype=float), np.nan_to_num(counts)),
+        "worst_window_p90_s": quantiles(rows["ttft_p90_s"].to_numpy(dtype=float), [1.0])[0],
         "mean_s": tsum / float(np.nansum(counts)) if np.nansum(counts) > 0 else None,
         "requests": float(np.nansum(counts)),
         "basis": "p90: request-weighted median of the windows' histogram p90s (approximation); "
         "mean: Σ TTFT sum / Σ count",
     }
     cluster_tps = rows.groupby("start")["tokens_per_s"].sum(min_count=1).dropna()
-    mean_tps, p95_tps = quantiles(cluster_tps.tolist(), [0.5, 0.95])
+    mean_tps, p95_tps = quantiles(cluster_tps.to_numpy(dtype=float), [0.5, 0.95])
     out["tokens_per_s"] = {
         "cluster_mean": _num(cluster_tps.mean()) if len(cluster_tps) else None,
         "cluster_p50": mean_tps,
@@ -309,10 +336,10 @@ def observe(
     # belong to the lmcache mode.
     lm_rows = windows.rows(s for s in windows.signals if s.startswith("lmcache_"))
     servers = {windows.sources[c] for c in np.unique(windows.codes("source")[lm_rows]).tolist()}
-    servers -= set(rows["source"].astype(str))
-    for m in sorted(set(rows["offload_mode"].astype(str))):
+    servers -= names(rows["source"])
+    for m in sorted(names(rows["offload_mode"])):
         sub = rows[rows["offload_mode"].astype(str) == m]
-        sources = set(sub["source"].astype(str)) | {s for s, mm in modes.items() if mm == m}
+        sources = names(sub["source"]) | {s for s, mm in modes.items() if mm == m}
         if m == "lmcache":
             sources |= servers
         by_mode[m] = _mode_summary(sub, windows, sources)
@@ -360,7 +387,7 @@ def prompt_lengths(windows: Windows) -> tuple[float | None, float | None, bool]:
     known = np.isfinite(p90)
     censored = p90[known & (p90 > 0) & (p99 == p90)]  # as p90_censored, per window
     mean = total / count if count > 0 and total > 0 else None
-    median = weighted_median(p90[known].tolist(), delta[known].tolist())
+    median = weighted_median(p90[known], delta[known])
     return mean, median, median is not None and bool((censored <= median).any())
 
 

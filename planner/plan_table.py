@@ -42,6 +42,11 @@ def seq_sum(values: FloatArray) -> float:
     return float(np.cumsum(np.concatenate(([0.0], values)))[-1])
 
 
+def names(column: pd.Series) -> set[str]:
+    """The distinct values of a frame column as strings (one hash pass, no Python loop)."""
+    return {str(v) for v in column.unique()}
+
+
 class WindowTable:
     """A read_frame-shaped DataFrame plus its source/signal codes (module docstring)."""
 
