@@ -28,8 +28,10 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from planner.accuracy import FAST, FULL, LEVEL, TOLERANCE, run_case
+from planner.accuracy import FAST, FULL, run_case
+from planner.accuracy_judge import TOLERANCE
 from planner.accuracy_scenarios import MASTER_SEED, draw
+from planner.accuracy_truth import LEVEL
 
 HELDOUT_CASES = 10  # fixed with MASTER_SEED before the held-out run
 

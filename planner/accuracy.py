@@ -3,17 +3,19 @@
 For each case (planner/accuracy_scenarios.py: one engine type and one prompt mix, drawn
 from fixed seeds) the study
 
-1. calibrates: the engine's capacity ``cap`` without offload (arrivals/s a closed loop of
-   enough clients to fill its KV cache completes);
+1. calibrates the load scale ``cap``: the Poisson arrival rate at which the engine WITHOUT
+   offload fills its KV cache (time-averaged kv_util >= 0.9), by bisection (:func:`capacity`);
 2. generates telemetry (planner/telemetry_gen.py: simulator -> real exposition text ->
-   collector.parse -> collector.rollup): ``engines_per_mode`` engines per arm (none and each
-   offload mode), each an independent simulation with its own seed, under an open-loop
-   sinusoidal ("diurnal") arrival rate from ~5 % to ~``peak`` of ``cap`` over the run, each
-   engine with its own load scale — so utilization varies over time and across engines —
-   then fits planner.fit_gain on the frame of those windows (level 90 %);
+   collector.parse -> collector.rollup, a scrape every 15 simulated seconds, 60 s windows):
+   ``engines_per_mode`` engines per arm (none and each offload mode), each an independent
+   one-engine simulation with its own seed, under an open-loop sinusoidal ("diurnal")
+   arrival rate from ~5 % to 100 % of ``peak × cap × scale`` over the run, the engines of an
+   arm at load scales 0.6, 0.8 and 1.0 — utilization varies over time and across engines —
+   and fits planner.fit_gain on the frame of those windows (kv_util, tokens_per_s, 90 %);
 3. measures the truth (planner/accuracy_truth.py): the same engine, arms none and offload,
-   same seed, each at a ladder of FIXED rates, refined around the crossing;
-4. compares break-even, its interval and the gain at a few utilizations.
+   the same seed, each at a ladder of FIXED rates (fractions of ``cap``), refined by
+   bisection where utilization moves fast;
+4. compares the break-even, its interval and the gain at three utilizations.
 
 Definitions (shared by fit and truth)
 -------------------------------------
@@ -33,19 +35,30 @@ tokens/s. The gain ``tp_off(u)/tp_none(u) − 1`` is therefore the capacity gain
 of KV occupancy — the latency effect of offload expressed as load an engine can carry at a
 given KV utilization — and its break-even u* is the utilization above which an engine with
 offload does more work than one without at the same KV pressure. This is exactly what the
-regression of tokens/s on kv_util by mode estimates from open-loop windows, so no change of
-definition in planner/frames.py or planner/fit_gain.py was needed. (Goodput under a TTFT
-SLO was rejected: it needs per-request data that the exposition only gives as bucketed
-histograms, and its value depends on an arbitrary SLO.)
+regression of tokens/s on kv_util by mode estimates from open-loop windows, so the
+definitions of planner/frames.py and planner/fit_gain.py stand. (Goodput under a TTFT SLO
+was rejected: it needs per-request data that the exposition only gives as bucketed
+histograms, and its value depends on an arbitrary SLO. Saturated periods were rejected:
+there kv_util is pinned near 1 in both arms and cannot separate anything.)
 
-Scoring of a case (per offload mode, on the fit's common support [lo, hi])
---------------------------------------------------------------------------
-``ok`` fitted u* within ±5 pp of the true u*; ``off`` further (``confidently_wrong`` when
-the interval also misses the truth by > 5 pp); ``cannot_tell`` the fit declined (reason
-kept); ``agrees_none`` no true crossing in [lo, hi] and the fit reports the same sign
-throughout; ``false_crossing`` / ``wrong_sign`` / ``missed`` the other mismatches.
-Interval coverage counts every case where the fit reported a break-even interval
-(open ends of an interval that reaches the support edge extend to ±∞).
+*Break-even* (fit and truth alike, planner.fit_gain.located_crossings): a sign change of the
+gain between two utilizations where its 90 % interval excludes 0 with opposite signs; its
+interval is the stretch between them. For the fit the interval is Fieller's; for the truth
+it is where the batch-bootstrap band of the measured curve contains 0.
+
+Scoring (per case and offload mode, on the fit's common support [lo, hi])
+-------------------------------------------------------------------------
+The truth is *determinate* when its first break-even in [lo, hi] is located to within
+±2.5 pp (interval ≤ 5 pp wide), or when it has none there and its band excludes 0
+somewhere (a sign). Otherwise the case is ``truth_flat`` — the gain is too close to 0 for
+even the simulator to place u* — and is listed, not scored. Determinate cases: ``ok`` the
+fit gives u* (can_tell) within ±5 pp; ``off`` further; ``confidently_wrong`` further and
+its interval misses the truth by > 5 pp; ``cannot_tell`` the fit declined (reason kept);
+``agrees_none`` no true break-even in [lo, hi] and the fit reports the same sign
+throughout; ``agrees_edge`` the fit reports no break-even and the true one lies within 5 pp
+of the support edge it implies; ``false_crossing`` / ``wrong_sign`` / ``missed`` the other
+mismatches. Interval coverage counts determinate true break-evens in [lo, hi] for which
+the fit gave an interval (can tell or not; an end at the support edge extends to ±∞).
 """
 
 from __future__ import annotations
@@ -57,16 +70,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from planner.accuracy_judge import ModeResult, judge
 from planner.accuracy_scenarios import Draw
-from planner.accuracy_truth import Crossing, TruthCurve, measure_truth
+from planner.accuracy_truth import LEVEL, TruthCurve, measure_truth
 
 if TYPE_CHECKING:
-    from planner.fit_gain import GainFit
     from planner.simulate.workload_spec import WorkloadSpec
     from planner.telemetry_gen import Telemetry
 
-TOLERANCE = 0.05  # ±5 percentage points of utilization
-LEVEL = 0.90
 COLLAPSE = 0.9  # time-averaged kv_util at which the engine without offload has given out
 CAPACITY_STEPS = 4  # bisection steps (the rate is known to within (1/4)^(1/16) ≈ 9 %)
 
@@ -204,50 +215,6 @@ def telemetry(
 
 
 @dataclass(frozen=True, slots=True)
-class GainCheck:
-    """True and fitted relative gain at one utilization."""
-
-    u: float
-    true: float
-    fitted: float
-    lo: float
-    hi: float
-
-    @property
-    def covered(self) -> bool:
-        return self.lo <= self.true <= self.hi
-
-
-@dataclass(frozen=True, slots=True)
-class ModeResult:
-    """One offload mode of one case: truth, fit and the verdict of the comparison."""
-
-    mode: str
-    outcome: str
-    true_u: float | None  # first true crossing inside the fit's support (None: none)
-    true_lo: float | None  # 90 % bootstrap interval of that crossing
-    true_hi: float | None
-    true_sign: str  # crosses | positive | negative | unknown (on the fit's support)
-    truth_determinate: bool
-    true_crossings: tuple[float, ...]  # every true crossing on the truth's support
-    fitted_u: float | None
-    lo: float | None
-    hi: float | None
-    open_lo: bool
-    open_hi: bool
-    error_pp: float | None
-    covered: bool | None
-    can_tell: bool
-    verdict: str
-    why: str
-    support: tuple[float, float]
-    truth_support: tuple[float, float]
-    gains: tuple[GainCheck, ...]
-    cov_type: str
-    windows: int
-
-
-@dataclass(frozen=True, slots=True)
 class CaseResult:
     name: str
     family: str
@@ -258,103 +225,6 @@ class CaseResult:
     modes: tuple[ModeResult, ...]
     truth_levels: dict[str, list[dict[str, float]]] = field(default_factory=dict)
     seconds: dict[str, float] = field(default_factory=dict)
-
-
-def judge(truth: TruthCurve, fit: GainFit) -> ModeResult:
-    """Compare one fit with its truth (scoring rules in the module docstring)."""
-    lo, hi = fit.support
-    has_support = math.isfinite(lo) and math.isfinite(hi)
-    sign = truth.sign_on(lo, hi) if has_support else "unknown"
-    first = truth.first_in(lo, hi) if has_support else None
-    true_u = first.u if first else None
-    if first is not None:
-        determinate = first.hi - first.lo <= TOLERANCE
-    else:
-        determinate = sign in ("positive", "negative")
-    reported = fit.verdict == "crosses"
-    f_u = fit.estimate if reported else None
-    i_lo, i_hi = (fit.interval.lo, fit.interval.hi) if reported else (None, None)
-    open_lo = bool(reported and i_lo is not None and i_lo <= lo + 1e-12)
-    open_hi = bool(reported and i_hi is not None and i_hi >= hi - 1e-12)
-    error = covered = None
-    if reported and true_u is not None and f_u is not None:
-        error = 100.0 * (f_u - true_u)
-    if reported and i_lo is not None and i_hi is not None and true_u is not None:
-        covered = (open_lo or i_lo <= true_u) and (open_hi or true_u <= i_hi)
-    outcome = _outcome(
-        fit, sign, first, error, i_lo=i_lo, i_hi=i_hi, open_lo=open_lo, open_hi=open_hi
-    )
-    if not determinate:
-        outcome = "truth_flat"
-    return ModeResult(
-        mode=truth.mode, outcome=outcome, true_u=true_u,
-        true_lo=first.lo if first else None, true_hi=first.hi if first else None,
-        true_sign=sign, truth_determinate=determinate,
-        true_crossings=tuple(c.u for c in truth.crossings), fitted_u=f_u, lo=i_lo, hi=i_hi,
-        open_lo=open_lo, open_hi=open_hi, error_pp=error, covered=covered,
-        can_tell=fit.can_tell, verdict=fit.verdict, why=fit.why, support=(lo, hi),
-        truth_support=truth.support, gains=_gain_checks(truth, fit), cov_type=fit.cov_type,
-        windows=fit.n,
-    )  # fmt: skip
-
-
-def _outcome(
-    fit: GainFit, sign: str, first: Crossing | None, error: float | None, *,
-    i_lo: float | None, i_hi: float | None, open_lo: bool, open_hi: bool,
-) -> str:  # fmt: skip
-    if fit.verdict == "crosses":
-        if first is None:
-            return "false_crossing" if fit.can_tell else "cannot_tell"
-        if not fit.can_tell:
-            return "cannot_tell"
-        assert error is not None and i_lo is not None and i_hi is not None
-        if abs(error) <= 100 * TOLERANCE:
-            return "ok"
-        miss = max(i_lo - first.u if not open_lo else 0.0, first.u - i_hi if not open_hi else 0.0)
-        return "confidently_wrong" if miss > TOLERANCE else "off"
-    if fit.verdict in ("positive_throughout", "negative_throughout"):
-        claimed = fit.verdict.split("_")[0]
-        if sign == claimed:
-            return "agrees_none"
-        if first is None:
-            return "wrong_sign"
-        # "no break-even in [lo, hi]" puts u* beyond the edge where the claimed sign starts:
-        # right to within the tolerance when the true crossing is that close to the edge
-        lo, hi = fit.support
-        edge = lo if (claimed == "positive") == first.rising else hi
-        return "agrees_edge" if abs(first.u - edge) <= TOLERANCE else "missed"
-    return "cannot_tell"
-
-
-def _gain_checks(truth: TruthCurve, fit: GainFit) -> tuple[GainCheck, ...]:
-    """Relative gain, true vs fitted (with its pointwise 90 % interval), at 20/50/80 % of the
-    utilizations both cover."""
-    if not fit.grid:
-        return ()
-    a = max(fit.support[0], truth.support[0])
-    b = min(fit.support[1], truth.support[1])
-    if not a < b:
-        return ()
-    us = [p.u for p in fit.grid]
-    out = []
-    for q in (0.2, 0.5, 0.8):
-        u = a + q * (b - a)
-        out.append(
-            GainCheck(
-                u=u,
-                true=truth.gain(u),
-                fitted=_lin(u, us, [p.relative for p in fit.grid]),
-                lo=_lin(u, us, [p.relative_interval.lo for p in fit.grid]),
-                hi=_lin(u, us, [p.relative_interval.hi for p in fit.grid]),
-            )
-        )
-    return tuple(out)
-
-
-def _lin(u: float, xs: list[float], ys: list[float]) -> float:
-    import numpy as np
-
-    return float(np.interp(u, xs, ys))
 
 
 @dataclass(frozen=True, slots=True)

@@ -12,7 +12,8 @@ import math
 
 import pytest
 
-from planner.accuracy import FAST, FULL, TOLERANCE, CaseResult, ModeResult, judge, run_case
+from planner.accuracy import FAST, FULL, CaseResult, run_case
+from planner.accuracy_judge import TOLERANCE, ModeResult, judge
 from planner.accuracy_scenarios import draw
 from planner.accuracy_truth import LevelResult, truth_curve
 from planner.fit_gain import fit_gain
