@@ -26,8 +26,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
-import yaml
-
 from collector.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -89,19 +87,12 @@ class DemoResult:
 
 def load_demo_scenario(path: Path, sim_hours: float, seed: int) -> Scenario:
     """The scenario file with ``duration_s`` = ``sim_hours`` (whole windows) and ``seed``."""
-    from planner.simulate.scenario import parse_scenario
+    from planner.simulate.scenario import parse_scenario, read_scenario_file
 
     if not (math.isfinite(sim_hours) and sim_hours > 0):
         raise ConfigError(f"--sim-hours must be > 0, got {sim_hours!r}")
     windows = max(2, round(sim_hours * 3600 / WINDOW_S))
-    try:
-        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise ConfigError(f"{path}: cannot read scenario: {exc.strerror or exc}") from exc
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{path}: not valid YAML: {exc}") from exc
-    if not isinstance(raw, dict):
-        raise ConfigError(f"{path}: top level must be a mapping")
+    raw = read_scenario_file(path)
     raw = {**raw, "duration_s": windows * WINDOW_S, "seed": seed}
     raw.pop("warmup_s", None)  # the demo collects from simulated t = 0
     return parse_scenario(raw, where=str(path), base_dir=path.parent)

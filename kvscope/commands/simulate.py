@@ -48,22 +48,6 @@ def _apply_sets(raw: dict[str, Any], sets: list[str]) -> dict[str, Any]:
     return raw
 
 
-def _read_raw(path: Path) -> dict[str, Any]:
-    import yaml
-
-    from collector.errors import ConfigError
-
-    try:
-        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise ConfigError(f"{path}: cannot read scenario: {exc.strerror or exc}") from exc
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{path}: not valid YAML: {exc}") from exc
-    if not isinstance(raw, dict):
-        raise ConfigError(f"{path}: top level must be a mapping")
-    return raw
-
-
 def _summary_text(result: dict[str, Any]) -> str:
     lines = [
         f"scenario {result['scenario']}: {result['num_engines']} engines, "
@@ -134,9 +118,9 @@ def register(app: typer.Typer) -> None:
         from planner.simulate.cluster import Simulation
         from planner.simulate.compare import compare, parse_modes, parse_sweep, render_table
         from planner.simulate.results import SimResult
-        from planner.simulate.scenario import parse_scenario
+        from planner.simulate.scenario import parse_scenario, read_scenario_file
 
-        raw = _apply_sets(_read_raw(scenario), sets or [])
+        raw = _apply_sets(read_scenario_file(scenario), sets or [])
         where = str(scenario)
         if serve is not None:  # live metrics: planner/simulate/serve.py
             from planner.simulate.serve import serve_scenario

@@ -132,8 +132,8 @@ class Scenario:
     params: tuple[Param, ...]
 
 
-def load_scenario(path: str | Path) -> Scenario:
-    """Read and validate a scenario YAML file."""
+def read_scenario_file(path: str | Path) -> dict[str, Any]:
+    """Read a scenario YAML file into its raw mapping (not validated yet)."""
     p = Path(path)
     try:
         text = p.read_text(encoding="utf-8")
@@ -143,7 +143,15 @@ def load_scenario(path: str | Path) -> Scenario:
         raw = yaml.safe_load(text)
     except yaml.YAMLError as exc:
         raise ConfigError(f"{p}: not valid YAML: {exc}") from exc
-    return parse_scenario(raw, where=str(p), base_dir=p.parent)
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{p}: top level must be a mapping")
+    return raw
+
+
+def load_scenario(path: str | Path) -> Scenario:
+    """Read and validate a scenario YAML file."""
+    p = Path(path)
+    return parse_scenario(read_scenario_file(p), where=str(p), base_dir=p.parent)
 
 
 def parse_scenario(raw: object, where: str = "scenario", base_dir: Path | None = None) -> Scenario:
