@@ -32,6 +32,7 @@ from typing import Any, Literal
 from collector.catalog import DERIVED_RATIOS, SIGNALS, promql_expr
 from collector.errors import ConfigError, ScrapeError
 from collector.records import Kind, Labels, Window
+from collector.rollup import ratio_window
 
 STAT_LABEL = "kvscope_stat"
 DROPPED_LABELS = frozenset({"__name__", "instance", "job", STAT_LABEL})
@@ -289,21 +290,6 @@ def derive_ratios(
             if signal != denominator:
                 continue
             num = counters.get((source, numerator, labels, start))
-            if num is None:
-                continue
-            known = num.delta is not None and den.delta is not None
-            value = num.delta / den.delta if num.delta is not None and den.delta else None
-            out.append(
-                Window(
-                    source=source,
-                    signal=ratio,
-                    labels=labels,
-                    start=start,
-                    length_s=den.length_s,
-                    kind="ratio",
-                    samples=min(num.samples, den.samples),
-                    delta=den.delta if known else None,
-                    mean=value,
-                )
-            )
+            if num is not None:
+                out.append(ratio_window(ratio, num, den))
     return out

@@ -382,23 +382,24 @@ class Rollup:
                 if signal != denominator:
                     continue
                 num = counters.get((numerator, labels))
-                if num is None:
-                    continue
-                known = num.delta is not None and den.delta is not None
-                value = None
-                if num.delta is not None and den.delta:
-                    value = num.delta / den.delta
-                out.append(
-                    Window(
-                        source=self.source,
-                        signal=ratio,
-                        labels=labels,
-                        start=start,
-                        length_s=self.window_s,
-                        kind="ratio",
-                        samples=min(num.samples, den.samples),
-                        delta=den.delta if known else None,
-                        mean=value,
-                    )
-                )
+                if num is not None:
+                    out.append(ratio_window(ratio, num, den))
         return out
+
+
+def ratio_window(ratio: str, num: Window, den: Window) -> Window:
+    """The ratio window of two counter windows of one series and start: mean = Δnum / Δden
+    (None when Δden is 0 or either delta is unknown), delta = Δden (the weight)."""
+    known = num.delta is not None and den.delta is not None
+    value = num.delta / den.delta if num.delta is not None and den.delta else None
+    return Window(
+        source=den.source,
+        signal=ratio,
+        labels=den.labels,
+        start=den.start,
+        length_s=den.length_s,
+        kind="ratio",
+        samples=min(num.samples, den.samples),
+        delta=den.delta if known else None,
+        mean=value,
+    )
