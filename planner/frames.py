@@ -111,9 +111,13 @@ def offload_mode_of(meta: object) -> str:
 
 
 def _codes(values: object) -> tuple[npt.NDArray[np.int64], list[object]]:
-    """Integer codes (-1 for missing) and the distinct values, in order of appearance."""
+    """Integer codes (-1 for missing) and the values they stand for (a categorical's own
+    codes and categories: no hashing; else in order of appearance)."""
     import pandas as pd
 
+    if isinstance(values, pd.Series) and isinstance(values.dtype, pd.CategoricalDtype):
+        cat = values.cat
+        return cat.codes.to_numpy().astype("int64"), list(cat.categories)
     codes, uniques = pd.factorize(values)  # type: ignore[call-overload]
     return codes.astype("int64", copy=False), list(uniques)
 
@@ -147,7 +151,12 @@ def _table(
     num: dict[str, npt.NDArray[np.float64]] = {}
     if isinstance(windows, pd.DataFrame):
         df = windows
-        keep = df["signal"].isin(SIGNALS).to_numpy(dtype=bool)
+        signal = df["signal"]
+        if isinstance(signal.dtype, pd.CategoricalDtype):  # per category, not per row
+            known = np.append(np.isin(signal.cat.categories, list(SIGNALS)), False)
+            keep = known[signal.cat.codes.to_numpy()]
+        else:
+            keep = signal.isin(SIGNALS).to_numpy(dtype=bool)
         if not keep.all():  # other signals are ignored, as for Window records
             df = df[keep]
         engine = (
