@@ -27,12 +27,11 @@ from __future__ import annotations
 
 import json
 import operator
-import struct
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Sequence
 from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import ColumnElement, Connection, and_, func, or_, select
+from sqlalchemy import ColumnElement, Connection, func, or_, select
 
 from collector.catalog import ENGINE_LABEL
 from collector.errors import StoreError
@@ -59,8 +58,6 @@ FRAME_COLUMNS = ("source", "signal", "labels", "engine", "model_name", "start", 
 _FROM_LABELS = {"engine": ENGINE_LABEL, "model_name": "model_name"}
 _SEP = "\x1f"  # never raw in a series key (hex), a kind, or labels JSON (escapes controls)
 _CHUNK = 65_536  # rows per fetchmany (SQLite)
-_BLOCK = 65_536  # table ids per COPY row (PostgreSQL)
-_PGCOPY = b"PGCOPY\n\xff\r\n\x00"
 # One series: (source, signal, kind, labels JSON).
 Series = tuple[str, str, str, str]
 
@@ -243,9 +240,11 @@ class FrameReader:
         numeric = ["start", *(c for c in cols if c != "start" and c not in CATEGORY_COLUMNS)]
         with self._tx("reading windows as a frame") as conn:
             if self.dialect == "postgresql":
+                from collector.store_frame_pg import pg_ranks, read_postgres
+
                 conn.exec_driver_sql("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
-                series, sid, nums = _read_postgres(conn, conds, numeric)
-                ranks = _pg_ranks(conn)
+                series, sid, nums = read_postgres(conn, conds, numeric)
+                ranks = pg_ranks(conn)
             else:
                 # The index a signal or source filter would use pays only for a few rows.
                 narrow = dict(signals=signals) if signals is not None else dict(sources=sources)
@@ -261,7 +260,7 @@ class FrameReader:
         return assemble(series, sid, nums, cols, order)
 
 
-def _compiled(conn: Connection, clause: Any) -> tuple[str, Any]:
+def compiled_sql(conn: Connection, clause: Any) -> tuple[str, Any]:
     """SQL text and driver parameters of a Core clause (IN lists rendered out)."""
     compiled = clause.compile(dialect=conn.dialect, compile_kwargs={"render_postcompile": True})
     if compiled.positiontup is not None:
@@ -290,7 +289,7 @@ def _read_sqlite(
     w = WindowRow
     key = (w.series_key + _SEP + w.kind + _SEP + w.source).label("k")
     stmt = select(key, *(w.__table__.c[c] for c in numeric)).where(*conds)
-    sql, params = _compiled(conn, stmt)
+    sql, params = compiled_sql(conn, stmt)
     if scan:
         if sql.count("\nFROM windows") != 1:  # pragma: no cover - the statement above
             raise StoreError(f"unexpected window query: {sql}")
@@ -329,7 +328,11 @@ def _read_sqlite(
         if found is None:  # pragma: no cover - the row was just read in this transaction
             raise StoreError(f"series {series_key} of {source} vanished while reading")
         series.append((source, str(found[0]), kind, str(found[1])))
-    return series, _concat(sid_parts, np.int64), {c: _concat(parts[c], _dtype(c)) for c in numeric}
+    return (
+        series,
+        _concat(sid_parts, np.int64),
+        {c: _concat(parts[c], dtype_of(c)) for c in numeric},
+    )
 
 
 def first_positions(codes: IntArray) -> IntArray:
@@ -343,7 +346,7 @@ def first_positions(codes: IntArray) -> IntArray:
     return new
 
 
-def _dtype(column: str) -> Any:
+def dtype_of(column: str) -> Any:
     import numpy as np
 
     return np.int64 if column in INT_COLUMNS else np.float64
@@ -353,134 +356,3 @@ def _concat(parts: list[npt.NDArray[Any]], dtype: Any) -> npt.NDArray[Any]:
     import numpy as np
 
     return np.concatenate(parts) if parts else np.zeros(0, dtype=dtype)
-
-
-def _read_postgres(
-    conn: Connection, conds: list[ColumnElement[bool]], numeric: Sequence[str]
-) -> tuple[list[Series], IntArray, dict[str, npt.NDArray[Any]]]:
-    """One COPY BINARY: per block of ids, one array per column (module docstring)."""
-    import numpy as np
-    import pandas as pd
-
-    bounds = conn.exec_driver_sql("SELECT min(id), max(id) FROM windows").one()
-    if bounds[0] is None:
-        return [], np.zeros(0, dtype=np.int64), {c: np.zeros(0, dtype=_dtype(c)) for c in numeric}
-    where, params = _compiled(conn, and_(*conds)) if conds else ("TRUE", {})
-    ident = "windows.source || E'\\x1f' || windows.series_key || E'\\x1f' || windows.kind"
-    exprs = [
-        "windows.id::int8",
-        f"hashtextextended({ident}, 0)",
-        f"hashtextextended({ident}, 1)",
-        *(
-            f"windows.{c}::int8" if c in INT_COLUMNS else f"coalesce(windows.{c}, 'NaN'::float8)"
-            for c in numeric
-        ),
-    ]
-    aggs = ", ".join(f"array_agg({e})" for e in exprs)
-    sql = (
-        f"COPY (SELECT x.* FROM generate_series({int(bounds[0])}, {int(bounds[1])}, {_BLOCK}) "
-        f"AS b(lo), LATERAL (SELECT {aggs} FROM windows WHERE windows.id >= b.lo AND "
-        f"windows.id < b.lo + {_BLOCK} AND ({where})) AS x) TO STDOUT (FORMAT BINARY)"
-    )
-    blocks: list[list[npt.NDArray[np.int64] | npt.NDArray[np.float64]]] = []
-    raw = conn.connection.driver_connection
-    with raw.cursor() as cursor, cursor.copy(sql, params or None) as copy:  # type: ignore[union-attr]
-        blocks.extend(_copy_blocks(copy, len(exprs)))
-    if not blocks:
-        return [], np.zeros(0, dtype=np.int64), {c: np.zeros(0, dtype=_dtype(c)) for c in numeric}
-    cols = [np.concatenate([b[i] for b in blocks]) for i in range(len(exprs))]
-    row_id, h1, h2 = cols[0], cols[1], cols[2]
-    codes, _ = pd.factorize(h1)
-    first = first_positions(codes)
-    sid = codes.astype(np.int64, copy=False)
-    if not np.array_equal(h2, h2[first][sid]):  # a 64-bit collision: use both hashes
-        _, first, sid = np.unique(
-            np.stack([h1, h2], axis=1), axis=0, return_index=True, return_inverse=True
-        )
-    lookup = conn.exec_driver_sql(
-        "SELECT id, source, signal, kind, labels FROM windows WHERE id = ANY(%(ids)s)",
-        {"ids": [int(i) for i in row_id[first]]},
-    ).all()
-    by_id = {int(r[0]): (str(r[1]), str(r[2]), str(r[3]), str(r[4])) for r in lookup}
-    series = [by_id[int(i)] for i in row_id[first]]
-    nums = {c: cols[3 + i].astype(_dtype(c), copy=False) for i, c in enumerate(numeric)}
-    return series, sid.reshape(-1).astype(np.int64, copy=False), nums
-
-
-def _copy_blocks(chunks: Iterable[Any], n_fields: int) -> Iterator[list[Any]]:
-    """Tuples of a binary COPY whose fields are 1-d arrays of int8/float8 without NULLs."""
-    pending = b""
-    header = False
-    for chunk in chunks:
-        data = pending + bytes(chunk) if pending else bytes(chunk)
-        pos = 0
-        if not header:
-            if len(data) < 19:
-                pending = data
-                continue
-            if data[:11] != _PGCOPY:
-                raise StoreError("COPY BINARY: unexpected header")
-            pos = 19 + struct.unpack_from(">i", data, 15)[0]
-            header = True
-        while True:
-            parsed = _copy_tuple(data, pos, n_fields)
-            if parsed is None:
-                break
-            arrays, pos = parsed
-            if arrays:
-                yield arrays
-        pending = data[pos:]
-
-
-def _copy_tuple(data: bytes, pos: int, n_fields: int) -> tuple[list[Any], int] | None:
-    """One tuple at ``pos`` (None: incomplete); [] for the trailer or an empty block."""
-    import numpy as np
-
-    if len(data) - pos < 2:
-        return None
-    (count,) = struct.unpack_from(">h", data, pos)
-    if count == -1:
-        return [], len(data)
-    if count != n_fields:
-        raise StoreError(f"COPY BINARY: {count} fields, expected {n_fields}")
-    p = pos + 2
-    out: list[Any] = []
-    for _ in range(n_fields):
-        if len(data) - p < 4:
-            return None
-        (size,) = struct.unpack_from(">i", data, p)
-        p += 4
-        if size == -1:  # array_agg of an empty block
-            out.append(None)
-            continue
-        if len(data) - p < size:
-            return None
-        ndim, _flags, oid = struct.unpack_from(">iii", data, p)
-        if ndim == 0:
-            out.append(None)
-        else:
-            n = struct.unpack_from(">i", data, p + 12)[0]
-            width = 8 if oid in (20, 701) else 4
-            kind = ">i8" if oid == 20 else ">f8" if oid == 701 else ">i4"
-            elems = np.frombuffer(data, dtype=[("n", ">i4"), ("v", kind)], count=n, offset=p + 20)
-            if not (elems["n"] == width).all():
-                raise StoreError("COPY BINARY: NULL or odd-sized array element")
-            out.append(elems["v"].astype(np.dtype(kind).newbyteorder("=")))
-        p += size
-    if any(a is None for a in out):
-        return [], p
-    return out, p
-
-
-def _pg_ranks(conn: Connection) -> RankFn:
-    """Dense ranks by the database's own text order (the collation read_windows sorts by)."""
-
-    def ranks(_what: str, values: Sequence[str]) -> list[int]:
-        distinct = sorted(set(values))
-        rows = conn.exec_driver_sql(
-            "SELECT v FROM unnest(%(v)s::text[]) AS u(v) ORDER BY v", {"v": distinct}
-        ).all()
-        order = {str(r[0]): i for i, r in enumerate(rows)}
-        return [order[v] for v in values]
-
-    return ranks
