@@ -462,3 +462,12 @@ def test_read_frame_in_memory_sqlite() -> None:
         s.migrate()
         s.write_windows(mixed())
         assert_frame_is_windows(s.read_frame(), s.read_windows())
+
+
+def test_read_frame_kind_outside_the_four_kept_per_series(store: Store) -> None:
+    odd = [win(start=T0 + 60 * i, mean=float(i)) for i in range(3)]
+    odd += [Window("e9", "custom_total", ENGINE, T0, 60.0, "summary", 1, delta=1.0)]  # type: ignore[arg-type]
+    store.write_windows(odd)
+    frame = store.read_frame(columns=["source", "kind", "start", "mean", "delta"])
+    assert list(frame["kind"]) == ["gauge", "gauge", "gauge", "summary"]
+    assert_frame_is_windows(store.read_frame(), store.read_windows())
