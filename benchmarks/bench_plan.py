@@ -126,6 +126,7 @@ def copy_to_postgres(sqlite_path: Path, url: str) -> None:
     from collector.models import WindowRow
 
     cols = [c.name for c in WindowRow.__table__.columns if c.name != "id"]
+    dsn = url.replace("postgresql+psycopg://", "postgresql://")
     with Store(url) as store:
         store.migrate()
         with Store(f"sqlite:///{sqlite_path}") as src:
@@ -134,16 +135,22 @@ def copy_to_postgres(sqlite_path: Path, url: str) -> None:
                                     tensor_parallel=e.tensor_parallel, offload=e.offload,
                                     facts=dict(e.facts))  # fmt: skip
     t0 = time.perf_counter()
+    unique = "uq_windows_source_start_series"
+    with psycopg.connect(dsn, autocommit=True) as pg:  # bulk load: indexes built after
+        pg.execute("DROP INDEX ix_windows_signal_start")
+        pg.execute(f"ALTER TABLE windows DROP CONSTRAINT {unique}")
     with (
         sqlite3.connect(sqlite_path) as lite,
-        psycopg.connect(url.replace("postgresql+psycopg://", "postgresql://")) as pg,
+        psycopg.connect(dsn) as pg,
         pg.cursor() as cur,
         cur.copy(f"COPY windows ({', '.join(cols)}) FROM STDIN") as copy,
     ):
         for row in _rows(lite, f"SELECT {', '.join(cols)} FROM windows ORDER BY id"):
             copy.write_row(row)
-    with psycopg.connect(url.replace("postgresql+psycopg://", "postgresql://")) as pg:
-        pg.autocommit = True
+    with psycopg.connect(dsn, autocommit=True) as pg:
+        key = "(source, start, series_key)"  # collector/models.py's unique constraint
+        pg.execute(f"ALTER TABLE windows ADD CONSTRAINT {unique} UNIQUE {key}")
+        pg.execute("CREATE INDEX ix_windows_signal_start ON windows (signal, start)")
         pg.execute("VACUUM ANALYZE windows")
     print(f"  copied into PostgreSQL in {time.perf_counter() - t0:.0f} s", file=sys.stderr)
 
@@ -163,6 +170,7 @@ def main() -> None:
     ap.add_argument("--db", type=Path, help="store path (default: cached under /tmp)")
     ap.add_argument("--rebuild", action="store_true", help="rebuild the cached store")
     ap.add_argument("--postgres", action="store_true", help="also time a PostgreSQL copy")
+    ap.add_argument("--skip-sqlite", action="store_true", help="time PostgreSQL only")
     ap.add_argument("--forecast-seconds", type=float, default=8.0)
     args = ap.parse_args()
     path = args.db or Path(f"/tmp/kvscope-bench-plan-{args.engines}x{args.days:g}d-s{args.seed}.db")
@@ -173,8 +181,9 @@ def main() -> None:
         names = [r[0] for r in con.execute("SELECT source FROM engines ORDER BY source")]
     subset = names[: args.subset]
     print(f"store {path}: {total:,} windows of {len(names)} engines")
-    bench(f"sqlite:///{path}", subset, total, args.forecast_seconds)
-    if args.postgres:
+    if not args.skip_sqlite:
+        bench(f"sqlite:///{path}", subset, total, args.forecast_seconds)
+    if args.postgres or args.skip_sqlite:
         from tests.services import postgres
 
         with postgres() as url:

@@ -59,34 +59,40 @@ def read_postgres(
         raise StoreError("source names collide under every hash seed (hashtextextended)")
     where, params = compiled_sql(conn, and_(*conds)) if conds else ("TRUE", {})
     kind = " ".join(f"WHEN '{k}' THEN {i}" for i, k in enumerate(_KINDS))
-    parts = [
-        f"int8send(hashtextextended(windows.source, {seed}))",
-        "decode(windows.series_key, 'hex')",
-        f"int2send((CASE windows.kind {kind} ELSE {len(_KINDS)} END)::int2)",
+    fields = [
+        ("src", ">i8", f"int8send(hashtextextended(windows.source, {seed}))"),
+        ("key", ">u8", "decode(windows.series_key, 'hex')"),
+        ("kind", ">i2", f"int2send((CASE windows.kind {kind} ELSE {len(_KINDS)} END)::int2)"),
         *(
-            f"int8send(windows.{c}::int8)" if c in INT_COLUMNS
-            else f"float8send(coalesce(windows.{c}, 'NaN'::float8))"
+            (c, ">i8", f"int8send(windows.{c}::int8)") if c in INT_COLUMNS
+            else (c, ">f8", f"float8send(coalesce(windows.{c}, 'NaN'::float8))")
             for c in numeric
         ),
     ]  # fmt: skip
-    sql = (
-        f"COPY (SELECT x.r FROM generate_series({int(bounds[0])}, {int(bounds[1])}, {_BLOCK}) "
-        f"AS b(lo), LATERAL (SELECT string_agg({' || '.join(parts)}, ''::bytea) AS r FROM "
-        f"windows WHERE windows.id >= b.lo AND windows.id < b.lo + {_BLOCK} AND ({where})) "
-        "AS x) TO STDOUT (FORMAT BINARY)"
-    )
-    record = np.dtype(
-        [("src", ">i8"), ("hi", ">u8"), ("lo", ">u8"), ("kind", ">i2")]
-        + [(c, ">i8" if c in INT_COLUMNS else ">f8") for c in numeric]
-    )
+    aggs = ", ".join(f"string_agg({expr}, NULL)" for _, _, expr in fields)
+    total = int(bounds[1]) - int(bounds[0]) + 1
+    if _estimate(conn, where, params) * 6 < total:  # few rows: let the indexes find them
+        body = f"SELECT {aggs} FROM windows WHERE {where} GROUP BY windows.id / {_BLOCK}"
+    else:  # most rows: read the table in blocks of ids, in its physical order
+        body = (
+            f"SELECT x.* FROM generate_series({int(bounds[0])}, {int(bounds[1])}, {_BLOCK}) "
+            f"AS b(lo), LATERAL (SELECT {aggs} FROM windows WHERE windows.id >= b.lo AND "
+            f"windows.id < b.lo + {_BLOCK} AND ({where})) AS x"
+        )
+    parts: dict[str, list[npt.NDArray[Any]]] = {name: [] for name, _, _ in fields}
     raw = conn.connection.driver_connection
+    sql = f"COPY ({body}) TO STDOUT (FORMAT BINARY)"
     with raw.cursor() as cursor, cursor.copy(sql, params or None) as copy:  # type: ignore[union-attr]
-        blocks = [np.frombuffer(field, dtype=record) for field in _copy_fields(copy)]
-    if not blocks:
+        for block in _copy_tuples(copy, len(fields)):
+            for (name, dtype, _), data in zip(fields, block, strict=True):
+                parts[name].append(np.frombuffer(data, dtype=dtype).astype(dtype[1:]))
+    if not parts["src"]:
         return empty
-    rec = np.concatenate(blocks)
-    sid, first = _series_codes(rec["src"], rec["hi"], rec["lo"], rec["kind"])
-    heads = rec[first]
+    col = {name: np.concatenate(chunks) for name, chunks in parts.items()}
+    key = col["key"].reshape(-1, 2)
+    sid, first = _series_codes(col["src"], key[:, 0], key[:, 1], col["kind"])
+    heads = {name: col[name][first] for name in ("src", "kind", "start")}
+    heads["hi"], heads["lo"] = key[first, 0], key[first, 1]
     keys = [f"{int(h):016x}{int(lo):016x}" for h, lo in zip(heads["hi"], heads["lo"], strict=True)]
     sources = [names[int(h)] for h in heads["src"]]
     found = conn.exec_driver_sql(
@@ -102,8 +108,16 @@ def read_postgres(
         (src, looked[i][0], _KINDS[k] if k < len(_KINDS) else looked[i][2], looked[i][1])
         for i, (src, k) in enumerate(zip(sources, heads["kind"].tolist(), strict=True))
     ]
-    nums = {c: rec[c].astype(dtype_of(c)) for c in numeric}
+    nums = {c: col[c].astype(dtype_of(c), copy=False) for c in numeric}
     return series, sid, nums
+
+
+def _estimate(conn: Connection, where: str, params: Any) -> float:
+    """The planner's estimate of the rows matching ``where`` (its statistics: no scan)."""
+    plan = conn.exec_driver_sql(
+        f"EXPLAIN (FORMAT JSON) SELECT 1 FROM windows WHERE {where}", params or None
+    ).scalar()
+    return float(plan[0]["Plan"]["Plan Rows"])  # type: ignore[index]
 
 
 def _series_codes(*columns: npt.NDArray[Any]) -> tuple[IntArray, IntArray]:
@@ -123,39 +137,56 @@ def _series_codes(*columns: npt.NDArray[Any]) -> tuple[IntArray, IntArray]:
     return inverse.reshape(-1).astype(np.int64), first  # pragma: no cover
 
 
-def _copy_fields(chunks: Iterable[Any]) -> Iterator[bytes]:
-    """The non-NULL field of each one-field tuple of a binary COPY stream."""
+def _copy_tuples(chunks: Iterable[Any], n_fields: int) -> Iterator[list[memoryview]]:
+    """The fields of each tuple of a binary COPY stream whose fields are all non-NULL
+    (a tuple of NULLs, an empty block, is skipped)."""
     pending = b""
     header = False
     for chunk in chunks:
-        data = pending + bytes(chunk) if pending else bytes(chunk)
+        data = memoryview(pending + bytes(chunk) if pending else chunk).cast("B")
         pos = 0
         if not header:
             if len(data) < 19:
-                pending = data
+                pending = bytes(data)
                 continue
-            if data[:11] != _PGCOPY:
+            if bytes(data[:11]) != _PGCOPY:
                 raise StoreError("COPY BINARY: unexpected header")
             pos = 19 + struct.unpack_from(">i", data, 15)[0]
             header = True
-        while len(data) - pos >= 2:
-            (count,) = struct.unpack_from(">h", data, pos)
-            if count == -1:  # trailer
-                pos = len(data)
+        while True:
+            parsed = _copy_tuple(data, pos, n_fields)
+            if parsed is None:
                 break
-            if count != 1:
-                raise StoreError(f"COPY BINARY: {count} fields, expected 1")
-            if len(data) - pos < 6:
-                break
-            (size,) = struct.unpack_from(">i", data, pos + 2)
-            if size == -1:  # an empty block
-                pos += 6
-                continue
-            if len(data) - pos - 6 < size:
-                break
-            yield data[pos + 6 : pos + 6 + size]
-            pos += 6 + size
-        pending = data[pos:]
+            fields, pos = parsed
+            if fields:
+                yield fields
+        pending = bytes(data[pos:])
+
+
+def _copy_tuple(data: memoryview, pos: int, n_fields: int) -> tuple[list[memoryview], int] | None:
+    """The fields of the tuple at ``pos`` and the position after it; None when incomplete;
+    no fields for the trailer or a tuple with a NULL."""
+    if len(data) - pos < 2:
+        return None
+    (count,) = struct.unpack_from(">h", data, pos)
+    if count == -1:  # trailer
+        return [], len(data)
+    if count != n_fields:
+        raise StoreError(f"COPY BINARY: {count} fields, expected {n_fields}")
+    p, fields, null = pos + 2, [], False
+    for _ in range(n_fields):
+        if len(data) - p < 4:
+            return None
+        (size,) = struct.unpack_from(">i", data, p)
+        p += 4
+        if size == -1:
+            null = True
+            continue
+        if len(data) - p < size:
+            return None
+        fields.append(data[p : p + size])
+        p += size
+    return ([] if null else fields), p
 
 
 def pg_ranks(conn: Connection) -> RankFn:

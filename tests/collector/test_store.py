@@ -471,3 +471,19 @@ def test_read_frame_kind_outside_the_four_kept_per_series(store: Store) -> None:
     frame = store.read_frame(columns=["source", "kind", "start", "mean", "delta"])
     assert list(frame["kind"]) == ["gauge", "gauge", "gauge", "summary"]
     assert_frame_is_windows(store.read_frame(), store.read_windows())
+
+
+@pytest.mark.parametrize("few", [True, False], ids=["index", "scan"])
+def test_read_frame_both_access_paths_same_rows(
+    store: Store, monkeypatch: pytest.MonkeyPatch, few: bool
+) -> None:
+    """Whether the rows are looked up by index or the table is scanned, the rows are the same
+    (the choice rests on a row estimate; here it is forced both ways)."""
+    from collector import store_frame, store_frame_pg
+
+    store.write_windows(mixed() + grid(sources=3, signals=4, minutes=30))
+    monkeypatch.setattr(store_frame, "_mostly_matches", lambda *_: not few)
+    monkeypatch.setattr(store_frame_pg, "_estimate", lambda *_: 0.0 if few else 1e12)
+    for filters in ({}, {"signals": ["ttft_seconds", "sig_1_usage"], "since": T0 + 60}):
+        windows = store.read_windows(**filters)  # type: ignore[arg-type]
+        assert_frame_is_windows(store.read_frame(**filters), windows)  # type: ignore[arg-type]
