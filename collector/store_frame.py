@@ -5,14 +5,15 @@
 with only the columns asked for and fills numpy arrays chunk by chunk:
 
 * SQLite: the driver's ``fetchmany``; a row names its series by one short text (series key,
-  kind, source) that is factorized per chunk. The driver still makes a Python object per
-  value, which is this backend's floor (benchmarks/bench_plan.py measures it).
-* PostgreSQL: ``COPY (SELECT …) TO STDOUT (FORMAT BINARY)`` of one row per block of table
-  ids whose columns are arrays of fixed-width values (NULL sent as NaN, the series as two
-  64-bit hashes), read with ``numpy.frombuffer``: no Python object per window.
+  kind, source) that is factorized per chunk, and the signal and labels come from one point
+  look-up per series. The driver still makes a Python object per value: that is this
+  backend's floor (~3 µs per row here; benchmarks/bench_plan.py measures it). When most rows
+  match, the table is scanned rather than reached through the signal or source index.
+* PostgreSQL (collector/store_frame_pg.py): ``COPY (SELECT …) TO STDOUT (FORMAT BINARY)``
+  where the server packs each column of a block of rows into one bytea of fixed-width
+  values, read with ``numpy.frombuffer``: no Python object per window.
 
-Labels are decoded once per distinct series (``signal`` and ``labels`` come from one point
-look-up per series), never per row.
+Labels are decoded once per distinct series, never per row.
 
 Columns (FRAME_COLUMNS; ``columns=`` picks a subset, kept in this order): ``source``,
 ``signal``, ``labels``, ``engine``, ``model_name``, ``kind`` are pandas Categoricals (labels:

@@ -1,12 +1,14 @@
 """PostgreSQL half of Store.read_frame: one COPY BINARY, parsed by numpy (no object per row).
 
-The server packs each window into a fixed-width record (source hash, the 16 bytes of the
-series key, a kind code, then every asked value: NULL as NaN) and concatenates the records
-of each block of table ids into one bytea; numpy.frombuffer reads a block at once. The
-series are then named by one look-up per distinct series (signal, labels; a kind outside
-the four known ones), the source hashes by a loose index scan of the distinct sources.
-Row identities are checked exactly: a 64-bit mix that merged two series falls back to a
-sort of the full tuples.
+Per block of rows the server sends one tuple whose fields are whole columns: for each
+column, the fixed-width binary values of the block's rows concatenated into one bytea
+(``string_agg(float8send(…))``; NULL sent as NaN). A row's series is its source's 64-bit
+hash (names from a loose index scan of the distinct sources, checked for collisions), the
+16 bytes of its series key and a kind code; the signal and labels come from one look-up per
+distinct series. Identities are checked exactly: a 64-bit mix that merged two series falls
+back to a sort of the full tuples. Blocks are ranges of table ids (the table in its physical
+order) when most rows match, else groups of the rows the indexes find (the planner's
+estimate decides).
 """
 
 from __future__ import annotations
