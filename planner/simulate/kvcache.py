@@ -21,6 +21,31 @@ from collections import OrderedDict
 from planner.simulate.workload import ContentTree, Req
 
 
+def leading_cached(
+    path: list[int],
+    start: list[int],
+    end: list[int],
+    cached: dict[int, int],
+    *,
+    unit: int,
+    limit: int,
+) -> int:
+    """Units (blocks or chunks) of the leading segments of ``path`` that are cached, up to
+    ``limit``: whole segments count until the first one cached only partly (its cached units
+    are its head, as eviction eats segments tail-first)."""
+    total = 0
+    for n in path:
+        nb = end[n] // unit - start[n] // unit
+        c = cached.get(n, 0)
+        if c < nb:
+            total += c
+            break
+        total += nb
+        if total >= limit:
+            break
+    return min(total, limit)
+
+
 class BlockPool:
     """One engine's GPU KV blocks with hash-based prefix caching and LRU eviction."""
 
@@ -70,18 +95,9 @@ class BlockPool:
         """Leading blocks of `path` cached in HBM (vLLM find_longest_cache_hit), capped."""
         if not self.prefix_caching or max_blocks <= 0:
             return 0
-        bs, start, end, cached = self.bs, self.start, self.end, self.cached
-        total = 0
-        for n in path:
-            nb = end[n] // bs - start[n] // bs
-            c = cached.get(n, 0)
-            if c < nb:
-                total += c
-                break
-            total += nb
-            if total >= max_blocks:
-                break
-        return min(total, max_blocks)
+        return leading_cached(
+            path, self.start, self.end, self.cached, unit=self.bs, limit=max_blocks
+        )
 
     # --- allocation -------------------------------------------------------------------------
     def reserve(self, req: Req, target_tokens: int) -> bool:
@@ -279,18 +295,9 @@ class PrefixLRU:
         self.evicted = 0
 
     def lookup(self, path: list[int], max_units: int) -> int:
-        u, start, end, cached = self.unit, self.start, self.end, self.cached
-        total = 0
-        for n in path:
-            nb = end[n] // u - start[n] // u
-            c = cached.get(n, 0)
-            if c < nb:
-                total += c
-                break
-            total += nb
-            if total >= max_units:
-                break
-        return min(total, max_units)
+        return leading_cached(
+            path, self.start, self.end, self.cached, unit=self.unit, limit=max_units
+        )
 
     def touch(self, path: list[int], units: int) -> None:
         """Mark the segments covering the first `units` units as recently used."""
