@@ -89,23 +89,23 @@ def bench(url: str, sources: list[str], total_rows: int, forecast_seconds: float
     with Store(url) as store:
         store.read_frame(signals=["warm-up"])
         wall, cpu, rows = timed(lambda: store.read_windows(sources=sources))
-        base_rate = len(rows) / cpu
+        base_rate = len(rows) / wall  # wall clock: on PostgreSQL the server does much work
         line(f"baseline read_windows ({len(sources)} engines)", wall, cpu,
              f"{len(rows):,} rows, {base_rate:,.0f} rows/s")  # fmt: skip
         del rows
         wall, cpu, sub = timed(lambda: store.read_frame(sources=sources))
-        rate = len(sub) / cpu
+        rate = len(sub) / wall
         line(f"read_frame ({len(sources)} engines, all columns)", wall, cpu,
              f"{rate:,.0f} rows/s = {rate / base_rate:.1f}× baseline")  # fmt: skip
         del sub
         base_all = total_rows / base_rate
-        print(f"{'baseline read_windows, whole store (extrap.)':<46s} {base_all:8.1f} s cpu")
+        print(f"{'baseline read_windows, whole store (extrap.)':<46s} {base_all:8.1f} s wall")
         wall, cpu, table = timed(
             lambda: store.read_frame(signals=sorted(NEEDED_SIGNALS), columns=PLAN_COLUMNS)
         )
         line("read_frame (whole store, plan columns)", wall, cpu,
-             f"{len(table):,} rows, {len(table) / cpu:,.0f} rows/s = "
-             f"{base_all / cpu:.1f}× baseline")  # fmt: skip
+             f"{len(table):,} rows, {len(table) / wall:,.0f} rows/s = "
+             f"{base_all / wall:.1f}× baseline")  # fmt: skip
         del table
         wall, cpu, plan = timed(lambda: build_plan(store, forecast_seconds=forecast_seconds))
         stages = dict(plan.details.seconds)
@@ -114,8 +114,8 @@ def bench(url: str, sources: list[str], total_rows: int, forecast_seconds: float
             print(f"  {stage:<44s} {seconds:8.2f} s wall")
         baseline_plan = wall - stages.get("read", 0.0) + base_all
         verdict = "met" if wall <= 30 else "NOT met"
-        print(f"RESULT {url.split(':', 1)[0]}: build_plan {wall:.1f} s wall ({cpu:.1f} s cpu) = "
-              f"{baseline_plan / wall:.1f}× faster than with read_windows "
+        print(f"RESULT {url.split(':', 1)[0]}: build_plan {wall:.1f} s wall ({cpu:.1f} s cpu "
+              f"in this process) = {baseline_plan / wall:.1f}× faster than with read_windows "
               f"(~{baseline_plan:.0f} s); target <= 30 s: {verdict}")  # fmt: skip
 
 
