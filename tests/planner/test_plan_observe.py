@@ -94,3 +94,35 @@ def test_p90_censored_reads_equal_quantiles(
     w = Window("e", "request_prompt_tokens", LABELS, 0.0, 60.0, "histogram", 2, delta=10.0,
                p90=p90, p99=p99)  # fmt: skip
     assert p90_censored(w) is censored
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_weighted_median_and_quantiles_arrays_equal_the_list_loop(seed: int) -> None:
+    """The array path (a plan's millions of windows) returns what the loop over lists does,
+    with ties, NaN, inf, zero and negative weights mixed in."""
+    import numpy as np
+
+    from planner.plan_observe import quantiles, weighted_median
+
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(0, 400))
+    values = (rng.choice([0.5, 1.0, 2.0, np.nan, np.inf, -3.0], n) * rng.integers(1, 4, n)).astype(
+        float
+    )
+    weights = rng.choice([0.0, 1.0, 2.5, np.nan, -1.0, 1e-3], n)
+    assert weighted_median(values, weights) == weighted_median(values.tolist(), weights.tolist())
+    qs = [0.0, 0.5, 0.95, 1.0]
+    assert quantiles(values, qs) == quantiles(values.tolist(), qs)
+
+
+def test_seq_sum_adds_left_to_right_as_a_loop() -> None:
+    import numpy as np
+
+    from planner.plan_table import seq_sum
+
+    values = np.array([1e16, 1.0, -1e16, 1.0, 0.1, 0.2] * 50)
+    total = 0.0
+    for v in values.tolist():
+        total += v
+    assert seq_sum(values) == total != float(values.sum())  # numpy's pairwise sum differs
+    assert seq_sum(np.zeros(0)) == 0.0
