@@ -20,7 +20,7 @@ from collector import catalog
 from collector.catalog import DERIVED_RATIOS
 from collector.records import Window
 from planner.frames import SIGNALS as FRAME_SIGNALS
-from planner.plan_table import WindowTable, names, seq_sum
+from planner.plan_table import WindowTable, names, seq_sum, weighted_median_array
 
 if TYPE_CHECKING:
     import numpy as np
@@ -78,7 +78,7 @@ def weighted_median(
     import numpy as np
 
     if isinstance(values, np.ndarray) and isinstance(weights, np.ndarray):
-        return _weighted_median_array(values.astype(float), weights.astype(float))
+        return weighted_median_array(values.astype(float), weights.astype(float))
     pairs = sorted(
         (v, w) for v, w in zip(values, weights, strict=True) if _num(v) is not None and (w or 0) > 0
     )
@@ -91,21 +91,6 @@ def weighted_median(
         if run >= total / 2:
             return float(v)
     return float(pairs[-1][0])
-
-
-def _weighted_median_array(v: FloatArray, w: FloatArray) -> float | None:
-    """weighted_median on arrays: the same pairs, order and running sum, vectorized."""
-    import numpy as np
-
-    keep = np.isfinite(v) & (w > 0)
-    v, w = v[keep], w[keep]
-    order = np.lexsort((w, v))  # as sorting (value, weight) pairs
-    v, w = v[order], w[order]
-    run = np.cumsum(w)  # left to right, as the loop adds
-    if v.size == 0 or not run[-1] > 0:
-        return None
-    at = np.flatnonzero(run >= run[-1] / 2)
-    return float(v[at[0]] if at.size else v[-1])
 
 
 def pooled_ratio(

@@ -47,6 +47,22 @@ def names(column: pd.Series) -> set[str]:
     return {str(v) for v in column.unique()}
 
 
+def weighted_median_array(v: FloatArray, w: FloatArray) -> float | None:
+    """plan_observe.weighted_median of arrays: the same pairs, order and running sum as its
+    loop (finite values with weight > 0, sorted by value then weight), vectorized."""
+    import numpy as np
+
+    keep = np.isfinite(v) & (w > 0)
+    v, w = v[keep], w[keep]
+    order = np.lexsort((w, v))  # as sorting (value, weight) pairs
+    v, w = v[order], w[order]
+    run = np.cumsum(w)  # left to right, as the loop adds
+    if v.size == 0 or not run[-1] > 0:
+        return None
+    at = np.flatnonzero(run >= run[-1] / 2)
+    return float(v[at[0]] if at.size else v[-1])
+
+
 class WindowTable:
     """A read_frame-shaped DataFrame plus its source/signal codes (module docstring)."""
 
