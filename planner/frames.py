@@ -38,8 +38,16 @@ l1_usage_ratio            LMCache L1 used / total (mean)
 l1_evicted_chunks         L1 evictions in the window
 offload_cpu_usage_ratio   vLLM native offload CPU usage (mean)
 offload_mode              engine metadata: none | native | lmcache | unknown
+group                     the engine's model group (planner/frame_groups.py): served model, GPU, TP
 window_s                  window length in seconds
 ========================  =================================================================
+
+The *group* of an engine is its served model — the ``model_name`` label of its series (the
+most common one among its series that carry an ``engine`` label, else among all of its
+series), else the ``model`` of its engine record — plus the record's ``gpu`` and
+``tensor_parallel`` when known. An engine whose model is known neither way is in the group
+``"unknown"``. Fits across groups mix engines whose throughput and KV capacity differ
+(an 8B model on one GPU against a 70B on four), so `kvscope plan` fits each group apart.
 """
 
 from __future__ import annotations
@@ -50,6 +58,7 @@ from typing import TYPE_CHECKING
 
 from collector.catalog import ENGINE_LABEL
 from collector.records import Window
+from planner.frame_groups import modes_and_groups, pair_models
 
 if TYPE_CHECKING:
     import numpy as np
@@ -91,8 +100,11 @@ SIGNALS: frozenset[str] = frozenset(
     [s for _, s, _, _ in _SIMPLE] + [x for r in _RATIOS for x in r[1:]]
 )
 _FIELDS = ("delta", "rate", "mean", "max", "p90", "sum_delta")
+# The label (and Store.read_frame column) naming the served model (collector/store_frame.py).
+MODEL_LABEL = "model_name"
+_TEXT_COLUMNS = ("source", "engine", "offload_mode", "group")
 COLUMNS: tuple[str, ...] = (
-    "source", "engine", "start", "window_s", "offload_mode",
+    "source", "engine", "start", "window_s", "offload_mode", "group",
     "tokens_per_s", "prompt_tokens_per_s", "output_tokens_per_s", "preemptions",
     "kv_util", "kv_util_max", "running", "waiting", "prefix_hit_ratio", "external_hit_ratio",
     "ttft_mean_s", "ttft_p90_s", "ttft_count", "prompt_tokens_mean", "requests",
@@ -162,10 +174,15 @@ def _table(
         engine = (
             df["engine"]
             if "engine" in df.columns
-            else np.asarray(_engine_labels(df["labels"].tolist()), dtype=np.object_)
+            else np.asarray(_label_values(df["labels"].tolist(), ENGINE_LABEL), dtype=np.object_)
         )
         coded = {"source": _codes(df["source"]), "engine": _codes(engine),
                  "signal": _codes(df["signal"])}  # fmt: skip
+        if MODEL_LABEL in df.columns:
+            coded["model"] = _codes(df[MODEL_LABEL])
+        elif "labels" in df.columns:
+            models = _label_values(df["labels"].tolist(), MODEL_LABEL)
+            coded["model"] = _codes(np.asarray(models, dtype=np.object_))
         for name in ("start", "length_s", *_FIELDS):
             if name not in df.columns:
                 continue  # an absent field reads as all-NaN
@@ -181,22 +198,28 @@ def _table(
 
     coded = {
         "source": _codes(np.asarray(attr("source"), dtype=np.object_)),
-        "engine": _codes(np.asarray(_engine_labels(attr("labels")), dtype=np.object_)),
+        "engine": _codes(np.asarray(_label_values(attr("labels"), ENGINE_LABEL), dtype=np.object_)),
         "signal": _codes(np.asarray(attr("signal"), dtype=np.object_)),
+        "model": _codes(np.asarray(_label_values(attr("labels"), MODEL_LABEL), dtype=np.object_)),
     }
     for name in ("start", "length_s", *_FIELDS):
         num[name] = np.asarray(attr(name), dtype=np.float64)  # None -> NaN
     return num, coded
 
 
-def _engine_labels(labels: Sequence[object]) -> list[str | None]:
+def _label_values(labels: Sequence[object], key: str) -> list[str | None]:
+    """The value of label ``key`` per label set (Labels tuples, or the store's JSON text)."""
+    import json
+
     cache: dict[object, str | None] = {}
     out: list[str | None] = []
     for lab in labels:
         try:
             out.append(cache[lab])
         except KeyError:
-            cache[lab] = dict(lab).get(ENGINE_LABEL)  # type: ignore[call-overload]
+            pairs = json.loads(lab) if isinstance(lab, str) else lab
+            value = dict(pairs).get(key) if pairs is not None else None  # type: ignore[arg-type]
+            cache[lab] = value if value else None
             out.append(cache[lab])
     return out
 
@@ -238,6 +261,8 @@ def engine_frame(
         lut = np.array(list(remap.keys())), np.array(list(remap.values()))
         for a, b in zip(*lut, strict=True):
             pair[pair == a] = b
+    mod_c, mod_u = coded.get("model", (np.full(src_c.size, -1, dtype=np.int64), []))
+    pair_model = pair_models(pair, pair_u, eng_c >= 0, mod_c, len(mod_u))
     start_c, start_u = pd.factorize(num["start"])
     n_start = len(start_u)
     size = len(src_u) * n_eng * n_start
@@ -325,29 +350,13 @@ def engine_frame(
         tc, pc = frame["ttft_count"].to_numpy(), frame["_prompt_count"].to_numpy()
         frame["ttft_mean_s"] = np.where(tc > 0, frame["_ttft_sum"].to_numpy() / tc, np.nan)
         frame["prompt_tokens_mean"] = np.where(pc > 0, frame["_prompt_sum"].to_numpy() / pc, np.nan)
-    frame["offload_mode"] = _modes(src_names, eng_names, key_of_row, n_eng, engines_meta or {})
+    frame["offload_mode"], frame["group"] = modes_and_groups(
+        src_names, eng_names, key_of_row, n_eng, engines_meta or {},
+        [str(m) for m in mod_u], pair_u, pair_model,
+    )  # fmt: skip
     frame = frame.sort_values(["source", "engine", "start"], kind="stable", ignore_index=True)
     return frame[list(COLUMNS)]
 
 
-def _modes(
-    src_names: npt.NDArray[np.object_],
-    eng_names: npt.NDArray[np.object_],
-    key_of_row: npt.NDArray[np.int64],
-    n_eng: int,
-    meta: Mapping[str, object],
-) -> npt.NDArray[np.object_]:
-    import numpy as np
-
-    keys, inverse = np.unique(key_of_row, return_inverse=True)
-    modes = []
-    for k in keys.tolist():
-        source, engine = src_names[k // n_eng], eng_names[k % n_eng]
-        m = meta.get(f"{source}/{engine}", meta.get(source))
-        modes.append("unknown" if m is None else offload_mode_of(m))
-    out: npt.NDArray[np.object_] = np.asarray(modes, dtype=object)[inverse]
-    return out
-
-
 def _dtype(column: str) -> str:
-    return "object" if column in ("source", "engine", "offload_mode") else "float64"
+    return "object" if column in _TEXT_COLUMNS else "float64"

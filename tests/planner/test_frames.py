@@ -13,7 +13,7 @@ from collector.sources import EngineMeta
 from planner.fitsynth import frame_to_windows, synthetic_frame
 from planner.frames import COLUMNS, engine_frame
 
-NUMERIC = [c for c in COLUMNS if c not in ("source", "engine", "offload_mode")]
+NUMERIC = [c for c in COLUMNS if c not in ("source", "engine", "offload_mode", "group")]
 T0 = 1.8e9
 
 
@@ -62,7 +62,8 @@ def test_engine_frame_dataframe_input_matches_window_input() -> None:
     a = engine_frame(windows)
     b = engine_frame(as_table(windows))
     engines = pd.Series([dict(w.labels).get("engine") for w in windows], dtype=object)
-    c = as_table(windows).assign(engine=engines)
+    models = pd.Series([dict(w.labels).get("model_name") for w in windows], dtype=object)
+    c = as_table(windows).assign(engine=engines, model_name=models)
     c = engine_frame(c.drop(columns="labels").astype({"source": "category", "signal": "category"}))
     pd.testing.assert_frame_equal(a, b)
     pd.testing.assert_frame_equal(a, c)
