@@ -88,6 +88,9 @@ if TYPE_CHECKING:
     Array = npt.NDArray[np.float64]
 
 NO_OFFLOAD = "none"
+# Windows whose mean KV utilization exceeds this are saturated (the cache pinned full,
+# requests queued or preempted): excluded from the gain fit (fit_gain's docstring).
+SATURATED_UTIL = 0.95
 NOT_OFFLOAD = frozenset({"none", "unknown"})
 
 
@@ -127,6 +130,8 @@ def fit_gain(
     response: str = "tokens_per_s",
     level: float = 0.95,
     knots: int = 3,
+    scale: str = "log",
+    saturated: float = SATURATED_UTIL,
     min_windows: int = 60,
     min_per_mode: int = 30,
     min_overlap: float = 0.05,
@@ -145,6 +150,11 @@ def fit_gain(
     check_level(level)
     if interval_method not in ("fieller", "bootstrap"):
         raise ConfigError(f"interval_method must be 'fieller' or 'bootstrap': {interval_method}")
+    if scale not in ("log", "linear"):
+        raise ConfigError(f"scale must be 'log' or 'linear': {scale}")
+    if not 0.0 < saturated <= 1.0:
+        raise ConfigError(f"saturated must be in (0, 1]: {saturated}")
+    log = scale == "log"
     label = offload or "offload"
     what = f"offload gain ({label} vs none)"
     cols = [util, response, "offload_mode"]
@@ -160,18 +170,33 @@ def fit_gain(
     u = data[util].to_numpy(dtype=float)
     y = data[response].to_numpy(dtype=float)
     g = engine_groups(data)
-    counts = ((NO_OFFLOAD, int((d == 0).sum())), (label, int((d == 1).sum())))
+    # Saturated windows (KV pinned at capacity: queueing, preemptions) carry no information
+    # on throughput as a function of utilization — every mode sits at u ≈ 1 there — and on
+    # the log scale idle windows (no tokens or no KV in use) have no logarithm.
+    drop_sat = u > saturated
+    drop_idle = ((u <= 0.0) | (y <= 0.0)) if log else np.zeros(u.size, dtype=bool)
+    keep0 = ~(drop_sat | drop_idle)
+    excluded = (
+        f"excluded: {int(drop_sat.sum())} saturated windows ({util} > {fmt(saturated)})"
+        + (f", {int((drop_idle & ~drop_sat).sum())} idle windows ({util} or {response} = 0)"
+           if log else "")
+    )  # fmt: skip
+    u, y, d, g = u[keep0], y[keep0], d[keep0], g[keep0]
+    counts = ((NO_OFFLOAD, int((d == 0).sum())), (label, int((d == 1).sum())))  # after exclusions
     engines = (
         (NO_OFFLOAD, int(np.unique(g[d == 0]).size)),
         (label, int(np.unique(g[d == 1]).size)),
     )
     assumptions = (
-        f"{response} piecewise linear in {util} with {knots} interior knots, per mode",
+        f"log {response} piecewise linear in log {util} with {knots} interior knots, per mode "
+        "(multiplicative errors: the gain is a ratio)"
+        if log
+        else f"{response} piecewise linear in {util} with {knots} interior knots, per mode",
         "association, not causation: engine differences confound the mode unless engines "
         "ran both modes",
         "windows independent within engine unless errors are clustered by engine",
     )
-    method = "OLS, piecewise-linear × mode interaction"
+    method = f"OLS{' on log-log' if log else ''}, piecewise-linear × mode interaction"
     out: dict[str, Any] = {
         "what": what, "unit": util, "method": method, "assumptions": assumptions,
         "offload": label, "util_column": util, "response_column": response,
@@ -179,7 +204,7 @@ def fit_gain(
         "interval": nan_interval(level), "n": len(y), "can_tell": False, "why": "",
         "verdict": "undetermined", "direction": "", "support": (math.nan, math.nan),
         "roots": (), "grid": (), "cov_type": "none", "warnings": (),
-        "basis": (f"windows: none {counts[0][1]}, {label} {counts[1][1]}",),
+        "basis": (f"windows: none {counts[0][1]}, {label} {counts[1][1]}; {excluded}",),
     }  # fmt: skip
 
     def cannot(why: str, **kw: Any) -> GainFit:
@@ -203,6 +228,7 @@ def fit_gain(
     out["basis"] = (
         f"windows in the common support: none {int((d == 0).sum())}, {label} {int(d.sum())}",
         f"{util} ranges: {ranges}; common support [{fmt(lo)}, {fmt(hi)}]",
+        excluded,
     )
     out["support"] = (lo, hi)
     if min(int((d == 0).sum()), int(d.sum())) < min_per_mode:
@@ -210,21 +236,26 @@ def fit_gain(
             f"too few windows of a mode inside the common support [{fmt(lo)}, {fmt(hi)}] "
             f"(< {min_per_mode})"
         )
-    kn = np.unique(np.quantile(u, np.arange(1, knots + 1) / (knots + 1))) if knots else np.zeros(0)
-    centre = 0.5 * (lo + hi)
-    x = _basis(u, kn, centre)
+    xs = np.log(u) if log else u
+    kn = np.unique(np.quantile(xs, np.arange(1, knots + 1) / (knots + 1))) if knots else np.zeros(0)
+    centre = 0.5 * (float(xs.min()) + float(xs.max()))
+    x = _basis(xs, kn, centre)
+    if log:
+        y = np.log(y)
     design = np.hstack([x, x * d[:, None]])
     n_g = [int(np.unique(g[d == v]).size) for v in (0.0, 1.0)]
     n_eng = int(np.unique(g).size)
     # Cluster by engine when the mode changes between engines (then engine-level
     # differences are part of the gain's error) as long as each mode has >= 2 engines;
-    # otherwise HC3. Few clusters (< MIN_CLUSTERS) make CR1 somewhat too narrow.
-    cov_type = "cluster" if min(n_g) >= 2 and n_eng >= 4 else "HC3"
-    if cov_type == "cluster" and n_eng < MIN_CLUSTERS:
+    # otherwise HC3. With few clusters (< MIN_CLUSTERS) CR1 is too narrow (Cameron & Miller
+    # 2015): the bias-reduced CR2 with t(G−1) is used instead (Imbens & Kolesár 2016).
+    clustered = min(n_g) >= 2 and n_eng >= 4
+    cov_type = ("cluster" if n_eng >= MIN_CLUSTERS else "CR2") if clustered else "HC3"
+    if cov_type == "CR2":
         out["assumptions"] = (
             *assumptions,
-            f"only {n_eng} engines: cluster-robust errors with few clusters are biased "
-            "down (Cameron & Miller 2015); intervals may fall short of their level",
+            f"only {n_eng} engines: bias-reduced cluster errors (CR2) with t({n_eng - 1}); "
+            "with so few clusters the interval rests on the engines being alike",
         )
     elif cov_type == "HC3":
         out["assumptions"] = (
@@ -232,11 +263,11 @@ def fit_gain(
             f"engines per mode {n_g}: too few to estimate engine-to-engine variation, which "
             "the HC3 interval leaves out",
         )
-    tq = t_quantile(level, n_eng - 1 if cov_type == "cluster" else n - design.shape[1])
+    tq = t_quantile(level, n_eng - 1 if clustered else n - design.shape[1])
     fine = np.linspace(lo, hi, 401)
     with recorded_warnings() as caught:
         params, cov = ols_robust(y, design, g, cov_type)
-        curve = _Curve(kn, centre, params, cov)
+        curve = _Curve(kn, centre, params, cov, log)
         gain, se = curve.gain(fine)
         roots = _roots(fine, gain)
         ok = np.abs(gain) <= tq * se  # Fieller acceptance set
@@ -255,7 +286,7 @@ def fit_gain(
             "the data cannot tell its sign"
         )
     located = located_crossings(fine, gain, ok)
-    edge = None if located else _edge_crossing(fine, gain, ok)
+    edge = _edge_crossing(fine, gain, ok)
     if not located and edge is None:
         # every stretch where the interval excludes 0 has the same sign and the estimate
         # changes sign only inside interior stretches where it does not: no break-even
@@ -271,12 +302,13 @@ def fit_gain(
             f"excludes 0 on {float(np.mean(~ok)):.0%} of it{loose})",
             verdict="positive_throughout" if positive else "negative_throughout",
         )
-    open_lo = open_hi = False
-    if located:
-        root, iv_lo, iv_hi, rising = located[0]
-    else:
-        assert edge is not None
-        root, iv_lo, iv_hi, rising, open_lo, open_hi = edge
+    # Which sign change answers "from which utilization on does offload pay off": a located
+    # rising one, else a rising one at an edge, else a located falling one, else the edge's.
+    cands = [(*c, False, False) for c in located] + ([edge] if edge is not None else [])
+    root, iv_lo, iv_hi, rising, open_lo, open_hi = min(
+        cands, key=lambda c: (not c[3], c[4] or c[5], c[0])
+    )
+    others = [c[0] for c in cands if c[0] != root and not (c[4] or c[5])]
     if interval_method == "fieller":
         how = f"Fieller (inverted pointwise {cov_type} t-test)"
     else:  # bootstrap
@@ -293,10 +325,11 @@ def fit_gain(
             f"the break-even interval reaches the edge of the common support {span}: "
             "u* may lie outside the observed range"
         )
-    elif len(located) > 1:
+    elif others:
         why = (
-            f"the gain changes sign {len(located)} times where its interval excludes 0 "
-            f"(at {', '.join(fmt(c[0]) for c in located)}); the first is reported"
+            f"the gain changes sign {len(others) + 1} times where its interval excludes 0 "
+            f"(at {', '.join(fmt(c) for c in sorted([root, *others]))}); "
+            f"{'the rising one' if rising else 'the first'} is reported"
         )
     better = "above" if rising else "below"
     out.update(
@@ -326,16 +359,22 @@ class _Curve:
     centre: float
     params: Array
     cov: Array
+    log: bool = False  # the model is log(response) on log(u): the gain is a log ratio
+
+    def basis(self, u: Array) -> Array:
+        import numpy as np
+
+        return _basis(np.log(u) if self.log else u, self.knots, self.centre)
 
     @property
     def p(self) -> int:
         return int(self.params.size // 2)
 
     def gain(self, u: Array) -> tuple[Array, Array]:
-        """g(u) = B(u)'γ and its standard error."""
+        """g(u) = B(u)'γ and its standard error (log units on the log scale)."""
         import numpy as np
 
-        b = _basis(u, self.knots, self.centre)
+        b = self.basis(u)
         p = self.p
         var = np.einsum("ij,jk,ik->i", b, self.cov[p:, p:], b)
         return b @ self.params[p:], np.sqrt(np.maximum(var, 0.0))
@@ -344,9 +383,28 @@ class _Curve:
         """Absolute and relative gain with pointwise intervals at each u."""
         import numpy as np
 
-        b = _basis(u, self.knots, self.centre)
+        b = self.basis(u)
         none = b @ self.params[: self.p]
         gain, se = self.gain(u)
+        if self.log:
+            # r = exp(g) − 1 with the interval mapped through exp (exact for the Wald
+            # interval of g); absolute gain = exp(none) · r (the geometric-mean curve of no
+            # offload times the ratio; its interval leaves none's own error out)
+            base = np.exp(none)
+            rel_l = np.expm1(gain)
+            lo_l, hi_l = np.expm1(gain - tq * se), np.expm1(gain + tq * se)
+            return tuple(
+                GainPoint(
+                    u=float(u[i]),
+                    gain=float(base[i] * rel_l[i]),
+                    gain_interval=Interval(
+                        float(base[i] * lo_l[i]), float(base[i] * hi_l[i]), level
+                    ),
+                    relative=float(rel_l[i]),
+                    relative_interval=Interval(float(lo_l[i]), float(hi_l[i]), level),
+                )
+                for i in range(u.size)
+            )
         # Relative gain r = g/none; gradient wrt (β, γ) = (−g/none² · B, B/none).
         jac = np.hstack([-(gain / none**2)[:, None] * b, b / none[:, None]])
         se_r = np.sqrt(np.maximum(np.einsum("ij,jk,ik->i", jac, self.cov, jac), 0.0))
@@ -453,7 +511,7 @@ def _bootstrap(
     share = np.bincount(g, weights=d, minlength=ng) / np.maximum(np.bincount(g, minlength=ng), 1)
     kind = np.where(share == 0, 0, np.where(share == 1, 1, 2))
     strata = [np.flatnonzero(kind == k) for k in (0, 1, 2) if np.any(kind == k)]
-    bfine = _basis(fine, curve.knots, curve.centre)
+    bfine = curve.basis(fine)
     budget = Budget(budget_s)
     found: list[float] = []
     done = 0

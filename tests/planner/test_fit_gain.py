@@ -173,8 +173,10 @@ def test_fit_gain_sign_change_at_the_low_edge_does_not_hide_the_located_break_ev
 
 
 def test_fit_gain_sign_change_only_at_the_low_edge_reaches_the_edge() -> None:
-    # offload 10 % better everywhere; seed 3: the estimate dips below 0 near u = 0 only
-    fit = fit_gain(_proportional_gain_frame(3, lambda u: 0.1), offload="native", level=0.9)
+    # offload 10 % better everywhere; seed 3: on the linear scale the absolute gain goes to
+    # 0 with the throughput, and its estimate dips below 0 near u = 0 only
+    frame = _proportional_gain_frame(3, lambda u: 0.1)
+    fit = fit_gain(frame, offload="native", level=0.9, scale="linear")
     assert fit.verdict == "crosses"
     assert not fit.can_tell
     assert "reaches the edge" in fit.why
@@ -190,3 +192,51 @@ def test_located_crossings_skip_sign_changes_not_bounded_by_significant_gain() -
     assert (root, lo, hi) == pytest.approx((0.4 + 0.1 / 1.2, 0.4 + 0.1 / 1.2, 0.6))
     assert rising
     assert located_crossings(u, np.abs(gain) + 1.0, np.zeros(11, dtype=bool)) == []
+
+
+def test_fit_gain_log_scale_constant_relative_gain_is_positive_throughout() -> None:
+    # the same data on the (default) log scale: the gain is a ratio, constant at +10 %, so
+    # nothing goes to 0 at the low edge and there is no break-even
+    fit = fit_gain(_proportional_gain_frame(3, lambda u: 0.1), offload="native", level=0.9)
+    assert fit.verdict == "positive_throughout"
+    mid = fit.grid[len(fit.grid) // 2]
+    assert mid.relative_interval.lo < 0.1 < mid.relative_interval.hi
+
+
+def test_fit_gain_excludes_saturated_windows_and_says_how_many() -> None:
+    frame = _proportional_gain_frame(6, _hockey_stick)
+    pinned = frame.copy()
+    pinned["kv_util"] = 0.99  # the same windows again, pinned at capacity
+    both = pd.concat([frame, pinned.assign(source=pinned["source"] + "-sat")])
+    fit = fit_gain(both, offload="native", level=0.9)
+    assert f"excluded: {len(pinned)} saturated windows" in fit.basis[-1]
+    assert fit.n == fit_gain(frame, offload="native", level=0.9).n
+
+
+def test_ols_robust_cr2_equals_the_dense_bias_reduced_formula() -> None:
+    rng = np.random.default_rng(11)
+    x = np.column_stack([np.ones(60), rng.normal(size=60), rng.normal(size=60)])
+    y = x @ np.array([1.0, 2.0, -1.0]) + rng.normal(size=60)
+    g = np.repeat(np.arange(5), 12)
+    beta, cov = ols_robust(y, x, g, "CR2")
+    bread = np.linalg.inv(x.T @ x)
+    resid = y - x @ beta
+    meat = np.zeros((3, 3))
+    for c in range(5):
+        m = g == c
+        h = x[m] @ bread @ x[m].T
+        w, v = np.linalg.eigh(np.eye(int(m.sum())) - h)
+        s = x[m].T @ (v @ np.diag(w**-0.5) @ v.T) @ resid[m]
+        meat += np.outer(s, s)
+    assert cov == pytest.approx(bread @ meat @ bread, rel=1e-9)
+    # with few clusters CR2 is wider than the uncorrected sandwich (HC0-style clusters)
+    _, cr1 = ols_robust(y, x, g, "cluster")
+    assert np.all(np.diag(cov) > np.diag(cr1) * (4 / 5) * (57 / 59))
+
+
+def test_fit_gain_rejects_unknown_scale_and_bad_saturation_level() -> None:
+    frame = _proportional_gain_frame(6, _hockey_stick)
+    with pytest.raises(ConfigError, match="scale"):
+        fit_gain(frame, offload="native", scale="sqrt")
+    with pytest.raises(ConfigError, match="saturated"):
+        fit_gain(frame, offload="native", saturated=1.5)
