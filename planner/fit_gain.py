@@ -91,6 +91,8 @@ NO_OFFLOAD = "none"
 # Windows whose mean KV utilization exceeds this are saturated (the cache pinned full,
 # requests queued or preempted): excluded from the gain fit (fit_gain's docstring).
 SATURATED_UTIL = 0.95
+CANDIDATE_KNOTS = (1, 2, 3, 4, 5, 6)  # interior knots tried by cross-validation
+DEFAULT_KNOTS = 3  # without enough engines to cross-validate
 NOT_OFFLOAD = frozenset({"none", "unknown"})
 
 
@@ -129,9 +131,10 @@ def fit_gain(
     util: str = "kv_util",
     response: str = "tokens_per_s",
     level: float = 0.95,
-    knots: int = 3,
+    knots: int | None = None,
     scale: str = "log",
     saturated: float = SATURATED_UTIL,
+    weight: str | None = "requests",
     min_windows: int = 60,
     min_per_mode: int = 30,
     min_overlap: float = 0.05,
@@ -170,6 +173,7 @@ def fit_gain(
     u = data[util].to_numpy(dtype=float)
     y = data[response].to_numpy(dtype=float)
     g = engine_groups(data)
+    w, weighting = _weights(data, weight if log else None)
     # Saturated windows (KV pinned at capacity: queueing, preemptions) carry no information
     # on throughput as a function of utilization — every mode sits at u ≈ 1 there — and on
     # the log scale idle windows (no tokens or no KV in use) have no logarithm.
@@ -181,17 +185,18 @@ def fit_gain(
         + (f", {int((drop_idle & ~drop_sat).sum())} idle windows ({util} or {response} = 0)"
            if log else "")
     )  # fmt: skip
-    u, y, d, g = u[keep0], y[keep0], d[keep0], g[keep0]
+    u, y, d, g, w = u[keep0], y[keep0], d[keep0], g[keep0], w[keep0]
     counts = ((NO_OFFLOAD, int((d == 0).sum())), (label, int((d == 1).sum())))  # after exclusions
     engines = (
         (NO_OFFLOAD, int(np.unique(g[d == 0]).size)),
         (label, int(np.unique(g[d == 1]).size)),
     )
+    how_many = "K" if knots is None else str(knots)
     assumptions = (
-        f"log {response} piecewise linear in log {util} with {knots} interior knots, per mode "
-        "(multiplicative errors: the gain is a ratio)"
+        f"log {response} piecewise linear in log {util} with {how_many} interior knots, per "
+        "mode (multiplicative errors: the gain is a ratio)"
         if log
-        else f"{response} piecewise linear in {util} with {knots} interior knots, per mode",
+        else f"{response} piecewise linear in {util} with {how_many} interior knots, per mode",
         "association, not causation: engine differences confound the mode unless engines "
         "ran both modes",
         "windows independent within engine unless errors are clustered by engine",
@@ -222,7 +227,7 @@ def fit_gain(
             basis=(*out["basis"], f"{util} ranges: {ranges}"),
         )
     keep = (u >= lo) & (u <= hi)
-    u, y, d, g = u[keep], y[keep], d[keep], g[keep]
+    u, y, d, g, w = u[keep], y[keep], d[keep], g[keep], w[keep]
     n = int(y.size)
     out["n"] = n
     out["basis"] = (
@@ -237,12 +242,19 @@ def fit_gain(
             f"(< {min_per_mode})"
         )
     xs = np.log(u) if log else u
-    kn = np.unique(np.quantile(xs, np.arange(1, knots + 1) / (knots + 1))) if knots else np.zeros(0)
     centre = 0.5 * (float(xs.min()) + float(xs.max()))
-    x = _basis(xs, kn, centre)
     if log:
         y = np.log(y)
-    design = np.hstack([x, x * d[:, None]])
+    sw = np.sqrt(w)
+    if knots is None:
+        knots, cv = _choose_knots(xs, y, d, g, centre, sw=sw)
+        out["basis"] = (*out["basis"], cv)
+    out["basis"] = (*out["basis"], weighting)
+    kn = _knots_at(xs, knots)
+    x = _basis(xs, kn, centre)
+    # weighted least squares as OLS on rows scaled by √w (the sandwich stays valid)
+    design = np.hstack([x, x * d[:, None]]) * sw[:, None]
+    y = y * sw
     n_g = [int(np.unique(g[d == v]).size) for v in (0.0, 1.0)]
     n_eng = int(np.unique(g).size)
     # Cluster by engine when the mode changes between engines (then engine-level
@@ -342,6 +354,69 @@ def fit_gain(
         method=f"{out['method']}; break-even interval: {how}",
     )
     return GainFit(**out)
+
+
+def _weights(data: pd.DataFrame, column: str | None) -> tuple[Array, str]:
+    """Window weights for the log-scale fit: the variance of a window's log throughput is
+    about (1 + CV² of tokens per request) / (requests in it) — a window's throughput is a
+    sum over its requests — so a window with few requests (low load, long prompts) is
+    weighted down in proportion (at least 1). Unweighted without the column."""
+    import numpy as np
+
+    if column is None or column not in data.columns:
+        return np.ones(len(data)), "unweighted"
+    r = data[column].to_numpy(dtype=float)
+    if not np.isfinite(r).any():
+        return np.ones(len(data)), f"unweighted (no {column} counts)"
+    out: Array = np.maximum(np.nan_to_num(r, nan=1.0), 1.0)
+    return out, f"windows weighted by {column} (at least 1): var(log tokens/s) ∝ 1/{column}"
+
+
+def _knots_at(x: Array, k: int) -> Array:
+    """``k`` interior knots at equally spaced quantiles of ``x``."""
+    import numpy as np
+
+    if not k:
+        return np.zeros(0)
+    out: Array = np.unique(np.quantile(x, np.arange(1, k + 1) / (k + 1)))
+    return out
+
+
+def _choose_knots(
+    x: Array, y: Array, d: Array, g: npt.NDArray[np.int64], centre: float, *, sw: Array
+) -> tuple[int, str]:
+    """The number of knots K in CANDIDATE_KNOTS with the least leave-one-engine-out
+    prediction error (each engine predicted by the fit on all the others: the error that
+    matters when the curves are used for an engine not yet seen), or DEFAULT_KNOTS with
+    fewer than 4 engines. Per-engine cross-products make every refit a small solve."""
+    import numpy as np
+
+    codes, inv = np.unique(g, return_inverse=True)
+    if codes.size < 4:
+        return DEFAULT_KNOTS, f"knots: {DEFAULT_KNOTS} (fewer than 4 engines: not cross-validated)"
+    order = np.argsort(inv, kind="stable")
+    cuts = np.searchsorted(inv[order], np.arange(codes.size + 1))
+    scores: dict[int, float] = {}
+    for k in CANDIDATE_KNOTS:
+        b = _basis(x, _knots_at(x, k), centre)
+        design = (np.hstack([b, b * d[:, None]]) * sw[:, None])[order]
+        ys = (y * sw)[order]
+        q = design.shape[1]
+        xtx = np.empty((codes.size, q, q))
+        xty = np.empty((codes.size, q))
+        yy = np.empty(codes.size)
+        for e in range(codes.size):
+            xe, ye = design[cuts[e] : cuts[e + 1]], ys[cuts[e] : cuts[e + 1]]
+            xtx[e], xty[e], yy[e] = xe.T @ xe, xe.T @ ye, ye @ ye
+        tot, toty = xtx.sum(axis=0), xty.sum(axis=0)
+        sse = 0.0
+        for e in range(codes.size):
+            beta = np.linalg.lstsq(tot - xtx[e], toty - xty[e], rcond=None)[0]
+            sse += float(yy[e] - 2.0 * beta @ xty[e] + beta @ xtx[e] @ beta)
+        scores[k] = sse / y.size
+    best = min(scores, key=lambda k: scores[k])
+    listed = ", ".join(f"{k}: {v:.4g}" for k, v in scores.items())
+    return best, f"knots: {best}, by leave-one-engine-out mean squared error ({listed})"
 
 
 def _basis(u: Array, knots: Array, centre: float) -> Array:

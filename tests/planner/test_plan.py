@@ -83,7 +83,10 @@ def test_plan_synthetic_fits_equal_direct_fits_and_recover_truth(synth: tuple[Pl
         entry = plan.fits[f"gain_{mode}"]
         direct = fit_gain(frame, offload=mode)
         assert entry["estimate"] == pytest.approx(direct.estimate, rel=1e-6)
-        assert entry["can_tell"] is True
+        # native's true u* = 0.7 lies near the top of the support (0.77): its 95 % interval
+        # may reach that edge, and the fit must then say so rather than claim a bound
+        assert entry["can_tell"] is True or "reaches the edge" in entry["why"]
+        assert entry["interval"]["lo"] <= TRUTH.break_even[mode] <= entry["interval"]["hi"]
         assert abs(entry["estimate"] - TRUTH.break_even[mode]) < 0.15
         assert entry["interval"]["lo"] <= entry["estimate"] <= entry["interval"]["hi"]
     mfu = plan.fits["prefill_mfu"]
