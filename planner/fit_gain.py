@@ -3,52 +3,67 @@
 Model
 -----
 With u a pressure measure (default ``kv_util``), d = 1 for windows of the offload mode
-and 0 for windows without offload, and B(u) a continuous piecewise-linear basis
-``[1, u − ū, (u − κ_1)+, …, (u − κ_K)+]`` (knots κ at equally spaced quantiles of u):
+and 0 for windows without offload, and B(x) a continuous piecewise-linear basis
+``[1, x − x̄, (x − κ_1)+, …, (x − κ_K)+]`` (knots κ at equally spaced quantiles of x),
+on the default log scale (``scale="log"``, x = log u, y = log tokens/s):
 
-    y_i = B(u_i)'β + d_i · B(u_i)'γ + ε_i ,
+    y_i = B(x_i)'β + d_i · B(x_i)'γ + ε_i ,   weighted by w_i,
 
-so ``none(u) = B(u)'β`` and the *gain* of offload is ``g(u) = B(u)'γ`` (tokens/s), the
-relative gain ``g(u) / none(u)``. The fit is restricted to the *common support*: the
-utilization range both modes cover (each mode's 2nd–98th percentiles intersected), so
-neither curve is extrapolated.
+so ``none(u) = exp(B'β)`` and the *gain* ``g(u) = B'γ`` is the log of the throughput
+ratio: the relative gain is ``exp(g) − 1``. Why the log scale: the gain is a ratio (the
+simulator study defines the truth that way), window noise is multiplicative, and on the
+linear scale the absolute gain goes to 0 with the throughput as u → 0, so its estimate
+wandered across 0 at the low edge (``scale="linear"`` keeps the old model). Weights: a
+window's throughput is a sum over its requests, so var(log tokens/s) ≈ (1 + CV²)/requests;
+``w = max(requests, 1)`` (``weight=None``: unweighted). At low load a 60 s window of
+long-prompt requests has a log-throughput SD of 0.3–0.45 against 0.05–0.1 at high load
+(simulator telemetry), and unweighted fits chased that noise. K is chosen among 1–6 by
+leave-one-engine-out cross-validation (``planner.gain_curve.choose_knots``; 3 with fewer than 4
+engines). The fit is restricted to the *common support*: the utilization range both modes
+cover (each mode's 2nd–98th percentiles intersected), so neither curve is extrapolated;
+saturated windows (u > ``saturated``, 0.95: the cache pinned full, requests queued or
+preempted — every mode sits at u ≈ 1 there, so throughput is not a function of u) and, on
+the log scale, idle windows are left out, and ``basis`` counts them.
 
 Estimator and uncertainty
 -------------------------
-OLS (normal equations; ``planner.fitcommon.ols_robust``, checked against statsmodels in the
-tests) with cluster-robust covariance by engine (CR1, Student t with G−1 df) when each mode
+Weighted least squares (OLS on rows scaled by √w; ``planner.fitcommon.ols_robust``, checked
+against statsmodels in the tests) with cluster-robust covariance by engine when each mode
 has ≥ 2 engines and there are ≥ 4 in all — engine-level differences then enter the gain's
-error, as they must when the mode is fixed per engine — and HC3 otherwise (windows treated
-as independent; ``assumptions`` says what that leaves out). With fewer than 10 engines CR1
-is too narrow (Cameron & Miller 2015). Pointwise intervals for g(u) (Wald) and
-g(u)/none(u) (delta method). The break-even u* solves g(u*) = 0: a sign change of the
-estimated gain that the data *locate* — between two utilizations where the gain's interval
-excludes 0 with opposite signs (:func:`located_crossings`). Its interval, by default, is
-Fieller's: the set {u : |g(u)| ≤ t·se(g(u))} of break-evens not rejected by a level-α
-test, i.e. the inversion of the pointwise test — it stays valid when g is flat (the delta
-method's ĝ'(u*) in the denominator does not) — namely the accepted stretch around u*,
-evaluated on a 401-point grid over the support. Without a located sign change, one inside
-the accepted stretch at an edge of the support is reported with that stretch as its
-interval, open at the edge (u* may lie beyond the observed range); a sign change inside an
+error, as they must when the mode is fixed per engine: CR1 from MIN_CLUSTERS (10) engines,
+the bias-reduced CR2 below (CR1 is too narrow with few clusters, Cameron & Miller 2015;
+CR2 with t(G−1) per Imbens & Kolesár 2016) — and HC3 otherwise (windows treated as
+independent; ``assumptions`` says what that leaves out). Pointwise intervals: Wald for g,
+mapped through exp − 1 for the relative gain. The break-even u* solves g(u*) = 0: a sign
+change of the estimated gain that the data *locate* — between two utilizations where the
+gain's interval excludes 0 with opposite signs (:func:`located_crossings`). Its interval,
+by default, is Fieller's: the set {u : |g(u)| ≤ t·se(g(u))} of break-evens not rejected by
+a level-α test, i.e. the inversion of the pointwise test — it stays valid when g is flat
+(the delta method's ĝ'(u*) in the denominator does not) — namely the accepted stretch
+around u*, evaluated on a 401-point grid over the support. A sign change inside the
+accepted stretch at an edge of the support is reported with that stretch as its interval,
+open at the edge (u* may lie beyond the observed range; typically the small cost of offload
+below u* is not measurable, so only the upper end is bounded); a sign change inside an
 interior accepted stretch with the same sign on both sides is a wiggle, not a break-even.
-Why not simply the first root: in real telemetry the absolute gain goes to 0 with the
-throughput as u → 0, so the estimate often wanders across 0 near the low edge; taken as
-the break-even, that root hid a located break-even further up (planner/accuracy.py, the
-simulator study). In seeded simulations (20 engines, 240 windows each, engine random
-effects) its 90 % interval covered the true u* in 91 of 100 replicates
-(tests/planner/test_fit_gain.py checks 50); with 4 + 4 engines, 84 of 100. Alternatively
+Which crossing answers "from which utilization on does offload pay off": a located rising
+one, else a rising one at an edge, else a located falling one, else the edge's; any other
+located crossing is named in ``why``. In seeded simulations with known truth (additive
+gain, i.e. a model the log fit does not assume; 240 windows per engine, engine random
+effects) the 90 % interval covered the true u* in 90 of 100 replicates with 20 engines
+and 86 of 100 with 4 + 4 (tests/planner/test_fit_gain.py checks 50). Alternatively
 ``interval_method="bootstrap"``: a seeded stratified cluster bootstrap (engines resampled
 with replacement within each mode; percentile interval), bounded by ``n_boot`` and
-``time_budget_s`` — it covered 86/100 (20 engines) and 80/100 (8 engines) in the same
-simulations, so Fieller stays the default.
+``time_budget_s`` — it covered 86/100 (20 engines) and 80/100 (8 engines) with the linear
+model, so Fieller stays the default.
 
 Assumptions
 -----------
-Mean throughput is a smooth function of u within each mode (piecewise linear with the
-chosen knots); the comparison is an association: when modes differ by engine, engine-level
-differences (model, GPU, traffic mix) are confounded with the mode unless the same engine
-ran both modes — with few engines per mode the interval does not cover that. HC3 treats
-windows as independent (serial correlation makes it too narrow); CR1 needs enough engines.
+Mean (log) throughput is a smooth function of u within each mode (piecewise linear with
+the chosen knots); the comparison is an association: when modes differ by engine,
+engine-level differences (model, GPU, traffic mix) are confounded with the mode unless the
+same engine ran both modes — with few engines per mode the interval does not cover that.
+HC3 treats windows as independent (serial correlation makes it too narrow); cluster errors
+need enough engines (CR2 softens, does not remove, that need).
 
 When the data cannot tell
 -------------------------
@@ -67,7 +82,6 @@ from typing import TYPE_CHECKING, Any
 
 from planner.fitcommon import (
     MIN_CLUSTERS,
-    Budget,
     FitResult,
     Interval,
     check_level,
@@ -78,6 +92,20 @@ from planner.fitcommon import (
     recorded_warnings,
     require_history,
     t_quantile,
+)
+from planner.gain_crossings import (
+    bootstrap_break_even,
+    edge_crossing,
+    located_crossings,
+    roots_of,
+)
+from planner.gain_curve import (
+    GainCurve,
+    GainPoint,
+    basis_matrix,
+    choose_knots,
+    knots_at,
+    window_weights,
 )
 
 if TYPE_CHECKING:
@@ -91,20 +119,9 @@ NO_OFFLOAD = "none"
 # Windows whose mean KV utilization exceeds this are saturated (the cache pinned full,
 # requests queued or preempted): excluded from the gain fit (fit_gain's docstring).
 SATURATED_UTIL = 0.95
-CANDIDATE_KNOTS = (1, 2, 3, 4, 5, 6)  # interior knots tried by cross-validation
-DEFAULT_KNOTS = 3  # without enough engines to cross-validate
 NOT_OFFLOAD = frozenset({"none", "unknown"})
 
-
-@dataclass(frozen=True, slots=True)
-class GainPoint:
-    """The gain at one utilization: absolute (response units) and relative to no offload."""
-
-    u: float
-    gain: float
-    gain_interval: Interval
-    relative: float
-    relative_interval: Interval
+__all__ = ["GainFit", "GainPoint", "fit_gain", "located_crossings"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -173,7 +190,7 @@ def fit_gain(
     u = data[util].to_numpy(dtype=float)
     y = data[response].to_numpy(dtype=float)
     g = engine_groups(data)
-    w, weighting = _weights(data, weight if log else None)
+    w, weighting = window_weights(data, weight if log else None)
     # Saturated windows (KV pinned at capacity: queueing, preemptions) carry no information
     # on throughput as a function of utilization — every mode sits at u ≈ 1 there — and on
     # the log scale idle windows (no tokens or no KV in use) have no logarithm.
@@ -247,11 +264,11 @@ def fit_gain(
         y = np.log(y)
     sw = np.sqrt(w)
     if knots is None:
-        knots, cv = _choose_knots(xs, y, d, g, centre, sw=sw)
+        knots, cv = choose_knots(xs, y, d, g, centre, sw=sw)
         out["basis"] = (*out["basis"], cv)
     out["basis"] = (*out["basis"], weighting)
-    kn = _knots_at(xs, knots)
-    x = _basis(xs, kn, centre)
+    kn = knots_at(xs, knots)
+    x = basis_matrix(xs, kn, centre)
     # weighted least squares as OLS on rows scaled by √w (the sandwich stays valid)
     design = np.hstack([x, x * d[:, None]]) * sw[:, None]
     y = y * sw
@@ -279,9 +296,9 @@ def fit_gain(
     fine = np.linspace(lo, hi, 401)
     with recorded_warnings() as caught:
         params, cov = ols_robust(y, design, g, cov_type)
-        curve = _Curve(kn, centre, params, cov, log)
+        curve = GainCurve(kn, centre, params, cov, log)
         gain, se = curve.gain(fine)
-        roots = _roots(fine, gain)
+        roots = roots_of(fine, gain)
         ok = np.abs(gain) <= tq * se  # Fieller acceptance set
         points = curve.points(np.linspace(lo, hi, n_grid), tq, level)
     out.update(
@@ -298,7 +315,7 @@ def fit_gain(
             "the data cannot tell its sign"
         )
     located = located_crossings(fine, gain, ok)
-    edge = _edge_crossing(fine, gain, ok)
+    edge = edge_crossing(fine, gain, ok)
     if not located and edge is None:
         # every stretch where the interval excludes 0 has the same sign and the estimate
         # changes sign only inside interior stretches where it does not: no break-even
@@ -325,7 +342,7 @@ def fit_gain(
         how = f"Fieller (inverted pointwise {cov_type} t-test)"
     else:  # bootstrap
         with recorded_warnings() as more:
-            iv_lo, iv_hi, open_lo, open_hi, done = _bootstrap(
+            iv_lo, iv_hi, open_lo, open_hi, done = bootstrap_break_even(
                 design, y, d, g, curve=curve, root=root, fine=fine, level=level,
                 n_boot=n_boot, budget_s=time_budget_s, seed=seed,
             )  # fmt: skip
@@ -354,257 +371,3 @@ def fit_gain(
         method=f"{out['method']}; break-even interval: {how}",
     )
     return GainFit(**out)
-
-
-def _weights(data: pd.DataFrame, column: str | None) -> tuple[Array, str]:
-    """Window weights for the log-scale fit: the variance of a window's log throughput is
-    about (1 + CV² of tokens per request) / (requests in it) — a window's throughput is a
-    sum over its requests — so a window with few requests (low load, long prompts) is
-    weighted down in proportion (at least 1). Unweighted without the column."""
-    import numpy as np
-
-    if column is None or column not in data.columns:
-        return np.ones(len(data)), "unweighted"
-    r = data[column].to_numpy(dtype=float)
-    if not np.isfinite(r).any():
-        return np.ones(len(data)), f"unweighted (no {column} counts)"
-    out: Array = np.maximum(np.nan_to_num(r, nan=1.0), 1.0)
-    return out, f"windows weighted by {column} (at least 1): var(log tokens/s) ∝ 1/{column}"
-
-
-def _knots_at(x: Array, k: int) -> Array:
-    """``k`` interior knots at equally spaced quantiles of ``x``."""
-    import numpy as np
-
-    if not k:
-        return np.zeros(0)
-    out: Array = np.unique(np.quantile(x, np.arange(1, k + 1) / (k + 1)))
-    return out
-
-
-def _choose_knots(
-    x: Array, y: Array, d: Array, g: npt.NDArray[np.int64], centre: float, *, sw: Array
-) -> tuple[int, str]:
-    """The number of knots K in CANDIDATE_KNOTS with the least leave-one-engine-out
-    prediction error (each engine predicted by the fit on all the others: the error that
-    matters when the curves are used for an engine not yet seen), or DEFAULT_KNOTS with
-    fewer than 4 engines. Per-engine cross-products make every refit a small solve."""
-    import numpy as np
-
-    codes, inv = np.unique(g, return_inverse=True)
-    if codes.size < 4:
-        return DEFAULT_KNOTS, f"knots: {DEFAULT_KNOTS} (fewer than 4 engines: not cross-validated)"
-    order = np.argsort(inv, kind="stable")
-    cuts = np.searchsorted(inv[order], np.arange(codes.size + 1))
-    scores: dict[int, float] = {}
-    for k in CANDIDATE_KNOTS:
-        b = _basis(x, _knots_at(x, k), centre)
-        design = (np.hstack([b, b * d[:, None]]) * sw[:, None])[order]
-        ys = (y * sw)[order]
-        q = design.shape[1]
-        xtx = np.empty((codes.size, q, q))
-        xty = np.empty((codes.size, q))
-        yy = np.empty(codes.size)
-        for e in range(codes.size):
-            xe, ye = design[cuts[e] : cuts[e + 1]], ys[cuts[e] : cuts[e + 1]]
-            xtx[e], xty[e], yy[e] = xe.T @ xe, xe.T @ ye, ye @ ye
-        tot, toty = xtx.sum(axis=0), xty.sum(axis=0)
-        sse = 0.0
-        for e in range(codes.size):
-            beta = np.linalg.lstsq(tot - xtx[e], toty - xty[e], rcond=None)[0]
-            sse += float(yy[e] - 2.0 * beta @ xty[e] + beta @ xtx[e] @ beta)
-        scores[k] = sse / y.size
-    best = min(scores, key=lambda k: scores[k])
-    listed = ", ".join(f"{k}: {v:.4g}" for k, v in scores.items())
-    return best, f"knots: {best}, by leave-one-engine-out mean squared error ({listed})"
-
-
-def _basis(u: Array, knots: Array, centre: float) -> Array:
-    import numpy as np
-
-    cols = [np.ones_like(u), u - centre, *(np.maximum(0.0, u - k) for k in knots)]
-    return np.column_stack(cols)
-
-
-@dataclass(frozen=True, slots=True)
-class _Curve:
-    """The fitted model: basis (knots, centre), coefficients (β then γ), covariance."""
-
-    knots: Array
-    centre: float
-    params: Array
-    cov: Array
-    log: bool = False  # the model is log(response) on log(u): the gain is a log ratio
-
-    def basis(self, u: Array) -> Array:
-        import numpy as np
-
-        return _basis(np.log(u) if self.log else u, self.knots, self.centre)
-
-    @property
-    def p(self) -> int:
-        return int(self.params.size // 2)
-
-    def gain(self, u: Array) -> tuple[Array, Array]:
-        """g(u) = B(u)'γ and its standard error (log units on the log scale)."""
-        import numpy as np
-
-        b = self.basis(u)
-        p = self.p
-        var = np.einsum("ij,jk,ik->i", b, self.cov[p:, p:], b)
-        return b @ self.params[p:], np.sqrt(np.maximum(var, 0.0))
-
-    def points(self, u: Array, tq: float, level: float) -> tuple[GainPoint, ...]:
-        """Absolute and relative gain with pointwise intervals at each u."""
-        import numpy as np
-
-        b = self.basis(u)
-        none = b @ self.params[: self.p]
-        gain, se = self.gain(u)
-        if self.log:
-            # r = exp(g) − 1 with the interval mapped through exp (exact for the Wald
-            # interval of g); absolute gain = exp(none) · r (the geometric-mean curve of no
-            # offload times the ratio; its interval leaves none's own error out)
-            base = np.exp(none)
-            rel_l = np.expm1(gain)
-            lo_l, hi_l = np.expm1(gain - tq * se), np.expm1(gain + tq * se)
-            return tuple(
-                GainPoint(
-                    u=float(u[i]),
-                    gain=float(base[i] * rel_l[i]),
-                    gain_interval=Interval(
-                        float(base[i] * lo_l[i]), float(base[i] * hi_l[i]), level
-                    ),
-                    relative=float(rel_l[i]),
-                    relative_interval=Interval(float(lo_l[i]), float(hi_l[i]), level),
-                )
-                for i in range(u.size)
-            )
-        # Relative gain r = g/none; gradient wrt (β, γ) = (−g/none² · B, B/none).
-        jac = np.hstack([-(gain / none**2)[:, None] * b, b / none[:, None]])
-        se_r = np.sqrt(np.maximum(np.einsum("ij,jk,ik->i", jac, self.cov, jac), 0.0))
-        rel = gain / none
-
-        def iv(x: float, s: float) -> Interval:
-            return Interval(x - tq * s, x + tq * s, level)
-
-        return tuple(
-            GainPoint(
-                u=float(u[i]),
-                gain=float(gain[i]),
-                gain_interval=iv(float(gain[i]), float(se[i])),
-                relative=float(rel[i]),
-                relative_interval=iv(float(rel[i]), float(se_r[i])),
-            )
-            for i in range(u.size)
-        )
-
-
-def _roots(u: Array, gain: Array) -> list[float]:
-    """Sign changes of the gain on the grid, linearly interpolated."""
-    import numpy as np
-
-    s = np.sign(gain)
-    idx = np.flatnonzero(s[:-1] * s[1:] < 0)
-    exact = np.flatnonzero(s == 0)
-    out = [float(u[i] - gain[i] * (u[i + 1] - u[i]) / (gain[i + 1] - gain[i])) for i in idx]
-    return sorted(out + [float(u[i]) for i in exact])
-
-
-def located_crossings(
-    u: Array, gain: Array, ok: npt.NDArray[np.bool_]
-) -> list[tuple[float, float, float, bool]]:
-    """Sign changes of ``gain`` that the data locate: (root, lo, hi, rising) for each pair of
-    consecutive grid points where the interval excludes 0 (``~ok``) with opposite signs.
-
-    [lo, hi] is the accepted stretch between them (the Fieller set around the crossing, on
-    the grid; widened to the root when the root falls between grid points) and root the
-    first sign change of the estimate between them. A sign change inside a stretch of
-    accepted points that reaches the edge of the grid, or that has the same sign on both
-    sides, is not located: the gain is not distinguishable from 0 there (near u = 0 both
-    modes' throughput, hence the absolute gain, go to 0, so the estimate often wanders
-    across 0 at the low edge).
-    """
-    import numpy as np
-
-    sig = np.flatnonzero(~ok)
-    out: list[tuple[float, float, float, bool]] = []
-    for a, b in zip(sig[:-1].tolist(), sig[1:].tolist(), strict=True):
-        if (gain[a] > 0) == (gain[b] > 0):
-            continue
-        seg = slice(a, b + 1)
-        root = _roots(u[seg], gain[seg])[0]
-        lo, hi = (float(u[a + 1]), float(u[b - 1])) if b > a + 1 else (root, root)
-        out.append((root, min(lo, root), max(hi, root), bool(gain[b] > 0)))
-    return out
-
-
-def _edge_crossing(
-    u: Array, gain: Array, ok: npt.NDArray[np.bool_]
-) -> tuple[float, float, float, bool, bool, bool] | None:
-    """A sign change of the estimate inside a stretch of accepted points at an edge of the
-    grid (the low one first): (root, lo, hi, rising, open_lo, open_hi), else None. The
-    break-even may then lie anywhere in that stretch or beyond the edge."""
-    import numpy as np
-
-    sig = np.flatnonzero(~ok)
-    if not sig.size:
-        return None
-    for a, b, at_lo in ((0, int(sig[0]), True), (int(sig[-1]), u.size - 1, False)):
-        roots = _roots(u[a : b + 1], gain[a : b + 1])
-        if roots:
-            root = roots[-1] if at_lo else roots[0]
-            rising = bool(gain[b] > 0) if at_lo else bool(gain[a] < 0)
-            lo, hi = (float(u[0]), float(u[max(b - 1, 0)])) if at_lo else (
-                float(u[min(a + 1, u.size - 1)]), float(u[-1]))  # fmt: skip
-            return root, min(lo, root), max(hi, root), rising, at_lo, not at_lo
-    return None
-
-
-def _bootstrap(
-    design: Array, y: Array, d: Array, g: npt.NDArray[np.int64], *, curve: _Curve,
-    root: float, fine: Array, level: float, n_boot: int, budget_s: float, seed: int,
-) -> tuple[float, float, bool, bool, int]:  # fmt: skip
-    """Percentile interval of u* over engine-resampled refits.
-
-    Engines are resampled with replacement within strata (only-none, only-offload, both),
-    so each replicate keeps both modes. Per-engine X'X and X'y make a replicate cost one
-    small solve. Replicates with no crossing count against the interval (open ends).
-    """
-    import numpy as np
-
-    rng = np.random.default_rng(seed)
-    p = curve.p
-    ng = int(g.max()) + 1
-    q = design.shape[1]
-    xtx = np.zeros((ng, q, q))
-    xty = np.zeros((ng, q))
-    for e in range(ng):
-        m = g == e
-        xtx[e] = design[m].T @ design[m]
-        xty[e] = design[m].T @ y[m]
-    share = np.bincount(g, weights=d, minlength=ng) / np.maximum(np.bincount(g, minlength=ng), 1)
-    kind = np.where(share == 0, 0, np.where(share == 1, 1, 2))
-    strata = [np.flatnonzero(kind == k) for k in (0, 1, 2) if np.any(kind == k)]
-    bfine = curve.basis(fine)
-    budget = Budget(budget_s)
-    found: list[float] = []
-    done = 0
-    for _ in range(n_boot):
-        if budget.spent:
-            break
-        w = np.zeros(ng)
-        for members in strata:
-            np.add.at(w, rng.choice(members, size=members.size, replace=True), 1.0)
-        beta = np.linalg.lstsq(np.tensordot(w, xtx, 1), w @ xty, rcond=None)[0]
-        roots = _roots(fine, bfine @ beta[p:])
-        done += 1
-        if roots:
-            found.append(min(roots, key=lambda r: abs(r - root)))
-    tail = (1.0 - level) / 2.0
-    missing = done - len(found)
-    if not found:
-        return float(fine[0]), float(fine[-1]), True, True, done
-    lo, hi = np.quantile(found, [tail, 1.0 - tail])
-    open_end = missing / max(done, 1) > tail
-    return float(lo), float(hi), open_end, open_end, done

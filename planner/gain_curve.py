@@ -1,0 +1,175 @@
+"""The gain model's pieces (planner/fit_gain.py explains the model): the piecewise-linear
+basis, its knots chosen by leave-one-engine-out cross-validation, the window weights, and
+the fitted curve with its pointwise intervals."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from planner.fitcommon import Interval
+
+if TYPE_CHECKING:
+    import numpy as np
+    import numpy.typing as npt
+    import pandas as pd
+
+    Array = npt.NDArray[np.float64]
+
+CANDIDATE_KNOTS = (1, 2, 3, 4, 5, 6)  # interior knots tried by cross-validation
+DEFAULT_KNOTS = 3  # without enough engines to cross-validate
+
+
+@dataclass(frozen=True, slots=True)
+class GainPoint:
+    """The gain at one utilization: absolute (response units) and relative to no offload."""
+
+    u: float
+    gain: float
+    gain_interval: Interval
+    relative: float
+    relative_interval: Interval
+
+
+def window_weights(data: pd.DataFrame, column: str | None) -> tuple[Array, str]:
+    """Window weights for the log-scale fit: the variance of a window's log throughput is
+    about (1 + CV² of tokens per request) / (requests in it) — a window's throughput is a
+    sum over its requests — so a window with few requests (low load, long prompts) is
+    weighted down in proportion (at least 1). Unweighted without the column."""
+    import numpy as np
+
+    if column is None or column not in data.columns:
+        return np.ones(len(data)), "unweighted"
+    r = data[column].to_numpy(dtype=float)
+    if not np.isfinite(r).any():
+        return np.ones(len(data)), f"unweighted (no {column} counts)"
+    out: Array = np.maximum(np.nan_to_num(r, nan=1.0), 1.0)
+    return out, f"windows weighted by {column} (at least 1): var(log tokens/s) ∝ 1/{column}"
+
+
+def knots_at(x: Array, k: int) -> Array:
+    """``k`` interior knots at equally spaced quantiles of ``x``."""
+    import numpy as np
+
+    if not k:
+        return np.zeros(0)
+    out: Array = np.unique(np.quantile(x, np.arange(1, k + 1) / (k + 1)))
+    return out
+
+
+def choose_knots(
+    x: Array, y: Array, d: Array, g: npt.NDArray[np.int64], centre: float, *, sw: Array
+) -> tuple[int, str]:
+    """The number of knots K in CANDIDATE_KNOTS with the least leave-one-engine-out
+    prediction error (each engine predicted by the fit on all the others: the error that
+    matters when the curves are used for an engine not yet seen), or DEFAULT_KNOTS with
+    fewer than 4 engines. Per-engine cross-products make every refit a small solve."""
+    import numpy as np
+
+    codes, inv = np.unique(g, return_inverse=True)
+    if codes.size < 4:
+        return DEFAULT_KNOTS, f"knots: {DEFAULT_KNOTS} (fewer than 4 engines: not cross-validated)"
+    order = np.argsort(inv, kind="stable")
+    cuts = np.searchsorted(inv[order], np.arange(codes.size + 1))
+    scores: dict[int, float] = {}
+    for k in CANDIDATE_KNOTS:
+        b = basis_matrix(x, knots_at(x, k), centre)
+        design = (np.hstack([b, b * d[:, None]]) * sw[:, None])[order]
+        ys = (y * sw)[order]
+        q = design.shape[1]
+        xtx = np.empty((codes.size, q, q))
+        xty = np.empty((codes.size, q))
+        yy = np.empty(codes.size)
+        for e in range(codes.size):
+            xe, ye = design[cuts[e] : cuts[e + 1]], ys[cuts[e] : cuts[e + 1]]
+            xtx[e], xty[e], yy[e] = xe.T @ xe, xe.T @ ye, ye @ ye
+        tot, toty = xtx.sum(axis=0), xty.sum(axis=0)
+        sse = 0.0
+        for e in range(codes.size):
+            beta = np.linalg.lstsq(tot - xtx[e], toty - xty[e], rcond=None)[0]
+            sse += float(yy[e] - 2.0 * beta @ xty[e] + beta @ xtx[e] @ beta)
+        scores[k] = sse / y.size
+    best = min(scores, key=lambda k: scores[k])
+    listed = ", ".join(f"{k}: {v:.4g}" for k, v in scores.items())
+    return best, f"knots: {best}, by leave-one-engine-out mean squared error ({listed})"
+
+
+def basis_matrix(u: Array, knots: Array, centre: float) -> Array:
+    import numpy as np
+
+    cols = [np.ones_like(u), u - centre, *(np.maximum(0.0, u - k) for k in knots)]
+    return np.column_stack(cols)
+
+
+@dataclass(frozen=True, slots=True)
+class GainCurve:
+    """The fitted model: basis (knots, centre), coefficients (β then γ), covariance."""
+
+    knots: Array
+    centre: float
+    params: Array
+    cov: Array
+    log: bool = False  # the model is log(response) on log(u): the gain is a log ratio
+
+    def basis(self, u: Array) -> Array:
+        import numpy as np
+
+        return basis_matrix(np.log(u) if self.log else u, self.knots, self.centre)
+
+    @property
+    def p(self) -> int:
+        return int(self.params.size // 2)
+
+    def gain(self, u: Array) -> tuple[Array, Array]:
+        """g(u) = B(u)'γ and its standard error (log units on the log scale)."""
+        import numpy as np
+
+        b = self.basis(u)
+        p = self.p
+        var = np.einsum("ij,jk,ik->i", b, self.cov[p:, p:], b)
+        return b @ self.params[p:], np.sqrt(np.maximum(var, 0.0))
+
+    def points(self, u: Array, tq: float, level: float) -> tuple[GainPoint, ...]:
+        """Absolute and relative gain with pointwise intervals at each u."""
+        import numpy as np
+
+        b = self.basis(u)
+        none = b @ self.params[: self.p]
+        gain, se = self.gain(u)
+        if self.log:
+            # r = exp(g) − 1 with the interval mapped through exp (exact for the Wald
+            # interval of g); absolute gain = exp(none) · r (the geometric-mean curve of no
+            # offload times the ratio; its interval leaves none's own error out)
+            base = np.exp(none)
+            rel_l = np.expm1(gain)
+            lo_l, hi_l = np.expm1(gain - tq * se), np.expm1(gain + tq * se)
+            return tuple(
+                GainPoint(
+                    u=float(u[i]),
+                    gain=float(base[i] * rel_l[i]),
+                    gain_interval=Interval(
+                        float(base[i] * lo_l[i]), float(base[i] * hi_l[i]), level
+                    ),
+                    relative=float(rel_l[i]),
+                    relative_interval=Interval(float(lo_l[i]), float(hi_l[i]), level),
+                )
+                for i in range(u.size)
+            )
+        # Relative gain r = g/none; gradient wrt (β, γ) = (−g/none² · B, B/none).
+        jac = np.hstack([-(gain / none**2)[:, None] * b, b / none[:, None]])
+        se_r = np.sqrt(np.maximum(np.einsum("ij,jk,ik->i", jac, self.cov, jac), 0.0))
+        rel = gain / none
+
+        def iv(x: float, s: float) -> Interval:
+            return Interval(x - tq * s, x + tq * s, level)
+
+        return tuple(
+            GainPoint(
+                u=float(u[i]),
+                gain=float(gain[i]),
+                gain_interval=iv(float(gain[i]), float(se[i])),
+                relative=float(rel[i]),
+                relative_interval=iv(float(rel[i]), float(se_r[i])),
+            )
+            for i in range(u.size)
+        )
