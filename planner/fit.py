@@ -15,18 +15,23 @@ Every fit takes a frame from :func:`planner.frames.engine_frame`, checks the his
 needs first (raising :class:`collector.errors.InsufficientHistory`), records warnings per
 fit, seeds its RNG, bounds its time and returns a frozen result with an interval beside
 every number (see :mod:`planner.fitcommon`).
+
+A frame whose engines form several model groups (its ``group`` column: served model, GPU,
+TP; planner/frame_groups.py) is fitted per group: throughput against KV utilization of an
+8B model on one GPU and of a 70B on four has no common curve. :func:`fit_all` then returns
+each group's report in ``groups`` and fits nothing across them.
 """
 
 from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields, is_dataclass
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
-from collector.errors import InsufficientHistory
+from collector.errors import ConfigError, InsufficientHistory
 from planner.fit_gain import NOT_OFFLOAD, GainFit, GainPoint, fit_gain
 from planner.fit_hitrate import HitPrediction, HitRateFit, fit_hitrate
 from planner.fit_mfu import MfuFit, fit_mfu
@@ -63,29 +68,93 @@ class FitReport:
     hitrate: HitRateFit | None
     skipped: tuple[Skipped, ...]
     seconds: tuple[tuple[str, float], ...]  # wall time per fit
+    groups: tuple[tuple[str, FitReport], ...] = ()  # (group, its report) with several groups
 
     def as_dict(self) -> dict[str, Any]:
-        """JSON-ready form (NaN and infinities become None)."""
-        out: dict[str, Any] = jsonable(self)
+        """JSON-ready form (NaN and infinities become None); ``groups`` (each group's
+        report and its ``name``) only when the frame held several model groups."""
+        out: dict[str, Any] = {
+            f.name: jsonable(getattr(self, f.name)) for f in fields(self) if f.name != "groups"
+        }
+        if self.groups:
+            out["groups"] = [{"name": name, **r.as_dict()} for name, r in self.groups]
         return out
+
+
+Flops = Callable[[float], float]
 
 
 def fit_all(
     frame: pd.DataFrame,
     *,
     util: str = "kv_util",
-    prefill_flops: Callable[[float], float] | None = None,
-    peak_flops: float | None = None,
+    prefill_flops: Flops | Mapping[str, Flops] | None = None,
+    peak_flops: float | Mapping[str, float] | None = None,
     level: float = 0.95,
     seed: int = 0,
     target_fraction: float = 0.9,
+    group: str | None = None,
 ) -> FitReport:
     """Run every fit on ``frame``; a fit lacking history is listed in ``skipped``.
 
     The gain is fitted once per offload mode present (``native``, ``lmcache``) against
     ``none``. The MFU fit runs only with ``prefill_flops`` and ``peak_flops`` (from the cost
     model and the hardware table). Errors other than InsufficientHistory propagate.
+
+    Model groups (module docstring): with several, each group is fitted alone and its
+    report is in ``groups`` (the top-level fits are then None, with one ``skipped`` entry
+    saying why); ``prefill_flops`` / ``peak_flops`` may map a group to its own (one cost
+    model for several groups is not applied: a model's FLOPs are not another's). ``group``
+    fits that group alone; an unknown one is a ConfigError naming the groups.
     """
+    from planner.frame_groups import split_groups
+
+    fit = partial(_fit_one, util=util, level=level, seed=seed, target_fraction=target_fraction)
+    parts = split_groups(frame) if "group" in frame.columns else []
+    if group is not None:
+        known = ", ".join(repr(g.name) for g in parts) or "none"
+        parts = [g for g in parts if g.name == group]
+        if not parts:
+            raise ConfigError(f"group {group!r} is not in the frame; its groups are {known}")
+        frame = frame[parts[0].rows]
+    if len(parts) <= 1:
+        name = parts[0].name if parts else None
+        return fit(frame, _of(prefill_flops, name), _of(peak_flops, name))
+    one_model = prefill_flops is not None and not isinstance(prefill_flops, Mapping)
+    reports = []
+    for g in parts:
+        if one_model:
+            why = "one cost model for several model groups: pass prefill_flops per group"
+            reports.append((g.name, fit(frame[g.rows], None, None, no_cost=why)))
+        else:
+            flops, peak = _of(prefill_flops, g.name), _of(peak_flops, g.name)
+            reports.append((g.name, fit(frame[g.rows], flops, peak)))
+    why = (
+        f"the frame holds {len(parts)} model groups ({', '.join(g.name for g in parts)}): "
+        "each is fitted alone (groups); no fit across them"
+    )
+    return FitReport(None, (), None, None, (Skipped("all", why),), (), tuple(reports))
+
+
+def _of(value: Any, name: str | None) -> Any:
+    """A per-group argument's value for group ``name`` (a plain value stands for every one)."""
+    if isinstance(value, Mapping):
+        return value.get(name) if name is not None else None
+    return value
+
+
+def _fit_one(
+    frame: pd.DataFrame,
+    prefill_flops: Flops | None,
+    peak_flops: float | None,
+    *,
+    util: str,
+    level: float,
+    seed: int,
+    target_fraction: float,
+    no_cost: str | None = None,
+) -> FitReport:
+    """Every fit on one frame (one model group)."""
     skipped: list[Skipped] = []
     seconds: list[tuple[str, float]] = []
 
@@ -114,7 +183,9 @@ def fit_all(
             gains.append(g)
     mfu = None
     if prefill_flops is None or peak_flops is None:
-        skipped.append(Skipped("mfu", "no cost model given (prefill_flops and peak_flops)"))
+        skipped.append(
+            Skipped("mfu", no_cost or "no cost model given (prefill_flops and peak_flops)")
+        )
     else:
         flops, peak = prefill_flops, peak_flops
         mfu = run("mfu", lambda: fit_mfu(frame, flops, peak, level=level))

@@ -23,31 +23,42 @@ from typing import TYPE_CHECKING, Any
 from collector.errors import ConfigError, KvscopeError
 from planner.decide import Decision, decide
 from planner.evidence import Evidence
-from planner.plan_fits import FitRun, Hardware, gain_evidence, hit_curve, mfu_evidence, run_fits
+from planner.plan_basis import (
+    EVIDENCE_GAPS,
+    HOURS_PER_MONTH,
+    hardware_of,
+    plan_basis,
+    plan_cost,
+)
+from planner.plan_fits import (
+    FitRun,
+    gain_evidence,
+    hit_curve,
+    mfu_evidence,
+    run_fits,
+    skipped_fits,
+)
 from planner.plan_forecast import ForecastRun, kv_capacity, run_forecasts
-from planner.plan_observe import NEEDED_SIGNALS, modes_by_source, most_common, observe
+from planner.plan_groups import (
+    GroupPlan,
+    GroupSlice,
+    groups_basis,
+    pick_group,
+    restrict_table,
+    split_groups,
+)
+from planner.plan_observe import NEEDED_SIGNALS, modes_by_source, observe
 from planner.plan_table import PLAN_COLUMNS, WindowTable, names
 from planner.sizing import Sizing, size
 
 if TYPE_CHECKING:
     import pandas as pd
 
+    from collector.models import EngineRecord
     from collector.store import Store
 
-HOURS_PER_MONTH = 730.0  # 365 × 24 / 12
-EVIDENCE_GAPS: Mapping[str, str] = {
-    "vllm_version": "vLLM exposes no version metric; the configs assume the latest supported",
-    "engines_per_node": "the store holds no node topology (sizing assumes 1 engine per node)",
-    "nodes": "the store holds no node topology",
-    "cross_engine_reuse": "needs per-request prefix hashes (a trace): metrics count hits, not "
-    "which engine holds the prefix",
-    "cross_node_reuse": "needs per-request prefix hashes and node placement (a trace)",
-    "distinct_prefix_tokens": "needs per-request prefix hashes (a trace)",
-    "overhead_zero_hit": "needs offload engines measured at a 0 % hit rate; not separated from "
-    "the gain fit",
-    "l2_tier": "the L2 tier is not visible in the metrics",
-    "cpu_dram_per_node_gib": "host DRAM is not visible in the metrics",
-}
+__all__ = ["EVIDENCE_GAPS", "HOURS_PER_MONTH", "NoData", "Plan", "PlanDetails", "build_plan",
+           "json_safe", "lmcache_up_fraction"]  # fmt: skip
 
 
 class NoData(KvscopeError):
@@ -81,9 +92,12 @@ class Plan:
     cost: Mapping[str, Any] | None
     basis: tuple[str, ...]
     details: PlanDetails
+    group: str | None = None  # the model group planned (``--group``), else None
+    groups: tuple[GroupPlan, ...] = ()  # each group's own plan, when there are several
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-ready (non-finite numbers become null)."""
+        """JSON-ready (non-finite numbers become null); ``group`` / ``groups`` appear only
+        when the plan is of one group of several / of several groups."""
         sizing = self.sizing.to_dict() if self.sizing else {"error": self.sizing_error}
         out: dict[str, Any] = json_safe(
             {
@@ -100,6 +114,10 @@ class Plan:
                 "basis": list(self.basis),
             }
         )
+        if self.group is not None:
+            out["group"] = self.group
+        if self.groups:
+            out["groups"] = [g.to_dict() for g in self.groups]
         return out
 
 
@@ -133,33 +151,6 @@ def _iso(t: float | None) -> str:
     return time.strftime("%Y-%m-%d %H:%M:%SZ", time.gmtime(t))
 
 
-def _hardware(engines: list[Any], basis: list[str]) -> tuple[dict[str, Any], Hardware | None]:
-    """Model/GPU/TP of the engines (the most common when they differ)."""
-    from planner.hardware import get_gpu, get_model
-
-    out: dict[str, Any] = {}
-    for key, attr in (("model", "model"), ("gpu", "gpu"), ("tp", "tensor_parallel")):
-        value, distinct = most_common(getattr(e, attr) for e in engines)
-        out[key] = value
-        if distinct > 1:
-            basis.append(
-                f"engines differ in {key} ({distinct} values): fits pool them, the "
-                f"priors use the most common ({value})"
-            )
-    if not all(out.values()):
-        missing = [k for k, v in out.items() if not v]
-        basis.append(
-            f"engine metadata lacks {', '.join(missing)}: cost-model priors and the "
-            "MFU fit are unavailable (register engines with model, gpu, tp)"
-        )
-        return out, None
-    try:
-        return out, Hardware(get_model(str(out["model"])), get_gpu(str(out["gpu"])), int(out["tp"]))
-    except ConfigError as exc:
-        basis.append(f"hardware catalogue: {exc}")
-        return out, None
-
-
 def lmcache_up_fraction(
     store: Store, cluster: str | None, since: float | None, until: float | None
 ) -> float | None:
@@ -176,6 +167,33 @@ def lmcache_up_fraction(
     return sum(up for _, up in last.values()) / len(last)
 
 
+@dataclass(slots=True)
+class _Run:
+    """What every part of one `kvscope plan` shares: the store, the arguments, the clock."""
+
+    store: Store
+    cluster: str | None
+    since: float | None
+    until: float | None
+    horizon_s: float
+    price: float | None
+    seed: int
+    forecast_seconds: float
+    lmcache_up: float | None = None
+    took: dict[str, float] = field(default_factory=dict)
+    clock: float = field(default_factory=time.perf_counter)
+
+    def lap(self, stage: str) -> None:
+        now = time.perf_counter()
+        self.took[stage] = now - self.clock
+        self.clock = now
+
+    def fresh(self) -> _Run:
+        """The same run with its own stage timings (a group's plan)."""
+        return _Run(self.store, self.cluster, self.since, self.until, self.horizon_s,
+                    self.price, self.seed, self.forecast_seconds, self.lmcache_up)  # fmt: skip
+
+
 def build_plan(
     store: Store,
     *,
@@ -187,9 +205,15 @@ def build_plan(
     seed: int = 0,
     forecast_seconds: float = 8.0,
     columnar: bool = True,
+    group: str | None = None,
 ) -> Plan:
     """Read, fit, forecast, decide and size (module docstring). Raises NoData when the store
-    has no windows for the cluster and period, ConfigError on a bad argument.
+    has no windows for the cluster and period, ConfigError on a bad argument (an unknown
+    ``group`` among them, naming the known ones).
+
+    Engines of several model groups (planner/plan_groups.py) are planned per group: the
+    result pools their observations and holds each group's plan in ``groups``. ``group``
+    plans that group alone. With one group the plan is the same as without groups.
 
     The windows are read as one columnar frame (Store.read_frame); ``columnar=False`` reads
     Window records (read_windows) instead and converts them: the same plan, much slower for
@@ -206,15 +230,8 @@ def build_plan(
         math.isfinite(gpu_price_per_hour) and gpu_price_per_hour >= 0
     ):
         raise ConfigError(f"gpu price must be a number >= 0, got {gpu_price_per_hour!r}")
-    took: dict[str, float] = {}
-    clock = time.perf_counter()
-
-    def lap(stage: str) -> None:
-        nonlocal clock
-        now = time.perf_counter()
-        took[stage] = now - clock
-        clock = now
-
+    run = _Run(store, cluster, since, until, horizon_s, gpu_price_per_hour, seed,
+               forecast_seconds)  # fmt: skip
     signals = sorted(NEEDED_SIGNALS)
     if columnar:
         table = store.read_frame(
@@ -225,17 +242,63 @@ def build_plan(
         table = windows_frame(rows, PLAN_COLUMNS)
     if not len(table):
         raise _no_data(store, cluster, since)
-    windows = WindowTable(table)
-    lap("read")
+    run.lap("read")
     engines = store.engines(cluster)
+    frame = engine_frame(table, {e.source: e for e in engines})
+    run.lap("frame")
+    run.lmcache_up = lmcache_up_fraction(store, cluster, since, until)
+    groups = split_groups(frame, names(table["source"]))
+    if group is not None:
+        return _group_plan(run, table, frame, engines, pick_group(groups, group), len(groups))
+    if len(groups) <= 1:
+        return _plan(run, table, frame, engines, [])
+    parts = []
+    for g in groups:
+        p = _group_plan(run.fresh(), table, frame, engines, g, len(groups))
+        parts.append(GroupPlan(g.name, g.engines, tuple(sorted(g.sources)), p))
+    run.clock = time.perf_counter()  # the pooled stages' own times
+    return _plan(run, table, frame, engines, [groups_basis(groups)], groups=tuple(parts))
+
+
+def _group_plan(  # noqa: PLR0917 - the parts of one plan
+    run: _Run,
+    table: pd.DataFrame,
+    frame: pd.DataFrame,
+    engines: list[EngineRecord],
+    g: GroupSlice,
+    of: int,
+) -> Plan:
+    """The plan of one model group: its frame rows and its sources' windows."""
+    note = f"model group {g.name!r}: {len(g.engines)} engine(s), 1 of {of} group(s)"
+    if g.shared:
+        note += f"; sources shared with every group: {', '.join(g.shared[:5])}"
+    sub = frame[g.rows].reset_index(drop=True)
+    return _plan(run, restrict_table(table, g.sources), sub, engines, [note], group=g.name)
+
+
+def _plan(
+    run: _Run,
+    table: pd.DataFrame,
+    frame: pd.DataFrame,
+    engines: list[EngineRecord],
+    notes: list[str],
+    *,
+    group: str | None = None,
+    groups: tuple[GroupPlan, ...] = (),
+) -> Plan:
+    """The plan of these windows and frame rows (a whole cluster or one model group).
+
+    With ``groups`` (several model groups) nothing is fitted: fits across models mix what
+    cannot be pooled; each group's plan holds its own fits.
+    """
+    windows = WindowTable(table)
     meta = {e.source: e for e in engines}
-    frame = engine_frame(table, meta)
-    lap("frame")
     present = names(frame["source"])
     in_window = [e for e in engines if e.source in present]
     basis: list[str] = [
-        f"{len(windows)} windows of {len(present)} source(s) from {store.url}"
-        + (f", cluster {cluster!r}" if cluster else ""),
+        f"{len(windows)} windows of {len(present)} source(s) from {run.store.url}"
+        + (f", cluster {run.cluster!r}" if run.cluster else ""),
+        *notes,
         "decision: rules R1–R9 of planner/DECIDER.md; each reason names its source "
         "(measured, the cost model, or a published figure from numbers.md)",
     ]
@@ -245,15 +308,20 @@ def build_plan(
             f"{len(unregistered)} source(s) without engine metadata (offload mode "
             f"unknown): {', '.join(unregistered[:5])}"
         )
-    hw_names, hw = _hardware(in_window, basis)
+    hw_names, hw = hardware_of(in_window, basis)
     modes = {s: m for s, m in modes_by_source(in_window).items() if s in present}
     happening, ev_obs = observe(frame, windows, modes)
-    lap("observe")
-    fits = run_fits(frame, hw, seed=seed)
-    lap("fits")
+    run.lap("observe")
+    if groups:
+        fits = skipped_fits(f"fitted per model group ({len(groups)} groups): see groups")
+    else:
+        fits = run_fits(frame, hw, seed=run.seed)
+    run.lap("fits")
     cap = kv_capacity(windows, {e.source: e.facts for e in in_window}, hw)
-    fc = run_forecasts(windows, cap, horizon_s=horizon_s, seed=seed, max_seconds=forecast_seconds)
-    lap("forecasts")
+    fc = run_forecasts(
+        windows, cap, horizon_s=run.horizon_s, seed=run.seed, max_seconds=run.forecast_seconds
+    )
+    run.lap("forecasts")
     u_now = ev_obs.get("kv_util_p50")
     native, native_at = gain_evidence(fits["gain_native"], u_now)
     lmcache, lmcache_at = gain_evidence(fits["gain_lmcache"], u_now)
@@ -268,7 +336,7 @@ def build_plan(
         lmcache_gain=lmcache,
         effective_mfu=mfu_evidence(fits["prefill_mfu"]),
         l1_hit_curve=hit_curve(fits["lmcache_hitrate"]),
-        lmcache_up_fraction=lmcache_up_fraction(store, cluster, since, until),
+        lmcache_up_fraction=run.lmcache_up,
         **ev_obs,
         **fc_ev,
     )
@@ -278,12 +346,12 @@ def build_plan(
         sizing = size(evidence, decision)
     except ConfigError as exc:
         sizing_error = str(exc)
-    basis += _basis(evidence, fits, fc)
+    basis += plan_basis(evidence, fits, fc)
     first = float(table["start"].min())
     last = float((table["start"] + table["length_s"]).max())
     window = {
-        "since": since,
-        "until": until,
+        "since": run.since,
+        "until": run.until,
         "first": first,
         "last": last,
         "first_utc": _iso(first),
@@ -292,9 +360,9 @@ def build_plan(
         "engines": evidence.engines or 0,
         "sources": len(present),
     }
-    lap("decide")
+    run.lap("decide")
     return Plan(
-        cluster,
+        run.cluster,
         window,
         happening,
         evidence,
@@ -303,62 +371,9 @@ def build_plan(
         fc.section,
         sizing,
         sizing_error,
-        _cost(evidence, sizing, gpu_price_per_hour),
+        plan_cost(evidence, sizing, run.price),
         tuple(basis),
-        PlanDetails(frame, fits, fc, took),
+        PlanDetails(frame, fits, fc, run.took),
+        group,
+        groups,
     )
-
-
-def _basis(ev: Evidence, fits: Mapping[str, FitRun], fc: ForecastRun) -> list[str]:
-    out: list[str] = []
-    if ev.effective_mfu is None:
-        why = fits["prefill_mfu"].entry.get("why") or "no fit"
-        out.append(
-            f"prefill MFU: prior 50 % from numbers.md (40–60 % simulator default); the "
-            f"fit could not tell: {why}"
-        )
-    else:
-        m = ev.effective_mfu
-        out.append(
-            f"prefill MFU: fitted {m.estimate:.1%} [{m.lo:.1%}, {m.hi:.1%}] "
-            f"({fits['prefill_mfu'].entry['n']} low-load windows)"
-        )
-    for name, entry in fits.items():
-        if not entry.entry.get("can_tell"):
-            out.append(f"fit {name}: cannot tell: {entry.entry.get('why')}")
-    if fc.capacity is not None:
-        out.append(f"HBM KV capacity: {fc.capacity.basis}")
-    if fc.evidence.get("_saturation_censored"):
-        out.append(
-            "time to saturation: an end lies beyond the forecast horizon; it is "
-            "reported at the horizon (censored)"
-        )
-    for name, why in EVIDENCE_GAPS.items():
-        if getattr(ev, name) is None:
-            out.append(f"left unknown: {name}: {why}")
-    return out
-
-
-def _cost(ev: Evidence, sizing: Sizing | None, price: float | None) -> dict[str, Any] | None:
-    """GPU cost per month of the engines now and of the sized fleet (price × GPUs × 730 h)."""
-    if price is None:
-        return None
-    gpus = ev.tp or 1
-    per_engine = price * gpus * HOURS_PER_MONTH
-    out: dict[str, Any] = {
-        "gpu_price_per_hour": price,
-        "gpus_per_engine": gpus,
-        "per_engine_per_month": per_engine,
-        "current_per_month": per_engine * ev.engines if ev.engines else None,
-        "basis": f"price × {gpus} GPU(s) per engine × {HOURS_PER_MONTH:g} h per month"
-        + ("" if ev.tp else " (tp unknown: 1 assumed)"),
-    }
-    eng = sizing.engines if sizing else None
-    if eng is not None:
-        out |= {
-            "needed_per_month": per_engine * eng.needed,
-            "needed_interval_per_month": [per_engine * eng.lo, per_engine * eng.hi],
-        }
-        if eng.needed_with_offload is not None:
-            out["needed_with_offload_per_month"] = per_engine * eng.needed_with_offload
-    return out

@@ -372,3 +372,8 @@ def hit_curve(run: FitRun, points: int = 24) -> tuple[tuple[float, float], ...] 
     ratio = (4 * hi / lo) ** (1 / (points - 1))
     sizes = [lo * ratio**i for i in range(points)]
     return tuple((s / GIB, min(max(h * (1 - math.exp(-s / c0)), 0.0), 1.0)) for s in sizes)
+
+
+def skipped_fits(why: str) -> dict[str, FitRun]:
+    """Every fit as a can't-tell entry with the same reason (a plan that fits nothing)."""
+    return {name: FitRun(name, None, cannot_entry(_WHAT[name], why)) for name in FIT_NAMES}

@@ -28,9 +28,11 @@ if TYPE_CHECKING:
     FloatArray = npt.NDArray[np.float64]
     IntArray = npt.NDArray[np.int64]
 
-# The frame columns the plan uses (Store.read_frame(columns=PLAN_COLUMNS)).
-PLAN_COLUMNS = ("source", "signal", "labels", "engine", "kind", "start", "length_s", "delta",
-                "rate", "mean", "max", "last", "p90", "p99", "sum_delta")  # fmt: skip
+# The frame columns the plan uses (Store.read_frame(columns=PLAN_COLUMNS)); model_name
+# gives each engine its model group (planner/frame_groups.py).
+PLAN_COLUMNS = ("source", "signal", "labels", "engine", "model_name", "kind", "start",
+                "length_s", "delta", "rate", "mean", "max", "last", "p90", "p99",
+                "sum_delta")  # fmt: skip
 
 
 def seq_sum(values: FloatArray) -> float:

@@ -3,6 +3,7 @@
 Sections: what is happening; the decision with its reasons and confidence; the fits (the
 break-even with its interval); the forecast and time to saturation; sizing; the configs.
 Every number keeps its interval or its basis; "n/a" marks what the data could not tell.
+A plan of several model groups shows each group's sections, then the pooled observations.
 """
 
 from __future__ import annotations
@@ -214,12 +215,36 @@ def _sizing(d: Mapping[str, Any]) -> list[str]:
     return lines
 
 
+def _groups(d: Mapping[str, Any]) -> list[list[str]]:
+    """Each model group's own plan, then the observations pooled over the groups."""
+    groups = d["groups"]
+    blocks = [
+        [
+            f"Model groups: {len(groups)} (served model, GPU, TP); each is fitted, decided "
+            "and sized apart, since fits across models mix what cannot be pooled",
+            *(f"  {g['name']}: {len(g['engines'])} engine(s)" for g in groups),
+        ]
+    ]
+    for g in groups:
+        rule = f"━━ group {g['name']} ━━ {', '.join(g['engines'][:6])}"
+        if len(g["engines"]) > 6:
+            rule += f", … ({len(g['engines'])} engines)"
+        p = g["plan"]
+        blocks += [[rule], _happening(p), decision_lines(p), _fits(p), _forecast(p), _sizing(p)]
+    head = "━━ all groups pooled (observations only: no fit, no decision to act on) ━━"
+    return [*blocks, [head], _happening(d), _forecast(d)]
+
+
 def summary_text(d: Mapping[str, Any]) -> str:
-    """The readable summary of ``Plan.to_dict()``."""
+    """The readable summary of ``Plan.to_dict()`` (per model group when it has ``groups``)."""
     w = d["window"]
     head = (
-        f"kvscope plan{' — cluster ' + d['cluster'] if d['cluster'] else ''}: "
+        f"kvscope plan{' — cluster ' + d['cluster'] if d['cluster'] else ''}"
+        f"{' — model group ' + d['group'] if d.get('group') else ''}: "
         f"{w['engines']} engines, {w['windows']} windows, {w['first_utc']} → {w['last_utc']}"
     )
-    blocks = [[head], _happening(d), decision_lines(d), _fits(d), _forecast(d), _sizing(d)]
+    if d.get("groups"):
+        blocks = [[head], *_groups(d)]
+    else:
+        blocks = [[head], _happening(d), decision_lines(d), _fits(d), _forecast(d), _sizing(d)]
     return "\n\n".join("\n".join(b) for b in blocks) + "\n"

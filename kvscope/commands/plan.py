@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import sys
 import time
 from pathlib import Path
@@ -26,6 +27,12 @@ def check_sqlite_exists(url: str) -> None:
     is_file = parsed.get_backend_name() == "sqlite" and db not in ("", ":memory:")
     if is_file and "mode=" not in db and not Path(db).expanduser().exists():
         raise ConfigError(f"--db {url}: no such SQLite file (collect into it first)")
+
+
+def group_dir(name: str) -> str:
+    """A folder name for a model group (``/``, ``@``, ``:`` and spaces become ``_``)."""
+    safe = re.sub(r"[^A-Za-z0-9._-]+", "_", name).strip("._")
+    return f"group-{safe or 'unnamed'}"
 
 
 def register(app: typer.Typer) -> None:
@@ -52,11 +59,22 @@ def register(app: typer.Typer) -> None:
         forecast_seconds: Annotated[
             float, typer.Option("--forecast-seconds", help="time budget of each forecast")
         ] = 8.0,
+        group: Annotated[
+            str | None,
+            typer.Option(
+                "--group",
+                help="plan only this model group (served model@gpu:tpN, as the output names "
+                "them) [default: each group apart]",
+            ),
+        ] = None,
     ) -> None:
         """Decide none / native / lmcache from the store's history, forecast KV demand and size.
 
+        Engines serving different models (or on different GPUs / TP sizes) are fitted,
+        decided and sized per model group; --group picks one.
+
         Example: kvscope plan --db sqlite:///kvscope.db --cluster prod --since 3d --horizon 7d
-        --gpu-price 3.0 --json --plots plots/
+        --gpu-price 3.0 --json --plots plots/ --group 'llama-3.1-8b@h100:tp1'
         """
         from pydantic import ValidationError
 
@@ -83,12 +101,16 @@ def register(app: typer.Typer) -> None:
                 gpu_price_per_hour=gpu_price,
                 seed=seed,
                 forecast_seconds=forecast_seconds,
+                group=group,
             )
         if plots is not None:
             from planner.plots import write_plots
 
             for path in write_plots(plan, plots, seed=seed):
                 print(f"kvscope plan: wrote {path}", file=sys.stderr)
+            for g in plan.groups:  # each model group's fits in a folder of its own
+                for path in write_plots(g.plan, plots / group_dir(g.name), seed=seed):
+                    print(f"kvscope plan: wrote {path}", file=sys.stderr)
         payload = plan.to_dict()
         if as_json:
             typer.echo(json.dumps(payload, indent=2))
