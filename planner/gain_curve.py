@@ -69,26 +69,47 @@ def choose_knots(
     codes, inv = np.unique(g, return_inverse=True)
     if codes.size < 4:
         return DEFAULT_KNOTS, f"knots: {DEFAULT_KNOTS} (fewer than 4 engines: not cross-validated)"
-    order = np.argsort(inv, kind="stable")
-    cuts = np.searchsorted(inv[order], np.arange(codes.size + 1))
+    # rows sorted once by (engine, mode) cell; X = [B, d·B] so an engine's X'X is assembled
+    # from its cells' B'WB (d = 0: top-left block only; d = 1: all four blocks)
+    cell = inv * 2 + (d > 0.5)
+    order = np.argsort(cell, kind="stable")
+    cuts = np.searchsorted(cell[order], np.arange(2 * codes.size + 1))
+    xs, yw, ws = x[order], (y * sw)[order], sw[order]
+    yy = np.array([yw[cuts[2 * e] : cuts[2 * e + 2]] @ yw[cuts[2 * e] : cuts[2 * e + 2]]
+                   for e in range(codes.size)])  # fmt: skip
+    probs = [np.arange(1, k + 1) / (k + 1) for k in CANDIDATE_KNOTS]
+    every = np.quantile(x, np.concatenate(probs))
+    splits = np.cumsum([len(p) for p in probs])[:-1]
     scores: dict[int, float] = {}
-    for k in CANDIDATE_KNOTS:
-        b = basis_matrix(x, knots_at(x, k), centre)
-        design = (np.hstack([b, b * d[:, None]]) * sw[:, None])[order]
-        ys = (y * sw)[order]
-        q = design.shape[1]
-        xtx = np.empty((codes.size, q, q))
-        xty = np.empty((codes.size, q))
-        yy = np.empty(codes.size)
-        for e in range(codes.size):
-            xe, ye = design[cuts[e] : cuts[e + 1]], ys[cuts[e] : cuts[e + 1]]
-            xtx[e], xty[e], yy[e] = xe.T @ xe, xe.T @ ye, ye @ ye
-        tot, toty = xtx.sum(axis=0), xty.sum(axis=0)
-        sse = 0.0
-        for e in range(codes.size):
-            beta = np.linalg.lstsq(tot - xtx[e], toty - xty[e], rcond=None)[0]
-            sse += float(yy[e] - 2.0 * beta @ xty[e] + beta @ xtx[e] @ beta)
-        scores[k] = sse / y.size
+    for k, kn in zip(CANDIDATE_KNOTS, np.split(every, splits), strict=True):
+        bw = basis_matrix(xs, np.unique(kn), centre) * ws[:, None]
+        p = bw.shape[1]
+        xtx = np.zeros((codes.size, 2 * p, 2 * p))
+        xty = np.zeros((codes.size, 2 * p))
+        for c in range(2 * codes.size):
+            a, b = cuts[c], cuts[c + 1]
+            if a == b:
+                continue
+            gram, rhs = bw[a:b].T @ bw[a:b], bw[a:b].T @ yw[a:b]
+            e = c // 2
+            xtx[e, :p, :p] += gram
+            xty[e, :p] += rhs
+            if c % 2:
+                xtx[e, :p, p:] += gram
+                xtx[e, p:, :p] += gram
+                xtx[e, p:, p:] += gram
+                xty[e, p:] += rhs
+        a_out = xtx.sum(axis=0)[None] - xtx  # X'X without engine e, for every e at once
+        b_out = xty.sum(axis=0)[None] - xty
+        try:
+            beta = np.linalg.solve(a_out, b_out[..., None])[..., 0]
+        except np.linalg.LinAlgError:  # an engine alone identifies a column: min-norm fits
+            pairs = zip(a_out, b_out, strict=True)
+            beta = np.stack([np.linalg.lstsq(a, b, rcond=None)[0] for a, b in pairs])
+        sse = (
+            yy - 2.0 * np.einsum("ei,ei->e", beta, xty) + np.einsum("ei,eij,ej->e", beta, xtx, beta)
+        )
+        scores[k] = float(sse.sum()) / y.size
     best = min(scores, key=lambda k: scores[k])
     listed = ", ".join(f"{k}: {v:.4g}" for k, v in scores.items())
     return best, f"knots: {best}, by leave-one-engine-out mean squared error ({listed})"
