@@ -1,0 +1,157 @@
+"""planner.frame_groups: each engine's model group, splitting a frame by group, and
+planner.fit.fit_all fitting each group of a frame on its own."""
+
+from __future__ import annotations
+
+import json
+
+import pandas as pd
+import pytest
+
+from collector.errors import ConfigError
+from collector.models import EngineRecord
+from collector.records import Window, labels_of
+from planner.fit import fit_all
+from planner.fit_preempt import fit_preemption
+from planner.fitsynth import synthetic_frame
+from planner.frame_groups import UNKNOWN_GROUP, group_name, same_model, split_groups
+from planner.frames import engine_frame
+
+T0 = 1.8e9
+
+
+def win(source: str, labels: dict[str, str], signal: str = "kv_cache_usage_ratio",
+        start: float = T0, **kw: float) -> Window:  # fmt: skip
+    kind = "counter" if signal.endswith("_total") else "gauge"
+    values = kw or {"mean": 0.5, "max": 0.6}
+    return Window(source=source, signal=signal, labels=labels_of(labels), start=start,
+                  length_s=60.0, kind=kind, samples=4, **values)  # type: ignore[arg-type]  # fmt: skip
+
+
+def record(source: str, model: str | None = None, gpu: str | None = None,
+           tp: int | None = None) -> EngineRecord:  # fmt: skip
+    return EngineRecord("c", source, model, gpu, None, tp, "none", {})
+
+
+@pytest.mark.parametrize(
+    ("model", "gpu", "tp", "expected"),
+    [
+        ("llama", "h100-80gb", 4, "llama@h100-80gb:tp4"),
+        ("llama", None, 2, "llama:tp2"),
+        ("llama", "h200-141gb", None, "llama@h200-141gb"),
+        ("meta-llama/Llama-3.1-8B", None, None, "meta-llama/Llama-3.1-8B"),
+        (None, "h100-80gb", 1, UNKNOWN_GROUP),
+        ("", "h100-80gb", 1, UNKNOWN_GROUP),
+        ("llama", "", 0, "llama"),
+        ("llama", None, True, "llama"),  # a bool is not a TP size
+    ],
+)
+def test_group_name_known_parts_only(model: str | None, gpu: str | None, tp: object,
+                                     expected: str) -> None:  # fmt: skip
+    assert group_name(model, gpu, tp) == expected
+
+
+def test_engine_frame_group_from_label_then_record_else_unknown() -> None:
+    windows = [
+        win("a", {"engine": "0", "model_name": "served-8b"}),
+        win("b", {"engine": "0"}),  # no label: the record's model
+        win("c", {"engine": "0"}),  # neither: unknown
+        win("d", {"engine": "0", "model_name": "served-70b"}),
+    ]
+    meta = {"a": record("a", "llama-3.1-8b", "h100-80gb", 1),
+            "b": record("b", "llama-3.1-8b", "h100-80gb", 1),
+            "d": record("d", None, "h200-141gb", 4)}  # fmt: skip
+    got = engine_frame(windows, meta).set_index("source")["group"].to_dict()
+    assert got == {"a": "served-8b@h100-80gb:tp1", "b": "llama-3.1-8b@h100-80gb:tp1",
+                   "c": UNKNOWN_GROUP, "d": "served-70b@h200-141gb:tp4"}  # fmt: skip
+
+
+def test_engine_frame_group_prefers_engine_series_label_over_lmcache_label() -> None:
+    # LMCache legacy series (no engine label) name the HF path; vLLM's name the served model.
+    windows = [win("a", {"engine": "0", "model_name": "served"}, start=T0 + 60 * i)
+               for i in range(2)]  # fmt: skip
+    windows += [win("a", {"worker_id": "0", "model_name": "org/Model"}, "lmcache_hit_ratio",
+                    start=T0 + 60 * i, mean=0.5, delta=10.0) for i in range(5)]  # fmt: skip
+    got = engine_frame(windows)
+    assert got["group"].tolist() == ["served"] * 5
+
+
+def test_engine_frame_group_json_labels_and_model_column_agree() -> None:
+    windows = [win("a", {"engine": "0", "model_name": "m1"}),
+               win("b", {"engine": "0", "model_name": "m2"})]  # fmt: skip
+    fields = ["source", "signal", "start", "length_s", "mean", "max"]
+    table = pd.DataFrame([{f: getattr(w, f) for f in fields} for w in windows])
+    as_json = table.assign(labels=[json.dumps(dict(w.labels)) for w in windows])
+    as_column = table.assign(engine=["0", "0"], model_name=["m1", "m2"])
+    for t in (as_json, as_column):
+        assert engine_frame(t)["group"].tolist() == ["m1", "m2"]
+
+
+def _frame_rows(rows: list[tuple[str, str, str, float | None]]) -> pd.DataFrame:
+    records = [
+        {"source": s, "engine": e, "group": g, "kv_util": u, "tokens_per_s": None}
+        for s, e, g, u in rows
+    ]
+    return pd.DataFrame(records).astype({"kv_util": float, "tokens_per_s": float})
+
+
+def test_split_groups_attaches_lmcache_rows_by_model_and_shares_the_rest() -> None:
+    frame = _frame_rows([
+        ("a", "0", "m1@h100:tp1", 0.5), ("b", "0", "m2:tp4", 0.4),
+        ("lm-1", "", "m1", None),  # an LMCache server naming m1: joins m1's group
+        ("lm-2", "", "org/Other", None),  # names no group's model: shared
+    ])  # fmt: skip
+    groups = split_groups(frame, ["a", "b", "lm-1", "lm-2", "health-only"])
+    assert [g.name for g in groups] == ["m1@h100:tp1", "m2:tp4"]
+    m1, m2 = groups
+    assert m1.engines == ("a/0",) and m2.engines == ("b/0",)
+    assert m1.rows.tolist() == [True, False, True, True]
+    assert m2.rows.tolist() == [False, True, False, True]
+    assert m1.sources == {"a", "lm-1", "lm-2", "health-only"}
+    assert m2.sources == {"b", "lm-2", "health-only"}
+    assert m1.shared == ("health-only", "lm-2")
+    assert same_model("m1", "m1:tp2") and not same_model("m1", "m10@h100")
+    assert not same_model(UNKNOWN_GROUP, "m1") and split_groups(frame.iloc[:0], []) == []
+
+
+def _two_group_frame() -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
+    a = synthetic_frame(6, 200, seed=3, modes=("none",)).assign(group="a")
+    b = synthetic_frame(4, 200, seed=8, modes=("none",)).assign(group="b")
+    b["source"] = "b-" + b["source"].astype(str)
+    return a, b, pd.concat([a, b], ignore_index=True)
+
+
+def test_fit_all_two_groups_fits_each_alone_and_nothing_across() -> None:
+    a, b, both = _two_group_frame()
+    report = fit_all(both)
+    assert report.preemption is None and report.gains == () and report.hitrate is None
+    assert [s.what for s in report.skipped] == ["all"]
+    assert "2 model groups (a, b)" in report.skipped[0].reason
+    assert [name for name, _ in report.groups] == ["a", "b"]
+    for (_, sub), frame in zip(report.groups, (a, b), strict=True):
+        assert sub.preemption is not None
+        assert sub.preemption.estimate == pytest.approx(fit_preemption(frame).estimate, rel=1e-9)
+        assert sub.preemption.n == len(frame)
+    d = json.loads(json.dumps(report.as_dict(), allow_nan=False))
+    assert [g["name"] for g in d["groups"]] == ["a", "b"]
+    assert d["groups"][0]["preemption"]["estimate"] == pytest.approx(
+        report.groups[0][1].preemption.estimate  # type: ignore[union-attr]
+    )
+
+
+def test_fit_all_one_cost_model_for_two_groups_skips_their_mfu() -> None:
+    _, _, both = _two_group_frame()
+    report = fit_all(both, prefill_flops=lambda t: 1e9 * t, peak_flops=1e15)
+    for _, sub in report.groups:
+        assert sub.mfu is None
+        assert any(s.what == "mfu" and "several model groups" in s.reason for s in sub.skipped)
+
+
+def test_fit_all_group_argument_fits_that_group_and_rejects_unknown() -> None:
+    a, _, both = _two_group_frame()
+    report = fit_all(both, group="a")
+    assert report.groups == () and report.preemption is not None
+    assert report.preemption.estimate == pytest.approx(fit_preemption(a).estimate, rel=1e-9)
+    assert "groups" not in report.as_dict()
+    with pytest.raises(ConfigError, match=r"'c' is not in the frame; its groups are 'a', 'b'"):
+        fit_all(both, group="c")
