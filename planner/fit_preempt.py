@@ -38,16 +38,36 @@ Uncertainty
   the knee interval and *united* (a projection interval), so the knee's uncertainty is
   carried into them (conservative rather than conditional on k̂).
 
+Which utilization: the window mean (``kv_util``, default)
+--------------------------------------------------------
+vLLM preempts when no KV block is free, i.e. when the cache is full, so the window's peak
+looks like the natural covariate. But ``kv_util_max`` is the largest of the few scraped
+samples of an instantaneous gauge (4 per 60 s window at a 15 s scrape), and its knee is a
+property of the scrape interval. On the demo (examples/scenarios/demo.yaml of 2026-11-29,
+seed 1, 4 simulated h, 8 engines pooled, the simulation sampled every second), the knee
+[95 %] on the window max of samples taken every 30 s / 15 s (= ``kv_util_max``) / 5 s / 1 s
+is 0.28 / 0.52 (lower ends not bounded) / 0.84 [0.82, 0.85] / 0.98 [0.97, 0.98]; on the
+window mean of the 15 s / 1 s samples 0.27 / 0.30 (lower ends not bounded). A sampled max
+thus moves from 0.28 to 0.98 with the scrape interval and, sampled finely, converges to "the
+cache is full": true by construction, no use for planning. The mean estimates the
+time-averaged use whatever the scrape interval and is what KV-demand forecasts and sizing
+work in, so it stays the default. On the demo it shows what long shared prompts do: the
+rate rises smoothly (log-rate +10 per unit of mean use) from the lowest mean use seen, with
+no flat stretch below, hence no bounded knee. ``util="kv_util_max"`` fits the peak where
+scrapes are dense enough (≤ 5 s above) to make it one.
+
 Assumptions
 -----------
 Windows independent given u for the knee interval (bursts of preemptions clustered in time
 make it too narrow; the cluster-robust slope errors allow within-engine correlation); one
 knee and one slope for all engines pooled (fit engines of different models/GPUs
-separately); the window-mean utilization represents the pressure during the window.
+separately); ``util`` represents the pressure during the window.
 
 The data cannot tell when: no preemptions at all (then they start above the largest
 utilization seen, if at all); the likelihood-ratio cut is not reached inside the grid (the
-knee is not bounded by the data); the slope interval contains 0 (no detectable rise).
+knee is not bounded by the data: at the lower end, the rate keeps falling down to the
+lowest utilization seen, with no flat base rate to put a knee on); the slope interval
+contains 0 (no detectable rise).
 """
 
 from __future__ import annotations
@@ -214,6 +234,11 @@ def fit_preemption(
             f"the knee's {side} end is not bounded by the data (the likelihood-ratio cut "
             f"is not reached inside [{fmt(lo_k)}, {fmt(hi_k)}])"
         )
+        if open_lo and not open_hi:
+            why += (
+                f": the preemption rate keeps falling down to the lowest {util} seen, with "
+                "no flat base rate below to put a knee on"
+            )
     elif slope.interval.lo <= 0:
         why = "no detectable rise of the preemption rate above the knee (slope CI includes 0)"
     family = "negative_binomial" if nb else "poisson"

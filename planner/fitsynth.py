@@ -96,7 +96,10 @@ def synthetic_frame(
     waiting = np.where(u > 0.9, rng.poisson(100.0 * np.maximum(u - 0.9, 0.0)), 0).astype(float)
     prefix_hit = np.clip(rng.beta(0.6, 2.0, e.size), 0.0, 1.0)
     prompt_mean = np.exp(rng.normal(math.log(1500.0), 0.8, e.size))
-    flops = np.array([llama8b_prefill_flops(p) for p in prompt_mean * (1 - prefix_hit)])
+    # uncached tokens attend to the cached ones: F(P) − F(h·P) (planner.fit_mfu)
+    flops = np.array([llama8b_prefill_flops(p) for p in prompt_mean]) - np.array(
+        [llama8b_prefill_flops(p) for p in prompt_mean * prefix_hit]
+    )
     ttft = (
         tr.overhead_s
         + flops / (tr.mfu * H100_BF16_FLOPS)

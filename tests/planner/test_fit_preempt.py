@@ -44,6 +44,45 @@ def test_fit_preemption_synthetic_knee_interval_covers_truth_and_is_narrow() -> 
     assert min(lr for _, lr in fit.profile) == 0.0
 
 
+def peak_driven(frame: pd.DataFrame, seed: int) -> pd.DataFrame:
+    """Preemptions driven by the window's *peak* utilization (what a dense scrape's
+    ``kv_util_max`` measures): peak = mean + a random excursion, the hinge on the peak."""
+    rng = np.random.default_rng(seed)
+    u = frame["kv_util"].to_numpy() * 0.8
+    peak = np.minimum(u + rng.gamma(2.0, 0.06, u.size), 1.0)
+    mu = (
+        frame["window_s"].to_numpy()
+        * TRUTH.base_rate_per_s
+        * np.exp(TRUTH.slope * np.maximum(0.0, peak - TRUTH.knee))
+    )
+    return frame.assign(kv_util=u, kv_util_max=peak, preemptions=rng.poisson(mu).astype(float))
+
+
+def test_fit_preemption_on_the_peak_column_recovers_a_peak_driven_knee() -> None:
+    frame = peak_driven(synthetic_frame(12, 720, seed=6), seed=6)
+    fit = fit_preemption(frame, util="kv_util_max")
+    assert fit.can_tell, fit.why
+    assert fit.util_column == fit.unit == "kv_util_max"
+    assert fit.interval.covers(TRUTH.knee)
+    assert fit.slope.interval.covers(TRUTH.slope)
+    assert "kv_util_max in [" in fit.basis[1]
+    # The window mean only blurs what drives the preemptions: no sharper knee from it.
+    mean = fit_preemption(frame)
+    assert mean.util_column == "kv_util"
+    assert not mean.can_tell or mean.interval.width > fit.interval.width
+
+
+def test_fit_preemption_rate_falling_to_the_lowest_utilization_says_no_flat_base() -> None:
+    # Log-linear throughout (the demo's shape): no flat base rate, the knee's lower end is open.
+    frame = synthetic_frame(12, 720, seed=8)
+    mu = frame["window_s"].to_numpy() * 0.05 * np.exp(8.0 * (frame["kv_util"].to_numpy() - 0.9))
+    frame = frame.assign(preemptions=np.random.default_rng(8).poisson(mu).astype(float))
+    fit = fit_preemption(frame)
+    assert not fit.can_tell
+    assert "lower end is not bounded" in fit.why
+    assert "keeps falling down to the lowest kv_util seen" in fit.why
+
+
 def test_fit_preemption_overdispersed_counts_switch_to_negative_binomial() -> None:
     frame = overdispersed(synthetic_frame(12, 720, seed=4), alpha=1.5, seed=4)
     fit = fit_preemption(frame)
@@ -120,3 +159,16 @@ def test_fit_preemption_knee_coverage_over_seeded_replicates() -> None:
         for s in range(50)
     )
     assert 40 <= covered <= 50  # nominal 45; the profile-LR interval is mildly conservative
+
+
+@pytest.mark.slow
+def test_fit_preemption_peak_column_knee_coverage_over_seeded_replicates() -> None:
+    covered = sum(
+        fit_preemption(
+            peak_driven(synthetic_frame(12, 720, seed=3000 + s), seed=3000 + s),
+            util="kv_util_max",
+            level=0.9,
+        ).interval.covers(TRUTH.knee)
+        for s in range(50)
+    )
+    assert 40 <= covered <= 50  # nominal 45
