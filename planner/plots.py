@@ -94,6 +94,12 @@ def _sample(n: int, seed: int) -> Any:
     return np.sort(np.random.default_rng(seed).choice(n, MAX_POINTS, replace=False))
 
 
+_UTIL_LABEL = {
+    "kv_util": "kv_util (window mean)",
+    "kv_util_max": "kv_util_max (largest scraped sample in the window)",
+}
+
+
 def _preemptions(plan: Plan, seed: int) -> Any:
     import matplotlib.pyplot as plt
     import numpy as np
@@ -145,7 +151,7 @@ def _preemptions(plan: Plan, seed: int) -> Any:
             )
         top = float(np.quantile(rate, 0.995)) if rate.size else 1.0
         ax.set_ylim(0, max(top, float(curve(fit.base_rate.value, fit.slope.value).max())) * 1.1)
-    ax.set_xlabel(f"{col} (window mean)")
+    ax.set_xlabel(_UTIL_LABEL.get(col, col))
     ax.set_ylabel("preemptions per minute")
     ax.set_title(_title("Preemptions vs KV-cache utilization", fit.can_tell))
     ax.legend(loc="upper left", fontsize=8)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import itertools
+import math
 import os
 import re
 import signal
@@ -22,7 +23,16 @@ import pytest
 import yaml
 
 from collector.store import Store
-from kvscope.demo import WINDOW_S, DemoOptions, DemoResult, clear_outputs, run_demo, summary
+from kvscope.demo import (
+    DEFAULT_SCENARIO,
+    WINDOW_S,
+    DemoOptions,
+    DemoResult,
+    clear_outputs,
+    load_demo_scenario,
+    run_demo,
+    summary,
+)
 from planner.plots import PLOT_FILES
 
 REPO = Path(__file__).resolve().parents[1]
@@ -146,6 +156,24 @@ def test_demo_short_run_writes_valid_pngs(short_run: Run) -> None:
         width, height = _png_size(path)
         assert width >= 300 and height >= 200, (path, width, height)
         assert path.stat().st_size > 10_000, path
+
+
+def test_demo_default_scenario_has_a_near_idle_trough_and_ends_at_its_peak() -> None:
+    # The fits need both: low-load windows (prefill MFU: running <= 2, nothing waiting) and
+    # KV saturation (preemptions, offload gains); the forecast and sizing read the end.
+    sc = load_demo_scenario(DEFAULT_SCENARIO, 4.0, 1)
+    wl = sc.workload
+    assert wl.qps is not None and wl.arrival == "diurnal"
+    step = 60.0
+    rates = [
+        wl.qps * (1 + wl.diurnal_amplitude * math.sin(2 * math.pi * i * step / wl.diurnal_period_s))
+        for i in range(round(sc.duration_s / step) + 1)
+    ]
+    engines = sc.cluster.num_engines
+    idle_minutes = sum(1 for r in rates if r / engines < 0.25)  # < 1 request / 4 s / engine
+    assert idle_minutes >= 30, idle_minutes
+    assert max(rates) >= 1.9 * wl.qps  # the peak saturates the engines without offload
+    assert rates[-1] >= 0.95 * max(rates)  # the run ends at the peak, not on a slope
 
 
 def test_clear_outputs_deletes_only_the_demos_own_plots(tmp_path: Path) -> None:
