@@ -7,7 +7,9 @@ sizes; planner.plots writes the PNGs. This module only wires them together.
 
 Time: the fits need hours of windows over a range of KV use, so the collector runs on the
 *simulated* clock. The clock is ``epoch0 + simulated time`` with ``epoch0`` = now minus the
-simulated duration (rounded down to the window), so the store holds "recent" history. The
+simulated duration rounded down to the hour (EPOCH_ALIGN_S: the forecast buckets history at
+UTC-aligned 1/5/15/60 min, so a start off the hour would put other minutes in each bucket and
+change the plan between runs of one seed), so the store holds "recent" history. The
 collector and the simulation go in lockstep: while the collector sleeps to its next tick, the
 simulation is advanced to exactly that tick (paced at ``speed`` simulated seconds per wall
 second); during a scrape round it stands still. Every snapshot is therefore stamped with the
@@ -39,6 +41,7 @@ if TYPE_CHECKING:
 DEFAULT_SCENARIO = Path(__file__).resolve().parents[1] / "examples" / "scenarios" / "demo.yaml"
 SCRAPE_INTERVAL_S = 15.0  # simulated seconds between scrapes (Prometheus' usual 15 s)
 WINDOW_S = 60.0  # rollup window (kvscope collect's default)
+EPOCH_ALIGN_S = 3600.0  # epoch0 on the hour: every forecast bucket boundary falls alike
 PROGRESS_EVERY_S = 3.0  # wall seconds between progress lines
 
 
@@ -304,7 +307,7 @@ def _serve_and_collect(
             file=err,
             flush=True,
         )
-        epoch0 = math.floor((time.time() - duration) / WINDOW_S) * WINDOW_S
+        epoch0 = math.floor((time.time() - duration) / EPOCH_ALIGN_S) * EPOCH_ALIGN_S
         stats = _collect(live, targets, store, speed=opts.speed, epoch0=epoch0, err=err)
     finally:
         server.close()

@@ -28,13 +28,19 @@ How a forecast is made (each step is stated again in ``Forecast.assumptions``):
    P(demand >= capacity) reaches (1-level)/2) and ``_hi_s`` when the lower bound does
    (P reaches (1+level)/2); these are crossings of the pointwise band, not quantiles of a
    first-passage time. None with a note when not within the horizon; 0 when the last
-   observed bucket is already at capacity. ``saturation_probability`` is the share of 1000
+   observed bucket is already at capacity. ``saturation_probability`` is the share of the
    simulated paths of the fitted model (seeded by ``seed``, parameters fixed) that reach
-   capacity within the horizon.
+   capacity within the horizon, with its Monte Carlo standard error.
 
-Budget: ``max_seconds`` bounds the work (statsmodels' one-off import excluded): once half of
-it is spent no further candidate is tried (the simpler ones already scored stay), and the
-simulation is skipped past 80 %. Each optimiser is capped (maxiter 200 ETS, 50 SARIMAX).
+Reproducibility: the result is a function of the series and the arguments only. Every random
+draw comes from ``numpy.random.default_rng(seed)``; the work is bounded by counts, not by the
+clock: each optimiser is capped (maxiter 200 ETS, 50 SARIMAX), the backtest has at most 24
+origins, and the simulation draws at most ``MAX_SIM_DRAWS`` values (paths = that / steps,
+between 200 and 1000). ``max_seconds`` is only a guard (statsmodels' one-off import
+excluded): a candidate after the first, or the simulation, that would start past it is
+skipped, and ``Forecast.truncated`` says what was cut, because such a result depends on the
+machine's speed. Timings (``fit_seconds``) are measurements, not results: ``to_dict(timings=
+False)`` leaves them out.
 """
 
 from __future__ import annotations
@@ -62,7 +68,7 @@ from planner.forecast_models import (
     predict,
     spec_of,
 )
-from planner.forecast_saturation import Saturation, capacity_notes, saturation
+from planner.forecast_saturation import MAX_SIM_DRAWS, Saturation, capacity_notes, saturation
 
 if TYPE_CHECKING:
     import numpy as np
@@ -126,10 +132,20 @@ class Forecast:
     assumptions: tuple[str, ...]
     fit_seconds: float
     seed: int
+    saturation_paths: int | None = None  # simulated paths behind saturation_probability
+    saturation_probability_se: float | None = None  # its Monte Carlo standard error
+    truncated: tuple[str, ...] = ()  # work the max_seconds guard cut: result speed-dependent
 
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-ready (non-finite floats become None)."""
-        return _json_safe(asdict(self))  # type: ignore[no-any-return]
+    def to_dict(self, *, timings: bool = True) -> dict[str, Any]:
+        """JSON-ready (non-finite floats become None); ``timings=False`` drops the
+        ``fit_seconds`` measurements, leaving what identical input must reproduce."""
+        d = asdict(self)
+        if not timings:
+            d.pop("fit_seconds")
+            d["candidates"] = [
+                {k: v for k, v in c.items() if k != "fit_seconds"} for c in d["candidates"]
+            ]
+        return _json_safe(d)  # type: ignore[no-any-return]
 
 
 def _json_safe(obj: Any) -> Any:
@@ -165,7 +181,7 @@ def forecast_demand(
     capacity: float | None = None,
     level: float = 0.9,
     seed: int = 0,
-    max_seconds: float = 10.0,
+    max_seconds: float = 30.0,
     what: str = "kv_tokens",
     models: tuple[str, ...] | None = None,
     agg: str = "mean",
@@ -238,10 +254,12 @@ def forecast_demand(
     scored: list[tuple[float, int, ModelSpec, CandidateScore, Scores]] = []
     rows: list[CandidateScore] = []
     warns: list[str] = []
+    truncated: list[str] = []
     for i, spec in enumerate(specs):
         label = spec.label
-        if scored and time.perf_counter() - t_start > 0.5 * max_seconds:
-            rows.append(CandidateScore(label, f"skipped: over half of max_seconds={max_seconds}"))
+        if scored and time.perf_counter() - t_start > max_seconds:
+            rows.append(CandidateScore(label, f"skipped: max_seconds={max_seconds:g} spent"))
+            truncated.append(f"candidate {label} not tried")
             continue
         f = Fitted(spec, period, prep.start, cad, 0)
         try:
@@ -326,12 +344,24 @@ def forecast_demand(
     sat = Saturation(None, None, None, None, "no capacity given")
     if capacity is not None:
         assumptions.extend(capacity_notes(prep.values, capacity, agg))
-        simulate = time.perf_counter() - t_start < 0.8 * max_seconds
+        simulate = time.perf_counter() - t_start <= max_seconds
+        if not simulate and float(prep.values[-1]) < capacity:  # else nothing to simulate
+            truncated.append("crossing probability not simulated")
         seen = len(final.warnings)
         sat = saturation(
             final, y, (mean, lo, hi), scale=scale, capacity=capacity, seed=seed, simulate=simulate
         )
         warns.extend(final.warnings[seen:])
+        if sat.paths:
+            assumptions.append(
+                f"P(saturation) from {sat.paths} simulated paths (seed {seed}, at most "
+                f"{MAX_SIM_DRAWS:,} draws): Monte Carlo standard error {sat.se:.1%}"
+            )
+    if truncated:
+        warns.append(
+            f"max_seconds={max_seconds:g} guard cut the work ({'; '.join(truncated)}): this "
+            "result depends on the machine's speed; rerun with a larger max_seconds"
+        )
     return Forecast(
         what=what,
         method=method,
@@ -359,4 +389,7 @@ def forecast_demand(
         assumptions=tuple(assumptions),
         fit_seconds=round(time.perf_counter() - t_start, 4),
         seed=seed,
+        saturation_paths=sat.paths,
+        saturation_probability_se=sat.se,
+        truncated=tuple(truncated),
     )

@@ -5,12 +5,16 @@ from the last observed bucket; the first time it reaches capacity is the time to
 The upper bound reaching capacity gives the earliest time (there P(demand >= capacity)
 reaches (1-level)/2), the lower bound the latest (P reaches (1+level)/2): crossings of the
 pointwise band, not quantiles of a first-passage time. The probability that demand reaches
-capacity at some bucket within the horizon comes from 1000 seeded simulated paths of the
-fitted model (parameters fixed).
+capacity at some bucket within the horizon comes from seeded simulated paths of the fitted
+model (parameters fixed): 1000 paths, fewer for long horizons so that paths × steps stays
+within MAX_SIM_DRAWS (never under 200). The path count depends on the horizon only, never on
+the clock, so identical input gives identical draws; its Monte Carlo standard error
+sqrt(p(1-p)/paths) is reported beside the probability (1000 paths: at most 1.6 points).
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -23,9 +27,16 @@ if TYPE_CHECKING:
     FloatArray = npt.NDArray[np.float64]
 
 SIMULATED_PATHS = 1000
+MIN_SIMULATED_PATHS = 200
+MAX_SIM_DRAWS = 2_000_000  # paths × steps: ~3 s of ETS simulation for 10^4 steps here
 
 
-def _crossing(prev: float, values: FloatArray, capacity: float, cadence: float) -> float | None:
+def simulated_paths(steps: int) -> int:
+    """Paths for a horizon of ``steps`` buckets (a function of the horizon only)."""
+    return max(MIN_SIMULATED_PATHS, min(SIMULATED_PATHS, MAX_SIM_DRAWS // max(steps, 1)))
+
+
+def crossing(prev: float, values: FloatArray, capacity: float, cadence: float) -> float | None:
     """Seconds after the origin when the midpoint-interpolated ``values`` reach capacity."""
     for j, v in enumerate(values):
         if v >= capacity:
@@ -44,6 +55,8 @@ class Saturation:
     hi: float | None
     probability: float | None
     note: str
+    paths: int | None = None
+    se: float | None = None  # Monte Carlo standard error of ``probability``
 
 
 def capacity_notes(history: FloatArray, capacity: float, agg: str) -> list[str]:
@@ -80,22 +93,24 @@ def saturation(
         note = f"already saturated: the last bucket ({last:.6g}) >= capacity {capacity:.6g}"
         return Saturation(0.0, 0.0, 0.0, 1.0, note)
     cad = final.cadence_s
-    ts = _crossing(last, mean, capacity, cad)
-    ts_lo = _crossing(last, hi, capacity, cad)
-    ts_hi = _crossing(last, lo, capacity, cad)
+    ts = crossing(last, mean, capacity, cad)
+    ts_lo = crossing(last, hi, capacity, cad)
+    ts_hi = crossing(last, lo, capacity, cad)
     note = (
         f"reaches capacity: point forecast {_hours(ts)}, "
         f"upper bound {_hours(ts_lo)}, lower bound {_hours(ts_hi)}; "
         f"peak forecast {mean.max() / capacity:.0%} of capacity"
     )
-    prob = None
+    prob = se = None
+    paths = simulated_paths(len(mean))
     if simulate:
-        prob = crossing_probability(
-            final, y, len(mean), capacity / scale, seed=seed, paths=SIMULATED_PATHS
-        )
+        prob = crossing_probability(final, y, len(mean), capacity / scale, seed=seed, paths=paths)
     else:
         note += "; crossing probability skipped (time budget)"
-    return Saturation(ts, ts_lo, ts_hi, prob, note)
+    if prob is None:
+        return Saturation(ts, ts_lo, ts_hi, None, note)
+    se = math.sqrt(prob * (1.0 - prob) / paths)
+    return Saturation(ts, ts_lo, ts_hi, prob, note, paths, se)
 
 
 def _hours(s: float | None) -> str:
