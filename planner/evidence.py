@@ -19,7 +19,9 @@ Where the fields come from (for the `kvscope plan` wiring):
   estimate and interval when it found a crossing. This is not the fit's own can_tell, which
   is about locating the break-even.
 - demand_peak / time_to_saturation_s from planner.forecast.Forecast: the highest point's
-  (mean, lo, hi) and (time_to_saturation_s, _lo_s, _hi_s).
+  (mean, lo, hi) and (time_to_saturation_s, _lo_s, _hi_s); from the KV the request-rate
+  forecast implies when that lies wholly above (planner/forecast_little.py); demand_basis
+  says which and why.
 """
 
 from __future__ import annotations
@@ -155,6 +157,7 @@ class Evidence:
     demand_unit: str = "tokens/s"
     engine_capacity: float | None = None
     time_to_saturation_s: ValueCI | None = None
+    demand_basis: str = ""  # which forecast demand_peak follows and why (plan_forecast.py)
 
     def __post_init__(self) -> None:
         for name in (*_FRACTIONS, *_COUNTS, *_NON_NEGATIVE):

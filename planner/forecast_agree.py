@@ -5,7 +5,9 @@ model can take the request rate to 4× while the KV forecast stays flat. At a fi
 mix the KV in use follows the request rate (Little's law: requests in the engine = rate ×
 time each spends there), so their growth ratios over the same horizon should agree within
 their intervals. This module compares them; it hides neither: both forecasts are reported
-with their backtest scores, and a note says when they disagree.
+with their backtest scores, and a note says when they disagree. Which one sizing follows is
+decided in planner/forecast_little.py (the KV the rate forecast implies, by Little's law with
+factors measured on the same history).
 """
 
 from __future__ import annotations

@@ -9,6 +9,10 @@ HBM KV capacity per engine, in order of trust:
    default gpu_memory_utilization 0.9 (a prior: weights and reserve estimated);
 3. neither for some engine: demand is forecast in *engines' worth of KV* (Σ usage ratios)
    against the number of engines, which needs no capacity at all.
+
+The request-rate forecast is turned into the KV demand it implies (Little's law with factors
+from the same windows, planner/forecast_little.py); sizing follows the KV forecast unless the
+implied KV lies wholly above it, and ``demand_basis`` says which one drove it and why.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from collector.records import Window
 from planner import costmodel
 from planner.evidence import ValueCI
 from planner.forecast_agree import compare
+from planner.forecast_little import factors, reconcile
 from planner.plan_fits import Hardware, cannot_entry, finite, value_ci
 from planner.plan_table import WindowTable
 
@@ -36,6 +41,7 @@ if TYPE_CHECKING:
 
 KV_SIGNAL = "kv_cache_usage_ratio"
 RATE_SIGNAL = "request_success_total"
+RUNNING_SIGNAL = "requests_running"
 FORECAST_LEVEL = 0.9  # planner.forecast's default level
 
 
@@ -225,18 +231,51 @@ def run_forecasts(
     section = {"kv_demand": kv_entry, "request_rate": rate_entry, "horizon_s": horizon_s}
     # both stay reported; a note says when their growth contradicts (forecast_agree.py)
     section["agreement"] = compare(kv, kv_series, rate, rate_series, cap.total if cap else None)
-    ev = kv_evidence(kv, kv_series, cap, horizon_s)
+    try:
+        running = demand_series_from_frame(frame, signal=RUNNING_SIGNAL)
+    except SeriesError:
+        running = None
+    rec = reconciled(kv, kv_series, rate, rate_series, running, cap)
+    section["reconciled"] = rec
+    ev = kv_evidence(kv, kv_series, cap, horizon_s, rec)
     return ForecastRun(kv, kv_series, rate, rate_series, cap, section, ev)
 
 
-def kv_evidence(
-    fc: Forecast | None, series: pd.Series | None, cap: Capacity | None, horizon_s: float
+def reconciled(  # noqa: PLR0917 - the two forecasts, their series and the capacity
+    kv: Forecast | None,
+    kv_series: pd.Series | None,
+    rate: Forecast | None,
+    rate_series: pd.Series | None,
+    running: pd.Series | None,
+    cap: Capacity | None,
 ) -> dict[str, Any]:
-    """demand_now / demand_peak / engine_capacity / time_to_saturation_s (evidence.py).
+    """The KV forecast against the KV the request-rate forecast implies (forecast_little.py):
+    ``driver`` names the one sizing follows; can_tell False (with why) when either is missing."""
+    if kv is None or rate is None or kv_series is None or rate_series is None or cap is None:
+        return {"can_tell": False, "why": "needs both the KV-demand and request-rate forecasts"}
+    if not kv.points or not rate.points:
+        return {"can_tell": False, "why": "a forecast without points"}
+    try:
+        f = factors(kv_series, rate_series, running, cadence_s=kv.cadence_s, level=kv.level)
+    except KvscopeError as exc:
+        return {"can_tell": False, "why": f"Little's-law factors: {exc}"}
+    return {"can_tell": True, **reconcile(kv, rate, f, capacity=cap.total, unit=cap.unit)}
+
+
+def kv_evidence(
+    fc: Forecast | None,
+    series: pd.Series | None,
+    cap: Capacity | None,
+    horizon_s: float,
+    rec: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
+    """demand_now / demand_peak / engine_capacity / time_to_saturation_s / demand_basis.
 
     demand_now: mean of the last hour of history; engine_capacity: mean capacity per engine
     (so sizing counts engines whose HBM holds the peak). A saturation time whose latest bound
     lies beyond the horizon is reported with hi = the horizon (censored; noted in basis).
+    ``rec`` (:func:`reconciled`) with driver "request_rate": demand_peak and the saturation
+    times come from the KV the request-rate forecast implies, and demand_basis says why.
     """
     out: dict[str, Any] = {}
     if cap is None:
@@ -252,6 +291,14 @@ def kv_evidence(
         top = max(fc.points, key=lambda p: (p[1], p[0]))  # ties: the latest, widest
         out["demand_peak"] = value_ci(top[1], min(top[2], top[1]), max(top[3], top[1]), fc.level)
     ts, lo, hi = fc.time_to_saturation_s, fc.time_to_saturation_lo_s, fc.time_to_saturation_hi_s
+    out["demand_basis"] = f"KV-demand forecast ({fc.method})" + (
+        f": {rec['why']}" if rec and rec.get("can_tell") else ""
+    )
+    if rec and rec.get("can_tell") and rec["driver"] == "request_rate":
+        p = rec["peak"]
+        out["demand_peak"] = value_ci(p["estimate"], p["lo"], p["hi"], fc.level)
+        out["demand_basis"] = f"request-rate forecast × Little's-law KV per request: {rec['why']}"
+        ts, lo, hi = (rec.get(f"implied_time_to_saturation{k}_s") for k in ("", "_lo", "_hi"))
     ttl: ValueCI | None = None
     if lo is not None:
         est = ts if ts is not None else horizon_s

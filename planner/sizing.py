@@ -1,7 +1,9 @@
 """Sizing for the chosen offload mode: engines, CPU DRAM, LMCache L1/L2 and the configs.
 
 `size(evidence, decision)` turns a Decision into numbers with their basis: engines for the
-forecast peak plus headroom (with the forecast's bounds), the native CPU buffer per engine,
+forecast peak plus headroom (with the forecast's bounds; the peak is the KV-demand forecast's,
+or the KV the request-rate forecast implies when that is wholly higher: ``demand_basis``
+says which, see planner/forecast_little.py), the native CPU buffer per engine,
 the LMCache L1 per node (from the hit-rate curve, else the working set), the eviction
 watermark, the L2 adapter by sharing scope, and the ready-to-use command lines of
 planner/configs.py. `prefix_savings` prices a shared prefix (the seed's per-tenant exercise).
@@ -66,6 +68,7 @@ class EngineSizing:
     unit: str
     basis: str
     needed_with_offload: int | None = None
+    demand_basis: str = ""  # which forecast the peak comes from and why (Evidence)
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,6 +140,7 @@ def _engines(
         ev.demand_unit,
         basis,
         with_offload,
+        ev.demand_basis,
     )
 
 
