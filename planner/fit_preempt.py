@@ -48,14 +48,14 @@ load, the rising quarter of a 16 h sine, 8 -> 16 req/s; seed 1, 4 simulated h, 8
 pooled; the simulation sampled every second), the knee [95 %] on the window max of samples
 taken every 30 s / 15 s (= ``kv_util_max``) / 5 s / 1 s is 0.28 / 0.52 (lower ends not
 bounded) / 0.84 [0.82, 0.85] / 0.98 [0.97, 0.98]; on the window mean of the 15 s / 1 s
-samples 0.27 / 0.30 (lower ends not bounded). A sampled max
-thus moves from 0.28 to 0.98 with the scrape interval and, sampled finely, converges to "the
-cache is full": true by construction, no use for planning. The mean estimates the
-time-averaged use whatever the scrape interval and is what KV-demand forecasts and sizing
-work in, so it stays the default. On the demo it shows what long shared prompts do: the
-rate rises smoothly (log-rate +10 per unit of mean use) from the lowest mean use seen, with
-no flat stretch below, hence no bounded knee. ``util="kv_util_max"`` fits the peak where
-scrapes are dense enough (≤ 5 s above) to make it one.
+samples 0.27 / 0.30 (lower ends not bounded). A sampled max thus moves from 0.28 to 0.98
+with the scrape interval and, sampled finely, converges to "the cache is full": true by
+construction, no use for planning. The mean estimates the time-averaged use whatever the
+scrape interval and is what KV-demand forecasts and sizing work in, so it stays the
+default. On the demo it shows what long shared prompts do: the rate rises smoothly
+(log-rate +10 per unit of mean use) from the lowest mean use seen, with no flat stretch
+below, hence no bounded knee. ``util="kv_util_max"`` fits the peak where scrapes are dense
+enough (≤ 5 s above) to make it one.
 
 Assumptions
 -----------
