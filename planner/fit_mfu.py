@@ -112,8 +112,8 @@ def fit_mfu(
 
     ``prefill_flops(prompt_tokens)`` returns the FLOPs of one whole prompt (e.g.
     ``lambda s: costmodel.prefill_flops(model, s, 0)``); the cached part of a prompt is
-    subtracted (module docstring). Raises InsufficientHistory when
-    fewer than ``min_windows`` low-load windows have TTFT and prompt-length data.
+    subtracted (module docstring). Raises InsufficientHistory when fewer than
+    ``min_windows`` low-load windows have TTFT and prompt-length data.
     """
     import numpy as np
 
