@@ -98,8 +98,8 @@ def hardware_of(engines: list[Any], basis: list[str]) -> tuple[dict[str, Any], H
         out[key] = value
         if distinct > 1:
             basis.append(
-                f"engines differ in {key} ({distinct} values): fits pool them, the "
-                f"priors use the most common ({value})"
+                f"engines differ in {key} ({distinct} values): the cost-model priors use "
+                f"the most common ({value})"
             )
     if not all(out.values()):
         missing = [k for k, v in out.items() if not v]
