@@ -25,6 +25,7 @@ import yaml
 from collector.store import Store
 from kvscope.demo import (
     DEFAULT_SCENARIO,
+    EPOCH_ALIGN_S,
     WINDOW_S,
     DemoOptions,
     DemoResult,
@@ -112,9 +113,11 @@ def test_demo_short_run_stores_windows_for_every_engine(short_run: Run) -> None:
         assert len(starts) == minutes, (source, len(starts))
         assert all(b - a == WINDOW_S for a, b in itertools.pairwise(starts))
         assert max(w.max or 0.0 for w in kv) > min(w.min or 1.0 for w in kv)  # KV use moved
-    # "recent" history: the simulated period ends about when the run started
+    # "recent" history: the simulated period ends within the hour before the run (epoch0 is
+    # on the hour so that the forecast's UTC-aligned buckets hold the same minutes every run)
     last = max(w.start + w.length_s for w in windows)
-    assert time.time() - 600 < last <= time.time()
+    assert time.time() - 600 - EPOCH_ALIGN_S < last <= time.time()
+    assert (last - short_run.result.scenario.duration_s) % EPOCH_ALIGN_S == 0
 
 
 def test_demo_short_run_summary_names_decision_and_files(short_run: Run) -> None:
