@@ -27,6 +27,9 @@ from tests.planner.groupstore import BIG, SMALL, fill_two_models
 from tests.planner.synthstore import BLOCK_SIZE, BLOCKS, fill_store, shifted_frame, sqlite_url
 
 CAP = BLOCKS * BLOCK_SIZE
+# Plans compared with each other get an ample forecast budget: a budget that cuts candidate
+# models depends on the machine's load, and two runs would then differ.
+BUDGET = 60.0
 
 
 def _without_timings(obj: Any) -> Any:
@@ -44,7 +47,7 @@ def two(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, Plan, dict[str, 
     url = sqlite_url(tmp_path_factory.mktemp("groups") / "two.db")
     frames = fill_two_models(url)
     with Store(url) as store:
-        plan = build_plan(store, cluster="synth", gpu_price_per_hour=2.0, forecast_seconds=1)
+        plan = build_plan(store, cluster="synth", gpu_price_per_hour=2.0, forecast_seconds=BUDGET)
     return url, plan, frames
 
 
@@ -112,7 +115,7 @@ def test_plan_two_models_json_lists_groups_each_with_its_plan(two: Any) -> None:
 def test_plan_group_option_plans_that_group_alone(two: Any) -> None:
     url, plan, _ = two
     with Store(url) as store:
-        one = build_plan(store, cluster="synth", gpu_price_per_hour=2.0, forecast_seconds=1,
+        one = build_plan(store, cluster="synth", gpu_price_per_hour=2.0, forecast_seconds=BUDGET,
                          group=BIG.group)  # fmt: skip
     assert one.group == BIG.group and one.groups == ()
     inner = next(g.plan for g in plan.groups if g.name == BIG.group)
@@ -138,9 +141,9 @@ def test_plan_one_model_store_output_has_no_groups(tmp_path: Path) -> None:
     url = sqlite_url(tmp_path / "one.db")
     fill_store(url, shifted_frame(3, 150, seed=11))
     with Store(url) as store:
-        plain = build_plan(store, cluster="synth", forecast_seconds=1)
+        plain = build_plan(store, cluster="synth", forecast_seconds=BUDGET)
         (group,) = plain.details.frame["group"].unique().tolist()
-        picked = build_plan(store, cluster="synth", forecast_seconds=1, group=group)
+        picked = build_plan(store, cluster="synth", forecast_seconds=BUDGET, group=group)
     assert group == "m@h100:tp1"  # the windows' model_name label, the record's GPU and TP
     d = plain.to_dict()
     assert plain.group is None and plain.groups == ()
