@@ -28,18 +28,21 @@ def roots_of(u: Array, gain: Array) -> list[float]:
 
 
 def located_crossings(
-    u: Array, gain: Array, ok: npt.NDArray[np.bool_]
+    u: Array, gain: Array, ok: npt.NDArray[np.bool_], *, pick: str = "first"
 ) -> list[tuple[float, float, float, bool]]:
     """Sign changes of ``gain`` that the data locate: (root, lo, hi, rising) for each pair of
     consecutive grid points where the interval excludes 0 (``~ok``) with opposite signs.
 
     [lo, hi] is the accepted stretch between them (the Fieller set around the crossing, on
     the grid; widened to the root when the root falls between grid points) and root the
-    first sign change of the estimate between them. A sign change inside a stretch of
-    accepted points that reaches the edge of the grid, or that has the same sign on both
-    sides, is not located: the gain is not distinguishable from 0 there (near u = 0 both
-    modes' throughput, hence the absolute gain, go to 0, so the estimate often wanders
-    across 0 at the low edge).
+    first sign change of the estimate between them — or, with ``pick="steep"``, the one
+    where the estimate crosses 0 most steeply: where the gain is flat near 0 for a stretch
+    and then turns (a knee), the estimate wanders across 0 along the flat part, shallowly,
+    and its first root there says nothing about where the gain turns. A sign change
+    inside a stretch of accepted points that reaches the edge of the grid, or that has the
+    same sign on both sides, is not located: the gain is not distinguishable from 0 there
+    (near u = 0 both modes' throughput, hence the absolute gain, go to 0, so the estimate
+    often wanders across 0 at the low edge).
     """
     import numpy as np
 
@@ -49,7 +52,11 @@ def located_crossings(
         if (gain[a] > 0) == (gain[b] > 0):
             continue
         seg = slice(a, b + 1)
-        root = roots_of(u[seg], gain[seg])[0]
+        found = roots_of(u[seg], gain[seg])
+        root = found[0]
+        if pick == "steep" and len(found) > 1:
+            slope = np.abs(np.gradient(gain[seg], u[seg]))
+            root = max(found, key=lambda r: float(np.interp(r, u[seg], slope)))
         lo, hi = (float(u[a + 1]), float(u[b - 1])) if b > a + 1 else (root, root)
         out.append((root, min(lo, root), max(hi, root), bool(gain[b] > 0)))
     return out

@@ -172,10 +172,21 @@ def test_fit_gain_sign_change_at_the_low_edge_does_not_hide_the_located_break_ev
     assert fit.estimate == pytest.approx(0.5, abs=0.05)
     assert fit.interval.covers(0.5)
     assert fit.direction == "offload better above u*"
-    # on the log scale (the default) the ratio has no such wiggle: one root, the same u*
+    # on the log scale (the default) the same located break-even
     log = fit_gain(frame, offload="native", level=0.9)
     assert log.can_tell, log.why
-    assert len(log.roots) == 1 and log.interval.covers(0.5)
+    assert log.estimate == pytest.approx(0.5, abs=0.05) and log.interval.covers(0.5)
+
+
+def test_fit_gain_knee_after_a_flat_stretch_is_placed_at_the_turn() -> None:
+    # gain −1 % up to u = 0.5, then rising; seed 5: along the flat stretch the estimate
+    # crosses 0 three times, shallowly; the break-even reported is the steep crossing at
+    # the turn, not the first root (0.16)
+    fit = fit_gain(_proportional_gain_frame(5, _hockey_stick), offload="native", level=0.9)
+    assert fit.can_tell, fit.why
+    assert len([r for r in fit.roots if r <= fit.interval.hi]) == 3
+    assert fit.estimate == pytest.approx(0.5, abs=0.05)
+    assert fit.interval.covers(0.5)
 
 
 def test_fit_gain_sign_change_only_at_the_low_edge_reaches_the_edge() -> None:
