@@ -10,13 +10,17 @@ model (parameters fixed): 1000 paths, fewer for long horizons so that paths × s
 within MAX_SIM_DRAWS (never under 200). The path count depends on the horizon only, never on
 the clock, so identical input gives identical draws; its Monte Carlo standard error
 sqrt(p(1-p)/paths) is reported beside the probability (1000 paths: at most 1.6 points).
+When no path saturates (or all do) that error is 0, which overstates certainty:
+:func:`rule_of_three` gives the 95 % one-sided bound instead, P < 3/paths (or > 1 - 3/paths)
+(Hanley & Lippman-Hand 1983, "If nothing goes wrong, is everything all right?", JAMA
+249(13):1743-1745).
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from planner.forecast_models import Fitted, crossing_probability
 
@@ -34,6 +38,36 @@ MAX_SIM_DRAWS = 2_000_000  # paths × steps: ~3 s of ETS simulation for 10^4 ste
 def simulated_paths(steps: int) -> int:
     """Paths for a horizon of ``steps`` buckets (a function of the horizon only)."""
     return max(MIN_SIMULATED_PATHS, min(SIMULATED_PATHS, MAX_SIM_DRAWS // max(steps, 1)))
+
+
+RULE_OF_THREE_LEVEL = 0.95  # -ln(0.05) = 3.0: Hanley & Lippman-Hand 1983, JAMA 249(13)
+
+
+def rule_of_three(probability: float | None, paths: int | None) -> dict[str, Any] | None:
+    """The 95 % bound on a simulated probability of exactly 0 or 1 (else None).
+
+    None of ``paths`` independent paths saturating bounds P below 3/paths at 95 % (one-sided;
+    from (1 - P)^paths = 0.05, -ln 0.05 ≈ 3); all of them saturating bounds it above
+    1 - 3/paths (Hanley & Lippman-Hand 1983, JAMA 249(13):1743-1745). Here the Monte Carlo
+    standard error sqrt(p(1-p)/paths) is 0 and says nothing.
+    """
+    if probability is None or not paths or probability not in (0.0, 1.0):
+        return None
+    width = min(3.0 / paths, 1.0)
+    none = probability == 0.0
+    what = (
+        f"no path of {paths} saturates: P < 3/{paths}"
+        if none
+        else f"all {paths} paths saturate: P > 1 - 3/{paths}"
+    )
+    return {
+        "lo": 0.0 if none else 1.0 - width,
+        "hi": width if none else 1.0,
+        "level": RULE_OF_THREE_LEVEL,
+        "paths": paths,
+        "saturating_paths": 0 if none else paths,
+        "method": f"rule of three (Hanley & Lippman-Hand 1983, JAMA 249(13)): {what}",
+    }
 
 
 def crossing(prev: float, values: FloatArray, capacity: float, cadence: float) -> float | None:

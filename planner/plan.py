@@ -57,8 +57,15 @@ if TYPE_CHECKING:
     from collector.models import EngineRecord
     from collector.store import Store
 
-__all__ = ["EVIDENCE_GAPS", "HOURS_PER_MONTH", "NoData", "Plan", "PlanDetails", "build_plan",
-           "json_safe", "lmcache_up_fraction"]  # fmt: skip
+__all__ = ["EVIDENCE_GAPS", "HOURS_PER_MONTH", "SEE_GROUPS", "NoData", "Plan", "PlanDetails",
+           "build_plan", "json_safe", "lmcache_up_fraction"]  # fmt: skip
+
+
+SEE_GROUPS = (
+    "decision, sizing and configs per model group: groups[].plan. The top level pools the "
+    "groups' observations only: a decision or a fleet size on no fit across models would "
+    "rest on nothing"
+)
 
 
 class NoData(KvscopeError):
@@ -84,7 +91,7 @@ class Plan:
     window: Mapping[str, Any]
     happening: Mapping[str, Any]
     evidence: Evidence
-    decision: Decision
+    decision: Decision | None  # None: several model groups, each decided apart (groups)
     fits: Mapping[str, Mapping[str, Any]]
     forecast: Mapping[str, Any]
     sizing: Sizing | None
@@ -97,18 +104,25 @@ class Plan:
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready (non-finite numbers become null); ``group`` / ``groups`` appear only
-        when the plan is of one group of several / of several groups."""
-        sizing = self.sizing.to_dict() if self.sizing else {"error": self.sizing_error}
+        when the plan is of one group of several / of several groups. With several groups
+        the top level's ``decision``, ``sizing`` and ``configs`` are null and ``see_groups``
+        says where they are: each group's plan holds its own."""
+        sizing: dict[str, Any] | None = (
+            self.sizing.to_dict() if self.sizing else {"error": self.sizing_error}
+        )
+        configs: dict[str, str] | None = dict(self.sizing.configs) if self.sizing else {}
+        if self.decision is None:
+            sizing = configs = None
         out: dict[str, Any] = json_safe(
             {
                 "cluster": self.cluster,
                 "window": dict(self.window),
                 "happening": dict(self.happening),
-                "decision": self.decision.to_dict(),
+                "decision": self.decision.to_dict() if self.decision else None,
                 "fits": {k: dict(v) for k, v in self.fits.items()},
                 "forecast": dict(self.forecast),
                 "sizing": sizing,
-                "configs": dict(self.sizing.configs) if self.sizing else {},
+                "configs": configs,
                 "cost": dict(self.cost) if self.cost else None,
                 "evidence": asdict(self.evidence),
                 "basis": list(self.basis),
@@ -116,6 +130,8 @@ class Plan:
         )
         if self.group is not None:
             out["group"] = self.group
+        if self.decision is None:
+            out["see_groups"] = SEE_GROUPS
         if self.groups:
             out["groups"] = [g.to_dict() for g in self.groups]
         return out
@@ -288,8 +304,8 @@ def _plan(
 ) -> Plan:
     """The plan of these windows and frame rows (a whole cluster or one model group).
 
-    With ``groups`` (several model groups) nothing is fitted: fits across models mix what
-    cannot be pooled; each group's plan holds its own fits.
+    With ``groups`` (several model groups) nothing is fitted, decided or sized: fits across
+    models mix what cannot be pooled; each group's plan holds its own fits, decision, sizing.
     """
     windows = WindowTable(table)
     meta = {e.source: e for e in engines}
@@ -299,9 +315,12 @@ def _plan(
         f"{len(windows)} windows of {len(present)} source(s) from {run.store.url}"
         + (f", cluster {run.cluster!r}" if run.cluster else ""),
         *notes,
-        "decision: rules R1–R9 of planner/DECIDER.md; each reason names its source "
-        "(measured, the cost model, or a published figure from numbers.md)",
     ]
+    if not groups:
+        basis.append(
+            "decision: rules R1–R9 of planner/DECIDER.md; each reason names its source "
+            "(measured, the cost model, or a published figure from numbers.md)"
+        )
     unregistered = sorted(present - set(meta))
     if unregistered:
         basis.append(
@@ -340,12 +359,13 @@ def _plan(
         **ev_obs,
         **fc_ev,
     )
-    decision = decide(evidence)
+    decision = None if groups else decide(evidence)
     sizing, sizing_error = None, None
-    try:
-        sizing = size(evidence, decision)
-    except ConfigError as exc:
-        sizing_error = str(exc)
+    if decision is not None:
+        try:
+            sizing = size(evidence, decision)
+        except ConfigError as exc:
+            sizing_error = str(exc)
     basis += plan_basis(evidence, fits, fc)
     first = float(table["start"].min())
     last = float((table["start"] + table["length_s"]).max())

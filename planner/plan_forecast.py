@@ -13,6 +13,8 @@ HBM KV capacity per engine, in order of trust:
 The request-rate forecast is turned into the KV demand it implies (Little's law with factors
 from the same windows, planner/forecast_little.py); sizing follows the KV forecast unless the
 implied KV lies wholly above it, and ``demand_basis`` says which one drove it and why.
+A simulated P(saturation) of exactly 0 or 1 carries ``saturation_probability_bound``, its
+rule-of-three 95 % bound (planner/forecast_saturation.py); otherwise that field is null.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from planner import costmodel
 from planner.evidence import ValueCI
 from planner.forecast_agree import compare
 from planner.forecast_little import factors, reconcile
+from planner.forecast_saturation import rule_of_three
 from planner.plan_fits import Hardware, cannot_entry, finite, value_ci
 from planner.plan_table import WindowTable
 
@@ -170,7 +173,9 @@ def _one(
         return None, cannot_entry(what, str(exc), exc.available)
     except KvscopeError as exc:
         return None, cannot_entry(what, f"forecast refused: {exc}")
-    return fc, {**fc.to_dict(), "can_tell": True, "why": "", "horizon_note": note}
+    bound = rule_of_three(fc.saturation_probability, fc.saturation_paths)
+    entry = {**fc.to_dict(), "saturation_probability_bound": bound}
+    return fc, {**entry, "can_tell": True, "why": "", "horizon_note": note}
 
 
 def run_forecasts(

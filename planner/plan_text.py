@@ -3,7 +3,8 @@
 Sections: what is happening; the decision with its reasons and confidence; the fits (the
 break-even with its interval); the forecast and time to saturation; sizing; the configs.
 Every number keeps its interval or its basis; "n/a" marks what the data could not tell.
-A plan of several model groups shows each group's sections, then the pooled observations.
+A plan of several model groups shows each group's sections, then the pooled observations;
+its top level has no decision of its own ("decisions per model group below").
 """
 
 from __future__ import annotations
@@ -150,10 +151,7 @@ def _forecast(d: Mapping[str, Any]) -> list[str]:
                 f"(earliest {hours(lo)}, latest {'> ' + horizon if hi is None else hours(hi)})"
             )
         if kv.get("saturation_probability") is not None:
-            lines.append(
-                f"  P(saturation within {horizon}) {_pct(kv['saturation_probability'])}"
-                " (simulated paths of the fitted model)"
-            )
+            lines.append(f"  P(saturation within {horizon}) {saturation_probability(kv)}")
         if kv.get("saturation_note"):
             lines.append(f"  note: {kv['saturation_note']}")
         lines.append(f"  capacity: {kv.get('capacity_basis')}")
@@ -176,7 +174,45 @@ def _forecast(d: Mapping[str, Any]) -> list[str]:
     agreement = f.get("agreement") or {}
     if agreement.get("note"):
         lines.append(f"  note: {agreement['note']}")
-    return lines
+    return lines + driver_lines(f.get("reconciled"), kv.get("unit"))
+
+
+def saturation_probability(kv: Mapping[str, Any]) -> str:
+    """P(saturation) with its Monte Carlo error, or its rule-of-three bound at 0 or 1."""
+    p, se, paths = (kv.get(k) for k in ("saturation_probability", "saturation_probability_se",
+                                         "saturation_paths"))  # fmt: skip
+    bound = kv.get("saturation_probability_bound")
+    if bound:
+        none = bound["saturating_paths"] == 0
+        value = f"< {_pct(bound['hi'], 1)}" if none else f"> {_pct(bound['lo'], 1)}"
+        return (
+            f"{value} ({_pct(bound['level'])} bound, rule of three: {'none' if none else 'all'}"
+            f" of {bound['paths']} simulated paths saturate; Hanley & Lippman-Hand 1983)"
+        )
+    if isinstance(se, int | float) and paths:
+        return f"{_pct(p)} ± {se * 100:.1f} (Monte Carlo SE, {paths} simulated paths)"
+    if p == 1.0 and not paths:
+        return f"{_pct(p)} (the last bucket is already at capacity)"
+    return f"{_pct(p)} (simulated paths of the fitted model)"
+
+
+def driver_lines(rec: Mapping[str, Any] | None, unit: object) -> list[str]:
+    """Which forecast drove sizing and why, with the KV the request rate implies."""
+    if not rec:
+        return []
+    if not rec.get("can_tell"):
+        return [f"  request-rate cross-check (Little's law): cannot tell: {rec['why']}"]
+    name = {
+        "kv_demand": "the KV-demand forecast",
+        "request_rate": "the KV implied by the request-rate forecast",
+    }.get(rec["driver"], rec["driver"])
+    _, m, lo, hi = rec["implied_peak"]
+    return [
+        f"  sizing follows {name}; the request rate implies a KV peak of {_big(m)} "
+        f"[{_big(min(lo, m))}, {_big(max(hi, m))}] {unit or ''} ({rec['level']:.0%} interval, "
+        "Little's law)",
+        f"  why: {rec['why']}",
+    ]
 
 
 def _sizing(d: Mapping[str, Any]) -> list[str]:
@@ -223,6 +259,8 @@ def _groups(d: Mapping[str, Any]) -> list[list[str]]:
             f"Model groups: {len(groups)} (served model, GPU, TP); each is fitted, decided "
             "and sized apart, since fits across models mix what cannot be pooled",
             *(f"  {g['name']}: {len(g['engines'])} engine(s)" for g in groups),
+            "Decisions per model group below (none for the groups pooled: no fit, decision, "
+            "sizing or configs across models)",
         ]
     ]
     for g in groups:

@@ -20,7 +20,7 @@ import pytest
 from collector.errors import ConfigError
 from collector.store import Store
 from planner.fit_preempt import fit_preemption
-from planner.plan import Plan, build_plan
+from planner.plan import Plan, build_plan, json_safe
 from planner.plan_fits import FIT_NAMES
 from planner.plan_text import summary_text
 from tests.planner.groupstore import BIG, SMALL, fill_two_models
@@ -112,6 +112,32 @@ def test_plan_two_models_json_lists_groups_each_with_its_plan(two: Any) -> None:
     assert "all groups pooled" in text
 
 
+TOP_KEYS = {"cluster", "window", "happening", "decision", "fits", "forecast", "sizing",
+            "configs", "cost", "evidence", "basis"}  # fmt: skip
+MODES = ("none", "native", "lmcache", "both")
+
+
+def test_plan_two_models_top_level_has_no_decision_sizing_or_configs(two: Any) -> None:
+    _, plan, _ = two
+    assert plan.decision is None and plan.sizing is None and plan.sizing_error is None
+    d = json.loads(json.dumps(plan.to_dict(), allow_nan=False))
+    assert set(d) == TOP_KEYS | {"see_groups", "groups"}
+    assert d["decision"] is None and d["sizing"] is None and d["configs"] is None
+    assert "groups[].plan" in d["see_groups"]
+    assert not any(b.startswith("decision: rules") for b in d["basis"])
+    # the pooled cost is the current fleet's only: no sized fleet to price
+    assert d["cost"]["current_per_month"] is not None and "needed_per_month" not in d["cost"]
+    for g in d["groups"]:
+        sub = g["plan"]
+        assert sub["decision"]["mode"] in MODES and "see_groups" not in sub
+        assert sub["sizing"] is not None and isinstance(sub["configs"], dict)
+        assert any(b.startswith("decision: rules") for b in sub["basis"])
+    text = summary_text(d)
+    head, _, rest = text.partition("━━ group ")
+    assert "Decisions per model group below" in head and "Decision: " not in head
+    assert rest.count("Decision: ") == len(plan.groups)
+
+
 def test_plan_group_option_plans_that_group_alone(two: Any) -> None:
     url, plan, _ = two
     with Store(url) as store:
@@ -150,6 +176,13 @@ def test_plan_one_model_store_output_has_no_groups(tmp_path: Path) -> None:
     assert "group" not in d and "groups" not in d
     assert not any("model group" in b for b in plain.basis)
     assert "Model groups" not in summary_text(d) and "model group" not in summary_text(d)
+    # one group: the decision, sizing and configs stay at the top level, as before groups
+    assert set(d) == TOP_KEYS and plain.decision is not None
+    assert d["decision"]["mode"] in MODES and d["decision"] == json_safe(plain.decision.to_dict())
+    assert isinstance(d["sizing"], dict) and isinstance(d["configs"], dict)
+    assert any(b.startswith("decision: rules") for b in d["basis"])
+    assert f"Decision: {plain.decision.mode.upper()}" in summary_text(d)
+    assert "Decisions per model group" not in summary_text(d)
     # selecting the only group changes nothing but the label and its basis line
     p = picked.to_dict()
     assert p.pop("group") == group
