@@ -12,7 +12,7 @@ import dataclasses
 import math
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from collector.records import Window
 from collector.store import Store
@@ -79,3 +79,14 @@ def fill_store(
 
 def sqlite_url(path: Path) -> str:
     return f"sqlite:///{path}"
+
+
+def without_timings(obj: Any) -> Any:
+    """A plan's dict without its wall-clock fields (they differ between runs)."""
+    if isinstance(obj, dict):
+        return {
+            k: without_timings(v) for k, v in obj.items() if k not in ("seconds", "fit_seconds")
+        }
+    if isinstance(obj, list):
+        return [without_timings(v) for v in obj]
+    return obj

@@ -34,6 +34,7 @@ from tests.planner.synthstore import (
     fill_store,
     shifted_frame,
     sqlite_url,
+    without_timings,
 )
 
 CAP = BLOCKS * BLOCK_SIZE
@@ -153,6 +154,7 @@ def test_plan_synthetic_decision_sizing_and_json(synth: tuple[Plan, Any]) -> Non
     }
     assert d["window"]["windows"] > 0 and d["window"]["engines"] == 6
     # Preemptions above 1 per 1k requests in the synthetic cluster: R1 finds pressure.
+    assert plan.decision is not None
     first = plan.decision.reasons[0]
     assert first.rule_id == "R1_hbm_pressure" and "under pressure" in first.text
     assert all(r.rule_id in RULE_IDS for r in plan.decision.reasons)
@@ -198,6 +200,7 @@ def test_plan_only_kv_usage_unregistered_gives_cant_tell_entries(tmp_path: Path)
     assert kv["can_tell"] is False and "needs at least" in kv["why"]
     assert kv["unit"] == "engines of KV" and kv["capacity_total"] == 1
     assert plan.evidence.model is None and plan.evidence.kv_util_p50 == pytest.approx(0.345)
+    assert plan.decision is not None
     assert "model (cost-model priors)" in plan.decision.unknowns
     assert any("without engine metadata" in b for b in plan.basis)
     json.dumps(plan.to_dict(), allow_nan=False)
@@ -214,6 +217,7 @@ def test_plan_no_offload_unknown_model_names_what_is_missing(tmp_path: Path) -> 
     assert plan.fits["lmcache_hitrate"]["can_tell"] is False
     assert "catalogue" in plan.fits["prefill_mfu"]["why"]
     assert plan.evidence.current_mode == "none"
+    assert plan.decision is not None
     assert any("not in the hardware catalogue" in u for u in plan.decision.unknowns)
     # No cache_config facts and no catalogue model: demand in engines' worth of KV.
     assert plan.forecast["kv_demand"]["unit"] == "engines of KV"
@@ -425,16 +429,6 @@ def _odd_windows(windows: list[Window]) -> list[Window]:
     return out
 
 
-def _without_timings(obj: Any) -> Any:
-    if isinstance(obj, dict):
-        return {
-            k: _without_timings(v) for k, v in obj.items() if k not in ("seconds", "fit_seconds")
-        }
-    if isinstance(obj, list):
-        return [_without_timings(v) for v in obj]
-    return obj
-
-
 def test_plan_columnar_read_equals_window_read_exactly(tmp_path: Path) -> None:
     url = sqlite_url(tmp_path / "odd.db")
     windows = fill_store(url, shifted_frame(3, 150, seed=9), cluster="c")
@@ -447,7 +441,7 @@ def test_plan_columnar_read_equals_window_read_exactly(tmp_path: Path) -> None:
                        columnar=columnar)
             for columnar in (True, False)
         ]  # fmt: skip
-        a, b = (json.dumps(_without_timings(p.to_dict()), sort_keys=True) for p in plans)
+        a, b = (json.dumps(without_timings(p.to_dict()), sort_keys=True) for p in plans)
         assert a == b  # the same numbers to the last bit
         h = plans[0].happening
         assert h["lmcache_healthy"] is False and h["prompt_tokens"]["p90_censored"] is True

@@ -24,22 +24,19 @@ from planner.plan import Plan, build_plan, json_safe
 from planner.plan_fits import FIT_NAMES
 from planner.plan_text import summary_text
 from tests.planner.groupstore import BIG, SMALL, fill_two_models
-from tests.planner.synthstore import BLOCK_SIZE, BLOCKS, fill_store, shifted_frame, sqlite_url
+from tests.planner.synthstore import (
+    BLOCK_SIZE,
+    BLOCKS,
+    fill_store,
+    shifted_frame,
+    sqlite_url,
+    without_timings,
+)
 
 CAP = BLOCKS * BLOCK_SIZE
 # Plans compared with each other get an ample forecast budget: a budget that cuts candidate
 # models depends on the machine's load, and two runs would then differ.
 BUDGET = 60.0
-
-
-def _without_timings(obj: Any) -> Any:
-    if isinstance(obj, dict):
-        return {
-            k: _without_timings(v) for k, v in obj.items() if k not in ("seconds", "fit_seconds")
-        }
-    if isinstance(obj, list):
-        return [_without_timings(v) for v in obj]
-    return obj
 
 
 @pytest.fixture(scope="module")
@@ -145,7 +142,7 @@ def test_plan_group_option_plans_that_group_alone(two: Any) -> None:
                          group=BIG.group)  # fmt: skip
     assert one.group == BIG.group and one.groups == ()
     inner = next(g.plan for g in plan.groups if g.name == BIG.group)
-    a, b = (json.dumps(_without_timings(p.to_dict()), sort_keys=True) for p in (one, inner))
+    a, b = (json.dumps(without_timings(p.to_dict()), sort_keys=True) for p in (one, inner))
     assert a == b
     assert f"model group {BIG.group!r}" in one.basis[1]
     assert summary_text(one.to_dict()).startswith(
@@ -187,7 +184,7 @@ def test_plan_one_model_store_output_has_no_groups(tmp_path: Path) -> None:
     p = picked.to_dict()
     assert p.pop("group") == group
     p["basis"] = [b for b in p["basis"] if not b.startswith("model group")]
-    a, b = (json.dumps(_without_timings(x), sort_keys=True) for x in (d, p))
+    a, b = (json.dumps(without_timings(x), sort_keys=True) for x in (d, p))
     assert a == b
 
 
