@@ -122,7 +122,9 @@ def test_demo_short_run_stores_windows_for_every_engine(short_run: Run) -> None:
 
 def test_demo_short_run_summary_names_decision_and_files(short_run: Run) -> None:
     text = summary(short_run.result)
-    mode = short_run.result.plan.decision.mode
+    decision = short_run.result.plan.decision
+    assert decision is not None  # the demo has one model group: a top-level decision
+    mode = decision.mode
     assert f"Decision: {mode.upper()}" in text
     for section in ("What is happening", "Fits (95 % intervals)", "Forecast", "Sizing", "Files"):
         assert section in text
@@ -239,6 +241,7 @@ def test_demo_rerun_same_seed_overwrites_db_with_same_windows(tmp_path: Path) ->
     (a, wa), (b, wb) = runs
     assert len(wa) == a.windows_written == b.windows_written  # the second run replaced the first
     assert wa == wb
+    assert a.plan.decision is not None and b.plan.decision is not None  # one model group
     assert a.plan.decision.mode == b.plan.decision.mode
 
 

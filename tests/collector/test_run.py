@@ -7,8 +7,9 @@ import itertools
 import math
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Coroutine, Iterator
 from pathlib import Path
+from typing import Any, TypeVar
 
 import pytest
 
@@ -62,7 +63,10 @@ def _cluster(srv: ExpoServer) -> TargetSet:
     return TargetSet(cluster="test-cluster", targets=tuple(targets))
 
 
-def _run(coro):  # type: ignore[no-untyped-def]
+T = TypeVar("T")
+
+
+def _run(coro: Coroutine[Any, Any, T]) -> T:
     return asyncio.run(coro)
 
 
@@ -286,7 +290,7 @@ def test_collect_prometheus_backfill_then_poll_writes_idempotently(
     assert len(keys) == len(set(keys))  # upserts, no duplicates
     assert {(w.source, w.signal, w.labels, w.start) for w in rows} <= set(keys)
     pre = [w for w in after if w.signal == "preemptions_total" and w.delta is not None]
-    assert pre and all(isinstance(w, Window) and w.delta > 0 for w in pre)
+    assert pre and all(isinstance(w, Window) and w.delta is not None and w.delta > 0 for w in pre)
     assert {t.kind for t in store.targets(cluster="prom")} == {"prometheus", "vllm"}
     assert [e.source for e in store.engines(cluster="prom")] == [live_prometheus.hostport]
 

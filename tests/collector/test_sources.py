@@ -5,7 +5,9 @@ from __future__ import annotations
 import asyncio
 import gzip
 import time
+from collections.abc import Coroutine
 from pathlib import Path
+from typing import Any, TypedDict, TypeVar
 
 import pytest
 
@@ -125,7 +127,10 @@ def test_load_targets_missing_file_raises_config_error(tmp_path: Path) -> None:
 # --------------------------------------------------------------------------- scraping
 
 
-def _run(coro):  # type: ignore[no-untyped-def]
+T = TypeVar("T")
+
+
+def _run(coro: Coroutine[Any, Any, T]) -> T:
     return asyncio.run(coro)
 
 
@@ -239,6 +244,14 @@ def test_scrape_all_counter_moves_between_scrapes() -> None:
     assert values == [[10.0], [15.0]]
 
 
+class _Limits(TypedDict):
+    """scrape_all's keyword limits, as the malformed-limits table spells them."""
+
+    timeout_s: float
+    concurrency: int
+    max_body_bytes: int
+
+
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
@@ -246,6 +259,6 @@ def test_scrape_all_counter_moves_between_scrapes() -> None:
         ({"timeout_s": 0.0, "concurrency": 1, "max_body_bytes": 10}, "timeout"),
     ],
 )
-def test_scrape_all_bad_limits_raise_config_error(kwargs: dict[str, float], message: str) -> None:
+def test_scrape_all_bad_limits_raise_config_error(kwargs: _Limits, message: str) -> None:
     with pytest.raises(ConfigError, match=message):
-        _run(scrape_all([], **kwargs))  # type: ignore[arg-type]
+        _run(scrape_all([], **kwargs))
