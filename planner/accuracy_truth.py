@@ -259,7 +259,7 @@ def run_level(
     )
 
 
-def _served(levels: Sequence[LevelResult]) -> list[LevelResult]:
+def served_levels(levels: Sequence[LevelResult]) -> list[LevelResult]:
     """Set ``served_tp`` and ``saturated`` (module doc): at each rate the arms that serve
     at least ``SATURATED`` of the most any arm served there are unsaturated and share the
     mean of their measured throughputs (their batch series too); the others keep their own."""
@@ -311,7 +311,7 @@ def measure_truth(
     }
 
     def curve(mode: str) -> TruthCurve:
-        both = _served([*runs["none"].values(), *runs[mode].values()])
+        both = served_levels([*runs["none"].values(), *runs[mode].values()])
         return truth_curve(
             mode, [p for p in both if p.mode == "none"], [p for p in both if p.mode == mode],
             seed=seed,
