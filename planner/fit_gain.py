@@ -19,9 +19,11 @@ window's throughput is a sum over its requests, so var(log tokens/s) ≈ (1 + CV
 long-prompt requests has a log-throughput SD of 0.3–0.45 against 0.05–0.1 at high load
 (simulator telemetry), and unweighted fits chased that noise. K is chosen among 1–6 by
 leave-one-engine-out cross-validation, scored where the left-out engine lies inside the
-range the others cover (``planner.gain_curve.choose_knots``; 3 with fewer than 4 engines).
-The fit is restricted to the *common support*: the utilization range both modes
-cover (each mode's 2nd–98th percentiles intersected), so neither curve is extrapolated;
+range the others cover (``planner.gain_curve.choose_knots``; 3 with fewer than 4 engines),
+and never below 3: a curve tuned for prediction carries a bias of the order of its standard
+error, which the interval does not cover (undersmoothing; Hall 1992). The fit is
+restricted to the *common support*: the utilization range both modes cover (each mode's
+2nd–98th percentiles intersected), so neither curve is extrapolated;
 saturated windows (u > ``saturated``, 0.95: the cache pinned full, requests queued or
 preempted — every mode sits at u ≈ 1 there, so throughput is not a function of u) and, on
 the log scale, idle windows are left out, and ``basis`` counts them.
