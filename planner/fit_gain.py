@@ -194,7 +194,8 @@ def fit_gain(
     u = data[util].to_numpy(dtype=float)
     y = data[response].to_numpy(dtype=float)
     g = engine_groups(data)
-    w, weighting = window_weights(data, weight if log else None)
+    weights, weighting = window_weights(data, weight if log else None)
+    w = np.ones(len(data)) if weights is None else weights
     # Saturated windows (KV pinned at capacity: queueing, preemptions) carry no information
     # on throughput as a function of utilization — every mode sits at u ≈ 1 there — and on
     # the log scale idle windows (no tokens or no KV in use) have no logarithm.
@@ -222,7 +223,8 @@ def fit_gain(
         "ran both modes",
         "windows independent within engine unless errors are clustered by engine",
     )
-    method = f"OLS{' on log-log' if log else ''}, piecewise-linear × mode interaction"
+    estimator = "OLS" if weights is None else "WLS"
+    method = f"{estimator}{' on log-log' if log else ''}, piecewise-linear × mode interaction"
     out: dict[str, Any] = {
         "what": what, "unit": util, "method": method, "assumptions": assumptions,
         "offload": label, "util_column": util, "response_column": response,

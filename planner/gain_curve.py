@@ -31,20 +31,28 @@ class GainPoint:
     relative_interval: Interval
 
 
-def window_weights(data: pd.DataFrame, column: str | None) -> tuple[Array, str]:
+def window_weights(data: pd.DataFrame, column: str | None) -> tuple[Array | None, str]:
     """Window weights for the log-scale fit: the variance of a window's log throughput is
     about (1 + CV² of tokens per request) / (requests in it) — a window's throughput is a
     sum over its requests — so a window with few requests (low load, long prompts) is
-    weighted down in proportion (at least 1). Unweighted without the column."""
+    weighted down in proportion (at least 1). None (unweighted) without the column."""
     import numpy as np
 
     if column is None or column not in data.columns:
-        return np.ones(len(data)), "unweighted"
+        return None, "unweighted"
     r = data[column].to_numpy(dtype=float)
     if not np.isfinite(r).any():
-        return np.ones(len(data)), f"unweighted (no {column} counts)"
+        return None, f"unweighted (no {column} counts)"
     out: Array = np.maximum(np.nan_to_num(r, nan=1.0), 1.0)
     return out, f"windows weighted by {column} (at least 1): var(log tokens/s) ∝ 1/{column}"
+
+
+def _knot_probs(k: int) -> Array:
+    """The quantile levels of ``k`` equally spaced interior knots."""
+    import numpy as np
+
+    out: Array = np.arange(1, k + 1) / (k + 1)
+    return out
 
 
 def knots_at(x: Array, k: int) -> Array:
@@ -53,7 +61,7 @@ def knots_at(x: Array, k: int) -> Array:
 
     if not k:
         return np.zeros(0)
-    out: Array = np.unique(np.quantile(x, np.arange(1, k + 1) / (k + 1)))
+    out: Array = np.unique(np.quantile(x, _knot_probs(k)))
     return out
 
 
@@ -72,7 +80,7 @@ def choose_knots(
 
     codes, inv = np.unique(g, return_inverse=True)
     if codes.size < 4:
-        return DEFAULT_KNOTS, f"knots: {DEFAULT_KNOTS} (fewer than 4 folds: not cross-validated)"
+        return DEFAULT_KNOTS, f"knots: {DEFAULT_KNOTS} (fewer than 4 engines: not cross-validated)"
     # rows sorted once by (engine, mode) cell; X = [B, d·B] so an engine's X'X is assembled
     # from its cells' B'WB (d = 0: top-left block only; d = 1: all four blocks)
     cell = inv * 2 + (d > 0.5)
@@ -80,8 +88,8 @@ def choose_knots(
     cuts = np.searchsorted(cell[order], np.arange(2 * codes.size + 1))
     xs, yw, ws = x[order], (y * sw)[order], sw[order]
     inside = _inside_others(xs, cuts, codes.size)
-    probs = [np.arange(1, k + 1) / (k + 1) for k in CANDIDATE_KNOTS]
-    every = np.quantile(x, np.concatenate(probs))
+    probs = [_knot_probs(k) for k in CANDIDATE_KNOTS]
+    every = np.quantile(x, np.concatenate(probs))  # one pass for every candidate's knots
     splits = np.cumsum([len(p) for p in probs])[:-1]
     scores: dict[int, float] = {}
     for k, kn in zip(CANDIDATE_KNOTS, np.split(every, splits), strict=True):
