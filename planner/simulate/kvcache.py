@@ -131,12 +131,7 @@ class BlockPool:
                         pin[n] = e
                         self.pinned_total += grow
                     req.hold_blocks = e
-                self.private_total += priv - req.private
-                req.private = priv
-                over = self.cached_total + self.private_total - self.total
-                if over > 0:
-                    self._evict(over)
-                return True
+                return self._settle_private(req, priv)
         # plan: walk from the current holding to `full` blocks, summing the pin increase
         done = start[path[idx]] // bs + h if idx < len(path) else full
         delta_pin = 0
@@ -181,12 +176,19 @@ class BlockPool:
                 h = e
                 break
         req.hold_idx, req.hold_blocks = i, h
+        return self._settle_private(req, priv)
+
+    def _settle_private(self, req: Req, priv: int) -> bool:
+        """Set req's partial (unhashed) block count and evict what no longer fits."""
         self.private_total += priv - req.private
         req.private = priv
+        self._evict_overflow()
+        return True
+
+    def _evict_overflow(self) -> None:
         over = self.cached_total + self.private_total - self.total
         if over > 0:
             self._evict(over)
-        return True
 
     def decode_advance(self, new_blocks: int, filled_blocks: int) -> None:
         """Aggregate effect of decode steps: `new_blocks` partial blocks allocated and
@@ -194,9 +196,7 @@ class BlockPool:
         self.private_total += new_blocks - filled_blocks
         self.cached_total += filled_blocks
         self.pinned_total += filled_blocks
-        over = self.cached_total + self.private_total - self.total
-        if over > 0:
-            self._evict(over)
+        self._evict_overflow()
 
     def settle_decode(self, req: Req, computed: int) -> None:
         """Bring req's per-node holding up to `computed` tokens after aggregated decode steps
