@@ -3,9 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 
 import pytest
 from typer.testing import CliRunner
@@ -13,6 +10,7 @@ from typer.testing import CliRunner
 from collector.errors import ConfigError
 from kvscope.cli import app
 from planner.decide import RULE_IDS
+from tests.clirun import assert_one_line_error, run_kvscope
 
 RUNNER = CliRunner()
 SMALL = [
@@ -103,19 +101,8 @@ def test_advise_cli_bad_arguments_raise_configerror(args: list[str], match: str)
 
 
 def test_advise_cli_bad_arguments_exit_2_with_one_line() -> None:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("KVSCOPE_")}
     for args, message in (
         ([*SMALL, "--qps", "-2"], "kvscope: error: --qps must be a number > 0"),
         ([*SMALL, "--tp", "many"], "Invalid value for '--tp'"),  # typer's usage error
     ):
-        proc = subprocess.run(
-            [sys.executable, "-m", "kvscope.cli", "advise", *args],
-            check=False,
-            capture_output=True,
-            text=True,
-            timeout=60,
-            env=env,
-        )
-        assert proc.returncode == 2, proc.stderr
-        assert message in proc.stderr and "Traceback" not in proc.stderr
-        assert proc.stdout == ""
+        assert_one_line_error(run_kvscope("advise", *args), message)

@@ -3,9 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -15,6 +12,7 @@ from collector.errors import ConfigError, KvscopeError
 from collector.store import Store
 from kvscope.cli import app
 from planner.plan import NoData
+from tests.clirun import assert_one_line_error, run_kvscope
 from tests.planner.synthstore import fill_store, shifted_frame, sqlite_url
 
 RUNNER = CliRunner()
@@ -132,20 +130,9 @@ def test_plan_cli_bad_arguments_raise_named_errors(
 def test_plan_cli_missing_and_empty_store_exit_2_without_traceback(tmp_path: Path) -> None:
     empty = tmp_path / "empty.db"
     Store(sqlite_url(empty)).migrate()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("KVSCOPE_")}
     for url, message in (
         (sqlite_url(tmp_path / "typo.db"), "no such SQLite file"),
         (sqlite_url(empty), "holds no windows yet: run `kvscope collect` first"),
     ):
-        proc = subprocess.run(
-            [sys.executable, "-m", "kvscope.cli", "plan", "--db", url],
-            check=False,
-            capture_output=True,
-            text=True,
-            timeout=60,
-            env=env,
-        )
-        assert proc.returncode == 2, proc.stderr
-        assert message in proc.stderr and "Traceback" not in proc.stderr
-        assert proc.stdout == ""
+        assert_one_line_error(run_kvscope("plan", "--db", url), message)
     assert not (tmp_path / "typo.db").exists()  # not created by mistake
