@@ -70,17 +70,21 @@ def test_collect_signal_flushes_and_exits_zero(tmp_path: Path, sig: signal.Signa
     assert proc.returncode == 0, err
     summary = json.loads(out)
     assert summary["mode"] == "direct" and summary["cluster"] == "cli-test"
-    assert summary["scrapes"] == 2 * hits and summary["targets_up"] == 1
-    assert summary["errors"] == {"connect": hits}
+    # The stop cancels the tick in flight: the server may have answered one request the
+    # collector never finished, so it saw `hits` or `hits - 1` complete ticks of two targets.
+    ticks, odd = divmod(summary["scrapes"], 2)
+    assert odd == 0 and hits - ticks in (0, 1) and ticks >= 3, (summary, hits)
+    assert summary["targets_up"] == 1
+    assert summary["errors"] == {"connect": ticks}
     with Store(f"sqlite:///{db}") as store:
         windows = store.read_windows(sources=["e0"])
         outcomes = store.outcomes()
     # The 60 s window was still open at the signal: everything in the store came from the flush.
     assert windows and summary["windows_written"] == len(windows)
     pre = [w for w in windows if w.signal == "preemptions_total"]
-    assert sum(w.samples for w in pre) == hits
-    assert sum(w.delta or 0 for w in pre) == hits - 1  # +1 per scrape after the first
-    assert len(outcomes) == 2 * hits and "target gone is down" in err
+    assert sum(w.samples for w in pre) == ticks
+    assert sum(w.delta or 0 for w in pre) == ticks - 1  # +1 per scrape after the first
+    assert len(outcomes) == 2 * ticks and "target gone is down" in err
 
 
 def test_collect_once_prints_json_summary(tmp_path: Path) -> None:
