@@ -149,17 +149,23 @@ def _one(
         return None, cannot_entry(what, missing)
     note = ""
     try:
-        # A short history is modelled at a fine cadence: keep the horizon within the
-        # forecaster's step limit rather than refuse (forecasting far past a short history
-        # is what the widening interval then shows).
-        cadence = prepare(series, what=what, agg=agg).cadence_s
-        if horizon_s > MAX_HORIZON_STEPS * cadence:
+        # The horizon never exceeds the modelled history: the backtest checks at most that far
+        # ahead (planner/forecast.py step 3), and past it a trend fitted on a few hours runs
+        # on unchecked (4 h of history projected 7 d gave 836 req/s [0, 24,500] against a
+        # peak of 16). The caller's horizon is kept in ``horizon_asked_s``.
+        prep = prepare(series, what=what, agg=agg)
+        cadence, span = prep.cadence_s, len(prep.values) * prep.cadence_s
+        limit = min(span, MAX_HORIZON_STEPS * cadence)
+        if horizon_s > limit:
             note = (
-                f"horizon shortened from {hours(horizon_s)} to "
-                f"{hours(MAX_HORIZON_STEPS * cadence)}: at most {MAX_HORIZON_STEPS} steps of "
-                f"the {cadence:g} s modelling cadence a short history gets"
+                f"horizon shortened from {hours(horizon_s)} to {hours(limit)}, the length of "
+                "the modelled history: a forecast further ahead than the history is long is "
+                "checked by no backtest; collect more history for a longer horizon"
+                if limit == span
+                else f"horizon shortened from {hours(horizon_s)} to {hours(limit)}: at most "
+                f"{MAX_HORIZON_STEPS} steps of the {cadence:g} s modelling cadence"
             )
-            horizon_s = MAX_HORIZON_STEPS * cadence
+            horizon_s = limit
         fc = forecast_demand(
             series,
             horizon_s=horizon_s,
@@ -175,7 +181,7 @@ def _one(
         return None, cannot_entry(what, f"forecast refused: {exc}")
     bound = rule_of_three(fc.saturation_probability, fc.saturation_paths)
     entry = {**fc.to_dict(), "saturation_probability_bound": bound}
-    return fc, {**entry, "can_tell": True, "why": "", "horizon_note": note}
+    return fc, {**entry, "can_tell": True, "why": "", "horizon_note": note, "horizon_s": horizon_s}
 
 
 def run_forecasts(
@@ -233,7 +239,17 @@ def run_forecasts(
             "engines": cap.engines,
         }
     rate_entry["unit"] = "requests/s"
-    section = {"kv_demand": kv_entry, "request_rate": rate_entry, "horizon_s": horizon_s}
+    # the horizon the KV forecast answered (it drives saturation and sizing), else the rate's
+    asked, horizon_s = (
+        horizon_s,
+        kv_entry.get("horizon_s") or rate_entry.get("horizon_s", horizon_s),
+    )
+    section = {
+        "kv_demand": kv_entry,
+        "request_rate": rate_entry,
+        "horizon_s": horizon_s,
+        "horizon_asked_s": asked,
+    }
     # both stay reported; a note says when their growth contradicts (forecast_agree.py)
     section["agreement"] = compare(kv, kv_series, rate, rate_series, cap.total if cap else None)
     try:

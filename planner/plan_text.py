@@ -127,7 +127,9 @@ def _fits(d: Mapping[str, Any]) -> list[str]:
 def _forecast(d: Mapping[str, Any]) -> list[str]:
     f = d["forecast"]
     kv, ev = f["kv_demand"], d["evidence"]
-    lines = [f"Forecast ({hours(f['horizon_s'])} horizon)"]
+    asked = f.get("horizon_asked_s")
+    shortened = f"; {hours(asked)} asked" if asked and asked > f["horizon_s"] + 1e-6 else ""
+    lines = [f"Forecast ({hours(f['horizon_s'])} horizon{shortened})"]
     if kv.get("can_tell"):
         peak = ev.get("demand_peak") or {}
         cap = kv.get("capacity_total")
@@ -169,6 +171,8 @@ def _forecast(d: Mapping[str, Any]) -> list[str]:
             f"MASE {_num(rate['backtest_mase'], '{:.2f}')} over {rate['backtest_origins']} "
             "origins",
         ]
+        if rate.get("horizon_note") and rate["horizon_note"] != kv.get("horizon_note"):
+            lines.append(f"  note (request rate): {rate['horizon_note']}")
     else:
         lines.append(f"  request rate: cannot tell: {rate['why']}")
     agreement = f.get("agreement") or {}

@@ -74,7 +74,10 @@ def test_plan_cli_json_shape_and_plots(db: str, tmp_path: Path) -> None:
         "prefill_mfu",
         "lmcache_hitrate",
     }
-    assert d["forecast"]["horizon_s"] == 3 * 86400
+    # 150 one-minute windows of history: the 3 d asked is cut to the history's 2.5 h
+    fc = d["forecast"]
+    assert fc["horizon_asked_s"] == 3 * 86400 and fc["horizon_s"] == 150 * 60
+    assert fc["kv_demand"]["horizon_note"].startswith("horizon shortened from 3.0 d to 2.5 h")
     assert d["cost"]["gpu_price_per_hour"] == 2.5
     assert d["window"]["engines"] == 3
     for name in PLOTS:
@@ -98,6 +101,14 @@ def test_plan_cli_text_summary_has_every_section(db: str) -> None:
     ):
         assert heading in stdout, heading
     assert "cluster synth" in stdout.splitlines()[0]
+
+
+def test_plan_cli_horizon_within_the_history_is_kept(db: str) -> None:
+    code, stdout, _, exc = plan("--db", db, "--since", "all", "--json", "--horizon", "1h")
+    assert code == 0, exc
+    fc = json.loads(stdout)["forecast"]
+    assert fc["horizon_s"] == fc["horizon_asked_s"] == 3600
+    assert fc["kv_demand"]["horizon_note"] == "" and fc["kv_demand"]["points"][-1][0] > 0
 
 
 def test_plan_cli_help_has_example() -> None:

@@ -20,7 +20,9 @@ from tests.planner.synthstore import fill_store, shifted_frame, sqlite_url
 @pytest.fixture(scope="module")
 def plan_dict(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     url = sqlite_url(tmp_path_factory.mktemp("plantext") / "synth.db")
-    fill_store(url, shifted_frame())
+    # 20 h of history: the horizon is capped at the history's length, and over 20 h this
+    # cluster's simulated paths reach capacity with a probability strictly inside (0, 1)
+    fill_store(url, shifted_frame(n_windows=1200))
     with Store(url) as store:  # an ample budget: the crossing probability is simulated
         return build_plan(store, cluster="synth", forecast_seconds=60).to_dict()
 
