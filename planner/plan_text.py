@@ -115,9 +115,12 @@ def _fits(d: Mapping[str, Any]) -> list[str]:
                     f"{_iv(at['relative_interval'], '{:+.1%}')}"
                 )
         elif name == "lmcache_hitrate":
+            iv, h_max = f["interval"] or {}, f.get("h_max") or {}
             text = (
-                f"L1 for 90 % of h_max {_big(f['estimate'])}B {_iv(f['interval'], '{:.3g}')}; "
-                f"h_max {_pct((f.get('h_max') or {}).get('estimate'), 1)}"
+                f"L1 for 90 % of h_max {_big(f['estimate'])}B "
+                f"[{_big(iv.get('lo'))}B, {_big(iv.get('hi'))}B] (n={f['n']}); "
+                f"h_max {_pct(h_max.get('estimate'), 1)} "
+                f"{_iv(h_max.get('interval'), '{:.1%}')}"
             )
         note = "" if f["can_tell"] else f"  (cannot tell: {f['why']})"
         lines.append(f"  {name:<16} {text}{note}")

@@ -90,3 +90,19 @@ def test_plan_text_reconciled_cannot_tell_says_why(plan_dict: dict[str, Any]) ->
     text = summary_text(d)
     assert "request-rate cross-check (Little's law): cannot tell: needs both forecasts" in text
     assert "sizing follows" not in text
+
+
+def test_plan_text_hitrate_line_gives_size_and_interval_in_one_unit(
+    plan_dict: dict[str, Any],
+) -> None:
+    d = copy.deepcopy(plan_dict)
+    d["fits"]["lmcache_hitrate"] |= {
+        "estimate": 48.5e9,
+        "interval": {"lo": 25.8e9, "hi": 90.9e9, "level": 0.95},
+        "n": 233,
+        "can_tell": True,
+        "h_max": {"estimate": 0.963, "interval": {"lo": 0.927, "hi": 0.982}, "unit": None},
+    }
+    (line,) = [x for x in summary_text(d).splitlines() if x.startswith("  lmcache_hitrate")]
+    assert "L1 for 90 % of h_max 48.5 GB [25.8 GB, 90.9 GB] (n=233)" in line
+    assert "h_max 96.3 % [92.7%, 98.2%]" in line
