@@ -88,6 +88,10 @@ def table(cases: list[dict[str, Any]]) -> str:
                 fitted = f"{_pct(m['fitted_u'])} " + _interval(
                     m["lo"], m["hi"], m["open_lo"], m["open_hi"]
                 )
+            elif m["lo"] is not None:  # a one-sided bound (planner.fit_gain's *_above/_below)
+                fitted = f"{m['verdict'].replace('_', ' ')}: u* " + (
+                    f"≤ {_pct(m['hi'])}" if m["open_lo"] else f"≥ {_pct(m['lo'])}"
+                )
             else:
                 fitted = m["verdict"].replace("_", " ")
             err = "–" if m["error_pp"] is None else f"{m['error_pp']:+.1f}"
@@ -160,7 +164,7 @@ def summary(cases: list[dict[str, Any]]) -> dict[str, Any]:
         "false_or_wrong_claims": [
             r["case"] + "/" + r["mode"]
             for r in rows
-            if r["outcome"] in ("false_crossing", "wrong_sign", "missed")
+            if r["outcome"] in ("false_crossing", "wrong_sign", "missed", "bound_wrong")
         ],
     }
 

@@ -56,9 +56,12 @@ fit gives u* (can_tell) within ±5 pp; ``off`` further; ``confidently_wrong`` fu
 its interval misses the truth by > 5 pp; ``cannot_tell`` the fit declined (reason kept);
 ``agrees_none`` no true break-even in [lo, hi] and the fit reports the same sign
 throughout; ``agrees_edge`` the fit reports no break-even and the true one lies within 5 pp
-of the support edge it implies; ``false_crossing`` / ``wrong_sign`` / ``missed`` the other
-mismatches. Interval coverage counts determinate true break-evens in [lo, hi] for which
-the fit gave an interval (can tell or not; an end at the support edge extends to ±∞).
+of the support edge it implies; ``bound_holds`` the fit claims only a bound (u* <= u_1 for a
+gain significantly positive from u_1 on, u* >= u_2 for one negative up to u_2) and the true
+break-even, or the true sign, agrees within 5 pp, ``bound_wrong`` it does not;
+``false_crossing`` / ``wrong_sign`` / ``missed`` the other mismatches. Interval coverage
+counts determinate true break-evens in [lo, hi] for which the fit gave an interval (can
+tell or not, bounds included; an end at the support edge extends to ±∞).
 """
 
 from __future__ import annotations

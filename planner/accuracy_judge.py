@@ -13,6 +13,8 @@ if TYPE_CHECKING:
     from planner.fit_gain import GainFit
 
 TOLERANCE = 0.05  # ±5 percentage points of utilization
+# one-sided verdicts of planner.fit_gain: the sign they claim where the data tell it
+BOUNDS = {"positive_above": "positive", "negative_below": "negative"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,14 +73,15 @@ def judge(truth: TruthCurve, fit: GainFit) -> ModeResult:
     else:
         determinate = sign in ("positive", "negative")
     reported = fit.verdict == "crosses"
+    ranged = reported or fit.verdict in BOUNDS  # an interval on u*, two-sided or a bound
     f_u = fit.estimate if reported else None
-    i_lo, i_hi = (fit.interval.lo, fit.interval.hi) if reported else (None, None)
-    open_lo = bool(reported and i_lo is not None and i_lo <= lo + 1e-12)
-    open_hi = bool(reported and i_hi is not None and i_hi >= hi - 1e-12)
+    i_lo, i_hi = (fit.interval.lo, fit.interval.hi) if ranged else (None, None)
+    open_lo = bool(ranged and i_lo is not None and i_lo <= lo + 1e-12)
+    open_hi = bool(ranged and i_hi is not None and i_hi >= hi - 1e-12)
     error = covered = None
     if reported and true_u is not None and f_u is not None:
         error = 100.0 * (f_u - true_u)
-    if reported and i_lo is not None and i_hi is not None and true_u is not None:
+    if ranged and i_lo is not None and i_hi is not None and true_u is not None:
         covered = (open_lo or i_lo <= true_u) and (open_hi or true_u <= i_hi)
     outcome = _outcome(
         fit, sign, first, error, i_lo=i_lo, i_hi=i_hi, open_lo=open_lo, open_hi=open_hi
@@ -111,6 +114,16 @@ def _outcome(
             return "ok"
         miss = max(i_lo - first.u if not open_lo else 0.0, first.u - i_hi if not open_hi else 0.0)
         return "confidently_wrong" if miss > TOLERANCE else "off"
+    if fit.verdict in BOUNDS:
+        claimed = BOUNDS[fit.verdict]
+        if first is None:
+            return "bound_holds" if sign == claimed else "wrong_sign"
+        assert i_lo is not None and i_hi is not None
+        # "u* <= i_hi" (positive gain above) or "u* >= i_lo" (negative below), within ±5 pp
+        holds = (
+            first.u <= i_hi + TOLERANCE if claimed == "positive" else first.u >= i_lo - TOLERANCE
+        )
+        return "bound_holds" if holds else "bound_wrong"
     if fit.verdict in ("positive_throughout", "negative_throughout"):
         claimed = fit.verdict.split("_")[0]
         if sign == claimed:

@@ -75,6 +75,11 @@ ranges do not overlap; there is no break-even in the support (``verdict`` then s
 ``positive_throughout`` / ``negative_throughout``: the sign wherever the interval excludes
 0); the gain's interval contains 0 at every u (``undetermined``); the break-even interval
 reaches the edge of the support; or the gain changes sign (located) more than once.
+When no break-even is located but the interval contains 0 at the end of the support where
+one would lie (the low end when the gain is positive), only a bound is claimed:
+``positive_above`` with ``interval`` [lo, u_1] (u* <= u_1, the first u where the gain is
+significantly positive; open below) or ``negative_below`` with [u_2, hi] (u* >= u_2); the
+estimate stays NaN. A sharp knee whose small cost below u* is within the noise reads so.
 """
 
 from __future__ import annotations
@@ -133,7 +138,9 @@ class GainFit(FitResult):
     """``estimate`` = break-even utilization u* where the offload gain crosses zero."""
 
     offload: str  # the mode compared with "none"
-    verdict: str  # crosses | positive_throughout | negative_throughout | undetermined
+    # crosses | positive_throughout | negative_throughout | positive_above | negative_below |
+    # undetermined; *_above / *_below carry the one-sided bound on u* in ``interval``
+    verdict: str
     direction: str  # "offload better above u*" | "offload better below u*" | ""
     support: tuple[float, float]  # common utilization range used
     roots: tuple[float, ...]  # every sign change of the estimated gain
@@ -329,6 +336,9 @@ def fit_gain(
     if not located and edge is None:
         # every stretch where the interval excludes 0 has the same sign and the estimate
         # changes sign only inside interior stretches where it does not: no break-even
+        # located. A break-even is still possible where the interval contains 0 at the end
+        # of the support where it would lie (the low end for a positive gain): then only a
+        # bound is claimed, u* <= the first significant u (u* >= the last, if negative).
         positive = bool(gain[~ok][0] > 0)
         loose = (
             f"; the estimate crosses 0 at {', '.join(fmt(r) for r in roots)}, where its "
@@ -336,10 +346,22 @@ def fit_gain(
             if roots
             else ""
         )
+        share = f"its interval excludes 0 on {float(np.mean(~ok)):.0%} of {span}{loose}"
+        sig = np.flatnonzero(~ok)
+        if not (ok[0] if positive else ok[-1]):
+            return cannot(
+                f"no break-even: gain {'>' if positive else '<'} 0 throughout {span} ({share})",
+                verdict="positive_throughout" if positive else "negative_throughout",
+            )
+        bound = float(fine[sig[0]] if positive else fine[sig[-1]])
+        side, rel, word = ("below", "<=", "from") if positive else ("above", ">=", "up to")
         return cannot(
-            f"no break-even: gain {'>' if positive else '<'} 0 throughout {span} (its interval "
-            f"excludes 0 on {float(np.mean(~ok)):.0%} of it{loose})",
-            verdict="positive_throughout" if positive else "negative_throughout",
+            f"no break-even located: gain {'>' if positive else '<'} 0 {word} {util} "
+            f"{fmt(bound)} ({share}); {side} {fmt(bound)} the data cannot tell its sign: "
+            f"u* {rel} {fmt(bound)} if there is one",
+            verdict="positive_above" if positive else "negative_below",
+            interval=Interval(lo, bound, level) if positive else Interval(bound, hi, level),
+            direction=f"offload better {'above' if positive else 'below'} u*",
         )
     # Which sign change answers "from which utilization on does offload pay off": a located
     # rising one, else a rising one at an edge, else a located falling one, else the edge's.

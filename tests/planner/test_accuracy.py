@@ -9,17 +9,19 @@ determinate truth or the fit says it cannot tell, and it is never confidently wr
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import pytest
 
 from planner.accuracy import FAST, FULL, CaseResult, run_case
 from planner.accuracy_judge import TOLERANCE, ModeResult, judge
 from planner.accuracy_scenarios import draw
-from planner.accuracy_truth import LevelResult, truth_curve
+from planner.accuracy_truth import LevelResult, TruthCurve, truth_curve
 from planner.fit_gain import fit_gain
+from planner.fitcommon import Interval
 from planner.fitsynth import synthetic_frame
 
-WRONG = ("confidently_wrong", "false_crossing", "wrong_sign", "missed", "off")
+WRONG = ("confidently_wrong", "false_crossing", "wrong_sign", "missed", "off", "bound_wrong")
 
 
 def _check(result: CaseResult) -> list[ModeResult]:
@@ -86,3 +88,30 @@ def test_judge_flat_truth_is_not_scored() -> None:
     frame = synthetic_frame(20, 240, seed=1, modes=("none", "native"))
     result = judge(curve, fit_gain(frame, offload="native", level=0.9))
     assert result.outcome == "truth_flat" and not result.truth_determinate
+
+
+def _rising_truth() -> TruthCurve:
+    rates = [1.0, 2.0, 3.0, 4.0]
+    none = [_level("none", r, 0.1 * r * r / 1.6, 1000.0 * r) for r in rates]
+    off = [
+        _level("native", r, p.u * (1.02 if r <= 2 else 0.9), p.tp)
+        for r, p in zip(rates, none, strict=True)
+    ]
+    return truth_curve("native", none, off, seed=1)
+
+
+@pytest.mark.parametrize(("shift", "outcome"), [(0.0, "bound_holds"), (-0.2, "bound_wrong")])
+def test_judge_one_sided_bound_holds_or_is_wrong(shift: float, outcome: str) -> None:
+    truth = _rising_truth()
+    [crossing] = truth.crossings
+    fit = fit_gain(synthetic_frame(20, 240, seed=1, modes=("none", "native")), level=0.9)
+    lo, _ = fit.support
+    # "gain > 0 from u_1 on: u* <= u_1", with u_1 at the true crossing or 20 pp below it
+    bound = replace(
+        fit, verdict="positive_above", estimate=math.nan,
+        interval=Interval(lo, crossing.u + 0.01 + shift, 0.9),
+    )  # fmt: skip
+    result = judge(truth, bound)
+    assert result.outcome == outcome and result.open_lo and not result.open_hi
+    assert result.fitted_u is None and result.covered is (outcome == "bound_holds")
+    assert ("bound_wrong" in WRONG) and (outcome in WRONG) is (outcome == "bound_wrong")

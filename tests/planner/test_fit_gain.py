@@ -71,6 +71,20 @@ def test_fit_gain_positive_throughout_reports_no_break_even() -> None:
     assert fit.roots == ()
 
 
+def test_fit_gain_positive_but_undetermined_at_the_low_end_claims_only_a_bound() -> None:
+    # true u* = 0.15, just below the support (from 0.19): at its low end the gain is too
+    # small to tell its sign, so the fit locates no crossing and says only u* <= where the
+    # gain turns significantly positive
+    frame = synthetic_frame(8, 240, seed=1, modes=MODES, truth=Truth(break_even={"native": 0.15}))
+    fit = fit_gain(frame, offload="native", level=0.9)
+    assert fit.verdict == "positive_above" and not fit.can_tell
+    lo, _ = fit.support
+    assert fit.interval.lo == lo and lo < fit.interval.hi < lo + 0.1
+    assert fit.interval.hi >= 0.15 and np.isnan(fit.estimate)
+    assert f"u* <= {fit.interval.hi:.3g} if there is one" in fit.why
+    assert fit.direction == "offload better above u*"
+
+
 def test_fit_gain_negative_throughout_reports_no_break_even() -> None:
     frame = two_modes(seed=5, truth=Truth(break_even={"native": 2.0}))
     fit = fit_gain(frame, offload="native")
