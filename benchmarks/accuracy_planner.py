@@ -2,6 +2,7 @@
 
     .venv/bin/python benchmarks/accuracy_planner.py                 # held-out cases, ~15 min
     .venv/bin/python benchmarks/accuracy_planner.py --split dev     # the development cases
+    .venv/bin/python benchmarks/accuracy_planner.py --heldout-set 3 # re-run an earlier set
     .venv/bin/python benchmarks/accuracy_planner.py --table out/accuracy.json   # re-print
 
 Every case (planner/accuracy_scenarios.py, fixed seeds) simulates open-loop telemetry of
@@ -9,8 +10,8 @@ engines with and without offload through the real collector path, fits planner.f
 (90 % intervals) and compares with the simulator's A/B truth (planner/accuracy_truth.py);
 definitions and scoring are in planner/accuracy.py. Prints a markdown table and a summary on
 stdout, progress on stderr, and writes everything to ``--out`` (out/accuracy.json).
-The held-out split was fixed (accuracy_scenarios.HELDOUT_SEED) before any of its results
-were seen.
+Each held-out set was fixed (accuracy_scenarios.HELDOUT_SETS) before any of its results
+were seen; the default is the current one (HELDOUT_SET).
 """
 
 from __future__ import annotations
@@ -30,30 +31,32 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from planner.accuracy import FAST, FULL, run_case
 from planner.accuracy_judge import TOLERANCE
-from planner.accuracy_scenarios import HELDOUT_SEED, MASTER_SEED, draw
+from planner.accuracy_scenarios import HELDOUT_SET, HELDOUT_SETS, MASTER_SEED, draw
 from planner.accuracy_truth import LEVEL
 
-HELDOUT_CASES = 12  # fixed with HELDOUT_SEED before the held-out run
+HELDOUT_CASES = 12  # fixed with each held-out set's seed before its run
 
 
 def _say(msg: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
 
-def _one(split: str, index: int, fast: bool) -> dict[str, Any]:
-    result = run_case(draw(split, index), FAST if fast else FULL, say=_say)
+def _one(split: str, index: int, fast: bool, heldout_set: int) -> dict[str, Any]:
+    result = run_case(draw(split, index, heldout_set), FAST if fast else FULL, say=_say)
     return asdict(result)
 
 
-def run(split: str, indices: list[int], jobs: int, fast: bool) -> list[dict[str, Any]]:
+def run(
+    split: str, indices: list[int], jobs: int, fast: bool, heldout_set: int = HELDOUT_SET
+) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
     if jobs <= 1:
         for i in indices:
-            out.append(_one(split, i, fast))
+            out.append(_one(split, i, fast, heldout_set))
             _say(f"case {len(out)}/{len(indices)} done: {out[-1]['name']}")
     else:
         with ProcessPoolExecutor(max_workers=jobs) as pool:
-            futures = {pool.submit(_one, split, i, fast): i for i in indices}
+            futures = {pool.submit(_one, split, i, fast, heldout_set): i for i in indices}
             for fut in as_completed(futures):
                 out.append(fut.result())
                 _say(f"case {len(out)}/{len(indices)} done: {out[-1]['name']}")
@@ -205,6 +208,10 @@ def main() -> None:
     ap.add_argument("--cases", type=int, default=HELDOUT_CASES, help="cases 0..N-1 of the split")
     ap.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1))
     ap.add_argument("--fast", action="store_true", help="the test suite's shorter budget")
+    ap.add_argument(
+        "--heldout-set", type=int, choices=sorted(HELDOUT_SETS), default=HELDOUT_SET,
+        help=f"which held-out set (default {HELDOUT_SET}, the current one)",
+    )  # fmt: skip
     ap.add_argument("--out", type=Path, default=Path("out/accuracy.json"))
     ap.add_argument("--table", type=Path, help="re-print the table of a saved JSON; no run")
     args = ap.parse_args()
@@ -212,11 +219,12 @@ def main() -> None:
         print(render(json.loads(args.table.read_text(encoding="utf-8"))))
         return
     t0 = time.perf_counter()
-    seed = HELDOUT_SEED if args.split == "heldout" else MASTER_SEED
+    heldout = args.split == "heldout"
+    seed = HELDOUT_SETS[args.heldout_set] if heldout else MASTER_SEED
     _say(f"{args.split}: {args.cases} cases, {args.jobs} job(s), master seed {seed}")
-    cases = run(args.split, list(range(args.cases)), args.jobs, args.fast)
+    cases = run(args.split, list(range(args.cases)), args.jobs, args.fast, args.heldout_set)
     report = {
-        "split": args.split,
+        "split": args.split + (f" set {args.heldout_set}" if heldout else ""),
         "master_seed": seed,
         "budget": asdict(FAST if args.fast else FULL),
         "level": LEVEL,

@@ -1,6 +1,6 @@
 """Re-measure one held-out case's truth at extra offered rates (same seed, same engine).
 
-    .venv/bin/python benchmarks/accuracy_recheck.py --seed 20261129 --case 8 \\
+    .venv/bin/python benchmarks/accuracy_recheck.py --heldout-set 2 --case 8 \\
         --rates 0.09,0.12,0.15 --report benchmarks/results/accuracy_heldout2.json
 
 Used when a study's truth ladder was too coarse where a fitted break-even sits: the truth
@@ -25,14 +25,16 @@ from planner.accuracy_truth import LevelResult, run_level, served_levels, truth_
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    ap.add_argument("--seed", type=int, required=True, help="the held-out set's seed")
+    ap.add_argument(
+        "--heldout-set", type=int, required=True, choices=sorted(scenarios.HELDOUT_SETS),
+        help="the held-out set (accuracy_scenarios.HELDOUT_SETS)",
+    )  # fmt: skip
     ap.add_argument("--case", type=int, required=True, help="case index in the set")
     ap.add_argument("--rates", required=True, help="extra offered rates, comma-separated")
     ap.add_argument("--report", type=Path, required=True, help="the study's JSON for the case")
     ap.add_argument("--mode", default="native")
     args = ap.parse_args()
-    scenarios.HELDOUT_SEED = args.seed  # draw() reads it for the held-out split
-    d = scenarios.draw("heldout", args.case)
+    d = scenarios.draw("heldout", args.case, args.heldout_set)
     report = json.loads(args.report.read_text(encoding="utf-8"))
     case = next(c for c in report["cases"] if c["name"] == d.name)
     extra = {float(x) for x in args.rates.split(",")}

@@ -35,8 +35,12 @@ MASTER_SEED = 20251129  # dev and test splits (and held-out set 1, seen on 2025-
 # set 2 = 20261129 (seen 2026-11-29: log scale, request weights, CR2, knots by plain
 #   leave-one-engine-out CV, first root — README reports it);
 # set 3 = 20261130, fixed 2026-11-30 after the knot floor and the steep-root rule were
-#   settled on the dev and test splits, before any of its cases was run.
-HELDOUT_SEED = 20261130
+#   settled on the dev and test splits, before any of its cases was run (seen that day);
+# set 4 = 2026113004, fixed 2026-11-30 after the one-sided bound verdict (positive_above /
+#   negative_below) was added, before any of its cases was run.
+HELDOUT_SETS = {1: MASTER_SEED, 2: 20261129, 3: 20261130, 4: 2026113004}
+HELDOUT_SET = 4  # the current one
+HELDOUT_SEED = HELDOUT_SETS[HELDOUT_SET]
 SPLITS = ("dev", "heldout", "test")
 DEV_FAMILIES = ("chat", "prefix")
 HELDOUT_FAMILIES = ("chat", "prefix", "rag", "noreuse")
@@ -140,11 +144,14 @@ def families(split: str) -> tuple[str, ...]:
     return {"dev": DEV_FAMILIES, "heldout": HELDOUT_FAMILIES, "test": TEST_FAMILIES}[split]
 
 
-def draw(split: str, index: int) -> Draw:
-    """Case ``index`` of ``split`` (families in turn; parameters from the case's own RNG)."""
+def draw(split: str, index: int, heldout_set: int = HELDOUT_SET) -> Draw:
+    """Case ``index`` of ``split`` (families in turn; parameters from the case's own RNG);
+    ``heldout_set`` picks an earlier held-out set (HELDOUT_SETS) to re-run it."""
     fams = families(split)
     family = fams[index % len(fams)]
-    seed = HELDOUT_SEED if split == "heldout" else MASTER_SEED
+    if heldout_set not in HELDOUT_SETS:
+        raise ConfigError(f"held-out set {heldout_set!r}: choose one of {sorted(HELDOUT_SETS)}")
+    seed = HELDOUT_SETS[heldout_set] if split == "heldout" else MASTER_SEED
     rng = random.Random(f"{seed}:{split}:{index}")
     model, tp, gpu = rng.choice(_HARDWARE)
     lo, hi = _GPU_UTIL[(model, gpu)]

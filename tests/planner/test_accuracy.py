@@ -13,9 +13,10 @@ from dataclasses import replace
 
 import pytest
 
+from collector.errors import ConfigError
 from planner.accuracy import FAST, FULL, CaseResult, run_case
 from planner.accuracy_judge import TOLERANCE, ModeResult, judge
-from planner.accuracy_scenarios import draw
+from planner.accuracy_scenarios import HELDOUT_SET, HELDOUT_SETS, draw
 from planner.accuracy_truth import LevelResult, TruthCurve, truth_curve
 from planner.fit_gain import fit_gain
 from planner.fitcommon import Interval
@@ -115,3 +116,12 @@ def test_judge_one_sided_bound_holds_or_is_wrong(shift: float, outcome: str) -> 
     assert result.outcome == outcome and result.open_lo and not result.open_hi
     assert result.fitted_u is None and result.covered is (outcome == "bound_holds")
     assert ("bound_wrong" in WRONG) and (outcome in WRONG) is (outcome == "bound_wrong")
+
+
+def test_heldout_sets_draw_their_own_cases_and_an_unknown_set_is_named() -> None:
+    current = draw("heldout", 0)
+    assert current == draw("heldout", 0, HELDOUT_SET)
+    assert len({draw("heldout", 0, s).seed for s in HELDOUT_SETS}) == len(HELDOUT_SETS)
+    assert draw("dev", 0, 3) == draw("dev", 0)  # the set applies to the held-out split only
+    with pytest.raises(ConfigError, match="held-out set 99: choose one of"):
+        draw("heldout", 0, 99)
