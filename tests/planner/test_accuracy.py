@@ -60,16 +60,20 @@ def _level(mode: str, rate: float, u: float, tp: float, swap: bool = False) -> L
     return LevelResult(mode, rate, 1, u, tp, 0, math.nan, 0.0, us, (tp,) * 3, tp)
 
 
-def test_truth_curve_locates_the_crossing_of_the_utilization_matched_gain() -> None:
-    # same offered rates and throughputs; offload needs 10 % less KV above rate 2 and
-    # 2 % more below: the gain tp_off(u)/tp_none(u) - 1 changes sign between u 0.2 and 0.4
+def _rising_truth() -> TruthCurve:
+    """Same offered rates and throughputs; offload needs 10 % less KV above rate 2 and 2 %
+    more below: the gain tp_off(u)/tp_none(u) - 1 changes sign between u 0.2 and 0.4."""
     rates = [1.0, 2.0, 3.0, 4.0]
     none = [_level("none", r, 0.1 * r * r / 1.6, 1000.0 * r) for r in rates]
     off = [
         _level("native", r, p.u * (1.02 if r <= 2 else 0.9), p.tp)
         for r, p in zip(rates, none, strict=True)
     ]
-    curve = truth_curve("native", none, off, seed=1)
+    return truth_curve("native", none, off, seed=1)
+
+
+def test_truth_curve_locates_the_crossing_of_the_utilization_matched_gain() -> None:
+    curve = _rising_truth()
     [crossing] = curve.crossings
     assert crossing.rising and 0.25 < crossing.u < 0.6
     assert crossing.lo <= crossing.u <= crossing.hi
@@ -89,16 +93,6 @@ def test_judge_flat_truth_is_not_scored() -> None:
     frame = synthetic_frame(20, 240, seed=1, modes=("none", "native"))
     result = judge(curve, fit_gain(frame, offload="native", level=0.9))
     assert result.outcome == "truth_flat" and not result.truth_determinate
-
-
-def _rising_truth() -> TruthCurve:
-    rates = [1.0, 2.0, 3.0, 4.0]
-    none = [_level("none", r, 0.1 * r * r / 1.6, 1000.0 * r) for r in rates]
-    off = [
-        _level("native", r, p.u * (1.02 if r <= 2 else 0.9), p.tp)
-        for r, p in zip(rates, none, strict=True)
-    ]
-    return truth_curve("native", none, off, seed=1)
 
 
 @pytest.mark.parametrize(("shift", "outcome"), [(0.0, "bound_holds"), (-0.2, "bound_wrong")])
