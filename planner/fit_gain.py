@@ -339,15 +339,15 @@ def fit_gain(
         # located. A break-even is still possible where the interval contains 0 at the end
         # of the support where it would lie (the low end for a positive gain): then only a
         # bound is claimed, u* <= the first significant u (u* >= the last, if negative).
-        positive = bool(gain[~ok][0] > 0)
+        sig = np.flatnonzero(~ok)
+        positive = bool(gain[sig[0]] > 0)
         loose = (
             f"; the estimate crosses 0 at {', '.join(fmt(r) for r in roots)}, where its "
             "interval contains 0"
             if roots
             else ""
         )
-        share = f"its interval excludes 0 on {float(np.mean(~ok)):.0%} of {span}{loose}"
-        sig = np.flatnonzero(~ok)
+        share = f"its interval excludes 0 on {sig.size / ok.size:.0%} of {span}{loose}"
         if not (ok[0] if positive else ok[-1]):
             return cannot(
                 f"no break-even: gain {'>' if positive else '<'} 0 throughout {span} ({share})",
