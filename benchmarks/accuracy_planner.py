@@ -5,10 +5,11 @@
     .venv/bin/python benchmarks/accuracy_planner.py --heldout-set 3 # re-run an earlier set
     .venv/bin/python benchmarks/accuracy_planner.py --table out/accuracy.json   # re-print
 
-Every case (planner/accuracy_scenarios.py, fixed seeds) simulates open-loop telemetry of
-engines with and without offload through the real collector path, fits planner.fit_gain
-(90 % intervals) and compares with the simulator's A/B truth (planner/accuracy_truth.py);
-definitions and scoring are in planner/accuracy.py. Prints a markdown table and a summary on
+Every case (benchmarks/accuracy/scenarios.py, fixed seeds) simulates open-loop telemetry of
+engines with and without offload through the real collector path, fits planner.fit.gain
+(90 % intervals) and compares with the simulator's A/B truth (benchmarks/accuracy/truth.py);
+definitions and scoring are in benchmarks/accuracy/study.py. Prints a markdown table and a summary
+on
 stdout, progress on stderr, and writes everything to ``--out`` (out/accuracy.json).
 Each held-out set was fixed (accuracy_scenarios.HELDOUT_SETS) before any of its results
 were seen; the default is the current one (HELDOUT_SET).
@@ -29,10 +30,10 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from planner.accuracy import FAST, FULL, run_case
-from planner.accuracy_judge import TOLERANCE
-from planner.accuracy_scenarios import HELDOUT_SET, HELDOUT_SETS, MASTER_SEED, draw
-from planner.accuracy_truth import LEVEL
+from benchmarks.accuracy.judge import TOLERANCE
+from benchmarks.accuracy.scenarios import HELDOUT_SET, HELDOUT_SETS, MASTER_SEED, draw
+from benchmarks.accuracy.study import FAST, FULL, run_case
+from benchmarks.accuracy.truth import LEVEL
 
 HELDOUT_CASES = 12  # fixed with each held-out set's seed before its run
 
@@ -91,7 +92,7 @@ def table(cases: list[dict[str, Any]]) -> str:
                 fitted = f"{_pct(m['fitted_u'])} " + _interval(
                     m["lo"], m["hi"], m["open_lo"], m["open_hi"]
                 )
-            elif m["lo"] is not None:  # a one-sided bound (planner.fit_gain's *_above/_below)
+            elif m["lo"] is not None:  # a one-sided bound (planner.fit.gain's *_above/_below)
                 fitted = f"{m['verdict'].replace('_', ' ')}: u* " + (
                     f"≤ {_pct(m['hi'])}" if m["open_lo"] else f"≥ {_pct(m['lo'])}"
                 )

@@ -18,9 +18,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import planner.accuracy_scenarios as scenarios
-from planner.accuracy import FULL
-from planner.accuracy_truth import LevelResult, run_level, served_levels, truth_curve
+from benchmarks.accuracy import scenarios
+from benchmarks.accuracy.study import FULL
+from benchmarks.accuracy.truth import LevelResult, run_level, served_levels, truth_curve
 
 
 def main() -> None:

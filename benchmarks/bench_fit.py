@@ -1,9 +1,9 @@
 """Cost of every planner fit on 100 engines × 7 days of 1-minute windows, on one core.
 
-Measures, on a seeded synthetic cluster (planner.fitsynth) of ~1M engine-windows:
-* the frame build (planner.frames.engine_frame) from ~12M columnar windows, with string and
+Measures, on a seeded synthetic cluster (benchmarks.accuracy.fitsynth) of ~1M engine-windows:
+* the frame build (planner.frames.frames.engine_frame) from ~12M columnar windows, with string and
   with categorical source/engine/signal columns;
-* each fit of planner.fit.fit_all (preemption knee, gain per offload mode, MFU, hit rate)
+* each fit of planner.fit.run.fit_all (preemption knee, gain per offload mode, MFU, hit rate)
   and the whole report.
 
 Baseline (same run): one plain ``numpy.linalg.lstsq`` on the gain fit's design matrix
@@ -31,9 +31,9 @@ sys.path.insert(0, str(ROOT))
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
-from planner.fit import fit_all  # noqa: E402
-from planner.fitsynth import H100_BF16_FLOPS, llama8b_prefill_flops, synthetic_frame  # noqa: E402
-from planner.frames import engine_frame  # noqa: E402
+from benchmarks.accuracy.fitsynth import H100_BF16_FLOPS, llama8b_prefill_flops, synthetic_frame  # noqa: E402
+from planner.fit.run import fit_all  # noqa: E402
+from planner.frames.frames import engine_frame  # noqa: E402
 
 # (signal, Window field, frame column) — the windows a store would hand back.
 _SPEC = (

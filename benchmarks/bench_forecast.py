@@ -26,7 +26,7 @@ sys.path.insert(0, str(ROOT))
 import numpy as np  # noqa: E402
 
 from collector.records import Window, labels_of  # noqa: E402
-from planner.forecast import demand_series_from_windows, forecast_demand  # noqa: E402
+from planner.forecast.demand import demand_series_from_windows, forecast_demand  # noqa: E402
 
 T0 = 1_699_920_000.0  # a UTC midnight
 BLOCKS_X_BLOCK_SIZE = 30_000 * 16  # illustrative engine: 30k blocks of 16 tokens

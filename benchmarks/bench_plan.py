@@ -1,7 +1,8 @@
 """`kvscope plan` on 100 engines × 7 days of 1-minute windows: read paths and the whole plan.
 
 Builds (once, cached under /tmp; ``--rebuild`` to redo) a SQLite store of a seeded synthetic
-cluster (planner.fitsynth: 100 engines, none/native/lmcache in turn, ~12.7 M windows of every
+cluster (benchmarks.accuracy.fitsynth: 100 engines, none/native/lmcache in turn, ~12.7 M windows of
+every
 signal the plan reads, written in time order with Store.write_windows as the collector
 would), then times in the same run:
 
@@ -37,11 +38,11 @@ from typing import Any, TypeVar  # noqa: E402
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from benchmarks.accuracy.fitsynth import frame_to_windows, synthetic_frame  # noqa: E402
 from collector.store import Store  # noqa: E402
-from planner.fitsynth import frame_to_windows, synthetic_frame  # noqa: E402
-from planner.plan import build_plan  # noqa: E402
-from planner.plan_observe import NEEDED_SIGNALS  # noqa: E402
-from planner.plan_table import PLAN_COLUMNS  # noqa: E402
+from planner.frames.table import PLAN_COLUMNS  # noqa: E402
+from planner.plan.build import build_plan  # noqa: E402
+from planner.plan.observe import NEEDED_SIGNALS  # noqa: E402
 from tests.planner.synthstore import BLOCK_SIZE, BLOCKS, GPU, MODEL, TP, with_rates  # noqa: E402
 
 CLUSTER = "bench"

@@ -2,8 +2,8 @@
 
 A simulated cluster (planner.simulate: examples/scenarios/demo.yaml) serves live ``/metrics``
 per engine and LMCache pool on 127.0.0.1; the collector (collector.run.collect_direct)
-scrapes them into SQLite; the planner (planner.plan.build_plan) fits, forecasts, decides and
-sizes; planner.plots writes the PNGs. This module only wires them together.
+scrapes them into SQLite; the planner (planner.plan.build.build_plan) fits, forecasts, decides and
+sizes; planner.report.plots writes the PNGs. This module only wires them together.
 
 Time: the fits need hours of windows over a range of KV use, so the collector runs on the
 *simulated* clock. The clock is ``epoch0 + simulated time`` with ``epoch0`` = now minus the
@@ -34,7 +34,7 @@ if TYPE_CHECKING:
     from collector.run import CollectStats
     from collector.sources import TargetSet
     from collector.store import Store
-    from planner.plan import Plan
+    from planner.plan.build import Plan
     from planner.simulate.scenario import Scenario
     from planner.simulate.serve import LiveCluster
 
@@ -104,7 +104,7 @@ def load_demo_scenario(path: Path, sim_hours: float, seed: int) -> Scenario:
 def clear_outputs(out: Path) -> list[Path]:
     """Delete the PNGs an earlier run wrote in ``out`` (only the demo's own file names), so
     a plot this run cannot draw does not linger from a previous one. Returns what it deleted."""
-    from planner.plots import PLOT_FILES
+    from planner.report.plots import PLOT_FILES
 
     gone = []
     for name in PLOT_FILES:
@@ -322,8 +322,8 @@ def run_demo(opts: DemoOptions, *, err: IO[str] | None = None) -> DemoResult:
     closed, and the interrupt re-raised. Nothing started here outlives the call.
     """
     from collector.store import Store
-    from planner.plan import build_plan
-    from planner.plots import write_plots
+    from planner.plan.build import build_plan
+    from planner.report.plots import write_plots
 
     err = err or sys.stderr
     t0 = time.monotonic()
@@ -376,8 +376,8 @@ def run_demo(opts: DemoOptions, *, err: IO[str] | None = None) -> DemoResult:
 
 
 def summary(result: DemoResult) -> str:
-    """The readable summary: what was simulated, the plan (planner.plan_text), the files."""
-    from planner.plan_text import summary_text
+    """The readable summary: what was simulated, the plan (planner.report.plan_text), the files."""
+    from planner.report.plan_text import summary_text
 
     sc = result.scenario
     per_target = Counter(e["offload"] for e in result.endpoints["engines"])

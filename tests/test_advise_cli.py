@@ -9,7 +9,7 @@ from typer.testing import CliRunner
 
 from collector.errors import ConfigError
 from kvscope.cli import app
-from planner.decide import RULE_IDS
+from planner.decide.decision import RULE_IDS
 from tests.clirun import assert_one_line_error, run_kvscope
 
 RUNNER = CliRunner()

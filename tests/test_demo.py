@@ -34,7 +34,7 @@ from kvscope.demo import (
     run_demo,
     summary,
 )
-from planner.plots import PLOT_FILES
+from planner.report.plots import PLOT_FILES
 
 REPO = Path(__file__).resolve().parents[1]
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"

@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 from collector.errors import ConfigError, KvscopeError
 from collector.store import Store
 from kvscope.cli import app
-from planner.plan import NoData
+from planner.plan.build import NoData
 from tests.clirun import assert_one_line_error, run_kvscope
 from tests.planner.synthstore import fill_store, shifted_frame, sqlite_url
 

@@ -56,7 +56,7 @@ def register(app: typer.Typer) -> None:
         Example: kvscope advise --explain
         """
         if explain:
-            from planner.decide import decider_doc
+            from planner.decide.decision import decider_doc
 
             typer.echo(decider_doc(), nl=False)
             return
@@ -74,8 +74,8 @@ def register(app: typer.Typer) -> None:
             raise ConfigError(f"missing {', '.join(missing)} (or use --explain)")
         assert model and gpu and tp is not None and prompt_tokens is not None
         assert output_tokens is not None and qps is not None and prefix_share is not None
-        from planner.advise import WhatIf, advise
-        from planner.advise_text import advice_text
+        from planner.advise.whatif import WhatIf, advise
+        from planner.report.advise_text import advice_text
 
         whatif = WhatIf(
             model,

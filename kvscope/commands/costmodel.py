@@ -29,7 +29,7 @@ def _emit(payload: dict[str, Any], text: str, as_json: bool) -> None:
 
 
 def _setup(catalog: Path | None, model: str, gpu: str, kv_dtype: str) -> tuple[Any, Any, Any]:
-    from planner import hardware
+    from planner.model import hardware
 
     cat = hardware.load_catalog(catalog)
     return cat, hardware.with_kv_dtype(cat.model(model), kv_dtype), cat.gpu(gpu)
@@ -59,7 +59,7 @@ def register(app: typer.Typer) -> None:
         Example: kvscope costmodel reread --model llama-3.1-70b-fp8 --gpu h100 --tp 4
         --tier ceph-hdd --tokens 4096 --kv-dtype fp8 --json
         """
-        from planner.breakeven import SEED_EXERCISE_NOTE, reread_vs_reprefill
+        from planner.model.breakeven import SEED_EXERCISE_NOTE, reread_vs_reprefill
 
         cat, m, g = _setup(catalog, model, gpu, kv_dtype)
         c = reread_vs_reprefill(
@@ -96,8 +96,8 @@ def register(app: typer.Typer) -> None:
 
         Example: kvscope costmodel breakeven --model llama-3.1-8b --gpu h100 --tp 1 --json
         """
-        from planner.breakeven import breakeven_bandwidth, breakeven_context
-        from planner.costmodel import kv_bytes_per_token_engine, prefill_seconds
+        from planner.model.breakeven import breakeven_bandwidth, breakeven_context
+        from planner.model.costmodel import kv_bytes_per_token_engine, prefill_seconds
 
         cat, m, g = _setup(catalog, model, gpu, kv_dtype)
         b_star = breakeven_bandwidth(m, g, tp, mfu=mfu, prompt_tokens=prompt_tokens)
@@ -158,7 +158,7 @@ def register(app: typer.Typer) -> None:
         """
         from dataclasses import asdict
 
-        from planner.hardware import load_catalog
+        from planner.model.hardware import load_catalog
 
         cat = load_catalog(catalog)
         payload = {
@@ -185,8 +185,8 @@ def register(app: typer.Typer) -> None:
 
         Example: kvscope costmodel seed-exercise --json
         """
-        from planner.breakeven import SEED_EXERCISE_NOTE, seed_exercise
-        from planner.hardware import load_catalog
+        from planner.model.breakeven import SEED_EXERCISE_NOTE, seed_exercise
+        from planner.model.hardware import load_catalog
 
         result = seed_exercise(load_catalog(catalog))
         payload = {

@@ -81,8 +81,8 @@ def register(app: typer.Typer) -> None:
         from collector.store import Store
         from kvscope.commands.collect import parse_duration
         from kvscope.config import get_settings
-        from planner.plan import build_plan
-        from planner.plan_text import summary_text
+        from planner.plan.build import build_plan
+        from planner.report.plan_text import summary_text
 
         try:
             url = get_settings(db=db).db
@@ -104,7 +104,7 @@ def register(app: typer.Typer) -> None:
                 group=group,
             )
         if plots is not None:
-            from planner.plots import write_plots
+            from planner.report.plots import write_plots
 
             for path in write_plots(plan, plots, seed=seed):
                 print(f"kvscope plan: wrote {path}", file=sys.stderr)

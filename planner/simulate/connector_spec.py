@@ -8,8 +8,8 @@ import math
 from dataclasses import dataclass
 
 from collector.errors import ConfigError
-from planner import costmodel
-from planner.hardware import get_tier
+from planner.model import costmodel
+from planner.model.hardware import get_tier
 from planner.simulate.spec import Param, Section
 
 GB = 1e9

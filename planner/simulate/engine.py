@@ -15,7 +15,7 @@ Scheduling follows vLLM v1's Scheduler.schedule() with these documented simplifi
   joins the end of the running queue, so it is the next preemption victim
   (`cluster.resume_after_load: in_place` is the what-if where it keeps its place).
 Decode-only stretches are advanced k steps at once (decode.py). Step times come from
-planner.costmodel.step_seconds (roofline); see PARAMETERS.md.
+planner.model.costmodel.step_seconds (roofline); see PARAMETERS.md.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ import math
 from collections import deque
 from collections.abc import Callable
 
-from planner import costmodel
+from planner.model import costmodel
 from planner.simulate.commit import LOADED, LOADING, PREFILL, WAITING
 from planner.simulate.decode import DecodeBatch
 from planner.simulate.kvcache import BlockPool
@@ -38,7 +38,7 @@ IDLE, MIXED, JUMP, WAIT = 0, 1, 2, 3
 
 
 class StepCost:
-    """Step time of one engine from the cost model (roofline, planner/costmodel.py)."""
+    """Step time of one engine from the cost model (roofline, planner/model/costmodel.py)."""
 
     def __init__(self, spec: ClusterSpec) -> None:
         self.step = costmodel.step_seconds_fn(

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import math
 
-from planner.costmodel import transfer_seconds
+from planner.model.costmodel import transfer_seconds
 from planner.simulate.kvcache import PrefixLRU
 from planner.simulate.offload import Connector
 from planner.simulate.scenario import ClusterSpec

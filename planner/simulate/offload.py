@@ -11,7 +11,7 @@ kernel path that was 6 % worse than no offload) — a step-time factor here.
 
 from __future__ import annotations
 
-from planner.costmodel import transfer_seconds
+from planner.model.costmodel import transfer_seconds
 from planner.simulate.kvcache import PrefixLRU
 from planner.simulate.scenario import ClusterSpec
 from planner.simulate.telemetry import EngineTelemetry

@@ -1,4 +1,4 @@
-"""A real SQLite store filled with windows of a known process (planner/fitsynth.py).
+"""A real SQLite store filled with windows of a known process (benchmarks/accuracy/fitsynth.py).
 
 Shared by tests/planner/test_plan.py and tests/test_plan_cli.py. The synthetic cluster is
 shifted so its last window ends a minute ago (`kvscope plan --since 24h` sees it) on a
@@ -14,9 +14,9 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from benchmarks.accuracy.fitsynth import frame_to_windows, synthetic_frame
 from collector.records import Window
 from collector.store import Store
-from planner.fitsynth import frame_to_windows, synthetic_frame
 
 if TYPE_CHECKING:
     import pandas as pd

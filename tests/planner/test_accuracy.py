@@ -1,4 +1,4 @@
-"""planner.accuracy: the fitted offload break-even against the simulator's own A/B truth.
+"""benchmarks.accuracy.study: the fitted offload break-even against the simulator's own A/B truth.
 
 The fast test runs two chat cases (the family with a load-driven break-even) of the
 ``test`` split with the FAST budget; the slow one four ``dev`` cases with the study's
@@ -13,14 +13,14 @@ from dataclasses import replace
 
 import pytest
 
+from benchmarks.accuracy.fitsynth import synthetic_frame
+from benchmarks.accuracy.judge import TOLERANCE, ModeResult, judge
+from benchmarks.accuracy.scenarios import HELDOUT_SET, HELDOUT_SETS, draw
+from benchmarks.accuracy.study import FAST, FULL, CaseResult, run_case
+from benchmarks.accuracy.truth import LevelResult, TruthCurve, truth_curve
 from collector.errors import ConfigError
-from planner.accuracy import FAST, FULL, CaseResult, run_case
-from planner.accuracy_judge import TOLERANCE, ModeResult, judge
-from planner.accuracy_scenarios import HELDOUT_SET, HELDOUT_SETS, draw
-from planner.accuracy_truth import LevelResult, TruthCurve, truth_curve
-from planner.fit_gain import fit_gain
-from planner.fitcommon import Interval
-from planner.fitsynth import synthetic_frame
+from planner.fit.common import Interval
+from planner.fit.gain import fit_gain
 
 WRONG = ("confidently_wrong", "false_crossing", "wrong_sign", "missed", "off", "bound_wrong")
 

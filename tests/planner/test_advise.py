@@ -1,4 +1,5 @@
-"""planner.advise: what-if checks, the scenario it builds, and simulated evidence -> decision."""
+"""planner.advise.whatif: what-if checks, the scenario it builds, and simulated evidence ->
+decision."""
 
 from __future__ import annotations
 
@@ -9,16 +10,16 @@ from typing import Any
 import pytest
 
 from collector.errors import ConfigError
-from planner.advise import WhatIf, advise
-from planner.advise_sim import (
+from planner.advise.sim import (
     MAX_REQUESTS,
     SIM_GAIN_TOLERANCE,
     WARMUP_FRACTION,
     layout,
     scenario_of,
 )
-from planner.costmodel import hbm_kv_capacity_tokens
-from planner.hardware import get_gpu, get_model
+from planner.advise.whatif import WhatIf, advise
+from planner.model.costmodel import hbm_kv_capacity_tokens
+from planner.model.hardware import get_gpu, get_model
 
 SMALL = WhatIf("llama-3.1-8b", "h100", 1, 3000, 128, 4.0, 0.5, engines=2, duration_s=60.0)
 

@@ -7,15 +7,15 @@ import re
 import pytest
 
 from collector.errors import ConfigError
-from planner.breakeven import (
+from planner.model.breakeven import (
     SEED_EXERCISE_NOTE,
     breakeven_bandwidth,
     breakeven_context,
     reread_vs_reprefill,
     seed_exercise,
 )
-from planner.costmodel import prefill_seconds, tier_read_seconds
-from planner.hardware import Tier, get_gpu, get_model, get_tier, with_kv_dtype
+from planner.model.costmodel import prefill_seconds, tier_read_seconds
+from planner.model.hardware import Tier, get_gpu, get_model, get_tier, with_kv_dtype
 
 H100 = get_gpu("h100")
 LLAMA_8B = get_model("llama-3.1-8b")

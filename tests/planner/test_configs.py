@@ -8,9 +8,9 @@ import shlex
 import pytest
 
 from collector.errors import ConfigError
-from planner import configs
-from planner.costmodel import kv_bytes_per_token
-from planner.hardware import get_model
+from planner.deploy import configs
+from planner.model.costmodel import kv_bytes_per_token
+from planner.model.hardware import get_model
 
 GIB = 1024**3
 

@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from collector.errors import ConfigError
-from planner.costmodel import (
+from planner.model.costmodel import (
     DEFAULT_STEP_OVERHEAD_S,
     hbm_kv_capacity_tokens,
     kv_bytes_per_token,
@@ -19,7 +19,7 @@ from planner.costmodel import (
     transfer_seconds,
     weight_bytes_per_gpu,
 )
-from planner.hardware import get_gpu, get_model, get_tier, with_kv_dtype
+from planner.model.hardware import get_gpu, get_model, get_tier, with_kv_dtype
 
 H100 = get_gpu("h100")
 LLAMA_8B = get_model("llama-3.1-8b")

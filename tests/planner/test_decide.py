@@ -10,8 +10,7 @@ from typing import Any
 import pytest
 
 from collector.errors import ConfigError
-from planner.breakeven import breakeven_bandwidth
-from planner.decide import (
+from planner.decide.decision import (
     RULE_IDS,
     Decision,
     Evidence,
@@ -21,7 +20,8 @@ from planner.decide import (
     decide,
     decider_doc,
 )
-from planner.hardware import get_gpu, get_model
+from planner.model.breakeven import breakeven_bandwidth
+from planner.model.hardware import get_gpu, get_model
 
 # A complete, unremarkable 8-engine Llama-3.1-8B group on one H100 node: every rule can run.
 BASE: dict[str, Any] = {

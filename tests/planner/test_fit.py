@@ -1,4 +1,4 @@
-"""planner.fit.fit_all: every fit the data supports, refusals collected instead of raised."""
+"""planner.fit.run.fit_all: every fit the data supports, refusals collected instead of raised."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ import warnings
 
 import pytest
 
-from planner.fit import FitReport, fit_all, jsonable
-from planner.fitcommon import Interval, recorded_warnings
-from planner.fitsynth import H100_BF16_FLOPS, llama8b_prefill_flops, synthetic_frame
+from benchmarks.accuracy.fitsynth import H100_BF16_FLOPS, llama8b_prefill_flops, synthetic_frame
+from planner.fit.common import Interval, recorded_warnings
+from planner.fit.run import FitReport, fit_all, jsonable
 
 
 def test_fit_all_synthetic_cluster_runs_every_fit() -> None:

@@ -1,4 +1,4 @@
-"""planner.fit_gain: offload gain vs utilization and the break-even, against known truth."""
+"""planner.fit.gain: offload gain vs utilization and the break-even, against known truth."""
 
 from __future__ import annotations
 
@@ -10,10 +10,10 @@ import pandas as pd
 import pytest
 import statsmodels.api as sm
 
+from benchmarks.accuracy.fitsynth import Truth, synthetic_frame
 from collector.errors import ConfigError, InsufficientHistory
-from planner.fit_gain import fit_gain, located_crossings
-from planner.fitcommon import engine_groups, ols_robust
-from planner.fitsynth import Truth, synthetic_frame
+from planner.fit.common import engine_groups, ols_robust
+from planner.fit.gain import fit_gain, located_crossings
 
 MODES = ("none", "native")
 

@@ -1,4 +1,4 @@
-"""planner.fit_hitrate: LMCache L1 hit ratio vs size, against a known saturating curve."""
+"""planner.fit.hitrate: LMCache L1 hit ratio vs size, against a known saturating curve."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from benchmarks.accuracy.fitsynth import Truth, synthetic_frame
 from collector.errors import ConfigError, InsufficientHistory
-from planner.fit_hitrate import fit_hitrate
-from planner.fitsynth import Truth, synthetic_frame
+from planner.fit.hitrate import fit_hitrate
 
 TRUTH = Truth()
 

@@ -1,4 +1,4 @@
-"""planner.fit_mfu: effective prefill MFU from TTFT vs prompt length at low load."""
+"""planner.fit.mfu: effective prefill MFU from TTFT vs prompt length at low load."""
 
 from __future__ import annotations
 
@@ -8,9 +8,14 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from benchmarks.accuracy.fitsynth import (
+    H100_BF16_FLOPS,
+    Truth,
+    llama8b_prefill_flops,
+    synthetic_frame,
+)
 from collector.errors import ConfigError, InsufficientHistory
-from planner.fit_mfu import fit_mfu
-from planner.fitsynth import H100_BF16_FLOPS, Truth, llama8b_prefill_flops, synthetic_frame
+from planner.fit.mfu import fit_mfu
 
 TRUTH = Truth()
 

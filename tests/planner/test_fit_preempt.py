@@ -1,4 +1,4 @@
-"""planner.fit_preempt: the preemption knee, recovered from data whose truth is known."""
+"""planner.fit.preempt: the preemption knee, recovered from data whose truth is known."""
 
 from __future__ import annotations
 
@@ -9,10 +9,10 @@ import pandas as pd
 import pytest
 import statsmodels.api as sm
 
+from benchmarks.accuracy.fitsynth import Truth, synthetic_frame
 from collector.errors import InsufficientHistory
-from planner.fit_preempt import _bin, _collapse, _design, _irls, _sandwich, fit_preemption
-from planner.fitcommon import engine_groups
-from planner.fitsynth import Truth, synthetic_frame
+from planner.fit.common import engine_groups
+from planner.fit.preempt import _bin, _collapse, _design, _irls, _sandwich, fit_preemption
 
 TRUTH = Truth()
 

@@ -1,4 +1,4 @@
-"""planner.forecast on seeded synthetic series whose truth is known."""
+"""planner.forecast.demand on seeded synthetic series whose truth is known."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import pytest
 
 from collector.errors import ConfigError, InsufficientHistory
 from collector.records import Window, labels_of
-from planner.forecast import (
+from planner.forecast.demand import (
     Forecast,
     SeriesError,
     demand_series_from_windows,

@@ -1,4 +1,4 @@
-"""planner.forecast is a function of its input: same series + seed -> the same numbers.
+"""planner.forecast.demand is a function of its input: same series + seed -> the same numbers.
 
 Before: candidates were skipped once half of max_seconds had passed and the simulation past
 80 %, so on a loaded machine the same series gave another model and another P(saturation),
@@ -18,8 +18,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from planner.forecast import forecast_demand
-from planner.forecast_saturation import (
+from planner.forecast.demand import forecast_demand
+from planner.forecast.saturation import (
     MAX_SIM_DRAWS,
     MIN_SIMULATED_PATHS,
     SIMULATED_PATHS,
@@ -42,7 +42,7 @@ def rising(hours: float, seed: int) -> pd.Series:
 SCRIPT = """
 import json, sys
 import numpy as np, pandas as pd
-from planner.forecast import forecast_demand
+from planner.forecast.demand import forecast_demand
 t = np.array(json.loads(sys.argv[1])); v = np.array(json.loads(sys.argv[2]))
 f = forecast_demand(pd.Series(v, index=t), horizon_s=6 * 3600, capacity=2e4, seed=5)
 print(json.dumps(f.to_dict(timings=False), sort_keys=True))

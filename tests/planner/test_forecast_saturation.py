@@ -1,4 +1,4 @@
-"""planner.forecast_saturation.rule_of_three: a simulated P(saturation) of exactly 0 or 1 gets
+"""planner.forecast.saturation.rule_of_three: a simulated P(saturation) of exactly 0 or 1 gets
 the 95 % rule-of-three bound (Hanley & Lippman-Hand 1983), on a table and on real forecasts
 where no path / every path saturates."""
 
@@ -8,8 +8,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from planner.forecast import forecast_demand
-from planner.forecast_saturation import rule_of_three
+from planner.forecast.demand import forecast_demand
+from planner.forecast.saturation import rule_of_three
 
 T0 = 1_699_920_000.0
 HOUR = 3600.0

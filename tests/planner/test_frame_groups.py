@@ -1,5 +1,5 @@
-"""planner.frame_groups: each engine's model group, splitting a frame by group, and
-planner.fit.fit_all fitting each group of a frame on its own."""
+"""planner.frames.groups: each engine's model group, splitting a frame by group, and
+planner.fit.run.fit_all fitting each group of a frame on its own."""
 
 from __future__ import annotations
 
@@ -8,14 +8,14 @@ import json
 import pandas as pd
 import pytest
 
+from benchmarks.accuracy.fitsynth import synthetic_frame
 from collector.errors import ConfigError
 from collector.models import EngineRecord
 from collector.records import Window, labels_of
-from planner.fit import fit_all
-from planner.fit_preempt import fit_preemption
-from planner.fitsynth import synthetic_frame
-from planner.frame_groups import UNKNOWN_GROUP, group_name, same_model, split_groups
-from planner.frames import engine_frame
+from planner.fit.preempt import fit_preemption
+from planner.fit.run import fit_all
+from planner.frames.frames import engine_frame
+from planner.frames.groups import UNKNOWN_GROUP, group_name, same_model, split_groups
 
 T0 = 1.8e9
 

@@ -1,4 +1,4 @@
-"""planner.frames: windows -> one row per (source, engine, window start)."""
+"""planner.frames.frames: windows -> one row per (source, engine, window start)."""
 
 from __future__ import annotations
 
@@ -8,10 +8,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from benchmarks.accuracy.fitsynth import frame_to_windows, synthetic_frame
 from collector.records import Window, labels_of
 from collector.sources import EngineMeta
-from planner.fitsynth import frame_to_windows, synthetic_frame
-from planner.frames import COLUMNS, engine_frame
+from planner.frames.frames import COLUMNS, engine_frame
 
 NUMERIC = [c for c in COLUMNS if c not in ("source", "engine", "offload_mode", "group")]
 T0 = 1.8e9

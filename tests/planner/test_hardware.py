@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from collector.errors import ConfigError
-from planner.hardware import (
+from planner.model.hardware import (
     GPU,
     Model,
     Tier,

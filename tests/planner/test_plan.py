@@ -1,7 +1,7 @@
-"""planner.plan: a real SQLite store of a known synthetic cluster -> the plan's numbers.
+"""planner.plan.build: a real SQLite store of a known synthetic cluster -> the plan's numbers.
 
 The main fixture stores 6 engines (2 none, 2 native, 2 lmcache) × 300 one-minute windows
-drawn by planner/fitsynth.py; the plan's figures are checked against the same statistics
+drawn by benchmarks/accuracy/fitsynth.py; the plan's figures are checked against the same statistics
 and fits computed directly on the generating frame, and against the generator's truth.
 """
 
@@ -16,17 +16,17 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from benchmarks.accuracy.fitsynth import Truth
 from collector.errors import ConfigError
 from collector.records import Kind, ScrapeOutcome, Window, labels_of
 from collector.store import Store
-from planner.decide import RULE_IDS
-from planner.fit_gain import fit_gain
-from planner.fit_preempt import fit_preemption
-from planner.fitsynth import Truth
-from planner.hardware import get_gpu, get_model
-from planner.plan import NoData, Plan, build_plan, lmcache_up_fraction
-from planner.plan_fits import Hardware
-from planner.plan_forecast import kv_capacity
+from planner.decide.decision import RULE_IDS
+from planner.fit.gain import fit_gain
+from planner.fit.preempt import fit_preemption
+from planner.model.hardware import get_gpu, get_model
+from planner.plan.build import NoData, Plan, build_plan, lmcache_up_fraction
+from planner.plan.fits import Hardware
+from planner.plan.forecast import kv_capacity
 from tests.planner.synthstore import (
     BLOCK_SIZE,
     BLOCKS,
@@ -265,7 +265,7 @@ def test_kv_capacity_prefers_facts_then_prior_then_engines() -> None:
     mixed = kv_capacity(windows, facts, hw)
     assert mixed is not None and mixed.per_source is not None
     assert mixed.per_source["a"] == 16_000
-    from planner.costmodel import hbm_kv_capacity_tokens
+    from planner.model.costmodel import hbm_kv_capacity_tokens
 
     prior = hbm_kv_capacity_tokens(hw.model, hw.gpu, 1)
     assert mixed.per_source["b"] == prior and mixed.total == 16_000 + prior
@@ -299,8 +299,8 @@ def test_lmcache_up_fraction_reads_last_outcome_per_target(tmp_path: Path) -> No
 
 
 def test_observe_lmcache_server_source_counts_for_lmcache_mode() -> None:
-    from planner.frames import engine_frame
-    from planner.plan_observe import observe
+    from planner.frames.frames import engine_frame
+    from planner.plan.observe import observe
 
     eng = labels_of({"engine": "0", "model_name": "m"})
     srv = labels_of({"model_name": "m"})
@@ -331,8 +331,8 @@ def test_observe_lmcache_server_source_counts_for_lmcache_mode() -> None:
 def test_run_fits_one_refused_fit_leaves_the_others_standing() -> None:
     import dataclasses
 
-    from planner.fitsynth import synthetic_frame
-    from planner.plan_fits import run_fits
+    from benchmarks.accuracy.fitsynth import synthetic_frame
+    from planner.plan.fits import run_fits
 
     frame = synthetic_frame(3, 150, seed=4)
     # A GPU entry without FLOPs: fit_all's MFU fit refuses it (ConfigError).

@@ -1,4 +1,4 @@
-"""planner.plan model groups: a real SQLite store of two models' engines -> a plan per group.
+"""planner.plan.build model groups: a real SQLite store of two models' engines -> a plan per group.
 
 The store (tests/planner/groupstore.py) holds 6 engines of an 8B model on one GPU and 4 of
 a 70B model on four, each model's windows labelled with its served name. The plan must fit
@@ -19,10 +19,10 @@ import pytest
 
 from collector.errors import ConfigError
 from collector.store import Store
-from planner.fit_preempt import fit_preemption
-from planner.plan import Plan, build_plan, json_safe
-from planner.plan_fits import FIT_NAMES
-from planner.plan_text import summary_text
+from planner.fit.preempt import fit_preemption
+from planner.plan.build import Plan, build_plan, json_safe
+from planner.plan.fits import FIT_NAMES
+from planner.report.plan_text import summary_text
 from tests.planner.groupstore import BIG, SMALL, fill_two_models
 from tests.planner.synthstore import (
     BLOCK_SIZE,

@@ -9,7 +9,7 @@ import pytest
 from collector.catalog import token_buckets
 from collector.records import SignalSample, Snapshot, Window, labels_of
 from collector.rollup import Rollup
-from planner.plan_observe import p90_censored, prompt_lengths
+from planner.plan.observe import p90_censored, prompt_lengths
 
 LABELS = labels_of({"engine": "0", "model_name": "m"})
 
@@ -102,7 +102,7 @@ def test_weighted_median_and_quantiles_arrays_equal_the_list_loop(seed: int) -> 
     with ties, NaN, inf, zero and negative weights mixed in."""
     import numpy as np
 
-    from planner.plan_observe import quantiles, weighted_median
+    from planner.plan.observe import quantiles, weighted_median
 
     rng = np.random.default_rng(seed)
     n = int(rng.integers(0, 400))
@@ -118,7 +118,7 @@ def test_weighted_median_and_quantiles_arrays_equal_the_list_loop(seed: int) -> 
 def test_seq_sum_adds_left_to_right_as_a_loop() -> None:
     import numpy as np
 
-    from planner.plan_table import seq_sum
+    from planner.frames.table import seq_sum
 
     values = np.array([1e16, 1.0, -1e16, 1.0, 0.1, 0.2] * 50)
     total = 0.0

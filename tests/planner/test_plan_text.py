@@ -1,4 +1,5 @@
-"""planner.plan_text forecast lines: which forecast drove sizing (with the KV the request rate
+"""planner.report.plan_text forecast lines: which forecast drove sizing (with the KV the request
+rate
 implies and its interval), and P(saturation) with its Monte Carlo error or, at exactly 0 or 1,
 its rule-of-three bound. The plan is a real one (a SQLite store of synthetic engines)."""
 
@@ -11,9 +12,9 @@ from typing import Any
 import pytest
 
 from collector.store import Store
-from planner.forecast_saturation import rule_of_three
-from planner.plan import build_plan
-from planner.plan_text import summary_text
+from planner.forecast.saturation import rule_of_three
+from planner.plan.build import build_plan
+from planner.report.plan_text import summary_text
 from tests.planner.synthstore import fill_store, shifted_frame, sqlite_url
 
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from planner.plots import _note, _title
+from planner.report.plots import _note, _title
 
 REASON = (
     "the knee's lower end is not bounded by the data (the likelihood-ratio cut is not reached "

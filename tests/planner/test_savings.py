@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 from collector.errors import ConfigError
-from planner.costmodel import prefill_seconds, tier_read_seconds
-from planner.hardware import get_gpu, get_model, get_tier
-from planner.savings import prefix_savings
+from planner.model.costmodel import prefill_seconds, tier_read_seconds
+from planner.model.hardware import get_gpu, get_model, get_tier
+from planner.model.savings import prefix_savings
 
 # Seed exercise: a 6 K-token system prompt shared by 200 queries per hour.
 PREFIX, QPH, PRICE = 6000, 200, 3.0

@@ -10,10 +10,10 @@ from typing import Any
 import pytest
 
 from collector.errors import ConfigError
-from planner.costmodel import hbm_kv_capacity_tokens, kv_bytes_per_token
-from planner.decide import Decision, Evidence, GainEvidence, ValueCI, decide
-from planner.hardware import get_gpu, get_model
-from planner.sizing import l1_from_curve, size
+from planner.decide.decision import Decision, Evidence, GainEvidence, ValueCI, decide
+from planner.deploy.sizing import l1_from_curve, size
+from planner.model.costmodel import hbm_kv_capacity_tokens, kv_bytes_per_token
+from planner.model.hardware import get_gpu, get_model
 
 GIB = 1024**3
 KV_8B = 131_072  # bytes per token, Llama-3.1-8B bf16 (numbers.md)

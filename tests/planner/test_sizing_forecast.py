@@ -1,8 +1,8 @@
 """Engine sizing from the plan's forecasts: the KV-demand forecast, or the KV the request-rate
 forecast implies (Little's law) when that is wholly higher; the sizing says which and why.
 
-End to end from Window records: planner.plan_forecast (capacity, both forecasts, the
-reconciliation, the evidence) -> planner.evidence.Evidence -> planner.sizing.size.
+End to end from Window records: planner.plan.forecast (capacity, both forecasts, the
+reconciliation, the evidence) -> planner.decide.evidence.Evidence -> planner.deploy.sizing.size.
 """
 
 from __future__ import annotations
@@ -14,10 +14,10 @@ import numpy as np
 import pytest
 
 from collector.records import Window, labels_of
-from planner.decide import Decision
-from planner.evidence import Evidence
-from planner.plan_forecast import ForecastRun, kv_capacity, run_forecasts
-from planner.sizing import size
+from planner.decide.decision import Decision
+from planner.decide.evidence import Evidence
+from planner.deploy.sizing import size
+from planner.plan.forecast import ForecastRun, kv_capacity, run_forecasts
 
 T0 = 1_699_920_000.0
 HOUR = 3600.0

@@ -1,4 +1,5 @@
-"""planner.telemetry_gen: simulator -> real exposition text -> collector.parse -> rollup."""
+"""benchmarks.accuracy.telemetry_gen: simulator -> real exposition text -> collector.parse ->
+rollup."""
 
 from __future__ import annotations
 
@@ -6,10 +7,10 @@ from typing import Any
 
 import pytest
 
+from benchmarks.accuracy.telemetry_gen import DEFAULT_EPOCH0, generate, merge
 from collector.errors import ConfigError
 from planner.simulate.cluster import Simulation
 from planner.simulate.scenario import Scenario, parse_scenario
-from planner.telemetry_gen import DEFAULT_EPOCH0, generate, merge
 
 RAW: dict[str, Any] = {
     "name": "telemetry-gen",

@@ -1,0 +1,1 @@
+"""Benchmarks and studies: not shipped in the wheel."""

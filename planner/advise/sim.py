@@ -1,0 +1,204 @@
+"""The simulation half of `kvscope advise`: the scenario a what-if becomes, one seeded run
+per offload mode with per-engine KV use sampled through it, and the per-mode figures.
+
+The runs go through planner/simulate's public API (parse_scenario, Simulation.advance_to,
+engine_snapshots, results.summarize); nothing here changes the simulator.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from planner.advise.whatif import WhatIf
+
+# Calibration allowance on a simulated relative throughput gain g: ±(10 pp + 20 % of |g|).
+# benchmarks/calibrate_sim.py reproduces GKE Test 2 (numbers.md) with this simulator; its
+# input-throughput gains miss the published ones by −9.4, +9.4, +2.5 and −57.2 pp at +16,
+# +50, +179 and +264 %: the band covers every one. Beyond that cluster it is an assumption.
+SIM_GAIN_TOLERANCE = 0.10
+SIM_GAIN_TOLERANCE_REL = 0.20
+
+
+def sim_gain_tolerance(gain: float) -> float:
+    """Half-width of the calibration band around a simulated relative gain."""
+    return SIM_GAIN_TOLERANCE + SIM_GAIN_TOLERANCE_REL * abs(gain)
+
+
+# Simulated requests per mode at most: keeps one advise call to a few seconds of wall time
+# (~1 s per 2,000 requests of an 8B model on one core, measured with this simulator).
+MAX_REQUESTS = 3000
+MIN_DURATION_S = 30.0
+WARMUP_FRACTION = 0.2  # the first 20 % of the run fills the caches and is not measured
+SAMPLES = 120  # KV-use samples per run
+GPUS_PER_NODE = 8  # assumption: 8-GPU nodes (H100/H200 HGX), the simulator's default
+DRAM_RESERVE = 0.2  # sizing.size's default reserve for OS, vLLM processes and page cache
+MODES = ("none", "native", "lmcache")
+SIM_NOTE = (
+    "simulated, not measured: planner/simulate with its defaults (MFU 50 % prior, numbers.md); "
+    "gains carry the simulator's calibration error (±(10 pp + 20 % of the gain): its misses on "
+    "GKE Test 2, benchmarks/calibrate_sim.py) and "
+    "one seed's noise; an open loop at the given QPS shows throughput gains only when the "
+    "cluster without offload cannot keep up — otherwise see the TTFT and prefill-compute rows"
+)
+
+
+def layout(engines: int, tp: int) -> tuple[int, int]:
+    """(nodes, GPUs per node): as many engines per 8-GPU node as divide ``engines`` evenly."""
+    per_node_max = max(1, GPUS_PER_NODE // tp)
+    per_node = max(d for d in range(1, per_node_max + 1) if engines % d == 0)
+    return engines // per_node, per_node * tp
+
+
+def scenario_of(w: WhatIf) -> tuple[dict[str, Any], list[str]]:
+    """The simulator scenario of a what-if (offload set per run) and the notes it needs."""
+    notes: list[str] = []
+    nodes, gpn = layout(w.engines, w.tp)
+    per_node = gpn // w.tp
+    duration = w.duration_s
+    if w.qps * duration > MAX_REQUESTS / (1 - WARMUP_FRACTION):
+        duration = max(MIN_DURATION_S, MAX_REQUESTS / (1 - WARMUP_FRACTION) / w.qps)
+        notes.append(
+            f"simulated {duration:.0f} s instead of {w.duration_s:g} s to stay within "
+            f"~{MAX_REQUESTS} requests per mode (a few seconds of wall time)"
+        )
+    cluster: dict[str, Any] = {
+        "nodes": nodes,
+        "gpus_per_node": gpn,
+        "gpu": w.gpu,
+        "model": w.model,
+        "tensor_parallel": w.tp,
+    }
+    shared = round(w.prompt_tokens * w.prefix_share)
+    shared = min(shared, w.prompt_tokens - 1)
+    requests = max(1, math.ceil(w.qps * duration))
+    workload: dict[str, Any] = {"qps": w.qps, "output_tokens": w.output_tokens, "repeat": True}
+    if shared < 1:
+        workload |= {"kind": "synthetic", "prompt_tokens": w.prompt_tokens}
+    else:
+        groups = max(1, round((w.prefix_tokens or shared) / shared))
+        workload |= {
+            "kind": "shared_prefix",
+            "groups": groups,
+            "system_prompt_tokens": shared,
+            "question_tokens": w.prompt_tokens - shared,
+            "prompts_per_group": max(1, min(1000, math.ceil(requests / groups))),
+        }
+        if w.prefix_tokens is None:
+            notes.append(f"--prefix-tokens not given: one shared prefix of {shared} tokens")
+    raw = {
+        "name": "advise",
+        "cluster": cluster,
+        "workload": workload,
+        "duration_s": duration,
+        "warmup_s": WARMUP_FRACTION * duration,
+        "seed": w.seed,
+    }
+    if w.cpu_gb is not None:
+        usable = w.cpu_gb * (1 - DRAM_RESERVE)
+        raw["_cpu_gb"] = {"native": usable / per_node, "lmcache": usable}
+    else:
+        notes.append(
+            "--cpu-gb not given: the simulator's 100 GB per engine (native) / per node "
+            "pool (lmcache) assumption"
+        )
+    return raw, notes
+
+
+def _run_mode(raw: dict[str, Any], mode: str) -> tuple[dict[str, Any], list[float], list[float]]:
+    """One simulation: its summary, per-engine KV-use samples and cluster KV-token samples."""
+    from planner.simulate.cluster import Simulation
+    from planner.simulate.results import SimResult, summarize
+    from planner.simulate.scenario import parse_scenario
+
+    run = {k: v for k, v in raw.items() if not k.startswith("_")}
+    run["cluster"] = {**raw["cluster"], "offload": mode}
+    if mode != "none" and "_cpu_gb" in raw:
+        run["cluster"]["cpu_cache_gb"] = raw["_cpu_gb"][mode]
+    sc = parse_scenario(run, where="advise scenario")
+    sim = Simulation(sc)
+    util: list[float] = []
+    tokens: list[float] = []
+    step = sc.duration_s / SAMPLES
+    for i in range(1, SAMPLES + 1):
+        t = i * step
+        sim.advance_to(t, settle=True)
+        if t < sc.warmup_s:
+            continue
+        snaps = sim.engine_snapshots()
+        util += [s.gauges["kv_cache_usage_ratio"] for s in snaps]
+        tokens.append(
+            sum(
+                s.gauges["kv_cache_usage_ratio"] * s.facts["num_gpu_blocks"] * s.facts["block_size"]
+                for s in snaps
+            )
+        )
+    sim.advance_to(sc.duration_s)
+    result = summarize(sim)
+    assert isinstance(result, SimResult)
+    summary = dict(result.summary)
+    summary["engine_kv_tokens"] = sc.cluster.num_gpu_blocks * sc.cluster.block_size
+    return summary, util, tokens
+
+
+def simulate_modes(
+    raw: dict[str, Any], progress: Callable[[str], None] | None = None
+) -> dict[str, tuple[dict[str, Any], list[float], list[float]]]:
+    """Run the scenario once per mode, same seed and requests."""
+    out = {}
+    for mode in MODES:
+        if progress:
+            progress(f"kvscope advise: simulating offload={mode} …")
+        out[mode] = _run_mode(raw, mode)
+    return out
+
+
+def quantile(values: list[float], q: float) -> float | None:
+    import numpy as np
+
+    return float(np.quantile(values, q)) if values else None
+
+
+def simulated_section(
+    runs: dict[str, tuple[dict[str, Any], list[float], list[float]]], qps: float
+) -> dict[str, Any]:
+    """Per-mode figures and the gains against none."""
+    base = runs["none"][0]
+    base_c = base["prefill_tokens_computed"]
+    modes: dict[str, Any] = {}
+    for mode, (s, util, _) in runs.items():
+
+        def rel(key: str, s: dict[str, Any] = s) -> float | None:
+            a, b = s.get(key), base.get(key)
+            return a / b - 1 if isinstance(a, int | float) and b else None
+
+        window = s["measured_window_s"] or 1.0
+        modes[mode] = {
+            "total_tokens_per_s": s["total_tokens_per_s"],
+            "ttft_mean_s": s["ttft_mean_s"],
+            "ttft_p90_s": s.get("ttft_p90_s"),
+            "preemptions": s["preemptions"],
+            "completed_requests": s["completed_requests"],
+            "offered_requests": qps * window,
+            "prefix_hit_rate": s["prefix_hit_rate"],
+            "external_hit_rate": s["external_hit_rate"],
+            "kv_util_p50": quantile(util, 0.5),
+            "kv_util_p95": quantile(util, 0.95),
+            "prefill_tokens_computed": s["prefill_tokens_computed"],
+            "reprefill_tokens": s["reprefill_tokens"],
+            "throughput_gain": rel("total_tokens_per_s"),
+            "ttft_change": rel("ttft_mean_s"),
+            "prefill_compute_saved": (base_c - s["prefill_tokens_computed"]) / base_c
+            if base_c
+            else None,
+            "wall_s": s.get("wall_s"),
+        }
+    keeps_up = base["completed_requests"] >= 0.95 * qps * (base["measured_window_s"] or 1.0)
+    return {
+        "modes": modes,
+        "none_keeps_up": keeps_up,
+        "gain_tolerance": {"absolute": SIM_GAIN_TOLERANCE, "relative": SIM_GAIN_TOLERANCE_REL},
+        "note": SIM_NOTE,
+    }

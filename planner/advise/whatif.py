@@ -1,0 +1,270 @@
+"""`kvscope advise`: a what-if answer without history — cost model + a short simulation.
+
+From a workload described in a few numbers (model, GPU, TP, prompt/output tokens, QPS, the
+share of each prompt that is a shared prefix, how many distinct prefix tokens there are):
+
+1. the cost model gives KV bytes per token, HBM KV per engine, prefill seconds, the
+   break-even bandwidth B* and the break-even context of every storage tier;
+2. a seeded scenario of planner/simulate runs once per mode (none / native / lmcache) on
+   the same requests; per-engine KV use is sampled through the run;
+3. the simulated figures fill an Evidence record (``evidence_from_sim``), which is decided
+   (planner/decide/decision.py) and sized (planner/deploy/sizing.py) exactly like `kvscope plan`'s.
+
+Simulated gains are not measurements: they carry the simulator's calibration error (checked
+against GKE Test 2 only: ``sim_gain_tolerance``) and one seed's noise.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from collector.errors import ConfigError
+from planner.advise.sim import (
+    layout,
+    quantile,
+    scenario_of,
+    sim_gain_tolerance,
+    simulate_modes,
+    simulated_section,
+)
+from planner.decide.decision import Decision, decide
+from planner.decide.evidence import Evidence, GainEvidence, ValueCI
+from planner.deploy import configs
+from planner.deploy.sizing import Sizing, size
+from planner.model import costmodel
+from planner.model.breakeven import breakeven_bandwidth, breakeven_context
+from planner.model.hardware import builtin_catalog, get_gpu, get_model
+from planner.plan.build import json_safe
+
+GIB = 1024**3
+__all__ = ["Advice", "WhatIf", "advise", "cost_model_section", "evidence_from_sim"]
+
+
+@dataclass(frozen=True, slots=True)
+class WhatIf:
+    """The workload and cluster of a what-if question (`kvscope advise` flags)."""
+
+    model: str
+    gpu: str
+    tp: int
+    prompt_tokens: int
+    output_tokens: int
+    qps: float
+    prefix_share: float  # share of each prompt that is a shared prefix (0-1)
+    engines: int = 1
+    prefix_tokens: int | None = None  # distinct shared-prefix tokens (the working set)
+    cpu_gb: float | None = None  # host DRAM per node for KV offload, GiB
+    vllm_version: str = "0.33.0"
+    duration_s: float = 300.0
+    seed: int = 0
+
+    def check(self) -> None:
+        """ConfigError naming the flag of the first bad value."""
+        ints = (
+            ("--tp", self.tp),
+            ("--prompt-tokens", self.prompt_tokens),
+            ("--output-tokens", self.output_tokens),
+            ("--engines", self.engines),
+        )
+        for flag, value in ints:
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ConfigError(f"{flag} must be an integer >= 1, got {value!r}")
+        for flag, num in (("--qps", self.qps), ("--duration", self.duration_s)):
+            if not (math.isfinite(num) and num > 0):
+                raise ConfigError(f"{flag} must be a number > 0, got {num!r}")
+        if not (math.isfinite(self.prefix_share) and 0 <= self.prefix_share <= 1):
+            raise ConfigError(f"--prefix-share must be in [0, 1], got {self.prefix_share!r}")
+        if self.prefix_tokens is not None and self.prefix_tokens < 1:
+            raise ConfigError(f"--prefix-tokens must be >= 1, got {self.prefix_tokens!r}")
+        if self.cpu_gb is not None and not (math.isfinite(self.cpu_gb) and self.cpu_gb > 0):
+            raise ConfigError(f"--cpu-gb must be a number > 0, got {self.cpu_gb!r}")
+        try:
+            configs.parse_vllm_version(self.vllm_version)
+            model, gpu = get_model(self.model), get_gpu(self.gpu)
+            costmodel.hbm_kv_capacity_tokens(model, gpu, self.tp)
+        except ConfigError as exc:
+            raise ConfigError(f"--model/--gpu/--tp/--vllm-version: {exc}") from exc
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class Advice:
+    """The answer of `kvscope advise`; ``to_dict()`` is its JSON."""
+
+    whatif: WhatIf
+    cost_model: dict[str, Any]
+    scenario: dict[str, Any]
+    simulated: dict[str, Any]
+    evidence: Evidence
+    decision: Decision
+    sizing: Sizing | None
+    sizing_error: str | None
+    notes: tuple[str, ...] = field(default=())
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = json_safe(
+            {
+                "inputs": asdict(self.whatif),
+                "decision": self.decision.to_dict(),
+                "simulated": self.simulated,
+                "cost_model": self.cost_model,
+                "sizing": self.sizing.to_dict() if self.sizing else {"error": self.sizing_error},
+                "configs": dict(self.sizing.configs) if self.sizing else {},
+                "evidence": asdict(self.evidence),
+                "scenario": self.scenario,
+                "notes": list(self.notes),
+            }
+        )
+        return out
+
+
+def cost_model_section(w: WhatIf) -> dict[str, Any]:
+    """KV bytes, HBM KV, prefill seconds, B* and the break-even context of every tier."""
+    model, gpu = get_model(w.model), get_gpu(w.gpu)
+    mfu = costmodel.DEFAULT_MFU
+    prefix = max(1, round(w.prompt_tokens * w.prefix_share))
+    tiers = []
+    for tier in builtin_catalog().tiers.values():
+        ctx = breakeven_context(model, gpu, w.tp, tier, mfu=mfu)
+        tiers.append(
+            {
+                "tier": tier.name,
+                "regime": ctx.regime,
+                "tokens": ctx.tokens,
+                "prompt_reads_faster": ctx.regime == "always"
+                or (ctx.regime == "above" and w.prompt_tokens >= (ctx.tokens or 0)),
+                "explanation": ctx.explanation,
+            }
+        )
+    capacity = costmodel.hbm_kv_capacity_tokens(model, gpu, w.tp)
+    per_token = costmodel.kv_bytes_per_token_engine(model)
+    return {
+        "model": model.name,
+        "gpu": gpu.name,
+        "tp": w.tp,
+        "mfu": mfu,
+        "mfu_basis": "prior: costmodel.DEFAULT_MFU (numbers.md: 40–60 % prefill MFU "
+        "is a simulator default, not a measurement)",
+        "kv_bytes_per_token": per_token,
+        "kv_bytes_per_token_per_gpu": costmodel.kv_bytes_per_token(model, w.tp),
+        "hbm_kv_tokens_per_engine": capacity,
+        "hbm_kv_gib_per_engine": capacity * per_token / GIB,
+        "prompt_kv_bytes": w.prompt_tokens * per_token,
+        "prefill_seconds_prompt": costmodel.prefill_seconds(
+            model, gpu, w.tp, w.prompt_tokens, mfu=mfu
+        ),
+        "prefill_seconds_prefix": costmodel.prefill_seconds(model, gpu, w.tp, prefix, mfu=mfu),
+        "breakeven_bandwidth_Bps": breakeven_bandwidth(
+            model, gpu, w.tp, mfu=mfu, prompt_tokens=w.prompt_tokens
+        ),
+        "breakeven_context_by_tier": tiers,
+        # Engine-seconds of prefill per second at the offered QPS: a compute floor on the
+        # engine count (decode excluded), every prompt computed vs the shared prefix cached.
+        "prefill_busy_engines": {
+            "all_computed": w.qps
+            * costmodel.prefill_seconds(model, gpu, w.tp, w.prompt_tokens, mfu=mfu),
+            "prefix_cached": w.qps
+            * costmodel.prefill_seconds(
+                model,
+                gpu,
+                w.tp,
+                w.prompt_tokens,
+                mfu=mfu,
+                cached_tokens=min(prefix, w.prompt_tokens - 1),
+            ),
+            "basis": "qps × cost-model prefill seconds per prompt (decode not included: a "
+            "lower bound on the engines the load keeps busy)",
+        },
+    }
+
+
+def _clip01(x: float | None) -> float | None:
+    return None if x is None or not math.isfinite(x) else min(max(x, 0.0), 1.0)
+
+
+def evidence_from_sim(w: WhatIf, runs: dict[str, Any], sim: dict[str, Any]) -> Evidence:
+    """Evidence from the simulated runs (field by field, see the comments)."""
+    none, util, tokens = runs["none"]
+    m = sim["modes"]
+    nodes, gpn = layout(w.engines, w.tp)
+
+    def gain(mode: str) -> GainEvidence:
+        g = m[mode]["throughput_gain"]
+        if g is None:
+            return GainEvidence(False, why="no simulated throughput", provenance="simulated")
+        tol = sim_gain_tolerance(g)
+        return GainEvidence(
+            True, ValueCI(g, g - tol, g + tol), why="simulated", provenance="simulated"
+        )
+
+    window = none["measured_window_s"] or 1.0
+    prompt_total = (none["input_tokens_per_s"] or 0.0) * window
+    shared = round(w.prompt_tokens * w.prefix_share)
+    demand = None
+    if tokens:
+        # Demand peak: the p95 of the cluster's KV tokens in use over the run, lo/hi the
+        # median and the maximum sampled (a range of the run, not a confidence interval).
+        p50, p95, top = quantile(tokens, 0.5), quantile(tokens, 0.95), max(tokens)
+        demand = ValueCI(p95 or 0.0, min(p50 or 0.0, p95 or 0.0), max(top, p95 or 0.0))
+    ext_l, ext_n = m["lmcache"]["external_hit_rate"], m["native"]["external_hit_rate"]
+    return Evidence(
+        model=w.model,
+        gpu=w.gpu,
+        tp=w.tp,
+        vllm_version=w.vllm_version,
+        engines=w.engines,
+        engines_per_node=gpn // w.tp,
+        nodes=nodes,
+        kv_util_p50=_clip01(quantile(util, 0.5)),
+        kv_util_p95=_clip01(quantile(util, 0.95)),
+        preemptions_per_1k=1000 * none["preemptions"] / max(none["completed_requests"], 1),
+        reprefill_share=_clip01(none["reprefill_tokens"] / prompt_total) if prompt_total else None,
+        prompt_tokens_mean=float(w.prompt_tokens),
+        prompt_tokens_p90=float(w.prompt_tokens),
+        prefix_hit_ratio=_clip01(none["prefix_hit_rate"]),
+        # What only sharing serves: LMCache's external hits beyond engine-local offload's.
+        cross_engine_reuse=_clip01((ext_l or 0.0) - (ext_n or 0.0)) if w.engines > 1 else None,
+        distinct_prefix_tokens=float(w.prefix_tokens or shared) if shared >= 1 else None,
+        native_gain=gain("native"),
+        lmcache_gain=gain("lmcache"),
+        cpu_dram_per_node_gib=w.cpu_gb,
+        demand_now=quantile(tokens, 0.5),
+        demand_peak=demand,
+        demand_unit="KV tokens",
+        engine_capacity=float(none["engine_kv_tokens"]),
+    )
+
+
+def advise(w: WhatIf, progress: Callable[[str], None] | None = None) -> Advice:
+    """Cost model + simulation -> Evidence -> decide -> size (module docstring)."""
+    w.check()
+    cost = cost_model_section(w)
+    raw, notes = scenario_of(w)
+    runs = simulate_modes(raw, progress)
+    sim = simulated_section(runs, w.qps)
+    if sim["none_keeps_up"]:
+        notes.append(
+            "without offload the cluster keeps up with the offered load: throughput "
+            "gains are ~0 by construction; TTFT change and prefill compute saved show "
+            "what offload buys at this load"
+        )
+    p95 = sim["modes"]["none"]["kv_util_p95"]
+    if p95 is not None and p95 >= 0.95:
+        notes.append(
+            "KV use reaches capacity without offload: the KV demand is censored at "
+            "capacity, so the engine count from it is a lower bound"
+        )
+    notes.append("the decider's 'measured' reasons (R7) rest on simulated gains here")
+    evidence = evidence_from_sim(w, runs, sim)
+    decision = decide(evidence)
+    sizing, err = None, None
+    try:
+        sizing = size(evidence, decision)
+    except ConfigError as exc:
+        err = str(exc)
+    scenario = {k: v for k, v in raw.items() if not k.startswith("_")}
+    if "_cpu_gb" in raw:
+        scenario["cpu_cache_gb_by_mode"] = raw["_cpu_gb"]
+    return Advice(w, cost, scenario, sim, evidence, decision, sizing, err, tuple(notes))

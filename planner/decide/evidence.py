@@ -1,0 +1,188 @@
+"""The evidence record the decider and the sizer consume.
+
+`kvscope plan` builds one Evidence per cluster or model group from the windows, the fits
+(planner/fit/run.py) and the forecast (planner/forecast/demand.py); tests and what-if questions
+build it
+by hand. Every field is optional: None means "unknown", which lowers the confidence of the
+decision and is named in its output. Fractions are 0–1, sizes GiB (LMCache --l1-size-gb and
+vLLM --kv-offloading-size are both GiB), times seconds.
+
+Where the fields come from (for the `kvscope plan` wiring):
+- kv_util_*, preemptions_per_1k, prompt_tokens_*, prefix/external hit ratios: quantiles and
+  ratios of the planner/frames/frames.py columns over the analysis window. prompt_tokens_mean is
+  exact (Σ histogram sum / Σ count); prompt_tokens_p90 is read from the histogram buckets
+  and, when its rank lies in the +Inf bucket (PromQL then returns the highest finite bound),
+  is only a lower bound: prompt_tokens_p90_censored says so.
+- native_gain / lmcache_gain from planner.fit.gain's result for that mode: `gain` = the
+  `relative` gain and `relative_interval` of its grid point at the current utilization;
+  can_tell = that utilization lies in the fit's common support (the interval may then
+  straddle 0: the decider reads that as "no detectable gain"); `breakeven_util` = the fit's
+  estimate and interval when it found a crossing. This is not the fit's own can_tell, which
+  is about locating the break-even.
+- demand_peak / time_to_saturation_s from planner.forecast.demand.Forecast: the highest point's
+  (mean, lo, hi) and (time_to_saturation_s, _lo_s, _hi_s); from the KV the request-rate
+  forecast implies when that lies wholly above (planner/forecast/little.py); demand_basis
+  says which and why.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, fields
+
+from collector.errors import ConfigError
+
+MODES = ("none", "native", "lmcache", "both")
+# Where a throughput gain came from: the cluster's own windows (planner/fit/gain.py, `kvscope
+# plan`) or what-if runs of the simulator (planner/advise/sim.py, `kvscope advise`).
+GAIN_PROVENANCES = ("measured", "simulated")
+
+
+@dataclass(frozen=True, slots=True)
+class ValueCI:
+    """An estimate with its interval at `level` (0.95 = 95 % CI)."""
+
+    estimate: float
+    lo: float
+    hi: float
+    level: float = 0.95
+
+    def __post_init__(self) -> None:
+        values = (self.estimate, self.lo, self.hi, self.level)
+        if not all(isinstance(v, int | float) and math.isfinite(v) for v in values):
+            raise ConfigError(f"interval values must be finite numbers, got {values!r}")
+        if not self.lo <= self.estimate <= self.hi:
+            raise ConfigError(f"interval needs lo <= estimate <= hi, got {values[:3]!r}")
+        if not 0 < self.level < 1:
+            raise ConfigError(f"interval level must be in (0, 1), got {self.level!r}")
+
+    def pct(self) -> str:
+        """ "+12 % [+5 %, +19 %]" for fractions."""
+        return f"{self.estimate:+.1%} [{self.lo:+.1%}, {self.hi:+.1%}]".replace("%", " %")
+
+
+@dataclass(frozen=True, slots=True)
+class GainEvidence:
+    """The throughput-gain fit of one offload mode against no offload (planner/fit/run.py).
+
+    gain: relative throughput gain at the current utilization (0.12 = +12 %);
+    breakeven_util: KV utilization above which the mode pays; can_tell False when the fit
+    could not separate the effect from noise (why says what was missing); provenance:
+    "measured" (fitted on the cluster's windows) or "simulated" (what-if simulator runs).
+    """
+
+    can_tell: bool
+    gain: ValueCI | None = None
+    breakeven_util: ValueCI | None = None
+    why: str = ""
+    provenance: str = "measured"
+
+    def __post_init__(self) -> None:
+        if self.can_tell and self.gain is None:
+            raise ConfigError("a gain fit that can tell needs its gain interval")
+        if self.provenance not in GAIN_PROVENANCES:
+            raise ConfigError(
+                f"gain provenance must be one of {GAIN_PROVENANCES}, got {self.provenance!r}"
+            )
+
+
+_FRACTIONS = (
+    "kv_util_p50",
+    "kv_util_p95",
+    "reprefill_share",
+    "prefix_hit_ratio",
+    "external_hit_ratio",
+    "cross_engine_reuse",
+    "cross_node_reuse",
+    "lmcache_up_fraction",
+)
+_COUNTS = ("tp", "engines", "engines_per_node", "nodes")
+_NON_NEGATIVE = (
+    "preemptions_per_1k",
+    "prompt_tokens_mean",
+    "prompt_tokens_p90",
+    "distinct_prefix_tokens",
+    "cpu_dram_per_node_gib",
+    "demand_now",
+    "engine_capacity",
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Evidence:
+    """What kvscope knows about one cluster or model group (None = unknown).
+
+    cross_engine_reuse: share of prompt tokens whose prefix is cached only on ANOTHER
+    engine (what sharing through LMCache could save); cross_node_reuse: the part of that
+    share whose other engine is on another node (needs an L2 tier to share).
+    reprefill_share: share of prompt tokens recomputed although this engine had computed
+    them before (preempted or evicted): what engine-local offload could save.
+    l1_hit_curve: (L1 GiB, hit rate) points of the LMCache hit-rate-vs-L1-size fit.
+    demand_*: the forecast's unit (demand_unit), engine_capacity: sustainable demand of one
+    engine in that unit.
+    prompt_tokens_p90_censored: the histogram put the p90's rank in its +Inf bucket, so
+    prompt_tokens_p90 is the top finite bucket bound, a lower bound of the real p90.
+    """
+
+    model: str | None = None
+    gpu: str | None = None
+    tp: int | None = None
+    vllm_version: str | None = None
+    engines: int | None = None
+    engines_per_node: int | None = None
+    nodes: int | None = None
+    current_mode: str | None = None
+    kv_util_p50: float | None = None
+    kv_util_p95: float | None = None
+    preemptions_per_1k: float | None = None
+    reprefill_share: float | None = None
+    prompt_tokens_mean: float | None = None
+    prompt_tokens_p90: float | None = None
+    prompt_tokens_p90_censored: bool = False  # the p90 is only known as >= prompt_tokens_p90
+    prefix_hit_ratio: float | None = None
+    external_hit_ratio: float | None = None
+    cross_engine_reuse: float | None = None
+    cross_node_reuse: float | None = None
+    distinct_prefix_tokens: float | None = None
+    native_gain: GainEvidence | None = None
+    lmcache_gain: GainEvidence | None = None
+    overhead_zero_hit: ValueCI | None = None
+    effective_mfu: ValueCI | None = None
+    l2_tier: str | None = None
+    lmcache_up_fraction: float | None = None
+    lmcache_healthy: bool | None = None
+    cpu_dram_per_node_gib: float | None = None
+    l1_hit_curve: tuple[tuple[float, float], ...] | None = None
+    demand_now: float | None = None
+    demand_peak: ValueCI | None = None
+    demand_unit: str = "tokens/s"
+    engine_capacity: float | None = None
+    time_to_saturation_s: ValueCI | None = None
+    demand_basis: str = ""  # which forecast demand_peak follows and why (plan_forecast.py)
+
+    def __post_init__(self) -> None:
+        for name in (*_FRACTIONS, *_COUNTS, *_NON_NEGATIVE):
+            value = getattr(self, name)
+            if value is None:
+                continue
+            if isinstance(value, bool) or not isinstance(value, int | float):
+                raise ConfigError(f"evidence field {name!r} must be a number, got {value!r}")
+            if not math.isfinite(value):
+                raise ConfigError(f"evidence field {name!r} is {value!r}: use None for unknown")
+            if name in _FRACTIONS and not 0 <= value <= 1:
+                raise ConfigError(f"evidence field {name!r} must be in [0, 1], got {value!r}")
+            if name in _COUNTS and (not isinstance(value, int) or value < 1):
+                raise ConfigError(f"evidence field {name!r} must be an integer >= 1")
+            if value < 0:
+                raise ConfigError(f"evidence field {name!r} must be >= 0, got {value!r}")
+        if self.current_mode is not None and self.current_mode not in MODES:
+            raise ConfigError(f"evidence field 'current_mode' must be one of {MODES}")
+        if self.engine_capacity == 0:
+            raise ConfigError("evidence field 'engine_capacity' must be > 0")
+        for size, rate in self.l1_hit_curve or ():
+            if not (math.isfinite(size) and size > 0 and 0 <= rate <= 1):
+                raise ConfigError(f"l1_hit_curve point ({size!r}, {rate!r}) needs GiB > 0, 0-1")
+
+    def known(self) -> tuple[str, ...]:
+        """Names of the fields that are set (for `rests on` summaries)."""
+        return tuple(f.name for f in fields(self) if getattr(self, f.name) is not None)

@@ -1,0 +1,117 @@
+"""The hard limits of the offload decider, applied last: R8 (DRAM for native buffers and an
+LMCache L1 together) and R9 (LMCache health). planner/decide/rules.py holds the rule table;
+planner/decide/DECIDER.md documents both rules.
+"""
+
+from __future__ import annotations
+
+from planner.decide.rulestate import (
+    GIB,
+    HA_ADVICE,
+    SRC_KVBM,
+    SRC_LMCACHE_K8S,
+    Risk,
+    RuleState,
+    deployed_modes,
+)
+from planner.model.costmodel import hbm_kv_capacity_tokens, kv_bytes_per_token
+
+
+def _engine_kv_gib(s: RuleState) -> float | None:
+    if s.model is None or s.gpu is None or s.tp is None:
+        return None
+    tokens = hbm_kv_capacity_tokens(s.model, s.gpu, s.tp)
+    return tokens * kv_bytes_per_token(s.model, s.tp) * s.tp / GIB
+
+
+def r8_dram_for_both(s: RuleState) -> None:
+    if not (s.votes["native"].on and s.votes["lmcache"].on):
+        return
+    ev = s.ev
+    kv = _engine_kv_gib(s)
+    per_node = ev.engines_per_node
+    missing = [
+        n
+        for n, v in (
+            ("model/gpu/tp", kv),
+            ("engines_per_node", per_node),
+            ("cpu_dram_per_node_gib", ev.cpu_dram_per_node_gib),
+        )
+        if v is None
+    ]
+    numbers: dict[str, float | str] = {}
+    if not missing and kv is not None and per_node is not None and ev.cpu_dram_per_node_gib:
+        usable = ev.cpu_dram_per_node_gib * (1 - s.t.dram_reserve_fraction)
+        need = 2 * per_node * kv  # native buffers >= device KV, plus an L1 of the same size
+        numbers = {"usable_dram_gib": usable, "needed_gib": need, "engine_hbm_kv_gib": kv}
+        if usable >= need:
+            s.rest("prior: " + SRC_KVBM)
+            s.say(
+                f"both: {usable:.0f} GiB of usable DRAM per node holds "
+                f"native buffers and an LMCache L1 of at least the HBM KV each "
+                f"({need:.0f} GiB)",
+                numbers,
+                SRC_KVBM,
+            )
+            return
+    for name in missing:
+        s.unknown(f"{name} (DRAM for native + LMCache together)")
+    g_native = ev.native_gain.gain if ev.native_gain and ev.native_gain.can_tell else None
+    g_lmcache = ev.lmcache_gain.gain if ev.lmcache_gain and ev.lmcache_gain.can_tell else None
+    if g_native is not None and g_lmcache is not None:
+        keep = "native" if g_native.estimate >= g_lmcache.estimate else "lmcache"
+    else:
+        local = ev.reprefill_share if ev.reprefill_share is not None else ev.prefix_hit_ratio
+        keep = "lmcache" if (ev.cross_engine_reuse or 0) >= (local or 0) else "native"
+    drop = "lmcache" if keep == "native" else "native"
+    s.vote(drop, False, "dram")
+    s.say(
+        f"not both: DRAM per node {'is unknown' if missing else 'is too small'}"
+        f" for native buffers and an LMCache L1; keeping {keep}, the larger saving",
+        numbers,
+        SRC_KVBM,
+    )
+
+
+def r9_lmcache_unhealthy(s: RuleState) -> None:
+    ev = s.ev
+    relevant = s.votes["lmcache"].on or "lmcache" in deployed_modes(ev.current_mode)
+    if not relevant:
+        return
+    up, healthy = ev.lmcache_up_fraction, ev.lmcache_healthy
+    if up is None and healthy is None:
+        if "lmcache" in deployed_modes(ev.current_mode):
+            s.unknown("LMCache health (up fraction / healthy gauge)")
+        return
+    if (up is None or up >= 1) and healthy is not False:
+        return
+    numbers: dict[str, float | str] = {}
+    if up is not None:
+        numbers["lmcache_up_fraction"] = up
+    if healthy is not None:
+        numbers["lmcache_healthy"] = "yes" if healthy else "no"
+    fallback = "native" if s.pressure and not s.short else "none"
+    down = healthy is False or (up is not None and up < s.t.lmcache_down_fraction)
+    if down and s.votes["lmcache"].on:
+        s.vote("lmcache", False, "health")
+        if fallback == "native":
+            s.vote("native", True, "health")
+    action = (
+        f"fall back to {fallback} until it is healthy and highly available"
+        if down
+        else f"switch the engines of the affected nodes to {fallback} until their server is back"
+    )
+    s.risks.append(
+        Risk(
+            "lmcache_spof",
+            "LMCache is unhealthy or down: the engines behind a dead "
+            "server wait up to lmcache.mp.mq_timeout (300 s default) per request",
+            HA_ADVICE,
+        )
+    )
+    s.say(
+        f"LMCache is unhealthy ({'?' if up is None else f'{up:.0%}'} of its targets up, "
+        f"healthy gauge {numbers.get('lmcache_healthy', '?')}): {action}",
+        numbers,
+        SRC_LMCACHE_K8S,
+    )

@@ -1,0 +1,365 @@
+"""Sizing for the chosen offload mode: engines, CPU DRAM, LMCache L1/L2 and the configs.
+
+`size(evidence, decision)` turns a Decision into numbers with their basis: engines for the
+forecast peak plus headroom (with the forecast's bounds; the peak is the KV-demand forecast's,
+or the KV the request-rate forecast implies when that is wholly higher: ``demand_basis``
+says which, see planner/forecast/little.py), the native CPU buffer per engine,
+the LMCache L1 per node (from the hit-rate curve, else the working set), the eviction
+watermark, the L2 adapter by sharing scope, and the ready-to-use command lines of
+planner/deploy/configs.py. `prefix_savings` prices a shared prefix (the seed's per-tenant exercise).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from collector.errors import ConfigError
+from planner.decide.decision import Decision
+from planner.decide.evidence import Evidence
+from planner.deploy import configs
+from planner.model.costmodel import (
+    hbm_kv_capacity_tokens,
+    kv_bytes_per_token,
+    kv_bytes_per_token_engine,
+)
+from planner.model.hardware import GPU, Model, get_gpu, get_model
+
+GIB = 1024**3
+LATEST_VLLM = "0.33.0"
+# Assumption: native CPU buffer = 2× the engine's HBM KV when the working set is unknown. The
+# GKE tests ran 1 TiB CPU beside 640 GiB HBM (≈ 430 GiB of it KV for a 70B bf16 model),
+# a 1.6–2.4× ratio (numbers.md); NVIDIA Dynamo's KVBM guide asks for at least 1×.
+NATIVE_TO_HBM_KV = 2.0
+CROSS_NODE_MIN = 0.1  # share of cross-engine reuse on other nodes that justifies a shared L2
+PLACEHOLDERS: Mapping[str, Mapping[str, object]] = {
+    "fs": {"base_path": "/mnt/nvme/lmcache-l2"},
+    "mooncake_store": {
+        "master_server_addr": "MOONCAKE_MASTER:50051",
+        "metadata_server": "http://MOONCAKE_MASTER:8080/metadata",
+        "local_hostname": "$(HOST_IP)",
+        "protocol": "tcp",
+    },
+    "resp": {"host": "VALKEY_HOST", "port": 6379},
+    "s3": {"s3_endpoint": "s3://BUCKET", "s3_region": "REGION"},
+}
+K8S_NOTES = (
+    "Kubernetes: one LMCache server per node (DaemonSet) shared by the node's vLLM pods; the "
+    "default pattern needs hostNetwork and a /dev/shm host mount, which the baseline and "
+    "restricted Pod Security Standards forbid. --isolated-ipc on the server plus "
+    "lmcache.mp.isolated_ipc on the client removes the /dev/shm need, not hostNetwork. In a pod, "
+    "set HOST_IP from status.hostIP: Kubernetes expands $(HOST_IP) in container args."
+)
+
+
+@dataclass(frozen=True, slots=True)
+class EngineSizing:
+    needed: int
+    lo: int
+    hi: int
+    current: int | None
+    headroom: float
+    peak: float
+    peak_lo: float
+    peak_hi: float
+    capacity_per_engine: float
+    unit: str
+    basis: str
+    needed_with_offload: int | None = None
+    demand_basis: str = ""  # which forecast the peak comes from and why (Evidence)
+
+
+@dataclass(frozen=True, slots=True)
+class L2Choice:
+    kind: str  # fs | mooncake_store | resp | valkey | s3
+    scope: str  # node | cluster
+    spec: str  # the --l2-adapter JSON
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class Sizing:
+    mode: str
+    engines: EngineSizing | None
+    native_cpu_gib: float | None  # per engine, total over its TP ranks
+    l1_size_gib: float | None  # per node (one LMCache server per node)
+    l1_basis: str
+    eviction_watermark: float | None
+    l2: L2Choice | None
+    configs: Mapping[str, str]
+    notes: tuple[str, ...]
+    unknowns: tuple[str, ...]
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["configs"] = dict(self.configs)
+        d["notes"], d["unknown"] = list(self.notes), list(d.pop("unknowns"))
+        return d
+
+
+def _engines(
+    ev: Evidence, decision: Decision, headroom: float, unknown: list[str]
+) -> EngineSizing | None:
+    peak = ev.demand_peak
+    if peak is None:
+        unknown.append("demand_peak (forecast) for engine sizing")
+        return None
+    capacity, basis = ev.engine_capacity, "engine_capacity (measured)"
+    if capacity is None:
+        util = ev.kv_util_p50
+        if ev.demand_now and ev.engines and util:
+            # Assumption: demand grows in proportion to KV use, so one engine at 100 % KV
+            # carries demand_now / engines / p50 KV use.
+            capacity, basis = (
+                ev.demand_now / ev.engines / util,
+                "demand_now / engines / kv_util_p50",
+            )
+        else:
+            unknown.append("engine_capacity (or demand_now, engines and kv_util_p50)")
+            return None
+
+    def count(demand: float, cap: float) -> int:
+        return max(1, math.ceil(demand * (1 + headroom) / cap - 1e-9))
+
+    with_offload = None
+    fit = {"native": ev.native_gain, "lmcache": ev.lmcache_gain}.get(decision.mode)
+    if fit is not None and fit.can_tell and fit.gain is not None and fit.gain.lo > 0:
+        with_offload = count(peak.estimate, capacity * (1 + fit.gain.estimate))
+    return EngineSizing(
+        count(peak.estimate, capacity),
+        count(peak.lo, capacity),
+        count(peak.hi, capacity),
+        ev.engines,
+        headroom,
+        peak.estimate,
+        peak.lo,
+        peak.hi,
+        capacity,
+        ev.demand_unit,
+        basis,
+        with_offload,
+        ev.demand_basis,
+    )
+
+
+def l1_from_curve(
+    curve: tuple[tuple[float, float], ...], target: float | None
+) -> tuple[float, float]:
+    """(GiB, target) : the smallest L1 whose hit rate reaches `target` on the fitted curve,
+    interpolated linearly; target None = 95 % of the curve's plateau (its highest hit rate).
+    A target above the plateau returns the largest measured size."""
+    points = sorted(curve)
+    if not points:
+        raise ConfigError("l1_hit_curve is empty")
+    running, monotone = 0.0, []
+    for size, rate in points:
+        running = max(running, rate)  # a hit-rate curve cannot fall with more cache
+        monotone.append((size, running))
+    goal = 0.95 * monotone[-1][1] if target is None else target
+    for i, (size, rate) in enumerate(monotone):
+        if rate >= goal:
+            if i == 0:
+                return size, goal
+            s0, r0 = monotone[i - 1]
+            return s0 + (size - s0) * (goal - r0) / (rate - r0), goal
+    return monotone[-1][0], goal
+
+
+def _resolve(ev: Evidence, unknown: list[str]) -> tuple[Model | None, GPU | None]:
+    try:
+        model = get_model(ev.model) if ev.model else None
+        gpu = get_gpu(ev.gpu) if ev.gpu else None
+    except ConfigError as exc:
+        unknown.append(f"hardware: {exc}")
+        return None, None
+    if model is None or gpu is None or ev.tp is None:
+        unknown.append("model/gpu/tp (KV bytes per token, HBM KV per engine)")
+        return None, None
+    return model, gpu
+
+
+def _l2(
+    ev: Evidence,
+    decision: Decision,
+    *,
+    capped: bool,
+    params: Mapping[str, object] | None,
+    notes: list[str],
+    unknown: list[str],
+) -> L2Choice | None:
+    if decision.l2_ok is False:
+        notes.append("no L2: the L2 tier reloads slower than re-prefill (rule R3_slow_tier)")
+        return None
+    nodes = ev.nodes or 1
+    if nodes > 1 and ev.cross_node_reuse is None:
+        unknown.append("cross_node_reuse (node-local or shared L2)")
+    cluster = nodes > 1 and (ev.cross_node_reuse or 0) >= CROSS_NODE_MIN
+    name = (ev.l2_tier or "").lower()
+    if "s3" in name or "object" in name:
+        kind = "s3"
+    elif "valkey" in name or "redis" in name or "remote-lmcache" in name:
+        kind = "resp"
+    elif "mooncake" in name:
+        kind = "mooncake_store"
+    elif "ceph" in name or (name and not cluster):
+        kind = "fs"  # a CephFS mount is shared; local NVMe is node-local
+    else:
+        kind = "mooncake_store" if cluster else "fs"
+    if cluster and kind == "fs" and "ceph" not in name:
+        kind = "mooncake_store"
+        notes.append(f"L2 tier {ev.l2_tier} is node-local; cross-node reuse needs a shared store")
+    if not cluster and not capped:
+        return None  # L1 holds the working set and nothing is shared across nodes
+    fields = dict(params) if params else dict(PLACEHOLDERS[kind])
+    if not params:
+        notes.append("replace the UPPERCASE placeholders of the L2 adapter with your endpoints")
+    scope = "cluster" if cluster else "node"
+    reason = (
+        f"{ev.cross_node_reuse:.0%} of cross-engine reuse is on other nodes: a shared {kind} store"
+        if cluster
+        else f"the working set exceeds the L1 DRAM cap: spill to node-local {kind}"
+    )
+    return L2Choice(kind, scope, configs.l2_adapter_json(kind, fields), reason)
+
+
+def size(
+    evidence: Evidence,
+    decision: Decision,
+    *,
+    headroom: float = 0.2,
+    target_hit_rate: float | None = None,
+    eviction_watermark: float = configs.LMCACHE_WATERMARK,
+    dram_reserve_fraction: float = 0.2,
+    lmcache_host: str = "localhost",
+    lmcache_port: int = configs.LMCACHE_PORT,
+    l2_params: Mapping[str, object] | None = None,
+    isolated_ipc: bool = False,
+) -> Sizing:
+    """Numbers and configs for decision.mode (see the module docstring)."""
+    if not 0 <= headroom < 10:
+        raise ConfigError(f"headroom must be in [0, 10), got {headroom!r}")
+    if not 0 <= dram_reserve_fraction < 1:
+        raise ConfigError(f"dram_reserve_fraction must be in [0, 1), got {dram_reserve_fraction}")
+    ev, mode = evidence, decision.mode
+    unknown: list[str] = []
+    notes: list[str] = []
+    engines = _engines(ev, decision, headroom, unknown)
+    if mode == "none":
+        return Sizing(mode, engines, None, None, "", None, None, {}, (), tuple(unknown))
+    model, gpu = _resolve(ev, unknown)
+    tp, per_node = ev.tp or 1, ev.engines_per_node or 1
+    if ev.engines_per_node is None:
+        unknown.append("engines_per_node (1 assumed)")
+    kv_gib = kv_engine = None
+    if model is not None and gpu is not None:
+        kv_engine = kv_bytes_per_token_engine(model)
+        kv_gib = hbm_kv_capacity_tokens(model, gpu, tp) * kv_bytes_per_token(model, tp) * tp / GIB
+    working_gib = None
+    if ev.distinct_prefix_tokens is not None and kv_engine is not None:
+        working_gib = ev.distinct_prefix_tokens * kv_engine / GIB
+    elif ev.distinct_prefix_tokens is None:
+        unknown.append("distinct_prefix_tokens (working set)")
+    usable = None
+    if ev.cpu_dram_per_node_gib is None:
+        unknown.append("cpu_dram_per_node_gib (no DRAM cap applied)")
+    else:
+        usable = ev.cpu_dram_per_node_gib * (1 - dram_reserve_fraction)
+
+    native_gib = None
+    if mode in ("native", "both"):
+        if kv_gib is None:
+            return _without_hardware(mode, engines, notes, unknown)
+        need = max(
+            kv_gib, working_gib / eviction_watermark if working_gib else NATIVE_TO_HBM_KV * kv_gib
+        )
+        share = usable / per_node / (2 if mode == "both" else 1) if usable is not None else None
+        native_gib = float(math.floor(min(need, share) if share is not None else need))
+        if share is not None and share < kv_gib:
+            notes.append(
+                f"DRAM allows {share:.0f} GiB per engine, less than its HBM KV ({kv_gib:.0f} GiB)"
+            )
+
+    l1_gib, basis, capped = None, "", False
+    if mode in ("lmcache", "both"):
+        safety = 1 / eviction_watermark  # the working set sits at the eviction trigger
+        if ev.l1_hit_curve:
+            curve_gib, goal = l1_from_curve(ev.l1_hit_curve, target_hit_rate)
+            need, basis = curve_gib, f"hit-rate curve: {goal:.0%} hit rate"
+        elif working_gib is not None:
+            need, basis = working_gib * safety, f"working set {working_gib:.1f} GiB / watermark"
+        elif kv_gib is not None:
+            need, basis = per_node * kv_gib, "HBM KV of the node's engines (KVBM: CPU >= device)"
+        else:
+            return _without_hardware(mode, engines, notes, unknown)
+        cap = usable - per_node * (native_gib or 0) if usable is not None else None
+        capped = cap is not None and need > cap
+        l1_gib = float(math.ceil(min(need, cap) if cap is not None else need))
+        if capped:
+            basis += f", capped by DRAM ({cap:.0f} GiB usable)"
+        if l1_gib < 1:
+            raise ConfigError(f"no DRAM left for the LMCache L1 ({cap} GiB usable)")
+    l2 = (
+        _l2(ev, decision, capped=capped, params=l2_params, notes=notes, unknown=unknown)
+        if l1_gib is not None
+        else None
+    )
+
+    version = ev.vllm_version or LATEST_VLLM
+    if ev.vllm_version is None:
+        unknown.append(f"vllm_version ({LATEST_VLLM} assumed for the configs)")
+    out: dict[str, str] = {}
+    try:
+        per_gpu = kv_bytes_per_token(model, tp) if model is not None else None
+        if mode == "native" and native_gib is not None:
+            out["vllm"] = configs.vllm_native_offload_args(
+                version, native_gib, kv_bytes_per_token_per_gpu=per_gpu, tp=tp
+            )
+        if l1_gib is not None:
+            host = None if lmcache_host in ("localhost", "127.0.0.1") else "0.0.0.0"
+            out["lmcache_server"] = configs.lmcache_server_command(
+                l1_gib,
+                host=host,
+                port=lmcache_port,
+                eviction_trigger_watermark=eviction_watermark,
+                l2_adapters=[l2.spec] if l2 else [],
+                isolated_ipc=isolated_ipc,
+            )
+            if mode == "both" and native_gib is not None:
+                out["vllm"] = configs.vllm_both_args(
+                    version,
+                    native_gib,
+                    lmcache_host,
+                    lmcache_port,
+                    kv_bytes_per_token_per_gpu=per_gpu,
+                    tp=tp,
+                    isolated_ipc=isolated_ipc,
+                )
+            else:
+                out["vllm"] = configs.vllm_lmcache_mp_args(
+                    version, lmcache_host, lmcache_port, world_size=tp, isolated_ipc=isolated_ipc
+                )
+            notes.append(K8S_NOTES)
+    except ConfigError as exc:
+        notes.append(f"no configs: {exc}")
+        unknown.append("a supported vllm_version (0.11–0.33)")
+    return Sizing(
+        mode,
+        engines,
+        native_gib,
+        l1_gib,
+        basis,
+        eviction_watermark if l1_gib else None,
+        l2,
+        out,
+        tuple(notes),
+        tuple(unknown),
+    )
+
+
+def _without_hardware(
+    mode: str, engines: EngineSizing | None, notes: list[str], unknown: list[str]
+) -> Sizing:
+    notes.append("no DRAM sizing or configs without model/gpu/tp or a working set")
+    return Sizing(mode, engines, None, None, "", None, None, {}, tuple(notes), tuple(unknown))

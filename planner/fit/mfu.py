@@ -1,0 +1,276 @@
+"""Effective prefill MFU from TTFT vs prompt length at low load.
+
+Model
+-----
+In windows where the engine is nearly idle (few running, none waiting) and no prompt waits
+for a load from an external KV cache, the time to first token is a fixed overhead plus the
+prefill compute:
+
+    ttft_i = t0 + θ · F_i + ε_i ,    MFU = 1 / (θ · peak),
+
+with F_i the forward FLOPs of prefilling the window's mean prompt P_i of which a share h_i
+is served by the local prefix cache: the P_i·(1 − h_i) uncached tokens attend to the h_i·P_i
+cached ones, so F_i = F(P_i) − F(h_i·P_i), F(P) being the FLOPs of a whole P-token prompt
+from the cost model (linear + causal attention; passed in as ``prefill_flops``). For that
+cost model the difference is exact: F(n | c) = 2N·n + attention over n·c + n(n+1)/2 pairs =
+F(n + c) − F(c) (planner.model.costmodel._causal_pairs). ``peak`` is the engine's peak FLOP/s (all
+its tensor-parallel GPUs). t0 absorbs scheduling, tokenisation, network and the first decode.
+
+Low load: ``running`` ≤ ``max_running``, ``waiting`` ≤ ``max_waiting``, and an external
+(KV connector: native offload, LMCache) hit ratio ≤ ``max_external_hit``, because tokens
+loaded from CPU/remote add a transfer time this model does not have. Local prefix hits are
+allowed (``max_prefix_hit``, default 1): their cost is in F_i above. A cap on local hits
+(0.1 before 2026-11-29) excluded every window of the demo (examples/scenarios/demo.yaml:
+64 shared 6k-token system prompts, local hit ratio ≥ 0.14 in every window, 0.36 on average)
+whatever the load, i.e. any shared-prefix workload. On the demo (seed 1) this fit gives
+0.498 [0.494, 0.501] for the simulator's MFU of 0.5 (293 windows of the 4 engines without
+offload); scenario variants with other load curves gave 0.494 [0.490, 0.497] and 0.494
+[0.491, 0.497] — the bias of the window means below, ~1 %.
+
+Estimator and uncertainty
+-------------------------
+WLS (statsmodels) with weights = TTFT observations per window (a window mean of m requests
+has variance ∝ 1/m), robust errors: cluster-robust by engine with ≥ 10 engines, HC3
+otherwise. The interval of θ maps to MFU through the monotone 1/(θ·peak), so the MFU
+interval is exact given θ's. A shape check refits with an extra linear term δ·P(1 − h); a
+robust test of δ = 0 asks whether the cost model's linear/quadratic mix fits the data
+(``shape_p``; small = the MFU is an average over the prompt lengths seen). Also reported:
+the prefill rate (tokens/s) at the median prompt without hits, P/(θ·F(P)).
+
+Assumptions
+-----------
+Low load means no queueing and no decode interference (thresholds are parameters); the
+window means stand in for each request's. The linear FLOPs are exact; the attention term is
+not when a window mixes full hits (S cached tokens) and misses: with a share q of misses the
+formula over-counts q(1−q)S²/2 attention pairs per request, most at middling hit ratios,
+which tilts θ up and t0 below 0 (a ~1 % low MFU on the demo, where t0 came out −2 to −3 ms;
+a negative ``overhead_s`` is the sign). One MFU for all engines given (fit one model/GPU at
+a time).
+
+The data cannot tell when the TTFT does not rise detectably with prompt FLOPs (θ's interval
+reaches 0: MFU unbounded above), when prompt FLOPs barely vary, or when the estimate is
+above 1 (check ``peak_flops`` and the cost model).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from planner.fit.common import (
+    MIN_CLUSTERS,
+    Estimate,
+    FitResult,
+    Interval,
+    check_level,
+    engine_groups,
+    fmt,
+    nan_interval,
+    recorded_warnings,
+    require_history,
+    t_quantile,
+)
+
+if TYPE_CHECKING:
+    import numpy as np
+    import numpy.typing as npt
+    import pandas as pd
+
+    Array = npt.NDArray[np.float64]
+
+WHAT = "prefill MFU"
+
+
+@dataclass(frozen=True, slots=True)
+class MfuFit(FitResult):
+    """``estimate`` = effective prefill MFU (0-1)."""
+
+    seconds_per_flop: Estimate  # θ
+    overhead_s: Estimate  # t0
+    prefill_tokens_per_s: Estimate  # at the median prompt length
+    reference_prompt_tokens: float
+    shape_p: float  # robust p-value of the extra linear term (cost-model shape check)
+    cov_type: str
+    prompt_range: tuple[float, float]
+
+
+def fit_mfu(
+    frame: pd.DataFrame,
+    prefill_flops: Callable[[float], float],
+    peak_flops: float,
+    *,
+    level: float = 0.95,
+    max_running: float = 2.0,
+    max_waiting: float = 0.1,
+    max_prefix_hit: float = 1.0,
+    max_external_hit: float = 0.1,
+    min_windows: int = 20,
+) -> MfuFit:
+    """Fit TTFT = t0 + θ·[F(prompt) − F(cached)] on low-load windows; MFU = 1/(θ·peak_flops).
+
+    ``prefill_flops(prompt_tokens)`` returns the FLOPs of one whole prompt (e.g.
+    ``lambda s: costmodel.prefill_flops(model, s, 0)``); the cached part of a prompt is
+    subtracted (module docstring). Raises InsufficientHistory when fewer than
+    ``min_windows`` low-load windows have TTFT and prompt-length data.
+    """
+    import numpy as np
+
+    from collector.errors import ConfigError
+
+    check_level(level)
+    if not (math.isfinite(peak_flops) and peak_flops > 0):
+        raise ConfigError(f"peak_flops must be a positive number of FLOP/s, got {peak_flops}")
+    data = _low_load(frame, max_running, max_waiting, max_prefix_hit, max_external_hit)
+    require_history(f"{WHAT} (low-load windows)", len(data), min_windows)
+    ttft = data["ttft_mean_s"].to_numpy(dtype=float)
+    prompt = data["prompt_tokens_mean"].to_numpy(dtype=float)
+    w = data["ttft_count"].to_numpy(dtype=float) if "ttft_count" in data else np.ones(len(data))
+    w = np.where(np.isfinite(w) & (w > 0), w, 1.0)
+    hit = np.zeros(len(data))
+    for col in ("prefix_hit_ratio", "external_hit_ratio"):
+        if col in data.columns:
+            h = data[col].to_numpy(dtype=float)
+            hit = 1.0 - (1.0 - hit) * (1.0 - np.clip(np.where(np.isfinite(h), h, 0.0), 0, 1))
+    new_tokens = prompt * (1.0 - hit)  # cached tokens need no prefill ...
+    flops = _flops_after_cache(prefill_flops, prompt, prompt * hit)  # ... but are attended to
+    groups = engine_groups(data)
+    n_eng = int(np.unique(groups).size)
+    cov_type = "cluster" if n_eng >= MIN_CLUSTERS else "HC3"
+    n = len(data)
+    ref = float(np.median(prompt))
+    basis = (
+        f"{n} low-load windows (running <= {max_running}, waiting <= {max_waiting}, "
+        f"prefix hit <= {max_prefix_hit}, external hit <= {max_external_hit}) "
+        f"from {n_eng} engines",
+        f"mean local+external hit {fmt(float(np.mean(hit)))}: cached tokens attended to, "
+        "not prefilled",
+        f"prompt tokens (window means) in [{fmt(prompt.min())}, {fmt(prompt.max())}], "
+        f"peak {fmt(peak_flops)} FLOP/s",
+    )
+    assumptions = (
+        "low load: no queueing or decode interference in the windows used",
+        "window-mean prompt length and hit ratio stand in for each request's "
+        "(Jensen bias if a window mixes hits and misses)",
+        "one MFU for all engines given",
+    )
+    method = f"WLS ttft ~ t0 + θ·[F(prompt) − F(cached)], weights = TTFT count; {cov_type} errors"
+    nan_est = Estimate(math.nan, nan_interval(level))
+    out: dict[str, object] = {
+        "what": WHAT, "unit": "fraction of peak", "n": n, "method": method,
+        "assumptions": assumptions, "basis": basis, "cov_type": cov_type,
+        "prompt_range": (float(prompt.min()), float(prompt.max())),
+        "reference_prompt_tokens": ref,
+    }  # fmt: skip
+    spread = float(np.std(flops) / np.mean(flops)) if np.mean(flops) > 0 else 0.0
+    if spread < 0.1:
+        return MfuFit(
+            **out, estimate=math.nan, interval=nan_interval(level), warnings=(),  # type: ignore[arg-type]
+            can_tell=False, why=f"prompt FLOPs barely vary (FLOPs CV {spread:.2f} < 0.1): "
+            "overhead and compute time cannot be separated", seconds_per_flop=nan_est,
+            overhead_s=nan_est, prefill_tokens_per_s=nan_est, shape_p=math.nan,
+        )  # fmt: skip
+    scale = float(np.mean(flops))  # work in units of the mean prompt's FLOPs
+    with recorded_warnings() as caught:
+        params, cov = _wls(ttft, np.column_stack([np.ones(n), flops / scale]), w, groups, cov_type)
+        lin = new_tokens / max(float(np.mean(new_tokens)), 1e-12)
+        x2 = np.column_stack([np.ones(n), flops / scale, lin])
+        shape_p = math.nan
+        if np.linalg.matrix_rank(x2) == 3 and abs(np.corrcoef(flops, lin)[0, 1]) < 0.99999:
+            p2, c2 = _wls(ttft, x2, w, groups, cov_type)
+            shape_p = _two_sided_p(float(p2[2]) / math.sqrt(max(float(c2[2, 2]), 1e-300)),
+                                   n_eng - 1 if cov_type == "cluster" else n - 3)  # fmt: skip
+    tq = t_quantile(level, n_eng - 1 if cov_type == "cluster" else n - 2)
+    se = np.sqrt(np.maximum(np.diag(cov), 0.0))
+    t0_iv = Interval(float(params[0] - tq * se[0]), float(params[0] + tq * se[0]), level)
+    theta = float(params[1]) / scale
+    th_lo = float(params[1] - tq * se[1]) / scale
+    th_hi = float(params[1] + tq * se[1]) / scale
+    f_ref = float(prefill_flops(ref))
+
+    def inv(x: float, k: float) -> float:
+        return k / x if x > 0 else math.inf
+
+    mfu = inv(theta * peak_flops, 1.0)
+    mfu_iv = Interval(inv(th_hi * peak_flops, 1.0), inv(th_lo * peak_flops, 1.0), level)
+    rate_iv = Interval(inv(th_hi * f_ref, ref), inv(th_lo * f_ref, ref), level)
+    rate = Estimate(inv(theta * f_ref, ref), rate_iv, "tokens/s")
+    t0 = Estimate(float(params[0]), t0_iv, "s")
+    why = ""
+    if th_lo <= 0:
+        why = "TTFT does not rise detectably with prompt FLOPs (θ's interval reaches 0)"
+    elif mfu > 1:
+        why = f"implausible MFU {mfu:.2f} > 1: check peak_flops and the cost model"
+    return MfuFit(
+        **out,  # type: ignore[arg-type]
+        estimate=mfu,
+        interval=mfu_iv,
+        warnings=tuple(caught),
+        can_tell=not why,
+        why=why,
+        seconds_per_flop=Estimate(theta, Interval(th_lo, th_hi, level), "s/FLOP"),
+        overhead_s=t0,
+        prefill_tokens_per_s=rate,
+        shape_p=shape_p,
+    )
+
+
+def _flops_after_cache(
+    prefill_flops: Callable[[float], float], prompt: Array, cached: Array
+) -> Array:
+    """FLOPs of prefilling ``prompt − cached`` tokens after ``cached`` context tokens:
+    F(prompt) − F(cached), exact for a causal cost model (module docstring)."""
+    import numpy as np
+
+    whole = np.array([float(prefill_flops(float(p))) for p in prompt])
+    ctx = np.array([float(prefill_flops(float(c))) if c >= 1.0 else 0.0 for c in cached])
+    out: Array = np.maximum(whole - ctx, 0.0)
+    return out
+
+
+def _low_load(
+    frame: pd.DataFrame,
+    max_running: float,
+    max_waiting: float,
+    max_prefix_hit: float,
+    max_external_hit: float,
+) -> pd.DataFrame:
+    """Windows with TTFT and prompt data at low load; missing hit ratios count as no hits."""
+    need = ["ttft_mean_s", "prompt_tokens_mean", "running", "waiting"]
+    if not all(c in frame.columns for c in need):
+        return frame.iloc[0:0]
+    data = frame.dropna(subset=need)
+    keep = (
+        (data["running"] <= max_running)
+        & (data["waiting"] <= max_waiting)
+        & (data["prompt_tokens_mean"] > 0)
+        & (data["ttft_mean_s"] > 0)
+    )
+    for col, cap in (
+        ("prefix_hit_ratio", max_prefix_hit),
+        ("external_hit_ratio", max_external_hit),
+    ):
+        if col in data.columns:
+            keep &= ~(data[col] > cap)  # NaN (no queries) passes
+    return data[keep]
+
+
+def _wls(
+    y: Array, x: Array, w: Array, groups: npt.NDArray[np.int64], cov_type: str
+) -> tuple[Array, Array]:
+    import numpy as np
+    from statsmodels.regression.linear_model import WLS
+
+    model = WLS(y, x, weights=w)
+    if cov_type == "cluster":
+        res = model.fit(cov_type="cluster", cov_kwds={"groups": groups}, use_t=True)
+    else:
+        res = model.fit(cov_type="HC3", use_t=True)
+    return np.asarray(res.params, dtype=float), np.asarray(res.cov_params(), dtype=float)
+
+
+def _two_sided_p(t: float, df: float) -> float:
+    from scipy import stats
+
+    return float(2.0 * stats.t.sf(abs(t), max(df, 1.0)))

@@ -1,0 +1,428 @@
+"""Preemptions vs KV-cache pressure: where do preemptions start, and how fast do they grow?
+
+Model
+-----
+For window i of length t_i with mean KV utilization u_i, the preemption count is
+
+    y_i ~ Poisson(μ_i)   or   NegBin2(μ_i, α)  (Var = μ + α μ²),
+    log μ_i = log t_i + a + b · max(0, u_i − k),
+
+a log-linear count GLM with a *hinge* at the knee k: below k the rate is the constant
+exp(a) per second, above it the log-rate rises by b per unit of utilization. k is "the
+utilization where preemptions start"; b is the steepness after that.
+
+Estimator
+---------
+* u is binned into ``bins`` equal-width bins (default 2000, i.e. 5e-4 of a 0–1 range) and
+  each bin represented by its mean u. Given the binned covariate, windows sharing (bin, t)
+  have the same μ, so (count, Σy) per (bin, t) are *exact* sufficient statistics for both
+  families with α fixed; per (bin, t, engine) plus Σy² they give the exact robust scores.
+  A million windows therefore cost as much as a few thousand rows.
+* For each k on a grid over the 2nd–98th percentile range of u (both sides hold data) the
+  GLM is fitted by IRLS (warm-started from the neighbouring k); k̂ maximises the profile
+  log-likelihood ℓ_p(k).
+* Overdispersion: Cameron & Trivedi's (1990, J. Econometrics 46) auxiliary regression
+  ((y−μ̂)² − y)/μ̂ = α μ̂ + ε at the Poisson fit; one-sided test of α = 0. When it rejects at
+  ``dispersion_alpha`` the profile is recomputed with NegBin2, α fixed at that moment
+  estimate (treated as known). ``family`` says which was used.
+* The IRLS and sandwich are implemented here (not statsmodels) for speed;
+  tests/planner/test_fit_preempt.py checks them against statsmodels' GLM.
+
+Uncertainty
+-----------
+* Knee: profile-likelihood interval {k : 2(ℓ_p(k̂) − ℓ_p(k)) ≤ χ²₁(level)}, interpolated
+  between grid points. The hinge is continuous in k, so the χ²₁ calibration holds
+  asymptotically (Feder 1975, Ann. Statist. 3, continuous segmented regression).
+* Slope b and base rate exp(a): robust Wald intervals — cluster-robust by engine with
+  ≥ 10 engines (Student t, G−1 df), HC0 sandwich otherwise — computed at every knee inside
+  the knee interval and *united* (a projection interval), so the knee's uncertainty is
+  carried into them (conservative rather than conditional on k̂).
+
+Which utilization: the window mean (``kv_util``, default)
+--------------------------------------------------------
+vLLM preempts when no KV block is free, i.e. when the cache is full, so the window's peak
+looks like the natural covariate. But ``kv_util_max`` is the largest of the few scraped
+samples of an instantaneous gauge (4 per 60 s window at a 15 s scrape), and its knee is a
+property of the scrape interval. On the demo (examples/scenarios/demo.yaml with its earlier
+load, the rising quarter of a 16 h sine, 8 -> 16 req/s; seed 1, 4 simulated h, 8 engines
+pooled; the simulation sampled every second), the knee [95 %] on the window max of samples
+taken every 30 s / 15 s (= ``kv_util_max``) / 5 s / 1 s is 0.28 / 0.52 (lower ends not
+bounded) / 0.84 [0.82, 0.85] / 0.98 [0.97, 0.98]; on the window mean of the 15 s / 1 s
+samples 0.27 / 0.30 (lower ends not bounded). A sampled max thus moves from 0.28 to 0.98
+with the scrape interval and, sampled finely, converges to "the cache is full": true by
+construction, no use for planning. The mean estimates the time-averaged use whatever the
+scrape interval and is what KV-demand forecasts and sizing work in, so it stays the
+default. On the demo it shows what long shared prompts do: the rate rises smoothly
+(log-rate +10 per unit of mean use) from the lowest mean use seen, with no flat stretch
+below, hence no bounded knee. ``util="kv_util_max"`` fits the peak where scrapes are dense
+enough (≤ 5 s above) to make it one.
+
+Assumptions
+-----------
+Windows independent given u for the knee interval (bursts of preemptions clustered in time
+make it too narrow; the cluster-robust slope errors allow within-engine correlation); one
+knee and one slope for all engines pooled (fit engines of different models/GPUs
+separately); ``util`` represents the pressure during the window.
+
+The data cannot tell when: no preemptions at all (then they start above the largest
+utilization seen, if at all); the likelihood-ratio cut is not reached inside the grid (the
+knee is not bounded by the data: at the lower end, the rate keeps falling down to the
+lowest utilization seen, with no flat base rate to put a knee on); the slope interval
+contains 0 (no detectable rise).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from planner.fit.common import (
+    MIN_CLUSTERS,
+    Estimate,
+    FitResult,
+    Interval,
+    check_level,
+    chi2_quantile,
+    engine_groups,
+    fmt,
+    nan_interval,
+    recorded_warnings,
+    require_history,
+    t_quantile,
+)
+
+if TYPE_CHECKING:
+    import numpy as np
+    import numpy.typing as npt
+    import pandas as pd
+
+    Array = npt.NDArray[np.float64]
+
+WHAT = "preemption knee"
+
+
+@dataclass(frozen=True, slots=True)
+class PreemptionFit(FitResult):
+    """``estimate`` = the knee k (utilization where preemptions start)."""
+
+    slope: Estimate  # b: log-rate increase per unit utilization above the knee
+    base_rate: Estimate  # exp(a): preemptions per second below the knee
+    family: str  # "poisson" | "negative_binomial"
+    dispersion_alpha: float  # NB2 α used (0 for Poisson)
+    dispersion_p: float  # one-sided p-value of the Cameron–Trivedi test
+    cov_type: str  # "cluster" | "HC0"
+    profile: tuple[tuple[float, float], ...]  # (k, 2·(ℓ_max − ℓ_p(k))) on the grid
+    util_column: str
+
+
+@dataclass(frozen=True, slots=True)
+class _Cells:
+    """Windows collapsed by (u bin, window length[, engine]): exact statistics given the bin."""
+
+    u: Array
+    t: Array
+    c: Array  # windows
+    y: Array  # Σ y
+    y2: Array  # Σ y²
+    g: npt.NDArray[np.int64]  # engine (or -1 when not split by engine)
+
+
+def fit_preemption(
+    frame: pd.DataFrame,
+    *,
+    util: str = "kv_util",
+    count: str = "preemptions",
+    exposure: str = "window_s",
+    level: float = 0.95,
+    min_windows: int = 120,
+    grid_points: int = 161,
+    bins: int = 2000,
+    dispersion_alpha: float = 0.05,
+    maxiter: int = 50,
+) -> PreemptionFit:
+    """Fit the hinge count GLM (module docstring) and return the knee with its interval.
+
+    Raises :class:`collector.errors.InsufficientHistory` with fewer than ``min_windows``
+    windows that have ``util``, ``count`` and ``exposure``.
+    """
+    import numpy as np
+
+    check_level(level)
+    data = _usable(frame, [util, count, exposure])
+    if len(data):
+        data = data[(data[exposure] > 0) & (data[count] >= 0)]
+    require_history(WHAT, len(data), min_windows)
+    u = data[util].to_numpy(dtype=float)
+    y = data[count].to_numpy(dtype=float)
+    t = data[exposure].to_numpy(dtype=float)
+    groups = engine_groups(data)
+    n_eng = int(groups.max()) + 1 if groups.size else 0
+    n = int(y.size)
+    basis = (
+        f"{n} windows from {n_eng} engines",
+        f"{util} in [{fmt(u.min())}, {fmt(u.max())}]; {int(y.sum())} preemptions",
+    )
+    method = "hinge log-linear count GLM (IRLS on exact binned statistics); knee by profile LR"
+    assumptions = (
+        "windows independent given utilization for the knee interval",
+        "one knee and one slope for all engines pooled",
+        f"{util} binned into {bins} bins (their mean values) before fitting",
+    )
+
+    def cannot(why: str) -> PreemptionFit:
+        nan = Estimate(math.nan, nan_interval(level))
+        return PreemptionFit(
+            what=WHAT, estimate=math.nan, interval=nan_interval(level), unit=util, n=n,
+            method=method, assumptions=assumptions, basis=basis, warnings=(), can_tell=False,
+            why=why, slope=nan, base_rate=nan, family="none", dispersion_alpha=math.nan,
+            dispersion_p=math.nan, cov_type="none", profile=(), util_column=util,
+        )  # fmt: skip
+
+    if y.sum() == 0:
+        return cannot(
+            f"no preemptions in {n} windows: they start above the largest {util} seen "
+            f"({fmt(u.max())}), if at all"
+        )
+    lo_k, hi_k = (float(q) for q in np.quantile(u, [0.02, 0.98]))
+    if hi_k - lo_k < 1e-3:
+        return cannot(f"{util} barely varies ({fmt(lo_k)}–{fmt(hi_k)}): no knee can be located")
+    with recorded_warnings() as caught:
+        ub = _bin(u, bins)
+        cells = _collapse(ub, t, y, groups, by_engine=True)
+        coarse = _collapse(ub, t, y, groups, by_engine=False)
+        grid = np.linspace(lo_k, hi_k, grid_points)
+        prof, betas = _profile(coarse, grid, 0.0, maxiter)
+        i_hat = int(np.argmax(prof))
+        mu = t * np.exp(betas[i_hat][0] + betas[i_hat][1] * np.maximum(0.0, ub - grid[i_hat]))
+        alpha, p_disp = _dispersion_test(y, mu)
+        nb = p_disp < dispersion_alpha and alpha > 0
+        a_nb = alpha if nb else 0.0
+        if nb:
+            prof, betas = _profile(coarse, grid, a_nb, maxiter)
+        cut = chi2_quantile(level)
+        # Refine: a second grid as dense over the region within the cut (+ one step).
+        step = float(grid[1] - grid[0])
+        near = grid[2.0 * (prof.max() - prof) <= cut + 1.0]
+        fine = np.linspace(max(lo_k, near.min() - step), min(hi_k, near.max() + step), grid_points)
+        fprof, fbetas = _profile(coarse, fine, a_nb, maxiter)
+        grid = np.concatenate([grid, fine])
+        order = np.argsort(grid, kind="stable")
+        grid, prof = grid[order], np.concatenate([prof, fprof])[order]
+        betas = [(betas + fbetas)[i] for i in order]
+        lr = 2.0 * (prof.max() - prof)
+        k_lo, k_hi, open_lo, open_hi = _interval_from_profile(grid, lr, cut)
+        i_hat = int(np.argmin(lr))
+        cov_type = "cluster" if n_eng >= MIN_CLUSTERS else "HC0"
+        tq = t_quantile(level, n_eng - 1 if cov_type == "cluster" else math.inf)
+        inside = np.flatnonzero(lr <= cut)
+        a_iv, b_iv = [math.inf, -math.inf], [math.inf, -math.inf]
+        for i in inside:
+            beta = betas[i]
+            cov = _sandwich(cells, float(grid[i]), beta, a_nb, cov_type == "cluster")
+            for j, iv in ((0, a_iv), (1, b_iv)):
+                se = math.sqrt(max(float(cov[j, j]), 0.0))
+                iv[0] = min(iv[0], float(beta[j]) - tq * se)
+                iv[1] = max(iv[1], float(beta[j]) + tq * se)
+    a_hat, b_hat = (float(v) for v in betas[i_hat])
+    k_hat = float(grid[i_hat])
+    slope = Estimate(b_hat, Interval(b_iv[0], b_iv[1], level), f"log-rate per unit {util}")
+    base = Estimate(math.exp(a_hat), Interval(math.exp(a_iv[0]), math.exp(a_iv[1]), level), "1/s")
+    why = ""
+    if open_lo or open_hi:
+        side = "lower" if open_lo else "upper"
+        why = (
+            f"the knee's {side} end is not bounded by the data (the likelihood-ratio cut "
+            f"is not reached inside [{fmt(lo_k)}, {fmt(hi_k)}])"
+        )
+        if open_lo and not open_hi:
+            why += (
+                f": the preemption rate keeps falling down to the lowest {util} seen, with "
+                "no flat base rate below to put a knee on"
+            )
+    elif slope.interval.lo <= 0:
+        why = "no detectable rise of the preemption rate above the knee (slope CI includes 0)"
+    family = "negative_binomial" if nb else "poisson"
+    return PreemptionFit(
+        what=WHAT,
+        estimate=k_hat,
+        interval=Interval(k_lo, k_hi, level),
+        unit=util,
+        n=n,
+        method=f"{method}; {family}; slope/base rate: {cov_type} Wald, united over knee CI",
+        assumptions=assumptions,
+        basis=basis,
+        warnings=tuple(caught),
+        can_tell=not why,
+        why=why,
+        slope=slope,
+        base_rate=base,
+        family=family,
+        dispersion_alpha=float(a_nb),
+        dispersion_p=float(p_disp),
+        cov_type=cov_type,
+        profile=tuple(zip(grid.tolist(), lr.tolist(), strict=True)),
+        util_column=util,
+    )
+
+
+def _usable(frame: pd.DataFrame, cols: list[str]) -> pd.DataFrame:
+    """Rows with every column present and finite (an absent column -> no rows)."""
+    if not all(c in frame.columns for c in cols):
+        return frame.iloc[0:0]
+    return frame.dropna(subset=cols)
+
+
+def _bin(u: Array, bins: int) -> Array:
+    """Each value replaced by the mean of its equal-width bin."""
+    import numpy as np
+
+    lo, hi = float(u.min()), float(u.max())
+    idx = np.minimum(((u - lo) / max(hi - lo, 1e-12) * bins).astype(np.int64), bins - 1)
+    sums = np.bincount(idx, weights=u, minlength=bins)
+    cnt = np.bincount(idx, minlength=bins)
+    means: Array = sums[idx] / cnt[idx]
+    return means
+
+
+def _collapse(u: Array, t: Array, y: Array, g: npt.NDArray[np.int64], by_engine: bool) -> _Cells:
+    import numpy as np
+    import pandas as pd
+
+    ui, uu = pd.factorize(u)
+    ti, tu = pd.factorize(t)
+    key = ui.astype(np.int64) * len(tu) + ti
+    if by_engine:
+        key = key * (int(g.max()) + 1) + g
+    kc, ku = pd.factorize(key)
+    c = np.bincount(kc)
+    ku = np.asarray(ku, dtype=np.int64)
+    ge = int(g.max()) + 1 if by_engine else 1
+    cell_ut = ku // ge
+    return _Cells(
+        u=np.asarray(uu, dtype=float)[cell_ut // len(tu)],
+        t=np.asarray(tu, dtype=float)[cell_ut % len(tu)],
+        c=c.astype(float),
+        y=np.bincount(kc, weights=y).astype(np.float64),
+        y2=np.bincount(kc, weights=y * y).astype(np.float64),
+        g=(ku % ge) if by_engine else np.full(ku.size, -1, dtype=np.int64),
+    )
+
+
+def _design(u: Array, k: float) -> Array:
+    import numpy as np
+
+    return np.column_stack([np.ones_like(u), np.maximum(0.0, u - k)])
+
+
+def _irls(
+    cells: _Cells, k: float, alpha: float, start: Array | None, maxiter: int
+) -> tuple[Array, float]:
+    """Log-link Poisson (alpha=0) / NB2 GLM by IRLS on cells; (beta, log-likelihood kernel).
+
+    Cell r holds c_r windows of length t_r with total count y_r; μ_r = t_r·exp(x_r'β) is the
+    per-window mean. The kernel omits terms depending on the data (and α) only: it compares
+    knees on the same data but is not the full log-likelihood.
+    """
+    import numpy as np
+
+    x = _design(cells.u, k)
+    c, y, t = cells.c, cells.y, cells.t
+    beta = (
+        np.array([math.log(max(y.sum(), 0.5) / float(np.sum(c * t))), 0.0])
+        if start is None
+        else start.copy()
+    )
+    for _ in range(maxiter):
+        eta = np.minimum(x @ beta, 50.0)
+        mu = t * np.exp(eta)
+        w = c * mu / (1.0 + alpha * mu)
+        wz = w * eta + (y - c * mu) / (1.0 + alpha * mu)
+        new = np.linalg.lstsq((x.T * w) @ x, x.T @ wz, rcond=None)[0]
+        done = np.max(np.abs(new - beta)) < 1e-9 * (1.0 + np.max(np.abs(beta)))
+        beta = new
+        if done:
+            break
+    mu = t * np.exp(np.minimum(x @ beta, 50.0))
+    if alpha == 0.0:
+        ll = float(np.sum(y * np.log(np.maximum(mu, 1e-300)) - c * mu))
+    else:
+        am = alpha * mu
+        ll = float(
+            np.sum(y * np.log(np.maximum(am, 1e-300) / (1.0 + am)) - c * np.log1p(am) / alpha)
+        )
+    return beta, ll
+
+
+def _profile(cells: _Cells, grid: Array, alpha: float, maxiter: int) -> tuple[Array, list[Array]]:
+    import numpy as np
+
+    prof = np.empty(grid.size)
+    betas: list[Array] = []
+    start = None
+    for i, k in enumerate(grid):
+        beta, prof[i] = _irls(cells, float(k), alpha, start, maxiter)
+        betas.append(beta)
+        start = beta
+    return prof, betas
+
+
+def _sandwich(cells: _Cells, k: float, beta: Array, alpha: float, cluster: bool) -> Array:
+    """Robust covariance of β at knee k: engine clusters (CR1) or per window (HC0)."""
+    import numpy as np
+
+    x = _design(cells.u, k)
+    mu = cells.t * np.exp(np.minimum(x @ beta, 50.0))
+    v = 1.0 + alpha * mu
+    # Observed information (NB2's log link is not canonical; statsmodels uses it too):
+    # −∂²ℓ/∂η² = μ(1 + αy)/(1 + αμ)² per window, summed within the cell.
+    bread = np.linalg.pinv((x.T * (mu * (cells.c + alpha * cells.y) / (v * v))) @ x)
+    if cluster:
+        s = x * ((cells.y - cells.c * mu) / v)[:, None]
+        g = cells.g
+        ng = int(g.max()) + 1
+        per = np.column_stack([np.bincount(g, weights=s[:, j], minlength=ng) for j in (0, 1)])
+        n = float(cells.c.sum())
+        meat = per.T @ per * ng / max(ng - 1, 1) * (n - 1) / max(n - 2, 1)
+    else:
+        # Σ_i (y_i − μ)² within a cell = Σy² − 2μΣy + cμ².
+        ss = (cells.y2 - 2 * mu * cells.y + cells.c * mu * mu) / (v * v)
+        meat = (x.T * ss) @ x
+    cov: Array = bread @ meat @ bread
+    return cov
+
+
+def _interval_from_profile(grid: Array, lr: Array, cut: float) -> tuple[float, float, bool, bool]:
+    """Ends of {k : lr(k) <= cut} around the minimum, linearly interpolated."""
+    import numpy as np
+
+    i = int(np.argmin(lr))
+    lo_i, hi_i = i, i
+    while lo_i > 0 and lr[lo_i - 1] <= cut:
+        lo_i -= 1
+    while hi_i < grid.size - 1 and lr[hi_i + 1] <= cut:
+        hi_i += 1
+    open_lo, open_hi = lo_i == 0, hi_i == grid.size - 1
+
+    def cross(j_in: int, j_out: int) -> float:
+        x0, x1, y0, y1 = grid[j_in], grid[j_out], lr[j_in], lr[j_out]
+        return float(x0 + (cut - y0) * (x1 - x0) / (y1 - y0)) if y1 != y0 else float(x0)
+
+    k_lo = float(grid[0]) if open_lo else cross(lo_i, lo_i - 1)
+    k_hi = float(grid[-1]) if open_hi else cross(hi_i, hi_i + 1)
+    return k_lo, k_hi, open_lo, open_hi
+
+
+def _dispersion_test(y: Array, mu: Array) -> tuple[float, float]:
+    """Cameron–Trivedi auxiliary OLS (no intercept): α̂ and the one-sided p-value of α = 0."""
+    import numpy as np
+    from scipy import stats
+
+    z = ((y - mu) ** 2 - y) / mu
+    ss = float(np.sum(mu * mu))
+    alpha = float(np.sum(z * mu) / ss)
+    resid = z - alpha * mu
+    se = math.sqrt(float(np.sum(resid * resid)) / max(y.size - 1, 1) / ss)
+    if se == 0.0:
+        return alpha, 1.0 if alpha <= 0 else 0.0
+    return alpha, float(stats.norm.sf(alpha / se))

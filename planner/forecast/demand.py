@@ -1,0 +1,395 @@
+"""Demand forecast: KV tokens in use or request rate, with intervals, backtest and saturation.
+
+How a forecast is made (each step is stated again in ``Forecast.assumptions``):
+
+1. History (planner/forecast/data.py): resampled to UTC-aligned buckets, hourly with a daily
+   season (period 24) when >= 2 full days are available, else 15/5/1-min buckets and no
+   season; short gaps interpolated, history before a long gap dropped; < 24 points raise
+   InsufficientHistory(what, 24, available).
+2. Candidates (planner/forecast/models.py), cheapest first: (seasonal) naive, ETS(A,Ad,N),
+   ETS(A,A,N) or the seasonal ETS(A,Ad,A)/(A,A,A), and a SARIMAX regression with AR(1)
+   errors (+ daily Fourier terms when seasonal).
+3. Rolling-origin backtest (planner/forecast/backtest.py; Tashman 2000), the same origins
+   for every candidate: parameters are estimated once on the data before the first origin,
+   then each origin re-filters the states on the data up to it (no look-ahead) and
+   forecasts the next ``h_b`` buckets, with ``h_b`` = the forecast horizon when the history
+   allows, halved until >= 3 origins fit. Scores pool every (origin, step): interval
+   coverage, MAPE (withheld when actuals come near 0), MASE (scaled by the in-sample
+   (seasonal) naive MAE, Hyndman & Koehler 2006) and the interval score (Gneiting & Raftery
+   2007, eq. 43), which rewards narrow intervals and penalises misses. The model with the
+   lowest mean interval score wins; AIC is not used (ETS and SARIMAX likelihoods here are
+   not comparable).
+4. The winner is refitted on all the history and forecasts ``horizon_s``; intervals at
+   ``level`` are clipped at 0 (demand is non-negative) and that is noted (the backtest
+   scores the clipped intervals, i.e. what is reported).
+5. Saturation (planner/forecast/saturation.py; ``capacity`` given): the point forecast is
+   placed at bucket midpoints and linearly interpolated; ``time_to_saturation_s`` is when
+   it first reaches capacity, ``_lo_s`` when the upper bound does (at that time
+   P(demand >= capacity) reaches (1-level)/2) and ``_hi_s`` when the lower bound does
+   (P reaches (1+level)/2); these are crossings of the pointwise band, not quantiles of a
+   first-passage time. None with a note when not within the horizon; 0 when the last
+   observed bucket is already at capacity. ``saturation_probability`` is the share of the
+   simulated paths of the fitted model (seeded by ``seed``, parameters fixed) that reach
+   capacity within the horizon, with its Monte Carlo standard error.
+
+Reproducibility: the result is a function of the series and the arguments only. Every random
+draw comes from ``numpy.random.default_rng(seed)``; the work is bounded by counts, not by the
+clock: each optimiser is capped (maxiter 200 ETS, 50 SARIMAX), the backtest has at most 24
+origins, and the simulation draws at most ``MAX_SIM_DRAWS`` values (paths = that / steps,
+between 200 and 1000). ``max_seconds`` is only a guard (statsmodels' one-off import
+excluded): a candidate after the first, or the simulation, that would start past it is
+skipped, and ``Forecast.truncated`` says what was cut, because such a result depends on the
+machine's speed. Timings (``fit_seconds``) are measurements, not results: ``to_dict(timings=
+False)`` leaves them out.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING, Any
+
+from collector.errors import ConfigError, InsufficientHistory
+from planner.forecast.backtest import Scores, backtest, plan_backtest
+from planner.forecast.data import (
+    MIN_POINTS,
+    SeriesError,
+    demand_series_from_windows,
+    prepare,
+)
+from planner.forecast.models import (
+    DEFAULT_NONSEASONAL,
+    DEFAULT_SEASONAL,
+    Fitted,
+    ModelSpec,
+    fit,
+    min_train,
+    predict,
+    spec_of,
+)
+from planner.forecast.saturation import MAX_SIM_DRAWS, Saturation, capacity_notes, saturation
+
+if TYPE_CHECKING:
+    import numpy as np
+    import numpy.typing as npt
+    import pandas as pd
+
+    FloatArray = npt.NDArray[np.float64]
+
+__all__ = [
+    "CandidateScore",
+    "Forecast",
+    "SeriesError",
+    "demand_series_from_windows",
+    "forecast_demand",
+    "plan_backtest",
+]
+
+MAX_HORIZON_STEPS = 10_000
+
+
+@dataclass(frozen=True, slots=True)
+class CandidateScore:
+    """One candidate's rolling-origin backtest (all candidates share the same origins)."""
+
+    method: str
+    status: str  # "chosen", "scored", "failed: ...", "skipped: ..."
+    interval_score: float | None = None  # mean, in the series' units (lower is better)
+    coverage: float | None = None
+    mape: float | None = None
+    mase: float | None = None
+    fit_seconds: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class Forecast:
+    """A demand forecast with its intervals, its backtest and what it rests on."""
+
+    what: str
+    method: str
+    cadence_s: float
+    seasonal_period: int | None
+    level: float
+    origin_epoch: float  # end of the last observed bucket; points follow it
+    points: tuple[tuple[float, float, float, float], ...]  # (bucket start, mean, lo, hi)
+    backtest_coverage: float | None
+    backtest_mape: float | None  # percent; None when actuals come near 0 (see backtest_mase)
+    backtest_mase: float | None
+    backtest_origins: int
+    backtest_horizon_steps: int
+    backtest_points: int
+    capacity: float | None
+    time_to_saturation_s: float | None
+    time_to_saturation_lo_s: float | None  # earliest: the upper bound reaches capacity
+    time_to_saturation_hi_s: float | None  # latest: the lower bound reaches capacity
+    saturation_probability: float | None
+    saturation_note: str
+    history_points: int
+    raw_points: int
+    candidates: tuple[CandidateScore, ...]
+    warnings: tuple[str, ...]
+    assumptions: tuple[str, ...]
+    fit_seconds: float
+    seed: int
+    saturation_paths: int | None = None  # simulated paths behind saturation_probability
+    saturation_probability_se: float | None = None  # its Monte Carlo standard error
+    truncated: tuple[str, ...] = ()  # work the max_seconds guard cut: result speed-dependent
+
+    def to_dict(self, *, timings: bool = True) -> dict[str, Any]:
+        """JSON-ready (non-finite floats become None); ``timings=False`` drops the
+        ``fit_seconds`` measurements, leaving what identical input must reproduce."""
+        d = asdict(self)
+        if not timings:
+            d.pop("fit_seconds")
+            d["candidates"] = [
+                {k: v for k, v in c.items() if k != "fit_seconds"} for c in d["candidates"]
+            ]
+        return _json_safe(d)  # type: ignore[no-any-return]
+
+
+def _json_safe(obj: Any) -> Any:
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {k: _json_safe(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return [_json_safe(v) for v in obj]
+    return obj
+
+
+def _collapse(lines: list[str]) -> tuple[str, ...]:
+    """Repeated warnings (one per backtest origin) as one line with a count, first-seen order."""
+    counts: dict[str, int] = {}
+    for line in lines:
+        counts[line] = counts.get(line, 0) + 1
+    return tuple(line if c == 1 else f"{line} (x{c})" for line, c in counts.items())
+
+
+_KNOWN = {
+    "naive": "the difference scale sigma (from the training data)",
+    "ets": "smoothing/damping parameters and heuristic initial states",
+    "sarimax": "the AR(1) coefficient and scale (regression coefficients are Kalman states: "
+    "their uncertainty is included)",
+}
+
+
+def forecast_demand(
+    series: pd.Series,
+    *,
+    horizon_s: float,
+    capacity: float | None = None,
+    level: float = 0.9,
+    seed: int = 0,
+    max_seconds: float = 30.0,
+    what: str = "kv_tokens",
+    models: tuple[str, ...] | None = None,
+    agg: str = "mean",
+) -> Forecast:
+    """Forecast ``series`` ``horizon_s`` ahead; see the module docstring for the method.
+
+    ``models`` restricts the candidates (keys of planner.forecast.models.SPECS, e.g.
+    ``("snaive",)`` for the baseline); ``agg="max"`` models each bucket's peak instead of
+    its mean (saturation happens at peaks). The horizon is rounded up to whole buckets.
+    Raises InsufficientHistory, SeriesError or ConfigError (bad argument).
+    """
+    import numpy as np
+
+    # statsmodels' first import takes 1-3 s: a one-off process cost, kept out of the budget.
+    import statsmodels.tsa.exponential_smoothing.ets
+    import statsmodels.tsa.statespace.sarimax  # noqa: F401
+
+    t_start = time.perf_counter()
+    if not (horizon_s > 0 and math.isfinite(horizon_s)):
+        raise ConfigError(f"horizon_s must be a positive number of seconds, got {horizon_s!r}")
+    if not 0 < level < 1:
+        raise ConfigError(f"level must be in (0, 1), got {level!r}")
+    if not max_seconds > 0:
+        raise ConfigError(f"max_seconds must be > 0, got {max_seconds!r}")
+    if capacity is not None and not (capacity > 0 and math.isfinite(capacity)):
+        raise ConfigError(f"capacity must be a positive number, got {capacity!r}")
+    if agg not in ("mean", "max"):
+        raise ConfigError(f"agg must be 'mean' or 'max', got {agg!r}")
+    prep = prepare(series, what=what, agg=agg)
+    cad, n = prep.cadence_s, len(prep.values)
+    steps = math.ceil(horizon_s / cad)
+    if steps > MAX_HORIZON_STEPS:
+        raise ConfigError(
+            f"horizon_s={horizon_s:g} is {steps} steps of {cad:g} s; at most {MAX_HORIZON_STEPS}"
+        )
+    scale = float(np.mean(np.abs(prep.values))) or 1.0
+    y = prep.values / scale
+    period = prep.seasonal_period
+    specs = [spec_of(k) for k in (models or (DEFAULT_SEASONAL if period else DEFAULT_NONSEASONAL))]
+    assumptions = list(prep.notes)
+    if not period and any(s.seasonal for s in specs):
+        specs = [s for s in specs if not s.seasonal] or [spec_of("naive")]
+        assumptions.append("seasonal models requested but the history is < 2 full days: dropped")
+    span_h = n * cad / 3600
+    assumptions.append(
+        f"modelled as {cad:g} s buckets (the {agg} of the raw points in each, UTC-aligned); "
+        f"a point t covers [t, t + {cad:g} s)"
+    )
+    hb, origins = plan_backtest(n, steps, max(min_train(s, period) for s in specs))
+    if period and not origins:
+        specs = [s for s in specs if not s.seasonal] or [spec_of("naive")]
+        assumptions.append("seasonal models dropped: no room to backtest two full days")
+        hb, origins = plan_backtest(n, steps, max(min_train(s, None) for s in specs))
+    if not origins:
+        raise InsufficientHistory(f"{what} forecast backtest at {cad:g} s", MIN_POINTS + 1, n)
+    if period and any(s.seasonal for s in specs):
+        assumptions.append(
+            f"daily seasonality (period {period} at {cad:g} s) considered: "
+            f"{span_h / 24:.1f} days of history >= 2 full days"
+        )
+    else:
+        assumptions.append(
+            f"no seasonality modelled: {span_h:.1f} h of history"
+            + (" < 2 full days" if span_h < 48 else "")
+        )
+    lag = period if period and any(s.seasonal for s in specs) else 1
+    train = y[: origins[0]]
+    mase_den = float(np.mean(np.abs(train[lag:] - train[:-lag]))) if len(train) > lag else 0.0
+
+    scored: list[tuple[float, int, ModelSpec, CandidateScore, Scores]] = []
+    rows: list[CandidateScore] = []
+    warns: list[str] = []
+    truncated: list[str] = []
+    for i, spec in enumerate(specs):
+        label = spec.label
+        if scored and time.perf_counter() - t_start > max_seconds:
+            rows.append(CandidateScore(label, f"skipped: max_seconds={max_seconds:g} spent"))
+            truncated.append(f"candidate {label} not tried")
+            continue
+        f = Fitted(spec, period, prep.start, cad, 0)
+        try:
+            f = fit(spec, train, period=period, start_epoch=prep.start, cadence_s=cad)
+            sc = backtest(f, y, origins=origins, hb=hb, level=level, mase_den=mase_den)
+        except Exception as exc:  # loop boundary: one failed candidate must not sink the rest
+            warns.extend(f.warnings)
+            warns.append(f"{label} failed: {type(exc).__name__}: {exc}")
+            rows.append(CandidateScore(label, f"failed: {type(exc).__name__}: {exc}"))
+            continue
+        warns.extend(f.warnings)
+        row = CandidateScore(
+            label,
+            "scored",
+            sc.interval_score * scale,
+            sc.coverage,
+            sc.mape,
+            sc.mase,
+            round(f.fit_seconds, 4),
+        )
+        rows.append(row)
+        scored.append((sc.interval_score, i, spec, row, sc))
+    if not scored:
+        raise SeriesError(f"{what}: no candidate model could be fitted ({warns[-1]})")
+    scored.sort(key=lambda r: (r[0] if math.isfinite(r[0]) else math.inf, r[1]))
+    final: Fitted | None = None
+    for _, _, spec, row, sc in scored:
+        try:
+            final = fit(spec, y, period=period, start_epoch=prep.start, cadence_s=cad)
+            mean, lo, hi = predict(final, y, steps, level)
+        except Exception as exc:  # loop boundary: fall back to the next-best candidate
+            warns.append(f"{spec.label} final fit failed ({type(exc).__name__}: {exc})")
+            final = None
+            continue
+        if np.isfinite(mean).all() and np.isfinite(lo).all() and np.isfinite(hi).all():
+            chosen, chosen_sc = row, sc
+            break
+        warns.append(f"{spec.label}: non-finite forecast on the full history; next best")
+        final = None
+    if final is None:
+        raise SeriesError(f"{what}: no candidate model forecasts the full history ({warns[-1]})")
+    warns.extend(final.warnings)
+    rows = [CandidateScore(**{**asdict(r), "status": "chosen"}) if r is chosen else r for r in rows]
+    sc = chosen_sc
+    best = final.spec
+    method = (
+        best.label + (f" seasonal={period}" if best.seasonal and period else "") + f" @{cad:g}s"
+    )
+    assumptions.append(
+        "chosen by the lowest mean interval score in the backtest among: "
+        + ", ".join(f"{r.method} ({r.status})" for r in rows)
+    )
+    assumptions.append(
+        f"backtest: {len(origins)} origins, {hb} steps each"
+        + (f" (of the {steps} forecast)" if hb < steps else "")
+        + ", parameters estimated once before the first origin, states re-filtered at each; "
+        f"coverage and errors pool {sc.points} serially correlated points: indicative"
+    )
+    if hb < steps:
+        assumptions.append(f"steps {hb + 1}..{steps} go beyond what the backtest checked")
+    if steps * cad > horizon_s + 1e-6:
+        assumptions.append(f"horizon rounded up to {steps} whole buckets of {cad:g} s")
+    if steps * cad > n * cad:
+        assumptions.append(
+            f"horizon {horizon_s / 3600:.1f} h exceeds the {span_h:.1f} h history: extrapolation"
+        )
+    assumptions.append(
+        f"intervals at {level:.0%}: Gaussian errors, {_KNOWN[best.family]} treated as known "
+        "(their uncertainty is not in the interval), so they can be narrow; the backtest "
+        "coverage checks them"
+    )
+    mean, lo, hi = mean * scale, lo * scale, hi * scale
+    clipped = int(np.sum(lo < 0) + np.sum(mean < 0))
+    if clipped:
+        assumptions.append(f"{clipped} negative bounds/means clipped to 0: demand is non-negative")
+    mean, lo, hi = np.maximum(mean, 0.0), np.maximum(lo, 0.0), np.maximum(hi, 0.0)
+    t_pts = prep.end + cad * np.arange(steps)
+    points = tuple(
+        (float(t), float(m), float(a), float(b))
+        for t, m, a, b in zip(t_pts, mean, lo, hi, strict=True)
+    )
+    sat = Saturation(None, None, None, None, "no capacity given")
+    if capacity is not None:
+        assumptions.extend(capacity_notes(prep.values, capacity, agg))
+        simulate = time.perf_counter() - t_start <= max_seconds
+        if not simulate and float(prep.values[-1]) < capacity:  # else nothing to simulate
+            truncated.append("crossing probability not simulated")
+        seen = len(final.warnings)
+        sat = saturation(
+            final, y, (mean, lo, hi), scale=scale, capacity=capacity, seed=seed, simulate=simulate
+        )
+        warns.extend(final.warnings[seen:])
+        if sat.paths:
+            assumptions.append(
+                f"P(saturation) from {sat.paths} simulated paths (seed {seed}, at most "
+                f"{MAX_SIM_DRAWS:,} draws): Monte Carlo standard error {sat.se:.1%}"
+            )
+    if truncated:
+        warns.append(
+            f"max_seconds={max_seconds:g} guard cut the work ({'; '.join(truncated)}): this "
+            "result depends on the machine's speed; rerun with a larger max_seconds"
+        )
+    return Forecast(
+        what=what,
+        method=method,
+        cadence_s=cad,
+        seasonal_period=period if best.seasonal else None,
+        level=level,
+        origin_epoch=prep.end,
+        points=points,
+        backtest_coverage=sc.coverage,
+        backtest_mape=sc.mape,
+        backtest_mase=sc.mase,
+        backtest_origins=len(origins),
+        backtest_horizon_steps=hb,
+        backtest_points=sc.points,
+        capacity=capacity,
+        time_to_saturation_s=sat.ts,
+        time_to_saturation_lo_s=sat.lo,
+        time_to_saturation_hi_s=sat.hi,
+        saturation_probability=sat.probability,
+        saturation_note=sat.note,
+        history_points=n,
+        raw_points=prep.raw_points,
+        candidates=tuple(rows),
+        warnings=_collapse(warns),
+        assumptions=tuple(assumptions),
+        fit_seconds=round(time.perf_counter() - t_start, 4),
+        seed=seed,
+        saturation_paths=sat.paths,
+        saturation_probability_se=sat.se,
+        truncated=tuple(truncated),
+    )

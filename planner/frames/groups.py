@@ -1,0 +1,168 @@
+"""The model group of each engine of an analysis frame (planner/frames/frames.py's ``group``).
+
+An engine's group is its served model plus the GPU and tensor-parallel size its engine
+record gives (:func:`group_name`): fits and decisions are made per group, since pooling an
+8B model on one GPU with a 70B on four mixes throughputs and KV capacities that have
+nothing in common. The served model is the ``model_name`` label most common among the
+engine's series that carry an ``engine`` label (vLLM's own series; LMCache's legacy series
+name the HF path instead), else among all its series, else the record's ``model``.
+
+:func:`split_groups` splits a frame by group. The groups are those of its *engine* rows
+(rows with a KV-utilization or token figure). Rows of other sources (an LMCache server
+scraped as its own target) join the group whose model they name (their ``model_name``
+label); rows naming no group's model are *shared*: they count in every group (an LMCache
+server serving several models' engines). Sources of the window table with no frame row
+at all (only an LMCache health gauge, say) are shared as well.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import numpy as np
+    import numpy.typing as npt
+    import pandas as pd
+
+UNKNOWN_GROUP = "unknown"
+
+
+def group_name(model: object, gpu: object = None, tp: object = None) -> str:
+    """``model@gpu:tpN`` (the parts known), or ``"unknown"`` when the model is not known."""
+    if not isinstance(model, str) or not model:
+        return UNKNOWN_GROUP
+    name = model
+    if isinstance(gpu, str) and gpu:
+        name += f"@{gpu}"
+    if isinstance(tp, int) and not isinstance(tp, bool) and tp > 0:
+        name += f":tp{tp}"
+    return name
+
+
+def meta_attr(meta: object, name: str) -> object:
+    return meta.get(name) if isinstance(meta, Mapping) else getattr(meta, name, None)
+
+
+def pair_models(
+    pair: npt.NDArray[np.int64],
+    pair_u: npt.NDArray[np.int64],
+    labelled: npt.NDArray[np.bool_],
+    mod_c: npt.NDArray[np.int64],
+    n_mod: int,
+) -> npt.NDArray[np.int64]:
+    """Model code per engine key of ``pair_u`` (-1: none): the most common among the key's
+    windows carrying an engine label, else among all of them (ties: the lower code)."""
+    import numpy as np
+
+    out = np.full(pair_u.size, -1, dtype=np.int64)
+    sel = mod_c >= 0
+    if n_mod == 0 or not sel.any():
+        return out
+    dense = np.searchsorted(pair_u, pair[sel])
+    key = (dense * 2 + labelled[sel]) * n_mod + mod_c[sel]
+    size = pair_u.size * 2 * n_mod
+    if size <= 4 * key.size + 1_000_000:
+        counts = np.bincount(key, minlength=size)
+    else:  # many engines × many models: count only the combinations present
+        uniq, cnt = np.unique(key, return_counts=True)
+        counts = np.zeros(size, dtype=np.int64)
+        counts[uniq] = cnt
+    table = counts.reshape(pair_u.size, 2, n_mod)
+    use = np.where(table[:, 1, :].sum(axis=1, keepdims=True) > 0, table[:, 1, :], table[:, 0, :])
+    return np.where(use.sum(axis=1) > 0, use.argmax(axis=1), out)
+
+
+def modes_and_groups(  # noqa: PLR0917 - the engine keys' parts, computed once
+    src_names: npt.NDArray[np.object_],
+    eng_names: npt.NDArray[np.object_],
+    key_of_row: npt.NDArray[np.int64],
+    n_eng: int,
+    meta: Mapping[str, object],
+    models: list[str],
+    pair_u: npt.NDArray[np.int64],
+    pair_model: npt.NDArray[np.int64],
+) -> tuple[npt.NDArray[np.object_], npt.NDArray[np.object_]]:
+    """Offload mode and model group per row, from each engine key's record and model label."""
+    import numpy as np
+
+    from planner.frames.frames import offload_mode_of
+
+    keys, inverse = np.unique(key_of_row, return_inverse=True)
+    model_code = pair_model[np.searchsorted(pair_u, keys)]
+    modes, groups = [], []
+    for k, code in zip(keys.tolist(), model_code.tolist(), strict=True):
+        source, engine = src_names[k // n_eng], eng_names[k % n_eng]
+        m = meta.get(f"{source}/{engine}", meta.get(source))
+        modes.append("unknown" if m is None else offload_mode_of(m))
+        model = models[code] if code >= 0 else meta_attr(m, "model")
+        groups.append(group_name(model, meta_attr(m, "gpu"), meta_attr(m, "tensor_parallel")))
+    return np.asarray(modes, dtype=object)[inverse], np.asarray(groups, dtype=object)[inverse]
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class GroupSlice:
+    """One model group: its engines, the frame rows and the sources its plan reads."""
+
+    name: str
+    engines: tuple[str, ...]  # "source/engine" (or "source" when the label is empty)
+    sources: frozenset[str]  # every source whose windows the group's plan reads
+    rows: npt.NDArray[np.bool_]  # the frame's rows of the group (engine rows + attached)
+    shared: tuple[str, ...] = ()  # sources counted in every group
+
+
+def same_model(row_group: str, group: str) -> bool:
+    """True when ``group`` (model[@gpu][:tpN]) is of the model ``row_group`` names."""
+    if row_group == UNKNOWN_GROUP:
+        return group == UNKNOWN_GROUP
+    return group == row_group or group.startswith((f"{row_group}@", f"{row_group}:tp"))
+
+
+def _engine_mask(frame: pd.DataFrame) -> npt.NDArray[np.bool_]:
+    """Rows of vLLM engines (as plan_observe._engine_rows): a KV or token figure."""
+    out: npt.NDArray[np.bool_] = (
+        frame["kv_util"].notna() | frame["tokens_per_s"].notna()
+    ).to_numpy(dtype=bool)
+    return out
+
+
+def split_groups(frame: pd.DataFrame, table_sources: Iterable[str] = ()) -> list[GroupSlice]:
+    """The frame's model groups, by name (module docstring); [] for an empty frame."""
+    import numpy as np
+
+    if not len(frame):
+        return []
+    group = frame["group"].astype(str).to_numpy(dtype=object)
+    source = frame["source"].astype(str).to_numpy(dtype=object)
+    engine = frame["engine"].astype(str).to_numpy(dtype=object)
+    is_engine = _engine_mask(frame)
+    if not is_engine.any():  # no vLLM engine in the period: the rows' own groups
+        is_engine = np.ones(len(frame), dtype=bool)
+    names = sorted({str(g) for g in group[is_engine]})
+    member = {n: is_engine & (group == n) for n in names}
+    shared_rows = np.zeros(len(frame), dtype=bool)
+    for g in sorted({str(x) for x in group[~is_engine]}):
+        rows = ~is_engine & (group == g)
+        homes = [n for n in names if same_model(g, n)]
+        if not homes:
+            shared_rows |= rows
+        for n in homes:
+            member[n] = member[n] | rows
+    in_frame = {str(s) for s in source}
+    shared = sorted({str(s) for s in source[shared_rows]} | (set(table_sources) - in_frame))
+    out = []
+    for n in names:
+        rows = member[n] | shared_rows
+        eng = is_engine & (group == n)
+        pairs = sorted({(str(s), str(e)) for s, e in zip(source[eng], engine[eng], strict=True)})
+        out.append(
+            GroupSlice(
+                name=n,
+                engines=tuple(f"{s}/{e}" if e else s for s, e in pairs),
+                sources=frozenset({str(s) for s in source[rows]} | set(shared)),
+                rows=rows,
+                shared=tuple(shared),
+            )
+        )
+    return out

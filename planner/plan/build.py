@@ -1,0 +1,399 @@
+"""`kvscope plan`: from the store's windows to a decision, a forecast, sizing and configs.
+
+``build_plan(store, …)`` reads the windows and engine metadata of a cluster, builds the
+analysis frame (planner/frames/frames.py), states what is happening (planner/plan/observe.py),
+runs every fit the data supports (planner/plan/fits.py: preemption knee, offload gain per
+mode, prefill MFU, LMCache hit-rate curve), forecasts KV demand against HBM KV capacity
+and the request rate (planner/plan/forecast.py), fills an Evidence record, decides
+(planner/decide/decision.py) and sizes (planner/deploy/sizing.py). A fit or forecast the data cannot
+support is a ``can_tell: false`` entry with the reason, never an exception.
+
+Evidence fields this module cannot fill from metrics stay None (EVIDENCE_GAPS says why);
+the decider names them as unknown and lowers its confidence.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from collector.errors import ConfigError, KvscopeError
+from planner.decide.decision import Decision, decide
+from planner.decide.evidence import Evidence
+from planner.deploy.sizing import Sizing, size
+from planner.frames.table import PLAN_COLUMNS, WindowTable, names
+from planner.plan.basis import (
+    EVIDENCE_GAPS,
+    HOURS_PER_MONTH,
+    hardware_of,
+    plan_basis,
+    plan_cost,
+)
+from planner.plan.fits import (
+    FitRun,
+    gain_evidence,
+    hit_curve,
+    mfu_evidence,
+    run_fits,
+    skipped_fits,
+)
+from planner.plan.forecast import ForecastRun, kv_capacity, run_forecasts
+from planner.plan.groups import (
+    GroupPlan,
+    GroupSlice,
+    groups_basis,
+    pick_group,
+    restrict_table,
+    split_groups,
+)
+from planner.plan.observe import NEEDED_SIGNALS, modes_by_source, observe
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+    from collector.models import EngineRecord
+    from collector.store import Store
+
+__all__ = ["EVIDENCE_GAPS", "HOURS_PER_MONTH", "SEE_GROUPS", "NoData", "Plan", "PlanDetails",
+           "build_plan", "json_safe", "lmcache_up_fraction"]  # fmt: skip
+
+
+SEE_GROUPS = (
+    "decision, sizing and configs per model group: groups[].plan. The top level pools the "
+    "groups' observations only: a decision or a fleet size on no fit across models would "
+    "rest on nothing"
+)
+
+
+class NoData(KvscopeError):
+    """The store holds no windows for the cluster and period asked about."""
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class PlanDetails:
+    """What the plots need beyond the JSON: the frame, the fit objects, the forecasts; and
+    the seconds each stage took (read, frame, observe, fits, forecasts, decide)."""
+
+    frame: pd.DataFrame
+    fits: Mapping[str, FitRun]
+    forecasts: ForecastRun
+    seconds: Mapping[str, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class Plan:
+    """The answer of `kvscope plan`; ``to_dict()`` is its JSON (module docstring)."""
+
+    cluster: str | None
+    window: Mapping[str, Any]
+    happening: Mapping[str, Any]
+    evidence: Evidence
+    decision: Decision | None  # None: several model groups, each decided apart (groups)
+    fits: Mapping[str, Mapping[str, Any]]
+    forecast: Mapping[str, Any]
+    sizing: Sizing | None
+    sizing_error: str | None
+    cost: Mapping[str, Any] | None
+    basis: tuple[str, ...]
+    details: PlanDetails
+    group: str | None = None  # the model group planned (``--group``), else None
+    groups: tuple[GroupPlan, ...] = ()  # each group's own plan, when there are several
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready (non-finite numbers become null); ``group`` / ``groups`` appear only
+        when the plan is of one group of several / of several groups. With several groups
+        the top level's ``decision``, ``sizing`` and ``configs`` are null and ``see_groups``
+        says where they are: each group's plan holds its own."""
+        sizing: dict[str, Any] | None = (
+            self.sizing.to_dict() if self.sizing else {"error": self.sizing_error}
+        )
+        configs: dict[str, str] | None = dict(self.sizing.configs) if self.sizing else {}
+        if self.decision is None:
+            sizing = configs = None
+        out: dict[str, Any] = json_safe(
+            {
+                "cluster": self.cluster,
+                "window": dict(self.window),
+                "happening": dict(self.happening),
+                "decision": self.decision.to_dict() if self.decision else None,
+                "fits": {k: dict(v) for k, v in self.fits.items()},
+                "forecast": dict(self.forecast),
+                "sizing": sizing,
+                "configs": configs,
+                "cost": dict(self.cost) if self.cost else None,
+                "evidence": asdict(self.evidence),
+                "basis": list(self.basis),
+            }
+        )
+        if self.group is not None:
+            out["group"] = self.group
+        if self.decision is None:
+            out["see_groups"] = SEE_GROUPS
+        if self.groups:
+            out["groups"] = [g.to_dict() for g in self.groups]
+        return out
+
+
+def json_safe(obj: Any) -> Any:
+    """Floats that are not finite become None; tuples become lists."""
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, Mapping):
+        return {str(k): json_safe(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return [json_safe(v) for v in obj]
+    return obj
+
+
+def _no_data(store: Store, cluster: str | None, since: float | None) -> NoData:
+    stats = store.stats()
+    if not stats["rows"].get("windows"):
+        return NoData(f"the store {store.url} holds no windows yet: run `kvscope collect` first")
+    where = f" of cluster {cluster!r}" if cluster else ""
+    when = f" since {_iso(since)}" if since is not None else ""
+    return NoData(
+        f"no windows{where}{when} in {store.url} (it holds windows from "
+        f"{_iso(stats['windows_from'])} to {_iso(stats['windows_until'])}): widen --since "
+        "or check --cluster"
+    )
+
+
+def _iso(t: float | None) -> str:
+    if t is None:
+        return "?"
+    return time.strftime("%Y-%m-%d %H:%M:%SZ", time.gmtime(t))
+
+
+def lmcache_up_fraction(
+    store: Store, cluster: str | None, since: float | None, until: float | None
+) -> float | None:
+    """Share of the cluster's LMCache targets whose last scrape in the period was up."""
+    names = [t.name for t in store.targets(cluster) if t.kind == "lmcache"]
+    if not names:
+        return None
+    last: dict[str, tuple[float, bool]] = {}
+    for o in store.outcomes(targets=names, since=since, until=until):
+        if o.target not in last or o.started >= last[o.target][0]:
+            last[o.target] = (o.started, o.up)
+    if not last:
+        return None
+    return sum(up for _, up in last.values()) / len(last)
+
+
+@dataclass(slots=True)
+class _Run:
+    """What every part of one `kvscope plan` shares: the store, the arguments, the clock."""
+
+    store: Store
+    cluster: str | None
+    since: float | None
+    until: float | None
+    horizon_s: float
+    price: float | None
+    seed: int
+    forecast_seconds: float
+    lmcache_up: float | None = None
+    took: dict[str, float] = field(default_factory=dict)
+    clock: float = field(default_factory=time.perf_counter)
+
+    def lap(self, stage: str) -> None:
+        now = time.perf_counter()
+        self.took[stage] = now - self.clock
+        self.clock = now
+
+    def fresh(self) -> _Run:
+        """The same run with its own stage timings (a group's plan)."""
+        return _Run(self.store, self.cluster, self.since, self.until, self.horizon_s,
+                    self.price, self.seed, self.forecast_seconds, self.lmcache_up)  # fmt: skip
+
+
+def build_plan(
+    store: Store,
+    *,
+    cluster: str | None = None,
+    since: float | None = None,
+    until: float | None = None,
+    horizon_s: float = 7 * 86400,
+    gpu_price_per_hour: float | None = None,
+    seed: int = 0,
+    forecast_seconds: float = 8.0,
+    columnar: bool = True,
+    group: str | None = None,
+) -> Plan:
+    """Read, fit, forecast, decide and size (module docstring). Raises NoData when the store
+    has no windows for the cluster and period, ConfigError on a bad argument (an unknown
+    ``group`` among them, naming the known ones).
+
+    Engines of several model groups (planner/plan/groups.py) are planned per group: the
+    result pools their observations and holds each group's plan in ``groups``. ``group``
+    plans that group alone. With one group the plan is the same as without groups.
+
+    The windows are read as one columnar frame (Store.read_frame); ``columnar=False`` reads
+    Window records (read_windows) instead and converts them: the same plan, much slower for
+    millions of windows, kept as the reference the columnar path is tested against.
+    """
+    from collector.store_frame import windows_frame
+    from planner.frames.frames import engine_frame
+
+    if not (math.isfinite(horizon_s) and horizon_s > 0):
+        raise ConfigError(f"horizon must be a positive duration, got {horizon_s!r} s")
+    if not (math.isfinite(forecast_seconds) and forecast_seconds > 0):
+        raise ConfigError(f"forecast time budget must be > 0 s, got {forecast_seconds!r}")
+    if gpu_price_per_hour is not None and not (
+        math.isfinite(gpu_price_per_hour) and gpu_price_per_hour >= 0
+    ):
+        raise ConfigError(f"gpu price must be a number >= 0, got {gpu_price_per_hour!r}")
+    run = _Run(store, cluster, since, until, horizon_s, gpu_price_per_hour, seed,
+               forecast_seconds)  # fmt: skip
+    signals = sorted(NEEDED_SIGNALS)
+    if columnar:
+        table = store.read_frame(
+            signals=signals, cluster=cluster, since=since, until=until, columns=PLAN_COLUMNS
+        )
+    else:
+        rows = store.read_windows(signals=signals, cluster=cluster, since=since, until=until)
+        table = windows_frame(rows, PLAN_COLUMNS)
+    if not len(table):
+        raise _no_data(store, cluster, since)
+    run.lap("read")
+    engines = store.engines(cluster)
+    frame = engine_frame(table, {e.source: e for e in engines})
+    run.lap("frame")
+    run.lmcache_up = lmcache_up_fraction(store, cluster, since, until)
+    groups = split_groups(frame, names(table["source"]))
+    if group is not None:
+        return _group_plan(run, table, frame, engines, pick_group(groups, group), len(groups))
+    if len(groups) <= 1:
+        return _plan(run, table, frame, engines, [])
+    parts = []
+    for g in groups:
+        p = _group_plan(run.fresh(), table, frame, engines, g, len(groups))
+        parts.append(GroupPlan(g.name, g.engines, tuple(sorted(g.sources)), p))
+    run.clock = time.perf_counter()  # the pooled stages' own times
+    return _plan(run, table, frame, engines, [groups_basis(groups)], groups=tuple(parts))
+
+
+def _group_plan(  # noqa: PLR0917 - the parts of one plan
+    run: _Run,
+    table: pd.DataFrame,
+    frame: pd.DataFrame,
+    engines: list[EngineRecord],
+    g: GroupSlice,
+    of: int,
+) -> Plan:
+    """The plan of one model group: its frame rows and its sources' windows."""
+    note = f"model group {g.name!r}: {len(g.engines)} engine(s), 1 of {of} group(s)"
+    if g.shared:
+        note += f"; sources shared with every group: {', '.join(g.shared[:5])}"
+    sub = frame[g.rows].reset_index(drop=True)
+    return _plan(run, restrict_table(table, g.sources), sub, engines, [note], group=g.name)
+
+
+def _plan(
+    run: _Run,
+    table: pd.DataFrame,
+    frame: pd.DataFrame,
+    engines: list[EngineRecord],
+    notes: list[str],
+    *,
+    group: str | None = None,
+    groups: tuple[GroupPlan, ...] = (),
+) -> Plan:
+    """The plan of these windows and frame rows (a whole cluster or one model group).
+
+    With ``groups`` (several model groups) nothing is fitted, decided or sized: fits across
+    models mix what cannot be pooled; each group's plan holds its own fits, decision, sizing.
+    """
+    windows = WindowTable(table)
+    meta = {e.source: e for e in engines}
+    present = names(frame["source"])
+    in_window = [e for e in engines if e.source in present]
+    basis: list[str] = [
+        f"{len(windows)} windows of {len(present)} source(s) from {run.store.url}"
+        + (f", cluster {run.cluster!r}" if run.cluster else ""),
+        *notes,
+    ]
+    if not groups:
+        basis.append(
+            "decision: rules R1–R9 of planner/decide/DECIDER.md; each reason names its source "
+            "(measured, the cost model, or a published figure from numbers.md)"
+        )
+    unregistered = sorted(present - set(meta))
+    if unregistered:
+        basis.append(
+            f"{len(unregistered)} source(s) without engine metadata (offload mode "
+            f"unknown): {', '.join(unregistered[:5])}"
+        )
+    hw_names, hw = hardware_of(in_window, basis)
+    modes = {s: m for s, m in modes_by_source(in_window).items() if s in present}
+    happening, ev_obs = observe(frame, windows, modes)
+    run.lap("observe")
+    if groups:
+        fits = skipped_fits(f"fitted per model group ({len(groups)} groups): see groups")
+    else:
+        fits = run_fits(frame, hw, seed=run.seed)
+    run.lap("fits")
+    cap = kv_capacity(windows, {e.source: e.facts for e in in_window}, hw)
+    fc = run_forecasts(
+        windows, cap, horizon_s=run.horizon_s, seed=run.seed, max_seconds=run.forecast_seconds
+    )
+    run.lap("forecasts")
+    u_now = ev_obs.get("kv_util_p50")
+    native, native_at = gain_evidence(fits["gain_native"], u_now)
+    lmcache, lmcache_at = gain_evidence(fits["gain_lmcache"], u_now)
+    for name, at in (("gain_native", native_at), ("gain_lmcache", lmcache_at)):
+        fits[name].entry["at_current_util"] = at
+    fc_ev = {k: v for k, v in fc.evidence.items() if not k.startswith("_")}
+    evidence = Evidence(
+        model=hw_names["model"],
+        gpu=hw_names["gpu"],
+        tp=hw_names["tp"],
+        native_gain=native,
+        lmcache_gain=lmcache,
+        effective_mfu=mfu_evidence(fits["prefill_mfu"]),
+        l1_hit_curve=hit_curve(fits["lmcache_hitrate"]),
+        lmcache_up_fraction=run.lmcache_up,
+        **ev_obs,
+        **fc_ev,
+    )
+    decision = None if groups else decide(evidence)
+    sizing, sizing_error = None, None
+    if decision is not None:
+        try:
+            sizing = size(evidence, decision)
+        except ConfigError as exc:
+            sizing_error = str(exc)
+    basis += plan_basis(evidence, fits, fc)
+    first = float(table["start"].min())
+    last = float((table["start"] + table["length_s"]).max())
+    window = {
+        "since": run.since,
+        "until": run.until,
+        "first": first,
+        "last": last,
+        "first_utc": _iso(first),
+        "last_utc": _iso(last),
+        "windows": len(windows),
+        "engines": evidence.engines or 0,
+        "sources": len(present),
+    }
+    run.lap("decide")
+    return Plan(
+        run.cluster,
+        window,
+        happening,
+        evidence,
+        decision,
+        {k: r.entry for k, r in fits.items()},
+        fc.section,
+        sizing,
+        sizing_error,
+        plan_cost(evidence, sizing, run.price),
+        tuple(basis),
+        PlanDetails(frame, fits, fc, run.took),
+        group,
+        groups,
+    )

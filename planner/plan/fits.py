@@ -1,0 +1,379 @@
+"""Every fit `kvscope plan` runs, as JSON-ready entries plus the Evidence they yield.
+
+A fit the data cannot support never fails the plan: InsufficientHistory, a refused
+argument or a numerical failure becomes an entry with ``can_tell: false`` and ``why``.
+Each entry has the same keys (``estimate``, ``interval``, ``n``, ``method``, ``can_tell``,
+``why``, ``warnings``, ``unit``, ``basis``, ``assumptions``) plus fit-specific extras.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from collector.errors import InsufficientHistory, KvscopeError
+from planner.decide.evidence import GainEvidence, ValueCI
+from planner.fit.common import Estimate, FitResult, Interval
+from planner.frames.table import names
+from planner.model import costmodel
+from planner.model.hardware import GPU, Model
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+    from planner.fit.gain import GainFit
+    from planner.fit.hitrate import HitRateFit
+
+log = logging.getLogger(__name__)
+GIB = 1024**3
+FIT_NAMES = ("preemption_knee", "gain_native", "gain_lmcache", "prefill_mfu", "lmcache_hitrate")
+LEVEL = 0.95
+
+
+@dataclass(frozen=True, slots=True)
+class Hardware:
+    """The model group the fits and priors are for (resolved in the hardware catalogue)."""
+
+    model: Model
+    gpu: GPU
+    tp: int
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class FitRun:
+    """One fit: its result (None when it could not run) and its JSON entry."""
+
+    name: str
+    result: FitResult | None
+    entry: dict[str, Any]
+
+
+def finite(x: object) -> float | None:
+    """A finite float, else None (JSON null)."""
+    if isinstance(x, bool) or not isinstance(x, int | float):
+        return None
+    return float(x) if math.isfinite(x) else None
+
+
+def interval_dict(iv: Interval) -> dict[str, Any] | None:
+    lo, hi = finite(iv.lo), finite(iv.hi)
+    if lo is None and hi is None:
+        return None
+    return {"lo": lo, "hi": hi, "level": finite(iv.level)}
+
+
+def estimate_dict(e: Estimate) -> dict[str, Any]:
+    return {"estimate": finite(e.value), "interval": interval_dict(e.interval), "unit": e.unit}
+
+
+def value_ci(est: float, lo: float, hi: float, level: float) -> ValueCI | None:
+    """A ValueCI when the three numbers are finite and ordered, else None."""
+    if not all(finite(v) is not None for v in (est, lo, hi, level)):
+        return None
+    if not lo <= est <= hi or not 0 < level < 1:
+        return None
+    return ValueCI(float(est), float(lo), float(hi), float(level))
+
+
+def cannot_entry(what: str, why: str, n: int = 0, method: str | None = None) -> dict[str, Any]:
+    """The entry of a fit that did not run."""
+    return {
+        "what": what,
+        "estimate": None,
+        "interval": None,
+        "unit": None,
+        "n": n,
+        "method": method,
+        "can_tell": False,
+        "why": why,
+        "warnings": [],
+        "basis": [],
+        "assumptions": [],
+    }
+
+
+def entry_of(fit: FitResult, seconds: float) -> dict[str, Any]:
+    return {
+        "what": fit.what,
+        "estimate": finite(fit.estimate),
+        "interval": interval_dict(fit.interval),
+        "unit": fit.unit,
+        "n": fit.n,
+        "method": fit.method,
+        "can_tell": fit.can_tell,
+        "why": fit.why,
+        "warnings": list(fit.warnings),
+        "basis": list(fit.basis),
+        "assumptions": list(fit.assumptions),
+        "seconds": round(seconds, 3),
+    }
+
+
+def _run(name: str, what: str, call: Callable[[], FitResult]) -> FitRun:
+    """Run one fit; every expected refusal becomes a can't-tell entry."""
+    t0 = time.perf_counter()
+    try:
+        fit = call()
+    except InsufficientHistory as exc:
+        return FitRun(name, None, cannot_entry(what, str(exc), exc.available))
+    except KvscopeError as exc:
+        return FitRun(name, None, cannot_entry(what, f"fit refused: {exc}"))
+    except Exception as exc:  # loop boundary: one failing fit must not sink the plan
+        log.warning("plan: fit %s failed: %s", name, exc, exc_info=True)
+        return FitRun(name, None, cannot_entry(what, f"fit failed: {type(exc).__name__}: {exc}"))
+    return FitRun(name, fit, entry_of(fit, time.perf_counter() - t0))
+
+
+def peak_flops(hw: Hardware) -> float:
+    """Dense peak of the engine's GPUs in the model's GEMM dtype (costmodel's rule: FP8
+    weights run FP8 GEMMs, else bf16; datasheet figures in planner/model/data/hardware.yaml)."""
+    per_gpu = hw.gpu.fp8_flops if hw.model.weight_bytes_per_param <= 1 else hw.gpu.bf16_flops
+    return per_gpu * hw.tp
+
+
+def _flops(hw: Hardware) -> Callable[[float], float]:
+    model = hw.model
+
+    def flops(tokens: float) -> float:
+        return costmodel.prefill_flops(model, max(1, round(tokens)))
+
+    return flops
+
+
+NO_HW = "model/gpu/tp unknown or not in the hardware catalogue: no FLOPs"
+_WHAT = {
+    "preemption_knee": "preemption knee",
+    "gain_native": "offload gain (native vs none)",
+    "gain_lmcache": "offload gain (lmcache vs none)",
+    "prefill_mfu": "prefill MFU",
+    "lmcache_hitrate": "LMCache L1 hit-rate curve",
+}
+
+
+def run_fits(frame: pd.DataFrame, hw: Hardware | None, *, seed: int = 0) -> dict[str, FitRun]:
+    """Every fit the data supports (FIT_NAMES), each a FitRun, through planner.fit.run.fit_all.
+
+    fit_all lists a fit lacking history as skipped; any other failure of it (a refused
+    argument, a numerical error) is caught here and the fits are rerun one by one, so one
+    failing fit becomes a can't-tell entry instead of sinking the others.
+    """
+    from planner.fit.run import fit_all
+
+    try:
+        report = fit_all(
+            frame,
+            prefill_flops=_flops(hw) if hw else None,
+            peak_flops=peak_flops(hw) if hw else None,
+            level=LEVEL,
+            seed=seed,
+        )
+    except Exception as exc:  # loop boundary: isolate the fits instead
+        log.warning("plan: fit_all failed (%s); running the fits one by one", exc)
+        return _isolated(frame, hw, seed=seed)
+    took = dict(report.seconds)
+    found: dict[str, FitResult | None] = {
+        "preemption_knee": report.preemption,
+        "prefill_mfu": report.mfu,
+        "lmcache_hitrate": report.hitrate,
+        **{f"gain_{g.offload}": g for g in report.gains},
+    }
+    why: dict[str, str] = {}
+    for sk in report.skipped:
+        name = {
+            "preemption": "preemption_knee",
+            "mfu": "prefill_mfu",
+            "hitrate": "lmcache_hitrate",
+        }.get(sk.what, sk.what.replace("/", "_"))
+        why[name] = NO_HW if name == "prefill_mfu" and hw is None else sk.reason
+    modes = names(frame["offload_mode"])
+    runs: dict[str, FitRun] = {}
+    for name in FIT_NAMES:
+        fit = found.get(name)
+        if fit is not None:
+            key = {
+                "preemption_knee": "preemption",
+                "prefill_mfu": "mfu",
+                "lmcache_hitrate": "hitrate",
+            }.get(name, name.replace("_", "/", 1))
+            runs[name] = FitRun(name, fit, entry_of(fit, took.get(key, math.nan)))
+            continue
+        reason = why.get(name)
+        if reason is None and name.startswith("gain_"):
+            mode = name.removeprefix("gain_")
+            reason = f"no engine ran {mode} offload" if mode not in modes else "not fitted"
+        available = next(
+            (
+                sk.available
+                for sk in report.skipped
+                if sk.reason == reason and sk.available is not None
+            ),
+            0,
+        )
+        runs[name] = FitRun(
+            name, None, cannot_entry(_WHAT[name], reason or "not fitted", available)
+        )
+    for run in runs.values():
+        _extras(run)
+    return runs
+
+
+def _isolated(frame: pd.DataFrame, hw: Hardware | None, *, seed: int) -> dict[str, FitRun]:
+    """The fits one by one, each failure its own can't-tell entry."""
+    from planner.fit.gain import fit_gain
+    from planner.fit.hitrate import fit_hitrate
+    from planner.fit.mfu import fit_mfu
+    from planner.fit.preempt import fit_preemption
+
+    modes = names(frame["offload_mode"])
+    runs = {
+        "preemption_knee": _run(
+            "preemption_knee", "preemption knee", lambda: fit_preemption(frame, level=LEVEL)
+        )
+    }
+    for mode in ("native", "lmcache"):
+        name, what = f"gain_{mode}", f"offload gain ({mode} vs none)"
+        if mode not in modes:
+            runs[name] = FitRun(name, None, cannot_entry(what, f"no engine ran {mode} offload"))
+        elif "none" not in modes:
+            runs[name] = FitRun(
+                name, None, cannot_entry(what, "no engine ran without offload to compare with")
+            )
+        else:
+            runs[name] = _run(
+                name,
+                what,
+                lambda m=mode: fit_gain(frame, offload=m, level=LEVEL, seed=seed),  # type: ignore[misc]
+            )
+    if hw is None:
+        runs["prefill_mfu"] = FitRun("prefill_mfu", None, cannot_entry("prefill MFU", NO_HW))
+    else:
+        flops, peak = _flops(hw), peak_flops(hw)
+        runs["prefill_mfu"] = _run(
+            "prefill_mfu", "prefill MFU", lambda: fit_mfu(frame, flops, peak, level=LEVEL)
+        )
+    runs["lmcache_hitrate"] = _run(
+        "lmcache_hitrate", "LMCache L1 hit-rate curve", lambda: fit_hitrate(frame, level=LEVEL)
+    )
+    for run in runs.values():
+        _extras(run)
+    return runs
+
+
+def _extras(run: FitRun) -> None:
+    """Fit-specific fields beside the common ones."""
+    from planner.fit.gain import GainFit
+    from planner.fit.hitrate import HitRateFit
+    from planner.fit.mfu import MfuFit
+    from planner.fit.preempt import PreemptionFit
+
+    fit, e = run.result, run.entry
+    if isinstance(fit, PreemptionFit):
+        e |= {
+            "slope": estimate_dict(fit.slope),
+            "base_rate_per_s": estimate_dict(fit.base_rate),
+            "family": fit.family,
+            "cov_type": fit.cov_type,
+        }
+    elif isinstance(fit, GainFit):
+        e |= {
+            "verdict": fit.verdict,
+            "direction": fit.direction,
+            "support": [finite(x) for x in fit.support],
+            "roots": list(fit.roots),
+            "windows_by_mode": dict(fit.windows_by_mode),
+            "engines_by_mode": dict(fit.engines_by_mode),
+            "cov_type": fit.cov_type,
+        }
+    elif isinstance(fit, MfuFit):
+        e |= {
+            "overhead_s": estimate_dict(fit.overhead_s),
+            "prefill_tokens_per_s": estimate_dict(fit.prefill_tokens_per_s),
+            "reference_prompt_tokens": finite(fit.reference_prompt_tokens),
+            "shape_p": finite(fit.shape_p),
+        }
+    elif isinstance(fit, HitRateFit):
+        e |= {
+            "h_max": estimate_dict(fit.h_max),
+            "c0_bytes": estimate_dict(fit.c0_bytes),
+            "evicting_share": finite(fit.evicting_share),
+            "predictions": [
+                {
+                    "l1_gib": p.size_bytes / GIB,
+                    "hit_ratio": finite(p.hit_ratio),
+                    "interval": interval_dict(p.interval),
+                    "extrapolated": p.extrapolated,
+                }
+                for p in fit.predictions
+            ],
+        }
+
+
+def gain_evidence(run: FitRun, u_now: float | None) -> tuple[GainEvidence, dict[str, Any] | None]:
+    """GainEvidence at the current utilization (evidence.py's recipe) and that grid point.
+
+    can_tell = the current utilization lies in the fit's common support; the gain is the
+    relative gain of the nearest grid point; the break-even is the fit's when it crossed.
+    """
+    fit: GainFit | None = run.result  # type: ignore[assignment]
+    if fit is None or not fit.grid:
+        why = run.entry.get("why") or "no gain fit"
+        return GainEvidence(False, why=str(why)), None
+    if u_now is None:
+        return GainEvidence(False, why="current KV utilization unknown"), None
+    lo, hi = fit.support
+    point = min(fit.grid, key=lambda p: abs(p.u - u_now))
+    at = {
+        "u": point.u,
+        "gain_tokens_per_s": finite(point.gain),
+        "gain_interval": interval_dict(point.gain_interval),
+        "relative": finite(point.relative),
+        "relative_interval": interval_dict(point.relative_interval),
+    }
+    iv = point.relative_interval
+    gain = value_ci(point.relative, iv.lo, iv.hi, iv.level)
+    breakeven = None
+    if fit.verdict == "crosses":
+        breakeven = value_ci(fit.estimate, fit.interval.lo, fit.interval.hi, fit.interval.level)
+    if not lo <= u_now <= hi:
+        return GainEvidence(
+            False,
+            None,
+            breakeven,
+            why=f"current KV utilization {u_now:.2f} outside the fit's common support "
+            f"[{lo:.2f}, {hi:.2f}]",
+        ), at
+    if gain is None:
+        return GainEvidence(False, None, breakeven, why="gain interval not finite"), at
+    return GainEvidence(True, gain, breakeven, why=fit.why), at
+
+
+def mfu_evidence(run: FitRun) -> ValueCI | None:
+    fit = run.result
+    if fit is None or not fit.can_tell:
+        return None
+    ci = value_ci(fit.estimate, fit.interval.lo, fit.interval.hi, fit.interval.level)
+    return ci if ci is not None and ci.hi <= 1 else None
+
+
+def hit_curve(run: FitRun, points: int = 24) -> tuple[tuple[float, float], ...] | None:
+    """(L1 GiB, hit ratio) along the fitted curve, from the smallest size seen to 4× the
+    largest (the fit's own extrapolation limit), when the fit can tell."""
+    fit: HitRateFit | None = run.result  # type: ignore[assignment]
+    if fit is None or not fit.can_tell:
+        return None
+    h, c0 = fit.h_max.value, fit.c0_bytes.value
+    lo, hi = fit.size_range
+    if not all(finite(v) for v in (h, c0, lo, hi)) or lo <= 0:
+        return None
+    ratio = (4 * hi / lo) ** (1 / (points - 1))
+    sizes = [lo * ratio**i for i in range(points)]
+    return tuple((s / GIB, min(max(h * (1 - math.exp(-s / c0)), 0.0), 1.0)) for s in sizes)
+
+
+def skipped_fits(why: str) -> dict[str, FitRun]:
+    """Every fit as a can't-tell entry with the same reason (a plan that fits nothing)."""
+    return {name: FitRun(name, None, cannot_entry(_WHAT[name], why)) for name in FIT_NAMES}

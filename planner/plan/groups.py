@@ -1,0 +1,75 @@
+"""The model groups of a plan: each group's plan, its windows, and how the output names it.
+
+The groups and their rows come from planner/frames/groups.py (:func:`split_groups`).
+
+With one group the plan is made on everything, as before groups existed. ``--group NAME``
+plans that group alone; with several groups and no ``--group``, `kvscope plan` plans each
+group apart and pools only the observations (planner/plan/build.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from collector.errors import ConfigError
+from planner.frames.groups import GroupSlice, split_groups
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+    from planner.plan.build import Plan
+
+__all__ = ["GroupPlan", "GroupSlice", "groups_basis", "pick_group", "restrict_table",
+           "split_groups"]  # fmt: skip
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class GroupPlan:
+    """A group's own plan inside a cluster's plan (``Plan.groups``)."""
+
+    name: str
+    engines: tuple[str, ...]
+    sources: tuple[str, ...]
+    plan: Plan
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "engines": list(self.engines),
+            "sources": list(self.sources),
+            "plan": self.plan.to_dict(),
+        }
+
+
+def pick_group(groups: Sequence[GroupSlice], name: str) -> GroupSlice:
+    """The group called ``name``; ConfigError naming the known groups otherwise."""
+    for g in groups:
+        if g.name == name:
+            return g
+    known = ", ".join(repr(g.name) for g in groups) or "none (no engine windows)"
+    raise ConfigError(f"--group {name!r}: no such model group; the store's groups are {known}")
+
+
+def restrict_table(table: pd.DataFrame, sources: Iterable[str]) -> pd.DataFrame:
+    """The window table's rows of these sources (categories the rows no longer use dropped)."""
+    import pandas as pd
+
+    sub = table[table["source"].isin(list(sources))]
+    for name in ("source", "signal", "labels"):
+        if name in sub.columns and isinstance(sub[name].dtype, pd.CategoricalDtype):
+            sub = sub.assign(**{name: sub[name].cat.remove_unused_categories()})
+    return sub
+
+
+def groups_basis(groups: Sequence[GroupSlice]) -> str:
+    """The basis line of a cluster plan made per group."""
+    parts = "; ".join(f"{g.name} ({len(g.engines)} engine(s))" for g in groups)
+    shared = groups[0].shared if groups else ()
+    note = f"; shared by every group (no single model): {', '.join(shared[:5])}" if shared else ""
+    return (
+        f"the engines form {len(groups)} model groups (served model, GPU, TP): {parts}. Each "
+        "group is fitted, decided and sized apart (groups[]); this top level pools their "
+        f"observations and fits nothing (fits across models are meaningless){note}"
+    )
