@@ -4,7 +4,7 @@ Baseline (same run): prometheus_client's ``generate_latest`` over a registry hol
 same families as real Counter/Gauge/Histogram objects — what a real vLLM process does per
 scrape. Ratios, not absolute times, are what to compare across machines.
 
-    .venv/bin/python benchmarks/bench_exposition.py [SCENARIO.yaml]
+    .venv/bin/python benchmarks/bench_exposition.py [SCENARIO]  # a file or bundled name
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from collector import catalog  # noqa: E402
 from collector.parse import read_exposition  # noqa: E402
 from planner.simulate.exposition import engine_view, render  # noqa: E402
 from planner.simulate.scenario import load_scenario  # noqa: E402
+from planner.simulate.scenarios import scenario_file  # noqa: E402
 from planner.simulate.serve import LiveCluster  # noqa: E402
 
 
@@ -37,8 +38,8 @@ def _best(fn: Callable[[], object], n: int = 200, rounds: int = 5) -> float:
 
 
 def main() -> None:
-    path = sys.argv[1] if len(sys.argv) > 1 else str(ROOT / "examples/scenarios/shared_prefix.yaml")
-    live = LiveCluster(load_scenario(path), 30.0)
+    with scenario_file(sys.argv[1] if len(sys.argv) > 1 else "shared_prefix") as path:
+        live = LiveCluster(load_scenario(path), 30.0)
     live.sim.advance_to(120.0, settle=True)
     eng = live.sim.engines[0]
 

@@ -2,8 +2,8 @@
 
 Run: .venv/bin/python benchmarks/bench_sim.py [--hours H] [--baseline-s S]
 
-Scenario: examples/scenarios/saturated_16x_h100.yaml (4 nodes x 4 H100, Llama-3.1-8B TP1,
-2,048 closed-loop long-context clients keeping HBM saturated). Prints
+Scenario: bundled planner/simulate/scenarios/saturated_16x_h100.yaml (4 nodes x 4 H100,
+Llama-3.1-8B TP1, 2,048 closed-loop long-context clients keeping HBM saturated). Prints
   * the event-driven simulation of the whole hour: wall and CPU seconds, events, events/s,
     simulated seconds per wall second (target: the hour in <= 10 s wall on one core);
   * the baseline measured in the same run: the same engines stepped one decode step per
@@ -28,8 +28,9 @@ sys.path.insert(0, str(ROOT))
 
 from planner.simulate.cluster import Simulation  # noqa: E402
 from planner.simulate.scenario import Scenario, load_scenario  # noqa: E402
+from planner.simulate.scenarios import scenario_file  # noqa: E402
 
-SCENARIO = ROOT / "examples" / "scenarios" / "saturated_16x_h100.yaml"
+SCENARIO = "saturated_16x_h100"  # bundled: planner/simulate/scenarios/
 
 
 def _timed(scenario: Scenario, max_jump: int | None) -> tuple[Simulation, float, float]:
@@ -49,7 +50,8 @@ def main() -> None:
         help="simulated seconds the naive per-step baseline covers",
     )
     args = ap.parse_args()
-    base = load_scenario(SCENARIO)
+    with scenario_file(SCENARIO) as path:
+        base = load_scenario(path)
     window = dataclasses.replace(base, duration_s=args.baseline_s)
     naive, _, naive_cpu = _timed(window, max_jump=1)
     fast, _, fast_cpu = _timed(window, max_jump=None)

@@ -3,11 +3,13 @@
     .venv/bin/python benchmarks/calibrate_sim.py            # markdown table on stdout
     .venv/bin/python benchmarks/calibrate_sim.py --json     # the same rows as JSON
 
-Published figures (reference/numbers.md, with their sources):
-- GKE tiered KV cache (Google Cloud / LMCache blog 2025-10-07): 8x H100, Llama-3.3-70B,
+Published figures (entries of planner/model/data/sources.yaml; `kvscope sources <id>`):
+- GKE tiered KV cache (Google Cloud / LMCache blog 2025-10-07) [source: gke-tiered-kv-2025]:
+  8x H100, Llama-3.3-70B,
   SGLang bench_serving generated-shared-prefix, 20 requests per system prompt, question 256,
   output 512, max concurrency 200, Test 2 cache 4.0-4.3 M tokens; best set-up vs HBM only.
-- vLLM blog "Inside vLLM's New KV Offloading Connector" (2026-01-08): H100, Llama-3.1-8B,
+- vLLM blog "Inside vLLM's New KV Offloading Connector" (2026-01-08)
+  [source: vllm-offloading-connector-2026]: H100, Llama-3.1-8B,
   500 GB DRAM: CPU hit vs recompute TTFT 2-22x lower; 10,000 prefill-only 512-token
   requests with the GPU prefix cache off: throughput up to 9x with CPU hits; the DMA path
   costs ~0.5 % of throughput when nothing hits.
@@ -31,7 +33,6 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from planner.simulate.cluster import Simulation
-from planner.simulate.results import SimResult
 from planner.simulate.scenario import parse_scenario
 
 GIB = 1024**3 / 1e9  # GB per GiB
@@ -53,7 +54,6 @@ def _run(raw: dict[str, Any]) -> Simulation:
 
 def _summary(raw: dict[str, Any]) -> dict[str, Any]:
     result = Simulation(parse_scenario(raw, where="calibrate_sim")).run()
-    assert isinstance(result, SimResult)
     return result.summary
 
 

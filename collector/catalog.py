@@ -21,7 +21,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
-from collector.records import Labels
+# Re-exported (PEP 484 `as` form): the simulator spells labels through the catalogue alone.
+from collector.records import Labels as Labels  # noqa: PLC0414
 
 SignalKind = Literal["counter", "gauge", "histogram"]
 Source = Literal["vllm", "lmcache", "router"]

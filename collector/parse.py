@@ -30,6 +30,7 @@ Malformed input raises ParseError(target, line, reason); nothing is silently dro
 from __future__ import annotations
 
 import math
+import threading
 
 from collector import catalog
 from collector.errors import ParseError
@@ -98,7 +99,8 @@ class _Acc:
 class ExpositionReader:
     """Reads expositions; keeps a bounded cache of parsed label strings between calls.
 
-    One reader per thread (the cache is a plain dict); ``read_exposition`` uses a shared one.
+    One reader per thread (the cache is a plain dict); ``read_exposition`` uses this
+    thread's (:func:`thread_reader`).
     """
 
     def __init__(self, cache_limit: int = CACHE_LIMIT) -> None:
@@ -403,9 +405,21 @@ def _finish_unordered(target: str, key: tuple[str, Labels], h: _Hist) -> SignalS
     return _finish(target, key, h)
 
 
-_READER = ExpositionReader()
+# One reader per thread: the collector reads expositions in asyncio.to_thread workers, many
+# at once, and a reader's caches are plain dicts that one read fills while another clears.
+_LOCAL = threading.local()
+
+
+def thread_reader() -> ExpositionReader:
+    """This thread's reader (made on its first read; its caches warm across that thread's
+    reads)."""
+    reader: ExpositionReader | None = getattr(_LOCAL, "reader", None)
+    if reader is None:
+        reader = _LOCAL.reader = ExpositionReader()
+    return reader
 
 
 def read_exposition(text: str, target: str, timestamp: float) -> Snapshot:
-    """Read one exposition into a Snapshot (see the module docstring for the rules)."""
-    return _READER.read(text, target, timestamp)
+    """Read one exposition into a Snapshot (see the module docstring for the rules), with
+    this thread's reader."""
+    return thread_reader().read(text, target, timestamp)

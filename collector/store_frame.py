@@ -38,19 +38,23 @@ from collector.catalog import ENGINE_LABEL
 from collector.errors import StoreError
 from collector.models import ClusterRow, EngineRow, TargetRow, WindowRow, labels_json
 from collector.records import Window
+from collector.store_columns import (
+    INT_COLUMNS,
+    Series,
+    compiled_sql,
+    dtype_of,
+    first_positions,
+)
+from collector.store_frame_pg import pg_ranks, read_postgres
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
-
     import numpy as np
     import numpy.typing as npt
     import pandas as pd
 
-    IntArray = npt.NDArray[np.int64]
-    RankFn = Callable[[str, Sequence[str]], Sequence[int]]
+    from collector.store_columns import IntArray, RankFn
 
 CATEGORY_COLUMNS = ("source", "signal", "labels", "engine", "model_name", "kind")
-INT_COLUMNS = ("samples", "resets")
 FLOAT_COLUMNS = ("start", "length_s", "delta", "rate", "mean", "min", "max", "last", "p50",
                  "p90", "p99", "sum_delta")  # fmt: skip
 FRAME_COLUMNS = ("source", "signal", "labels", "engine", "model_name", "start", "length_s",
@@ -59,8 +63,6 @@ FRAME_COLUMNS = ("source", "signal", "labels", "engine", "model_name", "start", 
 _FROM_LABELS = {"engine": ENGINE_LABEL, "model_name": "model_name"}
 _SEP = "\x1f"  # never raw in a series key (hex), a kind, or labels JSON (escapes controls)
 _CHUNK = 65_536  # rows per fetchmany (SQLite)
-# One series: (source, signal, kind, labels JSON).
-Series = tuple[str, str, str, str]
 
 
 def window_filters(
@@ -241,8 +243,6 @@ class FrameReader:
         numeric = ["start", *(c for c in cols if c != "start" and c not in CATEGORY_COLUMNS)]
         with self._tx("reading windows as a frame") as conn:
             if self.dialect == "postgresql":
-                from collector.store_frame_pg import pg_ranks, read_postgres
-
                 conn.exec_driver_sql("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
                 series, sid, nums = read_postgres(conn, conds, numeric)
                 ranks = pg_ranks(conn)
@@ -259,14 +259,6 @@ class FrameReader:
         if order is not None and np.array_equal(order, np.arange(order.size)):
             order = None
         return assemble(series, sid, nums, cols, order)
-
-
-def compiled_sql(conn: Connection, clause: Any) -> tuple[str, Any]:
-    """SQL text and driver parameters of a Core clause (IN lists rendered out)."""
-    compiled = clause.compile(dialect=conn.dialect, compile_kwargs={"render_postcompile": True})
-    if compiled.positiontup is not None:
-        return str(compiled), tuple(compiled.params[k] for k in compiled.positiontup)
-    return str(compiled), dict(compiled.params)
 
 
 def _mostly_matches(conn: Connection, conds: list[ColumnElement[bool]]) -> bool:
@@ -334,23 +326,6 @@ def _read_sqlite(
         _concat(sid_parts, np.int64),
         {c: _concat(parts[c], dtype_of(c)) for c in numeric},
     )
-
-
-def first_positions(codes: IntArray) -> IntArray:
-    """Index of the first row of each code, for codes numbered in order of appearance."""
-    import numpy as np
-
-    if codes.size == 0:
-        return np.zeros(0, dtype=np.int64)
-    running = np.maximum.accumulate(codes)
-    new: IntArray = np.flatnonzero(np.diff(running, prepend=-1) > 0)
-    return new
-
-
-def dtype_of(column: str) -> Any:
-    import numpy as np
-
-    return np.int64 if column in INT_COLUMNS else np.float64
 
 
 def _concat(parts: list[npt.NDArray[Any]], dtype: Any) -> npt.NDArray[Any]:

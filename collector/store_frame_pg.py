@@ -20,12 +20,12 @@ from typing import TYPE_CHECKING, Any
 from sqlalchemy import ColumnElement, Connection, and_
 
 from collector.errors import StoreError
-from collector.store_frame import INT_COLUMNS, compiled_sql, dtype_of, first_positions
+from collector.store_columns import INT_COLUMNS, compiled_sql, dtype_of, first_positions
 
 if TYPE_CHECKING:
     import numpy.typing as npt
 
-    from collector.store_frame import IntArray, RankFn, Series
+    from collector.store_columns import IntArray, RankFn, Series
 
 _BLOCK = 65_536  # table ids per COPY row
 _PGCOPY = b"PGCOPY\n\xff\r\n\x00"

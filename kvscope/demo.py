@@ -1,6 +1,6 @@
 """`kvscope demo`: the main job end to end on the embedded default.
 
-A simulated cluster (planner.simulate: examples/scenarios/demo.yaml) serves live ``/metrics``
+A simulated cluster (planner.simulate: the bundled scenario ``demo``) serves live ``/metrics``
 per engine and LMCache pool on 127.0.0.1; the collector (collector.run.collect_direct)
 scrapes them into SQLite; the planner (planner.plan.build.build_plan) fits, forecasts, decides and
 sizes; planner.report.plots writes the PNGs. This module only wires them together.
@@ -34,11 +34,11 @@ if TYPE_CHECKING:
     from collector.run import CollectStats
     from collector.sources import TargetSet
     from collector.store import Store
-    from planner.plan.build import Plan
+    from planner.plan import Plan
     from planner.simulate.scenario import Scenario
     from planner.simulate.serve import LiveCluster
 
-DEFAULT_SCENARIO = Path(__file__).resolve().parents[1] / "examples" / "scenarios" / "demo.yaml"
+DEFAULT_SCENARIO = "demo"  # a bundled scenario name (planner.simulate.scenarios: package data)
 SCRAPE_INTERVAL_S = 15.0  # simulated seconds between scrapes (Prometheus' usual 15 s)
 WINDOW_S = 60.0  # rollup window (kvscope collect's default)
 EPOCH_ALIGN_S = 3600.0  # epoch0 on the hour: every forecast bucket boundary falls alike
@@ -52,7 +52,7 @@ class DemoOptions:
     speed: float = 80.0
     sim_hours: float = 4.0
     seed: int = 1
-    scenario: Path = DEFAULT_SCENARIO
+    scenario: str | Path = DEFAULT_SCENARIO  # a file or a bundled scenario name
     horizon_s: float = 86_400.0
 
 
@@ -88,17 +88,20 @@ class DemoResult:
         }
 
 
-def load_demo_scenario(path: Path, sim_hours: float, seed: int) -> Scenario:
-    """The scenario file with ``duration_s`` = ``sim_hours`` (whole windows) and ``seed``."""
+def load_demo_scenario(scenario: str | Path, sim_hours: float, seed: int) -> Scenario:
+    """The scenario (a file or a bundled name, planner.simulate.scenarios.scenario_file) with
+    ``duration_s`` = ``sim_hours`` (whole windows) and ``seed``."""
     from planner.simulate.scenario import parse_scenario, read_scenario_file
+    from planner.simulate.scenarios import scenario_file
 
     if not (math.isfinite(sim_hours) and sim_hours > 0):
         raise ConfigError(f"--sim-hours must be > 0, got {sim_hours!r}")
     windows = max(2, round(sim_hours * 3600 / WINDOW_S))
-    raw = read_scenario_file(path)
-    raw = {**raw, "duration_s": windows * WINDOW_S, "seed": seed}
-    raw.pop("warmup_s", None)  # the demo collects from simulated t = 0
-    return parse_scenario(raw, where=str(path), base_dir=path.parent)
+    with scenario_file(scenario) as path:  # parsing reads a trace the file names
+        raw = read_scenario_file(path)
+        raw = {**raw, "duration_s": windows * WINDOW_S, "seed": seed}
+        raw.pop("warmup_s", None)  # the demo collects from simulated t = 0
+        return parse_scenario(raw, where=str(path), base_dir=path.parent)
 
 
 def clear_outputs(out: Path) -> list[Path]:
@@ -322,7 +325,7 @@ def run_demo(opts: DemoOptions, *, err: IO[str] | None = None) -> DemoResult:
     closed, and the interrupt re-raised. Nothing started here outlives the call.
     """
     from collector.store import Store
-    from planner.plan.build import build_plan
+    from planner.plan import build_plan
     from planner.report.plots import write_plots
 
     err = err or sys.stderr

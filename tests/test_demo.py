@@ -263,7 +263,8 @@ def _env() -> dict[str, str]:
     [
         (["--speed", "0"], "--speed must be > 0"),
         (["--sim-hours", "-1"], "--sim-hours must be > 0"),
-        (["--scenario", "missing.yaml"], "missing.yaml: cannot read scenario"),
+        (["--scenario", "missing.yaml"], "missing.yaml: no such scenario file nor bundled"),
+        (["--scenario", "old/demo.yaml"], "old/demo.yaml: cannot read scenario"),
         (["--horizon", "soon"], "--horizon: 'soon' is not a duration"),
         (["--db", "nosuchdb://x"], "bad database URL nosuchdb://x"),
     ],

@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 from collector.errors import ConfigError, KvscopeError
 from collector.store import Store
 from kvscope.cli import app
-from planner.plan.build import NoData
+from planner.plan import NoData
 from tests.clirun import assert_one_line_error, run_kvscope
 from tests.planner.synthstore import fill_store, shifted_frame, sqlite_url
 
@@ -66,7 +66,7 @@ def test_plan_cli_json_shape_and_plots(db: str, tmp_path: Path) -> None:
         "basis",
     }
     assert d["decision"]["mode"] in ("none", "native", "lmcache", "both")
-    assert 0.05 <= d["decision"]["confidence"] <= 0.95
+    assert 0.05 <= d["decision"]["score"] <= 0.95
     assert set(d["fits"]) == {
         "preemption_knee",
         "gain_native",
@@ -97,7 +97,7 @@ def test_plan_cli_text_summary_has_every_section(db: str) -> None:
         "Sizing for",
         "time to HBM saturation",
         "KV-cache use",
-        "confidence",
+        "score",
     ):
         assert heading in stdout, heading
     assert "cluster synth" in stdout.splitlines()[0]

@@ -151,7 +151,7 @@ def capacity(draw: Draw, budget: Budget, say: Callable[[str], None] | None = Non
     if spec.kind == "multi_turn":
         wl["think_time_s"] = 0.0
     result = Simulation(parse_scenario({**raw, "workload": wl})).run()
-    bound = float(result["requests_per_s"]) / draw.turns  # type: ignore[index]
+    bound = float(result["requests_per_s"]) / draw.turns
 
     def full(rate: float) -> bool:
         level = run_level(

@@ -28,8 +28,12 @@ def register(app: typer.Typer) -> None:
         ] = 4.0,
         seed: Annotated[int, typer.Option("--seed", help="seed of the simulation and fits")] = 1,
         scenario: Annotated[
-            Path | None,
-            typer.Option("--scenario", help="scenario YAML [default: the demo scenario]"),
+            str | None,
+            typer.Option(
+                "--scenario",
+                help="scenario YAML file or bundled scenario name (kvscope simulate --list) "
+                "[default: demo]",
+            ),
         ] = None,
         horizon: Annotated[str, typer.Option("--horizon", help="forecast horizon, e.g. 1d")] = "1d",
         as_json: Annotated[
@@ -42,6 +46,8 @@ def register(app: typer.Typer) -> None:
         stderr. A run is reproducible for a seed (the SQLite file is recreated).
 
         Example: kvscope demo --sim-hours 4 --speed 80 --out out --db sqlite:///out/demo.db
+
+        Example: kvscope demo --scenario diurnal_mixed_offload --sim-hours 1 --speed 200
         """
         from kvscope.commands.collect import parse_duration
         from kvscope.demo import DEFAULT_SCENARIO, DemoOptions, run_demo, summary

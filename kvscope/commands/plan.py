@@ -81,7 +81,7 @@ def register(app: typer.Typer) -> None:
         from collector.store import Store
         from kvscope.commands.collect import parse_duration
         from kvscope.config import get_settings
-        from planner.plan.build import build_plan
+        from planner.plan import build_plan
         from planner.report.plan_text import summary_text
 
         try:

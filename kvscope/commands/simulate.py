@@ -1,4 +1,7 @@
-"""`kvscope simulate SCENARIO.yaml`: run the discrete-event cluster simulator.
+"""`kvscope simulate SCENARIO`: run the discrete-event cluster simulator.
+
+SCENARIO is a YAML file or the name of a bundled scenario (planner/simulate/scenarios/;
+`kvscope simulate --list`).
 
 Machine output (--json) is one JSON object on stdout; progress goes to stderr. The planner
 imports stay inside the command so `kvscope --help` stays fast.
@@ -34,7 +37,7 @@ def _apply_sets(raw: dict[str, Any], sets: list[str]) -> dict[str, Any]:
     import yaml
 
     from collector.errors import ConfigError
-    from planner.simulate.spec import resolve_dotted, set_dotted
+    from planner.simulate.scenario import resolve_dotted, set_dotted
 
     for item in sets:
         key, sep, value = item.partition("=")
@@ -59,11 +62,29 @@ def _summary_text(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _bundled() -> str:
+    """The bundled scenario names, for the help and the errors (planner/simulate/scenarios/)."""
+    from planner.simulate.scenarios import bundled_names
+
+    return ", ".join(bundled_names())
+
+
 def register(app: typer.Typer) -> None:
     @app.command("simulate")
     def simulate_cmd(
-        scenario: Annotated[Path, typer.Argument(help="scenario YAML file")],
+        ctx: typer.Context,
+        scenario_arg: Annotated[
+            str | None,
+            typer.Argument(
+                metavar="SCENARIO",
+                show_default=False,
+                help=f"scenario YAML file, or a bundled scenario: {_bundled()}",
+            ),
+        ] = None,
         *,
+        list_bundled: Annotated[
+            bool, typer.Option("--list", help="print the bundled scenarios (name, file) and exit")
+        ] = False,
         as_json: Annotated[bool, typer.Option("--json", help="one JSON object on stdout")] = False,
         compare_modes: Annotated[
             str | None,
@@ -104,22 +125,34 @@ def register(app: typer.Typer) -> None:
             ),
         ] = None,
     ) -> None:
-        """Simulate a vLLM (+ native offload / LMCache) cluster from a scenario file.
+        """Simulate a vLLM (+ native offload / LMCache) cluster from a scenario file or a
+        bundled scenario (a file path wins over a bundled name; --list prints them).
 
-        Example: kvscope simulate examples/scenarios/shared_prefix.yaml --json
+        Example: kvscope simulate shared_prefix --json
 
-        Example: kvscope simulate examples/scenarios/shared_prefix.yaml
+        Example: kvscope simulate shared_prefix
         --compare none,native,lmcache --sweep gpu_memory_utilization=0.3:0.9:0.1 --json
 
-        Example: kvscope simulate examples/scenarios/shared_prefix.yaml
+        Example: kvscope simulate shared_prefix
         --serve 127.0.0.1:9100 --speed 30 --ports-file ports.json
+
+        Example: kvscope simulate --list
         """
         from collector.errors import ConfigError
         from planner.simulate.cluster import Simulation
         from planner.simulate.compare import compare, parse_modes, parse_sweep, render_table
-        from planner.simulate.results import SimResult
         from planner.simulate.scenario import parse_scenario, read_scenario_file
+        from planner.simulate.scenarios import bundled_directory, bundled_names, scenario_file
 
+        if list_bundled:
+            with bundled_directory() as directory:
+                for name in bundled_names():
+                    typer.echo(f"{name:24}{directory / f'{name}.yaml'}")
+            return
+        if scenario_arg is None:
+            raise ConfigError(f"missing SCENARIO: a scenario YAML file or one of {_bundled()}")
+        # open for the whole command: compare() re-reads relative paths (a trace) per run
+        scenario = ctx.with_resource(scenario_file(scenario_arg))
         raw = _apply_sets(read_scenario_file(scenario), sets or [])
         where = str(scenario)
         if serve is not None:  # live metrics: planner/simulate/serve.py
@@ -140,7 +173,6 @@ def register(app: typer.Typer) -> None:
                 file=sys.stderr,
             )
             result = Simulation(sc).run()
-            assert isinstance(result, SimResult)
             payload = result.to_dict()
             if as_json:
                 typer.echo(json.dumps(payload, indent=2))

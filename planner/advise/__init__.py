@@ -1,1 +1,11 @@
-"""planner.advise."""
+"""`kvscope advise`: the decision without history, from the cost model and short simulations.
+
+- ``question``: the WhatIf (workload + deployment) and its checks;
+- ``sim``: the scenario a what-if becomes and one seeded simulation per mode;
+- ``whatif``: :func:`advise`, cost model + simulations -> Evidence -> decision -> sizing.
+"""
+
+from planner.advise.question import WhatIf
+from planner.advise.whatif import Advice, advise
+
+__all__ = ["Advice", "WhatIf", "advise"]

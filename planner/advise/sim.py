@@ -9,15 +9,15 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:
-    from planner.advise.whatif import WhatIf
+from planner.advise.question import WhatIf
 
 # Calibration allowance on a simulated relative throughput gain g: ±(10 pp + 20 % of |g|).
-# benchmarks/calibrate_sim.py reproduces GKE Test 2 (numbers.md) with this simulator; its
-# input-throughput gains miss the published ones by −9.4, +9.4, +2.5 and −57.2 pp at +16,
-# +50, +179 and +264 %: the band covers every one. Beyond that cluster it is an assumption.
+# benchmarks/calibrate_sim.py reproduces GKE Test 2 [source: gke-tiered-kv-2025] with this
+# simulator; its input-throughput gains miss the published ones by −9.4, +9.4, +2.5 and
+# −57.2 pp at +16, +50, +179 and +264 %: the band covers every one. Beyond that cluster it is
+# an assumption.
 SIM_GAIN_TOLERANCE = 0.10
 SIM_GAIN_TOLERANCE_REL = 0.20
 
@@ -37,7 +37,7 @@ GPUS_PER_NODE = 8  # assumption: 8-GPU nodes (H100/H200 HGX), the simulator's de
 DRAM_RESERVE = 0.2  # sizing.size's default reserve for OS, vLLM processes and page cache
 MODES = ("none", "native", "lmcache")
 SIM_NOTE = (
-    "simulated, not measured: planner/simulate with its defaults (MFU 50 % prior, numbers.md); "
+    "simulated, not measured: planner/simulate with its defaults (MFU 50 % prior, an assumption); "
     "gains carry the simulator's calibration error (±(10 pp + 20 % of the gain): its misses on "
     "GKE Test 2, benchmarks/calibrate_sim.py) and "
     "one seed's noise; an open loop at the given QPS shows throughput gains only when the "
@@ -110,7 +110,7 @@ def scenario_of(w: WhatIf) -> tuple[dict[str, Any], list[str]]:
 def _run_mode(raw: dict[str, Any], mode: str) -> tuple[dict[str, Any], list[float], list[float]]:
     """One simulation: its summary, per-engine KV-use samples and cluster KV-token samples."""
     from planner.simulate.cluster import Simulation
-    from planner.simulate.results import SimResult, summarize
+    from planner.simulate.results import summarize
     from planner.simulate.scenario import parse_scenario
 
     run = {k: v for k, v in raw.items() if not k.startswith("_")}
@@ -137,7 +137,6 @@ def _run_mode(raw: dict[str, Any], mode: str) -> tuple[dict[str, Any], list[floa
         )
     sim.advance_to(sc.duration_s)
     result = summarize(sim)
-    assert isinstance(result, SimResult)
     summary = dict(result.summary)
     summary["engine_kv_tokens"] = sc.cluster.num_gpu_blocks * sc.cluster.block_size
     return summary, util, tokens

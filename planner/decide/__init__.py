@@ -1,1 +1,13 @@
-"""planner.decide."""
+"""The offload decision: none / native / lmcache / both, with reasons and their sources.
+
+- ``evidence``: the Evidence record the rules read (measured, simulated or assumed);
+- ``rulestate``: thresholds, votes, reasons, risks; ``rules`` and ``rules_limits``: the rules;
+- ``decision``: :func:`decide` runs them; DECIDER.md explains the procedure in prose and
+  gives the decision score's formula.
+"""
+
+from planner.decide.decision import RULE_IDS, Decision, decide, decider_doc
+from planner.decide.evidence import Evidence, GainEvidence, ValueCI
+
+__all__ = ["RULE_IDS", "Decision", "Evidence", "GainEvidence", "ValueCI", "decide",
+           "decider_doc"]  # fmt: skip

@@ -1,4 +1,4 @@
-"""none / native / lmcache / both for a cluster or model group, with reasons and confidence.
+"""none / native / lmcache / both for a cluster or model group, with reasons and a score.
 
 The rules (planner/decide/rules.py) run in order over an Evidence record
 (planner/decide/evidence.py):
@@ -21,6 +21,7 @@ from planner.decide.rules import RULE_IDS, apply_rules
 from planner.decide.rulestate import HA_ADVICE, Reason, Risk, RuleState, Thresholds
 from planner.model.costmodel import DEFAULT_MFU
 from planner.model.hardware import GPU, Catalog, Model, get_gpu, get_model
+from planner.model.sources import source_url
 
 __all__ = [
     "RULE_IDS",
@@ -35,12 +36,20 @@ __all__ = [
     "decider_doc",
 ]
 
+# What the score is, said beside it wherever it is printed: a summary of how the decision was
+# reached, not a calibrated probability that it is right (no interval comes with it).
+SCORE_IS = (
+    "a rule score, not a probability: 0.85 when a measured (or simulated) gain decided, else "
+    "0.7, x 0.92 per unknown, x 0.9 for the prefix-hit proxy, x 0.8 per gain interval "
+    "containing 0, clamped to [0.05, 0.95] (planner/decide/DECIDER.md, Decision score)"
+)
+
 
 @dataclass(frozen=True, slots=True)
 class Decision:
     mode: str
-    confidence: float
-    confidence_label: str
+    score: float  # the decision score (DECIDER.md "Decision score"): not a probability
+    score_label: str
     rests_on: tuple[str, ...]
     reasons: tuple[Reason, ...]
     risks: tuple[Risk, ...]
@@ -51,11 +60,19 @@ class Decision:
     def to_dict(self) -> dict[str, Any]:
         return {
             "mode": self.mode,
-            "confidence": round(self.confidence, 3),
-            "confidence_label": self.confidence_label,
+            "score": round(self.score, 3),
+            "score_label": self.score_label,
+            "score_is": SCORE_IS,
             "rests_on": list(self.rests_on),
             "reasons": [
-                {"rule": r.rule_id, "text": r.text, "numbers": dict(r.numbers), "source": r.source}
+                {
+                    "rule": r.rule_id,
+                    "text": r.text,
+                    "numbers": dict(r.numbers),
+                    "source": r.source,
+                    "source_id": r.source_id,
+                    "source_url": source_url(r.source_id),
+                }
                 for r in self.reasons
             ],
             "risks": [{"id": r.risk_id, "text": r.text, "advice": r.advice} for r in self.risks],
@@ -88,7 +105,7 @@ def _resolve(
 def decide(
     evidence: Evidence, *, thresholds: Thresholds | None = None, catalog: Catalog | None = None
 ) -> Decision:
-    """Apply RULES in order and combine their votes into a mode with a confidence."""
+    """Apply RULES in order and combine their votes into a mode with its decision score."""
     unknowns: list[str] = []
     model, gpu = _resolve(evidence, catalog, unknowns)
     mfu = evidence.effective_mfu.estimate if evidence.effective_mfu else DEFAULT_MFU
@@ -117,8 +134,8 @@ def decide(
             Risk(
                 "decode_latency",
                 "offload can raise decode latency (llm-d: mean "
-                "TPOT +17.2 % with the CPU tier on) and, with SSD in the path, TTFT "
-                "(GKE test 3)",
+                "TPOT +17.2 % with the CPU tier on [source: llm-d-tiered-prefix-cache]) and, "
+                "with SSD in the path, TTFT (GKE test 3 [source: gke-tiered-kv-2025])",
                 "watch TTFT and ITL separately from throughput",
             )
         )
@@ -126,12 +143,12 @@ def decide(
     measured = any(
         v.basis in ("measured", "simulated") for v in s.votes.values() if v.on is not None
     )
-    confidence = (0.85 if measured else 0.7) * s.penalty * 0.92 ** len(s.unknowns)
-    confidence = min(max(confidence, 0.05), 0.95)
-    label = "high" if confidence >= 0.75 else "medium" if confidence >= 0.5 else "low"
+    score = (0.85 if measured else 0.7) * s.penalty * 0.92 ** len(s.unknowns)
+    score = min(max(score, 0.05), 0.95)
+    label = "high" if score >= 0.75 else "medium" if score >= 0.5 else "low"
     return Decision(
         mode,
-        confidence,
+        score,
         label,
         tuple(s.rests_on),
         tuple(s.reasons),

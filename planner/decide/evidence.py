@@ -3,7 +3,7 @@
 `kvscope plan` builds one Evidence per cluster or model group from the windows, the fits
 (planner/fit/run.py) and the forecast (planner/forecast/demand.py); tests and what-if questions
 build it
-by hand. Every field is optional: None means "unknown", which lowers the confidence of the
+by hand. Every field is optional: None means "unknown", which lowers the decision score of the
 decision and is named in its output. Fractions are 0–1, sizes GiB (LMCache --l1-size-gb and
 vLLM --kv-offloading-size are both GiB), times seconds.
 

@@ -73,7 +73,7 @@ def _r1_hbm_pressure(s: RuleState) -> None:
     s.pressure = False
     near = ev.kv_util_p95 >= t.no_pressure_util
     s.vote("native", False, "prior")
-    s.rest("prior: " + SRC_GKE)
+    s.rest(f"prior: {SRC_GKE}")
     s.say(
         f"no HBM pressure: p95 KV use {ev.kv_util_p95:.0%}"
         + (f" (near the {t.pressure_util:.0%} mark; watch the forecast)" if near else "")
@@ -116,7 +116,7 @@ def _r2_short_prompts(s: RuleState) -> None:
     s.short = True
     s.vote("native", False, "prior")
     s.vote("lmcache", False, "prior")
-    s.rest("prior: " + SRC_GKE)
+    s.rest(f"prior: {SRC_GKE}")
     s.say(
         f"prompts are short ({what} {p:.0f} tokens < {thr:.0f}): 1 k-token prefixes gained "
         "0–1 % in the GKE tests while offload costs 0.5 % (vLLM DMA) to 3–15 % (LMCache) when "
@@ -223,7 +223,7 @@ def _r4_cross_engine_reuse(s: RuleState) -> None:
         return
     on = share >= threshold
     s.vote("lmcache", on, "prior")
-    s.rest("prior: " + SRC_GPUSTACK)
+    s.rest(f"prior: {SRC_GPUSTACK}")
     s.say(
         f"{share:.0%} of prompt tokens are cached only on another "
         f"engine: {'above' if on else 'below'} the {threshold:.0%} LMCache must save to "
@@ -251,7 +251,7 @@ def _r5_local_reuse_native(s: RuleState) -> None:
     threshold = max(s.t.local_reuse_min, s.overhead("native").hi)
     on = local >= threshold
     s.vote("native", on, "prior")
-    s.rest("prior: " + SRC_VLLM_BLOG)
+    s.rest(f"prior: {SRC_VLLM_BLOG}")
     s.say(
         f"under HBM pressure {local:.0%} of prompt tokens {what}: "
         f"{'above' if on else 'below'} {threshold:.0%}, engine-local DRAM (DMA, ~0.5 % when "

@@ -45,7 +45,7 @@ def r8_dram_for_both(s: RuleState) -> None:
         need = 2 * per_node * kv  # native buffers >= device KV, plus an L1 of the same size
         numbers = {"usable_dram_gib": usable, "needed_gib": need, "engine_hbm_kv_gib": kv}
         if usable >= need:
-            s.rest("prior: " + SRC_KVBM)
+            s.rest(f"prior: {SRC_KVBM}")
             s.say(
                 f"both: {usable:.0f} GiB of usable DRAM per node holds "
                 f"native buffers and an LMCache L1 of at least the HBM KV each "

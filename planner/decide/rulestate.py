@@ -1,9 +1,8 @@
 """The vocabulary of the offload rules: thresholds, votes, reasons, risks and the state.
 
 planner/decide/rules.py holds the rules themselves; planner/decide/decision.py runs them. The
-published
-figures the rules lean on are named here once (SRC_*), each citing numbers.md or the
-documentation it comes from.
+published figures the rules lean on are named here once (SRC_*), each a `Cited` carrying the
+id of its entry in planner/model/data/sources.yaml (title, owner, date, URL, hardware).
 """
 
 from __future__ import annotations
@@ -13,13 +12,35 @@ from dataclasses import dataclass, field
 
 from planner.decide.evidence import Evidence, ValueCI
 from planner.model.hardware import GPU, Model
+from planner.model.sources import tag
 
 GIB = 1024**3
-SRC_GKE = "numbers.md: GKE tiered KV cache, Google Cloud/LMCache blog 2025-10-07"
-SRC_VLLM_BLOG = "numbers.md: vLLM blog 'Inside vLLM's New KV Offloading Connector' 2026-01-08"
-SRC_GPUSTACK = "numbers.md: GPUStack LMCache evaluation (RTX 4090), -3 to -15 % at 0 % hit"
-SRC_KVBM = "NVIDIA Dynamo KVBM configuration reference: CPU cache >= device cache"
-SRC_LMCACHE_K8S = "LMCache docs mp/deployment + mp/configuration (0.5.6)"
+
+
+@dataclass(frozen=True, slots=True)
+class Cited:
+    """A published figure's citation: readable text and its registered source id."""
+
+    text: str
+    source_id: str
+
+    def __str__(self) -> str:
+        return f"{self.text} {tag(self.source_id)}"
+
+
+SRC_GKE = Cited("GKE tiered KV cache, Google Cloud/LMCache blog 2025-10-07", "gke-tiered-kv-2025")
+SRC_VLLM_BLOG = Cited(
+    "vLLM blog 'Inside vLLM's New KV Offloading Connector' 2026-01-08",
+    "vllm-offloading-connector-2026",
+)
+SRC_GPUSTACK = Cited(
+    "GPUStack LMCache evaluation (RTX 4090), -3 to -15 % at 0 % hit", "gpustack-lmcache-eval-2025"
+)
+SRC_KVBM = Cited(
+    "NVIDIA Dynamo KVBM configuration reference: CPU cache >= device cache",
+    "nvidia-dynamo-kvbm-config",
+)
+SRC_LMCACHE_K8S = Cited("LMCache docs mp/deployment + mp/configuration (0.5.6)", "lmcache-mp-docs")
 # Throughput cost of offloading when nothing hits: vLLM's DMA path ~0.5 % (vLLM blog);
 # LMCache 3–15 % (GPUStack, RTX 4090). Used when the cluster has not measured its own.
 NATIVE_OVERHEAD_PRIOR = ValueCI(0.005, 0.005, 0.06)  # 6 %: the old kernel path, vLLM blog
@@ -48,6 +69,9 @@ class Reason:
     text: str
     numbers: Mapping[str, float | str]
     source: str
+    # The registered source (planner/model/sources.py) when `source` cites a publication;
+    # None for measurements, the cost model and other unpublished bases.
+    source_id: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,9 +106,11 @@ class RuleState:
     penalty: float = 1.0
     rule: str = ""
 
-    def say(self, text: str, numbers: Mapping[str, float | str], source: str) -> None:
-        """Record a Reason under the id of the rule being applied (set by apply_rules)."""
-        self.reasons.append(Reason(self.rule, text, dict(numbers), source))
+    def say(self, text: str, numbers: Mapping[str, float | str], source: str | Cited) -> None:
+        """Record a Reason under the id of the rule being applied (set by apply_rules); a
+        `Cited` source also records its registered id."""
+        sid = source.source_id if isinstance(source, Cited) else None
+        self.reasons.append(Reason(self.rule, text, dict(numbers), str(source), sid))
 
     def unknown(self, what: str) -> None:
         if what not in self.unknowns:

@@ -6,7 +6,7 @@ or the KV the request-rate forecast implies when that is wholly higher: ``demand
 says which, see planner/forecast/little.py), the native CPU buffer per engine,
 the LMCache L1 per node (from the hit-rate curve, else the working set), the eviction
 watermark, the L2 adapter by sharing scope, and the ready-to-use command lines of
-planner/deploy/configs.py. `prefix_savings` prices a shared prefix (the seed's per-tenant exercise).
+planner/deploy/configs.py. `prefix_savings` prices a tenant's shared prefix.
 """
 
 from __future__ import annotations
@@ -31,7 +31,8 @@ GIB = 1024**3
 LATEST_VLLM = "0.33.0"
 # Assumption: native CPU buffer = 2× the engine's HBM KV when the working set is unknown. The
 # GKE tests ran 1 TiB CPU beside 640 GiB HBM (≈ 430 GiB of it KV for a 70B bf16 model),
-# a 1.6–2.4× ratio (numbers.md); NVIDIA Dynamo's KVBM guide asks for at least 1×.
+# a 1.6–2.4× ratio [source: gke-tiered-kv-2025]; NVIDIA Dynamo's KVBM guide asks for at least
+# 1× [source: nvidia-dynamo-kvbm-config].
 NATIVE_TO_HBM_KV = 2.0
 CROSS_NODE_MIN = 0.1  # share of cross-engine reuse on other nodes that justifies a shared L2
 PLACEHOLDERS: Mapping[str, Mapping[str, object]] = {

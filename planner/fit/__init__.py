@@ -1,1 +1,21 @@
-"""planner.fit."""
+"""The statistical fits on an analysis frame, each with intervals and a "cannot tell" reason.
+
+- ``preempt``: preemptions vs KV use (a GLM with a hinge knee, profile-likelihood interval);
+- ``gain``: throughput gain per offload mode vs KV use, and its break-even (``gain_curve``,
+  ``gain_crossings``);
+- ``mfu``: prefill MFU from TTFT on low-load windows;
+- ``hitrate``: the LMCache L1 hit-rate curve vs L1 size (:func:`hit_ratio` is the curve);
+- ``common``: estimates, intervals, weights and covariance pieces the fits share;
+- ``run``: :func:`fit_all`, every fit the data supports.
+"""
+
+from planner.fit.common import Estimate, FitResult, Interval
+from planner.fit.gain import GainFit, GainPoint, fit_gain
+from planner.fit.hitrate import HitRateFit, fit_hitrate
+from planner.fit.mfu import MfuFit, fit_mfu
+from planner.fit.preempt import PreemptionFit, fit_preemption
+from planner.fit.run import FitReport, Skipped, fit_all
+
+__all__ = ["Estimate", "FitReport", "FitResult", "GainFit", "GainPoint", "HitRateFit",
+           "Interval", "MfuFit", "PreemptionFit", "Skipped", "fit_all", "fit_gain",
+           "fit_hitrate", "fit_mfu", "fit_preemption"]  # fmt: skip

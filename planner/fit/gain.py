@@ -85,8 +85,8 @@ estimate stays NaN. A sharp knee whose small cost below u* is within the noise r
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
 from planner.fit.common import (
     MIN_CLUSTERS,
@@ -232,18 +232,18 @@ def fit_gain(
     )
     estimator = "OLS" if weights is None else "WLS"
     method = f"{estimator}{' on log-log' if log else ''}, piecewise-linear × mode interaction"
-    out: dict[str, Any] = {
-        "what": what, "unit": util, "method": method, "assumptions": assumptions,
-        "offload": label, "util_column": util, "response_column": response,
-        "windows_by_mode": counts, "engines_by_mode": engines, "estimate": math.nan,
-        "interval": nan_interval(level), "n": len(y), "can_tell": False, "why": "",
-        "verdict": "undetermined", "direction": "", "support": (math.nan, math.nan),
-        "roots": (), "grid": (), "cov_type": "none", "warnings": (),
-        "basis": (f"windows: none {counts[0][1]}, {label} {counts[1][1]}; {excluded}",),
-    }  # fmt: skip
+    # the answer so far: each step below replaces the fields it learns (checked by mypy)
+    fit = GainFit(
+        what=what, unit=util, method=method, assumptions=assumptions, offload=label,
+        util_column=util, response_column=response, windows_by_mode=counts,
+        engines_by_mode=engines, estimate=math.nan, interval=nan_interval(level), n=len(y),
+        can_tell=False, why="", verdict="undetermined", direction="",
+        support=(math.nan, math.nan), roots=(), grid=(), cov_type="none", warnings=(),
+        basis=(f"windows: none {counts[0][1]}, {label} {counts[1][1]}; {excluded}",),
+    )  # fmt: skip
 
-    def cannot(why: str, **kw: Any) -> GainFit:
-        return GainFit(**{**out, **kw, "why": why, "can_tell": False})
+    def cannot(why: str) -> GainFit:
+        return replace(fit, why=why, can_tell=False)
 
     few = [m for m, c in counts if c < min_per_mode]
     if few:
@@ -252,20 +252,24 @@ def fit_gain(
     lo, hi = float(max(lo0, lo1)), float(min(hi0, hi1))
     ranges = f"none [{fmt(lo0)}, {fmt(hi0)}], {label} [{fmt(lo1)}, {fmt(hi1)}]"
     if hi - lo < min_overlap:
-        return cannot(
-            f"the {util} ranges of the modes do not overlap: {ranges}",
-            basis=(*out["basis"], f"{util} ranges: {ranges}"),
+        return replace(
+            fit,
+            why=f"the {util} ranges of the modes do not overlap: {ranges}",
+            basis=(*fit.basis, f"{util} ranges: {ranges}"),
         )
     keep = (u >= lo) & (u <= hi)
     u, y, d, g, w = u[keep], y[keep], d[keep], g[keep], w[keep]
     n = int(y.size)
-    out["n"] = n
-    out["basis"] = (
-        f"windows in the common support: none {int((d == 0).sum())}, {label} {int(d.sum())}",
-        f"{util} ranges: {ranges}; common support [{fmt(lo)}, {fmt(hi)}]",
-        excluded,
+    fit = replace(
+        fit,
+        n=n,
+        basis=(
+            f"windows in the common support: none {int((d == 0).sum())}, {label} {int(d.sum())}",
+            f"{util} ranges: {ranges}; common support [{fmt(lo)}, {fmt(hi)}]",
+            excluded,
+        ),
+        support=(lo, hi),
     )
-    out["support"] = (lo, hi)
     if min(int((d == 0).sum()), int(d.sum())) < min_per_mode:
         return cannot(
             f"too few windows of a mode inside the common support [{fmt(lo)}, {fmt(hi)}] "
@@ -282,8 +286,8 @@ def fit_gain(
         # standard error, so intervals on it under-cover (Hall 1992, Ann. Statist. 20(2));
         # never fewer than DEFAULT_KNOTS
         knots = max(chosen, DEFAULT_KNOTS)
-        out["basis"] = (*out["basis"], f"{cv}; used {knots} (at least {DEFAULT_KNOTS})")
-    out["basis"] = (*out["basis"], weighting)
+        fit = replace(fit, basis=(*fit.basis, f"{cv}; used {knots} (at least {DEFAULT_KNOTS})"))
+    fit = replace(fit, basis=(*fit.basis, weighting))
     kn = knots_at(xs, knots)
     x = basis_matrix(xs, kn, centre)
     # weighted least squares as OLS on rows scaled by √w (the sandwich stays valid)
@@ -298,16 +302,22 @@ def fit_gain(
     clustered = min(n_g) >= 2 and n_eng >= 4
     cov_type = ("cluster" if n_eng >= MIN_CLUSTERS else "CR2") if clustered else "HC3"
     if cov_type == "CR2":
-        out["assumptions"] = (
-            *assumptions,
-            f"only {n_eng} engines: bias-reduced cluster errors (CR2) with t({n_eng - 1}); "
-            "with so few clusters the interval rests on the engines being alike",
+        fit = replace(
+            fit,
+            assumptions=(
+                *assumptions,
+                f"only {n_eng} engines: bias-reduced cluster errors (CR2) with t({n_eng - 1}); "
+                "with so few clusters the interval rests on the engines being alike",
+            ),
         )
     elif cov_type == "HC3":
-        out["assumptions"] = (
-            *assumptions,
-            f"engines per mode {n_g}: too few to estimate engine-to-engine variation, which "
-            "the HC3 interval leaves out",
+        fit = replace(
+            fit,
+            assumptions=(
+                *assumptions,
+                f"engines per mode {n_g}: too few to estimate engine-to-engine variation, which "
+                "the HC3 interval leaves out",
+            ),
         )
     tq = t_quantile(level, n_eng - 1 if clustered else n - design.shape[1])
     fine = np.linspace(lo, hi, 401)
@@ -318,7 +328,8 @@ def fit_gain(
         roots = roots_of(fine, gain)
         ok = np.abs(gain) <= tq * se  # Fieller acceptance set
         points = curve.points(np.linspace(lo, hi, n_grid), tq, level)
-    out.update(
+    fit = replace(
+        fit,
         roots=tuple(roots),
         grid=points,
         cov_type=cov_type,
@@ -348,17 +359,20 @@ def fit_gain(
             else ""
         )
         share = f"its interval excludes 0 on {sig.size / ok.size:.0%} of {span}{loose}"
+        sign = ">" if positive else "<"
         if not (ok[0] if positive else ok[-1]):
-            return cannot(
-                f"no break-even: gain {'>' if positive else '<'} 0 throughout {span} ({share})",
+            return replace(
+                cannot(f"no break-even: gain {sign} 0 throughout {span} ({share})"),
                 verdict="positive_throughout" if positive else "negative_throughout",
             )
         bound = float(fine[sig[0]] if positive else fine[sig[-1]])
         side, rel, word = ("below", "<=", "from") if positive else ("above", ">=", "up to")
-        return cannot(
-            f"no break-even located: gain {'>' if positive else '<'} 0 {word} {util} "
-            f"{fmt(bound)} ({share}); {side} {fmt(bound)} the data cannot tell its sign: "
-            f"u* {rel} {fmt(bound)} if there is one",
+        return replace(
+            cannot(
+                f"no break-even located: gain {sign} 0 {word} {util} "
+                f"{fmt(bound)} ({share}); {side} {fmt(bound)} the data cannot tell its sign: "
+                f"u* {rel} {fmt(bound)} if there is one"
+            ),
             verdict="positive_above" if positive else "negative_below",
             interval=Interval(lo, bound, level) if positive else Interval(bound, hi, level),
             direction=f"offload better {'above' if positive else 'below'} u*",
@@ -378,7 +392,7 @@ def fit_gain(
                 design, y, d, g, curve=curve, root=root, fine=fine, level=level,
                 n_boot=n_boot, budget_s=time_budget_s, seed=seed,
             )  # fmt: skip
-        out["warnings"] = (*out["warnings"], *more)
+        fit = replace(fit, warnings=(*fit.warnings, *more))
         how = f"stratified engine bootstrap, {done} replicates, seed {seed}"
     why = ""
     if open_lo or open_hi:
@@ -393,13 +407,13 @@ def fit_gain(
             f"{'the rising one' if rising else 'the first'} is reported"
         )
     better = "above" if rising else "below"
-    out.update(
+    return replace(
+        fit,
         estimate=float(root),
         interval=Interval(iv_lo, iv_hi, level),
         can_tell=not why,
         why=why,
         verdict="crosses",
         direction=f"offload better {better} u*",
-        method=f"{out['method']}; break-even interval: {how}",
+        method=f"{fit.method}; break-even interval: {how}",
     )
-    return GainFit(**out)

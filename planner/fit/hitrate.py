@@ -224,14 +224,22 @@ def _expit(x: float) -> float:
     return 1.0 / (1.0 + math.exp(-x)) if x > -700 else 0.0
 
 
+def hit_ratio(size_bytes: Array, h_max: float, c0_bytes: float) -> Array:
+    """The curve h(C) = h_max · (1 − exp(−C / C0)) at L1 sizes C (bytes): the one place it
+    is written (the fit, the plan's curve and the plot evaluate it here)."""
+    import numpy as np
+
+    return h_max * (1.0 - np.exp(-size_bytes / c0_bytes))
+
+
 def _model(theta: Array, c: Array) -> tuple[Array, Array]:
     """Curve values and Jacobian wrt (logit h_max, log C0)."""
     import numpy as np
 
     hm = 1.0 / (1.0 + np.exp(-theta[0]))
     c0 = np.exp(theta[1])
+    f = hit_ratio(c, hm, c0)
     e = np.exp(-c / c0)
-    f = hm * (1.0 - e)
     jac = np.column_stack([hm * (1.0 - hm) * (1.0 - e), -hm * e * c / c0])
     return f, jac
 

@@ -20,7 +20,7 @@ Low load: ``running`` ≤ ``max_running``, ``waiting`` ≤ ``max_waiting``, and 
 (KV connector: native offload, LMCache) hit ratio ≤ ``max_external_hit``, because tokens
 loaded from CPU/remote add a transfer time this model does not have. Local prefix hits are
 allowed (``max_prefix_hit``, default 1): their cost is in F_i above. A cap on local hits
-(0.1 before 2026-11-29) excluded every window of the demo (examples/scenarios/demo.yaml:
+(0.1 before 2026-11-29) excluded every window of the demo (bundled scenario demo.yaml:
 64 shared 6k-token system prompts, local hit ratio ≥ 0.14 in every window, 0.36 on average)
 whatever the load, i.e. any shared-prefix workload. On the demo (seed 1) this fit gives
 0.498 [0.494, 0.501] for the simulator's MFU of 0.5 (293 windows of the 4 engines without
@@ -56,7 +56,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from planner.fit.common import (
@@ -157,20 +157,21 @@ def fit_mfu(
     )
     method = f"WLS ttft ~ t0 + θ·[F(prompt) − F(cached)], weights = TTFT count; {cov_type} errors"
     nan_est = Estimate(math.nan, nan_interval(level))
-    out: dict[str, object] = {
-        "what": WHAT, "unit": "fraction of peak", "n": n, "method": method,
-        "assumptions": assumptions, "basis": basis, "cov_type": cov_type,
-        "prompt_range": (float(prompt.min()), float(prompt.max())),
-        "reference_prompt_tokens": ref,
-    }  # fmt: skip
+    # the answer when the data cannot tell; the fitted one replaces what it learns
+    fit = MfuFit(
+        what=WHAT, unit="fraction of peak", n=n, method=method, assumptions=assumptions,
+        basis=basis, cov_type=cov_type, prompt_range=(float(prompt.min()), float(prompt.max())),
+        reference_prompt_tokens=ref, estimate=math.nan, interval=nan_interval(level),
+        warnings=(), can_tell=False, why="", seconds_per_flop=nan_est, overhead_s=nan_est,
+        prefill_tokens_per_s=nan_est, shape_p=math.nan,
+    )  # fmt: skip
     spread = float(np.std(flops) / np.mean(flops)) if np.mean(flops) > 0 else 0.0
     if spread < 0.1:
-        return MfuFit(
-            **out, estimate=math.nan, interval=nan_interval(level), warnings=(),  # type: ignore[arg-type]
-            can_tell=False, why=f"prompt FLOPs barely vary (FLOPs CV {spread:.2f} < 0.1): "
-            "overhead and compute time cannot be separated", seconds_per_flop=nan_est,
-            overhead_s=nan_est, prefill_tokens_per_s=nan_est, shape_p=math.nan,
-        )  # fmt: skip
+        return replace(
+            fit,
+            why=f"prompt FLOPs barely vary (FLOPs CV {spread:.2f} < 0.1): overhead and "
+            "compute time cannot be separated",
+        )
     scale = float(np.mean(flops))  # work in units of the mean prompt's FLOPs
     with recorded_warnings() as caught:
         params, cov = _wls(ttft, np.column_stack([np.ones(n), flops / scale]), w, groups, cov_type)
@@ -202,8 +203,8 @@ def fit_mfu(
         why = "TTFT does not rise detectably with prompt FLOPs (θ's interval reaches 0)"
     elif mfu > 1:
         why = f"implausible MFU {mfu:.2f} > 1: check peak_flops and the cost model"
-    return MfuFit(
-        **out,  # type: ignore[arg-type]
+    return replace(
+        fit,
         estimate=mfu,
         interval=mfu_iv,
         warnings=tuple(caught),

@@ -43,7 +43,7 @@ Which utilization: the window mean (``kv_util``, default)
 vLLM preempts when no KV block is free, i.e. when the cache is full, so the window's peak
 looks like the natural covariate. But ``kv_util_max`` is the largest of the few scraped
 samples of an instantaneous gauge (4 per 60 s window at a 15 s scrape), and its knee is a
-property of the scrape interval. On the demo (examples/scenarios/demo.yaml with its earlier
+property of the scrape interval. On the demo (bundled scenario demo.yaml with its earlier
 load, the rising quarter of a 16 h sine, 8 -> 16 req/s; seed 1, 4 simulated h, 8 engines
 pooled; the simulation sampled every second), the knee [95 %] on the window max of samples
 taken every 30 s / 15 s (= ``kv_util_max``) / 5 s / 1 s is 0.28 / 0.52 (lower ends not

@@ -24,10 +24,9 @@ each group's report in ``groups`` and fits nothing across them.
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, fields, is_dataclass
+from dataclasses import dataclass, fields
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
@@ -37,6 +36,7 @@ from planner.fit.gain import NOT_OFFLOAD, GainFit, GainPoint, fit_gain
 from planner.fit.hitrate import HitPrediction, HitRateFit, fit_hitrate
 from planner.fit.mfu import MfuFit, fit_mfu
 from planner.fit.preempt import PreemptionFit, fit_preemption
+from planner.model.values import json_ready
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -44,7 +44,7 @@ if TYPE_CHECKING:
 __all__ = [
     "Estimate", "FitReport", "FitResult", "GainFit", "GainPoint", "HitPrediction",
     "HitRateFit", "Interval", "MfuFit", "PreemptionFit", "Skipped", "fit_all", "fit_gain",
-    "fit_hitrate", "fit_mfu", "fit_preemption", "jsonable",
+    "fit_hitrate", "fit_mfu", "fit_preemption",
 ]  # fmt: skip
 
 
@@ -74,7 +74,7 @@ class FitReport:
         """JSON-ready form (NaN and infinities become None); ``groups`` (each group's
         report and its ``name``) only when the frame held several model groups."""
         out: dict[str, Any] = {
-            f.name: jsonable(getattr(self, f.name)) for f in fields(self) if f.name != "groups"
+            f.name: json_ready(getattr(self, f.name)) for f in fields(self) if f.name != "groups"
         }
         if self.groups:
             out["groups"] = [{"name": name, **r.as_dict()} for name, r in self.groups]
@@ -200,14 +200,3 @@ def _fit_one(
         skipped=tuple(skipped),
         seconds=tuple(seconds),
     )
-
-
-def jsonable(value: Any) -> Any:
-    """Dataclasses -> dicts, tuples -> lists, non-finite floats -> None (recursively)."""
-    if is_dataclass(value) and not isinstance(value, type):
-        return {f.name: jsonable(getattr(value, f.name)) for f in fields(value)}
-    if isinstance(value, (tuple, list)):
-        return [jsonable(v) for v in value]
-    if isinstance(value, float):
-        return value if math.isfinite(value) else None
-    return value

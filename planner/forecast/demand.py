@@ -69,6 +69,7 @@ from planner.forecast.models import (
     spec_of,
 )
 from planner.forecast.saturation import MAX_SIM_DRAWS, Saturation, capacity_notes, saturation
+from planner.model.values import json_ready
 
 if TYPE_CHECKING:
     import numpy as np
@@ -145,17 +146,8 @@ class Forecast:
             d["candidates"] = [
                 {k: v for k, v in c.items() if k != "fit_seconds"} for c in d["candidates"]
             ]
-        return _json_safe(d)  # type: ignore[no-any-return]
-
-
-def _json_safe(obj: Any) -> Any:
-    if isinstance(obj, float):
-        return obj if math.isfinite(obj) else None
-    if isinstance(obj, dict):
-        return {k: _json_safe(v) for k, v in obj.items()}
-    if isinstance(obj, list | tuple):
-        return [_json_safe(v) for v in obj]
-    return obj
+        out: dict[str, Any] = json_ready(d)
+        return out
 
 
 def _collapse(lines: list[str]) -> tuple[str, ...]:

@@ -113,15 +113,6 @@ COLUMNS: tuple[str, ...] = (
 )  # fmt: skip
 
 
-def offload_mode_of(meta: object) -> str:
-    """``none|native|lmcache`` from an engine record (``.offload`` / ``.offload_mode``)."""
-    for name in ("offload", "offload_mode"):
-        value = meta.get(name) if isinstance(meta, Mapping) else getattr(meta, name, None)
-        if isinstance(value, str) and value:
-            return value
-    return meta if isinstance(meta, str) and meta else "unknown"
-
-
 def _codes(values: object) -> tuple[npt.NDArray[np.int64], list[object]]:
     """Integer codes (-1 for missing) and the values they stand for (a categorical's own
     codes and categories: no hashing; else in order of appearance)."""

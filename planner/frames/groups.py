@@ -29,6 +29,15 @@ if TYPE_CHECKING:
 UNKNOWN_GROUP = "unknown"
 
 
+def offload_mode_of(meta: object) -> str:
+    """``none|native|lmcache`` from an engine record (``.offload`` / ``.offload_mode``)."""
+    for name in ("offload", "offload_mode"):
+        value = meta.get(name) if isinstance(meta, Mapping) else getattr(meta, name, None)
+        if isinstance(value, str) and value:
+            return value
+    return meta if isinstance(meta, str) and meta else "unknown"
+
+
 def group_name(model: object, gpu: object = None, tp: object = None) -> str:
     """``model@gpu:tpN`` (the parts known), or ``"unknown"`` when the model is not known."""
     if not isinstance(model, str) or not model:
@@ -86,8 +95,6 @@ def modes_and_groups(  # noqa: PLR0917 - the engine keys' parts, computed once
 ) -> tuple[npt.NDArray[np.object_], npt.NDArray[np.object_]]:
     """Offload mode and model group per row, from each engine key's record and model label."""
     import numpy as np
-
-    from planner.frames.frames import offload_mode_of
 
     keys, inverse = np.unique(key_of_row, return_inverse=True)
     model_code = pair_model[np.searchsorted(pair_u, keys)]

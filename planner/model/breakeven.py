@@ -2,12 +2,14 @@
 
 B* = KV bytes of a prompt / its prefill time: a tier reading faster than B* (times the KV
 compression) beats recomputing. The per-object latency of a tier favours recompute for short
-prompts, the quadratic attention term favours reading for long ones (numbers.md).
+prompts, the quadratic attention term favours reading for long ones (derived from the
+prefill FLOPs of [source: kaplan-scaling-laws-2020]).
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -25,6 +27,7 @@ from planner.model.hardware import (
     Catalog,
     Model,
     Tier,
+    builtin_catalog,
     get_gpu,
     get_model,
     get_tier,
@@ -34,24 +37,28 @@ from planner.model.hardware import (
 # Llama 3.1 / Qwen3 (YaRN) context windows are 128 K tokens: search no further by default.
 DEFAULT_MAX_CONTEXT = 131_072
 
-SEED_EXERCISE_NOTE = (
-    "Seed exercise: 'LMCache on Ceph over spinning disks, 70B FP8, 4 K tokens: re-read or "
-    "re-prefill?'. The seed's '500 MB' of KV is inconsistent with the model: Llama-3.1-70B "
-    "keeps 2 × 80 layers × 8 KV heads × 128 dims per token = 163,840 B with fp8 KV "
-    "(--kv-cache-dtype fp8) and 327,680 B with bf16 KV (the default even for FP8 weights), so "
+LLAMA_70B_4K_CEPH_HDD_NOTE = (
+    "Llama-3.1-70B FP8, 4 K tokens, KV cache on HDD-backed Ceph (LMCache): re-read or "
+    "re-prefill? A quoted '500 MB' of KV for this prompt is inconsistent with the model: "
+    "Llama-3.1-70B keeps 2 × 80 layers × 8 KV heads × 128 dims per token = 163,840 B with "
+    "fp8 KV (--kv-cache-dtype fp8) and 327,680 B with bf16 KV (the default even for FP8 "
+    "weights), so "
     "4,096 tokens are 0.67 GB (fp8 KV) or 1.34 GB (bf16 KV), not 0.5 GB. Reading them from "
     "HDD-backed Ceph (0.83 GB/s aggregate, 0.1–0.3 GB/s for one stream, 5–15 ms per object) "
     "takes ~0.9–14 s; re-prefill on 4× H100 (TP4, FP8 GEMMs, 20–60 % MFU) takes ~0.17–0.43 s. "
-    "Re-prefill wins unless the KV is compressed (CacheGen 3.5–4.3×), the GPUs are "
-    "compute-saturated, or loading overlaps compute (Cake, arXiv 2410.03065)."
+    "Re-prefill wins unless the KV is compressed (CacheGen 3.5–4.3× [source: cachegen-2024]), "
+    "the GPUs are compute-saturated, or loading overlaps compute (Cake [source: cake-2024])."
 )
-SEED_MODEL, SEED_GPU, SEED_TP, SEED_TIER, SEED_TOKENS = (
-    "llama-3.1-70b-fp8",
-    "h100",
-    4,
-    "ceph-hdd",
-    4096,
-)
+# The case LLAMA_70B_4K_CEPH_HDD_NOTE describes: model, GPU, TP, tier (catalogue names), tokens.
+# "70B FP8" = Llama-3.1-70B with FP8 weights on 4× H100 SXM5 (70 GB of weights need at least
+# two 80 GB GPUs; TP4 leaves room for KV).
+LLAMA_70B_4K_CEPH_HDD_CASE = ("llama-3.1-70b-fp8", "h100-80gb", 4, "ceph-hdd", 4096)
+
+# KV cache dtype names by bytes per element, and the dtypes compare_tiers takes.
+KV_DTYPE_BY_BYTES = {2.0: "bf16", 1.0: "fp8"}
+KV_DTYPES = ("auto", "bf16", "fp8")
+# Prefill MFU range of the re-read vs re-prefill comparisons (low, high).
+DEFAULT_MFU_RANGE = (0.2, 0.6)
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,7 +123,7 @@ def breakeven_bandwidth(
 ) -> float:
     """B* in bytes/s: the engine's KV bytes of the prompt / the prompt's prefill seconds.
 
-    Llama-3.1-8B TP1 bf16 at 50 % MFU: ~31 k tok/s × 131,072 B ≈ 4.0 GB/s (numbers.md).
+    Llama-3.1-8B TP1 bf16 at 50 % MFU: ~31 k tok/s × 131,072 B ≈ 4.0 GB/s (derived).
     """
     if prompt_tokens < 1:
         raise ConfigError(f"prompt_tokens must be >= 1, got {prompt_tokens!r}")
@@ -193,7 +200,7 @@ def reread_vs_reprefill(
     tier: Tier,
     tokens: int,
     *,
-    mfu_range: tuple[float, float] = (0.2, 0.6),
+    mfu_range: tuple[float, float] = DEFAULT_MFU_RANGE,
     compression: float = 1.0,
     chunk_tokens: int = LMCACHE_CHUNK_TOKENS,
 ) -> Comparison:
@@ -214,7 +221,7 @@ def reread_vs_reprefill(
         explanation = (
             f"re-prefill wins: the fastest read ({read_low:.3g} s) is slower than the slowest "
             f"re-prefill ({pre_high:.3g} s), unless the KV is compressed further, the GPUs are "
-            "compute-saturated, or loading overlaps compute (Cake, arXiv 2410.03065)"
+            "compute-saturated, or loading overlaps compute (Cake [source: cake-2024])"
         )
     elif read_high < pre_low:
         verdict = "re-read"
@@ -267,15 +274,56 @@ def reread_vs_reprefill(
     )
 
 
-def seed_exercise(catalog: Catalog | None = None) -> dict[str, Comparison]:
-    """The seed's exercise answered for both KV dtypes: {"fp8": …, "bf16": …}.
+def kv_dtype_name(model: Model) -> str:
+    """The model's KV cache dtype, "bf16" or "fp8" (else its size, "<n> B/element")."""
+    size = model.kv_bytes_per_elem
+    return KV_DTYPE_BY_BYTES.get(size, f"{size:g} B/element")
 
-    Assumption: "70B FP8" = Llama-3.1-70B with FP8 weights on 4× H100 SXM5 (TP4, 70 GB of
-    weights need at least two 80 GB GPUs; TP4 leaves room for KV).
+
+def case_note(model: Model, gpu: GPU, tp: int, tier: Tier, tokens: int) -> str | None:
+    """LLAMA_70B_4K_CEPH_HDD_NOTE when the comparison is the case it describes, else None."""
+    case = (model.name, gpu.name, tp, tier.name, tokens)
+    return LLAMA_70B_4K_CEPH_HDD_NOTE if case == LLAMA_70B_4K_CEPH_HDD_CASE else None
+
+
+def compare_tiers(
+    model: Model | str,
+    gpu: GPU | str,
+    tp: int,
+    tokens: int,
+    *,
+    tiers: Sequence[Tier | str] | None = None,
+    kv_dtypes: Sequence[str] = ("auto",),
+    catalog: Catalog | None = None,
+    mfu_range: tuple[float, float] = DEFAULT_MFU_RANGE,
+    compression: float = 1.0,
+) -> dict[str, dict[str, Comparison]]:
+    """Re-read `tokens` of KV from each tier or re-prefill them, for each KV dtype.
+
+    Returns {kv dtype: {tier name: Comparison}} in the order asked (duplicates dropped).
+    Names resolve in `catalog` (default: the built-in one); tiers None = every tier of the
+    catalogue; kv_dtypes: "auto" (the model's own, keyed by its name), "bf16", "fp8".
     """
-    base = get_model(SEED_MODEL, catalog)
-    gpu, tier = get_gpu(SEED_GPU, catalog), get_tier(SEED_TIER, catalog)
-    return {
-        kv: reread_vs_reprefill(with_kv_dtype(base, kv), gpu, SEED_TP, tier, SEED_TOKENS)
-        for kv in ("fp8", "bf16")
-    }
+    m = get_model(model, catalog) if isinstance(model, str) else model
+    g = get_gpu(gpu, catalog) if isinstance(gpu, str) else gpu
+    if isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 1:
+        raise ConfigError(f"tokens must be an integer >= 1, got {tokens!r}")
+    if tiers is None:
+        tiers = list((catalog or builtin_catalog()).tiers.values())
+    resolved = [get_tier(t, catalog) if isinstance(t, str) else t for t in tiers]
+    if not resolved:
+        raise ConfigError("tiers must name at least one tier")
+    if not kv_dtypes:
+        raise ConfigError(f"kv_dtypes must name at least one of {', '.join(KV_DTYPES)}")
+    result: dict[str, dict[str, Comparison]] = {}
+    for kv in kv_dtypes:
+        if kv not in KV_DTYPES:
+            raise ConfigError(f"unknown KV dtype {kv!r}; known: {', '.join(KV_DTYPES)}")
+        variant = with_kv_dtype(m, kv)
+        rows = result.setdefault(kv_dtype_name(variant), {})
+        for t in resolved:
+            if t.name not in rows:
+                rows[t.name] = reread_vs_reprefill(
+                    variant, g, tp, t, tokens, mfu_range=mfu_range, compression=compression
+                )
+    return result

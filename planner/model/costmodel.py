@@ -2,7 +2,8 @@
 
 A vLLM engine step (one mixed batch of prefill chunks and decode tokens) is a roofline:
 max(compute, HBM traffic) plus TP all-reduces plus a small fixed overhead. Every default
-below cites numbers.md (/work/shared/reference) or is marked as an assumption; fit the
+below cites its publication as [source: <id>] (planner/model/data/sources.yaml) or is marked
+as an assumption or a derivation; fit the
 MFU / efficiency of a real deployment from its own TTFT and ITL (planner/fit/run.py).
 Everything returns plain floats in SI units (seconds, bytes, bytes/s).
 """
@@ -27,9 +28,11 @@ ALLREDUCE_LATENCY_S = 8e-6
 # KV (it profiles the real peak at start-up). Calibrate with the engines' num_gpu_blocks
 # (cache-config info, collector.catalog.FACTS["cache_config"]).
 DEFAULT_ACTIVATION_RESERVE_BYTES = 2 * GIB
-# numbers.md: "Decode is memory-bound: step time ≈ (weights + KV read) / (HBM bw × ~0.7)".
+# Assumption (a prior, no publication): decode is memory-bound, step time ≈ (weights + KV
+# read) / (HBM bw × ~0.7); fit the efficiency of a deployment from its ITL.
 DEFAULT_HBM_EFFICIENCY = 0.7
-# numbers.md: "Prefill MFU 40–60 % is a simulator default, not a measurement".
+# Assumption (a prior, no publication): prefill MFU 40–60 % is a simulator default, not a
+# measurement; fit the effective MFU of a deployment from TTFT vs prompt length.
 DEFAULT_MFU = 0.5
 ACTIVATION_BYTES = 2  # bf16 activations travel through the TP all-reduce
 
@@ -59,8 +62,8 @@ def _check_count(value: int, name: str) -> None:
 def kv_bytes_per_token(model: Model, tp: int = 1) -> float:
     """KV bytes one token occupies on ONE GPU of a TP group.
 
-    2 (K and V) · layers · kv_heads · head_dim · bytes / tp (numbers.md). When tp exceeds the
-    KV heads vLLM replicates them (each GPU keeps one head), so the per-GPU share is
+    2 (K and V) · layers · kv_heads · head_dim · bytes / tp (from the model shape). When tp
+    exceeds the KV heads vLLM replicates them (each GPU keeps one head), so the per-GPU share is
     max(kv_heads / tp, 1) heads, not kv_heads / tp: the engine then stores more KV in total.
     """
     _check_tp(model, tp)
@@ -119,8 +122,9 @@ def prefill_flops(model: Model, new_tokens: int, context_tokens: int = 0) -> flo
     """Forward FLOPs of a prefill chunk: 2·N·S + attention (Kaplan et al. 2020, Table 1).
 
     With no context this is 2·N·S + 2·layers·S²·d_attn (causal halving included), the
-    formula of numbers.md. N counts all parameters (embeddings and lm_head included, as
-    numbers.md's ~31 k tok/s for Llama-3.1-8B does): conservative by ~13 % for 8B models.
+    formula kvscope uses [source: kaplan-scaling-laws-2020]. N counts all parameters
+    (embeddings and lm_head included, as the derived ~31 k tok/s for Llama-3.1-8B does):
+    conservative by ~13 % for 8B models.
     """
     _check_count(new_tokens, "new_tokens")
     _check_count(context_tokens, "context_tokens")
@@ -282,7 +286,7 @@ def prefill_tokens_per_second(
     model: Model, gpu: GPU, tp: int, *, mfu: float = DEFAULT_MFU, dtype: str = "auto"
 ) -> float:
     """Linear-term prefill throughput tp·peak·mfu / (2·N): the long-run rate without the
-    attention term (numbers.md: Llama-3.1-8B TP1 bf16 at 50 % MFU ≈ 31 k tok/s)."""
+    attention term (derived: Llama-3.1-8B TP1 bf16 at 50 % MFU ≈ 31 k tok/s)."""
     _check_tp(model, tp)
     _check_fraction(mfu, "mfu")
     return tp * _gemm_peak(model, gpu, dtype) * mfu / (2.0 * model.params)
@@ -313,7 +317,8 @@ def transfer_seconds(
     return math.ceil(objects / concurrency) * latency_s + nbytes / bandwidth_Bps
 
 
-# LMCache stores KV in chunks of 256 tokens by default (`--chunk-size` 256, numbers.md):
+# LMCache stores KV in chunks of 256 tokens by default (`--chunk-size` 256
+# [source: lmcache-mp-docs]):
 # one object (file, Ceph object, S3 key, RPC) per chunk.
 LMCACHE_CHUNK_TOKENS = 256
 
@@ -329,7 +334,7 @@ def tier_read_seconds(
     bound: str = "nominal",
 ) -> float:
     """Seconds to read `tokens` of the engine's KV from `tier`: one object per chunk,
-    bandwidth × compression (CacheGen shrinks KV 3.5–4.3×, numbers.md), × tp for per-GPU
+    bandwidth × compression (CacheGen shrinks KV 3.5–4.3× [source: cachegen-2024]), × tp for per-GPU
     links. bound="low" takes the best bandwidth and latency, "high" the worst."""
     _check_tp(model, tp)
     _check_count(tokens, "tokens")

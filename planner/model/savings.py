@@ -1,4 +1,4 @@
-"""What a cached shared prefix saves: GPU-seconds and money per hour (seed exercise).
+"""What a cached shared prefix saves a tenant: GPU-seconds and money per hour.
 
 A tenant sends a system prompt of P tokens with every query. Without a cache every query
 re-prefills it; with one, the first query of each cache lifetime computes it and the others
@@ -27,7 +27,7 @@ class Savings:
     reload_seconds: float  # one reload of its KV from the tier
     reuses_per_hour: float
     saved_gpu_seconds_per_hour: float
-    saved_cost_per_hour: float
+    saved_cost_per_hour: float | None  # None when no GPU price was given
     verdict: str
     assumptions: tuple[str, ...]
 
@@ -38,7 +38,7 @@ def prefix_savings(  # noqa: PLR0917 - the issue's positional signature
     tp: int,
     prefix_tokens: int,
     queries_per_hour: float,
-    gpu_price_per_hour: float,
+    gpu_price_per_hour: float | None,
     tier: Tier | str,
     *,
     hit_probability: float = 1.0,
@@ -50,6 +50,7 @@ def prefix_savings(  # noqa: PLR0917 - the issue's positional signature
     Per cache lifetime the first query computes the prefix; each of the other
     (queries per lifetime − 1) hits with hit_probability and then reloads the KV from `tier`
     instead of re-prefilling it: saved = hits × (prefill − reload) engine-seconds, × tp GPUs.
+    gpu_price_per_hour None prices nothing (saved_cost_per_hour is None).
     """
     m = get_model(model) if isinstance(model, str) else model
     g = get_gpu(gpu) if isinstance(gpu, str) else gpu
@@ -58,7 +59,7 @@ def prefix_savings(  # noqa: PLR0917 - the issue's positional signature
         raise ConfigError(f"prefix_tokens must be an integer >= 1, got {prefix_tokens!r}")
     for name, value in (
         ("queries_per_hour", queries_per_hour),
-        ("gpu_price_per_hour", gpu_price_per_hour),
+        ("gpu_price_per_hour", 0.0 if gpu_price_per_hour is None else gpu_price_per_hour),
         ("cache_lifetime_s", cache_lifetime_s),
     ):
         if not (isinstance(value, int | float) and math.isfinite(value) and value >= 0):
@@ -72,9 +73,10 @@ def prefix_savings(  # noqa: PLR0917 - the issue's positional signature
     per_lifetime = queries_per_hour * cache_lifetime_s / 3600
     reuses = max(per_lifetime - 1, 0.0) * hit_probability * 3600 / cache_lifetime_s
     gpu_seconds = reuses * (prefill - reload) * tp
-    cost = gpu_seconds / 3600 * gpu_price_per_hour
+    cost = None if gpu_price_per_hour is None else gpu_seconds / 3600 * gpu_price_per_hour
+    priced = "" if cost is None else f" ({cost:.2f}/h at {gpu_price_per_hour:g}/GPU-h)"
     verdict = (
-        f"caching saves {gpu_seconds:,.0f} GPU-s/h ({cost:.2f}/h at {gpu_price_per_hour:g}/GPU-h)"
+        f"caching saves {gpu_seconds:,.0f} GPU-s/h{priced}"
         if gpu_seconds > 0
         else "caching does not pay: reloading from the tier is slower than re-prefill"
         if prefill <= reload
@@ -83,13 +85,20 @@ def prefix_savings(  # noqa: PLR0917 - the issue's positional signature
     assumptions = (
         f"prefill of {prefix_tokens} tokens on {tp}× {g.name} at {mfu:.0%} MFU (cost model, "
         "engine otherwise idle): 2·N·S + attention FLOPs (Kaplan et al. 2020)",
-        f"reload from {t.name}: {t.read_Bps / 1e9:.3g} GB/s, {t.latency_s * 1e3:.3g} ms per "
+        f"reload from {t.name}: {t.read_Bps / 1e9:.3g} GB/s"
+        + (f" per GPU × {tp} GPUs" if t.per_gpu else "")
+        + f", {t.latency_s * 1e3:.3g} ms per "
         f"256-token chunk ({t.source})",
         f"{queries_per_hour:g} queries/h evenly spread; the prefix is computed once per "
         f"{cache_lifetime_s:g} s cache lifetime, then hits with probability {hit_probability:g}",
         "baseline: without the cache every query re-prefills the prefix (it was evicted or "
         "routed to another engine); the engine is busy during the reload (no overlap)",
-        f"GPU price {gpu_price_per_hour:g} per GPU-hour, {tp} GPUs per engine",
+        f"{tp} GPUs per engine; "
+        + (
+            "no GPU price given: GPU-seconds only"
+            if gpu_price_per_hour is None
+            else f"GPU price {gpu_price_per_hour:g} per GPU-hour"
+        ),
     )
     return Savings(
         prefix_tokens,

@@ -38,7 +38,7 @@ def plan_basis(ev: Evidence, fits: Mapping[str, FitRun], fc: ForecastRun) -> lis
     if ev.effective_mfu is None:
         why = fits["prefill_mfu"].entry.get("why") or "no fit"
         out.append(
-            f"prefill MFU: prior 50 % from numbers.md (40–60 % simulator default); the "
+            f"prefill MFU: prior 50 % (assumption: 40–60 % simulator default); the "
             f"fit could not tell: {why}"
         )
     else:
@@ -52,7 +52,7 @@ def plan_basis(ev: Evidence, fits: Mapping[str, FitRun], fc: ForecastRun) -> lis
             out.append(f"fit {name}: cannot tell: {entry.entry.get('why')}")
     if fc.capacity is not None:
         out.append(f"HBM KV capacity: {fc.capacity.basis}")
-    if fc.evidence.get("_saturation_censored"):
+    if fc.evidence.saturation_censored:
         out.append(
             "time to saturation: an end lies beyond the forecast horizon; it is "
             "reported at the horizon (censored)"

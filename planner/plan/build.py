@@ -9,21 +9,20 @@ and the request rate (planner/plan/forecast.py), fills an Evidence record, decid
 support is a ``can_tell: false`` entry with the reason, never an exception.
 
 Evidence fields this module cannot fill from metrics stay None (EVIDENCE_GAPS says why);
-the decider names them as unknown and lowers its confidence.
+the decider names them as unknown and lowers its decision score.
 """
 
 from __future__ import annotations
 
 import math
 import time
-from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-from collector.errors import ConfigError, KvscopeError
-from planner.decide.decision import Decision, decide
+from collector.errors import ConfigError
+from planner.decide.decision import decide
 from planner.decide.evidence import Evidence
-from planner.deploy.sizing import Sizing, size
+from planner.deploy.sizing import size
 from planner.frames.table import PLAN_COLUMNS, WindowTable, names
 from planner.plan.basis import (
     EVIDENCE_GAPS,
@@ -33,16 +32,14 @@ from planner.plan.basis import (
     plan_cost,
 )
 from planner.plan.fits import (
-    FitRun,
     gain_evidence,
     hit_curve,
     mfu_evidence,
     run_fits,
     skipped_fits,
 )
-from planner.plan.forecast import ForecastRun, kv_capacity, run_forecasts
+from planner.plan.forecast import kv_capacity, run_forecasts
 from planner.plan.groups import (
-    GroupPlan,
     GroupSlice,
     groups_basis,
     pick_group,
@@ -50,6 +47,7 @@ from planner.plan.groups import (
     split_groups,
 )
 from planner.plan.observe import NEEDED_SIGNALS, modes_by_source, observe
+from planner.plan.record import GroupPlan, NoData, Plan, PlanDetails
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -57,95 +55,7 @@ if TYPE_CHECKING:
     from collector.models import EngineRecord
     from collector.store import Store
 
-__all__ = ["EVIDENCE_GAPS", "HOURS_PER_MONTH", "SEE_GROUPS", "NoData", "Plan", "PlanDetails",
-           "build_plan", "json_safe", "lmcache_up_fraction"]  # fmt: skip
-
-
-SEE_GROUPS = (
-    "decision, sizing and configs per model group: groups[].plan. The top level pools the "
-    "groups' observations only: a decision or a fleet size on no fit across models would "
-    "rest on nothing"
-)
-
-
-class NoData(KvscopeError):
-    """The store holds no windows for the cluster and period asked about."""
-
-
-@dataclass(frozen=True, slots=True, eq=False)
-class PlanDetails:
-    """What the plots need beyond the JSON: the frame, the fit objects, the forecasts; and
-    the seconds each stage took (read, frame, observe, fits, forecasts, decide)."""
-
-    frame: pd.DataFrame
-    fits: Mapping[str, FitRun]
-    forecasts: ForecastRun
-    seconds: Mapping[str, float] = field(default_factory=dict)
-
-
-@dataclass(frozen=True, slots=True, eq=False)
-class Plan:
-    """The answer of `kvscope plan`; ``to_dict()`` is its JSON (module docstring)."""
-
-    cluster: str | None
-    window: Mapping[str, Any]
-    happening: Mapping[str, Any]
-    evidence: Evidence
-    decision: Decision | None  # None: several model groups, each decided apart (groups)
-    fits: Mapping[str, Mapping[str, Any]]
-    forecast: Mapping[str, Any]
-    sizing: Sizing | None
-    sizing_error: str | None
-    cost: Mapping[str, Any] | None
-    basis: tuple[str, ...]
-    details: PlanDetails
-    group: str | None = None  # the model group planned (``--group``), else None
-    groups: tuple[GroupPlan, ...] = ()  # each group's own plan, when there are several
-
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-ready (non-finite numbers become null); ``group`` / ``groups`` appear only
-        when the plan is of one group of several / of several groups. With several groups
-        the top level's ``decision``, ``sizing`` and ``configs`` are null and ``see_groups``
-        says where they are: each group's plan holds its own."""
-        sizing: dict[str, Any] | None = (
-            self.sizing.to_dict() if self.sizing else {"error": self.sizing_error}
-        )
-        configs: dict[str, str] | None = dict(self.sizing.configs) if self.sizing else {}
-        if self.decision is None:
-            sizing = configs = None
-        out: dict[str, Any] = json_safe(
-            {
-                "cluster": self.cluster,
-                "window": dict(self.window),
-                "happening": dict(self.happening),
-                "decision": self.decision.to_dict() if self.decision else None,
-                "fits": {k: dict(v) for k, v in self.fits.items()},
-                "forecast": dict(self.forecast),
-                "sizing": sizing,
-                "configs": configs,
-                "cost": dict(self.cost) if self.cost else None,
-                "evidence": asdict(self.evidence),
-                "basis": list(self.basis),
-            }
-        )
-        if self.group is not None:
-            out["group"] = self.group
-        if self.decision is None:
-            out["see_groups"] = SEE_GROUPS
-        if self.groups:
-            out["groups"] = [g.to_dict() for g in self.groups]
-        return out
-
-
-def json_safe(obj: Any) -> Any:
-    """Floats that are not finite become None; tuples become lists."""
-    if isinstance(obj, float):
-        return obj if math.isfinite(obj) else None
-    if isinstance(obj, Mapping):
-        return {str(k): json_safe(v) for k, v in obj.items()}
-    if isinstance(obj, list | tuple):
-        return [json_safe(v) for v in obj]
-    return obj
+__all__ = ["EVIDENCE_GAPS", "HOURS_PER_MONTH", "build_plan", "lmcache_up_fraction"]
 
 
 def _no_data(store: Store, cluster: str | None, since: float | None) -> NoData:
@@ -319,7 +229,8 @@ def _plan(
     if not groups:
         basis.append(
             "decision: rules R1–R9 of planner/decide/DECIDER.md; each reason names its source "
-            "(measured, the cost model, or a published figure from numbers.md)"
+            "(measured, the cost model, or a published figure cited as [source: <id>], with its "
+            "source_id and source_url; `kvscope sources <id>` prints it)"
         )
     unregistered = sorted(present - set(meta))
     if unregistered:
@@ -329,7 +240,7 @@ def _plan(
         )
     hw_names, hw = hardware_of(in_window, basis)
     modes = {s: m for s, m in modes_by_source(in_window).items() if s in present}
-    happening, ev_obs = observe(frame, windows, modes)
+    happening, seen = observe(frame, windows, modes)
     run.lap("observe")
     if groups:
         fits = skipped_fits(f"fitted per model group ({len(groups)} groups): see groups")
@@ -341,13 +252,12 @@ def _plan(
         windows, cap, horizon_s=run.horizon_s, seed=run.seed, max_seconds=run.forecast_seconds
     )
     run.lap("forecasts")
-    u_now = ev_obs.get("kv_util_p50")
+    u_now = seen.kv_util_p50
     native, native_at = gain_evidence(fits["gain_native"], u_now)
     lmcache, lmcache_at = gain_evidence(fits["gain_lmcache"], u_now)
     for name, at in (("gain_native", native_at), ("gain_lmcache", lmcache_at)):
         fits[name].entry["at_current_util"] = at
-    fc_ev = {k: v for k, v in fc.evidence.items() if not k.startswith("_")}
-    evidence = Evidence(
+    measured = Evidence(
         model=hw_names["model"],
         gpu=hw_names["gpu"],
         tp=hw_names["tp"],
@@ -356,9 +266,8 @@ def _plan(
         effective_mfu=mfu_evidence(fits["prefill_mfu"]),
         l1_hit_curve=hit_curve(fits["lmcache_hitrate"]),
         lmcache_up_fraction=run.lmcache_up,
-        **ev_obs,
-        **fc_ev,
     )
+    evidence = fc.evidence.apply(seen.apply(measured))
     decision = None if groups else decide(evidence)
     sizing, sizing_error = None, None
     if decision is not None:

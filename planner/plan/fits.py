@@ -21,6 +21,7 @@ from planner.fit.common import Estimate, FitResult, Interval
 from planner.frames.table import names
 from planner.model import costmodel
 from planner.model.hardware import GPU, Model
+from planner.model.values import finite
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -50,13 +51,6 @@ class FitRun:
     name: str
     result: FitResult | None
     entry: dict[str, Any]
-
-
-def finite(x: object) -> float | None:
-    """A finite float, else None (JSON null)."""
-    if isinstance(x, bool) or not isinstance(x, int | float):
-        return None
-    return float(x) if math.isfinite(x) else None
 
 
 def interval_dict(iv: Interval) -> dict[str, Any] | None:
@@ -369,9 +363,14 @@ def hit_curve(run: FitRun, points: int = 24) -> tuple[tuple[float, float], ...] 
     lo, hi = fit.size_range
     if not all(finite(v) for v in (h, c0, lo, hi)) or lo <= 0:
         return None
+    import numpy as np
+
+    from planner.fit.hitrate import hit_ratio
+
     ratio = (4 * hi / lo) ** (1 / (points - 1))
     sizes = [lo * ratio**i for i in range(points)]
-    return tuple((s / GIB, min(max(h * (1 - math.exp(-s / c0)), 0.0), 1.0)) for s in sizes)
+    rates = hit_ratio(np.array(sizes), h, c0).tolist()
+    return tuple((s / GIB, min(max(r, 0.0), 1.0)) for s, r in zip(sizes, rates, strict=True))
 
 
 def skipped_fits(why: str) -> dict[str, FitRun]:

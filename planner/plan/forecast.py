@@ -21,19 +21,20 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from collector import catalog
 from collector.errors import InsufficientHistory, KvscopeError
 from collector.records import Window
-from planner.decide.evidence import ValueCI
+from planner.decide.evidence import Evidence, ValueCI
 from planner.forecast.agree import compare
 from planner.forecast.little import factors, reconcile
 from planner.forecast.saturation import rule_of_three
 from planner.frames.table import WindowTable
 from planner.model import costmodel
-from planner.plan.fits import Hardware, cannot_entry, finite, value_ci
+from planner.model.values import finite
+from planner.plan.fits import Hardware, cannot_entry, value_ci
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -57,6 +58,32 @@ class Capacity:
     basis: str
 
 
+@dataclass(frozen=True, slots=True)
+class ForecastEvidence:
+    """The Evidence fields the forecasts fill (planner/decide/evidence.py says what each
+    means); ``saturation_censored``: the latest saturation bound lies beyond the horizon."""
+
+    demand_unit: str = "tokens/s"
+    engine_capacity: float | None = None
+    demand_now: float | None = None
+    demand_peak: ValueCI | None = None
+    demand_basis: str = ""
+    time_to_saturation_s: ValueCI | None = None
+    saturation_censored: bool = False
+
+    def apply(self, ev: Evidence) -> Evidence:
+        """``ev`` with the fields the forecasts fill."""
+        return replace(
+            ev,
+            demand_unit=self.demand_unit,
+            engine_capacity=self.engine_capacity,
+            demand_now=self.demand_now,
+            demand_peak=self.demand_peak,
+            demand_basis=self.demand_basis,
+            time_to_saturation_s=self.time_to_saturation_s,
+        )
+
+
 @dataclass(frozen=True, slots=True, eq=False)
 class ForecastRun:
     """Both forecasts (None when they could not be made) and their JSON sections."""
@@ -67,7 +94,7 @@ class ForecastRun:
     rate_series: pd.Series | None
     capacity: Capacity | None
     section: dict[str, Any]
-    evidence: dict[str, Any] = field(default_factory=dict)
+    evidence: ForecastEvidence = ForecastEvidence()
 
 
 def kv_capacity(
@@ -289,7 +316,7 @@ def kv_evidence(
     cap: Capacity | None,
     horizon_s: float,
     rec: Mapping[str, Any] | None = None,
-) -> dict[str, Any]:
+) -> ForecastEvidence:
     """demand_now / demand_peak / engine_capacity / time_to_saturation_s / demand_basis.
 
     demand_now: mean of the last hour of history; engine_capacity: mean capacity per engine
@@ -298,35 +325,41 @@ def kv_evidence(
     ``rec`` (:func:`reconciled`) with driver "request_rate": demand_peak and the saturation
     times come from the KV the request-rate forecast implies, and demand_basis says why.
     """
-    out: dict[str, Any] = {}
     if cap is None:
-        return out
-    out["demand_unit"] = cap.unit
-    out["engine_capacity"] = cap.total / cap.engines
+        return ForecastEvidence()
+    now: float | None = None
     if series is not None and len(series):
         last = series[series.index >= float(series.index.max()) - 3600.0]
-        out["demand_now"] = finite(float(last.mean()))
+        now = finite(float(last.mean()))
+    base = ForecastEvidence(
+        demand_unit=cap.unit, engine_capacity=cap.total / cap.engines, demand_now=now
+    )
     if fc is None:
-        return out
+        return base
+    peak: ValueCI | None = None
     if fc.points:
         top = max(fc.points, key=lambda p: (p[1], p[0]))  # ties: the latest, widest
-        out["demand_peak"] = value_ci(top[1], min(top[2], top[1]), max(top[3], top[1]), fc.level)
+        peak = value_ci(top[1], min(top[2], top[1]), max(top[3], top[1]), fc.level)
     ts, lo, hi = fc.time_to_saturation_s, fc.time_to_saturation_lo_s, fc.time_to_saturation_hi_s
-    out["demand_basis"] = f"KV-demand forecast ({fc.method})" + (
+    basis = f"KV-demand forecast ({fc.method})" + (
         f": {rec['why']}" if rec and rec.get("can_tell") else ""
     )
     if rec and rec.get("can_tell") and rec["driver"] == "request_rate":
         p = rec["peak"]
-        out["demand_peak"] = value_ci(p["estimate"], p["lo"], p["hi"], fc.level)
-        out["demand_basis"] = f"request-rate forecast × Little's-law KV per request: {rec['why']}"
+        peak = value_ci(p["estimate"], p["lo"], p["hi"], fc.level)
+        basis = f"request-rate forecast × Little's-law KV per request: {rec['why']}"
         ts, lo, hi = (rec.get(f"implied_time_to_saturation{k}_s") for k in ("", "_lo", "_hi"))
     ttl: ValueCI | None = None
     if lo is not None:
         est = ts if ts is not None else horizon_s
         ttl = value_ci(est, min(lo, est), hi if hi is not None else max(horizon_s, est), fc.level)
-    out["time_to_saturation_s"] = ttl
-    out["_saturation_censored"] = ttl is not None and (ts is None or hi is None)
-    return out
+    return replace(
+        base,
+        demand_peak=peak,
+        demand_basis=basis,
+        time_to_saturation_s=ttl,
+        saturation_censored=ttl is not None and (ts is None or hi is None),
+    )
 
 
 def hours(seconds: float | None) -> str:

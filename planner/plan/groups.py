@@ -10,8 +10,7 @@ group apart and pools only the observations (planner/plan/build.py).
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from collector.errors import ConfigError
 from planner.frames.groups import GroupSlice, split_groups
@@ -19,28 +18,8 @@ from planner.frames.groups import GroupSlice, split_groups
 if TYPE_CHECKING:
     import pandas as pd
 
-    from planner.plan.build import Plan
-
-__all__ = ["GroupPlan", "GroupSlice", "groups_basis", "pick_group", "restrict_table",
+__all__ = ["GroupSlice", "groups_basis", "pick_group", "restrict_table",
            "split_groups"]  # fmt: skip
-
-
-@dataclass(frozen=True, slots=True, eq=False)
-class GroupPlan:
-    """A group's own plan inside a cluster's plan (``Plan.groups``)."""
-
-    name: str
-    engines: tuple[str, ...]
-    sources: tuple[str, ...]
-    plan: Plan
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "name": self.name,
-            "engines": list(self.engines),
-            "sources": list(self.sources),
-            "plan": self.plan.to_dict(),
-        }
 
 
 def pick_group(groups: Sequence[GroupSlice], name: str) -> GroupSlice:

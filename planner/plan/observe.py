@@ -11,16 +11,18 @@ follow from it (planner/decide/evidence.py says where each field comes from).
 
 from __future__ import annotations
 
-import math
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from collector import catalog
 from collector.catalog import DERIVED_RATIOS
 from collector.records import Window
+from planner.decide.evidence import Evidence
 from planner.frames.frames import SIGNALS as FRAME_SIGNALS
 from planner.frames.table import WindowTable, names, seq_sum, weighted_median_array
+from planner.model.values import finite
 
 if TYPE_CHECKING:
     import numpy as np
@@ -38,24 +40,48 @@ LMCACHE_HEALTHY = "lmcache_healthy"
 NEEDED_SIGNALS: frozenset[str] = FRAME_SIGNALS | {RECOMPUTED, PROMPT_TOKENS, LMCACHE_HEALTHY}
 _RATIO_OF = {ratio: (num, den) for ratio, num, den in DERIVED_RATIOS}
 OFFLOAD_MODES = ("none", "native", "lmcache")
-_FRACTION_FIELDS = (
-    "kv_util_p50",
-    "kv_util_p95",
-    "reprefill_share",
-    "prefix_hit_ratio",
-    "external_hit_ratio",
-)
 
 
-def _num(x: object) -> float | None:
-    """A finite float or None (NaN, inf and None all mean unknown)."""
-    if x is None or isinstance(x, bool):
-        return None
-    try:
-        v = float(x)  # type: ignore[arg-type]
-    except (TypeError, ValueError):
-        return None
-    return v if math.isfinite(v) else None
+@dataclass(frozen=True, slots=True)
+class Observed:
+    """The Evidence fields that what is happening fills (planner/decide/evidence.py says
+    what each means); None = the windows could not tell."""
+
+    kv_util_p50: float | None
+    kv_util_p95: float | None
+    preemptions_per_1k: float | None
+    reprefill_share: float | None
+    prefix_hit_ratio: float | None
+    external_hit_ratio: float | None
+    current_mode: str | None
+    prompt_tokens_mean: float | None
+    prompt_tokens_p90: float | None
+    prompt_tokens_p90_censored: bool
+    lmcache_healthy: bool | None
+    engines: int | None
+
+    def apply(self, ev: Evidence) -> Evidence:
+        """``ev`` with the fields what is happening fills."""
+        return replace(
+            ev,
+            kv_util_p50=self.kv_util_p50,
+            kv_util_p95=self.kv_util_p95,
+            preemptions_per_1k=self.preemptions_per_1k,
+            reprefill_share=self.reprefill_share,
+            prefix_hit_ratio=self.prefix_hit_ratio,
+            external_hit_ratio=self.external_hit_ratio,
+            current_mode=self.current_mode,
+            prompt_tokens_mean=self.prompt_tokens_mean,
+            prompt_tokens_p90=self.prompt_tokens_p90,
+            prompt_tokens_p90_censored=self.prompt_tokens_p90_censored,
+            lmcache_healthy=self.lmcache_healthy,
+            engines=self.engines,
+        )
+
+
+def _share(x: float | None) -> float | None:
+    """A share clamped to [0, 1]: a counter glitch must not push it past 1."""
+    return None if x is None else min(max(float(x), 0.0), 1.0)
 
 
 def quantiles(values: Iterable[float], qs: Sequence[float]) -> list[float | None]:
@@ -65,7 +91,7 @@ def quantiles(values: Iterable[float], qs: Sequence[float]) -> list[float | None
     if isinstance(values, np.ndarray) and values.dtype == np.float64:
         arr = values[np.isfinite(values)]  # the same values, without a Python loop
     else:
-        arr = np.asarray([v for v in values if _num(v) is not None], dtype=float)
+        arr = np.asarray([v for v in values if finite(v) is not None], dtype=float)
     if arr.size == 0:
         return [None] * len(qs)
     return [float(v) for v in np.quantile(arr, qs)]
@@ -80,7 +106,9 @@ def weighted_median(
     if isinstance(values, np.ndarray) and isinstance(weights, np.ndarray):
         return weighted_median_array(values.astype(float), weights.astype(float))
     pairs = sorted(
-        (v, w) for v, w in zip(values, weights, strict=True) if _num(v) is not None and (w or 0) > 0
+        (v, w)
+        for v, w in zip(values, weights, strict=True)
+        if finite(v) is not None and (w or 0) > 0
     )
     total = sum(w for _, w in pairs)
     if not pairs or total <= 0:
@@ -207,7 +235,7 @@ def _mode_summary(rows: pd.DataFrame, windows: WindowTable, sources: set[str]) -
         "windows": len(rows),
         "kv_util_p50": p50,
         "kv_util_p95": p95,
-        "tokens_per_s_per_engine": _num(per_engine.mean()) if len(per_engine) else None,
+        "tokens_per_s_per_engine": finite(per_engine.mean()) if len(per_engine) else None,
         "preemptions_per_1k_requests": 1000 * pre / req if req > 0 else None,
         "prefix_hit_ratio": pooled_ratio(windows, "prefix_cache_hit_ratio", sources)[0],
         "external_hit_ratio": pooled_ratio(windows, "external_prefix_cache_hit_ratio", sources)[0],
@@ -217,8 +245,8 @@ def _mode_summary(rows: pd.DataFrame, windows: WindowTable, sources: set[str]) -
 
 def observe(
     frame: pd.DataFrame, windows: Windows, modes: Mapping[str, str]
-) -> tuple[dict[str, Any], dict[str, Any]]:
-    """(``happening`` section, Evidence fields) from the frame and the raw windows.
+) -> tuple[dict[str, Any], Observed]:
+    """(``happening`` section, the Evidence fields it fills) from the frame and the raw windows.
 
     ``windows``: Window records or their table (planner/frames/table.py); ``modes`` maps a
     source to its offload mode (engine metadata).
@@ -227,10 +255,9 @@ def observe(
 
     windows = WindowTable.of(windows)
     rows = _engine_rows(frame)
-    ev: dict[str, Any] = {}
     out: dict[str, Any] = {}
     p50, p95 = quantiles(rows["kv_util"].to_numpy(dtype=float), [0.5, 0.95])
-    kv_max = _num(np.nanmax(rows["kv_util_max"].to_numpy(dtype=float))) if len(rows) else None
+    kv_max = finite(np.nanmax(rows["kv_util_max"].to_numpy(dtype=float))) if len(rows) else None
     n_kv = int(rows["kv_util"].notna().sum())
     out["kv_util"] = {
         "p50": p50,
@@ -240,7 +267,6 @@ def observe(
         "basis": "quantiles of per-engine window means of kv_cache_usage_ratio; max = the "
         "largest in-window maximum",
     }
-    ev["kv_util_p50"], ev["kv_util_p95"] = p50, p95
 
     pre = float(np.nansum(rows["preemptions"].to_numpy(dtype=float)))
     req = float(np.nansum(rows["requests"].to_numpy(dtype=float)))
@@ -255,11 +281,9 @@ def observe(
         "requests": req,
         "basis": f"Σ preemptions / Σ {counted} × 1000",
     }
-    ev["preemptions_per_1k"] = per_1k
 
     share, why = reprefill_share(windows)
     out["reprefill_share"] = {"value": share, "basis": why}
-    ev["reprefill_share"] = share
 
     mode, mode_basis = current_mode(modes)
     deployed = {s for s, m in modes.items() if m == mode} if mode not in (None, "none") else None
@@ -273,13 +297,10 @@ def observe(
         hits[key] = {"ratio": value, "queried_tokens": weight}
     hits["basis"] = "pooled over the period: Σ hit tokens / Σ queried tokens"
     out["hit_ratios"] = hits
-    ev["prefix_hit_ratio"] = hits["prefix"]["ratio"]
     ext = hits["external"]["ratio"]
     if deployed is not None:
         ext = pooled_ratio(windows, "external_prefix_cache_hit_ratio", deployed)[0]
         hits["external_deployed"] = {"ratio": ext, "engines_mode": mode}
-    ev["external_hit_ratio"] = ext
-    ev["current_mode"] = mode
     out["current_mode"] = {"mode": mode, "basis": mode_basis}
 
     counts = rows["ttft_count"].to_numpy(dtype=float)
@@ -295,7 +316,7 @@ def observe(
     cluster_tps = rows.groupby("start")["tokens_per_s"].sum(min_count=1).dropna()
     mean_tps, p95_tps = quantiles(cluster_tps.to_numpy(dtype=float), [0.5, 0.95])
     out["tokens_per_s"] = {
-        "cluster_mean": _num(cluster_tps.mean()) if len(cluster_tps) else None,
+        "cluster_mean": finite(cluster_tps.mean()) if len(cluster_tps) else None,
         "cluster_p50": mean_tps,
         "cluster_p95": p95_tps,
         "basis": "prompt + generation token rates summed over engines per window start",
@@ -314,8 +335,6 @@ def observe(
             else ""
         ),
     }
-    ev["prompt_tokens_mean"], ev["prompt_tokens_p90"] = prompt_mean, prompt_p90
-    ev["prompt_tokens_p90_censored"] = censored
     by_mode: dict[str, Any] = {}
     # LMCache servers scraped as their own targets have no engine rows: their hit counters
     # belong to the lmcache mode.
@@ -330,13 +349,22 @@ def observe(
         by_mode[m] = _mode_summary(sub, windows, sources)
     out["by_mode"] = by_mode
     healthy = lmcache_health(windows)
-    ev["lmcache_healthy"] = healthy
     out["lmcache_healthy"] = healthy
-    ev["engines"] = len(rows.groupby(["source", "engine"])) or None
-    for key in _FRACTION_FIELDS:  # a counter glitch must not push a share past 1
-        if ev.get(key) is not None:
-            ev[key] = min(max(float(ev[key]), 0.0), 1.0)
-    return out, ev
+    evidence = Observed(
+        kv_util_p50=_share(p50),
+        kv_util_p95=_share(p95),
+        preemptions_per_1k=per_1k,
+        reprefill_share=_share(share),
+        prefix_hit_ratio=_share(hits["prefix"]["ratio"]),
+        external_hit_ratio=_share(ext),
+        current_mode=mode,
+        prompt_tokens_mean=prompt_mean,
+        prompt_tokens_p90=prompt_p90,
+        prompt_tokens_p90_censored=censored,
+        lmcache_healthy=healthy,
+        engines=len(rows.groupby(["source", "engine"])) or None,
+    )
+    return out, evidence
 
 
 def p90_censored(w: Window) -> bool:

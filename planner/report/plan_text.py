@@ -1,6 +1,6 @@
 """The readable summary of a plan (`kvscope plan` without --json), from ``Plan.to_dict()``.
 
-Sections: what is happening; the decision with its reasons and confidence; the fits (the
+Sections: what is happening; the decision with its reasons and score; the fits (the
 break-even with its interval); the forecast and time to saturation; sizing; the configs.
 Every number keeps its interval or its basis; "n/a" marks what the data could not tell.
 A plan of several model groups shows each group's sections, then the pooled observations;
@@ -89,12 +89,12 @@ def _prompt_line(p: Mapping[str, Any]) -> str:
 def decision_lines(d: Mapping[str, Any]) -> list[str]:
     dec = d["decision"]
     lines = [
-        f"Decision: {dec['mode'].upper()}  (confidence {dec['confidence']:.2f}, "
-        f"{dec['confidence_label']})"
+        f"Decision: {dec['mode'].upper()}  (decision score {dec['score']:.2f}, "
+        f"{dec['score_label']}: a rule score, not a probability; DECIDER.md)"
     ]
     lines += [f"  - [{r['rule']}] {r['text']}  ({r['source']})" for r in dec["reasons"]]
     if dec["unknown"]:
-        lines.append("  unknown (lowers the confidence): " + "; ".join(dec["unknown"]))
+        lines.append("  unknown (lowers the score): " + "; ".join(dec["unknown"]))
     lines += [f"  risk {r['id']}: {r['text']}" for r in dec["risks"]]
     return lines
 

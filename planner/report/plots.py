@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 from collector.errors import ConfigError
 
 if TYPE_CHECKING:
-    from planner.plan.build import Plan
+    from planner.plan import Plan
 
 GIB = 1024**3
 # The files write_plots may write (each only when its fit or forecast ran).
@@ -259,7 +259,7 @@ def _hitrate(plan: Plan, seed: int) -> Any:
     import matplotlib.pyplot as plt
     import numpy as np
 
-    from planner.fit.hitrate import HitRateFit
+    from planner.fit.hitrate import HitRateFit, hit_ratio
 
     fit = plan.details.fits["lmcache_hitrate"].result
     if not isinstance(fit, HitRateFit) or not math.isfinite(fit.h_max.value):
@@ -279,7 +279,7 @@ def _hitrate(plan: Plan, seed: int) -> Any:
     h, c0 = fit.h_max.value, fit.c0_bytes.value
     ax.plot(
         grid / GIB,
-        h * (1 - np.exp(-grid / c0)),
+        hit_ratio(grid, h, c0),
         color="tab:orange",
         lw=2,
         label="h_max·(1 − exp(−C/C0))",

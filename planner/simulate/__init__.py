@@ -1,1 +1,7 @@
-"""kvscope planner/simulate."""
+"""The discrete-event simulator of a vLLM (+ native offload / LMCache) cluster.
+
+It answers what-if questions (`kvscope simulate`, `kvscope advise`) and serves real-named
+`/metrics` on machines without GPUs (`kvscope simulate --serve`, `kvscope demo`). Entry
+points: ``scenario.load_scenario`` / ``parse_scenario``, ``cluster.Simulation``, ``compare``
+(modes side by side), ``serve``. It imports only planner.model and the catalogue.
+"""

@@ -22,6 +22,7 @@ from collector.errors import ConfigError
 from planner.simulate.engine import IDLE, Engine, StepCost
 from planner.simulate.lmcache import LMCacheConnector, LMCachePool
 from planner.simulate.offload import Connector, NativeOffload
+from planner.simulate.results import SimResult, summarize
 from planner.simulate.scenario import Scenario
 from planner.simulate.telemetry import (
     EngineSnapshot,
@@ -235,10 +236,8 @@ class Simulation:
         """No event left (a finite workload has completed) or the end time is reached."""
         return not self.heap or self.now >= self.end_time
 
-    def run(self) -> object:
-        """Simulate to the end; returns a results.SimResult."""
-        from planner.simulate.results import summarize
-
+    def run(self) -> SimResult:
+        """Simulate to the end and summarize the run."""
         self.advance_to(self.end_time)
         return summarize(self)
 

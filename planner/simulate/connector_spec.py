@@ -13,8 +13,11 @@ from planner.model.hardware import get_tier
 from planner.simulate.spec import Param, Section
 
 GB = 1e9
-SRC_NATIVE = "default: vLLM blog 2026-01-08, DMA offload path costs ~0.5 % at 0 % hit"
-SRC_CHUNK = "default: LMCache --chunk-size 256 (numbers.md)"
+SRC_NATIVE = (
+    "default: vLLM blog 2026-01-08, DMA offload path costs ~0.5 % at 0 % hit "
+    "[source: vllm-offloading-connector-2026]"
+)
+SRC_CHUNK = "default: LMCache --chunk-size 256 [source: lmcache-mp-docs]"
 SRC_LOOKUP = "default: assumption, fitted so LMCache with nothing to reuse costs ~1-3 %"
 
 
@@ -64,7 +67,7 @@ def parse_native(sec: Section) -> NativeSpec:
 
 def parse_lmcache(sec: Section) -> LMCacheSpec:
     tier = get_tier("lmcache-cpu-loopback")
-    tier_src = "default: tier lmcache-cpu-loopback (numbers.md: 13-22 GB/s loopback)"
+    tier_src = "default: tier lmcache-cpu-loopback (13-22 GB/s prior, no publication recorded)"
     chunk = sec.integer("chunk_size", costmodel.LMCACHE_CHUNK_TOKENS, low=1, source=SRC_CHUNK)
     lookup = sec.number("lookup_overhead_s", 1e-3, low=0.0, source=SRC_LOOKUP)
     store = sec.number("store_overhead_s", 2e-4, low=0.0, source=SRC_LOOKUP)

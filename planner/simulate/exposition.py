@@ -35,8 +35,8 @@ from prometheus_client.metrics_core import (
 from prometheus_client.utils import floatToGoString
 
 from collector import catalog
+from collector.catalog import Labels
 from collector.errors import ConfigError
-from collector.records import Labels
 from planner.simulate.scenario import Scenario
 from planner.simulate.telemetry import EngineSnapshot, HistogramSnapshot, LMCacheSnapshot
 

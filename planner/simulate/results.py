@@ -5,10 +5,27 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
-if TYPE_CHECKING:
-    from planner.simulate.cluster import Simulation
+from planner.simulate.engine import Engine
+from planner.simulate.scenario import Scenario
+from planner.simulate.telemetry import LMCacheSnapshot
+
+
+class FinishedRun(Protocol):
+    """What a summary reads of a run (planner.simulate.cluster.Simulation provides it)."""
+
+    scenario: Scenario
+    heap: list[tuple[float, int, int, object, int]]
+    end_time: float
+    last_event: float
+    completed: list[tuple[float, float, float, int, int, int, int]]
+    engines: list[Engine]
+    too_long: int
+    events: int
+    wall_s: float
+
+    def lmcache_snapshots(self) -> list[LMCacheSnapshot]: ...
 
 
 def _quantile(sorted_values: list[float], q: float) -> float:
@@ -54,7 +71,7 @@ class SimResult:
         }
 
 
-def summarize(sim: Simulation) -> SimResult:
+def summarize(sim: FinishedRun) -> SimResult:
     sc = sim.scenario
     t0 = sc.warmup_s
     finished_early = not sim.heap and sim.last_event < sim.end_time
@@ -148,7 +165,7 @@ def summarize(sim: Simulation) -> SimResult:
         {
             "key": "derived.kv_bytes_per_token_gpu",
             "value": spec.kv_bytes_per_token_gpu,
-            "source": "costmodel.kv_bytes_per_token (numbers.md formula)",
+            "source": "costmodel.kv_bytes_per_token (2 x layers x KV heads x head_dim x bytes)",
         },
         {"key": "derived.model", "value": spec.model.name, "source": spec.model.source},
         {"key": "derived.gpu", "value": spec.gpu.name, "source": spec.gpu.source},

@@ -32,6 +32,8 @@ GB = 1e9
 OFFLOAD_MODES = ("none", "native", "lmcache")
 ROUTERS = ("round_robin", "least_loaded", "prefix_affinity")
 SCOPES = ("engine", "node", "cluster")
+# The scenario's top-level keys; a bare sweep key outside them names a cluster or workload key.
+TOP_LEVEL_KEYS = frozenset({"cluster", "workload", "duration_s", "seed", "warmup_s", "name"})
 CLUSTER_KEYS = frozenset(
     {
         "nodes",
@@ -66,12 +68,15 @@ CLUSTER_KEYS = frozenset(
 # Sources of the defaults (PARAMETERS.md repeats them with the reasoning).
 SRC_VLLM_SCHED = "default: vLLM SchedulerConfig (max_num_seqs 256)"
 SRC_VLLM_BUDGET = "default: vLLM arg_utils max_num_batched_tokens for the OpenAI server (8192)"
-SRC_VLLM_CACHE = "default: vLLM CacheConfig (block_size 16, gpu_memory_utilization 0.9)"
-SRC_MFU = "default: costmodel.DEFAULT_MFU (numbers.md: prefill MFU 40-60 % prior)"
-SRC_HBM = "default: costmodel.DEFAULT_HBM_EFFICIENCY (numbers.md: decode at ~0.7 of HBM bw)"
+SRC_VLLM_CACHE = (
+    "default: vLLM CacheConfig (block_size 16, gpu_memory_utilization 0.9) "
+    "[source: vllm-engine-config]"
+)
+SRC_MFU = "default: costmodel.DEFAULT_MFU (assumption: prefill MFU 40-60 % prior)"
+SRC_HBM = "default: costmodel.DEFAULT_HBM_EFFICIENCY (assumption: decode at ~0.7 of HBM bw)"
 SRC_OVERHEAD = "default: costmodel.DEFAULT_STEP_OVERHEAD_S (assumption: fit from ITL)"
 SRC_RESERVE = "default: costmodel.DEFAULT_ACTIVATION_RESERVE_BYTES (assumption, 2 GiB)"
-SRC_SCOPE = "default: one LMCache server per node (numbers.md, K8s DaemonSet pattern)"
+SRC_SCOPE = "default: one LMCache server per node (K8s DaemonSet) [source: lmcache-mp-docs]"
 SRC_CPU = "default: assumption (100 GB host DRAM per engine / pool)"
 SRC_RESUME = (
     "default: vLLM v1 Scheduler.schedule() appends a request whose async KV load finished "
@@ -329,3 +334,39 @@ def _engines_offload(sec: Section, offload: str, n_engines: int) -> tuple[str, .
         out.append(mode.lower())
     sec.params.append(Param(sec.key("engines_offload"), list(out), "scenario"))
     return tuple(out)
+
+
+def set_dotted(raw: Mapping[str, Any], dotted: str, value: Any) -> dict[str, Any]:
+    """A deep copy of `raw` with `dotted` (a.b.c) set to `value`.
+
+    A path whose first part is not a top-level section is looked up under `cluster`, then
+    `workload` (so `gpu_memory_utilization` means `cluster.gpu_memory_utilization`).
+    """
+    import copy
+
+    out: dict[str, Any] = copy.deepcopy(dict(raw))
+    parts = [p for p in dotted.split(".") if p]
+    if not parts:
+        raise ConfigError(f"sweep key {dotted!r} is empty")
+    if parts[0] not in TOP_LEVEL_KEYS:
+        section = "cluster" if parts[0] in CLUSTER_KEYS else "workload"
+        parts = [section, *parts]
+    node: dict[str, Any] = out
+    for part in parts[:-1]:
+        child = node.get(part)
+        if child is None:
+            child = {}
+        if not isinstance(child, dict):
+            raise ConfigError(f"sweep key {dotted!r}: {part!r} is not a mapping")
+        node[part] = child = dict(child)
+        node = child
+    node[parts[-1]] = value
+    return out
+
+
+def resolve_dotted(dotted: str) -> str:
+    """The full dotted key a (possibly bare) sweep key refers to."""
+    parts = [p for p in dotted.split(".") if p]
+    if parts and parts[0] not in TOP_LEVEL_KEYS:
+        return ("cluster." if parts[0] in CLUSTER_KEYS else "workload.") + ".".join(parts)
+    return ".".join(parts)

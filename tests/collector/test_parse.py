@@ -467,3 +467,35 @@ def test_read_exposition_repeated_identical_type_line_accepted() -> None:
     snap = read_exposition(text, "t", 0.0)
     assert snap.unknown_families == ("foo",)
     assert one(snap, "preemptions_total").value == 1.0
+
+
+# ---- one reader per thread --------------------------------------------------------------------
+
+
+def test_thread_reader_same_thread_reuses_other_thread_gets_its_own() -> None:
+    import threading
+
+    from collector.parse import thread_reader
+
+    mine = thread_reader()
+    assert thread_reader() is mine
+    seen: list[ExpositionReader] = []
+    worker = threading.Thread(target=lambda: seen.append(thread_reader()))
+    worker.start()
+    worker.join()
+    assert len(seen) == 1 and seen[0] is not mine
+
+
+def test_read_exposition_concurrent_threads_same_snapshots_as_serial() -> None:
+    """64 reads at once from 16 worker threads (as the collector's asyncio.to_thread does)
+    give exactly the snapshots one reader gives serially."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    names = sorted(p.name for p in METRICS.glob("*.txt"))
+    texts = {n: (METRICS / n).read_text() for n in names}
+    serial = {n: ExpositionReader().read(texts[n], n, 1.0) for n in names}
+    jobs = [names[i % len(names)] for i in range(64)]
+    with ThreadPoolExecutor(max_workers=16) as pool:
+        got = list(pool.map(lambda n: (n, read_exposition(texts[n], n, 1.0)), jobs))
+    for name, snap in got:
+        assert snap == serial[name], name

@@ -121,7 +121,7 @@ def test_advise_small_whatif_wires_simulation_into_evidence_and_is_seeded() -> N
     d = a.to_dict()
     json.dumps(d, allow_nan=False)
     assert d["decision"]["mode"] in ("none", "native", "lmcache", "both")
-    assert d["cost_model"]["kv_bytes_per_token"] == 131_072  # numbers.md, Llama-3.1-8B bf16
+    assert d["cost_model"]["kv_bytes_per_token"] == 131_072  # [source: hf-llama-3.1-8b-config]
     assert len(d["cost_model"]["breakeven_context_by_tier"]) >= 9
     assert "simulated, not measured" in d["simulated"]["note"]
     r7 = [r for r in d["decision"]["reasons"] if r["rule"] == "R7_measured_gain"]

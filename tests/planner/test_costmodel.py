@@ -1,4 +1,5 @@
-"""The analytic cost model against numbers.md (/work/shared/reference) and its own laws."""
+"""The analytic cost model against its published figures (planner/model/data/sources.yaml)
+and its own laws."""
 
 from __future__ import annotations
 
@@ -25,7 +26,8 @@ H100 = get_gpu("h100")
 LLAMA_8B = get_model("llama-3.1-8b")
 LLAMA_70B = get_model("llama-3.1-70b")
 
-# numbers.md, "KV cache bytes per token": (bf16 B/token, fp8 B/token)
+# KV bytes per token from the config.json shapes ([source: hf-llama-3.1-8b-config] and the
+# other hf-*-config entries): (bf16 B/token, fp8 B/token)
 KV_TABLE = {
     "llama-3.1-8b": (131_072, 65_536),
     "llama-3.1-70b": (327_680, 163_840),
@@ -36,7 +38,7 @@ KV_TABLE = {
 
 
 @pytest.mark.parametrize("name", sorted(KV_TABLE))
-def test_kv_bytes_per_token_matches_numbers_md(name: str) -> None:
+def test_kv_bytes_per_token_catalogue_model_matches_config_shape(name: str) -> None:
     bf16, fp8 = KV_TABLE[name]
     model = get_model(name)
     assert kv_bytes_per_token(model) == bf16
@@ -100,8 +102,8 @@ def test_prefill_flops_kaplan_formula() -> None:
     assert prefill_flops(LLAMA_8B, 512, 4096) > prefill_flops(LLAMA_8B, 512, 0)
 
 
-def test_prefill_tokens_per_second_llama_8b_numbers_md() -> None:
-    # numbers.md: Llama-3.1-8B TP1 bf16 at 50 % MFU ≈ 31 k tok/s
+def test_prefill_tokens_per_second_llama_8b_tp1_mfu_half_is_31k() -> None:
+    # Derived [source: kaplan-scaling-laws-2020]: Llama-3.1-8B TP1 bf16 at 50 % MFU ≈ 31 k tok/s
     rate = prefill_tokens_per_second(LLAMA_8B, H100, 1, mfu=0.5)
     assert rate == pytest.approx(31_000, rel=0.03)
     seconds = prefill_seconds(LLAMA_8B, H100, 1, 1024, mfu=0.5)
@@ -126,7 +128,8 @@ def test_prefill_seconds_cached_tokens_and_chunks() -> None:
 
 
 def test_step_seconds_decode_batch_1_llama_8b_is_weight_bound() -> None:
-    # numbers.md: decode ≈ weights / (HBM bw × 0.7) = 16 GB / (3.35 TB/s × 0.7) ≈ 6.8 ms
+    # Assumed decode efficiency 0.7: decode ≈ weights / (HBM bw × 0.7)
+    # = 16 GB / (3.35 TB/s × 0.7) ≈ 6.8 ms
     step = step_seconds(LLAMA_8B, H100, 1, prefill=[], decode_seqs=1, decode_kv_tokens=1000)
     assert step == pytest.approx(16.06e9 / (3.35e12 * 0.7), rel=0.06)
     bare = step_seconds(LLAMA_8B, H100, 1, decode_seqs=1, decode_kv_tokens=0, overhead_s=0.0)

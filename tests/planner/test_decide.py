@@ -1,4 +1,4 @@
-"""The offload decider: decision tables, measured-over-prior, health, confidence, DECIDER.md."""
+"""The offload decider: decision tables, measured-over-prior, health, decision score, DECIDER.md."""
 
 from __future__ import annotations
 
@@ -230,7 +230,7 @@ def test_decide_measured_negative_gain_overrides_prior_vote() -> None:
     d = decide(ev(**PRESSURE, native_gain=gain(-0.06, -0.09, -0.03)))
     assert d.mode == "none"
     assert "overrides the priors" in reason(d, "R7_measured_gain").text
-    assert d.confidence > prior.confidence  # measured beats priors
+    assert d.score > prior.score  # measured beats priors
 
 
 def test_decide_measured_positive_gain_overrides_short_prompt_prior() -> None:
@@ -249,8 +249,8 @@ def test_decide_gain_reason_says_where_the_gain_came_from(provenance: str) -> No
     assert r.numbers["provenance"] == provenance
     assert any(s.startswith(f"{provenance}: ") and "(native)" in s for s in d.rests_on)
     assert d.mode == "none"
-    # the same vote, the same confidence: only the wording follows the provenance
-    assert d.confidence == decide(ev(**PRESSURE, native_gain=gain(-0.06, -0.09, -0.03))).confidence
+    # the same vote, the same score: only the wording follows the provenance
+    assert d.score == decide(ev(**PRESSURE, native_gain=gain(-0.06, -0.09, -0.03))).score
 
 
 def test_gain_evidence_unknown_provenance_raises() -> None:
@@ -258,11 +258,11 @@ def test_gain_evidence_unknown_provenance_raises() -> None:
         GainEvidence(can_tell=False, provenance="guessed")
 
 
-def test_decide_gain_straddling_zero_keeps_prior_and_lowers_confidence() -> None:
+def test_decide_gain_straddling_zero_keeps_prior_and_lowers_score() -> None:
     sure = decide(ev(**PRESSURE))
     unsure = decide(ev(**PRESSURE, native_gain=gain(0.01, -0.02, 0.04)))
     assert unsure.mode == sure.mode == "native"
-    assert unsure.confidence < sure.confidence
+    assert unsure.score < sure.score
     assert "indistinguishable" in reason(unsure, "R7_measured_gain").text
 
 
@@ -369,16 +369,16 @@ def test_decide_none_reports_no_risks() -> None:
     assert decide(ev()).risks == ()
 
 
-# ---- missing evidence, confidence -----------------------------------------------------------
+# ---- missing evidence, decision score -----------------------------------------------------------
 
 
-def test_decide_missing_evidence_lowers_confidence_and_names_fields() -> None:
+def test_decide_missing_evidence_lowers_score_and_names_fields() -> None:
     full = decide(
         ev(**PRESSURE, native_gain=gain(0.1, 0.05, 0.15), lmcache_gain=gain(-0.02, -0.05, -0.01))
     )
     sparse = decide(Evidence(kv_util_p95=0.97))
-    assert full.confidence > sparse.confidence
-    assert sparse.confidence_label == "low"
+    assert full.score > sparse.score
+    assert sparse.score_label == "low"
     for name in (
         "prompt_tokens_p90",
         "cross_engine_reuse",
@@ -386,19 +386,19 @@ def test_decide_missing_evidence_lowers_confidence_and_names_fields() -> None:
         "throughput-gain fit (native)",
     ):
         assert any(u.startswith(name) for u in sparse.unknowns), name
-    assert full.confidence_label == "high"
+    assert full.score_label == "high"
 
 
-def test_decide_each_missing_field_costs_confidence() -> None:
+def test_decide_each_missing_field_costs_score() -> None:
     d_all = decide(ev(**PRESSURE))
     d_less = decide(ev(**PRESSURE, cross_engine_reuse=None))
-    assert d_less.confidence < d_all.confidence
+    assert d_less.score < d_all.score
     assert "cross_engine_reuse (prefix reuse across engines)" in d_less.unknowns
 
 
-def test_decide_empty_evidence_is_none_low_confidence() -> None:
+def test_decide_empty_evidence_is_none_low_score() -> None:
     d = decide(Evidence())
-    assert d.mode == "none" and d.confidence_label == "low"
+    assert d.mode == "none" and d.score_label == "low"
     assert "kv_util_p95 (HBM pressure)" in d.unknowns
 
 

@@ -9,7 +9,8 @@ import pytest
 
 from benchmarks.accuracy.fitsynth import H100_BF16_FLOPS, llama8b_prefill_flops, synthetic_frame
 from planner.fit.common import Interval, recorded_warnings
-from planner.fit.run import FitReport, fit_all, jsonable
+from planner.fit.run import FitReport, fit_all
+from planner.model.values import json_ready
 
 
 def test_fit_all_synthetic_cluster_runs_every_fit() -> None:
@@ -51,7 +52,7 @@ def test_fit_report_as_dict_is_strict_json() -> None:
 
 
 def test_jsonable_turns_non_finite_numbers_into_null() -> None:
-    assert jsonable(Interval(float("nan"), float("inf"), 0.9)) == {
+    assert json_ready(Interval(float("nan"), float("inf"), 0.9)) == {
         "lo": None, "hi": None, "level": 0.9}  # fmt: skip
 
 

@@ -104,7 +104,7 @@ def test_with_kv_dtype_unknown_raises() -> None:
         with_kv_dtype(get_model("qwen3-8b"), "int3")
 
 
-def test_get_tier_ranges_cover_numbers_md() -> None:
+def test_get_tier_ceph_hdd_ranges_match_published_figures() -> None:
     ceph = get_tier("ceph-hdd")
     assert ceph.read_Bps == 0.83e9
     assert ceph.read_bounds == (0.1e9, 0.83e9)

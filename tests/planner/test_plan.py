@@ -24,7 +24,8 @@ from planner.decide.decision import RULE_IDS
 from planner.fit.gain import fit_gain
 from planner.fit.preempt import fit_preemption
 from planner.model.hardware import get_gpu, get_model
-from planner.plan.build import NoData, Plan, build_plan, lmcache_up_fraction
+from planner.plan import NoData, Plan, build_plan
+from planner.plan.build import lmcache_up_fraction
 from planner.plan.fits import Hardware
 from planner.plan.forecast import kv_capacity
 from tests.planner.synthstore import (
@@ -324,8 +325,8 @@ def test_observe_lmcache_server_source_counts_for_lmcache_mode() -> None:
     assert happening["by_mode"]["lmcache"]["lmcache_hit_ratio"] == pytest.approx(0.25)
     assert happening["by_mode"]["none"]["lmcache_hit_ratio"] is None
     assert happening["hit_ratios"]["lmcache"]["ratio"] == pytest.approx(0.25)
-    assert ev["engines"] == 2 and ev["current_mode"] == "lmcache"
-    assert (ev["kv_util_p50"], happening["kv_util"]["max"]) == (pytest.approx(0.7), 1.0)
+    assert ev.engines == 2 and ev.current_mode == "lmcache"
+    assert ev.kv_util_p50 == pytest.approx(0.7) and happening["kv_util"]["max"] == 1.0
 
 
 def test_run_fits_one_refused_fit_leaves_the_others_standing() -> None:

@@ -20,7 +20,8 @@ import pytest
 from collector.errors import ConfigError
 from collector.store import Store
 from planner.fit.preempt import fit_preemption
-from planner.plan.build import Plan, build_plan, json_safe
+from planner.model.values import json_ready
+from planner.plan import Plan, build_plan
 from planner.plan.fits import FIT_NAMES
 from planner.report.plan_text import summary_text
 from tests.planner.groupstore import BIG, SMALL, fill_two_models
@@ -175,7 +176,7 @@ def test_plan_one_model_store_output_has_no_groups(tmp_path: Path) -> None:
     assert "Model groups" not in summary_text(d) and "model group" not in summary_text(d)
     # one group: the decision, sizing and configs stay at the top level, as before groups
     assert set(d) == TOP_KEYS and plain.decision is not None
-    assert d["decision"]["mode"] in MODES and d["decision"] == json_safe(plain.decision.to_dict())
+    assert d["decision"]["mode"] in MODES and d["decision"] == json_ready(plain.decision.to_dict())
     assert isinstance(d["sizing"], dict) and isinstance(d["configs"], dict)
     assert any(b.startswith("decision: rules") for b in d["basis"])
     assert f"Decision: {plain.decision.mode.upper()}" in summary_text(d)

@@ -13,7 +13,7 @@ import pytest
 
 from collector.store import Store
 from planner.forecast.saturation import rule_of_three
-from planner.plan.build import build_plan
+from planner.plan import build_plan
 from planner.report.plan_text import summary_text
 from tests.planner.synthstore import fill_store, shifted_frame, sqlite_url
 

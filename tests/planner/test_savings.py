@@ -1,4 +1,4 @@
-"""Savings of a shared prefix per tenant: the seed exercise checked against the cost model."""
+"""Savings of a shared prefix per tenant, checked against the cost model."""
 
 from __future__ import annotations
 
@@ -9,12 +9,12 @@ from planner.model.costmodel import prefill_seconds, tier_read_seconds
 from planner.model.hardware import get_gpu, get_model, get_tier
 from planner.model.savings import prefix_savings
 
-# Seed exercise: a 6 K-token system prompt shared by 200 queries per hour.
+# A tenant's 6 K-token system prompt shared by 200 queries per hour.
 PREFIX, QPH, PRICE = 6000, 200, 3.0
 
 
 @pytest.mark.parametrize(("model_name", "tp"), [("llama-3.1-8b", 1), ("llama-3.1-70b", 4)])
-def test_prefix_savings_seed_matches_cost_model(model_name: str, tp: int) -> None:
+def test_prefix_savings_6k_prefix_200_qph_matches_cost_model(model_name: str, tp: int) -> None:
     model, gpu, tier = get_model(model_name), get_gpu("h100"), get_tier("cpu-dram-pcie")
     s = prefix_savings(model_name, "h100", tp, PREFIX, QPH, PRICE, "cpu-dram-pcie")
     prefill = prefill_seconds(model, gpu, tp, PREFIX, mfu=0.5)
@@ -30,7 +30,7 @@ def test_prefix_savings_seed_matches_cost_model(model_name: str, tp: int) -> Non
     assert len(s.assumptions) >= 4
 
 
-def test_prefix_savings_seed_8b_ballpark() -> None:
+def test_prefix_savings_6k_prefix_8b_ballpark() -> None:
     s = prefix_savings("llama-3.1-8b", "h100", 1, PREFIX, QPH, PRICE, "cpu-dram-pcie")
     # 2·8.03e9·6000 + 4·32·32·128·6000·6001/2 ≈ 1.06e14 FLOP at 50 % of 989 TFLOP/s ≈ 0.21 s;
     # 6000 · 131,072 B = 0.79 GB over 50 GB/s ≈ 16 ms.
@@ -57,6 +57,15 @@ def test_prefix_savings_slow_tier_does_not_pay() -> None:
 def test_prefix_savings_single_query_saves_nothing() -> None:
     s = prefix_savings("llama-3.1-8b", "h100", 1, PREFIX, 1, PRICE, "cpu-dram-pcie")
     assert s.saved_gpu_seconds_per_hour == 0 and "nothing to save" in s.verdict
+
+
+def test_prefix_savings_no_price_gpu_seconds_only() -> None:
+    priced = prefix_savings("llama-3.1-8b", "h100", 1, PREFIX, QPH, PRICE, "cpu-dram-pcie")
+    s = prefix_savings("llama-3.1-8b", "h100", 1, PREFIX, QPH, None, "cpu-dram-pcie")
+    assert s.saved_cost_per_hour is None
+    assert s.saved_gpu_seconds_per_hour == priced.saved_gpu_seconds_per_hour
+    assert s.verdict == f"caching saves {s.saved_gpu_seconds_per_hour:,.0f} GPU-s/h"
+    assert any("no GPU price given" in a for a in s.assumptions)
 
 
 @pytest.mark.parametrize(

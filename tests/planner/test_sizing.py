@@ -16,7 +16,7 @@ from planner.model.costmodel import hbm_kv_capacity_tokens, kv_bytes_per_token
 from planner.model.hardware import get_gpu, get_model
 
 GIB = 1024**3
-KV_8B = 131_072  # bytes per token, Llama-3.1-8B bf16 (numbers.md)
+KV_8B = 131_072  # bytes per token, Llama-3.1-8B bf16 [source: hf-llama-3.1-8b-config]
 BASE: dict[str, Any] = {
     "model": "llama-3.1-8b",
     "gpu": "h100",

@@ -8,7 +8,6 @@ reconciliation, the evidence) -> planner.decide.evidence.Evidence -> planner.dep
 from __future__ import annotations
 
 import math
-from typing import Any
 
 import numpy as np
 import pytest
@@ -57,8 +56,7 @@ def plan_forecasts(ws: list[Window]) -> ForecastRun:
 
 
 def evidence_of(run: ForecastRun) -> Evidence:
-    fields: dict[str, Any] = {k: v for k, v in run.evidence.items() if not k.startswith("_")}
-    return Evidence(engines=len(SOURCES), **fields)
+    return run.evidence.apply(Evidence(engines=len(SOURCES)))
 
 
 NONE = Decision("none", 0.8, "high", (), (), (), (), True, None)

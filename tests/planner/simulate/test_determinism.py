@@ -13,9 +13,7 @@ from typing import Any
 import yaml
 
 from planner.simulate.cluster import Simulation
-from planner.simulate.results import SimResult
-from planner.simulate.scenario import parse_scenario
-from planner.simulate.spec import set_dotted
+from planner.simulate.scenario import parse_scenario, set_dotted
 
 RAW: dict[str, Any] = {
     "cluster": {"nodes": 2, "gpus_per_node": 2, "model": "llama-3.1-8b", "num_gpu_blocks": 3000,
@@ -32,7 +30,6 @@ RAW: dict[str, Any] = {
 
 def _json(raw: dict[str, Any]) -> dict[str, Any]:
     result = Simulation(parse_scenario(raw)).run()
-    assert isinstance(result, SimResult)
     out = result.to_dict()
     out.pop("wall_s")
     return out

@@ -9,8 +9,7 @@ import pytest
 
 from planner.simulate.cluster import Simulation
 from planner.simulate.engine import Engine
-from planner.simulate.scenario import parse_scenario
-from planner.simulate.spec import set_dotted
+from planner.simulate.scenario import parse_scenario, set_dotted
 
 PRESSURE: dict[str, Any] = {
     "cluster": {"nodes": 1, "gpus_per_node": 2, "model": "llama-3.1-8b", "num_gpu_blocks": 2500},

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from planner.simulate.compare import Sweep, compare
-from planner.simulate.spec import set_dotted
+from planner.simulate.scenario import set_dotted
 
 FITS: dict[str, Any] = {
     "cluster": {"nodes": 1, "gpus_per_node": 1, "model": "llama-3.1-8b", "cpu_cache_gb": 50},

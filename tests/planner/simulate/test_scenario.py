@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 
 from collector.errors import ConfigError
-from planner.simulate.scenario import load_scenario, parse_scenario
-from planner.simulate.spec import resolve_dotted, set_dotted
+from planner.simulate.scenario import load_scenario, parse_scenario, resolve_dotted, set_dotted
+from planner.simulate.scenarios import bundled_names, scenario_file
 
 BASE: dict[str, Any] = {
     "cluster": {"nodes": 1, "gpus_per_node": 2, "model": "llama-3.1-8b", "gpu": "h100-80gb"},
@@ -134,7 +134,7 @@ def test_parse_scenario_kv_capacity_follows_memory_utilization() -> None:
 def test_parse_scenario_tp_divides_kv_bytes_per_gpu() -> None:
     tp1 = parse_scenario(_with("cluster.tensor_parallel", 1)).cluster
     tp2 = parse_scenario(_with("cluster.tensor_parallel", 2)).cluster
-    assert tp1.kv_bytes_per_token_gpu == 131_072  # numbers.md: Llama-3.1-8B bf16
+    assert tp1.kv_bytes_per_token_gpu == 131_072  # [source: hf-llama-3.1-8b-config]
     assert tp2.kv_bytes_per_token_gpu == 65_536
     assert tp2.kv_bytes_per_token_engine == 131_072
     assert tp2.num_engines == 1
@@ -155,12 +155,12 @@ def test_load_scenario_missing_file_and_bad_yaml(tmp_path: Path) -> None:
         load_scenario(bad)
 
 
-def test_example_scenarios_all_parse() -> None:
-    root = Path(__file__).resolve().parents[3] / "examples" / "scenarios"
-    files = sorted(root.glob("*.yaml"))
-    assert files
-    for path in files:
-        load_scenario(path)
+def test_bundled_scenarios_all_parse() -> None:
+    names = bundled_names()
+    assert "demo" in names and "shared_prefix" in names
+    for name in names:
+        with scenario_file(name) as path:
+            load_scenario(path)
 
 
 def test_set_dotted_bare_key_goes_to_cluster_or_workload() -> None:

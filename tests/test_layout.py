@@ -1,0 +1,214 @@
+"""The direction of the whole tree, read from the AST (every import counts: module level,
+inside functions, under ``if TYPE_CHECKING``), and the size of planner/'s top level.
+
+The rules (ARCHITECTURE: collector -> store -> planner -> api/dashboards, kvscope wires them):
+- collector imports nothing of ours but collector;
+- planner imports collector only through its public modules (COLLECTOR_PUBLIC);
+- planner.simulate imports only planner.model, planner.simulate, collector.catalog and the
+  exception tree (collector.errors);
+- api/ and dashboards/ import the planner through its sub-packages' faces (``planner.fit``,
+  not ``planner.fit.gain``) and collector through its public modules;
+- kvscope/ may import anything; nothing imports kvscope/;
+- no import runs in a circle. Importing ``a.b.c`` runs ``a/__init__`` and ``a/b/__init__``
+  first, so each import also counts as an import of the target's parent packages.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+OURS = ("collector", "planner", "dashboards", "api", "kvscope")
+COLLECTOR_PUBLIC = frozenset(
+    {
+        "collector.catalog",
+        "collector.errors",
+        "collector.records",
+        "collector.parse",
+        "collector.rollup",
+        "collector.store",
+        "collector.store_frame",
+        "collector.models",
+    }
+)
+PLANNER_TOP_LIMIT = 12
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def _modules() -> dict[str, Path]:
+    found: dict[str, Path] = {}
+    for pkg in OURS:
+        for path in sorted((ROOT / pkg).rglob("*.py")):
+            found[_module_name(path)] = path
+    return found
+
+
+MODULES = _modules()
+
+
+def _resolve(importer: str, is_pkg: bool, node: ast.ImportFrom) -> str:
+    if not node.level:
+        return node.module or ""
+    base = importer.split(".")
+    if not is_pkg:
+        base = base[:-1]
+    base = base[: len(base) - node.level + 1]
+    return ".".join([*base, *([node.module] if node.module else [])])
+
+
+def _imports(name: str, path: Path) -> Iterator[tuple[str, int]]:
+    """(imported module of ours, line) for every import statement in the file."""
+    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    is_pkg = path.name == "__init__.py"
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name.split(".")[0] in OURS:
+                    yield alias.name, node.lineno
+        elif isinstance(node, ast.ImportFrom):
+            mod = _resolve(name, is_pkg, node)
+            if mod.split(".")[0] not in OURS:
+                continue
+            for alias in node.names:
+                sub = f"{mod}.{alias.name}"
+                # `from pkg import submodule` imports the submodule; `from mod import name`, mod
+                yield (sub if sub in MODULES else mod), node.lineno
+
+
+def _edges() -> dict[str, set[str]]:
+    graph: dict[str, set[str]] = {m: set() for m in MODULES}
+    for name, path in MODULES.items():
+        own = {".".join(name.split(".")[:i]) for i in range(1, name.count(".") + 1)}
+        for target, _ in _imports(name, path):
+            parts = target.split(".")
+            for i in range(1, len(parts) + 1):
+                dep = ".".join(parts[:i])
+                if dep in MODULES and dep != name and dep not in own:
+                    graph[name].add(dep)
+    return graph
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components with more than one module (Tarjan, iterative)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on: set[str] = set()
+    out: list[list[str]] = []
+    counter = 0
+    for root in sorted(graph):
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph[root])))]
+        index[root] = low[root] = counter
+        counter += 1
+        stack.append(root)
+        on.add(root)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is None:
+                work.pop()
+                if work:
+                    low[work[-1][0]] = min(low[work[-1][0]], low[node])
+                if low[node] == index[node]:
+                    comp = []
+                    while True:
+                        top = stack.pop()
+                        on.discard(top)
+                        comp.append(top)
+                        if top == node:
+                            break
+                    if len(comp) > 1:
+                        out.append(sorted(comp))
+            elif child not in index:
+                index[child] = low[child] = counter
+                counter += 1
+                stack.append(child)
+                on.add(child)
+                work.append((child, iter(sorted(graph[child]))))
+            elif child in on:
+                low[node] = min(low[node], index[child])
+    return out
+
+
+def _violations() -> list[str]:
+    bad: list[str] = []
+    for name, path in MODULES.items():
+        top = name.split(".")[0]
+        where = f"{path.relative_to(ROOT)}"
+        for target, line in _imports(name, path):
+            ttop = target.split(".")[0]
+            at = f"{where}:{line} imports {target}"
+            if ttop == "kvscope" and top != "kvscope":
+                bad.append(f"{at}: nothing imports kvscope/ (the composition root)")
+            if top == "collector" and ttop != "collector":
+                bad.append(f"{at}: collector imports nothing of ours but collector")
+            if top in ("planner", "api", "dashboards") and ttop == "collector":
+                mod = target if target in MODULES else target.rsplit(".", 1)[0]
+                if mod != "collector" and mod not in COLLECTOR_PUBLIC:
+                    bad.append(f"{at}: not one of collector's public modules")
+            if top == "planner" and ttop in ("api", "dashboards"):
+                bad.append(f"{at}: the planner does not import its consumers")
+            if name.startswith("planner.simulate"):
+                allowed = ("planner.model", "planner.simulate", "collector.catalog",
+                           "collector.errors")  # fmt: skip
+                if not any(target == a or target.startswith(a + ".") for a in allowed):
+                    bad.append(f"{at}: planner.simulate imports only planner.model and "
+                               "collector.catalog (and the exception tree)")  # fmt: skip
+            if top in ("api", "dashboards") and ttop == "planner" and target.count(".") != 1:
+                bad.append(f"{at}: use the sub-package's public face (planner.<sub>)")
+    return bad
+
+
+def test_layout_import_rules_hold_for_every_module() -> None:
+    assert MODULES, "no modules found"
+    assert _violations() == []
+
+
+def test_layout_no_import_cycle_anywhere() -> None:
+    cycles = _cycles(_edges())
+    assert cycles == [], "import cycles: " + "; ".join(" <-> ".join(c) for c in cycles)
+
+
+def test_layout_planner_top_level_is_small_and_packaged() -> None:
+    entries = sorted(p.name for p in (ROOT / "planner").iterdir() if p.name != "__pycache__")
+    assert len(entries) <= PLANNER_TOP_LIMIT, entries
+    for entry in entries:
+        sub = ROOT / "planner" / entry
+        assert entry == "__init__.py" or (sub / "__init__.py").is_file(), entry
+        if sub.is_dir():
+            doc = ast.get_docstring(ast.parse((sub / "__init__.py").read_text(encoding="utf-8")))
+            assert doc, f"planner/{entry}/__init__.py names no public face"
+
+
+@pytest.mark.parametrize(
+    ("graph", "expected"),
+    [
+        ({"a": {"b"}, "b": set()}, []),
+        ({"a": {"b"}, "b": {"a"}}, [["a", "b"]]),
+        ({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}, [["a", "b", "c"]]),
+    ],
+)
+def test_layout_cycle_finder_finds_known_cycles(
+    graph: dict[str, set[str]], expected: list[list[str]]
+) -> None:
+    assert _cycles(graph) == expected
+
+
+def test_layout_edges_count_function_level_and_parent_package_imports() -> None:
+    graph = _edges()
+    # planner.plan.build imports collector.store inside a function (or under TYPE_CHECKING)
+    assert "collector.store" in graph["planner.plan.build"]
+    # importing planner.model.costmodel also runs planner/model/__init__.py
+    assert "planner.model" in graph["planner.simulate.engine"]
