@@ -21,6 +21,7 @@ from collector.models import (
     ClusterRow,
     EngineRecord,
     EngineRow,
+    PlanRow,
     ScrapeOutcomeRow,
     TargetRecord,
     TargetRow,
@@ -232,7 +233,7 @@ class Inventory:
     def stats(self) -> dict[str, Any]:
         """Row counts per table, the windows' time range and window counts per signal."""
         self._require_schema()
-        tables = (ClusterRow, EngineRow, TargetRow, ScrapeOutcomeRow, WindowRow)
+        tables = (ClusterRow, EngineRow, TargetRow, ScrapeOutcomeRow, WindowRow, PlanRow)
         w = WindowRow
         with self._tx("reading statistics") as conn:
             counts = {

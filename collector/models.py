@@ -29,7 +29,7 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 from collector.records import Labels
 
 # Bump when the schema changes and add the step to store.MIGRATIONS.
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 OFFLOAD_MODES = ("none", "native", "lmcache")
 TARGET_KINDS = ("vllm", "lmcache", "prometheus")
@@ -139,6 +139,68 @@ class WindowRow(Base):
     sum_delta: Mapped[float | None] = mapped_column(Double)
 
 
+# The headline figures of a stored plan, one column each (None: the plan could not tell).
+# Kept as columns so history, the closed loop and /metrics read them without parsing JSON.
+PLAN_HEADLINE = (
+    "score",
+    "breakeven_native", "breakeven_native_lo", "breakeven_native_hi",
+    "breakeven_lmcache", "breakeven_lmcache_lo", "breakeven_lmcache_hi",
+    "gain_native_now", "gain_native_now_lo", "gain_native_now_hi",
+    "gain_lmcache_now", "gain_lmcache_now_lo", "gain_lmcache_now_hi",
+    "kv_util_now",
+    "forecast_peak", "forecast_peak_lo", "forecast_peak_hi",
+    "kv_capacity",
+    "saturation_s", "saturation_lo_s", "saturation_hi_s",
+    "p_saturation",
+)  # fmt: skip
+
+
+class PlanRow(Base):
+    """One stored plan (`kvscope plan --save`): unique on (cluster, group, window range), so
+    re-planning the same history replaces the row instead of adding one."""
+
+    __tablename__ = "plans"
+    __table_args__ = (
+        UniqueConstraint(
+            "cluster_id", "group_name", "window_from", "window_until", name="uq_plans_window"
+        ),
+        Index("ix_plans_cluster_created", "cluster_id", "created_at"),
+    )
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    cluster_id: Mapped[int] = mapped_column(ForeignKey("clusters.id"), nullable=False)
+    group_name: Mapped[str] = mapped_column(String(500), nullable=False, default="")
+    created_at: Mapped[float] = mapped_column(Double, nullable=False)
+    window_from: Mapped[float] = mapped_column(Double, nullable=False)
+    window_until: Mapped[float] = mapped_column(Double, nullable=False)
+    horizon_s: Mapped[float] = mapped_column(Double, nullable=False)
+    version: Mapped[str] = mapped_column(String(64), nullable=False)
+    mode: Mapped[str | None] = mapped_column(String(16))
+    document: Mapped[dict[str, Any]] = mapped_column(JSON, nullable=False)
+    score: Mapped[float | None] = mapped_column(Double)
+    breakeven_native: Mapped[float | None] = mapped_column(Double)
+    breakeven_native_lo: Mapped[float | None] = mapped_column(Double)
+    breakeven_native_hi: Mapped[float | None] = mapped_column(Double)
+    breakeven_lmcache: Mapped[float | None] = mapped_column(Double)
+    breakeven_lmcache_lo: Mapped[float | None] = mapped_column(Double)
+    breakeven_lmcache_hi: Mapped[float | None] = mapped_column(Double)
+    gain_native_now: Mapped[float | None] = mapped_column(Double)
+    gain_native_now_lo: Mapped[float | None] = mapped_column(Double)
+    gain_native_now_hi: Mapped[float | None] = mapped_column(Double)
+    gain_lmcache_now: Mapped[float | None] = mapped_column(Double)
+    gain_lmcache_now_lo: Mapped[float | None] = mapped_column(Double)
+    gain_lmcache_now_hi: Mapped[float | None] = mapped_column(Double)
+    kv_util_now: Mapped[float | None] = mapped_column(Double)
+    forecast_peak: Mapped[float | None] = mapped_column(Double)
+    forecast_peak_lo: Mapped[float | None] = mapped_column(Double)
+    forecast_peak_hi: Mapped[float | None] = mapped_column(Double)
+    kv_capacity: Mapped[float | None] = mapped_column(Double)
+    saturation_s: Mapped[float | None] = mapped_column(Double)
+    saturation_lo_s: Mapped[float | None] = mapped_column(Double)
+    saturation_hi_s: Mapped[float | None] = mapped_column(Double)
+    p_saturation: Mapped[float | None] = mapped_column(Double)
+
+
 # The Window fields written as-is (everything but the identity columns).
 WINDOW_VALUE_COLUMNS = (
     "signal",
@@ -193,3 +255,26 @@ class TargetRecord:
     url: str
     kind: str
     cluster: str
+
+
+@dataclass(frozen=True, slots=True)
+class PlanRecord:
+    """One plan as the store keeps it (Store.save_plan / latest_plan / plans).
+
+    ``group`` is the model group planned ("" for the whole cluster); ``window_from`` /
+    ``window_until`` the history it used (epoch s); ``document`` the `kvscope plan --json`
+    object; ``headline`` its figures by PLAN_HEADLINE name (missing or None: unknown);
+    ``mode`` the decided mode (None: decided per group). ``id`` is set by the store.
+    """
+
+    cluster: str
+    group: str
+    created_at: float
+    window_from: float
+    window_until: float
+    horizon_s: float
+    version: str
+    mode: str | None
+    document: Mapping[str, Any]
+    headline: Mapping[str, float | None] = field(default_factory=dict)
+    id: int | None = None

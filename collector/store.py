@@ -43,18 +43,22 @@ from collector.models import (
     WINDOW_VALUE_COLUMNS,
     Base,
     EngineRecord,
+    PlanRecord,
     SchemaVersionRow,
     TargetRecord,
     WindowRow,
     labels_json,
     series_key,
 )
+from collector.plans import PlanStore
 from collector.records import Labels, Window
 from collector.store_frame import FrameReader, window_filters
 
 # Upgrade steps: MIGRATIONS[n] turns schema version n into n + 1, inside migrate()'s one
 # transaction and after create_all() has added any new table (steps alter existing tables).
-MIGRATIONS: dict[int, Callable[[Connection], None]] = {}
+MIGRATIONS: dict[int, Callable[[Connection], None]] = {
+    1: lambda _conn: None,  # 1 -> 2: the plans table, which create_all() has just added
+}
 _PG_MIGRATE_LOCK = 0x6B7673636F7065  # pg_advisory_xact_lock key ("kvscope")
 _WINDOW_KEY = ("source", "series_key", "start")
 _WINDOW_COLUMNS = ("source", "signal", "labels", "series_key", "start", *WINDOW_VALUE_COLUMNS[2:])
@@ -66,7 +70,7 @@ _STAGING_DDL = (
 _STAGING_COPY = f"COPY {_STAGING} ({', '.join(_WINDOW_COLUMNS)}) FROM STDIN"
 
 
-__all__ = ["MIGRATIONS", "EngineRecord", "Store", "TargetRecord", "redact"]
+__all__ = ["MIGRATIONS", "EngineRecord", "PlanRecord", "Store", "TargetRecord", "redact"]
 
 
 def redact(url: str) -> str:
@@ -77,7 +81,7 @@ def redact(url: str) -> str:
         return re.sub(r"(://[^:/@]*:)[^@]*@", r"\1***@", url)
 
 
-class Store(Inventory, FrameReader):
+class Store(Inventory, PlanStore, FrameReader):
     """kvscope's SQL store; see the module docstring. Use as a context manager or call close()."""
 
     def __init__(self, url: str, *, batch_size: int = 5_000) -> None:

@@ -14,6 +14,7 @@ from typing import Any
 import pandas as pd
 import psycopg
 import pytest
+import sqlalchemy
 
 from collector.errors import ConfigError, StoreError
 from collector.models import SCHEMA_VERSION
@@ -171,18 +172,32 @@ def test_schema_older_refused_then_upgraded_by_migrate(
     with Store(db_url) as s:
         s.migrate()
         s.write_windows([win()])
-    _set_version(db_url, SCHEMA_VERSION - 1)
+    _set_version(db_url, 0)  # no step turns version 0 into 1
     with Store(db_url) as s:
         with pytest.raises(StoreError, match="older than"):
             s.read_windows()
-        with pytest.raises(StoreError, match="no upgrade path"):
+        with pytest.raises(StoreError, match="no upgrade path from schema version 0"):
             s.migrate()
     steps: list[int] = []
-    monkeypatch.setitem(MIGRATIONS, SCHEMA_VERSION - 1, lambda conn: steps.append(1))
+    monkeypatch.setitem(MIGRATIONS, 0, lambda conn: steps.append(0))
     with Store(db_url) as s:
         assert s.migrate() == SCHEMA_VERSION
-        assert steps == [1]
+        assert steps == [0]
         assert s.read_windows() == [win()]  # data kept across the upgrade
+
+
+def test_schema_1_without_plans_table_upgraded_keeps_windows(db_url: str) -> None:
+    with Store(db_url) as s:
+        s.migrate()
+        s.write_windows([win()])
+    engine = sqlalchemy.create_engine(db_url)
+    with engine.begin() as conn:
+        conn.execute(sqlalchemy.text("DROP TABLE plans"))
+    engine.dispose()
+    _set_version(db_url, 1)
+    with Store(db_url) as s:
+        assert s.migrate() == SCHEMA_VERSION == 2
+        assert s.read_windows() == [win()] and s.plans() == []
 
 
 def test_unmigrated_database_refused_with_hint(db_url: str) -> None:

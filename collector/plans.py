@@ -1,0 +1,139 @@
+"""Stored plans (the ``plans`` table): save one, read the latest, read the history.
+
+The planner makes plans; the store keeps them opaque (the JSON document) beside the headline
+figures as columns (collector.models.PLAN_HEADLINE), so the history, the closed loop and
+kvscope's own /metrics read numbers without parsing documents. A plan is unique on (cluster,
+group, window range): saving a plan of the same history again replaces it.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from sqlalchemy import Connection, select
+
+from collector.errors import ConfigError
+from collector.models import PLAN_HEADLINE, ClusterRow, PlanRecord, PlanRow
+
+if TYPE_CHECKING:
+    from contextlib import AbstractContextManager
+
+_PLAN_COLUMNS = ("created_at", "horizon_s", "version", "mode", "document", *PLAN_HEADLINE)
+_READ_COLUMNS = ("id", "group_name", "window_from", "window_until", *_PLAN_COLUMNS)
+
+
+def _number(value: Any, name: str) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ConfigError(f"plan headline {name!r} must be a number or None, got {value!r}")
+    return float(value) if math.isfinite(value) else None
+
+
+class PlanStore:
+    """Plans (mixed into Store)."""
+
+    if TYPE_CHECKING:
+        _insert: Any
+
+        def _require_schema(self) -> None: ...
+        def _tx(self, what: str, *, write: bool = False) -> AbstractContextManager[Connection]: ...
+        def _cluster_id(self, conn: Connection, name: str) -> int: ...
+
+    def save_plan(self, plan: PlanRecord) -> int:
+        """Insert or replace the plan of (cluster, group, window range); return its id."""
+        unknown = sorted(set(plan.headline) - set(PLAN_HEADLINE))
+        if unknown:
+            raise ConfigError(f"plan headline: unknown field(s) {', '.join(unknown)}")
+        if not (plan.window_from <= plan.window_until):
+            raise ConfigError(
+                f"plan window: from {plan.window_from} is after until {plan.window_until}"
+            )
+        headline = {k: _number(plan.headline.get(k), k) for k in PLAN_HEADLINE}
+        self._require_schema()
+        with self._tx(f"saving a plan of cluster {plan.cluster}", write=True) as conn:
+            values: dict[str, Any] = {
+                "cluster_id": self._cluster_id(conn, plan.cluster),
+                "group_name": plan.group,
+                "window_from": plan.window_from,
+                "window_until": plan.window_until,
+                "created_at": plan.created_at,
+                "horizon_s": plan.horizon_s,
+                "version": plan.version,
+                "mode": plan.mode,
+                "document": dict(plan.document),
+                **headline,
+            }
+            stmt = self._insert(PlanRow.__table__).values(**values)
+            conn.execute(
+                stmt.on_conflict_do_update(
+                    index_elements=["cluster_id", "group_name", "window_from", "window_until"],
+                    set_={k: stmt.excluded[k] for k in _PLAN_COLUMNS},
+                )
+            )
+            key = (
+                PlanRow.group_name == plan.group,
+                PlanRow.window_from == plan.window_from,
+                PlanRow.window_until == plan.window_until,
+                PlanRow.cluster_id == values["cluster_id"],
+            )
+            return int(conn.execute(select(PlanRow.id).where(*key)).scalar_one())
+
+    def plans(
+        self,
+        cluster: str | None = None,
+        group: str | None = None,
+        *,
+        since: float | None = None,
+        limit: int = 1000,
+    ) -> list[PlanRecord]:
+        """Stored plans, newest first (by created_at, then id); ``since``: created at or
+        after (epoch s); ``group`` "" is the whole-cluster plan, None any group."""
+        if limit < 1:
+            raise ConfigError(f"limit must be >= 1, got {limit}")
+        self._require_schema()
+        p, c = PlanRow, ClusterRow
+        query = select(*(p.__table__.c[k] for k in _READ_COLUMNS), c.name).join(
+            c, c.id == p.cluster_id
+        )
+        if cluster is not None:
+            query = query.where(c.name == cluster)
+        if group is not None:
+            query = query.where(p.group_name == group)
+        if since is not None:
+            query = query.where(p.created_at >= since)
+        query = query.order_by(p.created_at.desc(), p.id.desc()).limit(limit)
+        with self._tx("reading plans") as conn:
+            rows = conn.execute(query).all()
+        return [_record(dict(zip(_READ_COLUMNS, row[:-1], strict=True)), row[-1]) for row in rows]
+
+    def latest_plan(self, cluster: str, group: str = "") -> PlanRecord | None:
+        """The newest stored plan of the cluster (and group), or None."""
+        found = self.plans(cluster, group, limit=1)
+        return found[0] if found else None
+
+    def clusters(self) -> list[str]:
+        """Every registered cluster, by name."""
+        self._require_schema()
+        with self._tx("reading clusters") as conn:
+            names = conn.execute(select(ClusterRow.name).order_by(ClusterRow.name)).scalars()
+            return [str(n) for n in names]
+
+
+def _record(row: Mapping[str, Any], cluster: str) -> PlanRecord:
+    headline: Mapping[str, float | None] = {k: row[k] for k in PLAN_HEADLINE}
+    return PlanRecord(
+        cluster=cluster,
+        group=row["group_name"],
+        created_at=row["created_at"],
+        window_from=row["window_from"],
+        window_until=row["window_until"],
+        horizon_s=row["horizon_s"],
+        version=row["version"],
+        mode=row["mode"],
+        document=row["document"],
+        headline=headline,
+        id=row["id"],
+    )

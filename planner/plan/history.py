@@ -1,0 +1,80 @@
+"""A plan as the store keeps it: its headline figures (collector.models.PLAN_HEADLINE) and
+the PlanRecord `kvscope plan --save` writes, one per model group when there are several.
+
+The headline is read from the plan's typed records (Evidence, Decision), never re-parsed from
+its JSON; a figure the plan could not give is None.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from collector.errors import ConfigError
+from collector.models import PlanRecord
+from planner.decide.evidence import GainEvidence, ValueCI
+from planner.model.values import finite
+from planner.plan.record import Plan
+
+__all__ = ["headline", "plan_records"]
+
+
+def _ci(prefix: str, v: ValueCI | None, lo: str = "_lo", hi: str = "_hi") -> dict[str, Any]:
+    if v is None:
+        return {prefix: None, prefix + lo: None, prefix + hi: None}
+    return {prefix: finite(v.estimate), prefix + lo: finite(v.lo), prefix + hi: finite(v.hi)}
+
+
+def _gain(mode: str, g: GainEvidence | None) -> dict[str, Any]:
+    told = g is not None and g.can_tell
+    return {
+        **_ci(f"breakeven_{mode}", g.breakeven_util if told and g else None),
+        **_ci(f"gain_{mode}_now", g.gain if told and g else None),
+    }
+
+
+def headline(plan: Plan) -> dict[str, float | None]:
+    """The figures stored as columns beside the plan's JSON (None: the plan could not tell)."""
+    ev = plan.evidence
+    kv = plan.forecast.get("kv_demand") or {}
+    saturation = ev.time_to_saturation_s
+    return {
+        "score": plan.decision.score if plan.decision else None,
+        **_gain("native", ev.native_gain),
+        **_gain("lmcache", ev.lmcache_gain),
+        "kv_util_now": finite(ev.kv_util_p50),
+        **_ci("forecast_peak", ev.demand_peak),
+        "kv_capacity": finite(kv.get("capacity_total")),
+        "saturation_s": finite(saturation.estimate) if saturation else None,
+        "saturation_lo_s": finite(saturation.lo) if saturation else None,
+        "saturation_hi_s": finite(saturation.hi) if saturation else None,
+        "p_saturation": finite(kv.get("saturation_probability")),
+    }
+
+
+def plan_records(
+    plan: Plan, *, cluster: str, version: str, created_at: float
+) -> list[PlanRecord]:
+    """The records of a plan of ``cluster``: the cluster's (group ""), and each model group's
+    when the plan was made per group (its ``groups``); a plan of one ``--group`` is stored
+    under that name."""
+    if plan.cluster not in (None, cluster):
+        raise ConfigError(f"a plan of cluster {plan.cluster!r} stored as {cluster!r}")
+
+    def one(p: Plan, group: str) -> PlanRecord:
+        window = plan.window
+        return PlanRecord(
+            cluster=cluster,
+            group=group,
+            created_at=created_at,
+            window_from=float(window["first"]),
+            window_until=float(window["last"]),
+            horizon_s=float(p.forecast.get("horizon_s") or 0.0),
+            version=version,
+            mode=p.decision.mode if p.decision else None,
+            document=p.to_dict(),
+            headline=headline(p),
+        )
+
+    records = [one(plan, plan.group or "")]
+    records += [one(g.plan, g.name) for g in plan.groups]
+    return records
