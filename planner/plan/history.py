@@ -51,9 +51,7 @@ def headline(plan: Plan) -> dict[str, float | None]:
     }
 
 
-def plan_records(
-    plan: Plan, *, cluster: str, version: str, created_at: float
-) -> list[PlanRecord]:
+def plan_records(plan: Plan, *, cluster: str, version: str, created_at: float) -> list[PlanRecord]:
     """The records of a plan of ``cluster``: the cluster's (group ""), and each model group's
     when the plan was made per group (its ``groups``); a plan of one ``--group`` is stored
     under that name."""
