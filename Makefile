@@ -5,10 +5,10 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 # Debian packages the tests start for real (Prometheus, promtool, Alertmanager,
-# PostgreSQL 15, docker-compose for `config -q`).
-APT_PACKAGES := prometheus prometheus-alertmanager postgresql-15 docker-compose
+# PostgreSQL 15, docker-compose for `config -q`, headless Chromium for the HTML report).
+APT_PACKAGES := prometheus prometheus-alertmanager postgresql-15 docker-compose chromium
 APT_BINARIES := /usr/bin/prometheus /usr/bin/promtool /usr/bin/prometheus-alertmanager \
-                /usr/lib/postgresql/15/bin/initdb /usr/bin/docker-compose
+                /usr/lib/postgresql/15/bin/initdb /usr/bin/docker-compose /usr/bin/chromium
 
 .PHONY: demo test test-fast test-slow lint bench apt-deps install clean
 

@@ -11,6 +11,15 @@ class ConfigError(KvscopeError):
     """A setting, a targets file or a scenario file is wrong; the message names the key."""
 
 
+class URLRefused(ConfigError):
+    """collector.urlguard refused a target URL; ``kind`` says why ("loopback", "scheme", …)."""
+
+    def __init__(self, url: str, kind: str, message: str) -> None:
+        super().__init__(f"target URL {url} refused: {message}")
+        self.url = url
+        self.kind = kind
+
+
 class ScrapeError(KvscopeError):
     """A target could not be scraped (connect, timeout, HTTP status, body too large)."""
 

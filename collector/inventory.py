@@ -12,7 +12,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import Connection, func, select
+from sqlalchemy import Connection, delete, func, select
 
 from collector.errors import ConfigError, StoreError
 from collector.models import (
@@ -148,6 +148,18 @@ class Inventory:
                 )
             )
         return TargetRecord(name=name, url=url, kind=kind, cluster=cluster)
+
+    def delete_target(self, name: str) -> bool:
+        """Forget a scrape target; False when there was none of that name.
+
+        Its scrape outcomes, engine and windows stay: they are history, and a collector
+        reading the targets table (``kvscope collect --targets-from-store``) stops scraping
+        it at its next tick.
+        """
+        self._require_schema()
+        with self._tx(f"deleting target {name}", write=True) as conn:
+            result = conn.execute(delete(TargetRow).where(TargetRow.name == name))
+        return bool(result.rowcount)
 
     def upsert_engine(
         self,

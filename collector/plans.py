@@ -12,7 +12,7 @@ import math
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import Connection, select
+from sqlalchemy import Connection, func, select
 
 from collector.errors import ConfigError
 from collector.models import PLAN_HEADLINE, ClusterRow, PlanRecord, PlanRow
@@ -22,6 +22,7 @@ if TYPE_CHECKING:
 
 _PLAN_COLUMNS = ("created_at", "horizon_s", "version", "mode", "document", *PLAN_HEADLINE)
 _READ_COLUMNS = ("id", "group_name", "window_from", "window_until", *_PLAN_COLUMNS)
+_SUMMARY_COLUMNS = tuple(c for c in _READ_COLUMNS if c != "document")
 
 
 def _number(value: Any, name: str) -> float | None:
@@ -88,16 +89,17 @@ class PlanStore:
         *,
         since: float | None = None,
         limit: int = 1000,
+        documents: bool = True,
     ) -> list[PlanRecord]:
         """Stored plans, newest first (by created_at, then id); ``since``: created at or
-        after (epoch s); ``group`` "" is the whole-cluster plan, None any group."""
+        after (epoch s); ``group`` "" is the whole-cluster plan, None any group;
+        ``documents=False`` leaves each record's document empty (not read: headline only)."""
         if limit < 1:
             raise ConfigError(f"limit must be >= 1, got {limit}")
         self._require_schema()
         p, c = PlanRow, ClusterRow
-        query = select(*(p.__table__.c[k] for k in _READ_COLUMNS), c.name).join(
-            c, c.id == p.cluster_id
-        )
+        columns = _READ_COLUMNS if documents else _SUMMARY_COLUMNS
+        query = select(*(p.__table__.c[k] for k in columns), c.name).join(c, c.id == p.cluster_id)
         if cluster is not None:
             query = query.where(c.name == cluster)
         if group is not None:
@@ -107,12 +109,49 @@ class PlanStore:
         query = query.order_by(p.created_at.desc(), p.id.desc()).limit(limit)
         with self._tx("reading plans") as conn:
             rows = conn.execute(query).all()
-        return [_record(dict(zip(_READ_COLUMNS, row[:-1], strict=True)), row[-1]) for row in rows]
+        return [_record(dict(zip(columns, row[:-1], strict=True)), row[-1]) for row in rows]
 
-    def latest_plan(self, cluster: str, group: str = "") -> PlanRecord | None:
-        """The newest stored plan of the cluster (and group), or None."""
-        found = self.plans(cluster, group, limit=1)
+    def latest_plan(
+        self, cluster: str, group: str = "", *, document: bool = True
+    ) -> PlanRecord | None:
+        """The newest stored plan of the cluster (and group), or None (``document=False``:
+        without its document, as :meth:`plans`)."""
+        found = self.plans(cluster, group, limit=1, documents=document)
         return found[0] if found else None
+
+    def plan_document(self, plan_id: int) -> dict[str, Any] | None:
+        """The JSON document of the stored plan ``plan_id`` (None: no such plan)."""
+        self._require_schema()
+        with self._tx("reading a plan document") as conn:
+            doc = conn.execute(select(PlanRow.document).where(PlanRow.id == plan_id)).scalar()
+        return None if doc is None else dict(doc)
+
+    def latest_plans(self, cluster: str | None = None) -> list[PlanRecord]:
+        """The newest stored plan of every (cluster, group), by cluster then group (one query,
+        whatever the history's length); ``cluster`` None: every cluster."""
+        self._require_schema()
+        p, c = PlanRow, ClusterRow
+        rank = (
+            func.row_number()
+            .over(
+                partition_by=(p.cluster_id, p.group_name),
+                order_by=(p.created_at.desc(), p.id.desc()),
+            )
+            .label("rank")
+        )
+        newest = select(p.id, rank).subquery()
+        query = (
+            select(*(p.__table__.c[k] for k in _READ_COLUMNS), c.name)
+            .join(c, c.id == p.cluster_id)
+            .join(newest, newest.c.id == p.id)
+            .where(newest.c.rank == 1)
+        )
+        if cluster is not None:
+            query = query.where(c.name == cluster)
+        query = query.order_by(c.name, p.group_name)
+        with self._tx("reading the latest plans") as conn:
+            rows = conn.execute(query).all()
+        return [_record(dict(zip(_READ_COLUMNS, row[:-1], strict=True)), row[-1]) for row in rows]
 
     def clusters(self) -> list[str]:
         """Every registered cluster, by name."""
@@ -133,7 +172,7 @@ def _record(row: Mapping[str, Any], cluster: str) -> PlanRecord:
         horizon_s=row["horizon_s"],
         version=row["version"],
         mode=row["mode"],
-        document=row["document"],
+        document=row.get("document") or {},
         headline=headline,
         id=row["id"],
     )

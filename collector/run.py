@@ -4,6 +4,11 @@ Direct mode: every ``interval_s`` all targets are scraped concurrently; each tar
 own :class:`~collector.rollup.Rollup`; closed windows and every scrape outcome are written to
 the store. Ticks sit on multiples of the interval (no drift); a tick whose scrape is still
 running when the next one is due makes that next tick be skipped and counted, never overlap.
+With ``store_targets`` the targets table is re-read at every tick and its vllm/lmcache rows
+are scraped besides the targets file's (a file target wins a name clash): a target
+registered through the API is scraped from the next tick on, a deleted one is no longer
+scraped (its open windows are written). Those targets are checked by collector.urlguard at
+every scrape; a refused one is an outcome of kind ``refused``, never a stop.
 A stop (SIGINT/SIGTERM, or ``stop.set()``) cancels the scrape in flight, flushes every open
 window to the store and returns the loop's own statistics.
 
@@ -24,10 +29,20 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from collector.errors import ConfigError, KvscopeError
+from collector.health import CollectorHealth
 from collector.records import ScrapeOutcome, Snapshot, Window
 from collector.rollup import Rollup
-from collector.sources import ClientPool, Clock, ScrapeResult, Target, TargetSet, scrape_all
+from collector.sources import (
+    TARGET_KINDS,
+    ClientPool,
+    Clock,
+    ScrapeResult,
+    Target,
+    TargetSet,
+    scrape_all,
+)
 from collector.store import Store
+from collector.urlguard import URLPolicy
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -37,7 +52,8 @@ CACHE_CONFIG_FACT = "cache_config"
 
 @dataclass
 class CollectStats:
-    """The loop's own observability (returned at the end, shown in progress lines)."""
+    """The loop's own observability (returned at the end, shown in progress lines; served as
+    metrics by collector.health.CollectorHealth under ``--metrics-addr``)."""
 
     mode: str
     started: float = field(default_factory=time.time)
@@ -74,22 +90,6 @@ class CollectStats:
             "duration_s": round(time.time() - self.started, 3),
             "last_error": self.last_error,
         }
-
-    def metrics(self) -> list[tuple[str, dict[str, str], float]]:
-        """The same numbers as our own Prometheus-style metrics (``kvscope_`` prefix)."""
-        out: list[tuple[str, dict[str, str], float]] = [
-            ("kvscope_collect_scrapes_total", {}, float(self.scrapes)),
-            ("kvscope_collect_ticks_total", {}, float(self.ticks)),
-            ("kvscope_collect_skipped_ticks_total", {}, float(self.skipped_ticks)),
-            ("kvscope_collect_windows_written_total", {}, float(self.windows_written)),
-            ("kvscope_collect_targets_up", {}, float(self.targets_up)),
-            ("kvscope_collect_loop_lag_seconds", {}, self.last_lag_s),
-        ]
-        out += [
-            ("kvscope_collect_scrape_failures_total", {"kind": kind}, float(n))
-            for kind, n in sorted(self.failures.items())
-        ]
-        return out
 
     def progress_line(self) -> str:
         line = (
@@ -177,6 +177,8 @@ def _model_of(snapshot: Snapshot) -> str | None:
 
 def register_targets(store: Store, targets: TargetSet) -> None:
     """Record the cluster, every target and the engine metadata of the targets file."""
+    if not targets.targets:  # --targets-from-store alone: no file, no cluster of its own
+        return
     store.upsert_cluster(targets.cluster)
     for t in targets:
         store.upsert_target(t.name, t.url, kind=t.kind, cluster=targets.cluster)
@@ -194,17 +196,76 @@ def register_targets(store: Store, targets: TargetSet) -> None:
 # --------------------------------------------------------------------------- direct mode
 
 
+@dataclass(frozen=True, slots=True)
+class StoreTargets:
+    """Scrape the store's targets table too (re-read every tick), each URL under ``guard``.
+
+    ``cluster``: only that cluster's targets (None: every cluster's).
+    """
+
+    guard: URLPolicy
+    cluster: str | None = None
+
+
 class _Direct:
     """State of the direct-scrape loop between ticks."""
 
-    def __init__(self, targets: TargetSet, store: Store, window_s: float, stats: CollectStats):
+    def __init__(
+        self,
+        targets: TargetSet,
+        store: Store,
+        window_s: float,
+        stats: CollectStats,
+        health: CollectorHealth | None = None,
+    ):
         self.targets = targets
         self.store = store
         self.stats = stats
+        self.health = health
+        self.window_s = window_s
         self.rollups = {t.name: Rollup(t.name, window_s) for t in targets}
         self.facts: dict[str, dict[str, Any]] = {}
         self.state: dict[str, str] = {}  # target -> "up" or its last error kind
         self.pending: list[Window] = []
+        self.clusters = {t.name: targets.cluster for t in targets}  # where engines register
+        self.registered: list[Target] = []  # the store's targets as last read
+
+    def current(self, source: StoreTargets | None) -> list[Target]:
+        """This tick's targets: the file's, then the store's (re-read; kept if that fails)."""
+        if source is None:
+            return list(self.targets)
+        try:
+            rows = self.store.targets(cluster=source.cluster)
+        except KvscopeError as exc:
+            self._store_failed("reading the targets table (scraping the last list read)", exc)
+        else:
+            own = {t.name for t in self.targets}
+            self.registered = [
+                Target(r.name, r.url, r.kind, guard=source.guard)
+                for r in rows
+                if r.kind in TARGET_KINDS and r.name not in own  # not "prometheus" rows
+            ]
+            for r in rows:
+                self.clusters.setdefault(r.name, r.cluster)
+        targets = [*self.targets, *self.registered]
+        self._retarget({t.name for t in targets})
+        return targets
+
+    def _retarget(self, names: set[str]) -> None:
+        """A roll-up per new target; a gone one's open windows are written, its state dropped."""
+        for name in sorted(names - self.rollups.keys()):
+            self.rollups[name] = Rollup(name, self.window_s)
+            log.warning("target %s registered: scraping it", name)
+        gone = sorted(self.rollups.keys() - names)
+        if not gone:
+            return
+        windows: list[Window] = []
+        for name in gone:
+            windows += self.rollups.pop(name).flush()
+            for kept in (self.facts, self.state, self.clusters):
+                kept.pop(name, None)
+            log.warning("target %s no longer registered: not scraping it", name)
+        self._write([], windows)
 
     def absorb(self, results: Sequence[ScrapeResult]) -> None:
         stats = self.stats
@@ -214,8 +275,10 @@ class _Direct:
             o = r.outcome
             stats.scrapes += 1
             self._log_transition(r.target, o)
+            if self.health is not None:
+                self.health.scraped(o.target, _outcome_kind(o), o.duration_s)
             if r.snapshot is None:
-                stats.failures[o.error_kind or "unknown"] += 1
+                stats.failures[_outcome_kind(o)] += 1
                 stats.last_error = f"{o.target}: {o.error_kind}: {o.error}"
                 continue
             up += 1
@@ -247,9 +310,10 @@ class _Direct:
         if self.facts.get(target.name) == facts:
             return
         model = target.engine.model if target.engine and target.engine.model else None
+        cluster = self.clusters.get(target.name, self.targets.cluster)
         try:
             self.store.upsert_engine(
-                self.targets.cluster, target.name, model=model or _model_of(snapshot), facts=facts
+                cluster, target.name, model=model or _model_of(snapshot), facts=facts
             )
         except KvscopeError as exc:
             self._store_failed(f"registering engine {target.name}", exc)
@@ -283,6 +347,11 @@ class _Direct:
 MAX_PENDING_WINDOWS = 1_000_000
 
 
+def _outcome_kind(outcome: ScrapeOutcome) -> str:
+    """The outcome's name in metrics and summaries: up, or the error kind."""
+    return "up" if outcome.up else (outcome.error_kind or "unknown")
+
+
 async def collect_direct(
     targets: TargetSet,
     store: Store,
@@ -298,6 +367,8 @@ async def collect_direct(
     progress: Progress | None = None,
     clock: Clock = time.time,
     sleep: SleepUntil = sleep_until,
+    health: CollectorHealth | None = None,
+    store_targets: StoreTargets | None = None,
 ) -> CollectStats:
     """Scrape ``targets`` every ``interval_s`` into ``store`` until stopped; see module doc.
 
@@ -309,6 +380,11 @@ async def collect_direct(
     ``clock`` and ``sleep`` put the loop on another clock than the wall's (kvscope demo runs
     it on a simulated cluster's clock): ticks, lag and snapshot times follow ``clock``,
     ``sleep(deadline, stop)`` waits for the next tick; timeouts stay in wall seconds.
+
+    ``health``: kvscope's own collector metrics, fed per scrape and per tick (None: not kept).
+
+    ``store_targets``: also scrape the store's targets table, re-read at every tick (module
+    doc); ``targets`` may then be empty.
     """
     if not (math.isfinite(interval_s) and interval_s > 0):
         raise ConfigError(f"scrape interval must be > 0 seconds, got {interval_s}")
@@ -317,7 +393,7 @@ async def collect_direct(
     limit = 1 if once else max_ticks
     timeout = min(timeout_s, 0.9 * interval_s) if not once else timeout_s
     register_targets(store, targets)
-    state = _Direct(targets, store, window_s, stats)
+    state = _Direct(targets, store, window_s, stats, health)
     async with ClientPool(timeout_s=timeout) as client:
         index = math.floor(clock() / interval_s)  # the first tick runs at once
         scheduled = clock()
@@ -326,9 +402,13 @@ async def collect_direct(
             stats.last_lag_s = max(0.0, began - scheduled)
             stats.max_lag_s = max(stats.max_lag_s, stats.last_lag_s)
             try:
+                now = state.current(store_targets)
+                if health is not None:
+                    health.set_targets(t.name for t in now)
+                await client.retain(now)
                 results = await unless_stopped(
                     scrape_all(
-                        targets,
+                        now,
                         timeout_s=timeout,
                         concurrency=concurrency,
                         max_body_bytes=max_body_bytes,
@@ -348,6 +428,8 @@ async def collect_direct(
             stats.last_tick_s = clock() - began
             if progress is not None:
                 progress(stats)
+            if health is not None:
+                health.ticked(stats)
             if limit is not None and stats.ticks >= limit:
                 break
             following = math.floor(clock() / interval_s) + 1
@@ -365,6 +447,8 @@ async def collect_direct(
     state.flush()
     if progress is not None:
         progress(stats)
+    if health is not None:
+        health.ticked(stats)  # the flush's windows (no tick: the last-success stamp stays)
     return stats
 
 

@@ -16,6 +16,7 @@ from collections.abc import Sequence
 
 from collector.catalog import SIGNALS
 from collector.errors import ConfigError, KvscopeError, ScrapeError
+from collector.health import CollectorHealth
 from collector.promsource import PrometheusSource
 from collector.records import Window
 from collector.run import CollectStats, Progress, next_tick, sleep_until, unless_stopped
@@ -37,11 +38,13 @@ async def collect_prometheus(
     max_polls: int | None = None,
     stop: asyncio.Event | None = None,
     progress: Progress | None = None,
+    health: CollectorHealth | None = None,
 ) -> CollectStats:
     """Back-fill windows of ``[now - since_s, now - settle_s]``, then poll every ``interval_s``.
 
     ``settle_s`` keeps the newest windows out until Prometheus has ingested their last scrape.
     The first query failing raises ScrapeError; later failures are logged, counted and retried.
+    ``health``: kvscope's own collector metrics (each range query is a scrape of the source).
     """
     if not (math.isfinite(interval_s) and interval_s > 0):
         raise ConfigError(f"poll interval must be > 0 seconds, got {interval_s}")
@@ -60,11 +63,16 @@ async def collect_prometheus(
         end = math.floor((began - settle_s) / window_s) * window_s
         stats.scrapes += 1
         if end > cursor:
+            t0 = time.perf_counter()
             try:
                 windows = await unless_stopped(
                     asyncio.to_thread(source.windows, cursor, end, window_s), stop
                 )
+                if health is not None and windows is not None:
+                    health.scraped(source.url, "up", time.perf_counter() - t0)
             except ScrapeError as exc:
+                if health is not None:
+                    health.scraped(source.url, exc.kind, time.perf_counter() - t0)
                 if stats.ticks == 0:
                     raise
                 stats.failures[exc.kind] += 1
@@ -90,6 +98,8 @@ async def collect_prometheus(
         stats.last_tick_s = time.time() - began
         if progress is not None:
             progress(stats)
+        if health is not None:
+            health.ticked(stats)
         if limit is not None and stats.ticks >= limit:
             break
         await sleep_until(next_tick(time.time(), interval_s), stop)

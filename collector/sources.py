@@ -3,6 +3,13 @@
 Prometheus' scrape semantics are the model: each scrape of each target yields one
 :class:`~collector.records.ScrapeOutcome` (``up`` or an ``error_kind``), and one bad target
 (refused, slow, 500, oversized, malformed) never stops the others.
+
+Redirects are followed (vLLM answers /metrics with a 307 to /metrics/) only while they stay
+on the target URL's scheme, host and port, at most MAX_REDIRECTS of them; a redirect
+anywhere else ends the scrape with error kind ``redirect`` (a target must not be able to
+send the collector to another host, e.g. a cloud-metadata address). A target with a
+``guard`` (one registered at run time, e.g. through the API) is checked by
+collector.urlguard at every scrape and connected to the address that was checked.
 """
 
 from __future__ import annotations
@@ -11,7 +18,7 @@ import asyncio
 import logging
 import ssl
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, cast
@@ -20,9 +27,10 @@ from urllib.parse import urlsplit
 import httpx
 import yaml
 
-from collector.errors import ConfigError, ParseError
+from collector.errors import ConfigError, ParseError, URLRefused
 from collector.parse import read_exposition
 from collector.records import ScrapeOutcome, Snapshot
+from collector.urlguard import CheckedURL, URLPolicy, pinned_request, same_origin
 
 log = logging.getLogger(__name__)
 
@@ -36,6 +44,7 @@ OFFLOAD_MODES: tuple[OffloadMode, ...] = ("none", "native", "lmcache")
 # (prometheus/client_python#1177; see tests/fixtures/metrics/README.md).
 ACCEPT_HEADER = "text/plain;version=0.0.4"
 USER_AGENT = "kvscope-collector"
+MAX_REDIRECTS = 5  # same-origin hops per scrape
 
 Clock = Callable[[], float]  # epoch seconds stamped on snapshots (time.time, or a simulated clock)
 
@@ -52,12 +61,18 @@ class EngineMeta:
 
 @dataclass(frozen=True, slots=True)
 class Target:
-    """One scrape target from the targets file."""
+    """One scrape target (from the targets file, or registered in the store).
+
+    ``guard``: None for the operator's targets file (connected as written); a URLPolicy for a
+    target registered by someone else: its URL is checked at every scrape and the connection
+    goes to the checked address (collector.urlguard).
+    """
 
     name: str
     url: str
     kind: TargetKind
     engine: EngineMeta | None = None
+    guard: URLPolicy | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -208,11 +223,14 @@ def _optional_str(doc: Mapping[object, object], key: str, where: str) -> str | N
 def make_client(
     *, timeout_s: float, concurrency: int, verify: ssl.SSLContext | bool = True
 ) -> httpx.AsyncClient:
-    """An HTTP client for scraping (keep-alive, redirects followed, no env proxies)."""
+    """An HTTP client for scraping (keep-alive, no env proxies, redirects not followed).
+
+    scrape_one follows same-origin redirects itself (see the module doc).
+    """
     return httpx.AsyncClient(
         timeout=httpx.Timeout(timeout_s),
         limits=httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency),
-        follow_redirects=True,  # vLLM answers /metrics/ with a 307, Prometheus follows it
+        follow_redirects=False,  # httpx would follow them to any host
         trust_env=False,  # targets are cluster-internal: never route them through a proxy
         headers={"User-Agent": USER_AGENT},
         verify=verify,
@@ -245,6 +263,12 @@ class ClientPool:
 
     def __len__(self) -> int:
         return len(self._clients)
+
+    async def retain(self, targets: Iterable[Target]) -> None:
+        """Close the clients of every target not in ``targets`` (gone or with a new URL)."""
+        keep = {(t.name, t.url) for t in targets}
+        gone = [self._clients.pop(k) for k in list(self._clients) if k not in keep]
+        await asyncio.gather(*(c.aclose() for c in gone))
 
     async def aclose(self) -> None:
         clients, self._clients = list(self._clients.values()), {}
@@ -324,30 +348,66 @@ async def scrape_one(
         return ScrapeResult(target=target, outcome=outcome)
 
     body = bytearray()
+    url = target.url
     try:
         async with asyncio.timeout(timeout_s):
-            async with client.stream("GET", target.url, headers={"Accept": ACCEPT_HEADER}) as resp:
-                if resp.status_code != 200:
-                    return failed("http_status", f"HTTP {resp.status_code} {resp.reason_phrase}")
-                declared = resp.headers.get("content-length")
-                if declared is not None and declared.isdigit() and int(declared) > max_body_bytes:
-                    return failed(
-                        "too_large",
-                        f"Content-Length {declared} exceeds the {max_body_bytes}-byte cap",
-                    )
-                async for chunk in resp.aiter_bytes():
-                    size += len(chunk)
-                    if size > max_body_bytes:
+            checked: CheckedURL | None = None
+            if target.guard is not None:  # resolves once, in a thread (getaddrinfo blocks)
+                checked = await asyncio.to_thread(target.guard.check, target.url)
+            for _hop in range(MAX_REDIRECTS + 1):
+                headers = {"Accept": ACCEPT_HEADER}
+                request = (
+                    client.build_request("GET", url, headers=headers)
+                    if checked is None
+                    else pinned_request(client, checked, url=url, headers=headers)
+                )
+                resp = await client.send(request, stream=True)
+                try:
+                    if resp.has_redirect_location:
+                        following = str(httpx.URL(url).join(resp.headers["Location"]))
+                        if not same_origin(following, target.url):
+                            return failed(
+                                "redirect",
+                                f"HTTP {resp.status_code} to {following} refused: "
+                                "redirects are followed only on the target's own origin",
+                            )
+                        url = following
+                        continue
+                    if resp.status_code != 200:
                         return failed(
-                            "too_large", f"body exceeds the {max_body_bytes}-byte cap (aborted)"
+                            "http_status", f"HTTP {resp.status_code} {resp.reason_phrase}"
                         )
-                    body += chunk
+                    declared = resp.headers.get("content-length")
+                    if (
+                        declared is not None
+                        and declared.isdigit()
+                        and int(declared) > max_body_bytes
+                    ):
+                        return failed(
+                            "too_large",
+                            f"Content-Length {declared} exceeds the {max_body_bytes}-byte cap",
+                        )
+                    async for chunk in resp.aiter_bytes():
+                        size += len(chunk)
+                        if size > max_body_bytes:
+                            return failed(
+                                "too_large",
+                                f"body exceeds the {max_body_bytes}-byte cap (aborted)",
+                            )
+                        body += chunk
+                    break
+                finally:
+                    await resp.aclose()
+            else:
+                return failed("http_status", f"more than {MAX_REDIRECTS} redirects")
+    except URLRefused as exc:
+        return failed("refused", str(exc))
+    except ConfigError as exc:  # the guard could not resolve the name
+        return failed("connect", str(exc))
     except (TimeoutError, httpx.TimeoutException):
         return failed("timeout", f"no complete answer within {timeout_s:g} s")
     except httpx.DecodingError as exc:  # a broken gzip/deflate body
         return failed("parse", f"cannot decode the body: {exc}")
-    except httpx.TooManyRedirects as exc:
-        return failed("http_status", f"too many redirects: {exc}")
     except (httpx.HTTPError, httpx.InvalidURL, OSError) as exc:
         return failed("connect", f"{type(exc).__name__}: {exc}")
 

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
-from pydantic import Field
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from typing import Annotated, Any
+
+from pydantic import Field, field_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 
 class Settings(BaseSettings):
@@ -18,6 +20,18 @@ class Settings(BaseSettings):
     scrape_concurrency: int = Field(64, ge=1, le=4_096)
     max_body_bytes: int = Field(32 * 1024 * 1024, ge=1_024)
     cluster: str = Field("default", min_length=1, max_length=200)
+    # Where targets registered in the store may point although private/loopback (collect
+    # --targets-from-store; the API's setting of the same name); collector.urlguard checks.
+    allowed_target_networks: Annotated[tuple[str, ...], NoDecode] = Field(
+        (), description="CIDRs, comma-separated in KVSCOPE_ALLOWED_TARGET_NETWORKS"
+    )
+
+    @field_validator("allowed_target_networks", mode="before")
+    @classmethod
+    def _split_networks(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            return tuple(part.strip() for part in value.split(",") if part.strip())
+        return value
 
 
 def get_settings(**overrides: object) -> Settings:

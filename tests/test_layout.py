@@ -33,6 +33,9 @@ COLLECTOR_PUBLIC = frozenset(
         "collector.store",
         "collector.store_frame",
         "collector.models",
+        "collector.selfmetrics",  # kvscope's own metric names: api/ and dashboards/ import them
+        "collector.plan_metrics",  # the planner gauges of GET /metrics
+        "collector.urlguard",  # the SSRF check of POST /v1/targets
     }
 )
 PLANNER_TOP_LIMIT = 12

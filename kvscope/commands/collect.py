@@ -2,17 +2,25 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import re
 import sys
 import time
+from collections.abc import Sequence
+from importlib.metadata import version as dist_version
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from collector.errors import ConfigError
+
+if TYPE_CHECKING:
+    from contextlib import AbstractContextManager
+
+    from collector.health import CollectorHealth
 
 _UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, "w": 604800.0}
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d|w)?\s*$")
@@ -23,6 +31,7 @@ _FLAGS = {
     "window_s": "--window",
     "scrape_interval_s": "--interval",
     "scrape_timeout_s": "--timeout",
+    "allowed_target_networks": "--allow-network",
 }
 
 
@@ -94,6 +103,28 @@ def register(app: typer.Typer) -> None:
             typer.Option("--settle", help="Prometheus mode: leave out windows younger than this"),
         ] = "30s",
         quiet: Annotated[bool, typer.Option("--quiet", "-q", help="no progress lines")] = False,
+        metrics_addr: Annotated[
+            str | None,
+            typer.Option(
+                "--metrics-addr",
+                help="serve the collector's own /metrics on HOST:PORT, e.g. 127.0.0.1:9464",
+            ),
+        ] = None,
+        targets_from_store: Annotated[
+            bool,
+            typer.Option(
+                "--targets-from-store",
+                help="also scrape the store's targets table (POST /v1/targets), re-read each tick",
+            ),
+        ] = False,
+        allow_network: Annotated[
+            list[str] | None,
+            typer.Option(
+                "--allow-network",
+                metavar="CIDR",
+                help="store targets may point into this private/loopback network (repeatable)",
+            ),
+        ] = None,
     ) -> None:
         """Collect windows into the store until Ctrl-C / SIGTERM (then flush, exit 0).
 
@@ -102,6 +133,14 @@ def register(app: typer.Typer) -> None:
         Prometheus mode (--prometheus URL): back-fill --since, then poll each --interval.
 
         --once: one scrape per target; writes outcomes and gauge windows (counters need 2).
+
+        --metrics-addr HOST:PORT: the collector's own health metrics on /metrics.
+
+        --targets-from-store (with or without --targets): the targets registered in the
+        store are scraped too, from the next tick after they are registered until the tick
+        after they are deleted. Their URLs are checked at every scrape: loopback and private
+        addresses are refused (outcome "refused") unless --allow-network CIDR (or
+        KVSCOPE_ALLOWED_TARGET_NETWORKS) covers them; cloud-metadata addresses always are.
 
         JSON summary on stdout, progress on stderr.
 
@@ -121,6 +160,9 @@ def register(app: typer.Typer) -> None:
                 source_label=source_label,
                 settle=settle,
                 quiet=quiet,
+                metrics_addr=metrics_addr,
+                targets_from_store=targets_from_store,
+                allow_network=allow_network,
             )
         except KeyboardInterrupt:  # Ctrl-C before the loop installed its handler
             print("kvscope: interrupted before collecting", file=sys.stderr)
@@ -142,6 +184,9 @@ def run_collect(
     source_label: str,
     settle: str,
     quiet: bool,
+    metrics_addr: str | None = None,
+    targets_from_store: bool = False,
+    allow_network: Sequence[str] | None = None,
 ) -> dict[str, object]:
     """Validate the flags, run the loop, return the JSON summary."""
     from pydantic import ValidationError
@@ -150,10 +195,20 @@ def run_collect(
     from collector.store import Store
     from kvscope.config import get_settings
 
-    if (targets is None) == (prometheus is None):
-        raise ConfigError("give exactly one of --targets FILE or --prometheus URL")
+    if targets_from_store and prometheus is not None:
+        raise ConfigError("--targets-from-store is direct mode: not with --prometheus")
+    if allow_network and not targets_from_store:
+        raise ConfigError("--allow-network applies to --targets-from-store targets only")
+    if (targets is None and not targets_from_store) == (prometheus is None):
+        raise ConfigError(
+            "give exactly one of --targets FILE or --prometheus URL (or --targets-from-store)"
+        )
     if source_label not in ("instance", "job/instance"):
         raise ConfigError(f"--source-label must be instance or job/instance, got {source_label!r}")
+    if metrics_addr is not None:
+        from collector.health import parse_listen_addr
+
+        parse_listen_addr(metrics_addr, "--metrics-addr")
     try:
         settings = get_settings(
             db=db,
@@ -161,6 +216,7 @@ def run_collect(
             scrape_interval_s=None if interval is None else parse_duration(interval, "--interval"),
             window_s=None if window is None else parse_duration(window, "--window"),
             scrape_timeout_s=None if timeout is None else parse_duration(timeout, "--timeout"),
+            allowed_target_networks=tuple(allow_network) if allow_network else None,
         )
     except ValidationError as exc:
         first = exc.errors()[0]
@@ -176,24 +232,40 @@ def run_collect(
     progress = _Progress(quiet)
     with Store(settings.db) as store:
         store.migrate()
-        if targets is not None:
-            from collector.sources import load_targets
+        if targets is not None or targets_from_store:
+            from collector.sources import TargetSet, load_targets
+            from collector.urlguard import URLPolicy
 
-            target_set = load_targets(targets, cluster=cluster)
-            stats = run.run_until_signalled(
-                lambda stop: run.collect_direct(
-                    target_set,
-                    store,
-                    interval_s=settings.scrape_interval_s,
-                    window_s=settings.window_s,
-                    timeout_s=settings.scrape_timeout_s,
-                    concurrency=settings.scrape_concurrency,
-                    max_body_bytes=settings.max_body_bytes,
-                    once=once,
-                    stop=stop,
-                    progress=progress,
-                )
+            target_set = (
+                load_targets(targets, cluster=cluster)
+                if targets is not None
+                else TargetSet(cluster=settings.cluster, targets=())
             )
+            store_targets = (
+                run.StoreTargets(URLPolicy(settings.allowed_target_networks), cluster=cluster)
+                if targets_from_store
+                else None
+            )
+            health = _health(
+                metrics_addr, target_set.cluster, "direct", [t.name for t in target_set]
+            )
+            with _serving(metrics_addr, health, quiet):
+                stats = run.run_until_signalled(
+                    lambda stop: run.collect_direct(
+                        target_set,
+                        store,
+                        interval_s=settings.scrape_interval_s,
+                        window_s=settings.window_s,
+                        timeout_s=settings.scrape_timeout_s,
+                        concurrency=settings.scrape_concurrency,
+                        max_body_bytes=settings.max_body_bytes,
+                        once=once,
+                        stop=stop,
+                        progress=progress,
+                        health=health,
+                        store_targets=store_targets,
+                    )
+                )
             cluster_name = target_set.cluster
         else:
             assert prometheus is not None
@@ -206,21 +278,51 @@ def run_collect(
                 timeout_s=settings.scrape_timeout_s,
                 source_from="job/instance" if source_label == "job/instance" else "instance",
             ) as source:
-                stats = run.run_until_signalled(
-                    lambda stop: run_prometheus.collect_prometheus(
-                        source,
-                        store,
-                        cluster=settings.cluster,
-                        window_s=settings.window_s,
-                        since_s=since_s,
-                        interval_s=settings.scrape_interval_s,
-                        settle_s=settle_s,
-                        once=once,
-                        stop=stop,
-                        progress=progress,
+                health = _health(metrics_addr, settings.cluster, "prometheus", [source.url])
+                with _serving(metrics_addr, health, quiet):
+                    stats = run.run_until_signalled(
+                        lambda stop: run_prometheus.collect_prometheus(
+                            source,
+                            store,
+                            cluster=settings.cluster,
+                            window_s=settings.window_s,
+                            since_s=since_s,
+                            interval_s=settings.scrape_interval_s,
+                            settle_s=settle_s,
+                            once=once,
+                            stop=stop,
+                            progress=progress,
+                            health=health,
+                        )
                     )
-                )
             cluster_name = settings.cluster
     if not quiet:
         print(stats.progress_line(), file=sys.stderr, flush=True)
     return {**stats.summary(), "cluster": cluster_name, "db": store.url}
+
+
+def _health(
+    addr: str | None, cluster: str, mode: str, targets: Sequence[str]
+) -> CollectorHealth | None:
+    """The collector's own metrics when --metrics-addr is given (None: nothing kept)."""
+    if addr is None:
+        return None
+    from collector.health import CollectorHealth
+
+    return CollectorHealth(
+        version=dist_version("kvscope"), cluster=cluster, mode=mode, targets=targets
+    )
+
+
+def _serving(
+    addr: str | None, health: CollectorHealth | None, quiet: bool
+) -> AbstractContextManager[object]:
+    """Serve ``health`` on ``addr`` for the duration of the loop (no-op without it)."""
+    if addr is None or health is None:
+        return contextlib.nullcontext()
+    from collector.health import serve_metrics
+
+    server = serve_metrics(addr, health.registry, what="--metrics-addr")
+    if not quiet:
+        print(f"kvscope: collector metrics on {server.url}", file=sys.stderr, flush=True)
+    return server

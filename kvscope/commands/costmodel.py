@@ -4,15 +4,10 @@ saves, the hardware catalogue."""
 from __future__ import annotations
 
 import json
-import math
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-
-from collector.errors import ConfigError
 
 CatalogOpt = Annotated[
     Path | None,
@@ -34,18 +29,9 @@ def _emit(payload: dict[str, Any], text: str, as_json: bool) -> None:
     typer.echo(json.dumps(payload, indent=2) if as_json else text)
 
 
-@contextmanager
-def _option(name: str) -> Iterator[None]:
-    """Prefix a ConfigError raised inside with the command-line option it came from."""
-    try:
-        yield
-    except ConfigError as exc:
-        raise ConfigError(f"{name}: {exc}") from exc
-
-
-def _check(ok: bool, option: str, requirement: str, value: object) -> None:
-    if not ok:
-        raise ConfigError(f"{option} must be {requirement}, got {value!r}")
+def _option_name(field: str) -> str:
+    """The command-line option of an input of planner.model.answers ("tiers" -> "--tier")."""
+    return "--tier" if field == "tiers" else "--" + field.replace("_", "-")
 
 
 def _setup(catalog: Path | None, model: str, gpu: str, kv_dtype: str) -> tuple[Any, Any, Any]:
@@ -235,69 +221,45 @@ def register(app: typer.Typer) -> None:
         Example: kvscope costmodel compare-tiers --model llama-3.1-70b-fp8 --gpu h100 --tp 4
         --tokens 4096 --tier ceph-hdd --kv-dtype both
         """
-        from planner.model.breakeven import (
-            DEFAULT_MFU_RANGE,
-            KV_DTYPES,
-            case_note,
-            compare_tiers,
-        )
-        from planner.model.costmodel import LMCACHE_CHUNK_TOKENS, kv_bytes_per_token
+        from planner.model.answers import compare_tiers_payload
+        from planner.model.costmodel import LMCACHE_CHUNK_TOKENS
         from planner.model.hardware import load_catalog
 
-        cat = load_catalog(catalog)
-        with _option("--model"):
-            m = cat.model(model)
-        with _option("--gpu"):
-            g = cat.gpu(gpu)
-        with _option("--tp"):
-            kv_bytes_per_token(m, tp)  # tp >= 1 and compatible with the model's heads
-        _check(tokens >= 1, "--tokens", "an integer >= 1", tokens)
-        known = (*KV_DTYPES, "both")
-        if kv_dtype not in known:
-            raise ConfigError(
-                f"--kv-dtype: unknown KV dtype {kv_dtype!r}; known: {', '.join(known)}"
-            )
-        dtypes = ("fp8", "bf16") if kv_dtype == "both" else (kv_dtype,)
         names = [n.strip() for item in tier or [] for n in item.split(",") if n.strip()]
-        if tier is not None and not names:
-            raise ConfigError(f"--tier: no tier named; known: {', '.join(sorted(cat.tiers))}")
-        with _option("--tier"):
-            tiers = [cat.tier(n) for n in names] if names else list(cat.tiers.values())
-        result = compare_tiers(m, g, tp, tokens, tiers=tiers, kv_dtypes=dtypes, catalog=cat)
-        notes = {case_note(m, g, tp, t, tokens) for t in tiers} - {None}
-        rows = [(kv, c) for kv, by_tier in result.items() for c in by_tier.values()]
-        payload = {
-            "model": m.name,
-            "gpu": g.name,
-            "tp": tp,
-            "tokens": tokens,
-            "kv_dtypes": list(result),
-            "tiers": list(dict.fromkeys(t.name for t in tiers)),
-            "mfu_range": dict(zip(("low", "high"), DEFAULT_MFU_RANGE, strict=True)),
-            "note": next(iter(notes), None),
-            "comparisons": [{"kv_dtype": kv, **c.to_dict()} for kv, c in rows],
-        }
-        width = max(len("tier"), *(len(c.tier) for _, c in rows))
+        payload = compare_tiers_payload(
+            model=model,
+            gpu=gpu,
+            tp=tp,
+            tokens=tokens,
+            tiers=None if tier is None else names,
+            kv_dtype=kv_dtype,
+            catalog=load_catalog(catalog),
+            label=_option_name,
+        )
+        rows = payload["comparisons"]
+        width = max(len("tier"), *(len(c["tier"]) for c in rows))
         lines = [
-            f"{m.name}, {tokens} tokens, re-prefill on {tp}× {g.name}: "
+            f"{payload['model']}, {tokens} tokens, re-prefill on {tp}× {payload['gpu']}: "
             "re-read the KV from a tier or re-prefill it?",
             f"{'KV':<5} {'B/token':>9} {'KV GB':>7}  {'tier':<{width}}  "
             f"{'read s':<15} {'re-prefill s':<15} verdict",
         ]
-        for kv, c in rows:
-            read = f"{c.read_seconds_low:.3g}–{c.read_seconds_high:.3g}"
-            prefill = f"{c.prefill_seconds_low:.3g}–{c.prefill_seconds_high:.3g}"
+        for c in rows:
+            read, prefill = c["read_seconds"], c["prefill_seconds"]
+            read_s = f"{read['low']:.3g}–{read['high']:.3g}"
+            prefill_s = f"{prefill['low']:.3g}–{prefill['high']:.3g}"
             lines.append(
-                f"{kv:<5} {c.kv_bytes_per_token:>9,.0f} {c.kv_bytes / 1e9:>7.3g}  "
-                f"{c.tier:<{width}}  {read:<15} {prefill:<15} {c.verdict}"
+                f"{c['kv_dtype']:<5} {c['kv_bytes_per_token']:>9,.0f} {c['kv_bytes'] / 1e9:>7.3g}  "
+                f"{c['tier']:<{width}}  {read_s:<15} {prefill_s:<15} {c['verdict']}"
             )
-        mfu_low, mfu_high = DEFAULT_MFU_RANGE
+        mfu = payload["mfu_range"]
         lines.append(
             "read s: the tier's best…worst bandwidth and per-object latency (catalogue), one "
-            f"object per {LMCACHE_CHUNK_TOKENS}-token chunk; re-prefill s: {mfu_high:.0%}…"
-            f"{mfu_low:.0%} MFU (cost model); the sources and assumptions of every row: --json"
+            f"object per {LMCACHE_CHUNK_TOKENS}-token chunk; re-prefill s: {mfu['high']:.0%}…"
+            f"{mfu['low']:.0%} MFU (cost model); the sources and assumptions of every row: --json"
         )
-        lines += [f"note: {n}" for n in notes if n]
+        if payload["note"]:
+            lines.append(f"note: {payload['note']}")
         _emit(payload, "\n".join(lines), as_json)
 
     @sub.command("savings")
@@ -360,106 +322,62 @@ def register(app: typer.Typer) -> None:
         Example: kvscope costmodel savings --model llama-3.1-70b --gpu h100 --tp 4
         --prefix-tokens 6000 --queries-per-hour 200
         """
-        from planner.model.costmodel import (
-            LMCACHE_CHUNK_TOKENS,
-            kv_bytes_per_token,
-            kv_bytes_per_token_engine,
-        )
-        from planner.model.hardware import load_catalog, with_kv_dtype
-        from planner.model.savings import prefix_savings
+        from planner.model.answers import savings_payload
+        from planner.model.costmodel import LMCACHE_CHUNK_TOKENS
+        from planner.model.hardware import load_catalog
 
         cat = load_catalog(catalog)
-        with _option("--model"):
-            base = cat.model(model)
-        with _option("--kv-dtype"):
-            m = with_kv_dtype(base, kv_dtype)
-        with _option("--gpu"):
-            g = cat.gpu(gpu)
-        with _option("--tier"):
-            t = cat.tier(tier)
-        with _option("--tp"):
-            kv_bytes_per_token(m, tp)  # tp >= 1 and compatible with the model's heads
-        _check(prefix_tokens >= 1, "--prefix-tokens", "an integer >= 1", prefix_tokens)
-        for option, value in (
-            ("--queries-per-hour", queries_per_hour),
-            ("--gpu-hour-usd", 0.0 if gpu_hour_usd is None else gpu_hour_usd),
-        ):
-            _check(math.isfinite(value) and value >= 0, option, "a number >= 0", value)
-        _check(0 < mfu <= 1, "--mfu", "in (0, 1]", mfu)
-        _check(0 <= hit_probability <= 1, "--hit-probability", "in [0, 1]", hit_probability)
-        ok_lifetime = math.isfinite(cache_lifetime_s) and cache_lifetime_s > 0
-        _check(ok_lifetime, "--cache-lifetime-s", "a number of seconds > 0", cache_lifetime_s)
-        s = prefix_savings(
-            m,
-            g,
-            tp,
-            prefix_tokens,
-            queries_per_hour,
-            gpu_hour_usd,
-            t,
-            hit_probability=hit_probability,
+        payload = savings_payload(
+            model=model,
+            gpu=gpu,
+            tp=tp,
+            tier=tier,
+            kv_dtype=kv_dtype,
+            prefix_tokens=prefix_tokens,
+            queries_per_hour=queries_per_hour,
+            gpu_hour_usd=gpu_hour_usd,
             mfu=mfu,
+            hit_probability=hit_probability,
             cache_lifetime_s=cache_lifetime_s,
+            catalog=cat,
+            label=_option_name,
         )
-        kv_pt = kv_bytes_per_token_engine(m)
+        t = cat.tier(payload["tier"])  # its bandwidth and latency, for the text
+        kv_pt = payload["kv_bytes_per_token"]
+        prefill, reload = payload["prefill_seconds"], payload["reload_seconds"]
+        reuses, saved = payload["reuses_per_hour"], payload["saved_gpu_seconds_per_hour"]
         per_lifetime = queries_per_hour * cache_lifetime_s / 3600
         bandwidth = t.read_Bps * (tp if t.per_gpu else 1)
         per_gpu = f" ({tp} × {t.read_Bps / 1e9:.3g} GB/s, one link per GPU)" if t.per_gpu else ""
-        payload: dict[str, Any] = {
-            "model": m.name,
-            "gpu": g.name,
-            "tp": tp,
-            "tier": t.name,
-            "kv_bytes_per_token": kv_pt,
-            "prefix_tokens": prefix_tokens,
-            "prefix_kv_bytes": kv_pt * prefix_tokens,
-            "queries_per_hour": s.queries_per_hour,
-            "hit_probability": s.hit_probability,
-            "cache_lifetime_s": s.cache_lifetime_s,
-            "mfu": mfu,
-            "prefill_seconds": s.prefill_seconds,
-            "reload_seconds": s.reload_seconds,
-            "reuses_per_hour": s.reuses_per_hour,
-            "saved_gpu_seconds_per_hour": s.saved_gpu_seconds_per_hour,
-            "gpu_hour_usd": gpu_hour_usd,
-            "saved_usd_per_hour": s.saved_cost_per_hour,
-            "formula": "saved_gpu_seconds_per_hour = reuses_per_hour × (prefill_seconds − "
-            "reload_seconds) × tp; reuses_per_hour = max(queries per lifetime − 1, 0) × "
-            "hit_probability × lifetimes per hour; saved_usd_per_hour = "
-            "saved_gpu_seconds_per_hour / 3600 × gpu_hour_usd",
-            "verdict": s.verdict,
-            "sources": {"model": m.source, "gpu": g.source, "tier": t.source},
-            "assumptions": list(s.assumptions),
-        }
-        saved_per_query = s.prefill_seconds - s.reload_seconds
         usd = (
             "not priced (pass --gpu-hour-usd: kvscope has no default GPU price)"
-            if s.saved_cost_per_hour is None
-            else f"{s.saved_cost_per_hour:.4g} USD/h = {s.saved_gpu_seconds_per_hour:.4g} / "
+            if payload["saved_usd_per_hour"] is None
+            else f"{payload['saved_usd_per_hour']:.4g} USD/h = {saved:.4g} / "
             f"3600 × {gpu_hour_usd:g} USD per GPU-hour (--gpu-hour-usd)"
         )
+        sources = payload["sources"]
         lines = [
             f"a {prefix_tokens}-token prefix shared by {queries_per_hour:g} queries/h of "
-            f"{m.name} on {tp}× {g.name}, KV reloaded from {t.name}:",
-            f"  re-prefill of the prefix   {s.prefill_seconds:.4g} s per query (cost model: "
+            f"{payload['model']} on {tp}× {payload['gpu']}, KV reloaded from {t.name}:",
+            f"  re-prefill of the prefix   {prefill:.4g} s per query (cost model: "
             f"2·N·S + attention FLOPs at {mfu:.0%} MFU, engine otherwise idle)",
-            f"  reload of its KV           {s.reload_seconds:.4g} s per query "
+            f"  reload of its KV           {reload:.4g} s per query "
             f"({kv_pt * prefix_tokens / 1e9:.3g} GB = {prefix_tokens} × {kv_pt:,.0f} B/token "
             f"at {bandwidth / 1e9:.3g} GB/s{per_gpu} + {t.latency_s * 1e3:.3g} ms per "
             f"{LMCACHE_CHUNK_TOKENS}-token chunk: the tier's nominal figures)",
-            f"  reuses per hour            {s.reuses_per_hour:.4g} = ({per_lifetime:.4g} queries "
+            f"  reuses per hour            {reuses:.4g} = ({per_lifetime:.4g} queries "
             f"per {cache_lifetime_s:g} s cache lifetime − the 1 that computes the prefix) × hit "
             f"probability {hit_probability:g} × {3600 / cache_lifetime_s:.4g} lifetimes/h",
-            f"  saved GPU-seconds per hour {s.saved_gpu_seconds_per_hour:.4g} = "
-            f"{s.reuses_per_hour:.4g} × ({s.prefill_seconds:.4g} − {s.reload_seconds:.4g}) s "
-            f"× {tp} GPU(s) ({saved_per_query:.4g} s saved per reuse)",
+            f"  saved GPU-seconds per hour {saved:.4g} = "
+            f"{reuses:.4g} × ({prefill:.4g} − {reload:.4g}) s "
+            f"× {tp} GPU(s) ({prefill - reload:.4g} s saved per reuse)",
             f"  saved USD per hour         {usd}",
-            f"verdict: {s.verdict}",
+            f"verdict: {payload['verdict']}",
             "sources:",
-            f"  model {m.name}: {m.source}",
-            f"  GPU {g.name}: {g.source}",
-            f"  tier {t.name}: {t.source}",
+            f"  model {payload['model']}: {sources['model']}",
+            f"  GPU {payload['gpu']}: {sources['gpu']}",
+            f"  tier {t.name}: {sources['tier']}",
             "assumptions:",
-            *(f"  - {a}" for a in s.assumptions),
+            *(f"  - {a}" for a in payload["assumptions"]),
         ]
         _emit(payload, "\n".join(lines), as_json)

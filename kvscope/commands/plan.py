@@ -3,15 +3,20 @@
 from __future__ import annotations
 
 import json
+import logging
 import re
 import sys
 import time
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from collector.errors import ConfigError
+
+if TYPE_CHECKING:
+    from collector.store import Store
+    from planner.plan import Plan
 
 
 def check_sqlite_exists(url: str) -> None:
@@ -67,14 +72,37 @@ def register(app: typer.Typer) -> None:
                 "them) [default: each group apart]",
             ),
         ] = None,
+        save: Annotated[
+            bool,
+            typer.Option(
+                "--save",
+                help="keep the plan in the store (`kvscope plans list`); the cluster is "
+                "--cluster or the store's only one",
+            ),
+        ] = False,
+        every: Annotated[
+            str | None,
+            typer.Option(
+                "--every",
+                help="re-plan every interval (e.g. 15m) until SIGINT/SIGTERM, each cluster of "
+                "the store or --cluster; implies --save; JSON summary at exit",
+            ),
+        ] = None,
     ) -> None:
         """Decide none / native / lmcache from the store's history, forecast KV demand and size.
 
         Engines serving different models (or on different GPUs / TP sizes) are fitted,
         decided and sized per model group; --group picks one.
 
+        --save keeps the plan in the store; --every re-plans on a clock like `kvscope
+        collect` runs (a failing round is logged and counted; SIGTERM stops it, exit 0).
+
         Example: kvscope plan --db sqlite:///kvscope.db --cluster prod --since 3d --horizon 7d
         --gpu-price 3.0 --json --plots plots/ --group 'llama-3.1-8b@h100:tp1'
+
+        Example: kvscope plan --db sqlite:///kvscope.db --cluster prod --save
+
+        Example: kvscope plan --every 15m --db postgresql+psycopg://kvscope@db/kvscope
         """
         from pydantic import ValidationError
 
@@ -88,11 +116,37 @@ def register(app: typer.Typer) -> None:
             url = get_settings(db=db).db
         except ValidationError as exc:
             raise ConfigError(f"--db (or KVSCOPE_DB): {exc.errors()[0]['msg']}") from exc
-        since_s = None if since.strip() == "all" else time.time() - parse_duration(since, "--since")
+        since_d = None if since.strip() == "all" else parse_duration(since, "--since")
+        since_s = None if since_d is None else time.time() - since_d
         horizon_s = parse_duration(horizon, "--horizon")
+        if every is not None:
+            every_s = parse_duration(every, "--every")
+            if plots is not None:
+                raise ConfigError("--plots cannot be used with --every (one plan, one set)")
         check_sqlite_exists(url)
+        if every is not None:
+            from kvscope.replan import run_every
+
+            def make_plan(store: Store, name: str, since_at: float | None) -> Plan:
+                return build_plan(store, cluster=name, since=since_at, horizon_s=horizon_s,
+                                  gpu_price_per_hour=gpu_price, seed=seed,
+                                  forecast_seconds=forecast_seconds, group=group)  # fmt: skip
+
+            logging.basicConfig(level=logging.WARNING, format="kvscope: %(message)s")
+            with Store(url) as store:
+                store.clusters()  # the schema is current: else exit 2 now, not every round
+                stats = run_every(
+                    store, every_s=every_s, cluster=cluster, since_s=since_d, make_plan=make_plan
+                )
+            typer.echo(json.dumps({**stats.summary(), "cluster": cluster, "db": store.url}))
+            return
         print(f"kvscope plan: reading {url} …", file=sys.stderr)
         with Store(url) as store:
+            saved_as = None
+            if save:
+                from kvscope.replan import resolve_cluster
+
+                saved_as = cluster = resolve_cluster(store, cluster)
             plan = build_plan(
                 store,
                 cluster=cluster,
@@ -103,6 +157,15 @@ def register(app: typer.Typer) -> None:
                 forecast_seconds=forecast_seconds,
                 group=group,
             )
+            if saved_as is not None:
+                from kvscope.replan import save_plan
+
+                ids = save_plan(store, plan, saved_as, created_at=time.time())
+                print(
+                    f"kvscope plan: saved {len(ids)} plan(s) of cluster {saved_as} "
+                    f"(id {', '.join(map(str, ids))})",
+                    file=sys.stderr,
+                )
         if plots is not None:
             from planner.report.plots import write_plots
 

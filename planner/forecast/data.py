@@ -178,6 +178,30 @@ def _runs_of_nan(values: FloatArray) -> list[tuple[int, int]]:
     return runs
 
 
+def rebucket(series: pd.Series, cadence_s: float, *, agg: str = "mean") -> dict[float, float]:
+    """``series`` in the UTC-aligned buckets of a given cadence, as :func:`prepare` forms them
+    (the ``agg`` of the raw points in each; a partial first/last bucket dropped), without
+    choosing the cadence, filling gaps or asking for a length: {bucket start: value}, empty
+    buckets left out. The closed loop (planner/plan/outcome.py) puts later demand on the
+    buckets of a stored forecast this way."""
+    import numpy as np
+
+    if not (cadence_s > 0 and math.isfinite(cadence_s)):
+        raise SeriesError(f"cadence must be a positive number of seconds, got {cadence_s!r}")
+    if agg not in AGGREGATIONS:
+        raise SeriesError(f"agg must be one of {', '.join(AGGREGATIONS)}, got {agg!r}")
+    t, v, _ = to_epoch_arrays(series)
+    if not len(t):
+        return {}
+    diffs = np.diff(t)
+    diffs = diffs[diffs > 0]
+    native = float(np.median(diffs)) if diffs.size else cadence_s
+    start, values, _ = _bucket(t, v, cadence_s, native, agg)
+    return {
+        start + i * cadence_s: float(x) for i, x in enumerate(values.tolist()) if math.isfinite(x)
+    }
+
+
 def prepare(series: pd.Series, *, what: str, agg: str = "mean") -> Prepared:
     """Check, resample and gap-fill ``series``; raise InsufficientHistory when too short."""
     import numpy as np

@@ -4,11 +4,16 @@
 - ``observe``: what is happening; ``fits`` and ``forecast``: running the fits and forecasts
   for a plan; ``basis``: the Evidence they fill; ``groups``: plans per model group;
 - ``record``: the Plan, GroupPlan and NoData records (``Plan.to_dict()`` is the JSON);
-- ``history``: a plan as the store keeps it (:func:`plan_records`, its :func:`headline`).
+- ``history``: a plan as the store keeps it (:func:`plan_records`, its :func:`headline`);
+- ``outcome``: the closed loop, stored plans scored against what happened
+  (:func:`score_plans`, :func:`accuracy_summary`).
 """
 
 from planner.plan.build import build_plan
 from planner.plan.history import headline, plan_records
+from planner.plan.outcome import GainCheck, PlanOutcome, accuracy_summary, score_plans
 from planner.plan.record import GroupPlan, NoData, Plan, PlanDetails
 
-__all__ = ["GroupPlan", "NoData", "Plan", "PlanDetails", "build_plan", "headline", "plan_records"]
+__all__ = ["GainCheck", "GroupPlan", "NoData", "Plan", "PlanDetails", "PlanOutcome",
+           "accuracy_summary", "build_plan", "headline", "plan_records",
+           "score_plans"]  # fmt: skip

@@ -4,15 +4,20 @@ One file per fit that ran: preemptions vs KV utilization with the fitted hinge c
 band and the knee interval; throughput vs utilization per offload mode with the fitted
 curves, and the gain with its pointwise band and the break-even interval; the KV demand
 forecast with its interval and the capacity line; the LMCache hit-rate curve when fitted.
-matplotlib (Agg backend) is imported inside :func:`write_plots` only.
+:func:`write_plots` writes them as files, :func:`plot_pngs` renders the same figures to PNG
+bytes in memory (the HTML report inlines them). matplotlib (Agg backend) is imported inside
+the functions only.
 """
 
 from __future__ import annotations
 
+import io
 import math
 import textwrap
+from collections.abc import Generator
+from contextlib import closing
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, BinaryIO
 
 from collector.errors import ConfigError
 
@@ -37,30 +42,55 @@ GLYPH_EM = 0.55
 
 def write_plots(plan: Plan, directory: Path, *, seed: int = 0) -> list[Path]:
     """Write the PNGs into ``directory`` (created if needed); return the paths written."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     try:
         directory.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise ConfigError(f"--plots {directory}: cannot create directory: {exc}") from exc
     written: list[Path] = []
+    with closing(_figures(plan, seed)) as figures:
+        for name, fig in figures:
+            path = directory / name
+            try:
+                _save_png(fig, path)
+            except OSError as exc:
+                raise ConfigError(f"--plots: cannot write {path}: {exc}") from exc
+            written.append(path)
+    return written
+
+
+def plot_pngs(plan: Plan, *, seed: int = 0) -> dict[str, bytes]:
+    """The same PNGs as :func:`write_plots`, rendered in memory: PLOT_FILES name -> bytes
+    (only the plots whose fit or forecast ran, in PLOT_FILES order)."""
+    out: dict[str, bytes] = {}
+    with closing(_figures(plan, seed)) as figures:
+        for name, fig in figures:
+            buf = io.BytesIO()
+            _save_png(fig, buf)
+            out[name] = buf.getvalue()
+    return out
+
+
+def _figures(plan: Plan, seed: int) -> Generator[tuple[str, Any], None, None]:
+    """(PLOT_FILES name, figure) of each plot that can be drawn; the caller saves the figure
+    before asking for the next one, which closes it (closing the iterator closes the last)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
     makers = (_preemptions, _throughput, _forecast, _hitrate)
     for name, make in zip(PLOT_FILES, makers, strict=True):
         fig = make(plan, seed)
         if fig is None:
             continue
-        path = directory / name
         try:
-            fig.savefig(path, dpi=100, bbox_inches="tight")
-        except OSError as exc:
-            raise ConfigError(f"--plots: cannot write {path}: {exc}") from exc
+            yield name, fig
         finally:
             plt.close(fig)
-        written.append(path)
-    return written
+
+
+def _save_png(fig: Any, target: Path | BinaryIO) -> None:
+    fig.savefig(target, format="png", dpi=100, bbox_inches="tight")
 
 
 def _note(fig: Any, lines: list[str]) -> None:
@@ -122,7 +152,10 @@ def _preemptions(plan: Plan, seed: int) -> Any:
         k = fit.estimate
 
         def curve(base: float, slope: float) -> Any:
-            return base * np.exp(slope * np.maximum(0.0, grid - k)) * 60
+            # a steep upper slope bound overflows to inf far above the knee: the band is
+            # drawn up to the axes' top (set from the data below), not an error
+            with np.errstate(over="ignore"):
+                return base * np.exp(slope * np.maximum(0.0, grid - k)) * 60
 
         ax.plot(
             grid,

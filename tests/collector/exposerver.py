@@ -31,6 +31,7 @@ class Route:
     headers: dict[str, str] = field(default_factory=dict)
     hits: int = 0
     accepts: list[str] = field(default_factory=list)
+    hosts: list[str] = field(default_factory=list)  # the Host header of each hit
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -46,6 +47,7 @@ class _Handler(BaseHTTPRequestHandler):
             n = route.hits
             route.hits += 1
             route.accepts.append(self.headers.get("Accept", ""))
+            route.hosts.append(self.headers.get("Host", ""))
             self.server.inflight += 1
             self.server.max_inflight = max(self.server.max_inflight, self.server.inflight)
         try:

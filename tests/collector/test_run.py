@@ -253,13 +253,6 @@ def test_engine_facts_reads_cache_config() -> None:
     assert facts["cache_config"] == [{"block_size": "16", "num_gpu_blocks": "2048", "x": "None"}]
 
 
-def test_stats_metrics_use_kvscope_prefix_without_colon() -> None:
-    stats = CollectStats(mode="direct", scrapes=3, failures=Counter({"timeout": 2}))
-    names = [name for name, _labels, _value in stats.metrics()]
-    assert all(n.startswith("kvscope_") and ":" not in n for n in names)
-    assert ("kvscope_collect_scrape_failures_total", {"kind": "timeout"}, 2.0) in stats.metrics()
-
-
 # --------------------------------------------------------------------------- Prometheus mode
 
 

@@ -12,14 +12,17 @@ from typing import Any, TypedDict, TypeVar
 import pytest
 
 from collector.errors import ConfigError
+from collector.records import ScrapeOutcome
 from collector.sources import (
     ACCEPT_HEADER,
+    MAX_REDIRECTS,
     EngineMeta,
     Target,
     load_targets,
     parse_targets,
     scrape_all,
 )
+from collector.urlguard import URLPolicy
 from tests.collector.exposerver import expo_server
 from tests.services import free_port
 
@@ -262,3 +265,107 @@ class _Limits(TypedDict):
 def test_scrape_all_bad_limits_raise_config_error(kwargs: _Limits, message: str) -> None:
     with pytest.raises(ConfigError, match=message):
         _run(scrape_all([], **kwargs))
+
+
+# --------------------------------------------------------------------------- redirects, guard
+
+V033 = (METRICS / "vllm-0.33.0-metrics-default.txt").read_bytes()
+LOOPBACK_OK = ("127.0.0.1/32",)
+
+
+def _engine_test(host: str, _port: int) -> list[str]:
+    """The injected resolver: engine.test is 127.0.0.1, nothing else resolves (no real DNS)."""
+    if host == "engine.test":
+        return ["127.0.0.1"]
+    raise OSError(-2, "Name or service not known")
+
+
+def _scrape(target: Target) -> ScrapeOutcome:
+    (result,) = _run(scrape_all([target], timeout_s=2, concurrency=1, max_body_bytes=CAP))
+    return result.outcome
+
+
+@pytest.mark.parametrize("absolute", [False, True])
+def test_scrape_one_same_origin_redirect_followed(absolute: bool) -> None:
+    with expo_server() as srv:
+        location = (srv.base if absolute else "") + "/metrics/"
+        url = srv.add("/metrics", b"", status=307, headers={"Location": location})
+        srv.add("/metrics/", V033)
+        outcome = _scrape(Target("e0", url, "vllm"))
+        hits = srv.route("/metrics/").hits
+    assert outcome.up and outcome.series > 0 and hits == 1
+
+
+# Where a target may try to send the collector; {port} is the test server's own port.
+CROSS_HOST_REDIRECTS = [
+    "http://localhost:{port}/elsewhere",  # the same server under another host name
+    "http://169.254.169.254/latest/meta-data/iam/security-credentials/",
+    "http://[::ffff:169.254.169.254]/latest/meta-data/",
+    "https://127.0.0.1:{port}/elsewhere",  # another scheme
+    "http://127.0.0.1:{other}/elsewhere",  # another port
+    "//localhost:{port}/elsewhere",  # scheme-relative
+    "http://user@127.0.0.1:{port}/elsewhere",  # userinfo
+]
+
+
+@pytest.mark.parametrize("guarded", [False, True])
+@pytest.mark.parametrize("location", CROSS_HOST_REDIRECTS)
+def test_scrape_one_redirect_to_other_origin_not_followed(location: str, guarded: bool) -> None:
+    with expo_server() as srv:
+        port = srv.base.rsplit(":", 1)[1]
+        where = location.format(port=port, other=free_port())
+        url = srv.add("/metrics", b"", status=302, headers={"Location": where})
+        srv.add("/elsewhere", V033)
+        guard = URLPolicy(allow=LOOPBACK_OK) if guarded else None
+        outcome = _scrape(Target("e0", url, "vllm", guard=guard))
+        elsewhere = srv.route("/elsewhere").hits
+    assert not outcome.up and outcome.error_kind == "redirect"
+    assert "redirects are followed only on the target's own origin" in (outcome.error or "")
+    assert elsewhere == 0
+
+
+def test_scrape_one_redirect_loop_stops_after_max_redirects() -> None:
+    with expo_server() as srv:
+        url = srv.add("/metrics", b"", status=307, headers={"Location": "/metrics"})
+        outcome = _scrape(Target("e0", url, "vllm"))
+        hits = srv.route("/metrics").hits
+    assert outcome.error_kind == "http_status" and f"more than {MAX_REDIRECTS}" in (
+        outcome.error or ""
+    )
+    assert hits == MAX_REDIRECTS + 1
+
+
+def test_scrape_one_guarded_target_connects_to_checked_address_with_host_header() -> None:
+    with expo_server() as srv:
+        port = srv.base.rsplit(":", 1)[1]
+        srv.add("/metrics", b"", status=307, headers={"Location": f"http://engine.test:{port}/m/"})
+        srv.add("/m/", V033)
+        guard = URLPolicy(allow=LOOPBACK_OK, resolve=_engine_test)
+        outcome = _scrape(Target("e0", f"http://engine.test:{port}/metrics", "vllm", guard=guard))
+        hosts = srv.route("/metrics").hosts + srv.route("/m/").hosts
+    assert outcome.up, outcome
+    assert hosts == [f"engine.test:{port}"] * 2  # the redirect was re-pinned too
+
+
+@pytest.mark.parametrize(
+    ("url", "allow", "kind", "says"),
+    [
+        ("http://127.0.0.1:{port}/metrics", (), "refused",
+         "loopback address 127.0.0.1 not allowed (allowlist it with --allow-network"),
+        ("http://engine.test:{port}/metrics", (), "refused", "(from engine.test) not allowed"),
+        ("http://0x7f.1:{port}/metrics", LOOPBACK_OK, "refused", "is ambiguous"),
+        ("ftp://127.0.0.1:{port}/metrics", LOOPBACK_OK, "refused", "scheme 'ftp'"),
+        ("http://nowhere.test:{port}/metrics", LOOPBACK_OK, "connect", "cannot resolve"),
+    ],
+)  # fmt: skip
+def test_scrape_one_guarded_target_refused_never_connected(
+    url: str, allow: tuple[str, ...], kind: str, says: str
+) -> None:
+    with expo_server() as srv:
+        srv.add("/metrics", V033)
+        guard = URLPolicy(allow=allow, resolve=_engine_test)
+        target = Target("e0", url.format(port=srv.base.rsplit(":", 1)[1]), "vllm", guard=guard)
+        outcome = _scrape(target)
+        hits = srv.route("/metrics").hits
+    assert not outcome.up and outcome.error_kind == kind and says in (outcome.error or "")
+    assert hits == 0

@@ -6,7 +6,6 @@ import json
 import math
 import sqlite3
 import threading
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -39,22 +38,6 @@ def grid(sources: int = 3, signals: int = 4, minutes: int = 5) -> list[Window]:
         for s in range(sources)
         for k in range(signals)
     ]
-
-
-@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
-def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
-    """A fresh, empty store: a SQLite file, or a new schema on the shared PostgreSQL."""
-    if request.param == "sqlite":
-        yield f"sqlite:///{tmp_path / 'nested' / 'kvscope.db'}"
-        return
-    server: str = request.getfixturevalue("postgres_url")
-    admin = server.replace("postgresql+psycopg://", "postgresql://")
-    schema = f"t_{uuid.uuid4().hex[:16]}"  # a schema is ~1000x faster to make than a database
-    with psycopg.connect(admin, autocommit=True) as con:
-        con.execute(f"CREATE SCHEMA {schema}")
-    yield f"{server}?options=-csearch_path%3D{schema}"
-    with psycopg.connect(admin, autocommit=True) as con:
-        con.execute(f"DROP SCHEMA {schema} CASCADE")
 
 
 @pytest.fixture
@@ -314,6 +297,19 @@ def test_targets_and_clusters_upsert(store: Store) -> None:
         store.upsert_target("e3", "http://c", kind="redis")
     with pytest.raises(ConfigError, match="cluster name"):
         store.upsert_cluster("")
+
+
+def test_delete_target_existing_removed_absent_false(store: Store) -> None:
+    store.upsert_target("e1", "http://a/metrics", cluster="east")
+    store.upsert_target("e2", "http://b/metrics", cluster="east")
+    store.write_outcomes([ScrapeOutcome("e1", T0, 0.1, True)])
+    assert store.delete_target("e1") is True
+    assert [t.name for t in store.targets()] == ["e2"]
+    assert store.delete_target("e1") is False  # already gone
+    assert store.delete_target("never") is False
+    assert [o.target for o in store.outcomes()] == ["e1"]  # its history stays
+    store.upsert_target("e1", "http://c/metrics", cluster="west")  # the name can come back
+    assert [(t.name, t.cluster) for t in store.targets()] == [("e2", "east"), ("e1", "west")]
 
 
 def test_stats_counts_range_and_signals(store: Store) -> None:

@@ -1,0 +1,161 @@
+"""The advisory API: ``create_app(settings) -> FastAPI``, thin over the store and the planner.
+
+Paths (a contract; dashboards, alert rules and compose rely on them): /healthz, /readyz,
+/v1/clusters[/{cluster}/engines|signals|plan|plans|forecast|accuracy|report], POST
+/v1/advise, POST /v1/costmodel/compare-tiers|savings, GET/POST /v1/targets, DELETE
+/v1/targets/{name}, /metrics. Errors: api/errors.py; auth: api/deps.py; heavy work:
+api/pool.py and api/cache.py.
+
+Nothing here reads the environment or opens the store at import or at creation: settings
+come from api.settings.load_settings (or the caller), the store opens on first use.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from importlib import metadata
+from typing import Any
+from urllib.parse import parse_qsl
+
+from fastapi import FastAPI
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from api import errors
+from api.cache import TTLCache
+from api.deps import AppState
+from api.pool import HeavyPool
+from api.respond import dumps
+from api.routes import advise, clusters, costmodel, health, metrics, plans, report, signals
+from api.routes import targets as targets_routes
+from api.settings import ApiSettings, load_settings, resolve
+
+access_log = logging.getLogger("kvscope.api.access")
+
+# Query parameters that carry a credential: refused (400) on every path, never read. A
+# token in a URL ends up in proxy logs, browser history and Referer headers.
+CREDENTIAL_PARAMS = frozenset(
+    {"token", "access_token", "api_token", "api_key", "apikey", "bearer", "auth",
+     "authorization", "password", "secret"}
+)  # fmt: skip
+WRITES = {("post", "/v1/targets"), ("delete", "/v1/targets/{name}")}
+OPEN_PATHS = ("/healthz", "/readyz")
+SECURITY_SCHEME = {"bearer": {"type": "http", "scheme": "bearer"}}
+
+
+def _version() -> str:
+    try:
+        return metadata.version("kvscope")
+    except metadata.PackageNotFoundError:
+        return "0+unknown"
+
+
+class EdgeMiddleware:
+    """Refuses credentials in the query string; logs each request as method, path (no query
+    string, no headers: nothing that could hold a token), status and milliseconds."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        start = time.perf_counter()
+        status = 500
+        try:
+            status = await self._answer(scope, receive, send)
+        finally:
+            if access_log.isEnabledFor(logging.INFO):
+                ms = (time.perf_counter() - start) * 1000
+                access_log.info("%s %s %d %.1fms", scope["method"], scope["path"], status, ms)
+
+    async def _answer(self, scope: Scope, receive: Receive, send: Send) -> int:
+        """Serve the request (or refuse it); return the status sent (500 if none was)."""
+        raw = scope.get("query_string", b"").decode("latin-1")
+        names = {k.lower() for k, _ in parse_qsl(raw, keep_blank_values=True)}
+        refused = sorted(names & CREDENTIAL_PARAMS)
+        if refused:
+            body = dumps(
+                {
+                    "error": "credentials are not accepted in the query string: send "
+                    "Authorization: Bearer <token>",
+                    "field": refused[0],
+                }
+            )
+            headers = [(b"content-type", b"application/json"),
+                       (b"content-length", str(len(body)).encode())]  # fmt: skip
+            await send({"type": "http.response.start", "status": 400, "headers": headers})
+            await send({"type": "http.response.body", "body": body})
+            return 400
+        status = 500
+
+        async def send_status(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = int(message["status"])
+            await send(message)
+
+        await self.app(scope, receive, send_status)
+        return status
+
+
+def _openapi(app: FastAPI, settings: ApiSettings) -> dict[str, Any]:
+    """FastAPI's document plus the bearer scheme on writes (and reads when they need it)."""
+    if app.openapi_schema is not None:
+        return app.openapi_schema
+    from fastapi.openapi.utils import get_openapi
+
+    doc = get_openapi(
+        title=app.title, version=app.version, description=app.description, routes=app.routes
+    )
+    doc.setdefault("components", {})["securitySchemes"] = SECURITY_SCHEME
+    error_content = {"application/json": {"schema": {"$ref": "#/components/schemas/ErrorBody"}}}
+    for path, ops in doc.get("paths", {}).items():
+        for method, op in ops.items():
+            for code, response in op.get("responses", {}).items():
+                if code.startswith(("4", "5")):  # JSON even where the 200 is HTML or text
+                    response["content"] = error_content
+            guarded = (method, path) in WRITES or (
+                settings.reads_require_token and path not in OPEN_PATHS
+            )
+            if guarded:
+                op["security"] = [{"bearer": []}]
+    app.openapi_schema = doc
+    return doc
+
+
+def create_app(settings: ApiSettings | None = None) -> FastAPI:
+    """The API of ``settings`` (default: :func:`api.settings.load_settings`, read now)."""
+    settings = resolve(settings if settings is not None else load_settings())
+    state = AppState(
+        settings=settings,
+        pool=HeavyPool(
+            settings.advise_workers, settings.advise_queue, retry_floor_s=settings.retry_after_s
+        ),
+        cache=TTLCache(settings.cache_ttl_s, settings.cache_entries),
+    )
+
+    @asynccontextmanager
+    async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
+        yield
+        state.close()
+
+    app = FastAPI(
+        title="kvscope",
+        version=_version(),
+        description="Observability and capacity planning for vLLM + LMCache clusters: "
+        "what is happening, whether KV offload pays and which kind, when KV runs out. Every "
+        'error is `{"error": …, "field": …}`.',
+        lifespan=lifespan,
+    )
+    app.state.kvscope = state
+    errors.install(app)
+    for module in (health, clusters, signals, plans, report, advise, costmodel, metrics):
+        app.include_router(module.router)
+    app.include_router(targets_routes.router)
+    app.add_middleware(EdgeMiddleware)
+    app.openapi = lambda: _openapi(app, settings)  # type: ignore[method-assign]
+    return app

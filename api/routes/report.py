@@ -1,0 +1,41 @@
+"""GET /v1/clusters/{cluster}/report: the HTML report of `kvscope report`, on the pool."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Depends
+from fastapi.responses import HTMLResponse, Response
+
+from api.deps import Cluster, State, StoreDep, cached_heavy, require_read
+from api.errors import ApiError, responses
+from collector.errors import ConfigError
+
+router = APIRouter(prefix="/v1", tags=["report"], dependencies=[Depends(require_read)])
+
+
+@router.get(
+    "/clusters/{cluster}/report",
+    response_class=HTMLResponse,
+    responses={
+        200: {"content": {"text/html": {"schema": {"type": "string"}}}},
+        **responses(400, 401, 404, 422, 429, 503),
+    },
+)
+async def report(cluster: Cluster, store: StoreDep, state: State) -> Response:
+    """One self-contained HTML page (images inline): the fits, the forecast band against
+    HBM capacity, the decision with its sources and the closed-loop table; built from the
+    cluster's windows now (its plan is not stored); the same page for cache_ttl_s."""
+    from planner.plan import NoData
+    from planner.report import render_report
+
+    seconds = state.settings.forecast_seconds
+
+    def work() -> str:
+        return render_report(store, cluster, forecast_seconds=seconds)
+
+    try:
+        html = str(await cached_heavy(state, f"report\x00{cluster}", work, "reports"))
+    except NoData as exc:
+        raise ApiError(404, str(exc), "cluster") from exc
+    except ConfigError as exc:
+        raise ApiError(422, str(exc), "cluster") from exc
+    return HTMLResponse(html)

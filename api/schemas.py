@@ -1,0 +1,473 @@
+"""The API's request and response models (pydantic stays here, at the edge).
+
+Every field has real bounds and an example. Names of models, GPUs and tiers are checked
+exactly against the built-in catalogue (planner/model/data/hardware.yaml) and listed as an
+``enum`` in the OpenAPI document; the catalogue is read when the schema or a request first
+needs it, not at import. Bounds beyond the CLI's own checks keep one request cheap: prompt +
+output tokens stay within every catalogued model's context (40,960 tokens), a what-if
+simulates at most 64 engines and 600 s.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Annotated, Any, Literal
+
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field
+
+JsonObject = dict[str, Any]
+
+
+def _integral(value: Any) -> Any:
+    """JSON Schema's integer includes 8000.0: accept it as 8000 (strict models refuse
+    floats for ints, as they refuse "8000" and true, which we want refused)."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value
+
+
+JsonInt = Annotated[int, BeforeValidator(_integral)]
+
+
+def _nullable(schema: dict[str, Any]) -> None:
+    """``anyOf: [{type: integer, bounds}, {type: null}]`` -> ``{type: [integer, null],
+    bounds}``: one schema, so generators keep the bounds (one did not, under anyOf)."""
+    alts = schema.get("anyOf")
+    if not isinstance(alts, list) or len(alts) != 2 or {"type": "null"} not in alts:
+        return
+    (inner,) = [a for a in alts if a != {"type": "null"}]
+    del schema["anyOf"]
+    schema.update({**inner, "type": [inner["type"], "null"]})
+
+
+@functools.cache
+def catalog_names(kind: Literal["models", "gpus", "tiers"]) -> tuple[str, ...]:
+    """Canonical names and aliases of one section of the built-in catalogue, sorted."""
+    from planner import model as planner_model
+
+    cat = planner_model.hardware.builtin_catalog()
+    table: Any = getattr(cat, kind)
+    names = set(table) | {alias for alias, name in cat.aliases.items() if name in table}
+    return tuple(sorted(names))
+
+
+def _enum_of(kind: Literal["models", "gpus", "tiers"]) -> Callable[[JsonObject], None]:
+    def extra(schema: JsonObject) -> None:
+        schema["enum"] = list(catalog_names(kind))
+
+    return extra
+
+
+def _known(kind: Literal["models", "gpus", "tiers"]) -> Callable[[str], str]:
+    what = kind.removesuffix("s") if kind != "gpus" else "GPU"
+
+    def check(name: str) -> str:
+        if name not in catalog_names(kind):
+            known = ", ".join(catalog_names(kind))
+            raise ValueError(f"unknown {what} {name!r}; known: {known}")
+        return name
+
+    return check
+
+
+ModelName = Annotated[
+    str,
+    Field(
+        min_length=1,
+        max_length=100,
+        description="model name in kvscope's catalogue (`kvscope costmodel catalog`)",
+        examples=["llama-3.1-8b"],
+        json_schema_extra=_enum_of("models"),
+    ),
+    AfterValidator(_known("models")),
+]
+GpuName = Annotated[
+    str,
+    Field(
+        min_length=1,
+        max_length=100,
+        description="GPU name in kvscope's catalogue",
+        examples=["h100"],
+        json_schema_extra=_enum_of("gpus"),
+    ),
+    AfterValidator(_known("gpus")),
+]
+TierName = Annotated[
+    str,
+    Field(
+        min_length=1,
+        max_length=100,
+        description="storage tier name in kvscope's catalogue",
+        examples=["cpu-dram-pcie"],
+        json_schema_extra=_enum_of("tiers"),
+    ),
+    AfterValidator(_known("tiers")),
+]
+TensorParallel = Annotated[Literal[1, 2, 4, 8], BeforeValidator(_integral)]
+KvDtype = Literal["auto", "bf16", "fp8"]
+ClusterName = Annotated[
+    str, Field(min_length=1, max_length=200, pattern=r"^\S(.*\S)?$", examples=["prod-a"])
+]
+TargetName = Annotated[
+    str,
+    Field(
+        min_length=1,
+        max_length=200,
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9._:@-]*$",
+        description="unique target name; it becomes the `source` of its windows",
+        examples=["engine-0"],
+    ),
+]
+DURATION_PATTERN = r"^[1-9][0-9]{0,3}(s|m|h|d|w)$"
+Duration = Annotated[
+    str,
+    Field(
+        pattern=DURATION_PATTERN,
+        max_length=5,
+        description="a duration: a whole number 1–9999 and a unit s, m, h, d or w",
+        examples=["15m"],
+    ),
+]
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class _Request(BaseModel):
+    """A request body: unknown keys refused, no coercion ("8" is not 8, true is not 1)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+
+# ------------------------------------------------------------------------------- errors
+
+
+class ErrorBody(_Model):
+    """Every error the API answers: what went wrong and, when one input caused it, which."""
+
+    error: str = Field(examples=["unknown cluster 'prod-x' (GET /v1/clusters lists them)"])
+    field: str | None = Field(examples=["cluster"])
+
+
+# ------------------------------------------------------------------------------- health
+
+
+class Health(_Model):
+    status: Literal["ok"] = Field(examples=["ok"])
+
+
+class Ready(_Model):
+    status: Literal["ready"] = Field(examples=["ready"])
+    schema_version: int = Field(ge=1, examples=[2])
+
+
+# ------------------------------------------------------------------------------- clusters
+
+
+class ClusterOut(_Model):
+    name: str = Field(examples=["prod-a"])
+    engines: int = Field(ge=0, examples=[8], description="registered engines")
+    targets: int = Field(ge=0, examples=[9], description="registered scrape targets")
+
+
+class ClustersOut(_Model):
+    clusters: list[ClusterOut] = Field(examples=[[{"name": "prod-a", "engines": 8, "targets": 9}]])
+
+
+class EngineOut(_Model):
+    source: str = Field(examples=["engine-0"], description="the scrape source of its windows")
+    model: str | None = Field(examples=["llama-3.1-8b"])
+    gpu: str | None = Field(examples=["h100"])
+    hbm_gb: float | None = Field(examples=[80.0])
+    tensor_parallel: int | None = Field(examples=[1])
+    offload: str = Field(examples=["native"], description="none, native or lmcache")
+    facts: JsonObject = Field(
+        examples=[{"num_gpu_blocks": 28000, "block_size": 16}],
+        description="engine facts (the labels of the engine's cache-config info series)",
+    )
+
+
+class EnginesOut(_Model):
+    cluster: str = Field(examples=["prod-a"])
+    engines: list[EngineOut] = Field(
+        examples=[
+            [
+                {
+                    "source": "engine-0",
+                    "model": "llama-3.1-8b",
+                    "gpu": "h100",
+                    "hbm_gb": None,
+                    "tensor_parallel": 1,
+                    "offload": "none",
+                    "facts": {},
+                }
+            ]
+        ]
+    )
+
+
+# ------------------------------------------------------------------------------- signals
+
+
+class SignalValue(_Model):
+    value: float | None = Field(examples=[0.83], description="None: not measurable there")
+    stat: str = Field(examples=["mean"], description="mean, rate, ratio or p90 of the window")
+    unit: str = Field(examples=["ratio"])
+    window_start: float = Field(examples=[1764000000.0], description="epoch s")
+    window_s: float = Field(examples=[60.0])
+
+
+class EngineSignals(_Model):
+    source: str = Field(examples=["engine-0"])
+    offload: str | None = Field(examples=["none"], description="None: not a registered engine")
+    window_start: float = Field(examples=[1764000000.0], description="its latest window")
+    age_s: float = Field(examples=[75.0], description="now − the end of its latest window")
+    tokens_per_s: float | None = Field(
+        examples=[5120.0], description="prompt + generation tokens per second"
+    )
+    signals: dict[str, SignalValue] = Field(
+        examples=[
+            {
+                "kv_cache_usage_ratio": {
+                    "value": 0.83,
+                    "stat": "mean",
+                    "unit": "ratio",
+                    "window_start": 1764000000.0,
+                    "window_s": 60.0,
+                }
+            }
+        ],
+        description="by canonical signal name (collector/catalog.py)",
+    )
+
+
+class SignalsOut(_Model):
+    cluster: str = Field(examples=["prod-a"])
+    since_s: float = Field(examples=[900.0])
+    now: float = Field(examples=[1764000135.0])
+    engines: list[EngineSignals] = Field(examples=[[]])
+
+
+# ------------------------------------------------------------------------------- plans
+
+_HEADLINE_EXAMPLE = {"score": 0.55, "breakeven_native": 0.71, "p_saturation": 0.2}
+
+
+class PlanSummary(_Model):
+    id: int = Field(examples=[12])
+    cluster: str = Field(examples=["prod-a"])
+    group: str = Field(examples=[""], description='"" is the whole-cluster plan')
+    created_at: float = Field(examples=[1764000000.0])
+    age_s: float = Field(examples=[600.0])
+    window_from: float = Field(examples=[1763913600.0])
+    window_until: float = Field(examples=[1764000000.0])
+    horizon_s: float = Field(examples=[604800.0])
+    version: str = Field(examples=["0.1.0"])
+    mode: str | None = Field(examples=["native"], description="None: decided per group")
+    headline: dict[str, float | None] = Field(examples=[_HEADLINE_EXAMPLE])
+
+
+class PlanOut(PlanSummary):
+    document: JsonObject = Field(
+        examples=[{"decision": {"mode": "native"}}],
+        description="the `kvscope plan --json` object",
+    )
+
+
+class PlansOut(_Model):
+    cluster: str = Field(examples=["prod-a"])
+    group: str | None = Field(examples=[None], description="None: every group")
+    since_s: float | None = Field(examples=[604800.0], description="None: all history")
+    plans: list[PlanSummary] = Field(examples=[[]], description="newest first")
+
+
+class ForecastOut(_Model):
+    cluster: str = Field(examples=["prod-a"])
+    group: str = Field(examples=[""])
+    plan_id: int = Field(examples=[12])
+    created_at: float = Field(examples=[1764000000.0])
+    age_s: float = Field(examples=[600.0])
+    forecast: JsonObject = Field(
+        examples=[{"kv_demand": {"method": "naive @60s"}}],
+        description="the plan's forecast section",
+    )
+
+
+class AccuracyOut(_Model):
+    cluster: str = Field(examples=["prod-a"])
+    summary: JsonObject = Field(examples=[{"plans_scored": 3}])
+    outcomes: list[JsonObject] = Field(examples=[[]], description="one per scored plan")
+
+
+# ------------------------------------------------------------------------------- advise
+
+
+class WhatIfIn(_Request):
+    """The workload and deployment of `kvscope advise` (same names, same meaning)."""
+
+    model: ModelName
+    gpu: GpuName
+    tp: TensorParallel = Field(examples=[1], description="tensor-parallel GPUs per engine")
+    prompt_tokens: JsonInt = Field(ge=1, le=32_768, examples=[8000])
+    output_tokens: JsonInt = Field(ge=1, le=8_192, examples=[256])
+    qps: float = Field(ge=0.001, le=1_000, examples=[8.0], description="requests/s, cluster")
+    prefix_share: float = Field(
+        ge=0, le=1, examples=[0.75], description="share of each prompt that is a shared prefix"
+    )
+    engines: JsonInt = Field(1, ge=1, le=64, examples=[4])
+    prefix_tokens: (
+        Annotated[int, Field(ge=1, le=1_000_000_000), BeforeValidator(_integral)] | None
+    ) = Field(
+        None,
+        examples=[120000],
+        description="distinct prefix tokens",
+        json_schema_extra=_nullable,
+    )
+    cpu_gb: float | None = Field(
+        None,
+        ge=1,
+        le=16_384,
+        examples=[512.0],
+        description="host DRAM per node for KV, GiB",
+        json_schema_extra=_nullable,
+    )
+    vllm_version: str = Field(
+        "0.33.0",
+        pattern=r"^0\.(1[1-9]|2[0-9]|3[0-3])\.[0-9]{1,3}$",
+        examples=["0.33.0"],
+        description="vLLM release the configs are for (0.11–0.33)",
+    )
+    duration_s: float = Field(
+        300.0, ge=1, le=600, examples=[60.0], description="simulated seconds per mode"
+    )
+    seed: JsonInt = Field(0, ge=0, le=2**31 - 1, examples=[0])
+
+
+class AdviceOut(_Model):
+    inputs: JsonObject = Field(examples=[{"model": "llama-3.1-8b"}])
+    decision: JsonObject = Field(examples=[{"mode": "native", "score": 0.55}])
+    simulated: JsonObject = Field(examples=[{"modes": {}}])
+    cost_model: JsonObject = Field(examples=[{"kv_bytes_per_token": 131072}])
+    sizing: JsonObject = Field(examples=[{"engines": 4}])
+    configs: JsonObject = Field(examples=[{"vllm": "--kv-offloading-size 110"}])
+    evidence: JsonObject = Field(examples=[{"engines": 4}])
+    scenario: JsonObject = Field(examples=[{"name": "advise"}])
+    notes: list[str] = Field(examples=[["simulated, not measured"]])
+
+
+# ------------------------------------------------------------------------------- costmodel
+
+
+class CompareTiersIn(_Request):
+    """`kvscope costmodel compare-tiers`: re-read a prompt's KV from each tier or re-prefill."""
+
+    model: ModelName
+    tokens: JsonInt = Field(ge=1, le=1_048_576, examples=[4096])
+    tiers: list[TierName] | None = Field(
+        None, min_length=1, max_length=32, examples=[["ceph-hdd"]], description="None: all"
+    )
+    gpu: GpuName = "h100"
+    tp: TensorParallel = Field(1, examples=[4])
+    kv_dtype: Literal["auto", "bf16", "fp8", "both"] = Field("auto", examples=["both"])
+
+
+class CompareTiersOut(_Model):
+    model: str = Field(examples=["llama-3.1-70b-fp8"])
+    gpu: str = Field(examples=["h100-80gb"])
+    tp: int = Field(examples=[4])
+    tokens: int = Field(examples=[4096])
+    kv_dtypes: list[str] = Field(examples=[["fp8", "bf16"]])
+    tiers: list[str] = Field(examples=[["ceph-hdd"]])
+    mfu_range: dict[str, float] = Field(examples=[{"low": 0.2, "high": 0.6}])
+    note: str | None = Field(examples=[None])
+    comparisons: list[JsonObject] = Field(examples=[[{"kv_dtype": "fp8", "tier": "ceph-hdd"}]])
+
+
+class SavingsIn(_Request):
+    """`kvscope costmodel savings`: what caching a tenant's shared prefix saves."""
+
+    model: ModelName
+    gpu: GpuName
+    prefix_tokens: JsonInt = Field(ge=1, le=1_048_576, examples=[6000])
+    queries_per_hour: float = Field(ge=0, le=10_000_000, examples=[200.0])
+    tp: TensorParallel = Field(1, examples=[4])
+    tier: TierName = "cpu-dram-pcie"
+    gpu_hour_usd: float | None = Field(
+        None,
+        ge=0,
+        le=10_000,
+        examples=[3.0],
+        description="None: report GPU-seconds only",
+        json_schema_extra=_nullable,
+    )
+    mfu: float = Field(0.5, ge=0.01, le=1, examples=[0.5], description="prefill MFU")
+    hit_probability: float = Field(1.0, ge=0, le=1, examples=[0.9])
+    cache_lifetime_s: float = Field(3600.0, ge=1, le=31_536_000, examples=[3600.0])
+    kv_dtype: KvDtype = Field("auto", examples=["auto"])
+
+
+class SavingsOut(_Model):
+    model: str = Field(examples=["llama-3.1-70b"])
+    gpu: str = Field(examples=["h100-80gb"])
+    tp: int = Field(examples=[4])
+    tier: str = Field(examples=["cpu-dram-pcie"])
+    kv_bytes_per_token: float = Field(examples=[327680.0])
+    prefix_tokens: int = Field(examples=[6000])
+    prefix_kv_bytes: float = Field(examples=[1966080000.0])
+    queries_per_hour: float = Field(examples=[200.0])
+    hit_probability: float = Field(examples=[1.0])
+    cache_lifetime_s: float = Field(examples=[3600.0])
+    mfu: float = Field(examples=[0.5])
+    prefill_seconds: float = Field(examples=[0.42])
+    reload_seconds: float = Field(examples=[0.05])
+    reuses_per_hour: float = Field(examples=[199.0])
+    saved_gpu_seconds_per_hour: float = Field(examples=[294.5])
+    gpu_hour_usd: float | None = Field(examples=[3.0])
+    saved_usd_per_hour: float | None = Field(examples=[0.245])
+    formula: str = Field(examples=["saved_gpu_seconds_per_hour = …"])
+    verdict: str = Field(examples=["caching pays"])
+    sources: dict[str, str] = Field(examples=[{"model": "config.json", "gpu": "datasheet"}])
+    assumptions: list[str] = Field(examples=[["no eviction within the cache lifetime"]])
+
+
+# ------------------------------------------------------------------------------- targets
+
+
+class TargetIn(_Request):
+    """A scrape target for the collector (stored in the store's targets table)."""
+
+    name: TargetName
+    url: str = Field(
+        min_length=8,
+        max_length=2000,
+        pattern=r"^[hH][tT][tT][pP][sS]?://[^\s]+$",
+        examples=["http://10.0.0.5:8000/metrics"],
+        description="http(s) URL of its /metrics; private or loopback addresses only in "
+        "allowed_target_networks, link-local and metadata addresses never",
+    )
+    kind: Literal["vllm", "lmcache", "prometheus"] = Field("vllm", examples=["vllm"])
+    cluster: ClusterName = "default"
+
+
+class TargetOut(_Model):
+    name: str = Field(examples=["engine-0"])
+    url: str = Field(examples=["http://10.0.0.5:8000/metrics"])
+    kind: str = Field(examples=["vllm"])
+    cluster: str = Field(examples=["prod-a"])
+
+
+class TargetsOut(_Model):
+    targets: list[TargetOut] = Field(
+        examples=[
+            [
+                {
+                    "name": "engine-0",
+                    "url": "http://10.0.0.5:8000/metrics",
+                    "kind": "vllm",
+                    "cluster": "prod-a",
+                }
+            ]
+        ]
+    )

@@ -1,0 +1,222 @@
+"""The collector's own health metrics and their HTTP endpoint
+(``kvscope collect --metrics-addr HOST:PORT``).
+
+- :class:`CollectorHealth` holds its own CollectorRegistry of the collector metrics
+  collector.selfmetrics names (``COLLECTOR_METRICS``), fed by the collect loop: one
+  :meth:`~CollectorHealth.scraped` per scrape, :meth:`~CollectorHealth.ticked` after each tick;
+- :func:`serve_metrics` serves a registry on HOST:PORT from a daemon thread
+  (:func:`parse_listen_addr` checks the address first).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import threading
+import time
+from collections.abc import Iterable
+from types import TracebackType
+from typing import Protocol, Self
+from wsgiref.simple_server import WSGIServer
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.exposition import start_http_server
+
+from collector.errors import ConfigError
+from collector.selfmetrics import (
+    BUILD_INFO,
+    COLLECTOR_INFO,
+    COLLECTOR_LAST_SUCCESSFUL_TICK,
+    COLLECTOR_SCRAPE_DURATION,
+    COLLECTOR_SCRAPES,
+    COLLECTOR_SKIPPED_TICKS,
+    COLLECTOR_STORE_ERRORS,
+    COLLECTOR_TARGET_UP,
+    COLLECTOR_TARGETS,
+    COLLECTOR_TICK_LAG,
+    COLLECTOR_TICKS,
+    COLLECTOR_WINDOWS_WRITTEN,
+    SCRAPE_DURATION_BUCKETS,
+)
+
+__all__ = [
+    "CollectorHealth",
+    "LoopStats",
+    "MetricsServer",
+    "parse_listen_addr",
+    "serve_metrics",
+]
+
+
+class LoopStats(Protocol):
+    """The collect loop's running totals (collector.run.CollectStats satisfies it)."""
+
+    @property
+    def ticks(self) -> int: ...
+    @property
+    def skipped_ticks(self) -> int: ...
+    @property
+    def windows_written(self) -> int: ...
+    @property
+    def store_errors(self) -> int: ...
+    @property
+    def loop_errors(self) -> int: ...
+    @property
+    def last_lag_s(self) -> float: ...
+
+
+class CollectorHealth:
+    """The collector's own metrics in a registry of their own (not prometheus_client's global
+    one). The loop calls :meth:`scraped` per scrape and :meth:`ticked` after every tick."""
+
+    def __init__(
+        self, *, version: str, cluster: str, mode: str, targets: Iterable[str] = ()
+    ) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self._scrapes = Counter(
+            COLLECTOR_SCRAPES.name, COLLECTOR_SCRAPES.help, COLLECTOR_SCRAPES.labels, registry=r
+        )
+        self._duration = Histogram(
+            COLLECTOR_SCRAPE_DURATION.name,
+            COLLECTOR_SCRAPE_DURATION.help,
+            COLLECTOR_SCRAPE_DURATION.labels,
+            registry=r,
+            buckets=SCRAPE_DURATION_BUCKETS,
+        )
+        self._up = Gauge(
+            COLLECTOR_TARGET_UP.name, COLLECTOR_TARGET_UP.help, COLLECTOR_TARGET_UP.labels,
+            registry=r,
+        )  # fmt: skip
+        self._targets = Gauge(COLLECTOR_TARGETS.name, COLLECTOR_TARGETS.help, registry=r)
+        self._windows = Counter(
+            COLLECTOR_WINDOWS_WRITTEN.name, COLLECTOR_WINDOWS_WRITTEN.help, registry=r
+        )
+        self._store_errors = Counter(
+            COLLECTOR_STORE_ERRORS.name, COLLECTOR_STORE_ERRORS.help, registry=r
+        )
+        self._ticks = Counter(COLLECTOR_TICKS.name, COLLECTOR_TICKS.help, registry=r)
+        self._skipped = Counter(
+            COLLECTOR_SKIPPED_TICKS.name, COLLECTOR_SKIPPED_TICKS.help, registry=r
+        )
+        self._lag = Gauge(COLLECTOR_TICK_LAG.name, COLLECTOR_TICK_LAG.help, registry=r)
+        self._last_ok = Gauge(
+            COLLECTOR_LAST_SUCCESSFUL_TICK.name, COLLECTOR_LAST_SUCCESSFUL_TICK.help, registry=r
+        )
+        info = Gauge(COLLECTOR_INFO.name, COLLECTOR_INFO.help, COLLECTOR_INFO.labels, registry=r)
+        info.labels(cluster=cluster, mode=mode).set(1)
+        build = Gauge(BUILD_INFO.name, BUILD_INFO.help, BUILD_INFO.labels, registry=r)
+        build.labels(version=version).set(1)
+        self._seen: dict[str, int] = {}
+        self._outcomes: dict[str, set[str]] = {}  # target -> outcomes with a series
+        self._lock = threading.Lock()
+        self.set_targets(targets)
+
+    def set_targets(self, targets: Iterable[str]) -> None:
+        """The targets scraped from now on (the loop calls it at every tick, as targets
+        registered in the store come and go): their count; a new one gets a zero ``up``
+        scrape count and an empty duration histogram, so rates exist before its first scrape
+        ends; a gone one's series are removed."""
+        names = set(targets)
+        self._targets.set(len(names))
+        with self._lock:
+            new, gone = names - self._outcomes.keys(), self._outcomes.keys() - names
+            for name in gone:
+                for outcome in self._outcomes.pop(name):
+                    self._scrapes.remove(name, outcome)
+            for name in new:
+                self._outcomes[name] = {"up"}
+        for name in sorted(gone):
+            self._duration.remove(name)
+            self._up.remove(name)
+        for name in sorted(new):
+            self._scrapes.labels(target=name, outcome="up")
+            self._duration.labels(target=name)
+
+    def scraped(self, target: str, outcome: str, duration_s: float) -> None:
+        """One scrape of ``target``: ``outcome`` is "up" or its error kind."""
+        with self._lock:
+            self._outcomes.setdefault(target, set()).add(outcome)
+        self._scrapes.labels(target=target, outcome=outcome).inc()
+        if math.isfinite(duration_s) and duration_s >= 0:
+            self._duration.labels(target=target).observe(duration_s)
+        self._up.labels(target=target).set(1 if outcome == "up" else 0)
+
+    def ticked(self, stats: LoopStats, *, at: float | None = None) -> None:
+        """After a tick: move the counters to the loop's totals, set the lag, and stamp the
+        tick successful (at ``at``, default now) when it raised no internal or store error."""
+        totals = {
+            "ticks": stats.ticks,
+            "skipped": stats.skipped_ticks,
+            "windows": stats.windows_written,
+            "store_errors": stats.store_errors,
+            "loop_errors": stats.loop_errors,
+        }
+        with self._lock:
+            delta = {k: max(0, v - self._seen.get(k, 0)) for k, v in totals.items()}
+            self._seen = totals
+        self._ticks.inc(delta["ticks"])
+        self._skipped.inc(delta["skipped"])
+        self._windows.inc(delta["windows"])
+        self._store_errors.inc(delta["store_errors"])
+        self._lag.set(max(0.0, stats.last_lag_s))
+        if delta["ticks"] and not delta["store_errors"] and not delta["loop_errors"]:
+            self._last_ok.set(time.time() if at is None else at)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+def parse_listen_addr(text: str, what: str = "metrics address") -> tuple[str, int]:
+    """``HOST:PORT`` (``[v6]:PORT`` for IPv6) as (host, port); port 0 picks a free one."""
+    host, sep, port = text.strip().rpartition(":")
+    host = host.removeprefix("[").removesuffix("]")
+    if not sep or not host or not port.isdigit() or int(port) > 65535:
+        raise ConfigError(f"{what}: {text!r} is not HOST:PORT (e.g. 127.0.0.1:9464)")
+    return host, int(port)
+
+
+class MetricsServer:
+    """A registry served over HTTP (prometheus_client's WSGI server, daemon thread); a context
+    manager: leaving it stops the server and releases the port."""
+
+    def __init__(self, server: WSGIServer, thread: threading.Thread) -> None:
+        self._server = server
+        self._thread = thread
+        address = server.server_address
+        self.host, self.port = str(address[0]), int(address[1])
+
+    @property
+    def url(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}/metrics"
+
+    def close(self) -> None:
+        if self._thread.is_alive():
+            self._server.shutdown()
+            self._thread.join(timeout=5)
+        with contextlib.suppress(OSError):
+            self._server.server_close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+
+def serve_metrics(
+    addr: str, registry: CollectorRegistry, *, what: str = "metrics address"
+) -> MetricsServer:
+    """Serve ``registry`` on ``addr`` (HOST:PORT) until the returned server is closed."""
+    host, port = parse_listen_addr(addr, what)
+    try:
+        server, thread = start_http_server(port, addr=host, registry=registry)
+    except OSError as exc:
+        raise ConfigError(f"{what} {addr}: cannot listen: {exc.strerror or exc}") from exc
+    return MetricsServer(server, thread)

@@ -1,0 +1,177 @@
+"""The planner gauges of collector.selfmetrics (``PLAN_METRICS``) read from a store: the
+latest stored plan of every (cluster, group) — group "" is the whole-cluster plan — plus the
+closed loop's realised forecast coverage, which the caller passes in (collector does not
+import the planner).
+
+- :func:`render_plan_metrics` gives the text exposition;
+- :class:`PlanCollector` is the same as a prometheus_client collector for a registry of the
+  caller's; :func:`plan_families` the metric families both are made of.
+
+A plan figure that is None gives no series (never NaN).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any, Protocol
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import GaugeMetricFamily, Metric
+
+from collector.models import PlanRecord
+from collector.selfmetrics import (
+    BOUNDS,
+    GAIN_MODES,
+    PLAN_AGE,
+    PLAN_BREAKEVEN_KV_USAGE,
+    PLAN_CREATED,
+    PLAN_DECISION_SCORE,
+    PLAN_FORECAST_COVERAGE,
+    PLAN_FORECAST_HORIZON,
+    PLAN_FORECAST_NOMINAL_COVERAGE,
+    PLAN_KV_CAPACITY,
+    PLAN_KV_DEMAND_PEAK,
+    PLAN_KV_DEMAND_PEAK_OF_CAPACITY,
+    PLAN_KV_USAGE,
+    PLAN_METRICS,
+    PLAN_MODES,
+    PLAN_RECOMMENDED_MODE,
+    PLAN_SATURATION_PROBABILITY,
+    PLAN_THROUGHPUT_GAIN,
+    PLAN_TIME_TO_SATURATION,
+    MetricDef,
+)
+
+__all__ = ["Coverage", "PlanCollector", "PlanSource", "plan_families", "render_plan_metrics"]
+
+# (cluster, group) -> (realised coverage, nominal coverage), from planner.plan.outcome.
+Coverage = Mapping[tuple[str, str], tuple[float, float]]
+_TOKENS_UNIT = "token"  # the plan's KV demand unit ("KV tokens", or "engines of KV")
+
+
+class PlanSource(Protocol):
+    """What the plan gauges read: collector.store.Store satisfies it."""
+
+    def latest_plans(self, cluster: str | None = None) -> list[PlanRecord]: ...
+
+
+def _finite(value: Any) -> float | None:
+    if value is None or isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return float(value) if math.isfinite(value) else None
+
+
+def _demand_unit(document: Mapping[str, Any]) -> str | None:
+    """The unit the plan measured KV demand and capacity in (its forecast's, else evidence's)."""
+    forecast = document.get("forecast")
+    kv = forecast.get("kv_demand") if isinstance(forecast, Mapping) else None
+    unit = kv.get("unit") if isinstance(kv, Mapping) else None
+    if not isinstance(unit, str):
+        evidence = document.get("evidence")
+        unit = evidence.get("demand_unit") if isinstance(evidence, Mapping) else None
+    return unit if isinstance(unit, str) else None
+
+
+def _interval(
+    headline: Mapping[str, float | None], est: str, lo: str, hi: str
+) -> list[tuple[str, float]]:
+    pairs = zip(BOUNDS, (headline.get(est), headline.get(lo), headline.get(hi)), strict=True)
+    return [(bound, v) for bound, raw in pairs if (v := _finite(raw)) is not None]
+
+
+class _Families:
+    def __init__(self) -> None:
+        self.by_name = {
+            m.name: GaugeMetricFamily(m.name, m.help, labels=m.labels) for m in PLAN_METRICS
+        }
+
+    def add(self, metric: MetricDef, labels: Sequence[str], value: float | None) -> None:
+        if value is not None and math.isfinite(value):
+            self.by_name[metric.name].add_metric(list(labels), value)
+
+
+def _add_plan(out: _Families, plan: PlanRecord, now: float) -> None:
+    h = plan.headline
+    key = (plan.cluster, plan.group)
+    if plan.mode is not None:
+        modes = PLAN_MODES if plan.mode in PLAN_MODES else (*PLAN_MODES, plan.mode)
+        for mode in modes:
+            out.add(PLAN_RECOMMENDED_MODE, (*key, mode), 1.0 if mode == plan.mode else 0.0)
+    out.add(PLAN_DECISION_SCORE, key, _finite(h.get("score")))
+    for mode in GAIN_MODES:
+        for bound, v in _interval(
+            h, f"breakeven_{mode}", f"breakeven_{mode}_lo", f"breakeven_{mode}_hi"
+        ):
+            out.add(PLAN_BREAKEVEN_KV_USAGE, (*key, mode, bound), v)
+        for bound, v in _interval(
+            h, f"gain_{mode}_now", f"gain_{mode}_now_lo", f"gain_{mode}_now_hi"
+        ):
+            out.add(PLAN_THROUGHPUT_GAIN, (*key, mode, bound), v)
+    out.add(PLAN_KV_USAGE, key, _finite(h.get("kv_util_now")))
+    unit = _demand_unit(plan.document)
+    in_tokens = unit is not None and _TOKENS_UNIT in unit.lower()
+    capacity = _finite(h.get("kv_capacity"))
+    for bound, v in _interval(h, "forecast_peak", "forecast_peak_lo", "forecast_peak_hi"):
+        if in_tokens:
+            out.add(PLAN_KV_DEMAND_PEAK, (*key, bound), v)
+        if capacity is not None and capacity > 0:
+            out.add(PLAN_KV_DEMAND_PEAK_OF_CAPACITY, (*key, bound), v / capacity)
+    if in_tokens:
+        out.add(PLAN_KV_CAPACITY, key, capacity)
+    for bound, v in _interval(h, "saturation_s", "saturation_lo_s", "saturation_hi_s"):
+        out.add(PLAN_TIME_TO_SATURATION, (*key, bound), v)
+    out.add(PLAN_SATURATION_PROBABILITY, key, _finite(h.get("p_saturation")))
+    out.add(PLAN_FORECAST_HORIZON, key, _finite(plan.horizon_s) or None)
+    out.add(PLAN_AGE, key, max(0.0, now - plan.created_at))
+    out.add(PLAN_CREATED, key, plan.created_at)
+
+
+def plan_families(
+    store: PlanSource, *, now: float | None = None, coverage: Coverage | None = None
+) -> list[Metric]:
+    """The planner gauges of the latest plan of every (cluster, group), as metric families
+    (families without a series left out). ``now``: the age's reference (default: the wall
+    clock); ``coverage``: the closed loop's (realised, nominal) per (cluster, group)."""
+    at = time.time() if now is None else now
+    out = _Families()
+    for plan in store.latest_plans():
+        _add_plan(out, plan, at)
+    for (cluster, group), (realised, nominal) in sorted((coverage or {}).items()):
+        out.add(PLAN_FORECAST_COVERAGE, (cluster, group), _finite(realised))
+        out.add(PLAN_FORECAST_NOMINAL_COVERAGE, (cluster, group), _finite(nominal))
+    return [f for f in out.by_name.values() if f.samples]
+
+
+class PlanCollector:
+    """The planner gauges as a prometheus_client collector, read from the store at each
+    scrape: ``registry.register(PlanCollector(store, coverage=provider))``."""
+
+    def __init__(
+        self,
+        store: PlanSource,
+        *,
+        coverage: Callable[[], Coverage | None] | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.store = store
+        self.coverage = coverage
+        self.clock = clock
+
+    def describe(self) -> list[Metric]:
+        return []  # registering must not read the store; names are ours alone
+
+    def collect(self) -> Iterator[Metric]:
+        coverage = self.coverage() if self.coverage is not None else None
+        yield from plan_families(self.store, now=self.clock(), coverage=coverage)
+
+
+def render_plan_metrics(
+    store: PlanSource, *, now: float | None = None, coverage: Coverage | None = None
+) -> bytes:
+    """The planner gauges in the Prometheus text format (version 0.0.4); see plan_families."""
+    registry = CollectorRegistry(auto_describe=False)
+    fixed = now if now is not None else time.time()
+    registry.register(PlanCollector(store, coverage=lambda: coverage, clock=lambda: fixed))
+    return generate_latest(registry)

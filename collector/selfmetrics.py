@@ -1,0 +1,303 @@
+"""kvscope's own metrics: the one module where every ``kvscope_`` metric name is spelled.
+
+Two groups, each a set of :class:`MetricDef` constants (import them; never spell a name
+elsewhere — tests/collector/test_selfmetrics.py greps the tree for stray spellings):
+
+- the **planner** gauges of the latest stored plan of every (cluster, group), plus the closed
+  loop's realised forecast coverage: collector.plan_metrics reads them from a store
+  (:func:`~collector.plan_metrics.render_plan_metrics`,
+  :class:`~collector.plan_metrics.PlanCollector`).
+- the **collector**'s health (``kvscope collect --metrics-addr HOST:PORT``): its registry,
+  fed by the collect loop, and the HTTP server that serves it are collector.health's
+  (:class:`~collector.health.CollectorHealth`, :func:`~collector.health.serve_metrics`).
+
+Naming follows Prometheus practice: the ``kvscope_`` namespace, no colon, base units as
+suffixes (``_seconds``, ``_ratio`` for 0–1 fractions, ``_tokens`` for KV tokens), ``_total`` on
+counters, ``_info`` on info gauges (value 1, facts in labels). Labels follow the
+kubernetes-mixin habit: ``cluster`` first, then what narrows it (``group``, ``mode``,
+``bound``; ``target`` for the collector). Intervals are one metric with
+``bound="estimate|lower|upper"`` rather than three names, so a dashboard draws the band from
+one query.
+
+The README's "kvscope's own metrics" table is :func:`markdown_table`'s output
+(``python -m collector.selfmetrics`` prints it; a test keeps the two equal).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from collector.errors import ConfigError
+
+__all__ = [
+    "ALL_METRICS",
+    "BOUNDS",
+    "BUILD_INFO",
+    "COLLECTOR_INFO",
+    "COLLECTOR_LAST_SUCCESSFUL_TICK",
+    "COLLECTOR_METRICS",
+    "COLLECTOR_SCRAPES",
+    "COLLECTOR_SCRAPE_DURATION",
+    "COLLECTOR_SKIPPED_TICKS",
+    "COLLECTOR_STORE_ERRORS",
+    "COLLECTOR_TARGETS",
+    "COLLECTOR_TARGET_UP",
+    "COLLECTOR_TICKS",
+    "COLLECTOR_TICK_LAG",
+    "COLLECTOR_WINDOWS_WRITTEN",
+    "GAIN_MODES",
+    "NAMESPACE",
+    "PLAN_AGE",
+    "PLAN_BREAKEVEN_KV_USAGE",
+    "PLAN_CREATED",
+    "PLAN_DECISION_SCORE",
+    "PLAN_FORECAST_COVERAGE",
+    "PLAN_FORECAST_HORIZON",
+    "PLAN_FORECAST_NOMINAL_COVERAGE",
+    "PLAN_KV_CAPACITY",
+    "PLAN_KV_DEMAND_PEAK",
+    "PLAN_KV_DEMAND_PEAK_OF_CAPACITY",
+    "PLAN_KV_USAGE",
+    "PLAN_METRICS",
+    "PLAN_MODES",
+    "PLAN_RECOMMENDED_MODE",
+    "PLAN_SATURATION_PROBABILITY",
+    "PLAN_THROUGHPUT_GAIN",
+    "PLAN_TIME_TO_SATURATION",
+    "SCRAPE_DURATION_BUCKETS",
+    "TABLE_BEGIN",
+    "TABLE_END",
+    "MetricDef",
+    "markdown_table",
+]
+
+NAMESPACE = "kvscope"
+MetricType = Literal["gauge", "counter", "histogram"]
+
+# Every mode a plan can recommend (planner.decide.evidence.MODES; a test keeps them equal),
+# the offload modes with a gain fit, and the names of an interval's three figures.
+PLAN_MODES = ("none", "native", "lmcache", "both")
+GAIN_MODES = ("native", "lmcache")
+BOUNDS = ("estimate", "lower", "upper")
+SCRAPE_DURATION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+
+
+@dataclass(frozen=True, slots=True)
+class MetricDef:
+    """One of kvscope's metrics: its name, type, label names, unit and meaning.
+
+    ``str(metric)`` is its name, so PromQL can be written ``f"rate({COLLECTOR_SCRAPES}[5m])"``.
+    """
+
+    name: str
+    type: MetricType
+    labels: tuple[str, ...]
+    unit: str
+    help: str
+
+    def __str__(self) -> str:
+        return self.name
+
+    @property
+    def series_names(self) -> tuple[str, ...]:
+        """The sample names a scrape of this metric holds (a histogram's three; prometheus
+        client's ``_created`` companions of counters and histograms are not counted)."""
+        if self.type == "histogram":
+            return (f"{self.name}_bucket", f"{self.name}_sum", f"{self.name}_count")
+        return (self.name,)
+
+    def selector(self, **labels: str) -> str:
+        """A PromQL instant selector: ``name{label="value",…}`` (labels checked)."""
+        unknown = sorted(set(labels) - set(self.labels))
+        if unknown:
+            raise ConfigError(f"{self.name} has no label(s) {', '.join(unknown)}")
+        inner = ",".join(f'{k}="{v}"' for k, v in labels.items())
+        return f"{self.name}{{{inner}}}" if inner else self.name
+
+
+_PLAN = ("cluster", "group")
+
+# --------------------------------------------------------------------------- planner gauges
+
+PLAN_RECOMMENDED_MODE = MetricDef(
+    "kvscope_plan_recommended_mode", "gauge", (*_PLAN, "mode"), "1 or 0",
+    "The offload mode the latest plan recommends: one series per mode (none, native, lmcache, "
+    "both), 1 for the recommended one, 0 for the others.",
+)  # fmt: skip
+PLAN_DECISION_SCORE = MetricDef(
+    "kvscope_plan_decision_score", "gauge", _PLAN, "score, 0.05–0.95",
+    "Decision score of the latest plan: how far its evidence supports the decision (a score, "
+    "not a probability; planner/decide/DECIDER.md).",
+)  # fmt: skip
+PLAN_BREAKEVEN_KV_USAGE = MetricDef(
+    "kvscope_plan_breakeven_kv_cache_usage_ratio", "gauge", (*_PLAN, "mode", "bound"), "ratio 0–1",
+    "Fitted break-even KV-cache use of an offload mode (above it the mode raises throughput), "
+    "with its interval.",
+)  # fmt: skip
+PLAN_THROUGHPUT_GAIN = MetricDef(
+    "kvscope_plan_throughput_gain_ratio", "gauge", (*_PLAN, "mode", "bound"),
+    "ratio (0.12 = +12 %)",
+    "Fitted relative throughput gain of an offload mode over no offload at the current KV use, "
+    "with its interval.",
+)  # fmt: skip
+PLAN_KV_USAGE = MetricDef(
+    "kvscope_plan_kv_cache_usage_ratio", "gauge", _PLAN, "ratio 0–1",
+    "Current KV-cache use the latest plan saw: median over its history window.",
+)  # fmt: skip
+PLAN_KV_DEMAND_PEAK = MetricDef(
+    "kvscope_plan_forecast_kv_demand_peak_tokens", "gauge", (*_PLAN, "bound"), "KV tokens",
+    "Forecast peak KV demand over the plan's horizon, with its interval (only when the plan "
+    "measured demand in KV tokens; see the _ratio form).",
+)  # fmt: skip
+PLAN_KV_DEMAND_PEAK_OF_CAPACITY = MetricDef(
+    "kvscope_plan_forecast_kv_demand_peak_ratio", "gauge", (*_PLAN, "bound"),
+    "ratio of HBM KV capacity",
+    "Forecast peak KV demand over the horizon as a fraction of HBM KV-cache capacity (above 1: "
+    "demand exceeds capacity), with its interval; given whatever unit the plan measured in.",
+)  # fmt: skip
+PLAN_KV_CAPACITY = MetricDef(
+    "kvscope_plan_kv_cache_capacity_tokens", "gauge", _PLAN, "KV tokens",
+    "HBM KV-cache capacity of the planned engines (num_gpu_blocks × block_size, or the cost "
+    "model's prior), when the plan knew it in tokens.",
+)  # fmt: skip
+PLAN_TIME_TO_SATURATION = MetricDef(
+    "kvscope_plan_time_to_saturation_seconds", "gauge", (*_PLAN, "bound"), "seconds",
+    "Forecast time from the end of the plan's history until KV demand reaches HBM capacity, "
+    "with its interval (absent: no saturation within the horizon, or unknown).",
+)  # fmt: skip
+PLAN_SATURATION_PROBABILITY = MetricDef(
+    "kvscope_plan_saturation_probability_ratio", "gauge", _PLAN, "ratio 0–1",
+    "Probability that KV demand reaches HBM capacity within the plan's horizon.",
+)  # fmt: skip
+PLAN_FORECAST_HORIZON = MetricDef(
+    "kvscope_plan_forecast_horizon_seconds", "gauge", _PLAN, "seconds",
+    "How far ahead the latest plan forecast (compare with time to saturation).",
+)  # fmt: skip
+PLAN_AGE = MetricDef(
+    "kvscope_plan_age_seconds", "gauge", _PLAN, "seconds",
+    "Age of the latest plan at scrape time (now − its creation).",
+)  # fmt: skip
+PLAN_CREATED = MetricDef(
+    "kvscope_plan_created_timestamp_seconds", "gauge", _PLAN, "seconds since the epoch",
+    "When the latest plan was made.",
+)  # fmt: skip
+PLAN_FORECAST_COVERAGE = MetricDef(
+    "kvscope_plan_forecast_coverage_ratio", "gauge", _PLAN, "ratio 0–1",
+    "Closed loop: share of the KV demand observed after past plans that fell inside their "
+    "forecast intervals (realised coverage; compare with the nominal one).",
+)  # fmt: skip
+PLAN_FORECAST_NOMINAL_COVERAGE = MetricDef(
+    "kvscope_plan_forecast_nominal_coverage_ratio", "gauge", _PLAN, "ratio 0–1",
+    "Closed loop: the coverage the forecast intervals claimed (their nominal level, e.g. 0.9).",
+)  # fmt: skip
+
+PLAN_METRICS: tuple[MetricDef, ...] = (
+    PLAN_RECOMMENDED_MODE,
+    PLAN_DECISION_SCORE,
+    PLAN_BREAKEVEN_KV_USAGE,
+    PLAN_THROUGHPUT_GAIN,
+    PLAN_KV_USAGE,
+    PLAN_KV_DEMAND_PEAK,
+    PLAN_KV_DEMAND_PEAK_OF_CAPACITY,
+    PLAN_KV_CAPACITY,
+    PLAN_TIME_TO_SATURATION,
+    PLAN_SATURATION_PROBABILITY,
+    PLAN_FORECAST_HORIZON,
+    PLAN_AGE,
+    PLAN_CREATED,
+    PLAN_FORECAST_COVERAGE,
+    PLAN_FORECAST_NOMINAL_COVERAGE,
+)
+
+# --------------------------------------------------------------------------- collector health
+
+COLLECTOR_SCRAPES = MetricDef(
+    "kvscope_collector_scrapes_total", "counter", ("target", "outcome"), "scrapes",
+    "Scrapes (Prometheus mode: range queries) by target and outcome: up, or the error kind "
+    "(connect, timeout, http_status, too_large, parse, …).",
+)  # fmt: skip
+COLLECTOR_SCRAPE_DURATION = MetricDef(
+    "kvscope_collector_scrape_duration_seconds", "histogram", ("target",), "seconds",
+    "Duration of each scrape, failed ones included, by target.",
+)  # fmt: skip
+COLLECTOR_TARGET_UP = MetricDef(
+    "kvscope_collector_target_up", "gauge", ("target",), "1 or 0",
+    "1 when the target's last scrape succeeded, 0 when it failed (absent before the first).",
+)  # fmt: skip
+COLLECTOR_TARGETS = MetricDef(
+    "kvscope_collector_targets", "gauge", (), "targets",
+    "Targets the collector is configured to scrape.",
+)  # fmt: skip
+COLLECTOR_WINDOWS_WRITTEN = MetricDef(
+    "kvscope_collector_windows_written_total", "counter", (), "windows",
+    "Rolled-up windows written to the store.",
+)  # fmt: skip
+COLLECTOR_STORE_ERRORS = MetricDef(
+    "kvscope_collector_store_errors_total", "counter", (), "errors",
+    "Store writes that failed (windows are kept and retried at the next tick).",
+)  # fmt: skip
+COLLECTOR_TICKS = MetricDef(
+    "kvscope_collector_ticks_total", "counter", (), "ticks",
+    "Collect ticks run (one scrape round of every target, or one Prometheus poll).",
+)  # fmt: skip
+COLLECTOR_SKIPPED_TICKS = MetricDef(
+    "kvscope_collector_skipped_ticks_total", "counter", (), "ticks",
+    "Ticks skipped because a scrape round overran the interval (rounds never overlap).",
+)  # fmt: skip
+COLLECTOR_TICK_LAG = MetricDef(
+    "kvscope_collector_tick_lag_seconds", "gauge", (), "seconds",
+    "How late the last tick started after its scheduled time.",
+)  # fmt: skip
+COLLECTOR_LAST_SUCCESSFUL_TICK = MetricDef(
+    "kvscope_collector_last_successful_tick_timestamp_seconds", "gauge", (),
+    "seconds since the epoch",
+    "End of the last tick that ran without an internal or a store error (targets may have "
+    "been down: see the scrapes counter).",
+)  # fmt: skip
+COLLECTOR_INFO = MetricDef(
+    "kvscope_collector_info", "gauge", ("cluster", "mode"), "1",
+    "The collector's cluster and mode (direct or prometheus); value 1.",
+)  # fmt: skip
+BUILD_INFO = MetricDef(
+    "kvscope_build_info", "gauge", ("version",), "1",
+    "The running kvscope's version; value 1.",
+)  # fmt: skip
+
+COLLECTOR_METRICS: tuple[MetricDef, ...] = (
+    COLLECTOR_SCRAPES,
+    COLLECTOR_SCRAPE_DURATION,
+    COLLECTOR_TARGET_UP,
+    COLLECTOR_TARGETS,
+    COLLECTOR_WINDOWS_WRITTEN,
+    COLLECTOR_STORE_ERRORS,
+    COLLECTOR_TICKS,
+    COLLECTOR_SKIPPED_TICKS,
+    COLLECTOR_TICK_LAG,
+    COLLECTOR_LAST_SUCCESSFUL_TICK,
+    COLLECTOR_INFO,
+    BUILD_INFO,
+)
+ALL_METRICS: tuple[MetricDef, ...] = PLAN_METRICS + COLLECTOR_METRICS
+
+
+# --------------------------------------------------------------------------- documentation
+
+
+# The README's table sits between these two lines (a test keeps it equal to markdown_table()).
+TABLE_BEGIN = "<!-- metrics table: generated by `python -m collector.selfmetrics`; do not edit -->"
+TABLE_END = "<!-- end of the generated metrics table -->"
+
+
+def markdown_table() -> str:
+    """The README table of every metric: name, type, labels, meaning, unit."""
+    lines = ["| name | type | labels | meaning | unit |", "|---|---|---|---|---|"]
+    for m in ALL_METRICS:
+        labels = ", ".join(f"`{label}`" for label in m.labels) or "—"
+        meaning = m.help.replace("|", "\\|")
+        lines.append(f"| `{m.name}` | {m.type} | {labels} | {meaning} | {m.unit} |")
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    print(markdown_table(), end="")

@@ -1,0 +1,245 @@
+"""`kvscope plans list|accuracy`: the stored plans, and how they fared against what happened."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Annotated, Any
+
+import typer
+
+from collector.errors import ConfigError
+
+if TYPE_CHECKING:
+    from collector.models import PlanRecord
+    from collector.store import Store
+    from planner.plan import PlanOutcome
+
+DbOpt = Annotated[
+    str | None, typer.Option("--db", help="store URL [default: KVSCOPE_DB or sqlite]")
+]
+ClusterOpt = Annotated[str | None, typer.Option("--cluster", help="only this cluster")]
+JsonOpt = Annotated[bool, typer.Option("--json", help="one JSON object on stdout")]
+NO_PLANS = "no stored plans: `kvscope plan --save` (or --every 15m) keeps them"
+
+
+def _store(db: str | None) -> Store:
+    from pydantic import ValidationError
+
+    from collector.store import Store
+    from kvscope.commands.plan import check_sqlite_exists
+    from kvscope.config import get_settings
+
+    try:
+        url = get_settings(db=db).db
+    except ValidationError as exc:
+        raise ConfigError(f"--db (or KVSCOPE_DB): {exc.errors()[0]['msg']}") from exc
+    check_sqlite_exists(url)
+    return Store(url)
+
+
+def _utc(t: float | None) -> str:
+    return "-" if t is None else time.strftime("%Y-%m-%d %H:%M", time.gmtime(t))
+
+
+def _num(v: float | None, fmt: str = "{:.2f}") -> str:
+    return "-" if v is None else fmt.format(v)
+
+
+def _ci(h: Mapping[str, float | None], name: str, fmt: str = "{:.2f}") -> str:
+    """``name``'s estimate [``name_lo``, ``name_hi``], or - when unknown."""
+    est = h.get(name)
+    if est is None:
+        return "-"
+    return f"{fmt.format(est)} [{_num(h.get(name + '_lo'), fmt)}, {_num(h.get(name + '_hi'), fmt)}]"
+
+
+def _peak(h: Mapping[str, float | None]) -> str:
+    cap = h.get("kv_capacity")
+    if h.get("forecast_peak") is None:
+        return "-"
+    if not cap:
+        return _ci(h, "forecast_peak", "{:.4g}")
+    keys = ("forecast_peak", "forecast_peak_lo", "forecast_peak_hi")
+    share = {k: None if (v := h.get(k)) is None else v / cap for k in keys}
+    return _ci(share, "forecast_peak", "{:.0%}") + " of HBM"
+
+
+def _saturation(h: Mapping[str, float | None]) -> str:
+    from planner.plan.forecast import hours
+
+    lo, hi = h.get("saturation_lo_s"), h.get("saturation_hi_s")
+    if h.get("saturation_s") is None and lo is None:
+        return "not within the horizon"
+    p = h.get("p_saturation")
+    text = f"{hours(h.get('saturation_s'))} [{hours(lo)}, {hours(hi)}]"
+    return text + ("" if p is None else f", P {p:.0%}")
+
+
+def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip()
+             for r in [header, *rows]]  # fmt: skip
+    return "\n".join(lines) + "\n"
+
+
+def _record_dict(rec: PlanRecord) -> dict[str, Any]:
+    from planner.model.values import json_ready
+
+    out: dict[str, Any] = json_ready(
+        {
+            "id": rec.id,
+            "cluster": rec.cluster,
+            "group": rec.group,
+            "created_at": rec.created_at,
+            "window_from": rec.window_from,
+            "window_until": rec.window_until,
+            "horizon_s": rec.horizon_s,
+            "version": rec.version,
+            "mode": rec.mode,
+            "headline": dict(rec.headline),
+        }
+    )
+    return out
+
+
+def list_text(records: Sequence[PlanRecord]) -> str:
+    """The history as a table, newest first."""
+    if not records:
+        return NO_PLANS + "\n"
+    rows = [
+        [
+            _utc(r.created_at),
+            r.cluster,
+            r.group or "-",
+            f"{_utc(r.window_from)} → {_utc(r.window_until)}",
+            r.mode or "(per group)",
+            _num(r.headline.get("score")),
+            _ci(r.headline, "breakeven_native"),
+            _ci(r.headline, "breakeven_lmcache"),
+            _peak(r.headline),
+            _saturation(r.headline),
+        ]
+        for r in records
+    ]
+    header = ["created (UTC)", "cluster", "group", "window (UTC)", "mode", "score",
+              "break-even native", "break-even lmcache", "forecast peak",
+              "time to saturation"]  # fmt: skip
+    return _table(header, rows)
+
+
+def _gains(o: PlanOutcome) -> str:
+    parts = []
+    for g in o.gains:
+        got = "cannot tell" if g.measured is None else f"{g.measured:+.1%}"
+        mark = {None: "", True: " inside", False: " OUTSIDE"}[g.inside]
+        parts.append(f"{g.mode} {g.predicted:+.1%} [{g.lo:+.1%}, {g.hi:+.1%}] → {got}{mark}")
+    return "; ".join(parts) or "-"
+
+
+def accuracy_text(outcomes: Sequence[PlanOutcome], summary: Mapping[str, Any]) -> str:
+    """The closed-loop table and its summary."""
+    if not outcomes:
+        return NO_PLANS + "\n"
+    rows = []
+    for o in outcomes:
+        if o.pending:
+            cov, sat = "pending", ""
+        else:
+            cov = "-" if o.coverage is None else f"{o.kv_covered}/{o.kv_points} = {o.coverage:.0%}"
+            sat = o.saturation.replace("_", " ")
+            if o.saturated_at is not None:
+                sat += f" (at {_utc(o.saturated_at)})"
+        rows.append([str(o.plan_id), _utc(o.created_at), o.cluster, o.group or "-",
+                     _utc(o.horizon_end), f"{o.level:.0%}", cov, sat or "-",
+                     "-" if o.pending else _gains(o)])  # fmt: skip
+    header = ["plan", "created (UTC)", "cluster", "group", "horizon end", "level",
+              "KV in interval", "saturation", "gain at current use"]  # fmt: skip
+    kv, gains = summary["kv_demand"], summary["gains"]
+    lines = [f"plans: {summary['scored']} scored, {summary['pending']} pending"]
+    if kv["coverage"] is None:
+        lines.append("KV-demand coverage: nothing to compare yet")
+    else:
+        iv = kv["interval"]
+        lines.append(
+            f"KV-demand coverage: {kv['covered']}/{kv['points']} = {kv['coverage']:.1%} "
+            f"[{iv['lo']:.1%}, {iv['hi']:.1%}] ({iv['level']:.0%} Wilson) against nominal "
+            f"{kv['nominal']:.1%}, over {kv['plans']} plan(s); {kv['note']}"
+        )
+    verdicts = ", ".join(
+        f"{k.replace('_', ' ')} {n}" for k, n in summary["saturation"].items() if n
+    )
+    lines.append(f"saturation: {verdicts or '-'}")
+    if gains["checks"]:
+        lines.append(
+            f"gain at current use: {gains['inside']} inside, {gains['outside']} outside, "
+            f"{gains['cannot_tell']} cannot tell ({gains['note']})"
+        )
+    else:
+        lines.append("gain at current use: no stored plan gave an interval to check")
+    return _table(header, rows) + "\n" + "\n".join(lines) + "\n"
+
+
+def register(app: typer.Typer) -> None:
+    sub = typer.Typer(
+        help="Stored plans (`kvscope plan --save`): the history, and the closed loop that "
+        "scores each plan against what happened.",
+        no_args_is_help=True,
+    )
+    app.add_typer(sub, name="plans")
+
+    @sub.command("list")
+    def list_cmd(
+        db: DbOpt = None,
+        cluster: ClusterOpt = None,
+        since: Annotated[
+            str, typer.Option("--since", help="plans made this far back, e.g. 7d, or 'all'")
+        ] = "all",
+        as_json: JsonOpt = False,
+    ) -> None:
+        """The stored plans, newest first (the history).
+
+        Per plan: when it was made, cluster and model group, the history it used, the mode,
+        decision score, break-evens, forecast peak and time to saturation.
+
+        Example: kvscope plans list --db sqlite:///kvscope.db --cluster prod --since 7d
+
+        Example: kvscope plans list --db sqlite:///kvscope.db --json
+        """
+        from kvscope.commands.collect import parse_duration
+
+        since_s = None if since.strip() == "all" else time.time() - parse_duration(since, "--since")
+        with _store(db) as store:
+            records = store.plans(cluster, since=since_s)
+        if as_json:
+            typer.echo(json.dumps({"plans": [_record_dict(r) for r in records]}, indent=2))
+        else:
+            typer.echo(list_text(records), nl=False)
+
+    @sub.command("accuracy")
+    def accuracy_cmd(
+        db: DbOpt = None, cluster: ClusterOpt = None, as_json: JsonOpt = False
+    ) -> None:
+        """How each stored plan fared against what happened (the closed loop).
+
+        Every plan whose horizon has passed is compared with the windows that came later:
+        KV demand inside the forecast interval (realised vs nominal coverage), saturation
+        before / after the predicted bounds, the gain at current use inside its interval.
+        Plans whose horizon has not passed are pending. The statistics are described in
+        planner/plan/outcome.py.
+
+        Example: kvscope plans accuracy --db sqlite:///kvscope.db --cluster prod
+
+        Example: kvscope plans accuracy --db sqlite:///kvscope.db --json
+        """
+        from planner.plan import accuracy_summary, score_plans
+
+        with _store(db) as store:
+            outcomes = score_plans(store, cluster)
+        summary = accuracy_summary(outcomes)
+        if as_json:
+            payload = {"outcomes": [o.to_dict() for o in outcomes], "summary": summary}
+            typer.echo(json.dumps(payload, indent=2))
+        else:
+            typer.echo(accuracy_text(outcomes, summary), nl=False)

@@ -1,0 +1,108 @@
+"""`kvscope serve`: the advisory API on uvicorn (one process); `kvscope openapi`: its schema."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import signal
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from collector.errors import ConfigError
+
+
+def _serve(config: Any) -> None:
+    """Run uvicorn until SIGTERM or SIGINT, stop gracefully, return (exit 0). uvicorn itself
+    re-raises the signal after shutting down, so the process would die of it; `kvscope
+    collect` exits 0 on SIGTERM too, and systemd reads either as a clean stop."""
+    import uvicorn
+
+    class Server(uvicorn.Server):
+        @contextlib.contextmanager
+        def capture_signals(self) -> Iterator[None]:
+            stops = (signal.SIGINT, signal.SIGTERM)
+            previous = {s: signal.signal(s, self.handle_exit) for s in stops}
+            try:
+                yield
+            finally:
+                for s, handler in previous.items():
+                    signal.signal(s, handler)
+
+    Server(config).run()
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("serve")
+    def serve_cmd(
+        db: Annotated[
+            str | None, typer.Option("--db", help="store URL [default: KVSCOPE_DB or sqlite]")
+        ] = None,
+        host: Annotated[str, typer.Option("--host", help="address to listen on")] = "127.0.0.1",
+        port: Annotated[int, typer.Option("--port", help="TCP port")] = 8000,
+        token_file: Annotated[
+            Path | None,
+            typer.Option(
+                "--token-file",
+                help="file whose first line is the bearer token for writes [default: "
+                "KVSCOPE_API_TOKEN; none: writes disabled]",
+            ),
+        ] = None,
+        log_level: Annotated[
+            str, typer.Option("--log-level", help="debug, info, warning or error")
+        ] = "info",
+    ) -> None:
+        """Serve the REST API: clusters, signals, stored plans, forecast, closed loop,
+        report, what-if advice, cost model, scrape targets, /metrics.
+
+        Settings beyond the flags come from the environment (KVSCOPE_READS_REQUIRE_TOKEN,
+        KVSCOPE_ALLOWED_TARGET_NETWORKS, KVSCOPE_ADVISE_WORKERS, …; api/settings.py).
+        Requests are logged without query string or headers.
+
+        Example: kvscope serve --db sqlite:///kvscope.db --host 127.0.0.1 --port 8000
+        --token-file /etc/kvscope/api-token
+        """
+        if not 1 <= port <= 65535:
+            raise ConfigError(f"--port must be in 1..65535, got {port}")
+        level = log_level.upper()
+        if level not in ("DEBUG", "INFO", "WARNING", "ERROR"):
+            raise ConfigError(f"--log-level must be debug, info, warning or error: {log_level!r}")
+        import uvicorn
+
+        from api.app import create_app
+        from api.settings import load_settings
+        from collector.store import redact
+
+        settings = load_settings(db=db, api_token_file=token_file)
+        api = create_app(settings)
+        logging.basicConfig(
+            level=level, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+        )
+        writes = "enabled (bearer token)" if settings.token else "disabled (no token)"
+        reads = "need the token" if settings.reads_require_token else "open"
+        print(
+            f"kvscope serve: http://{host}:{port} store {redact(settings.db)}; writes {writes}; "
+            f"reads {reads}",
+            file=sys.stderr,
+            flush=True,
+        )
+        # access_log off: uvicorn's would print query strings; api.app logs without them.
+        config = uvicorn.Config(
+            api, host=host, port=port, log_config=None, log_level=level.lower(), access_log=False
+        )
+        _serve(config)
+
+    @app.command("openapi")
+    def openapi_cmd() -> None:
+        """Print the API's OpenAPI document (JSON) on stdout.
+
+        Example: kvscope openapi > openapi.json
+        """
+        from api.app import create_app
+        from api.settings import load_settings
+
+        typer.echo(json.dumps(create_app(load_settings()).openapi(), indent=2))
