@@ -18,7 +18,7 @@ from pydantic import Field, SecretStr, ValidationError, field_validator, model_v
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from collector.errors import ConfigError
-from collector.urlguard import parse_allowlist
+from collector.urlguard import parse_allowlist, split_allowlist
 
 MIN_TOKEN_CHARS = 16
 # Values seen in sample configs and docs; a token equal to one of them (any case) is refused.
@@ -65,9 +65,7 @@ class ApiSettings(BaseSettings):
     @field_validator("allowed_target_networks", mode="before")
     @classmethod
     def _split_networks(cls, value: Any) -> Any:
-        if isinstance(value, str):
-            return tuple(part.strip() for part in value.split(",") if part.strip())
-        return value
+        return split_allowlist(value)
 
     @field_validator("allowed_target_networks")
     @classmethod

@@ -127,6 +127,14 @@ def check_target_url(
     return _check(url, parse_allowlist(allow), resolve or resolve_host)
 
 
+def split_allowlist(value: object) -> object:
+    """A comma-separated allowlist (the ALLOW_SETTING environment form) as a tuple of its
+    entries; any other value as it is (for settings validators: pydantic checks the type)."""
+    if isinstance(value, str):
+        return tuple(part.strip() for part in value.split(",") if part.strip())
+    return value
+
+
 def parse_allowlist(allow: Sequence[str]) -> tuple[IPNetwork, ...]:
     """The networks of CIDR strings (a bare address is a /32 or /128); ConfigError if bad."""
     if isinstance(allow, str):

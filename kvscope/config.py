@@ -7,6 +7,8 @@ from typing import Annotated, Any
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+from collector.urlguard import split_allowlist
+
 
 class Settings(BaseSettings):
     """kvscope settings; every field can be set as KVSCOPE_<NAME> in the environment."""
@@ -29,9 +31,7 @@ class Settings(BaseSettings):
     @field_validator("allowed_target_networks", mode="before")
     @classmethod
     def _split_networks(cls, value: Any) -> Any:
-        if isinstance(value, str):
-            return tuple(part.strip() for part in value.split(",") if part.strip())
-        return value
+        return split_allowlist(value)
 
 
 def get_settings(**overrides: object) -> Settings:

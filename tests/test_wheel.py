@@ -244,6 +244,7 @@ print(json.dumps(list(walk(typer.main.get_command(app), []))))
 """
 
 
+@pytest.mark.slow  # ~15-30 s: `make test-slow` (and CI) runs it
 def test_installed_every_command_and_subcommand_help_exits_0(installed: Installed) -> None:
     proc = installed.run(installed.python, "-c", COMMANDS)
     assert proc.returncode == 0, proc.stderr
@@ -285,6 +286,7 @@ def test_installed_simulate_bundled_scenarios_match_the_checkout(installed: Inst
     assert unknown.stderr.startswith("kvscope: error: nosuch: no such scenario file nor bundled")
 
 
+@pytest.mark.slow  # ~15-30 s: `make test-slow` (and CI) runs it
 def test_installed_demo_prints_a_decision(installed: Installed) -> None:
     proc = installed.run(installed.kvscope, "demo", "--sim-hours", "0.5", "--speed", "1000",
                          timeout=280)  # fmt: skip

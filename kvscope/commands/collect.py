@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from collector.errors import ConfigError
+from kvscope.commands.options import DbOpt
 
 if TYPE_CHECKING:
     from contextlib import AbstractContextManager
@@ -73,9 +74,7 @@ def register(app: typer.Typer) -> None:
             str | None,
             typer.Option("--prometheus", help="read windows from this Prometheus/Thanos/Mimir URL"),
         ] = None,
-        db: Annotated[
-            str | None, typer.Option("--db", help="store URL [default: KVSCOPE_DB or sqlite]")
-        ] = None,
+        db: DbOpt = None,
         interval: Annotated[
             str | None, typer.Option("--interval", help="scrape / poll interval, e.g. 15s")
         ] = None,

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from collector.errors import ConfigError
+from kvscope.commands.options import ClusterOpt, DbOpt, HorizonOpt, SinceOpt
 
 if TYPE_CHECKING:
     from collector.store import Store
@@ -43,16 +44,10 @@ def group_dir(name: str) -> str:
 def register(app: typer.Typer) -> None:
     @app.command("plan")
     def plan_cmd(  # noqa: PLR0917 - one parameter per CLI flag
-        db: Annotated[
-            str | None, typer.Option("--db", help="store URL [default: KVSCOPE_DB or sqlite]")
-        ] = None,
-        cluster: Annotated[
-            str | None, typer.Option("--cluster", help="only this cluster [default: all]")
-        ] = None,
-        since: Annotated[
-            str, typer.Option("--since", help="history to use, e.g. 24h, 3d, or 'all'")
-        ] = "24h",
-        horizon: Annotated[str, typer.Option("--horizon", help="forecast horizon, e.g. 7d")] = "7d",
+        db: DbOpt = None,
+        cluster: ClusterOpt = None,
+        since: SinceOpt = "24h",
+        horizon: HorizonOpt = "7d",
         gpu_price: Annotated[
             float | None, typer.Option("--gpu-price", help="price per GPU-hour, for costs")
         ] = None,

@@ -10,17 +10,14 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from collector.errors import ConfigError
+from kvscope.commands.options import DbOpt, JsonOpt
 
 if TYPE_CHECKING:
     from collector.models import PlanRecord
     from collector.store import Store
     from planner.plan import PlanOutcome
 
-DbOpt = Annotated[
-    str | None, typer.Option("--db", help="store URL [default: KVSCOPE_DB or sqlite]")
-]
 ClusterOpt = Annotated[str | None, typer.Option("--cluster", help="only this cluster")]
-JsonOpt = Annotated[bool, typer.Option("--json", help="one JSON object on stdout")]
 NO_PLANS = "no stored plans: `kvscope plan --save` (or --every 15m) keeps them"
 
 

@@ -12,6 +12,7 @@ from typing import Annotated
 import typer
 
 from collector.errors import ConfigError
+from kvscope.commands.options import ClusterOpt, DbOpt, HorizonOpt, SinceOpt
 
 
 def check_out(path: Path) -> None:
@@ -42,16 +43,10 @@ def register(app: typer.Typer) -> None:
     @app.command("report")
     def report_cmd(  # noqa: PLR0917 - one parameter per CLI flag
         out: Annotated[Path, typer.Option("--out", help="the HTML file to write")],
-        db: Annotated[
-            str | None, typer.Option("--db", help="store URL [default: KVSCOPE_DB or sqlite]")
-        ] = None,
-        cluster: Annotated[
-            str | None, typer.Option("--cluster", help="only this cluster [default: all]")
-        ] = None,
-        since: Annotated[
-            str, typer.Option("--since", help="history to use, e.g. 24h, 3d, or 'all'")
-        ] = "24h",
-        horizon: Annotated[str, typer.Option("--horizon", help="forecast horizon, e.g. 7d")] = "7d",
+        db: DbOpt = None,
+        cluster: ClusterOpt = None,
+        since: SinceOpt = "24h",
+        horizon: HorizonOpt = "7d",
         seed: Annotated[int, typer.Option("--seed", help="seed of every random draw")] = 0,
         forecast_seconds: Annotated[
             float, typer.Option("--forecast-seconds", help="time budget of each forecast")

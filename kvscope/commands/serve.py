@@ -14,6 +14,7 @@ from typing import Annotated, Any
 import typer
 
 from collector.errors import ConfigError
+from kvscope.commands.options import DbOpt
 
 
 def _serve(config: Any) -> None:
@@ -39,9 +40,7 @@ def _serve(config: Any) -> None:
 def register(app: typer.Typer) -> None:
     @app.command("serve")
     def serve_cmd(
-        db: Annotated[
-            str | None, typer.Option("--db", help="store URL [default: KVSCOPE_DB or sqlite]")
-        ] = None,
+        db: DbOpt = None,
         host: Annotated[str, typer.Option("--host", help="address to listen on")] = "127.0.0.1",
         port: Annotated[int, typer.Option("--port", help="TCP port")] = 8000,
         token_file: Annotated[
