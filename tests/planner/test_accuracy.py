@@ -38,6 +38,7 @@ def _check(result: CaseResult) -> list[ModeResult]:
     return list(result.modes)
 
 
+@pytest.mark.slow  # ~70 s of simulation: `make test-slow` (and CI) runs it
 def test_accuracy_fast_chat_cases_within_tolerance_or_cannot_tell() -> None:
     modes = [m for i in (1, 2) for m in _check(run_case(draw("test", i), FAST))]
     # not vacuous: the truth located a break-even and the fit answered about it
