@@ -16,7 +16,6 @@ import logging
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from importlib import metadata
 from typing import Any
 from urllib.parse import parse_qsl
 
@@ -31,6 +30,7 @@ from api.respond import dumps
 from api.routes import advise, clusters, costmodel, health, metrics, plans, report, signals
 from api.routes import targets as targets_routes
 from api.settings import ApiSettings, load_settings, resolve
+from collector.selfmetrics import kvscope_version
 
 access_log = logging.getLogger("kvscope.api.access")
 
@@ -43,13 +43,6 @@ CREDENTIAL_PARAMS = frozenset(
 WRITES = {("post", "/v1/targets"), ("delete", "/v1/targets/{name}")}
 OPEN_PATHS = ("/healthz", "/readyz")
 SECURITY_SCHEME = {"bearer": {"type": "http", "scheme": "bearer"}}
-
-
-def _version() -> str:
-    try:
-        return metadata.version("kvscope")
-    except metadata.PackageNotFoundError:
-        return "0+unknown"
 
 
 class EdgeMiddleware:
@@ -145,7 +138,7 @@ def create_app(settings: ApiSettings | None = None) -> FastAPI:
 
     app = FastAPI(
         title="kvscope",
-        version=_version(),
+        version=kvscope_version(),
         description="Observability and capacity planning for vLLM + LMCache clusters: "
         "what is happening, whether KV offload pays and which kind, when KV runs out. Every "
         'error is `{"error": …, "field": …}`.',

@@ -264,6 +264,19 @@ BUILD_INFO = MetricDef(
     "The running kvscope's version; value 1.",
 )  # fmt: skip
 
+
+def kvscope_version() -> str:
+    """The installed kvscope's version: BUILD_INFO's label, what `kvscope version` prints and
+    what stored plans and the API's OpenAPI document carry ("unknown" in a checkout that was
+    never installed)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("kvscope")
+    except PackageNotFoundError:
+        return "unknown"
+
+
 COLLECTOR_METRICS: tuple[MetricDef, ...] = (
     COLLECTOR_SCRAPES,
     COLLECTOR_SCRAPE_DURATION,

@@ -31,22 +31,13 @@ from types import FrameType
 from typing import TYPE_CHECKING, Any
 
 from collector.errors import ConfigError, KvscopeError, StoreError
+from collector.selfmetrics import kvscope_version
 
 if TYPE_CHECKING:
     from collector.store import Store
     from planner.plan import Plan
 
 log = logging.getLogger(__name__)
-
-
-def kvscope_version() -> str:
-    """The installed kvscope's version (as `kvscope version` prints it)."""
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version("kvscope")
-    except PackageNotFoundError:  # run from a checkout that was never installed
-        return "unknown"
 
 
 def resolve_cluster(store: Store, cluster: str | None) -> str:

@@ -9,13 +9,13 @@ import re
 import sys
 import time
 from collections.abc import Sequence
-from importlib.metadata import version as dist_version
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from collector.errors import ConfigError
+from collector.selfmetrics import kvscope_version
 from kvscope.commands.options import DbOpt
 
 if TYPE_CHECKING:
@@ -308,9 +308,7 @@ def _health(
         return None
     from collector.health import CollectorHealth
 
-    return CollectorHealth(
-        version=dist_version("kvscope"), cluster=cluster, mode=mode, targets=targets
-    )
+    return CollectorHealth(version=kvscope_version(), cluster=cluster, mode=mode, targets=targets)
 
 
 def _serving(
