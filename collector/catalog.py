@@ -475,6 +475,19 @@ def router_matcher(signal: str) -> str:
     return f'{ROUTER_LABEL}=""' if names & _ROUTER_NAMES else ""
 
 
+def fact_selector(key: str, matchers: str = "") -> str:
+    """A selector of one fact family (a key of FACTS), both spellings: the engine's facts are
+    its labels, the value is 1. Filter it by target labels only: ``cache_config_info``
+    carries no ``model_name`` (filtering it so returns nothing, llm-d-autoscaling#1198)."""
+    try:
+        family = FACTS[key]
+    except KeyError:
+        from collector.errors import ConfigError
+
+        raise ConfigError(f"unknown fact family {key!r} (one of {', '.join(FACTS)})") from None
+    return _selector(_with_rewrite([family]), [_clean(matchers)])
+
+
 def _clean(matchers: str) -> str:
     return matchers.strip().strip("{}").strip().strip(",")
 

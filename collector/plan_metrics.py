@@ -28,6 +28,7 @@ from collector.selfmetrics import (
     PLAN_BREAKEVEN_KV_USAGE,
     PLAN_CREATED,
     PLAN_DECISION_SCORE,
+    PLAN_DEPLOYED_MODE,
     PLAN_FORECAST_COVERAGE,
     PLAN_FORECAST_HORIZON,
     PLAN_FORECAST_NOMINAL_COVERAGE,
@@ -74,6 +75,14 @@ def _demand_unit(document: Mapping[str, Any]) -> str | None:
     return unit if isinstance(unit, str) else None
 
 
+def _deployed_mode(document: Mapping[str, Any]) -> str | None:
+    """The offload mode the plan found deployed (its "happening" section), if it could tell."""
+    happening = document.get("happening")
+    current = happening.get("current_mode") if isinstance(happening, Mapping) else None
+    mode = current.get("mode") if isinstance(current, Mapping) else None
+    return mode if isinstance(mode, str) else None
+
+
 def _interval(
     headline: Mapping[str, float | None], est: str, lo: str, hi: str
 ) -> list[tuple[str, float]]:
@@ -91,14 +100,19 @@ class _Families:
         if value is not None and math.isfinite(value):
             self.by_name[metric.name].add_metric(list(labels), value)
 
+    def one_hot(self, metric: MetricDef, key: tuple[str, str], mode: str | None) -> None:
+        """One series per mode, 1 for ``mode`` (None: no series)."""
+        if mode is None:
+            return
+        for m in PLAN_MODES if mode in PLAN_MODES else (*PLAN_MODES, mode):
+            self.add(metric, (*key, m), 1.0 if m == mode else 0.0)
+
 
 def _add_plan(out: _Families, plan: PlanRecord, now: float) -> None:
     h = plan.headline
     key = (plan.cluster, plan.group)
-    if plan.mode is not None:
-        modes = PLAN_MODES if plan.mode in PLAN_MODES else (*PLAN_MODES, plan.mode)
-        for mode in modes:
-            out.add(PLAN_RECOMMENDED_MODE, (*key, mode), 1.0 if mode == plan.mode else 0.0)
+    out.one_hot(PLAN_RECOMMENDED_MODE, key, plan.mode)
+    out.one_hot(PLAN_DEPLOYED_MODE, key, _deployed_mode(plan.document))
     out.add(PLAN_DECISION_SCORE, key, _finite(h.get("score")))
     for mode in GAIN_MODES:
         for bound, v in _interval(

@@ -52,6 +52,7 @@ __all__ = [
     "PLAN_BREAKEVEN_KV_USAGE",
     "PLAN_CREATED",
     "PLAN_DECISION_SCORE",
+    "PLAN_DEPLOYED_MODE",
     "PLAN_FORECAST_COVERAGE",
     "PLAN_FORECAST_HORIZON",
     "PLAN_FORECAST_NOMINAL_COVERAGE",
@@ -125,6 +126,11 @@ PLAN_RECOMMENDED_MODE = MetricDef(
     "The offload mode the latest plan recommends: one series per mode (none, native, lmcache, "
     "both), 1 for the recommended one, 0 for the others.",
 )  # fmt: skip
+PLAN_DEPLOYED_MODE = MetricDef(
+    "kvscope_plan_deployed_mode", "gauge", (*_PLAN, "mode"), "1 or 0",
+    "The offload mode the latest plan found deployed (from the engines' metadata): one series "
+    "per mode, 1 for the deployed one; absent when the plan could not tell (mixed or unknown).",
+)  # fmt: skip
 PLAN_DECISION_SCORE = MetricDef(
     "kvscope_plan_decision_score", "gauge", _PLAN, "score, 0.05–0.95",
     "Decision score of the latest plan: how far its evidence supports the decision (a score, "
@@ -194,6 +200,7 @@ PLAN_FORECAST_NOMINAL_COVERAGE = MetricDef(
 
 PLAN_METRICS: tuple[MetricDef, ...] = (
     PLAN_RECOMMENDED_MODE,
+    PLAN_DEPLOYED_MODE,
     PLAN_DECISION_SCORE,
     PLAN_BREAKEVEN_KV_USAGE,
     PLAN_THROUGHPUT_GAIN,

@@ -1,0 +1,132 @@
+"""The Planner board: kvscope's verdict, its evidence, the capacity forecast and whether the
+advice can be trusted (closed-loop coverage, collector health).
+
+Reads the ``kvscope_plan_*`` gauges the API serves on ``/metrics`` (the latest stored plan of
+every cluster and group) and the collector's ``--metrics-addr`` gauges, against the live
+fleet's KV use. Intervals are one metric with ``bound="estimate|lower|upper"``.
+"""
+
+from __future__ import annotations
+
+from collector.selfmetrics import (
+    COLLECTOR_TARGET_UP,
+    COLLECTOR_TARGETS,
+    COLLECTOR_TICK_LAG,
+    COLLECTOR_WINDOWS_WRITTEN,
+    PLAN_AGE,
+    PLAN_BREAKEVEN_KV_USAGE,
+    PLAN_DECISION_SCORE,
+    PLAN_DEPLOYED_MODE,
+    PLAN_FORECAST_COVERAGE,
+    PLAN_FORECAST_NOMINAL_COVERAGE,
+    PLAN_KV_CAPACITY,
+    PLAN_KV_DEMAND_PEAK_OF_CAPACITY,
+    PLAN_KV_USAGE,
+    PLAN_RECOMMENDED_MODE,
+    PLAN_SATURATION_PROBABILITY,
+    PLAN_THROUGHPUT_GAIN,
+    PLAN_TIME_TO_SATURATION,
+    MetricDef,
+)
+from dashboards.config import MixinConfig
+from dashboards.fleet import query
+from dashboards.grafana import Board, Chart, Query, Row
+from dashboards.records import COLLECTOR_FAILED, find
+from dashboards.variables import PLAN_MATCHERS, PLAN_VARIABLES
+
+__all__ = ["UID", "planner_board"]
+
+UID = "kvscope-planner"
+_GROUP = "{{cluster}} {{group}}"
+_MODES = (("1", "yes"), ("0", "no"))
+
+
+def _m(metric: MetricDef, cfg: MixinConfig, extra: str = "") -> str:
+    inner = ",".join(x for x in (cfg.planner_selector, PLAN_MATCHERS, extra) if x)
+    return f"{metric}{{{inner}}}"
+
+
+def _c(metric: MetricDef, cfg: MixinConfig, extra: str = "") -> str:
+    inner = ",".join(x for x in (cfg.collector_selector, extra) if x)
+    return f"{metric}{{{inner}}}"
+
+
+def planner_board(cfg: MixinConfig) -> Board:
+    band = f"{_GROUP} {{{{mode}}}} {{{{bound}}}}"
+    verdict = Row("Verdict", (
+        Chart("Recommended offload mode", "The mode the latest plan recommends, per cluster "
+              "and group (none, native, lmcache, both); planner/decide/DECIDER.md says how.",
+              "none", (Query(_m(PLAN_RECOMMENDED_MODE, cfg), f"{_GROUP} {{{{mode}}}}"),),
+              kind="state-timeline", mappings=_MODES),
+        Chart("Deployed offload mode", "The mode the plan found deployed, from the engines' "
+              "metadata; a deployed mode that differs from the recommended one is the advice.",
+              "none", (Query(_m(PLAN_DEPLOYED_MODE, cfg), f"{_GROUP} {{{{mode}}}}"),),
+              kind="state-timeline", mappings=_MODES),
+        Chart("Decision score", "How far the evidence supports the decision, 0.05–0.95 (a "
+              "score, not a probability).", "percentunit",
+              (Query(_m(PLAN_DECISION_SCORE, cfg), _GROUP),), min=0, max=1, width=8),
+        Chart("Plan age", "Time since the latest plan; KvscopePlanStale fires after "
+              f"{cfg.plan_stale_s / 3600:g} h.", "s",
+              (Query(_m(PLAN_AGE, cfg), _GROUP),), kind="stat", width=8),
+        Chart("Plan KV capacity", "HBM KV-cache capacity of the planned engines (blocks × "
+              "block size, or the cost model's prior).", "short",
+              (Query(_m(PLAN_KV_CAPACITY, cfg), _GROUP),), kind="stat", width=8),
+    ))  # fmt: skip
+    evidence = Row("Does offloading pay off here", (
+        Chart("KV use against the fitted break-even", "The plan's KV use (median over its "
+              "window) and the live fleet's mean, against each mode's fitted break-even KV "
+              "use and its interval: above it the mode raises throughput.", "percentunit",
+              (Query(_m(PLAN_KV_USAGE, cfg), f"{_GROUP} KV use (plan)"),
+               query(find("vllm_kv_cache_usage_ratio", "avg", "fleet"), cfg,
+                     "{{model_name}} KV use (live)"),
+               Query(_m(PLAN_BREAKEVEN_KV_USAGE, cfg), f"{band} break-even")), min=0, max=1),
+        Chart("Throughput gain at the current KV use", "Fitted relative throughput gain of "
+              "each mode over no offload, with its interval (0.12 = +12 %); "
+              "KvscopeOffloadNotPayingOff fires when a deployed mode's upper bound is < 0.",
+              "percentunit", (Query(_m(PLAN_THROUGHPUT_GAIN, cfg), band),)),
+    ))  # fmt: skip
+    capacity = Row("Capacity", (
+        Chart("Forecast peak KV demand vs HBM capacity", "The plan's forecast peak KV demand "
+              "over its horizon as a share of HBM KV capacity (estimate and interval), the "
+              "fleet's fullest engine now, and capacity (1.0).", "percentunit",
+              (Query(_m(PLAN_KV_DEMAND_PEAK_OF_CAPACITY, cfg), f"{_GROUP} forecast {{{{bound}}}}"),
+               query(find("vllm_kv_cache_usage_ratio", "max", "fleet"), cfg,
+                     "{{model_name}} KV use now (max)"),
+               Query("vector(1)", "HBM capacity")), min=0),
+        Chart("Time to saturation", "Forecast time until KV demand reaches HBM capacity "
+              "(absent: not within the horizon).", "s",
+              (Query(_m(PLAN_TIME_TO_SATURATION, cfg, 'bound="estimate"'), _GROUP),),
+              kind="stat", width=6),
+        Chart("Saturation probability", "Probability that demand reaches capacity within the "
+              "horizon.", "percentunit",
+              (Query(_m(PLAN_SATURATION_PROBABILITY, cfg), _GROUP),), kind="stat", width=6),
+    ))  # fmt: skip
+    trust = Row("Can the advice be trusted", (
+        Chart("Forecast coverage (closed loop)", "Share of the KV demand observed after past "
+              "plans that fell inside their forecast intervals, against the coverage the "
+              "intervals claimed. Realised far below nominal: the intervals are too narrow.",
+              "percentunit",
+              (Query(_m(PLAN_FORECAST_COVERAGE, cfg), f"{_GROUP} realised"),
+               Query(_m(PLAN_FORECAST_NOMINAL_COVERAGE, cfg), f"{_GROUP} nominal")),
+              min=0, max=1),
+        Chart("Collector targets up", "Targets whose last scrape succeeded, of those "
+              "configured.", "short",
+              (Query(f"sum({_c(COLLECTOR_TARGET_UP, cfg)})", "up"),
+               Query(f"sum({_c(COLLECTOR_TARGETS, cfg)})", "configured"))),
+        Chart("Collector failed scrapes", "Share of each target's scrapes that failed.",
+              "percentunit",
+              (query(find(COLLECTOR_FAILED, "ratio_rate", "target"), cfg, "{{target}}"),),
+              min=0, max=1),
+        Chart("Collector tick lag and windows written", "How late ticks start, and windows "
+              "written to the store per second.", "short",
+              (Query(_c(COLLECTOR_TICK_LAG, cfg), "tick lag (s)"),
+               Query(f"rate({_c(COLLECTOR_WINDOWS_WRITTEN, cfg)}[$__rate_interval])",
+                     "windows/s"))),
+    ))  # fmt: skip
+    return Board(
+        UID, "kvscope / Planner",
+        "kvscope's advice: recommended offload mode and its evidence, the KV capacity "
+        "forecast, and how far to trust them. Generated by `kvscope dashboards build`; do not "
+        "edit.",
+        (verdict, evidence, capacity, trust), PLAN_VARIABLES, tuple(cfg.dashboard_tags),
+    )  # fmt: skip

@@ -1,0 +1,276 @@
+"""The alerting rules: what pages an operator of a vLLM + LMCache cluster, and what does not.
+
+Each :class:`Alert` carries its expression, ``for``, severity and the mandatory ``summary``
+and ``description`` (monitoring-mixins convention), a ``runbook_url`` to its section of
+docs/runbooks.md, and a ``probe``: the quantity the alert compares, without the threshold,
+which the live-Prometheus test requires to return data (an alert over a series nobody
+exposes would stay silent forever).
+
+Design rules (from what the public vLLM/llm-d alerts get wrong):
+- counters only through the recording rules' ``rate()`` (so a restart's counter reset is a
+  missing point, not a spike or a drop below zero);
+- every ratio has a traffic floor, every "is it there" question an ``absent()`` guard, so a
+  target that vanishes pages instead of silencing its own alert;
+- KV-cache use alone never pages (vLLM runs it near full by design).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Literal
+
+from collector.selfmetrics import (
+    COLLECTOR_LAST_SUCCESSFUL_TICK,
+    PLAN_AGE,
+    PLAN_DEPLOYED_MODE,
+    PLAN_FORECAST_HORIZON,
+    PLAN_SATURATION_PROBABILITY,
+    PLAN_THROUGHPUT_GAIN,
+    PLAN_TIME_TO_SATURATION,
+)
+from dashboards import promql as q
+from dashboards.config import MixinConfig
+from dashboards.records import COLLECTOR_FAILED, find
+
+__all__ = ["ALERTS", "Alert"]
+
+Severity = Literal["critical", "warning", "info"]
+Text = Callable[[MixinConfig], str]
+
+
+@dataclass(frozen=True, slots=True)
+class Alert:
+    """One alerting rule; ``expr`` and ``probe`` are functions of the config."""
+
+    name: str
+    severity: Severity
+    for_: str
+    expr: Text
+    probe: Text
+    summary: str
+    description: str
+
+
+def _up(selector: str) -> str:
+    return f"up{{{selector}}}"
+
+
+def _preemption_storm(c: MixinConfig) -> str:
+    ratio = find("vllm_preemptions_per_request", "ratio_rate").selector(c)
+    finished = find("vllm_requests_finished", "rate").selector(c)
+    return (
+        f"{ratio} > {c.preemptions_per_request}\n"
+        f"and on (job, instance, engine) {finished} > {c.min_requests_per_s}"
+    )
+
+
+def _kv_saturated(c: MixinConfig) -> str:
+    kv = find("vllm_kv_cache_usage_ratio", "avg_over_time").selector(c)
+    waiting = find("vllm_requests_waiting", "avg_over_time").selector(c)
+    return (
+        f"{kv} > {c.kv_saturated_ratio}\n"
+        f"and on (job, instance, engine) {waiting} >= {c.kv_saturated_waiting}"
+    )
+
+
+def _lmcache_down(c: MixinConfig) -> str:
+    healthy = q.gauge("lmcache_healthy", q.rule_scope(c))
+    return f"{_up(c.lmcache_selector)} == 0\nor ({healthy}) == 0"
+
+
+def _lmcache_down_probe(c: MixinConfig) -> str:
+    return _up(c.lmcache_selector)
+
+
+def _lmcache_collapsed(c: MixinConfig) -> str:
+    hit = find("lmcache_hit_tokens", "ratio_rate", "fleet").selector(c)
+    traffic = find("lmcache_requested_tokens", "rate", "fleet").selector(c)
+    best = f"max_over_time({hit}[6h])"
+    on = f"on ({q.by(c.fleet_labels)})"
+    return (
+        f"{hit} < {c.lmcache_hit_collapse_factor} * {best}\n"
+        f"and {on} {best} > {c.lmcache_hit_baseline_min}\n"
+        f"and {on} {traffic} > {c.lmcache_min_tokens_per_s}"
+    )
+
+
+def _stores_without_loads(c: MixinConfig) -> str:
+    rate = find("vllm_offload_bytes", "rate")
+    stores, loads = rate.selector(c, 'direction="store"'), rate.selector(c, 'direction="load"')
+    store, load = f"avg_over_time({stores}[1h])", f"max_over_time({loads}[1h])"
+    return f"{store} > {c.offload_min_store_bytes_per_s}\nand ignoring (direction) {load} == 0"
+
+
+def _stores_probe(c: MixinConfig) -> str:
+    return find("vllm_offload_bytes", "rate").selector(c)
+
+
+def _not_paying_off(c: MixinConfig) -> str:
+    deployed = f'{PLAN_DEPLOYED_MODE}{{mode!="none",{c.planner_selector}}} == 1'
+    gain = f'{PLAN_THROUGHPUT_GAIN}{{bound="upper",{c.planner_selector}}}'
+    return f"{gain} < 0\nand on (cluster, group, mode) {deployed}"
+
+
+def _not_paying_probe(c: MixinConfig) -> str:
+    return f'{PLAN_THROUGHPUT_GAIN}{{bound="upper",{c.planner_selector}}}'
+
+
+def _capacity(c: MixinConfig) -> str:
+    tts = f'{PLAN_TIME_TO_SATURATION}{{bound="estimate",{c.planner_selector}}}'
+    horizon = f"{PLAN_FORECAST_HORIZON}{{{c.planner_selector}}}"
+    p = f"{PLAN_SATURATION_PROBABILITY}{{{c.planner_selector}}}"
+    return (
+        f"{tts} <= on (cluster, group) {horizon}\n"
+        f"and on (cluster, group) {p} >= {c.saturation_probability}"
+    )
+
+
+def _capacity_probe(c: MixinConfig) -> str:
+    return f"{PLAN_SATURATION_PROBABILITY}{{{c.planner_selector}}}"
+
+
+def _scrapes_failing(c: MixinConfig) -> str:
+    failed = find(COLLECTOR_FAILED, "ratio_rate", "target").selector(c)
+    return f"{failed} > {c.collector_failed_scrape_ratio}"
+
+
+def _collector_stalled(c: MixinConfig) -> str:
+    tick = f"{COLLECTOR_LAST_SUCCESSFUL_TICK}{{{c.collector_selector}}}"
+    return f"time() - {tick} > {c.collector_stall_s:g}"
+
+
+def _collector_down(c: MixinConfig) -> str:
+    return f"{_up(c.collector_selector)} == 0\nor absent({_up(c.collector_selector)})"
+
+
+def _plan_stale(c: MixinConfig) -> str:
+    age = f"{PLAN_AGE}{{{c.planner_selector}}}"
+    return f"{age} > {c.plan_stale_s:g}"
+
+
+def _plan_absent(c: MixinConfig) -> str:
+    return f"absent({PLAN_AGE}{{{c.planner_selector}}})"
+
+
+def _plan_absent_probe(c: MixinConfig) -> str:
+    return f"{PLAN_AGE}{{{c.planner_selector}}}"
+
+
+def _threshold_free(expr: Text) -> Text:
+    """The first operand of the alert's first comparison: what it watches."""
+
+    def probe(c: MixinConfig) -> str:
+        return expr(c).split(" > ")[0].split(" < ")[0].split(" <= ")[0].split(" == ")[0]
+
+    return probe
+
+
+ALERTS: tuple[Alert, ...] = (
+    Alert(
+        "KvscopeVllmPreemptionStorm", "warning", "10m", _preemption_storm,
+        _threshold_free(_preemption_storm),
+        "vLLM engine {{ $labels.instance }} preempts {{ $value | humanizePercentage }} of "
+        "its requests.",
+        "Engine {{ $labels.instance }} (model {{ $labels.model_name }}) preempted more than "
+        "one request in ten over the last 5 minutes while serving traffic. Each preemption "
+        "frees the request's KV blocks and re-prefills its prompt later: GPU time spent twice "
+        "and TTFT up. The KV pool is too small for the concurrency it is given.",
+    ),
+    Alert(
+        "KvscopeVllmKvCacheSaturated", "warning", "15m", _kv_saturated,
+        _threshold_free(_kv_saturated),
+        "vLLM engine {{ $labels.instance }} has a full KV cache and requests waiting for it.",
+        "Engine {{ $labels.instance }} averaged {{ $value | humanizePercentage }} KV-cache use "
+        "over 5 minutes with requests waiting. High KV use alone is normal for vLLM; with a "
+        "queue it means new requests wait for KV blocks (queue time, TTFT).",
+    ),
+    Alert(
+        "KvscopeLmcacheDown", "critical", "2m", _lmcache_down, _lmcache_down_probe,
+        "LMCache server {{ $labels.instance }} is down or unhealthy.",
+        "Prometheus cannot scrape LMCache server {{ $labels.instance }} (up == 0), or it "
+        "reports itself unhealthy. Engines that share it lose their CPU/L2 KV tier and "
+        "recompute every prefix; with the MP connector, lookups may stall.",
+    ),
+    Alert(
+        "KvscopeLmcacheTargetsMissing", "warning", "10m",
+        lambda c: f"absent({_up(c.lmcache_selector)})", _lmcache_down_probe,
+        "No LMCache server is being scraped.",
+        "No target matches the LMCache selector, so KvscopeLmcacheDown cannot fire. Either "
+        "the LMCache servers vanished from service discovery or the mixin's "
+        "lmcache_selector does not match their job.",
+    ),
+    Alert(
+        "KvscopeLmcacheHitRateCollapsed", "warning", "15m", _lmcache_collapsed,
+        _threshold_free(_lmcache_collapsed),
+        "LMCache hit ratio of {{ $labels.model_name }} fell to {{ $value | "
+        "humanizePercentage }}.",
+        "The share of looked-up tokens LMCache supplies fell below half of its best over "
+        "the last 6 hours, under real traffic. Usual causes: an LMCache restart (cold L1), "
+        "L1 too small for the working set (evictions), a changed prompt template or "
+        "cache_salt, or a router change that scattered prefixes.",
+    ),
+    Alert(
+        "KvscopeOffloadStoresWithoutLoads", "warning", "30m", _stores_without_loads,
+        _stores_probe,
+        "Engine {{ $labels.instance }} writes KV to the CPU tier and never reads it back.",
+        "For an hour, native KV offload stored {{ $value | humanize1024 }}B/s to CPU memory "
+        "and loaded nothing back. The stores cost PCIe bandwidth and CPU memory for no hit: "
+        "the CPU tier is too small to keep prefixes until they recur, or prefixes do not "
+        "recur on this engine (vllm-project/vllm#56871 reports the same symptom).",
+    ),
+    Alert(
+        "KvscopeOffloadNotPayingOff", "warning", "30m", _not_paying_off, _not_paying_probe,
+        "{{ $labels.mode }} offload costs throughput on {{ $labels.cluster }} "
+        "{{ $labels.group }}.",
+        "kvscope's latest plan fitted the deployed {{ $labels.mode }} offload's throughput "
+        "gain at the current KV use, and even the upper end of its interval is below zero "
+        "({{ $value | humanizePercentage }}). The offload tier is deployed where KV fits in "
+        "HBM or prefixes do not recur; see the plan's decision.",
+    ),
+    Alert(
+        "KvscopeKvCapacityExhaustedWithinHorizon", "warning", "5m", _capacity, _capacity_probe,
+        "KV demand of {{ $labels.cluster }} {{ $labels.group }} reaches HBM capacity in "
+        "{{ $value | humanizeDuration }}.",
+        "kvscope's forecast puts peak KV demand at or above the engines' HBM KV capacity "
+        "within the plan's horizon, more likely than not. Expect preemptions and queueing "
+        "from then on; the plan's sizing says how many engines or how much offload tier.",
+    ),
+    Alert(
+        "KvscopeCollectorScrapesFailing", "warning", "15m", _scrapes_failing,
+        _threshold_free(_scrapes_failing),
+        "kvscope cannot scrape {{ $labels.target }}: {{ $value | humanizePercentage }} fail.",
+        "A fifth or more of the collector's scrapes of {{ $labels.target }} failed over 5 "
+        "minutes. The plan loses that engine's windows; the outcome label of the collector's "
+        "scrapes counter says why (connect, timeout, http_status, parse, ...).",
+    ),
+    Alert(
+        "KvscopeCollectorStalled", "warning", "5m", _collector_stalled,
+        lambda c: f"{COLLECTOR_LAST_SUCCESSFUL_TICK}{{{c.collector_selector}}}",
+        "kvscope's collector has not completed a clean tick for {{ $value | "
+        "humanizeDuration }}.",
+        "The collector process is up but its ticks fail (an internal or a store error) or "
+        "stopped. No windows are written, so plans go stale.",
+    ),
+    Alert(
+        "KvscopeCollectorDown", "critical", "10m", _collector_down,
+        lambda c: _up(c.collector_selector),
+        "kvscope's collector is down or not scraped.",
+        "Prometheus cannot scrape the collector's --metrics-addr, or no such target exists "
+        "(the absent() guard). Nothing is collected and every collector alert is blind.",
+    ),
+    Alert(
+        "KvscopePlanStale", "warning", "10m", _plan_stale, _plan_absent_probe,
+        "kvscope's plan for {{ $labels.cluster }} {{ $labels.group }} is "
+        "{{ $value | humanizeDuration }} old.",
+        "No new plan has been stored for 3 hours: `kvscope plan --every` stopped, or its "
+        "plans fail (too little history, store unreachable). The planner alerts and the "
+        "Planner dashboard show old advice.",
+    ),
+    Alert(
+        "KvscopePlanAbsent", "info", "1h", _plan_absent, _plan_absent_probe,
+        "No kvscope plan metrics are scraped.",
+        "Prometheus holds no plan-age gauge: the API (`kvscope serve`) is not "
+        "scraped, or no plan was ever stored. The planner alerts cannot fire.",
+    ),
+)  # fmt: skip

@@ -1,0 +1,113 @@
+"""PromQL over the catalogue: rates, guarded ratios and quantiles of canonical signals.
+
+Every vendor name comes from :func:`collector.catalog.promql_expr`, which matches each
+signal's every spelling (vLLM 0.11–0.33 renames, ``_total`` or not, the ``vllm:``→``vllm_``
+OpenMetrics rewrite) and puts them in canonical labels without double counting. This module
+adds what the dashboards and rules need on top, each written once:
+
+- counters are only ever read through ``rate()``/``increase()`` (never a lifetime ratio);
+- a division is ``a / (b > 0)``: no traffic gives no point, never NaN or ±Inf;
+- a quantile is ``histogram_quantile(q, sum by (le, …) (rate(…_bucket[w])))``.
+
+A :class:`Scope` says where an expression runs: the rules' fixed window and the config's
+selectors, or a dashboard's ``$__rate_interval`` and template variables.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from collector import catalog
+from collector.errors import ConfigError
+from dashboards.config import MixinConfig
+
+__all__ = [
+    "Scope",
+    "by",
+    "divide",
+    "gauge",
+    "histogram_mean",
+    "over_time",
+    "quantile",
+    "rate",
+    "rule_scope",
+    "sum_by",
+]
+
+
+def _join(*matchers: str) -> str:
+    return ",".join(m.strip().strip("{}").strip(",") for m in matchers if m.strip())
+
+
+@dataclass(frozen=True, slots=True)
+class Scope:
+    """Where an expression runs: its range window and the matchers of each kind of series."""
+
+    window: str
+    vllm: str = ""
+    lmcache: str = ""
+    kvscope: str = ""
+
+    def matchers(self, signal: str) -> str:
+        source = catalog.SIGNALS[signal].source
+        return self.lmcache if source == "lmcache" else self.vllm
+
+    def over(self, window: str) -> Scope:
+        return replace(self, window=window)
+
+
+def rule_scope(cfg: MixinConfig) -> Scope:
+    """The scope of the recording and alerting rules: the config's window and selectors."""
+    return Scope(cfg.rate_window, cfg.vllm_selector, cfg.lmcache_selector, cfg.collector_selector)
+
+
+def by(labels: tuple[str, ...]) -> str:
+    return ", ".join(labels)
+
+
+def gauge(signal: str, scope: Scope, extra: str = "") -> str:
+    """A gauge signal in canonical labels, every spelling."""
+    return catalog.promql_expr(signal, _join(scope.matchers(signal), extra))
+
+
+def rate(signal: str, scope: Scope, extra: str = "", part: catalog.Part = "bucket") -> str:
+    """``rate()`` of a counter (or a histogram's ``part``) over the scope's window."""
+    sig = catalog.SIGNALS[signal]
+    if sig.kind == "gauge":
+        raise ConfigError(f"rate() of gauge {signal}: read it with gauge()")
+    return catalog.promql_expr(
+        signal, _join(scope.matchers(signal), extra), part, range_fn="rate", window=scope.window
+    )
+
+
+def over_time(fn: str, signal: str, scope: Scope, extra: str = "") -> str:
+    """``<fn>_over_time()`` of a gauge signal over the scope's window."""
+    return catalog.promql_expr(
+        signal, _join(scope.matchers(signal), extra), range_fn=f"{fn}_over_time",
+        window=scope.window,
+    )  # fmt: skip
+
+
+def sum_by(labels: tuple[str, ...], expr: str, op: str = "sum") -> str:
+    return f"{op} by ({by(labels)}) ({expr})"
+
+
+def divide(numerator: str, denominator: str, matching: str = "") -> str:
+    """``numerator / (denominator > 0)``: no point where the denominator is 0 (no traffic)."""
+    return f"({numerator}) / {matching}(({denominator}) > 0)"
+
+
+def histogram_mean(signal: str, scope: Scope, labels: tuple[str, ...] | None) -> str:
+    """Mean observation over the window: rate(_sum) / rate(_count), summed over ``labels``
+    (None: per series)."""
+    num, den = rate(signal, scope, part="sum"), rate(signal, scope, part="count")
+    if labels is not None:
+        num, den = sum_by(labels, num), sum_by(labels, den)
+    return divide(num, den)
+
+
+def quantile(q: float, signal: str, scope: Scope, labels: tuple[str, ...]) -> str:
+    """The q-quantile of a histogram signal per ``labels`` (``le`` added to the sum)."""
+    if catalog.SIGNALS[signal].kind != "histogram":
+        raise ConfigError(f"histogram_quantile of {signal}, which is not a histogram")
+    return f"histogram_quantile({q}, {sum_by(('le', *labels), rate(signal, scope))})"
