@@ -114,7 +114,10 @@ def _scrapes(s: Scope, outcome: str) -> str:
 
 
 def _collector_failed(s: Scope, fl: tuple[str, ...]) -> str:
-    return q.divide(_scrapes(s, 'outcome!="up"'), _scrapes(s, ""))
+    """Failed ÷ all scrapes; 0 (not nothing) for a target that never failed, whose failed
+    outcomes have no series yet (prometheus_client creates a label set at its first use)."""
+    every, failed = _scrapes(s, ""), _scrapes(s, 'outcome!="up"')
+    return q.divide(f"{failed} or 0 * {every}", every)
 
 
 def _collector_p99(s: Scope, fl: tuple[str, ...]) -> str:
@@ -242,12 +245,6 @@ RECORDS: tuple[Record, ...] = (
     Record("instance", "lmcache_time_to_store_seconds", "histogram_quantile_rate",
        _quantile(0.99, "lmcache_store_seconds", _ENGINE_TARGET), "s",
        "p99 time to store KV to LMCache (legacy).", labels=_P99),
-    Record("instance", "lmcache_l2_load_throughput_gbps", "mean_rate",
-       lambda s, fl: q.histogram_mean("lmcache_l2_load_throughput_gbps", s, _ENGINE_TARGET),
-       "short", "Mean L2→L1 load throughput per task, GB/s."),
-    Record("instance", "lmcache_l2_store_throughput_gbps", "mean_rate",
-       lambda s, fl: q.histogram_mean("lmcache_l2_store_throughput_gbps", s, _ENGINE_TARGET),
-       "short", "Mean L1→L2 store throughput per task, GB/s."),
     # ---- kvscope's collector ----------------------------------------------------------------
     Record("target", COLLECTOR_FAILED, "ratio_rate", _collector_failed,
        "percentunit", "Share of the collector's scrapes of a target that failed."),

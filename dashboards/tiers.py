@@ -61,10 +61,9 @@ def tiers_board(cfg: MixinConfig) -> Board:
               "whole tier).", "percentunit",
               (query(e("vllm_offload_cpu_usage_ratio", ""), cfg, "{{instance}}"),),
               min=0, max=1),
-        Chart("Allocation failures and skipped stores", "Stores that found no CPU block "
-              "(allocation failures) or were skipped (0.24+), per second.", "short",
-              (Query(q.rate("offload_allocation_failures_total", s), "{{instance}} failures"),
-               Query(q.rate("offload_stores_skipped_total", s), "{{instance}} skipped"))),
+        Chart("Offload allocation failures", "Offload stores that found no free CPU block, "
+              "per second: the CPU tier is full of blocks in flight.", "short",
+              (Query(q.rate("offload_allocation_failures_total", s), "{{instance}}"),)),
         Chart("Engine KV configuration", "HBM blocks, CPU blocks and offload size per engine "
               "from cache_config_info / kv_offload_config_info labels (the capacity facts "
               "kvscope plans with).", "none", (_facts(),), kind="table", width=24),
@@ -90,11 +89,6 @@ def tiers_board(cfg: MixinConfig) -> Board:
         Chart("L2 chunk traffic", "Chunks stored to and loaded from L2 per second.", "short",
               (query(e("lmcache_l2_store_chunks", "rate", "instance"), cfg, f"{_SERVER} store"),
                query(e("lmcache_l2_load_chunks", "rate", "instance"), cfg, f"{_SERVER} load"))),
-        Chart("L2 throughput", "Mean GB/s per L2 task (store L1→L2, load L2→L1).", "short",
-              (query(e("lmcache_l2_store_throughput_gbps", "mean_rate", "instance"), cfg,
-                     f"{_SERVER} store GB/s"),
-               query(e("lmcache_l2_load_throughput_gbps", "mean_rate", "instance"), cfg,
-                     f"{_SERVER} load GB/s"))),
         Chart("Retrieve and store time p99", "In-process (legacy) LMCache: p99 time to "
               "retrieve and to store KV.", "s",
               (query(e("lmcache_time_to_retrieve_seconds", "histogram_quantile_rate",
