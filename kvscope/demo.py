@@ -60,6 +60,7 @@ class DemoOptions:
 class DemoResult:
     plan: Plan
     plots: tuple[Path, ...]
+    surfaces: tuple[Path, ...]  # the Grafana dashboards and Prometheus rule files written
     db: str
     scenario: Scenario
     endpoints: dict[str, Any]
@@ -79,6 +80,7 @@ class DemoResult:
                 "engines_offload": list(self.scenario.cluster.engines_offload),
                 "db": self.db,
                 "plots": [str(p) for p in self.plots],
+                "dashboards_and_rules": [str(p) for p in self.surfaces],
                 "scrape_rounds": self.ticks,
                 "skipped_rounds": self.skipped_ticks,
                 "windows_written": self.windows_written,
@@ -325,6 +327,7 @@ def run_demo(opts: DemoOptions, *, err: IO[str] | None = None) -> DemoResult:
     closed, and the interrupt re-raised. Nothing started here outlives the call.
     """
     from collector.store import Store
+    from dashboards.build import write as write_surfaces
     from planner.plan import build_plan
     from planner.report.plots import write_plots
 
@@ -364,9 +367,17 @@ def run_demo(opts: DemoOptions, *, err: IO[str] | None = None) -> DemoResult:
         file=err,
         flush=True,
     )
+    surfaces = tuple(write_surfaces(opts.out))
+    print(
+        f"kvscope demo: Grafana dashboards and Prometheus rules in {opts.out}/ "
+        "(`kvscope dashboards build --out DIR` writes them anywhere)",
+        file=err,
+        flush=True,
+    )
     return DemoResult(
         plan=plan,
         plots=plots,
+        surfaces=surfaces,
         db=opts.db,
         scenario=scenario,
         endpoints=got.endpoints,
@@ -393,5 +404,8 @@ def summary(result: DemoResult) -> str:
     ]
     files = ["Files", f"  database  {result.db}  (kvscope plan --db {result.db} --since all)"]
     files += [f"  plot      {p}" for p in result.plots] or ["  plots     none (no fit ran)"]
+    files += [
+        f"  {'dashboard' if p.suffix == '.json' else 'rules':<9} {p}" for p in result.surfaces
+    ]
     body = summary_text(result.plan.to_dict())
     return "\n".join(head) + "\n\n" + body + "\n" + "\n".join(files) + "\n"

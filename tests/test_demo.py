@@ -163,6 +163,16 @@ def test_demo_short_run_writes_valid_pngs(short_run: Run) -> None:
         assert path.stat().st_size > 10_000, path
 
 
+def test_demo_short_run_writes_the_dashboards_and_rules_it_names(short_run: Run) -> None:
+    from dashboards.build import artifacts, check
+
+    surfaces = short_run.result.surfaces
+    assert {p.relative_to(short_run.out) for p in surfaces} == set(artifacts())
+    assert check(short_run.out) == []  # the same bytes `kvscope dashboards build` writes
+    assert all(str(p) in summary(short_run.result) for p in surfaces)
+    assert short_run.result.to_dict()["demo"]["dashboards_and_rules"] == [str(p) for p in surfaces]
+
+
 def test_demo_default_scenario_has_a_near_idle_trough_and_ends_at_its_peak() -> None:
     # The fits need both: low-load windows (prefill MFU: running <= 2, nothing waiting) and
     # KV saturation (preemptions, offload gains); the forecast and sizing read the end.

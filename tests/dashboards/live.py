@@ -47,9 +47,9 @@ VLLM_FIXTURES = ("vllm-0.11.0-metrics-default", "vllm-0.11.0-metrics-hidden",
                  "production-stack-router-metrics")  # fmt: skip
 LMCACHE_FIXTURES = ("lmcache-0.5.6-legacy-metrics", "lmcache-0.5.6-mp-server-idle-metrics")
 # An L2 tier behind a 20 GB L1 (the demo's 64 prefixes need ~50 GB of KV): L2 stores and
-# loads, L2 hits and throughput appear within the settle time.
-L2_TIER = ("--set", "cluster.lmcache.l2.tier=local-nvme", "--set", "cluster.lmcache.l2.size_gb=2000",
-           "--set", "cluster.cpu_cache_gb=20")  # fmt: skip
+# loads and L2 hits appear within the settle time.
+L2_TIER = ("--set", "cluster.lmcache.l2.tier=local-nvme", "--set",
+           "cluster.lmcache.l2.size_gb=2000", "--set", "cluster.cpu_cache_gb=20")  # fmt: skip
 PLAN_CLUSTER, PLAN_GROUPS = "demo", ("", "llama-3.1-8b")
 SAMPLE = re.compile(r"^([A-Za-z_:][A-Za-z0-9_:]*)(\{[^}]*\})?\s+(\S+)(.*)$")
 MOVING = ("counter", "histogram")
@@ -85,8 +85,9 @@ def growing(text: str, n: int) -> str:
         family = _family(m.group(1), types) if m else None
         if m and family and types.get(family) in MOVING:
             v = float(m.group(3))
-            line = f"{m.group(1)}{m.group(2) or ''} {v + n * (1 + v / 100):.17g}{m.group(4)}"
-        out.append(line)
+            out.append(f"{m.group(1)}{m.group(2) or ''} {v + n * (1 + v / 100):.17g}{m.group(4)}")
+        else:
+            out.append(line)
     return "\n".join(out) + "\n"
 
 
@@ -118,8 +119,8 @@ def plan_record(now: float, group: str = "") -> PlanRecord:
         "happening": {"current_mode": {"mode": "native", "basis": "test"}},
         "forecast": {"kv_demand": {"unit": "KV tokens"}},
     }
-    return PlanRecord(PLAN_CLUSTER, group, now - 60, now - 7200, now - 60, 86400.0, "test", "lmcache",
-                      document, headline)  # fmt: skip
+    return PlanRecord(PLAN_CLUSTER, group, now - 60, now - 7200, now - 60, 86400.0, "test",
+                      "lmcache", document, headline)  # fmt: skip
 
 
 @dataclass(frozen=True)
