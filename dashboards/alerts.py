@@ -86,7 +86,9 @@ def _lmcache_down_probe(c: MixinConfig) -> str:
 def _lmcache_collapsed(c: MixinConfig) -> str:
     hit = find("lmcache_hit_tokens", "ratio_rate", "fleet").selector(c)
     traffic = find("lmcache_requested_tokens", "rate", "fleet").selector(c)
-    best = f"max_over_time({hit}[6h])"
+    # the 6-hour baseline is a high quantile, not the max: one good 5-minute spike does
+    # not set it
+    best = f"quantile_over_time(0.9, {hit}[6h])"
     on = f"on ({q.by(c.fleet_labels)})"
     return (
         f"{hit} < {c.lmcache_hit_collapse_factor} * {best}\n"
@@ -99,7 +101,9 @@ def _stores_without_loads(c: MixinConfig) -> str:
     rate = find("vllm_offload_bytes", "rate")
     stores, loads = rate.selector(c, 'direction="store"'), rate.selector(c, 'direction="load"')
     store, load = f"avg_over_time({stores}[1h])", f"max_over_time({loads}[1h])"
-    return f"{store} > {c.offload_min_store_bytes_per_s}\nand ignoring (direction) {load} == 0"
+    # `unless … > 0`, not `and … == 0`: an engine whose load counter has no series yet
+    # (nothing ever loaded) must fire too
+    return f"{store} > {c.offload_min_store_bytes_per_s}\nunless ignoring (direction) {load} > 0"
 
 
 def _stores_probe(c: MixinConfig) -> str:
@@ -137,7 +141,9 @@ def _scrapes_failing(c: MixinConfig) -> str:
 
 def _collector_stalled(c: MixinConfig) -> str:
     tick = f"{COLLECTOR_LAST_SUCCESSFUL_TICK}{{{c.collector_selector}}}"
-    return f"time() - {tick} > {c.collector_stall_s:g}"
+    # tick > 0: the gauge is 0 until the first clean tick (a long Prometheus back-fill is one
+    # tick), which is not a stall
+    return f"time() - {tick} > {c.collector_stall_s:g}\nand {tick} > 0"
 
 
 def _collector_down(c: MixinConfig) -> str:
@@ -170,10 +176,11 @@ ALERTS: tuple[Alert, ...] = (
     Alert(
         "KvscopeVllmPreemptionStorm", "warning", "10m", _preemption_storm,
         _threshold_free(_preemption_storm),
-        "vLLM engine {{ $labels.instance }} preempts {{ $value | humanizePercentage }} of "
-        "its requests.",
-        "Engine {{ $labels.instance }} (model {{ $labels.model_name }}) preempted more than "
-        "one request in ten over the last 5 minutes while serving traffic. Each preemption "
+        "vLLM engine {{ $labels.instance }} preempts {{ $value | humanize }} times per "
+        "finished request.",
+        "Engine {{ $labels.instance }} (model {{ $labels.model_name }}) made more than 0.1 "
+        "preemptions per finished request over the last 5 minutes under traffic (a request "
+        "can be preempted more than once). Each preemption "
         "frees the request's KV blocks and re-prefills its prompt later: GPU time spent twice "
         "and TTFT up. The KV pool is too small for the concurrency it is given.",
     ),
@@ -205,10 +212,10 @@ ALERTS: tuple[Alert, ...] = (
         _threshold_free(_lmcache_collapsed),
         "LMCache hit ratio of {{ $labels.model_name }} fell to {{ $value | "
         "humanizePercentage }}.",
-        "The share of looked-up tokens LMCache supplies fell below half of its best over "
-        "the last 6 hours, under real traffic. Usual causes: an LMCache restart (cold L1), "
-        "L1 too small for the working set (evictions), a changed prompt template or "
-        "cache_salt, or a router change that scattered prefixes.",
+        "The share of looked-up tokens LMCache supplies fell below half of its 90th "
+        "percentile over the last 6 hours, under real traffic. Usual causes: an LMCache "
+        "restart (cold L1), L1 too small for the working set (evictions), a changed prompt "
+        "template or cache_salt, or a router change that scattered prefixes.",
     ),
     Alert(
         "KvscopeOffloadStoresWithoutLoads", "warning", "30m", _stores_without_loads,
@@ -240,7 +247,7 @@ ALERTS: tuple[Alert, ...] = (
         "KvscopeCollectorScrapesFailing", "warning", "15m", _scrapes_failing,
         _threshold_free(_scrapes_failing),
         "kvscope cannot scrape {{ $labels.target }}: {{ $value | humanizePercentage }} fail.",
-        "A fifth or more of the collector's scrapes of {{ $labels.target }} failed over 5 "
+        "More than a fifth of the collector's scrapes of {{ $labels.target }} failed over 5 "
         "minutes. The plan loses that engine's windows; the outcome label of the collector's "
         "scrapes counter says why (connect, timeout, http_status, parse, ...).",
     ),
@@ -253,7 +260,7 @@ ALERTS: tuple[Alert, ...] = (
         "stopped. No windows are written, so plans go stale.",
     ),
     Alert(
-        "KvscopeCollectorDown", "critical", "10m", _collector_down,
+        "KvscopeCollectorDown", "warning", "10m", _collector_down,
         lambda c: _up(c.collector_selector),
         "kvscope's collector is down or not scraped.",
         "Prometheus cannot scrape the collector's --metrics-addr, or no such target exists "

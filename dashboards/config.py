@@ -27,7 +27,10 @@ class MixinConfig:
     # "" matches every target: vLLM engines are told apart from the production-stack router
     # by the catalogue's `server` matcher, not by job names operators choose.
     vllm_selector: str = ""
-    lmcache_selector: str = 'job=~".*lmcache.*"'
+    # False for a cluster without LMCache: the Kvscope*Lmcache* alerts are not generated (else
+    # KvscopeLmcacheTargetsMissing would warn forever).
+    lmcache_deployed: bool = True
+    lmcache_selector: str = 'job=~"lmcache.*"'
     collector_selector: str = 'job="kvscope-collector"'
     planner_selector: str = 'job="kvscope-api"'
     # The labels the fleet-level recording rules keep (the rule names' level part).
@@ -39,10 +42,10 @@ class MixinConfig:
     min_requests_per_s: float = 0.05  # traffic floor of per-request ratios (3 a minute)
     kv_saturated_ratio: float = 0.95  # KV use (5-min mean) counted as full ...
     kv_saturated_waiting: float = 1.0  # ... while at least this many requests wait (mean)
-    lmcache_hit_collapse_factor: float = 0.5  # hit ratio below half its 6-hour best ...
-    lmcache_hit_baseline_min: float = 0.2  # ... when that best was a real one
+    lmcache_hit_collapse_factor: float = 0.5  # hit ratio below half its 6-hour p90 ...
+    lmcache_hit_baseline_min: float = 0.2  # ... when that baseline was a real one
     lmcache_min_tokens_per_s: float = 100.0  # traffic floor of the LMCache hit ratio
-    offload_min_store_bytes_per_s: float = 1e6  # "storing": ≥ 1 MB/s to the CPU tier, 1 h mean
+    offload_min_store_bytes_per_s: float = 1e6  # "storing": > 1 MB/s to the CPU tier, 1 h mean
     collector_failed_scrape_ratio: float = 0.2  # a fifth of a target's scrapes failing
     collector_stall_s: float = 300.0  # no clean collect tick for 5 minutes
     plan_stale_s: float = 3 * 3600.0  # no new plan for 3 hours (`plan --every 1h` misses 3)

@@ -20,6 +20,7 @@ from dashboards.records import RECORDS, Record
 
 __all__ = ["RECORD_GROUPS", "alert_rules", "dump_rules", "recording_rules"]
 
+LMCACHE_ALERTS = "KvscopeLmcache"  # the alerts config.lmcache_deployed=False leaves out
 RECORD_GROUPS = (
     "kvscope-vllm-engine.rules",
     "kvscope-vllm-fleet.rules",
@@ -67,7 +68,8 @@ def _alert(a: Alert, cfg: MixinConfig) -> dict[str, Any]:
 
 def alert_rules(cfg: MixinConfig) -> dict[str, Any]:
     """The alerting rules document (one group; rules in ALERTS order)."""
-    return {"groups": [{"name": "kvscope.alerts", "rules": [_alert(a, cfg) for a in ALERTS]}]}
+    alerts = [a for a in ALERTS if cfg.lmcache_deployed or not a.name.startswith(LMCACHE_ALERTS)]
+    return {"groups": [{"name": "kvscope.alerts", "rules": [_alert(a, cfg) for a in alerts]}]}
 
 
 class _Dumper(yaml.SafeDumper):

@@ -36,7 +36,7 @@ from planner.simulate.scenarios import bundled_names
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("collector", "planner", "dashboards", "api", "kvscope")
-DATA_SUFFIXES = frozenset({".yaml", ".jsonl", ".md"})
+DATA_SUFFIXES = frozenset({".yaml", ".jsonl", ".md", ".json"})  # .json: dashboards/generated
 STUDY_MODULES = frozenset({"accuracy", "fitsynth", "telemetry_gen"})  # benchmarks/accuracy/
 RUN_TIME_DATA = (
     "planner/model/data/hardware.yaml",  # planner.model.hardware
@@ -44,6 +44,7 @@ RUN_TIME_DATA = (
     "planner/simulate/PARAMETERS.md",
     "planner/simulate/scenarios/trace.jsonl",  # trace_replay.yaml's relative path
     "planner/model/data/sources.yaml",  # planner.model.sources (kvscope sources, reasons)
+    "dashboards/generated/kvscope-fleet-kv.json",  # the Grafana dashboards, as built
 )
 PIP_ENV = {"PIP_NO_INPUT": "1", "PIP_DISABLE_PIP_VERSION_CHECK": "1"}
 # run from outside the checkout with nothing of the caller's Python set-up

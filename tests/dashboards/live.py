@@ -163,13 +163,17 @@ def _wait_file(path: Path, proc: subprocess.Popen[bytes], timeout_s: float = 30)
         time.sleep(0.05)
 
 
+def _grown(text: str, transform: Callable[[str], str]) -> Callable[[int], bytes]:
+    return lambda n: transform(growing(text, n)).encode()
+
+
 def _serve_fixtures(srv: ExpoServer, transform: Callable[[str], str]) -> dict[str, str]:
     """route path -> fixture name, each growing at every scrape."""
     paths = {}
     for name in (*VLLM_FIXTURES, *LMCACHE_FIXTURES):
         text = (FIXTURES / f"{name}.txt").read_text()
         path = f"/{name}"
-        srv.add(path, lambda n, t=text: transform(growing(t, n)).encode())
+        srv.add(path, _grown(text, transform))
         paths[path] = name
     return paths
 

@@ -58,3 +58,16 @@ def test_record_names_follow_level_metric_operations() -> None:
 def test_record_find_unknown_names_it() -> None:
     with pytest.raises(ConfigError, match="engine:nope:rate"):
         find("nope", "rate")
+
+
+def test_alerts_without_lmcache_leave_out_only_the_lmcache_alerts() -> None:
+    from dataclasses import replace
+
+    from dashboards.rules import alert_rules
+
+    def names(cfg: object) -> set[str]:
+        return {r["alert"] for r in alert_rules(cfg)["groups"][0]["rules"]}  # type: ignore[arg-type]
+
+    every = names(DEFAULT)
+    without = names(replace(DEFAULT, lmcache_deployed=False))
+    assert every - without == {n for n in every if n.startswith("KvscopeLmcache")} != set()
