@@ -22,6 +22,7 @@ from typing import Literal
 
 from collector.selfmetrics import (
     COLLECTOR_LAST_SUCCESSFUL_TICK,
+    GAIN_MODES,
     PLAN_AGE,
     PLAN_DEPLOYED_MODE,
     PLAN_FORECAST_HORIZON,
@@ -111,9 +112,13 @@ def _stores_probe(c: MixinConfig) -> str:
 
 
 def _not_paying_off(c: MixinConfig) -> str:
-    deployed = f'{PLAN_DEPLOYED_MODE}{{mode!="none",{c.planner_selector}}} == 1'
+    deployed = f"{PLAN_DEPLOYED_MODE}{{{{mode{{}},{c.planner_selector}}}}} == 1"
+    single = deployed.format('!~"none|both"')
+    both = deployed.format('="both"')
+    # "both" runs native and LMCache: it is judged by each one's gain (rulestate.py)
+    split = " or ".join(f'label_replace({both}, "mode", "{m}", "", "")' for m in GAIN_MODES)
     gain = f'{PLAN_THROUGHPUT_GAIN}{{bound="upper",{c.planner_selector}}}'
-    return f"{gain} < 0\nand on (cluster, group, mode) {deployed}"
+    return f"{gain} < 0\nand on (cluster, group, mode) ({single} or {split})"
 
 
 def _not_paying_probe(c: MixinConfig) -> str:
@@ -124,9 +129,11 @@ def _capacity(c: MixinConfig) -> str:
     tts = f'{PLAN_TIME_TO_SATURATION}{{bound="estimate",{c.planner_selector}}}'
     horizon = f"{PLAN_FORECAST_HORIZON}{{{c.planner_selector}}}"
     p = f"{PLAN_SATURATION_PROBABILITY}{{{c.planner_selector}}}"
+    # aggregated per (cluster, group): two API replicas (a rollout) serve the same plan twice
     return (
-        f"{tts} <= on (cluster, group) {horizon}\n"
-        f"and on (cluster, group) {p} >= {c.saturation_probability}"
+        f"min by (cluster, group) ({tts}) <= on (cluster, group) "
+        f"max by (cluster, group) ({horizon})\n"
+        f"and on (cluster, group) max by (cluster, group) ({p}) >= {c.saturation_probability}"
     )
 
 

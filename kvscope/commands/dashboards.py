@@ -22,18 +22,27 @@ def register(app: typer.Typer) -> None:
     def build_cmd(
         out: Annotated[
             Path,
-            typer.Option("--out", help="root to write under (dashboards/generated/*.json, "
-                         "deploy/prometheus/rules/*.yml)"),
+            typer.Option(
+                "--out",
+                help="root to write under (dashboards/generated/*.json, "
+                "deploy/prometheus/rules/*.yml)",
+            ),
         ] = Path("."),
         check: Annotated[
             bool,
-            typer.Option("--check", help="write nothing; exit 1 when a file under --out is "
-                         "missing, stale or not generated"),
+            typer.Option(
+                "--check",
+                help="write nothing; exit 1 when a file under --out is "
+                "missing, stale or not generated",
+            ),
         ] = False,
         runbook_base: Annotated[
             str | None,
-            typer.Option("--runbook-base", help="URL of docs/runbooks.md for the alerts' "
-                         "runbook_url (default: the repository path)"),
+            typer.Option(
+                "--runbook-base",
+                help="URL of docs/runbooks.md for the alerts' "
+                "runbook_url (default: the repository path)",
+            ),
         ] = None,
     ) -> None:
         """Write the three dashboards (Fleet KV overview, Offload and LMCache tiers, Planner)
