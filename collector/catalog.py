@@ -17,7 +17,7 @@ rewrite (prometheus-client ≥ 0.23 under OpenMetrics negotiation), counters wit
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -42,6 +42,8 @@ FACTS: Mapping[str, str] = {
     "kv_offload_config": KV_OFFLOAD_CONFIG_INFO,
     "lmcache_target": LMCACHE_TARGET_INFO,
 }
+
+LMCACHE_SERVER_PREFIX = "lmcache_mp_"  # the LMCache MP server's families (own /metrics)
 
 # Label that marks a production-stack router sample (the router re-uses the `vllm:` prefix,
 # labels its gauges with the backend URL `server` and never carries `engine`).
@@ -515,6 +517,8 @@ def promql_expr(
     part: Part = "bucket",
     range_fn: str | None = None,
     window: str = "5m",
+    *,
+    spelling_matchers: Callable[[Spelling], str] | None = None,
 ) -> str:
     """A PromQL expression yielding ``signal`` in canonical labels without double counting.
 
@@ -523,15 +527,24 @@ def promql_expr(
     applied with ``label_replace``. With ``range_fn`` (``rate``, ``increase``, …) each term is
     ``range_fn(selector[window])`` so the result can be aggregated directly, e.g.
     ``sum by (le) (promql_expr("ttft_seconds", range_fn="rate"))``.
+
+    Within a term the colon and the underscore spelling are separate selectors joined by
+    ``or`` too: an exporter that switches between them (a restart under another client
+    version) has both in one range window, and one ``{__name__=~"a|b"}`` would give two
+    series with one label set once ``rate()`` drops the name (an evaluation error).
+    ``spelling_matchers`` adds matchers per spelling (e.g. a job filter that only the LMCache
+    server's names should get).
     """
     sig = _get(signal)
-    extra = [router_matcher(signal), _clean(matchers)]
     terms = []
     for s in sig.spellings:
-        names = _with_rewrite([spelling_sample_name(sig.kind, s.family, part)])
-        term = _selector(names, extra)
-        if range_fn:
-            term = f"{range_fn}({term}[{window}])"
+        own = _clean(spelling_matchers(s)) if spelling_matchers else ""
+        extra = [router_matcher(signal), _clean(matchers), own]
+        subterms = []
+        for name in _with_rewrite([spelling_sample_name(sig.kind, s.family, part)]):
+            sub = _selector((name,), extra)
+            subterms.append(f"{range_fn}({sub}[{window}])" if range_fn else sub)
+        term = " or ".join(subterms)
         for key, value in s.const_labels:
             term = f'label_replace({term}, "{key}", "{value}", "", "")'
         for src, dst in s.rename:
@@ -541,6 +554,12 @@ def promql_expr(
             term = f'label_replace({term}, "{src}", "", "", "")'
         terms.append(term)
     return terms[0] if len(terms) == 1 else " or ".join(f"({t})" for t in terms)
+
+
+def is_lmcache_server(spelling: Spelling) -> bool:
+    """A spelling the LMCache MP server exposes on its own /metrics (``lmcache_mp_…``), not an
+    in-process LMCache name served on the vLLM engine's /metrics (legacy ``lmcache:…``)."""
+    return spelling.family.startswith(LMCACHE_SERVER_PREFIX)
 
 
 def export_spelling(signal: str, labels: Mapping[str, str] | None = None) -> Spelling:

@@ -15,11 +15,14 @@ selectors, or a dashboard's ``$__rate_interval`` and template variables.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from collector import catalog
 from collector.errors import ConfigError
 from dashboards.config import MixinConfig
+
+SpellingMatchers = Callable[[catalog.Spelling], str]
 
 __all__ = [
     "Scope",
@@ -49,8 +52,15 @@ class Scope:
     kvscope: str = ""
 
     def matchers(self, signal: str) -> str:
-        source = catalog.SIGNALS[signal].source
-        return self.lmcache if source == "lmcache" else self.vllm
+        """Matchers for every spelling of ``signal`` (LMCache's: see ``spelling``)."""
+        return "" if catalog.SIGNALS[signal].source == "lmcache" else self.vllm
+
+    def spelling(self, signal: str) -> SpellingMatchers | None:
+        """LMCache signals: the LMCache-server matchers for the MP server's own names, the
+        vLLM ones for in-process (legacy) names, which vLLM's /metrics serves."""
+        if catalog.SIGNALS[signal].source != "lmcache":
+            return None
+        return lambda sp: self.lmcache if catalog.is_lmcache_server(sp) else self.vllm
 
     def over(self, window: str) -> Scope:
         return replace(self, window=window)
@@ -67,7 +77,9 @@ def by(labels: tuple[str, ...]) -> str:
 
 def gauge(signal: str, scope: Scope, extra: str = "") -> str:
     """A gauge signal in canonical labels, every spelling."""
-    return catalog.promql_expr(signal, _join(scope.matchers(signal), extra))
+    return catalog.promql_expr(
+        signal, _join(scope.matchers(signal), extra), spelling_matchers=scope.spelling(signal)
+    )
 
 
 def rate(signal: str, scope: Scope, extra: str = "", part: catalog.Part = "bucket") -> str:
@@ -76,15 +88,16 @@ def rate(signal: str, scope: Scope, extra: str = "", part: catalog.Part = "bucke
     if sig.kind == "gauge":
         raise ConfigError(f"rate() of gauge {signal}: read it with gauge()")
     return catalog.promql_expr(
-        signal, _join(scope.matchers(signal), extra), part, range_fn="rate", window=scope.window
-    )
+        signal, _join(scope.matchers(signal), extra), part, range_fn="rate", window=scope.window,
+        spelling_matchers=scope.spelling(signal),
+    )  # fmt: skip
 
 
 def over_time(fn: str, signal: str, scope: Scope, extra: str = "") -> str:
     """``<fn>_over_time()`` of a gauge signal over the scope's window."""
     return catalog.promql_expr(
         signal, _join(scope.matchers(signal), extra), range_fn=f"{fn}_over_time",
-        window=scope.window,
+        window=scope.window, spelling_matchers=scope.spelling(signal),
     )  # fmt: skip
 
 

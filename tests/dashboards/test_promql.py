@@ -33,8 +33,16 @@ def test_quantile_sums_buckets_by_le_and_the_labels() -> None:
 
 
 def test_scope_picks_matchers_by_signal_source() -> None:
-    assert 'job="lmcache"' in q.rate("lmcache_hit_tokens_total", SCOPE)
     assert 'job="vllm"' in q.gauge("kv_cache_usage_ratio", SCOPE)
+    server, in_process = q.rate("lmcache_hit_tokens_total", SCOPE).split(") or (")
+    # the LMCache server's own names get its selector; in-process names live on vLLM's job
+    assert 'job="lmcache"' in server and 'job="vllm"' not in server
+    assert 'job="vllm"' in in_process and 'job="lmcache"' not in in_process
+
+
+def test_colon_and_underscore_spellings_are_separate_selectors() -> None:
+    expr = q.rate("preemptions_total", SCOPE)
+    assert expr.count("rate(") == 2 and " or " in expr
 
 
 def test_engine_gauges_shared_with_the_router_exclude_router_samples() -> None:

@@ -245,9 +245,7 @@ STORM_CASES = (
          _storm(ramp((31, 30)), ramp((31, 120)), underscore=False)
          + _storm(f"{gap(31)} {ramp((30, 30))}", f"{gap(31)} {ramp((30, 120))}",
                   underscore=True),
-         tuple(firing(t, Fired(ENGINE, 0.25)) for t in ("20m", "33m", "45m")),
-         xfail="both spellings of one engine in a rate window: every engine recording rule "
-               "fails with 'vector cannot contain metrics with the same labelset'"),
+         tuple(firing(t, Fired(ENGINE, 0.25)) for t in ("20m", "33m", "45m"))),
 )  # fmt: skip
 
 KV_CASES = (
@@ -330,9 +328,7 @@ HIT_CASES = (
     Case("KvscopeLmcacheHitRateCollapsed", "no_hit_counter", "absent",
          (S(REQUESTED, LOOKUP, _TOKENS),), quiet("55m")),
     Case("KvscopeLmcacheHitRateCollapsed", "in_process_lmcache_on_vllm_metrics", "spelling",
-         _lookups(_TOKENS, _COLLAPSE, IN_PROCESS, older=True), _HIT_CHECKS,
-         xfail="lmcache_selector also filters the in-process (legacy) spelling, which "
-               "vLLM's /metrics serves under the engine's job: the alert never fires there"),
+         _lookups(_TOKENS, _COLLAPSE, IN_PROCESS, older=True), _HIT_CHECKS),
 )  # fmt: skip
 
 
