@@ -12,7 +12,6 @@ from collector.selfmetrics import (
     COLLECTOR_TARGET_UP,
     COLLECTOR_TARGETS,
     COLLECTOR_TICK_LAG,
-    COLLECTOR_WINDOWS_WRITTEN,
     PLAN_AGE,
     PLAN_BREAKEVEN_KV_USAGE,
     PLAN_DECISION_SCORE,
@@ -31,7 +30,7 @@ from collector.selfmetrics import (
 from dashboards.config import MixinConfig
 from dashboards.fleet import query
 from dashboards.grafana import Board, Chart, Query, Row
-from dashboards.records import COLLECTOR_FAILED, find
+from dashboards.records import COLLECTOR_FAILED, WINDOWS_WRITTEN, find
 from dashboards.variables import PLAN_MATCHERS, PLAN_VARIABLES
 
 __all__ = ["UID", "planner_board"]
@@ -120,8 +119,7 @@ def planner_board(cfg: MixinConfig) -> Board:
         Chart("Collector tick lag and windows written", "How late ticks start, and windows "
               "written to the store per second.", "short",
               (Query(_c(COLLECTOR_TICK_LAG, cfg), "tick lag (s)"),
-               Query(f"rate({_c(COLLECTOR_WINDOWS_WRITTEN, cfg)}[$__rate_interval])",
-                     "windows/s"))),
+               query(find(WINDOWS_WRITTEN, "rate", "instance"), cfg, "windows/s"))),
     ))  # fmt: skip
     return Board(
         UID, "kvscope / Planner",

@@ -17,12 +17,16 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
-from collector.selfmetrics import COLLECTOR_SCRAPE_DURATION, COLLECTOR_SCRAPES
+from collector.selfmetrics import (
+    COLLECTOR_SCRAPE_DURATION,
+    COLLECTOR_SCRAPES,
+    COLLECTOR_WINDOWS_WRITTEN,
+)
 from dashboards import promql as q
 from dashboards.config import MixinConfig
 from dashboards.promql import Scope
 
-__all__ = ["COLLECTOR_FAILED", "RECORDS", "Record", "find"]
+__all__ = ["COLLECTOR_FAILED", "RECORDS", "WINDOWS_WRITTEN", "Record", "find"]
 
 Build = Callable[[Scope, tuple[str, ...]], str]
 
@@ -120,6 +124,10 @@ def _collector_failed(s: Scope, fl: tuple[str, ...]) -> str:
     return q.divide(f"{failed} or 0 * {every}", every)
 
 
+def _windows_written(s: Scope, fl: tuple[str, ...]) -> str:
+    return f"rate({COLLECTOR_WINDOWS_WRITTEN}{{{s.kvscope}}}[{s.window}])"
+
+
 def _collector_p99(s: Scope, fl: tuple[str, ...]) -> str:
     sel = f"{COLLECTOR_SCRAPE_DURATION}_bucket{{{s.kvscope}}}"
     return f"histogram_quantile(0.99, sum by (le, job, instance, target) (rate({sel}[{s.window}])))"
@@ -128,6 +136,7 @@ def _collector_p99(s: Scope, fl: tuple[str, ...]) -> str:
 _P50, _P99 = {"quantile": "0.5"}, {"quantile": "0.99"}
 # kvscope's own names come from collector.selfmetrics (never spelled twice)
 COLLECTOR_FAILED = str(COLLECTOR_SCRAPES).removesuffix("_total") + "_failed"
+WINDOWS_WRITTEN = str(COLLECTOR_WINDOWS_WRITTEN).removesuffix("_total")
 
 RECORDS: tuple[Record, ...] = (
     # ---- per engine (every target label kept) --------------------------------------------
@@ -156,6 +165,9 @@ RECORDS: tuple[Record, ...] = (
     Record("engine", "vllm_offload_transfer_bandwidth", "ratio_rate",
        _ratio("offload_bytes_total", "offload_seconds_total"), "Bps",
        "Effective bytes/s of native offload transfers while they run, by direction."),
+    Record("engine", "vllm_offload_allocation_failures", "rate",
+       lambda s, fl: q.rate("offload_allocation_failures_total", s), "short",
+       "Native offload stores that found no free CPU block, per second."),
     Record("engine", "vllm_kv_cache_usage_ratio", "", _gauge("kv_cache_usage_ratio"), "percentunit",
        "GPU KV-cache use, every spelling in one series.", windowed=False),
     Record("engine", "vllm_kv_cache_usage_ratio", "avg_over_time",
@@ -248,6 +260,8 @@ RECORDS: tuple[Record, ...] = (
     # ---- kvscope's collector ----------------------------------------------------------------
     Record("target", COLLECTOR_FAILED, "ratio_rate", _collector_failed,
        "percentunit", "Share of the collector's scrapes of a target that failed."),
+    Record("instance", WINDOWS_WRITTEN, "rate", _windows_written, "short",
+       "Windows the collector writes to the store per second."),
     Record("target", str(COLLECTOR_SCRAPE_DURATION), "histogram_quantile_rate",
        _collector_p99, "s", "p99 duration of the collector's scrapes of a target.",
        labels=_P99),

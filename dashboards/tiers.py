@@ -9,7 +9,6 @@ labels) in a table.
 from __future__ import annotations
 
 from collector import catalog
-from dashboards import promql as q
 from dashboards.config import MixinConfig
 from dashboards.fleet import query
 from dashboards.grafana import Board, Chart, Query, Row
@@ -63,7 +62,7 @@ def tiers_board(cfg: MixinConfig) -> Board:
               min=0, max=1),
         Chart("Offload allocation failures", "Offload stores that found no free CPU block, "
               "per second: the CPU tier is full of blocks in flight.", "short",
-              (Query(q.rate("offload_allocation_failures_total", s), "{{instance}}"),)),
+              (query(e("vllm_offload_allocation_failures", "rate"), cfg, "{{instance}}"),)),
         Chart("Engine KV configuration", "HBM blocks, CPU blocks and offload size per engine "
               "from cache_config_info / kv_offload_config_info labels (the capacity facts "
               "kvscope plans with).", "none", (_facts(),), kind="table", width=24),

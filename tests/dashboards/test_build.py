@@ -157,3 +157,19 @@ def test_every_spelling_of_every_signal_used_is_matched() -> None:
         for part in parts:
             for name in catalog.exposed_names(sig.name, part):
                 assert name in text, f"{sig.name}: {name} is not matched"
+
+
+def test_every_panel_rate_and_ratio_is_a_recording_rule_expression() -> None:
+    """A panel computing a rate or a ratio draws exactly what a recording rule records (the
+    same builder in the dashboard's scope), so the alerts test what the operator sees."""
+    from dashboards.config import DEFAULT
+    from dashboards.records import RECORDS
+    from dashboards.variables import board_scope
+
+    recorded = {r.expr(board_scope(DEFAULT), DEFAULT) for r in RECORDS}
+    loose = [
+        f"{uid} / {p['title']}: {t['expr'][:120]}"
+        for uid, d in _dashboards().items() for p in d["panels"] for t in p.get("targets", [])
+        if ("rate(" in t["expr"] or " / " in t["expr"]) and t["expr"] not in recorded
+    ]  # fmt: skip
+    assert not loose, "panel rates/ratios without a recording rule:\n" + "\n".join(loose)
