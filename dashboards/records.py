@@ -257,6 +257,9 @@ RECORDS: tuple[Record, ...] = (
     Record("instance", "lmcache_time_to_store_seconds", "histogram_quantile_rate",
        _quantile(0.99, "lmcache_store_seconds", _ENGINE_TARGET), "s",
        "p99 time to store KV to LMCache (legacy).", labels=_P99),
+    Record("instance", "lmcache_l2_load_throughput_gbps", "mean_rate",
+       lambda s, fl: q.histogram_mean("lmcache_l2_load_throughput_gbps", s, _ENGINE_TARGET),
+       "short", "Mean L2→L1 load throughput per load task, GB/s (MP server)."),
     # ---- kvscope's collector ----------------------------------------------------------------
     Record("target", COLLECTOR_FAILED, "ratio_rate", _collector_failed,
        "percentunit", "Share of the collector's scrapes of a target that failed."),

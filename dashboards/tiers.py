@@ -88,6 +88,10 @@ def tiers_board(cfg: MixinConfig) -> Board:
         Chart("L2 chunk traffic", "Chunks stored to and loaded from L2 per second.", "short",
               (query(e("lmcache_l2_store_chunks", "rate", "instance"), cfg, f"{_SERVER} store"),
                query(e("lmcache_l2_load_chunks", "rate", "instance"), cfg, f"{_SERVER} load"))),
+        Chart("L2 load throughput", "Mean GB/s of each L2→L1 load task (LMCache MP server): "
+              "the speed an L2 hit is read back at.", "short",
+              (query(e("lmcache_l2_load_throughput_gbps", "mean_rate", "instance"), cfg,
+                     f"{_SERVER} GB/s"),)),
         Chart("Retrieve and store time p99", "In-process (legacy) LMCache: p99 time to "
               "retrieve and to store KV.", "s",
               (query(e("lmcache_time_to_retrieve_seconds", "histogram_quantile_rate",

@@ -247,6 +247,14 @@ class Simulation:
 
     def lmcache_snapshots(self) -> list[LMCacheSnapshot]:
         return [
-            LMCacheSnapshot(p.idx, p.scope, p.engines, self.now, dict(p.tel.counters), p.gauges())
+            LMCacheSnapshot(
+                p.idx,
+                p.scope,
+                p.engines,
+                self.now,
+                dict(p.tel.counters),
+                p.gauges(),
+                p.tel.histograms(),
+            )
             for p in self.pools
         ]

@@ -310,6 +310,11 @@ def pool_view(snap: LMCacheSnapshot, model_name: str, l2_name: str = "") -> Endp
         elif name in _L2_NAMED:
             own = [("l2_name", l2_name or "l2")]
         series.append(Series(name, tuple(own), value))
+    series += [
+        Series(name, (("l2_name", l2_name or "l2"),), h)
+        for name, h in snap.histograms.items()
+        if name in catalog.SIGNALS
+    ]
     resource = (("service_instance_id", f"kvscope-sim-lmcache-{snap.pool}"), *OTEL_RESOURCE)
     return EndpointView(
         tuple(series),

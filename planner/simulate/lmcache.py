@@ -151,13 +151,14 @@ class LMCacheConnector(Connector):
         if l2_tokens and pool.l2_spec is not None:
             l2 = pool.l2_spec
             chunks = math.ceil(l2_tokens / cs)
-            secs += transfer_seconds(
-                l2_tokens * self.kv_engine,
-                l2.read_Bps,
-                latency_s=l2.latency_s,
-                objects=chunks,
+            l2_bytes = l2_tokens * self.kv_engine
+            l2_secs = transfer_seconds(
+                l2_bytes, l2.read_Bps, latency_s=l2.latency_s, objects=chunks,
                 concurrency=l2.concurrency,
-            )
+            )  # fmt: skip
+            secs += l2_secs
+            if l2_secs > 0:  # one L2 -> L1 load task, as LMCache's MP server observes it
+                pool.tel.observe("lmcache_l2_load_throughput_gbps", l2_bytes / l2_secs / 1e9)
             secs += transfer_seconds(l2_tokens * self.kv_gpu, self.read_Bps)  # L1 -> GPU
             pool.tel.add("lmcache_l2_load_completed_chunks_total", chunks)
             pool.l1.store(req.path, hit_tokens + l1_tokens, end_tokens)  # promoted to L1

@@ -54,6 +54,10 @@ LMCACHE_COUNTERS = (
     "lmcache_l2_evicted_chunks_total",
 )
 
+# Per-task L2 -> L1 load throughput, GB/s (the MP server's histogram; L2 stores are modelled
+# as free write-through, so they have no throughput to report).
+LMCACHE_HISTOGRAMS = ("lmcache_l2_load_throughput_gbps",)
+
 
 # Request-token histograms: vLLM renders them with build_1_2_5_buckets(max_model_len).
 TOKEN_HISTOGRAMS = (
@@ -178,6 +182,7 @@ class LMCacheSnapshot:
     t: float
     counters: Mapping[str, float]
     gauges: Mapping[str, float]
+    histograms: Mapping[str, HistogramSnapshot] = field(default_factory=dict)
 
 
 class EngineTelemetry:
@@ -274,12 +279,23 @@ def _snap(h: Histogram) -> HistogramSnapshot:
 
 
 class PoolTelemetry:
-    """Counters of one LMCache server (pool)."""
+    """Counters and histograms of one LMCache server (pool)."""
 
-    __slots__ = ("counters",)
+    __slots__ = ("counters", "hist")
 
     def __init__(self) -> None:
+        from collector import catalog
+
         self.counters: dict[str, float] = dict.fromkeys(LMCACHE_COUNTERS, 0.0)
+        self.hist = {
+            name: Histogram(tuple(catalog.SIGNALS[name].buckets)) for name in LMCACHE_HISTOGRAMS
+        }
 
     def add(self, name: str, value: float) -> None:
         self.counters[name] += value
+
+    def observe(self, name: str, value: float) -> None:
+        self.hist[name].observe(value)
+
+    def histograms(self) -> dict[str, HistogramSnapshot]:
+        return {k: _snap(h) for k, h in self.hist.items()}
