@@ -79,7 +79,11 @@ def fill(url: str, backend: str) -> Filled:
             store.save_plan(r)
             for r in plan_records(old, cluster=CLUSTER, version="0.1.0", created_at=cut)
         ]
-        new = build_plan(store, cluster=CLUSTER, horizon_s=3600, forecast_seconds=0.3)
+        # The latest plan must still be pending when the tests run: the frame ends up to
+        # 61 minutes before now (shifted_frame aligns it to the hour), so a 1-hour horizon
+        # could already have passed; 90 minutes (under the 100-minute history, so it is not
+        # shortened) leaves it pending for at least 29 minutes.
+        new = build_plan(store, cluster=CLUSTER, horizon_s=5400, forecast_seconds=0.3)
         new_ids = [
             store.save_plan(r)
             for r in plan_records(new, cluster=CLUSTER, version="0.1.0", created_at=time.time())
