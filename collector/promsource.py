@@ -29,7 +29,7 @@ from collections.abc import Iterable, Sequence
 from datetime import UTC, datetime
 from typing import Any, Literal
 
-from collector.catalog import DERIVED_RATIOS, SIGNALS, promql_expr
+from collector.catalog import DERIVED_RATIOS, FACTS, SIGNALS, fact_selector, promql_expr
 from collector.errors import ConfigError, ScrapeError
 from collector.records import Kind, Labels, Window
 from collector.rollup import ratio_window
@@ -179,6 +179,26 @@ class PrometheusSource:
             out.extend(self._build(name, w, cells))
         out.extend(derive_ratios(out))
         out.sort(key=lambda x: (x.source, x.start, x.signal, x.labels))
+        return out
+
+    def facts(self, at: float, lookback_s: float) -> dict[str, dict[str, list[dict[str, str]]]]:
+        """source -> fact key -> label rows: the engines' info families (catalog.FACTS) as
+        Prometheus last saw them in ``[at - lookback_s, at]`` (one instant query per family).
+        The value is 1 by convention; the facts are the labels (job/instance dropped)."""
+        out: dict[str, dict[str, list[dict[str, str]]]] = {}
+        window = f"{max(1, int(lookback_s))}s"
+        for key in FACTS:
+            query = f"last_over_time({fact_selector(key, self.matchers)}[{window}])"
+            result = self._call(
+                f"instant query for {key}", self._prom.custom_query, query,
+                params={"time": f"{at:.3f}"},
+            )  # fmt: skip
+            if not isinstance(result, list):
+                raise ScrapeError(self.url, "parse", f"instant query for {key}: no vector result")
+            for series in result:
+                metric: dict[str, str] = series.get("metric", {})
+                row = {k: v for k, v in sorted(metric.items()) if k not in DROPPED_LABELS}
+                out.setdefault(self._source(metric), {}).setdefault(key, []).append(row)
         return out
 
     # -- internals ----------------------------------------------------------------------------

@@ -28,6 +28,7 @@ from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+from collector.engine_facts import engine_facts_of
 from collector.errors import ConfigError, KvscopeError
 from collector.health import CollectorHealth
 from collector.records import ScrapeOutcome, Snapshot, Window
@@ -46,8 +47,6 @@ from collector.urlguard import URLPolicy
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
-
-CACHE_CONFIG_FACT = "cache_config"
 
 
 @dataclass
@@ -146,25 +145,12 @@ async def unless_stopped(coro: Coroutine[Any, Any, T], stop: asyncio.Event) -> T
 
 # --------------------------------------------------------------------------- engine facts
 
-_FACT_INTS = ("num_gpu_blocks", "block_size", "num_cpu_blocks")
-
 
 def engine_facts(snapshot: Snapshot) -> dict[str, Any]:
-    """Facts worth keeping about an engine, from its exposition's info families.
-
-    ``num_gpu_blocks``/``block_size``/``num_cpu_blocks`` are per data-parallel engine (read
-    from the first ``cache_config`` row; ``dp_engines`` says how many rows there were); the
-    raw rows are kept under their fact key.
-    """
-    facts: dict[str, Any] = {k: [dict(row) for row in rows] for k, rows in snapshot.facts.items()}
-    rows = snapshot.facts.get(CACHE_CONFIG_FACT, ())
-    if rows:
-        facts["dp_engines"] = len(rows)
-        for key in _FACT_INTS:
-            raw = rows[0].get(key, "")
-            if raw.isdigit():
-                facts[key] = int(raw)
-    return facts
+    """Facts worth keeping about an engine, from its exposition's info families and the
+    signals it serves (collector.engine_facts: the raw rows, per-engine block counts, the
+    offload mode it exposes and on what basis)."""
+    return engine_facts_of(snapshot.facts, {s.signal for s in snapshot.samples})
 
 
 def _model_of(snapshot: Snapshot) -> str | None:
@@ -310,11 +296,13 @@ class _Direct:
         if self.facts.get(target.name) == facts:
             return
         model = target.engine.model if target.engine and target.engine.model else None
+        configured = target.engine.offload if target.engine else None
         cluster = self.clusters.get(target.name, self.targets.cluster)
         try:
             self.store.upsert_engine(
-                cluster, target.name, model=model or _model_of(snapshot), facts=facts
-            )
+                cluster, target.name, model=model or _model_of(snapshot), facts=facts,
+                offload=configured or facts["offload"],
+            )  # fmt: skip
         except KvscopeError as exc:
             self._store_failed(f"registering engine {target.name}", exc)
             return

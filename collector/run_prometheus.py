@@ -12,9 +12,11 @@ import asyncio
 import logging
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from collector.catalog import SIGNALS
+from collector.engine_facts import engine_facts_of
 from collector.errors import ConfigError, KvscopeError, ScrapeError
 from collector.health import CollectorHealth
 from collector.promsource import PrometheusSource
@@ -57,6 +59,7 @@ async def collect_prometheus(
     store.upsert_cluster(cluster)
     store.upsert_target(source.url, source.url, kind="prometheus", cluster=cluster)
     known: set[str] = set()
+    described: dict[str, dict[str, Any]] = {}  # source -> the engine facts last stored
     cursor = math.floor((time.time() - since_s) / window_s) * window_s
     while not stop.is_set():
         began = time.time()
@@ -82,9 +85,11 @@ async def collect_prometheus(
                 end = cursor  # retry the same range next time
             if windows is None:
                 break
+            facts = await asyncio.to_thread(_facts, source, end, window_s, stats) if windows else {}
             _register_sources(
-                store, cluster=cluster, url=source.url, windows=windows, known=known, stats=stats
-            )
+                store, cluster=cluster, url=source.url, windows=windows, known=known,
+                stats=stats, facts=facts, described=described,
+            )  # fmt: skip
             written_before = stats.windows_written
             try:
                 stats.windows_written += store.write_windows(windows)
@@ -106,6 +111,32 @@ async def collect_prometheus(
     return stats
 
 
+# How far back the fact families are looked up: info gauges are constant, so any recent
+# sample is as good as the last one; 10 minutes rides over a few missed scrapes.
+FACTS_LOOKBACK_S = 600.0
+
+
+def _facts(
+    source: PrometheusSource, at: float, window_s: float, stats: CollectStats
+) -> dict[str, dict[str, list[dict[str, str]]]]:
+    """The engines' info families at ``at``; a failed query costs the facts, not the windows."""
+    try:
+        return source.facts(at, max(FACTS_LOOKBACK_S, 2 * window_s))
+    except ScrapeError as exc:
+        stats.failures[exc.kind] += 1
+        log.error("prometheus: engine facts: %s", exc)
+        return {}
+
+
+def _model_of(windows: Sequence[Window], source: str) -> str | None:
+    for w in windows:
+        if w.source == source:
+            model = dict(w.labels).get("model_name")
+            if model:
+                return model
+    return None
+
+
 def _register_sources(
     store: Store,
     *,
@@ -114,23 +145,32 @@ def _register_sources(
     windows: Sequence[Window],
     known: set[str],
     stats: CollectStats,
+    facts: Mapping[str, Mapping[str, list[dict[str, str]]]] | None = None,
+    described: dict[str, dict[str, Any]] | None = None,
 ) -> None:
-    """Register every new source as a target (and as an engine when it serves vLLM signals)."""
+    """Register every new source as a target (and as an engine when it serves vLLM signals),
+    and each engine's exposed facts (model, offload mode with its basis, KV blocks) whenever
+    they change: Prometheus holds the same ``cache_config_info`` a direct scrape reads."""
     kinds: dict[str, set[str]] = {}
+    signals: dict[str, set[str]] = {}
     for w in windows:
         sig = SIGNALS.get(w.signal)
         kinds.setdefault(w.source, set()).add(sig.source if sig is not None else "vllm")
+        signals.setdefault(w.source, set()).add(w.signal)
     stats.targets_up = len(kinds)
     for source, seen in kinds.items():
-        if source in known:
-            continue
         kind = "lmcache" if seen == {"lmcache"} else "vllm"
         try:
-            store.upsert_target(source, url, kind=kind, cluster=cluster)
-            if kind == "vllm":
-                store.upsert_engine(cluster, source)
+            if source not in known:
+                store.upsert_target(source, url, kind=kind, cluster=cluster)
+                if kind == "vllm":
+                    store.upsert_engine(cluster, source, model=_model_of(windows, source))
+                known.add(source)
+            if kind == "vllm" and described is not None:
+                now = engine_facts_of((facts or {}).get(source, {}), signals[source])
+                if described.get(source) != now:
+                    store.upsert_engine(cluster, source, offload=now["offload"], facts=now)
+                    described[source] = now
         except KvscopeError as exc:
             stats.store_errors += 1
             log.error("store: registering %s: %s", source, exc)
-            continue
-        known.add(source)

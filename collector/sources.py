@@ -56,7 +56,9 @@ class EngineMeta:
     model: str | None = None
     gpu: str | None = None
     tensor_parallel: int = 1
-    offload: OffloadMode = "none"
+    # None: not written in targets.yaml; the collector reads it from the engine's own facts
+    # (collector.engine_facts) instead of assuming "none".
+    offload: OffloadMode | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -182,12 +184,13 @@ def _parse_engine(raw: object, where: str) -> EngineMeta:
     tp = raw.get("tensor_parallel", 1)
     if isinstance(tp, bool) or not isinstance(tp, int) or tp < 1:
         raise ConfigError(f"{where}: 'tensor_parallel' must be an integer >= 1, got {tp!r}")
-    offload = raw.get("offload", "none")
-    if offload not in OFFLOAD_MODES:
+    offload = raw.get("offload")
+    if offload is not None and offload not in OFFLOAD_MODES:
         raise ConfigError(
             f"{where}: 'offload' must be one of {', '.join(OFFLOAD_MODES)}, got {offload!r}"
         )
-    return EngineMeta(model=model, gpu=gpu, tensor_parallel=tp, offload=cast(OffloadMode, offload))
+    mode = cast(OffloadMode, offload) if offload is not None else None
+    return EngineMeta(model=model, gpu=gpu, tensor_parallel=tp, offload=mode)
 
 
 def _no_unknown_keys(doc: Mapping[object, object], allowed: set[str], where: str) -> None:
