@@ -310,7 +310,9 @@ def test_collect_direct_with_health_counts_match_the_loop(tmp_path: Path) -> Non
             Target("err", srv.add("/500", b"no\n", status=500), "vllm"),
         ))  # fmt: skip
         stats = asyncio.run(
-            collect_direct(targets, store, interval_s=0.05, window_s=0.1, timeout_s=5,
+            # 0.5 s ticks: a scrape's deadline is the tick's, and a 0.05 s one timed out the
+            # 554-line fixture under a loaded CI machine (an "up" counted as a timeout)
+            collect_direct(targets, store, interval_s=0.5, window_s=1.0, timeout_s=5,
                            concurrency=4, max_body_bytes=1 << 24, max_ticks=4, health=h)
         )  # fmt: skip
     s = parse(h.render())
