@@ -28,9 +28,10 @@ from typing import Any
 
 from collector.catalog import FACTS, SIGNALS
 
-__all__ = ["OFF_SIZES", "engine_facts_of", "offload_from_facts"]
+__all__ = ["ENGINE_FACTS", "OFF_SIZES", "engine_facts_of", "offload_from_facts"]
 
 CACHE_CONFIG, KV_OFFLOAD_CONFIG = "cache_config", "kv_offload_config"  # catalog.FACTS keys
+ENGINE_FACTS = (CACHE_CONFIG, KV_OFFLOAD_CONFIG)  # the fact families a vLLM engine exposes
 OFF_SIZES = frozenset({"", "None", "none", "0", "0.0"})
 _MODES = ("native", "lmcache")
 # canonical signals whose presence on an engine shows a connector

@@ -181,13 +181,15 @@ class PrometheusSource:
         out.sort(key=lambda x: (x.source, x.start, x.signal, x.labels))
         return out
 
-    def facts(self, at: float, lookback_s: float) -> dict[str, dict[str, list[dict[str, str]]]]:
-        """source -> fact key -> label rows: the engines' info families (catalog.FACTS) as
+    def facts(
+        self, at: float, lookback_s: float, keys: Iterable[str] = tuple(FACTS)
+    ) -> dict[str, dict[str, list[dict[str, str]]]]:
+        """source -> fact key -> label rows: the info families ``keys`` (of catalog.FACTS) as
         Prometheus last saw them in ``[at - lookback_s, at]`` (one instant query per family).
         The value is 1 by convention; the facts are the labels (job/instance dropped)."""
         out: dict[str, dict[str, list[dict[str, str]]]] = {}
         window = f"{max(1, int(lookback_s))}s"
-        for key in FACTS:
+        for key in keys:
             query = f"last_over_time({fact_selector(key, self.matchers)}[{window}])"
             result = self._call(
                 f"instant query for {key}", self._prom.custom_query, query,

@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from collector.catalog import SIGNALS
-from collector.engine_facts import engine_facts_of
+from collector.engine_facts import ENGINE_FACTS, engine_facts_of
 from collector.errors import ConfigError, KvscopeError, ScrapeError
 from collector.health import CollectorHealth
 from collector.promsource import PrometheusSource
@@ -85,7 +85,9 @@ async def collect_prometheus(
                 end = cursor  # retry the same range next time
             if windows is None:
                 break
-            facts = await asyncio.to_thread(_facts, source, end, window_s, stats) if windows else {}
+            facts = None
+            if windows:
+                facts = await asyncio.to_thread(_facts, source, end, window_s, stats)
             _register_sources(
                 store, cluster=cluster, url=source.url, windows=windows, known=known,
                 stats=stats, facts=facts, described=described,
@@ -118,23 +120,15 @@ FACTS_LOOKBACK_S = 600.0
 
 def _facts(
     source: PrometheusSource, at: float, window_s: float, stats: CollectStats
-) -> dict[str, dict[str, list[dict[str, str]]]]:
-    """The engines' info families at ``at``; a failed query costs the facts, not the windows."""
+) -> dict[str, dict[str, list[dict[str, str]]]] | None:
+    """The engines' info families at ``at``; None when the query failed (it costs the facts
+    of this poll, never the windows, and never overwrites the facts already stored)."""
     try:
-        return source.facts(at, max(FACTS_LOOKBACK_S, 2 * window_s))
+        return source.facts(at, max(FACTS_LOOKBACK_S, 2 * window_s), keys=ENGINE_FACTS)
     except ScrapeError as exc:
         stats.failures[exc.kind] += 1
         log.error("prometheus: engine facts: %s", exc)
-        return {}
-
-
-def _model_of(windows: Sequence[Window], source: str) -> str | None:
-    for w in windows:
-        if w.source == source:
-            model = dict(w.labels).get("model_name")
-            if model:
-                return model
-    return None
+        return None
 
 
 def _register_sources(
@@ -145,32 +139,43 @@ def _register_sources(
     windows: Sequence[Window],
     known: set[str],
     stats: CollectStats,
-    facts: Mapping[str, Mapping[str, list[dict[str, str]]]] | None = None,
-    described: dict[str, dict[str, Any]] | None = None,
+    facts: Mapping[str, Mapping[str, list[dict[str, str]]]] | None,
+    described: dict[str, dict[str, Any]],
 ) -> None:
-    """Register every new source as a target (and as an engine when it serves vLLM signals),
-    and each engine's exposed facts (model, offload mode with its basis, KV blocks) whenever
-    they change: Prometheus holds the same ``cache_config_info`` a direct scrape reads."""
+    """Register every new source as a target (and as an engine, with its model, when it
+    serves vLLM signals), and each engine's exposed facts (offload mode with its basis, KV
+    blocks) whenever they change: Prometheus holds the same ``cache_config_info`` a direct
+    scrape reads. ``facts`` None (the query failed): the stored facts stay as they are."""
     kinds: dict[str, set[str]] = {}
     signals: dict[str, set[str]] = {}
+    models: dict[str, str] = {}
     for w in windows:
         sig = SIGNALS.get(w.signal)
         kinds.setdefault(w.source, set()).add(sig.source if sig is not None else "vllm")
         signals.setdefault(w.source, set()).add(w.signal)
+        if w.source not in models and (model := dict(w.labels).get("model_name")):
+            models[w.source] = model
     stats.targets_up = len(kinds)
     for source, seen in kinds.items():
         kind = "lmcache" if seen == {"lmcache"} else "vllm"
+        new = source not in known
+        now = None
+        if kind == "vllm" and facts is not None:
+            now = engine_facts_of(facts.get(source, {}), signals[source])
+            if described.get(source) == now:
+                now = None  # unchanged: nothing to write
         try:
-            if source not in known:
+            if new:
                 store.upsert_target(source, url, kind=kind, cluster=cluster)
-                if kind == "vllm":
-                    store.upsert_engine(cluster, source, model=_model_of(windows, source))
-                known.add(source)
-            if kind == "vllm" and described is not None:
-                now = engine_facts_of((facts or {}).get(source, {}), signals[source])
-                if described.get(source) != now:
-                    store.upsert_engine(cluster, source, offload=now["offload"], facts=now)
-                    described[source] = now
+            if kind == "vllm" and (new or now is not None):
+                store.upsert_engine(
+                    cluster, source, model=models.get(source) if new else None,
+                    offload=now["offload"] if now else None, facts=now,
+                )  # fmt: skip
         except KvscopeError as exc:
             stats.store_errors += 1
             log.error("store: registering %s: %s", source, exc)
+            continue
+        known.add(source)
+        if now is not None:
+            described[source] = now

@@ -146,3 +146,29 @@ def test_prometheus_and_direct_modes_store_each_engines_exposed_offload(tmp_path
     finally:
         sim.terminate()
         sim.wait(timeout=10)
+
+
+def test_prometheus_registration_failed_facts_query_keeps_stored_facts(tmp_path: Path) -> None:
+    from collector.records import Window
+    from collector.run import CollectStats
+    from collector.run_prometheus import _register_sources
+    from collector.store import Store
+
+    window = Window("e0", "kv_cache_usage_ratio", (("model_name", "m"),), 0.0, 60.0, "gauge", 4)
+    native = {CACHE: [{**ON, "num_gpu_blocks": "10", "block_size": "16"}]}
+    with Store(f"sqlite:///{tmp_path / 'k.db'}") as store:
+        store.migrate()
+        known: set[str] = set()
+        described: dict[str, dict[str, object]] = {}
+
+        def register(facts: dict[str, dict[str, list[dict[str, str]]]] | None) -> None:
+            _register_sources(store, cluster="c", url="http://p", windows=[window], known=known,
+                              stats=CollectStats(mode="prometheus"), facts=facts,
+                              described=described)  # fmt: skip
+
+        register({"e0": native})
+        (first,) = store.engines("c")
+        register(None)  # the facts query failed this poll
+        (after,) = store.engines("c")
+    assert (first.model, first.offload, first.facts["num_gpu_blocks"]) == ("m", "native", 10)
+    assert (after.offload, after.facts) == (first.offload, first.facts)
