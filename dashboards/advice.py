@@ -28,10 +28,9 @@ from collector.selfmetrics import (
     MetricDef,
 )
 from dashboards.config import MixinConfig
-from dashboards.fleet import query
 from dashboards.grafana import Board, Chart, Query, Row
 from dashboards.records import COLLECTOR_FAILED, WINDOWS_WRITTEN, find
-from dashboards.variables import PLAN_MATCHERS, PLAN_VARIABLES
+from dashboards.variables import PLAN_MATCHERS, PLAN_VARIABLES, query
 
 __all__ = ["UID", "planner_board"]
 

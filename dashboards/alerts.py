@@ -170,19 +170,10 @@ def _plan_absent_probe(c: MixinConfig) -> str:
     return f"{PLAN_AGE}{{{c.planner_selector}}}"
 
 
-def _threshold_free(expr: Text) -> Text:
-    """The first operand of the alert's first comparison: what it watches."""
-
-    def probe(c: MixinConfig) -> str:
-        return expr(c).split(" > ")[0].split(" < ")[0].split(" <= ")[0].split(" == ")[0]
-
-    return probe
-
-
 ALERTS: tuple[Alert, ...] = (
     Alert(
         "KvscopeVllmPreemptionStorm", "warning", "10m", _preemption_storm,
-        _threshold_free(_preemption_storm),
+        lambda c: find("vllm_preemptions_per_request", "ratio_rate").selector(c),
         "vLLM engine {{ $labels.instance }} preempts {{ $value | humanize }} times per "
         "finished request.",
         "Engine {{ $labels.instance }} (model {{ $labels.model_name }}) made more than 0.1 "
@@ -193,7 +184,7 @@ ALERTS: tuple[Alert, ...] = (
     ),
     Alert(
         "KvscopeVllmKvCacheSaturated", "warning", "15m", _kv_saturated,
-        _threshold_free(_kv_saturated),
+        lambda c: find("vllm_kv_cache_usage_ratio", "avg_over_time").selector(c),
         "vLLM engine {{ $labels.instance }} has a full KV cache and requests waiting for it.",
         "Engine {{ $labels.instance }} averaged {{ $value | humanizePercentage }} KV-cache use "
         "over 5 minutes with requests waiting. High KV use alone is normal for vLLM; with a "
@@ -216,7 +207,7 @@ ALERTS: tuple[Alert, ...] = (
     ),
     Alert(
         "KvscopeLmcacheHitRateCollapsed", "warning", "15m", _lmcache_collapsed,
-        _threshold_free(_lmcache_collapsed),
+        lambda c: find("lmcache_hit_tokens", "ratio_rate", "fleet").selector(c),
         "LMCache hit ratio of {{ $labels.model_name }} fell to {{ $value | "
         "humanizePercentage }}.",
         "The share of looked-up tokens LMCache supplies fell below half of its 90th "
@@ -252,7 +243,7 @@ ALERTS: tuple[Alert, ...] = (
     ),
     Alert(
         "KvscopeCollectorScrapesFailing", "warning", "15m", _scrapes_failing,
-        _threshold_free(_scrapes_failing),
+        lambda c: find(COLLECTOR_FAILED, "ratio_rate", "target").selector(c),
         "kvscope cannot scrape {{ $labels.target }}: {{ $value | humanizePercentage }} fail.",
         "More than a fifth of the collector's scrapes of {{ $labels.target }} failed over 5 "
         "minutes. The plan loses that engine's windows; the outcome label of the collector's "

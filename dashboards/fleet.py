@@ -8,20 +8,15 @@ what the rule records and the alerts test.
 from __future__ import annotations
 
 from dashboards.config import MixinConfig
-from dashboards.grafana import Board, Chart, Query, Row
+from dashboards.grafana import Board, Chart, Row
 from dashboards.records import Record, find
-from dashboards.variables import VLLM_VARIABLES, board_scope
+from dashboards.variables import VLLM_VARIABLES, query
 
 __all__ = ["UID", "fleet_board"]
 
 UID = "kvscope-fleet-kv"
 _ENGINE = "{{instance}} engine {{engine}}"
 _MODEL = "{{model_name}}"
-
-
-def query(record: Record, cfg: MixinConfig, legend: str) -> Query:
-    """A panel query: ``record``'s expression in the dashboard's scope."""
-    return Query(record.expr(board_scope(cfg), cfg), legend)
 
 
 def _fleet(metric: str, op: str, quantile: str = "") -> Record:

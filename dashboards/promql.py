@@ -16,7 +16,7 @@ selectors, or a dashboard's ``$__rate_interval`` and template variables.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from collector import catalog
 from collector.errors import ConfigError
@@ -62,9 +62,6 @@ class Scope:
             return None
         return lambda sp: self.lmcache if catalog.is_lmcache_server(sp) else self.vllm
 
-    def over(self, window: str) -> Scope:
-        return replace(self, window=window)
-
 
 def rule_scope(cfg: MixinConfig) -> Scope:
     """The scope of the recording and alerting rules: the config's window and selectors."""
@@ -105,9 +102,9 @@ def sum_by(labels: tuple[str, ...], expr: str, op: str = "sum") -> str:
     return f"{op} by ({by(labels)}) ({expr})"
 
 
-def divide(numerator: str, denominator: str, matching: str = "") -> str:
+def divide(numerator: str, denominator: str) -> str:
     """``numerator / (denominator > 0)``: no point where the denominator is 0 (no traffic)."""
-    return f"({numerator}) / {matching}(({denominator}) > 0)"
+    return f"({numerator}) / (({denominator}) > 0)"
 
 
 def histogram_mean(signal: str, scope: Scope, labels: tuple[str, ...] | None) -> str:

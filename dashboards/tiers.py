@@ -10,10 +10,9 @@ from __future__ import annotations
 
 from collector import catalog
 from dashboards.config import MixinConfig
-from dashboards.fleet import query
 from dashboards.grafana import Board, Chart, Query, Row
 from dashboards.records import find
-from dashboards.variables import VLLM_VARIABLES, board_scope, lmcache_variables
+from dashboards.variables import VLLM_VARIABLES, board_scope, lmcache_variables, query
 
 __all__ = ["UID", "tiers_board"]
 

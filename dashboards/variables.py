@@ -12,8 +12,9 @@ from __future__ import annotations
 from collector import catalog
 from collector.selfmetrics import PLAN_AGE
 from dashboards.config import MixinConfig
-from dashboards.grafana import Variable
+from dashboards.grafana import Query, Variable
 from dashboards.promql import Scope
+from dashboards.records import Record
 
 __all__ = [
     "PLAN_MATCHERS",
@@ -21,6 +22,7 @@ __all__ = [
     "VLLM_VARIABLES",
     "board_scope",
     "lmcache_variables",
+    "query",
 ]
 
 RATE_INTERVAL = "$__rate_interval"  # Grafana: max(4 × scrape interval, step + scrape)
@@ -59,3 +61,8 @@ def board_scope(cfg: MixinConfig) -> Scope:
     vllm = ",".join(m for m in (cfg.vllm_selector, _VLLM_MATCHERS) if m)
     lmcache = ",".join(m for m in (cfg.lmcache_selector, _LMCACHE_MATCHERS) if m)
     return Scope(RATE_INTERVAL, vllm, lmcache, cfg.collector_selector)
+
+
+def query(record: Record, cfg: MixinConfig, legend: str) -> Query:
+    """A panel query: ``record``'s expression in the dashboard's scope."""
+    return Query(record.expr(board_scope(cfg), cfg), legend)
