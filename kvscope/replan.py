@@ -115,24 +115,44 @@ def _kind(exc: BaseException) -> str:
 
 
 class _Stopper:
-    """SIGINT / SIGTERM set ``stop``; while ``planning`` they also abandon the plan."""
+    """SIGINT / SIGTERM set ``stop``; while ``planning`` they also abandon the plan.
+
+    The handler's exception lands wherever the main thread is, and Python swallows it there
+    when that is a weakref or GC callback (SQLAlchemy has some), printing "Exception ignored
+    in …" and carrying on. So a raised interrupt is remembered: the hook for unraisable
+    exceptions drops ours silently, and the planning block re-raises it when it ends, before
+    the plan is saved.
+    """
 
     def __init__(self) -> None:
         self.stop = threading.Event()
         self.planning = False
+        self.raised = False
 
     def __call__(self, _sig: int, _frame: FrameType | None) -> None:
         self.stop.set()
         if self.planning:
             self.planning = False
+            self.raised = True
             raise _Interrupted
+
+    def _unraisable(self, previous: Callable[[Any], object]) -> Callable[[Any], object]:
+        def hook(unraisable: Any) -> object:
+            if isinstance(unraisable.exc_value, _Interrupted):
+                return None  # re-raised where the planning block ends (interruptible)
+            return previous(unraisable)
+
+        return hook
 
     @contextmanager
     def installed(self) -> Iterator[None]:
         old = {s: signal.signal(s, self) for s in (signal.SIGINT, signal.SIGTERM)}
+        old_hook = sys.unraisablehook
+        sys.unraisablehook = self._unraisable(old_hook)
         try:
             yield
         finally:
+            sys.unraisablehook = old_hook
             for s, handler in old.items():
                 signal.signal(s, handler)
 
@@ -145,6 +165,8 @@ class _Stopper:
             yield
         finally:
             self.planning = False
+        if self.raised:  # the handler raised, but the exception was swallowed on its way
+            raise _Interrupted
 
 
 def run_every(

@@ -79,3 +79,28 @@ def test_resolve_cluster_none_or_several_asks_for_cluster(tmp_path: Path) -> Non
         store.upsert_engine("only", "e0", offload="none")
         assert resolve_cluster(store, None) == "only"
         assert resolve_cluster(store, "other") == "other"
+
+
+def test_stopper_interrupt_swallowed_by_a_gc_callback_is_raised_at_block_end(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """SIGTERM's exception raised inside a weakref callback is lost there (Python prints
+    "Exception ignored in …"); the stopper drops that message and raises at the end of the
+    planning block instead, so the plan is still abandoned and stderr stays clean."""
+    import signal
+    import weakref
+
+    from kvscope.replan import _Interrupted, _Stopper
+
+    class Thing:
+        pass
+
+    stopper = _Stopper()
+    reached_end = False
+    with stopper.installed(), pytest.raises(_Interrupted), stopper.interruptible():
+        thing = Thing()
+        ref = weakref.ref(thing, lambda _r: stopper(signal.SIGTERM, None))
+        del thing  # the callback runs now and its exception is swallowed by Python
+        reached_end = True
+    assert ref() is None and reached_end and stopper.stop.is_set()
+    assert "Exception ignored" not in capsys.readouterr().err
