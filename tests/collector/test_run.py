@@ -188,6 +188,10 @@ def test_collect_direct_stop_flushes_open_windows(store: Store) -> None:
         return await asyncio.wait_for(task, timeout=5)
 
     with expo_server() as srv:
+        # ticks fall on multiples of 30 s of the wall clock: start clear of one, or the
+        # second tick can come due inside the 0.5 s before the stop (a CI failure)
+        while 30.0 - time.time() % 30.0 < 1.5:
+            time.sleep(0.1)
         t0 = time.monotonic()
         stats = _run(scenario(srv))
         assert time.monotonic() - t0 < 3  # did not wait for the 30 s tick
