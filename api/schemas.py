@@ -184,9 +184,23 @@ class EngineOut(_Model):
     tensor_parallel: int | None = Field(examples=[1])
     offload: str = Field(examples=["native"], description="none, native or lmcache")
     facts: JsonObject = Field(
-        examples=[{"num_gpu_blocks": 28000, "block_size": 16}],
-        description="engine facts (the labels of the engine's cache-config info series)",
+        examples=[{"num_gpu_blocks": 28000, "block_size": 16,
+                   "provenance": {"offload": "exposed: cache_config_info ..."}}],
+        description="engine facts (the labels of the engine's cache-config info series); "
+        "`provenance` says where each column came from: exposed, configured or assumed",
+    )  # fmt: skip
+    changes: list[EngineChangeOut] = Field(
+        default_factory=list,
+        examples=[[{"at": 1764633600.0, "offload": "native", "facts": {"num_cpu_blocks": 90000}}]],
+        description="the regimes observed, oldest first: a new one when the offload mode, "
+        "model, GPU, TP or KV pool changed (a restart)",
     )
+
+
+class EngineChangeOut(_Model):
+    at: float = Field(examples=[1764633600.0], description="first observed, epoch seconds")
+    offload: str = Field(examples=["native"], description="none, native or lmcache")
+    facts: JsonObject = Field(examples=[{"num_gpu_blocks": 28000, "num_cpu_blocks": 90000}])
 
 
 class EnginesOut(_Model):
@@ -202,6 +216,7 @@ class EnginesOut(_Model):
                     "tensor_parallel": 1,
                     "offload": "none",
                     "facts": {},
+                    "changes": [],
                 }
             ]
         ]

@@ -43,6 +43,11 @@ FACTS: Mapping[str, str] = {
     "lmcache_target": LMCACHE_TARGET_INFO,
 }
 
+# NVIDIA dcgm-exporter's frame-buffer-used gauge: one series per GPU, labelled modelName,
+# gpu, UUID, Hostname (and the consumer pod in Kubernetes mode); a default counter of
+# dcgm-exporter's etc/default-counters.csv. kvscope reads only its labels (collector.dcgm).
+DCGM_GPU_FAMILY = "DCGM_FI_DEV_FB_USED"
+
 LMCACHE_SERVER_PREFIX = "lmcache_mp_"  # the LMCache MP server's families (own /metrics)
 
 # Label that marks a production-stack router sample (the router re-uses the `vllm:` prefix,

@@ -18,17 +18,30 @@ The offload mode, first rule that applies (``offload_basis`` says which, with th
 4. ``kv_offloading_size="None"`` and none of the above → none (offloading is off);
 5. else unknown (None): releases before the offloading labels say nothing either way.
 
-An operator's targets.yaml ``offload`` wins over this ("configured").
+Where each fact stored per engine comes from (:func:`describe`), with its provenance
+("exposed: …", "configured: …", "assumed: …") kept in the facts under ``provenance``:
+
+- facts the engine exposes (``model``, ``offload``): an engines.yaml rule, then the target's
+  targets.yaml entry (the operator's word wins: "configured"), then the engine's own series
+  ("exposed"); an offload mode nothing says is assumed ``none``;
+- facts its metrics cannot say (``gpu``, ``tensor_parallel``, ``hbm_gb``, ``dram_gib``): the
+  DCGM exporter's series in the same Prometheus (collector.dcgm, "exposed"), then an
+  engines.yaml rule, then targets.yaml (issue order: discovery first, per-target lists last);
+  ``tensor_parallel`` nothing says is assumed 1 (vLLM's default ``tensor_parallel_size``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from collector.catalog import FACTS, SIGNALS
+from collector.dcgm import GpuFacts
+from collector.engine_rules import EngineRules
 
-__all__ = ["ENGINE_FACTS", "OFF_SIZES", "engine_facts_of", "offload_from_facts"]
+__all__ = ["ENGINE_FACTS", "OFF_SIZES", "Described", "assumed_facts", "describe", "engine_facts_of",
+           "offload_from_facts"]  # fmt: skip
 
 CACHE_CONFIG, KV_OFFLOAD_CONFIG = "cache_config", "kv_offload_config"  # catalog.FACTS keys
 ENGINE_FACTS = (CACHE_CONFIG, KV_OFFLOAD_CONFIG)  # the fact families a vLLM engine exposes
@@ -81,3 +94,70 @@ def engine_facts_of(facts: Rows, signals: Collection[str] = ()) -> dict[str, Any
     out["offload"] = mode
     out["offload_basis"] = basis
     return out
+
+
+@dataclass(frozen=True, slots=True)
+class Described:
+    """What to store for one engine: the columns (None: unknown) and the facts, whose
+    ``provenance`` says where each column came from."""
+
+    model: str | None
+    gpu: str | None
+    hbm_gb: float | None
+    tensor_parallel: int | None
+    offload: str
+    facts: dict[str, Any]
+
+
+def describe(
+    exposed: Mapping[str, Any],
+    *,
+    model_label: str | None = None,
+    labels: Mapping[str, str] | None = None,
+    configured: Mapping[str, Any] | None = None,
+    rules: EngineRules | None = None,
+    gpus: GpuFacts | None = None,
+) -> Described:
+    """One engine's facts from every place they come from, first that says wins (module
+    docstring). ``exposed``: :func:`engine_facts_of` of its series; ``model_label``: its
+    ``model_name``; ``labels``: what engines.yaml rules match on; ``configured``: the
+    targets.yaml values written for it (keys model, gpu, tensor_parallel, offload)."""
+    ruled = rules.facts_for(labels or {}) if rules is not None else {}
+    given = {k: v for k, v in (configured or {}).items() if v is not None}
+    prov: dict[str, str] = {}
+
+    def pick(key: str, *found: tuple[Any, str]) -> Any:
+        for value, where in found:
+            if value is not None:
+                prov[key] = where
+                return value
+        return None
+
+    def conf(key: str) -> tuple[tuple[Any, str], tuple[Any, str]]:
+        rule = ruled.get(key, (None, ""))
+        return (rule[0], f"configured: {rule[1]}"), (given.get(key), "configured: targets file")
+
+    model = pick("model", *conf("model"), (model_label, "exposed: model_name label"))
+    offload = pick(
+        "offload", *conf("offload"), (exposed.get("offload"), str(exposed.get("offload_basis")))
+    )
+    if offload is None:
+        offload = pick("offload", ("none", "assumed: none (no offloading labels or series)"))
+    dcgm_gpu = (gpus.gpu, f"exposed: {gpus.basis}") if gpus else (None, "")
+    dcgm_tp = (gpus.gpus, f"exposed: {gpus.basis}") if gpus else (None, "")
+    gpu = pick("gpu", dcgm_gpu, *conf("gpu"))
+    tp = pick("tensor_parallel", dcgm_tp, *conf("tensor_parallel"),
+              (1, "assumed: 1 (vLLM's default tensor_parallel_size)"))  # fmt: skip
+    hbm = pick("hbm_gb", *conf("hbm_gb"))
+    facts = dict(exposed)
+    dram = pick("dram_gib", *conf("dram_gib"))
+    if dram is not None:
+        facts["dram_gib"] = dram
+    facts["provenance"] = prov
+    return Described(model, gpu, hbm, tp, str(offload), facts)
+
+
+def assumed_facts(facts: Mapping[str, Any]) -> list[str]:
+    """The facts of one engine that nothing exposed or configured (provenance "assumed")."""
+    prov = facts.get("provenance") or {}
+    return sorted(k for k, v in prov.items() if str(v).startswith("assumed"))

@@ -19,6 +19,8 @@ from collector.models import (
     OFFLOAD_MODES,
     TARGET_KINDS,
     ClusterRow,
+    EngineChange,
+    EngineChangeRow,
     EngineRecord,
     EngineRow,
     PlanRow,
@@ -28,6 +30,10 @@ from collector.models import (
     WindowRow,
 )
 from collector.records import ScrapeOutcome
+
+# What an engine runs: a change in any of these opens a new regime (engine_changes row).
+REGIME_COLUMNS = ("offload", "model", "gpu", "tensor_parallel")
+REGIME_FACTS = ("num_gpu_blocks", "block_size", "num_cpu_blocks")
 
 
 def _jsonable(value: Any, where: str) -> Any:
@@ -41,6 +47,12 @@ def _jsonable(value: Any, where: str) -> Any:
     if isinstance(value, float) and math.isfinite(value):
         return value
     raise StoreError(f"{where}: {value!r} cannot be stored as JSON")
+
+
+def _regime(stored: Mapping[str, Any] | None) -> dict[str, Any]:
+    """The regime part of a stored change's facts (what _record_change compares)."""
+    facts = stored or {}
+    return {k: facts.get(k) for k in (*REGIME_COLUMNS[1:], *REGIME_FACTS)}
 
 
 class Inventory:
@@ -172,12 +184,17 @@ class Inventory:
         tensor_parallel: int | None = None,
         offload: str | None = None,
         facts: Mapping[str, Any] | None = None,
+        observed_at: float | None = None,
     ) -> EngineRecord:
         """Register or update the engine scraped as ``source``; None keeps the stored value.
 
         ``offload`` is "none", "native" (vLLM's CPU offload) or "lmcache"; ``facts`` (e.g.
         block_size, num_gpu_blocks of the cache-config info family, catalog.FACTS) replaces
-        the stored facts.
+        the stored facts. ``observed_at``: the time these values were seen on the engine
+        (a scrape or a Prometheus poll); when its regime (REGIME_COLUMNS, REGIME_FACTS)
+        differs from the last recorded one, a change is recorded at that time, in the same
+        transaction. Registration from configuration alone passes None: no change is
+        recorded for what nobody observed.
         """
         if offload is not None and offload not in OFFLOAD_MODES:
             raise ConfigError(f"engine {source}: offload must be one of {OFFLOAD_MODES}")
@@ -213,8 +230,48 @@ class Inventory:
                     index_elements=["source"], set_={k: stmt.excluded[k] for k in update}
                 )
             )
+            if observed_at is not None:
+                self._record_change(conn, source, observed_at)
         (engine,) = self.engines(source=source)
         return engine
+
+    def _record_change(self, conn: Connection, source: str, at: float) -> None:
+        """Append the engine's regime at ``at`` unless it equals the last one recorded."""
+        if not math.isfinite(at):
+            raise StoreError(f"engine {source}: observed_at must be finite, got {at!r}")
+        e, ch = EngineRow, EngineChangeRow
+        row = conn.execute(
+            select(*(getattr(e, c) for c in REGIME_COLUMNS), e.facts).where(e.source == source)
+        ).one()
+        facts = row[-1] or {}
+        regime = {c: row[i] for i, c in enumerate(REGIME_COLUMNS) if c != "offload"}
+        regime |= {k: facts.get(k) for k in REGIME_FACTS}
+        last = conn.execute(
+            select(ch.offload, ch.facts).where(ch.source == source).order_by(ch.at.desc()).limit(1)
+        ).first()
+        if last is not None and last[0] == row[0] and _regime(last[1]) == regime:
+            return
+        stored = regime | {
+            k: facts[k] for k in ("offload_basis", "provenance") if facts.get(k) is not None
+        }
+        stmt = self._insert(ch.__table__).values(
+            source=source, at=at, offload=row[0], facts=_jsonable(stored, f"engine {source}")
+        )
+        conn.execute(stmt.on_conflict_do_nothing(index_elements=["source", "at"]))
+
+    def engine_changes(self, sources: Sequence[str] | None = None) -> dict[str, list[EngineChange]]:
+        """source -> its recorded regimes, oldest first (Store.upsert_engine's observed_at)."""
+        self._require_schema()
+        ch = EngineChangeRow
+        query = select(ch.source, ch.at, ch.offload, ch.facts)
+        if sources is not None:
+            query = query.where(ch.source.in_(list(sources)))
+        with self._tx("reading engine changes") as conn:
+            rows = conn.execute(query.order_by(ch.source, ch.at)).all()
+        out: dict[str, list[EngineChange]] = {}
+        for source, at, offload, facts in rows:
+            out.setdefault(source, []).append(EngineChange(at, offload, facts or {}))
+        return out
 
     def engines(self, cluster: str | None = None, source: str | None = None) -> list[EngineRecord]:
         """Registered engines (optionally of one cluster or one source), by cluster, source."""
@@ -229,7 +286,21 @@ class Inventory:
             query = query.where(e.source == source)
         with self._tx("reading engines") as conn:
             rows = conn.execute(query.order_by(c.name, e.source)).all()
-        return [EngineRecord(*row) for row in rows]
+        changes = self.engine_changes([source] if source is not None else None)
+        return [
+            EngineRecord(
+                cluster=r.name,
+                source=r.source,
+                model=r.model,
+                gpu=r.gpu,
+                hbm_gb=r.hbm_gb,
+                tensor_parallel=r.tensor_parallel,
+                offload=r.offload,
+                facts=r.facts,
+                changes=tuple(changes.get(r.source, ())),
+            )
+            for r in rows
+        ]
 
     def targets(self, cluster: str | None = None) -> list[TargetRecord]:
         """Registered scrape targets (optionally of one cluster), by cluster, name."""
@@ -245,7 +316,9 @@ class Inventory:
     def stats(self) -> dict[str, Any]:
         """Row counts per table, the windows' time range and window counts per signal."""
         self._require_schema()
-        tables = (ClusterRow, EngineRow, TargetRow, ScrapeOutcomeRow, WindowRow, PlanRow)
+        tables = (
+            ClusterRow, EngineRow, EngineChangeRow, TargetRow, ScrapeOutcomeRow, WindowRow, PlanRow
+        )  # fmt: skip
         w = WindowRow
         with self._tx("reading statistics") as conn:
             counts = {

@@ -29,7 +29,7 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 from collector.records import Labels
 
 # Bump when the schema changes and add the step to store.MIGRATIONS.
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 OFFLOAD_MODES = ("none", "native", "lmcache")
 TARGET_KINDS = ("vllm", "lmcache", "prometheus")
@@ -71,6 +71,23 @@ class EngineRow(Base):
     offload: Mapped[str] = mapped_column(String(16), nullable=False, default="none")
     facts: Mapped[dict[str, Any]] = mapped_column(JSON, nullable=False, default=dict)
     updated: Mapped[float] = mapped_column(Double, nullable=False)
+
+
+class EngineChangeRow(Base):
+    """One regime of an engine: its offload mode and KV facts as first observed at ``at``.
+
+    A row is appended when what an engine runs changes (a restart with offload switched on,
+    a new KV pool size), so the planner attributes each window to the regime that served it.
+    """
+
+    __tablename__ = "engine_changes"
+    __table_args__ = (UniqueConstraint("source", "at", name="uq_engine_changes_source_at"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    source: Mapped[str] = mapped_column(String(500), nullable=False, index=True)
+    at: Mapped[float] = mapped_column(Double, nullable=False)
+    offload: Mapped[str] = mapped_column(String(16), nullable=False)
+    facts: Mapped[dict[str, Any]] = mapped_column(JSON, nullable=False, default=dict)
 
 
 class TargetRow(Base):
@@ -243,6 +260,17 @@ class EngineRecord:
     gpu: str | None
     hbm_gb: float | None
     tensor_parallel: int | None
+    offload: str
+    facts: Mapping[str, Any] = field(default_factory=dict)
+    # the regimes observed, oldest first (Store.engines(); empty: never observed)
+    changes: tuple[EngineChange, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class EngineChange:
+    """An engine's regime from ``at`` on: offload mode and the facts that define it."""
+
+    at: float
     offload: str
     facts: Mapping[str, Any] = field(default_factory=dict)
 

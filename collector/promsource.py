@@ -29,12 +29,23 @@ from collections.abc import Iterable, Sequence
 from datetime import UTC, datetime
 from typing import Any, Literal
 
-from collector.catalog import DERIVED_RATIOS, FACTS, SIGNALS, fact_selector, promql_expr
+from collector.catalog import (
+    DCGM_GPU_FAMILY,
+    DERIVED_RATIOS,
+    FACTS,
+    SIGNALS,
+    fact_selector,
+    promql_expr,
+)
 from collector.errors import ConfigError, ScrapeError
 from collector.records import Kind, Labels, Window
 from collector.rollup import ratio_window
 
 STAT_LABEL = "kvscope_stat"
+# the DCGM labels collector.dcgm joins on (grouped by, so a GPU is one series whatever
+# else the exporter labels it with)
+GPU_LABELS = ("modelName", "gpu", "UUID", "Hostname", "instance", "pod", "namespace",
+              "exported_pod", "exported_namespace")  # fmt: skip
 DROPPED_LABELS = frozenset({"__name__", "instance", "job", STAT_LABEL})
 # Prometheus' hard limit is 11,000 points per series (promql/engine: "exceeded maximum
 # resolution of 11,000 points per timeseries"); stay below it.
@@ -202,6 +213,20 @@ class PrometheusSource:
                 row = {k: v for k, v in sorted(metric.items()) if k not in DROPPED_LABELS}
                 out.setdefault(self._source(metric), {}).setdefault(key, []).append(row)
         return out
+
+    def gpu_series(self, at: float, lookback_s: float) -> list[dict[str, str]]:
+        """The label sets of DCGM's per-GPU series Prometheus saw in ``[at - lookback_s, at]``
+        (collector.dcgm joins them to engines); the source's matchers do not apply: the
+        exporter is another job. Empty when no DCGM exporter is scraped."""
+        window = f"{max(1, int(lookback_s))}s"
+        query = f"group by ({', '.join(GPU_LABELS)}) (last_over_time({DCGM_GPU_FAMILY}[{window}]))"
+        result = self._call(
+            "instant query for DCGM GPUs", self._prom.custom_query, query,
+            params={"time": f"{at:.3f}"},
+        )  # fmt: skip
+        if not isinstance(result, list):
+            raise ScrapeError(self.url, "parse", "instant query for DCGM GPUs: no vector result")
+        return [dict(series.get("metric", {})) for series in result]
 
     # -- internals ----------------------------------------------------------------------------
 

@@ -9,6 +9,10 @@ are scraped besides the targets file's (a file target wins a name clash): a targ
 registered through the API is scraped from the next tick on, a deleted one is no longer
 scraped (its open windows are written). Those targets are checked by collector.urlguard at
 every scrape; a refused one is an outcome of kind ``refused``, never a stop.
+With ``file_sd`` (collector.file_sd) Prometheus file_sd files are re-read when they change and
+their targets scraped too: the targets file wins a name clash over them, they win over the
+store's; a file that stops parsing keeps its last targets (the error is logged and counted in
+``file_sd_errors``), a target gone from the files is no longer scraped from the next tick.
 A stop (SIGINT/SIGTERM, or ``stop.set()``) cancels the scrape in flight, flushes every open
 window to the store and returns the loop's own statistics.
 
@@ -24,12 +28,15 @@ import math
 import signal
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
+from urllib.parse import urlsplit
 
-from collector.engine_facts import engine_facts_of
+from collector.engine_facts import describe, engine_facts_of
+from collector.engine_rules import EngineRules
 from collector.errors import ConfigError, KvscopeError
+from collector.file_sd import Discovered, FileSD
 from collector.health import CollectorHealth
 from collector.records import ScrapeOutcome, Snapshot, Window
 from collector.rollup import Rollup
@@ -37,6 +44,7 @@ from collector.sources import (
     TARGET_KINDS,
     ClientPool,
     Clock,
+    EngineMeta,
     ScrapeResult,
     Target,
     TargetSet,
@@ -70,6 +78,7 @@ class CollectStats:
     last_error: str | None = None
     store_errors: int = 0
     loop_errors: int = 0
+    file_sd_errors: int = 0
 
     def summary(self) -> dict[str, Any]:
         """The JSON summary `kvscope collect` prints on stdout."""
@@ -85,6 +94,7 @@ class CollectStats:
             "errors": dict(sorted(self.failures.items())),
             "store_errors": self.store_errors,
             "loop_errors": self.loop_errors,
+            "file_sd_errors": self.file_sd_errors,
             "max_lag_s": round(self.max_lag_s, 4),
             "duration_s": round(time.time() - self.started, 3),
             "last_error": self.last_error,
@@ -161,6 +171,25 @@ def _model_of(snapshot: Snapshot) -> str | None:
     return None
 
 
+def configured_facts(meta: EngineMeta | None) -> dict[str, Any]:
+    """The engine facts a targets file wrote for a target (None: nothing written)."""
+    if meta is None:
+        return {}
+    return {"model": meta.model, "gpu": meta.gpu, "tensor_parallel": meta.tensor_parallel,
+            "offload": meta.offload}  # fmt: skip
+
+
+def rule_labels(
+    source: str, url: str, model: str | None, extra: Mapping[str, str] | None = None
+) -> dict[str, str]:
+    """The labels engines.yaml rules match an engine on (collector.engine_rules)."""
+    out = dict(extra or {})
+    out |= {"source": source, "instance": urlsplit(url).netloc or source}
+    if model:
+        out["model_name"] = model
+    return out
+
+
 def register_targets(store: Store, targets: TargetSet) -> None:
     """Record the cluster, every target and the engine metadata of the targets file."""
     if not targets.targets:  # --targets-from-store alone: no file, no cluster of its own
@@ -203,8 +232,14 @@ class _Direct:
         window_s: float,
         stats: CollectStats,
         health: CollectorHealth | None = None,
+        *,
+        rules: EngineRules | None = None,
+        file_sd: FileSD | None = None,
     ):
         self.targets = targets
+        self.file_sd = file_sd
+        self.discovered: dict[str, Discovered] = {}  # file_sd targets as registered in the store
+        self.rules = rules  # engines.yaml (collector.engine_rules)
         self.store = store
         self.stats = stats
         self.health = health
@@ -217,25 +252,51 @@ class _Direct:
         self.registered: list[Target] = []  # the store's targets as last read
 
     def current(self, source: StoreTargets | None) -> list[Target]:
-        """This tick's targets: the file's, then the store's (re-read; kept if that fails)."""
-        if source is None:
-            return list(self.targets)
-        try:
-            rows = self.store.targets(cluster=source.cluster)
-        except KvscopeError as exc:
-            self._store_failed("reading the targets table (scraping the last list read)", exc)
-        else:
-            own = {t.name for t in self.targets}
-            self.registered = [
-                Target(r.name, r.url, r.kind, guard=source.guard)
-                for r in rows
-                if r.kind in TARGET_KINDS and r.name not in own  # not "prometheus" rows
-            ]
-            for r in rows:
-                self.clusters.setdefault(r.name, r.cluster)
-        targets = [*self.targets, *self.registered]
+        """This tick's targets: the file's, then file_sd's, then the store's (re-read; kept if
+        that fails); the first of a name is scraped."""
+        own = {t.name for t in self.targets}
+        found = self._discover(self.file_sd, own) if self.file_sd is not None else []
+        if source is not None:
+            try:
+                rows = self.store.targets(cluster=source.cluster)
+            except KvscopeError as exc:
+                self._store_failed("reading the targets table (scraping the last list read)", exc)
+            else:
+                ours = {n: (d.target.url, d.target.kind, d.cluster)
+                        for n, d in self.discovered.items()}  # fmt: skip
+                self.registered = [
+                    Target(r.name, r.url, r.kind, guard=source.guard)
+                    for r in rows
+                    if r.kind in TARGET_KINDS  # not "prometheus" rows
+                    and r.name not in own
+                    and ours.get(r.name) != (r.url, r.kind, r.cluster)  # file_sd's own row
+                ]
+                for r in rows:
+                    self.clusters.setdefault(r.name, r.cluster)
+        taken = own | {t.name for t in found}
+        targets = [*self.targets, *found, *(t for t in self.registered if t.name not in taken)]
         self._retarget({t.name for t in targets})
         return targets
+
+    def _discover(self, sd: FileSD, own: set[str]) -> list[Target]:
+        """file_sd's targets now (files re-read when changed); new ones registered in the store."""
+        for error in sd.poll(reserved=own):  # each logged by file_sd
+            self.stats.file_sd_errors += 1
+            self.stats.last_error = f"file_sd: {error}"
+        found = sd.targets
+        fresh: dict[str, list[Discovered]] = {}
+        for d in found:
+            self.clusters[d.target.name] = d.cluster
+            if self.discovered.get(d.target.name) != d:
+                fresh.setdefault(d.cluster, []).append(d)
+        for cluster, group in fresh.items():
+            try:
+                register_targets(self.store, TargetSet(cluster, tuple(d.target for d in group)))
+            except KvscopeError as exc:  # tried again at the next tick
+                self._store_failed(f"registering {len(group)} file_sd target(s)", exc)
+            else:
+                self.discovered.update((d.target.name, d) for d in group)
+        return [d.target for d in found]
 
     def _retarget(self, names: set[str]) -> None:
         """A roll-up per new target; a gone one's open windows are written, its state dropped."""
@@ -290,18 +351,24 @@ class _Direct:
             log.warning("target %s is down: %s: %s", target.name, now, outcome.error)
 
     def _register_facts(self, target: Target, snapshot: Snapshot) -> None:
+        """Store the engine's facts (collector.engine_facts.describe) when what it exposes
+        changed since the last scrape, with the scrape's time as the change's."""
         if target.kind != "vllm":
             return
         facts = engine_facts(snapshot)
         if self.facts.get(target.name) == facts:
             return
-        model = target.engine.model if target.engine and target.engine.model else None
-        configured = target.engine.offload if target.engine else None
+        model = _model_of(snapshot)
+        d = describe(
+            facts, model_label=model, configured=configured_facts(target.engine),
+            labels=rule_labels(target.name, target.url, model), rules=self.rules,
+        )  # fmt: skip
         cluster = self.clusters.get(target.name, self.targets.cluster)
         try:
             self.store.upsert_engine(
-                cluster, target.name, model=model or _model_of(snapshot), facts=facts,
-                offload=configured or facts["offload"],
+                cluster, target.name, model=d.model, gpu=d.gpu, hbm_gb=d.hbm_gb,
+                tensor_parallel=d.tensor_parallel, offload=d.offload, facts=d.facts,
+                observed_at=snapshot.timestamp,
             )  # fmt: skip
         except KvscopeError as exc:
             self._store_failed(f"registering engine {target.name}", exc)
@@ -357,6 +424,8 @@ async def collect_direct(
     sleep: SleepUntil = sleep_until,
     health: CollectorHealth | None = None,
     store_targets: StoreTargets | None = None,
+    engine_rules: EngineRules | None = None,
+    file_sd: FileSD | None = None,
 ) -> CollectStats:
     """Scrape ``targets`` every ``interval_s`` into ``store`` until stopped; see module doc.
 
@@ -373,6 +442,11 @@ async def collect_direct(
 
     ``store_targets``: also scrape the store's targets table, re-read at every tick (module
     doc); ``targets`` may then be empty.
+
+    ``engine_rules``: engines.yaml rules for the facts the engines' metrics cannot say.
+
+    ``file_sd``: also scrape the targets of Prometheus file_sd files, re-read when they change
+    (module doc, collector.file_sd); ``targets`` may then be empty too.
     """
     if not (math.isfinite(interval_s) and interval_s > 0):
         raise ConfigError(f"scrape interval must be > 0 seconds, got {interval_s}")
@@ -381,7 +455,7 @@ async def collect_direct(
     limit = 1 if once else max_ticks
     timeout = min(timeout_s, 0.9 * interval_s) if not once else timeout_s
     register_targets(store, targets)
-    state = _Direct(targets, store, window_s, stats, health)
+    state = _Direct(targets, store, window_s, stats, health, rules=engine_rules, file_sd=file_sd)
     async with ClientPool(timeout_s=timeout) as client:
         index = math.floor(clock() / interval_s)  # the first tick runs at once
         scheduled = clock()

@@ -13,10 +13,11 @@ import logging
 import math
 import time
 from collections.abc import Mapping, Sequence
-from typing import Any
 
-from collector.catalog import SIGNALS
-from collector.engine_facts import ENGINE_FACTS, engine_facts_of
+from collector.catalog import DERIVED_RATIOS, SIGNALS
+from collector.dcgm import engine_gpus
+from collector.engine_facts import ENGINE_FACTS, Described, describe, engine_facts_of
+from collector.engine_rules import EngineRules
 from collector.errors import ConfigError, KvscopeError, ScrapeError
 from collector.health import CollectorHealth
 from collector.promsource import PrometheusSource
@@ -25,6 +26,9 @@ from collector.run import CollectStats, Progress, next_tick, sleep_until, unless
 from collector.store import Store
 
 log = logging.getLogger(__name__)
+# A derived ratio's window (lmcache_hit_ratio, …) is of its numerator's source: without this
+# an LMCache server's hit-ratio windows made it a "vllm" source, registered as an engine.
+_RATIO_NUMERATOR = {ratio: numerator for ratio, numerator, _ in DERIVED_RATIOS}
 
 
 async def collect_prometheus(
@@ -41,12 +45,14 @@ async def collect_prometheus(
     stop: asyncio.Event | None = None,
     progress: Progress | None = None,
     health: CollectorHealth | None = None,
+    engine_rules: EngineRules | None = None,
 ) -> CollectStats:
     """Back-fill windows of ``[now - since_s, now - settle_s]``, then poll every ``interval_s``.
 
     ``settle_s`` keeps the newest windows out until Prometheus has ingested their last scrape.
     The first query failing raises ScrapeError; later failures are logged, counted and retried.
     ``health``: kvscope's own collector metrics (each range query is a scrape of the source).
+    ``engine_rules``: engines.yaml, for the facts the engines' metrics cannot say.
     """
     if not (math.isfinite(interval_s) and interval_s > 0):
         raise ConfigError(f"poll interval must be > 0 seconds, got {interval_s}")
@@ -59,7 +65,7 @@ async def collect_prometheus(
     store.upsert_cluster(cluster)
     store.upsert_target(source.url, source.url, kind="prometheus", cluster=cluster)
     known: set[str] = set()
-    described: dict[str, dict[str, Any]] = {}  # source -> the engine facts last stored
+    described: dict[str, Described] = {}  # source -> the engine facts last stored
     cursor = math.floor((time.time() - since_s) / window_s) * window_s
     while not stop.is_set():
         began = time.time()
@@ -85,12 +91,14 @@ async def collect_prometheus(
                 end = cursor  # retry the same range next time
             if windows is None:
                 break
-            facts = None
+            facts, gpu_series = None, None
             if windows:
                 facts = await asyncio.to_thread(_facts, source, end, window_s, stats)
+                gpu_series = await asyncio.to_thread(_gpus, source, end, window_s, stats)
             _register_sources(
                 store, cluster=cluster, url=source.url, windows=windows, known=known,
-                stats=stats, facts=facts, described=described,
+                stats=stats, facts=facts, described=described, at=end, rules=engine_rules,
+                gpu_series=gpu_series,
             )  # fmt: skip
             written_before = stats.windows_written
             try:
@@ -131,6 +139,19 @@ def _facts(
         return None
 
 
+def _gpus(
+    source: PrometheusSource, at: float, window_s: float, stats: CollectStats
+) -> list[dict[str, str]] | None:
+    """DCGM's GPUs at ``at`` (collector.dcgm); None when the query failed (the GPU facts of
+    this poll are then left out: the stored ones stay)."""
+    try:
+        return source.gpu_series(at, max(FACTS_LOOKBACK_S, 2 * window_s))
+    except ScrapeError as exc:
+        stats.failures[exc.kind] += 1
+        log.error("prometheus: DCGM GPUs: %s", exc)
+        return None
+
+
 def _register_sources(
     store: Store,
     *,
@@ -140,38 +161,54 @@ def _register_sources(
     known: set[str],
     stats: CollectStats,
     facts: Mapping[str, Mapping[str, list[dict[str, str]]]] | None,
-    described: dict[str, dict[str, Any]],
+    described: dict[str, Described],
+    at: float,
+    rules: EngineRules | None = None,
+    gpu_series: Sequence[Mapping[str, str]] | None = None,
 ) -> None:
     """Register every new source as a target (and as an engine, with its model, when it
     serves vLLM signals), and each engine's exposed facts (offload mode with its basis, KV
     blocks) whenever they change: Prometheus holds the same ``cache_config_info`` a direct
-    scrape reads. ``facts`` None (the query failed): the stored facts stay as they are."""
+    scrape reads. ``facts`` None (the query failed): the stored facts stay as they are.
+    ``at``: when the facts were read (the time of a change they show); ``rules``: engines.yaml;
+    ``gpu_series``: DCGM's GPUs (PrometheusSource.gpu_series) joined to the engines."""
     kinds: dict[str, set[str]] = {}
     signals: dict[str, set[str]] = {}
     models: dict[str, str] = {}
     for w in windows:
-        sig = SIGNALS.get(w.signal)
+        sig = SIGNALS.get(w.signal) or SIGNALS.get(_RATIO_NUMERATOR.get(w.signal, ""))
         kinds.setdefault(w.source, set()).add(sig.source if sig is not None else "vllm")
         signals.setdefault(w.source, set()).add(w.signal)
         if w.source not in models and (model := dict(w.labels).get("model_name")):
             models[w.source] = model
     stats.targets_up = len(kinds)
+    engines = [s for s, seen in kinds.items() if seen != {"lmcache"}]
+    labels = {s: _engine_labels(s, facts.get(s, {}) if facts else {}) for s in engines}
+    gpus = engine_gpus(labels, gpu_series or [])
     for source, seen in kinds.items():
         kind = "lmcache" if seen == {"lmcache"} else "vllm"
         new = source not in known
         now = None
         if kind == "vllm" and facts is not None:
-            now = engine_facts_of(facts.get(source, {}), signals[source])
+            exposed = engine_facts_of(facts.get(source, {}), signals[source])
+            model = models.get(source)
+            now = describe(
+                exposed, model_label=model, rules=rules, gpus=gpus.get(source),
+                labels=labels[source] | ({"model_name": model} if model else {}),
+            )  # fmt: skip
             if described.get(source) == now:
                 now = None  # unchanged: nothing to write
         try:
             if new:
                 store.upsert_target(source, url, kind=kind, cluster=cluster)
-            if kind == "vllm" and (new or now is not None):
+            if kind == "vllm" and now is not None:
                 store.upsert_engine(
-                    cluster, source, model=models.get(source) if new else None,
-                    offload=now["offload"] if now else None, facts=now,
+                    cluster, source, model=now.model, gpu=now.gpu, hbm_gb=now.hbm_gb,
+                    tensor_parallel=now.tensor_parallel, offload=now.offload, facts=now.facts,
+                    observed_at=at,
                 )  # fmt: skip
+            elif kind == "vllm" and new:
+                store.upsert_engine(cluster, source, model=models.get(source))
         except KvscopeError as exc:
             stats.store_errors += 1
             log.error("store: registering %s: %s", source, exc)
@@ -179,3 +216,18 @@ def _register_sources(
         known.add(source)
         if now is not None:
             described[source] = now
+
+
+def _engine_labels(source: str, facts: Mapping[str, list[dict[str, str]]]) -> dict[str, str]:
+    """What engines.yaml rules and the DCGM join see of an engine: its source, instance
+    (the part after ``job/`` with --source-label job/instance) and its info series' labels
+    (Kubernetes' namespace/pod among them)."""
+    out: dict[str, str] = {}
+    for rows in facts.values():
+        for row in rows[:1]:
+            out |= row
+    job, _, instance = source.rpartition("/")
+    out |= {"source": source, "instance": instance}
+    if job:
+        out["job"] = job
+    return out

@@ -55,7 +55,7 @@ class EngineMeta:
 
     model: str | None = None
     gpu: str | None = None
-    tensor_parallel: int = 1
+    tensor_parallel: int | None = None  # None: not written (DCGM, engines.yaml, or assumed 1)
     # None: not written in targets.yaml; the collector reads it from the engine's own facts
     # (collector.engine_facts) instead of assuming "none".
     offload: OffloadMode | None = None
@@ -181,8 +181,8 @@ def _parse_engine(raw: object, where: str) -> EngineMeta:
     _no_unknown_keys(raw, _ENGINE_KEYS, where)
     model = _optional_str(raw, "model", where)
     gpu = _optional_str(raw, "gpu", where)
-    tp = raw.get("tensor_parallel", 1)
-    if isinstance(tp, bool) or not isinstance(tp, int) or tp < 1:
+    tp = raw.get("tensor_parallel")
+    if tp is not None and (isinstance(tp, bool) or not isinstance(tp, int) or tp < 1):
         raise ConfigError(f"{where}: 'tensor_parallel' must be an integer >= 1, got {tp!r}")
     offload = raw.get("offload")
     if offload is not None and offload not in OFFLOAD_MODES:

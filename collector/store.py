@@ -58,6 +58,7 @@ from collector.store_frame import FrameReader, window_filters
 # transaction and after create_all() has added any new table (steps alter existing tables).
 MIGRATIONS: dict[int, Callable[[Connection], None]] = {
     1: lambda _conn: None,  # 1 -> 2: the plans table, which create_all() has just added
+    2: lambda _conn: None,  # 2 -> 3: the engine_changes table (create_all() added it)
 }
 _PG_MIGRATE_LOCK = 0x6B7673636F7065  # pg_advisory_xact_lock key ("kvscope")
 _WINDOW_KEY = ("source", "series_key", "start")

@@ -21,12 +21,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import math
+import shlex
 import sys
 import time
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
+from urllib.parse import quote
 
 from collector.errors import ConfigError
 
@@ -43,6 +45,8 @@ SCRAPE_INTERVAL_S = 15.0  # simulated seconds between scrapes (Prometheus' usual
 WINDOW_S = 60.0  # rollup window (kvscope collect's default)
 EPOCH_ALIGN_S = 3600.0  # epoch0 on the hour: every forecast bucket boundary falls alike
 PROGRESS_EVERY_S = 3.0  # wall seconds between progress lines
+API_URL = "http://127.0.0.1:8000"  # `kvscope serve`'s default --host and --port
+ENV_EXAMPLE = ".env.example"  # the local stack's settings (docker-compose.yml)
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,6 +73,7 @@ class DemoResult:
     skipped_ticks: int
     collect_wall_s: float
     total_wall_s: float
+    out: Path = Path("out")  # where the plots, dashboards and rules were written
 
     def to_dict(self) -> dict[str, Any]:
         """The plan JSON with a ``demo`` section (what was simulated, where the files are)."""
@@ -386,6 +391,7 @@ def run_demo(opts: DemoOptions, *, err: IO[str] | None = None) -> DemoResult:
         skipped_ticks=got.stats.skipped_ticks,
         collect_wall_s=collect_wall,
         total_wall_s=time.monotonic() - t0,
+        out=opts.out,
     )
 
 
@@ -408,4 +414,28 @@ def summary(result: DemoResult) -> str:
         f"  {'dashboard' if p.suffix == '.json' else 'rules':<9} {p}" for p in result.surfaces
     ]
     body = summary_text(result.plan.to_dict())
-    return "\n".join(head) + "\n\n" + body + "\n" + "\n".join(files) + "\n"
+    steps = next_steps(result)
+    return "\n".join(head) + "\n\n" + body + "\n" + "\n".join(files) + "\n\n" + steps
+
+
+def next_steps(result: DemoResult) -> str:
+    """What to run after the demo: the API and the HTML report on its store, then the local
+    stack (docker-compose.yml) on a live simulated cluster."""
+    db = shlex.quote(result.db)
+    cluster = result.plan.cluster or "CLUSTER"
+    report = shlex.quote(str(result.out / "report.html"))
+    lines = [
+        "Next steps",
+        f"  API       kvscope serve --db {db}",
+        f"            then {API_URL}/docs, and the report at "
+        f"{API_URL}/v1/clusters/{quote(cluster, safe='')}/report",
+        f"  report    kvscope report --db {db} --cluster {shlex.quote(cluster)} --since all "
+        f"--out {report}",
+        f"  stack     cp {ENV_EXAMPLE} .env, set its passwords and token, docker-compose up -d",
+        "            (or docker compose up -d): a live simulated cluster in Grafana "
+        "http://127.0.0.1:3000,",
+        "            Prometheus http://127.0.0.1:9090/alerts, Alertmanager http://127.0.0.1:9093, "
+        f"the API {API_URL}/docs",
+        '            (README.md, "Local stack (docker-compose)")',
+    ]
+    return "\n".join(lines) + "\n"

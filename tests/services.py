@@ -139,3 +139,44 @@ def prometheus(config_yaml: str, extra_args: tuple[str, ...] = ()) -> Iterator[s
             proc.wait()
         log.close()
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+@contextmanager
+def alertmanager(config_yaml: str) -> Iterator[str]:
+    """Start Debian's Alertmanager 0.25 with the given config on a free loopback port (no
+    cluster gossip: ``--cluster.listen-address=``); yield its URL."""
+    binary = shutil.which("prometheus-alertmanager")
+    if binary is None:
+        raise RuntimeError("prometheus-alertmanager is not installed: run `make test`")
+    tmp = Path(tempfile.mkdtemp(prefix="kvscope-am-"))
+    (tmp / "alertmanager.yml").write_text(config_yaml)
+    port = free_port()
+    log = (tmp / "alertmanager.log").open("wb")
+    proc = subprocess.Popen(
+        [
+            binary,
+            f"--config.file={tmp / 'alertmanager.yml'}",
+            f"--storage.path={tmp / 'data'}",
+            f"--web.listen-address=127.0.0.1:{port}",
+            "--cluster.listen-address=",
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        try:
+            _wait_http(f"{url}/-/ready")
+        except TimeoutError as exc:  # a bad config exits at once: say why
+            tail = (tmp / "alertmanager.log").read_text(errors="replace")[-2000:]
+            raise RuntimeError(f"alertmanager (exit {proc.poll()}): {exc}\n{tail}") from None
+        yield url
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        log.close()
+        shutil.rmtree(tmp, ignore_errors=True)

@@ -8,6 +8,7 @@ import itertools
 import math
 import os
 import re
+import shlex
 import signal
 import socket
 import struct
@@ -134,6 +135,35 @@ def test_demo_short_run_summary_names_decision_and_files(short_run: Run) -> None
     payload = short_run.result.to_dict()
     assert payload["decision"]["mode"] == mode
     assert payload["demo"]["windows_written"] == short_run.result.windows_written > 0
+
+
+def test_demo_short_run_summary_next_steps_are_runnable_commands(short_run: Run) -> None:
+    import typer
+    from typer.core import TyperGroup
+
+    from kvscope.cli import app
+
+    text = summary(short_run.result)
+    steps = text[text.index("Next steps") :]
+    cluster = short_run.result.plan.cluster
+    assert cluster is not None
+    assert f"/v1/clusters/{cluster}/report" in steps and "/docs" in steps
+    assert "docker-compose up -d" in steps and "cp .env.example .env" in steps
+    assert (REPO / ".env.example").is_file() and (REPO / "docker-compose.yml").is_file()
+    root = typer.main.get_command(app)
+    assert isinstance(root, TyperGroup)
+    commands = [line.split(None, 1)[1] for line in steps.splitlines() if " kvscope " in line]
+    assert len(commands) == 2, steps
+    parsed = {}
+    for line in commands:  # each parses with kvscope's own flags, on the demo's store
+        name, *args = shlex.split(line)[1:]
+        command = root.get_command(typer.Context(root), name)
+        assert command is not None, line
+        parsed[name] = command.make_context(f"kvscope {name}", args).params
+        assert parsed[name]["db"] == f"sqlite:///{short_run.db}", line
+    assert sorted(parsed) == ["report", "serve"]
+    assert parsed["report"]["cluster"] == cluster
+    assert parsed["report"]["out"] == short_run.out / "report.html"
 
 
 def test_demo_short_run_progress_covers_every_phase(short_run: Run) -> None:

@@ -43,6 +43,9 @@ def engines(cluster: Cluster, store: StoreDep) -> Response:
             "tensor_parallel": e.tensor_parallel,
             "offload": e.offload,
             "facts": dict(e.facts),
+            "changes": [
+                {"at": c.at, "offload": c.offload, "facts": dict(c.facts)} for c in e.changes
+            ],
         }
         for e in store.engines(cluster)
     ]

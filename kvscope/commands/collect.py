@@ -124,6 +124,22 @@ def register(app: typer.Typer) -> None:
                 help="store targets may point into this private/loopback network (repeatable)",
             ),
         ] = None,
+        engines: Annotated[
+            Path | None,
+            typer.Option(
+                "--engines",
+                help="engines.yaml: GPU, TP, DRAM by label matcher (examples/engines.yaml)",
+            ),
+        ] = None,
+        file_sd: Annotated[
+            list[str] | None,
+            typer.Option(
+                "--file-sd",
+                metavar="PATH_OR_GLOB",
+                help="also scrape Prometheus file_sd JSON/YAML target files, re-read on change "
+                "(repeatable)",
+            ),
+        ] = None,
     ) -> None:
         """Collect windows into the store until Ctrl-C / SIGTERM (then flush, exit 0).
 
@@ -141,9 +157,26 @@ def register(app: typer.Typer) -> None:
         addresses are refused (outcome "refused") unless --allow-network CIDR (or
         KVSCOPE_ALLOWED_TARGET_NETWORKS) covers them; cloud-metadata addresses always are.
 
+        --file-sd PATH_OR_GLOB (with or without --targets): Prometheus file_sd files (JSON or
+        YAML lists of groups with targets and labels), checked every tick and re-read when they
+        change; a file that stops parsing keeps its last targets (error logged, counted).
+        Name: the instance label, else the address; kind: the kind label, else lmcache when
+        the job label contains "lmcache", else vllm; cluster, model, gpu, tensor_parallel,
+        offload labels as in the targets file; __scheme__, __metrics_path__, __param_*.
+        On a name clash the --targets file wins over file_sd, file_sd over the store.
+
+        Engine facts (both modes): model, KV blocks and offload mode from what each engine
+        exposes; GPU and TP from DCGM's series (Prometheus mode), then --engines rules,
+        then the targets file; what nothing says is assumed (TP 1, offload none) and the
+        plan lists it. A change (a restart with offload on) is recorded with its time.
+
         JSON summary on stdout, progress on stderr.
 
         Example: kvscope collect --targets examples/targets.yaml --db sqlite:///kvscope.db
+
+        Example: kvscope collect --prometheus http://prometheus:9090 --engines engines.yaml
+
+        Example: kvscope collect --file-sd 'sd/*.json' --db sqlite:///kvscope.db
         """
         try:
             summary = run_collect(
@@ -162,6 +195,8 @@ def register(app: typer.Typer) -> None:
                 metrics_addr=metrics_addr,
                 targets_from_store=targets_from_store,
                 allow_network=allow_network,
+                engines=engines,
+                file_sd=file_sd,
             )
         except KeyboardInterrupt:  # Ctrl-C before the loop installed its handler
             print("kvscope: interrupted before collecting", file=sys.stderr)
@@ -186,6 +221,8 @@ def run_collect(
     metrics_addr: str | None = None,
     targets_from_store: bool = False,
     allow_network: Sequence[str] | None = None,
+    engines: Path | None = None,
+    file_sd: Sequence[str] | None = None,
 ) -> dict[str, object]:
     """Validate the flags, run the loop, return the JSON summary."""
     from pydantic import ValidationError
@@ -198,10 +235,20 @@ def run_collect(
         raise ConfigError("--targets-from-store is direct mode: not with --prometheus")
     if allow_network and not targets_from_store:
         raise ConfigError("--allow-network applies to --targets-from-store targets only")
-    if (targets is None and not targets_from_store) == (prometheus is None):
+    if file_sd and prometheus is not None:
+        raise ConfigError("--file-sd is direct mode: not with --prometheus")
+    if (targets is None and not targets_from_store and not file_sd) == (prometheus is None):
         raise ConfigError(
-            "give exactly one of --targets FILE or --prometheus URL (or --targets-from-store)"
+            "give exactly one of --targets FILE or --prometheus URL "
+            "(or --targets-from-store, --file-sd)"
         )
+    for pattern in file_sd or ():
+        from collector.file_sd import check_pattern
+
+        try:
+            check_pattern(pattern)
+        except ConfigError as exc:
+            raise ConfigError(f"--file-sd {exc}") from exc
     if source_label not in ("instance", "job/instance"):
         raise ConfigError(f"--source-label must be instance or job/instance, got {source_label!r}")
     if metrics_addr is not None:
@@ -229,9 +276,13 @@ def run_collect(
     )
     logging.getLogger("urllib3").setLevel(logging.ERROR)  # its retries end in one ScrapeError
     progress = _Progress(quiet)
+    from collector.engine_rules import load_engine_rules
+
+    rules = load_engine_rules(engines) if engines is not None else None
     with Store(settings.db) as store:
         store.migrate()
-        if targets is not None or targets_from_store:
+        if targets is not None or targets_from_store or file_sd:
+            from collector.file_sd import FileSD
             from collector.sources import TargetSet, load_targets
             from collector.urlguard import URLPolicy
 
@@ -245,6 +296,7 @@ def run_collect(
                 if targets_from_store
                 else None
             )
+            discovery = FileSD(file_sd, cluster=target_set.cluster) if file_sd else None
             health = _health(
                 metrics_addr, target_set.cluster, "direct", [t.name for t in target_set]
             )
@@ -263,6 +315,8 @@ def run_collect(
                         progress=progress,
                         health=health,
                         store_targets=store_targets,
+                        engine_rules=rules,
+                        file_sd=discovery,
                     )
                 )
             cluster_name = target_set.cluster
@@ -292,6 +346,7 @@ def run_collect(
                             stop=stop,
                             progress=progress,
                             health=health,
+                            engine_rules=rules,
                         )
                     )
             cluster_name = settings.cluster

@@ -343,7 +343,7 @@ def engine_frame(
         frame["prompt_tokens_mean"] = np.where(pc > 0, frame["_prompt_sum"].to_numpy() / pc, np.nan)
     frame["offload_mode"], frame["group"] = modes_and_groups(
         src_names, eng_names, key_of_row, n_eng, engines_meta or {},
-        [str(m) for m in mod_u], pair_u, pair_model,
+        [str(m) for m in mod_u], pair_u, pair_model, frame["start"].to_numpy(),
     )  # fmt: skip
     frame = frame.sort_values(["source", "engine", "start"], kind="stable", ignore_index=True)
     return frame[list(COLUMNS)]

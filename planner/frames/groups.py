@@ -92,20 +92,50 @@ def modes_and_groups(  # noqa: PLR0917 - the engine keys' parts, computed once
     models: list[str],
     pair_u: npt.NDArray[np.int64],
     pair_model: npt.NDArray[np.int64],
+    starts: npt.NDArray[np.float64] | None = None,
 ) -> tuple[npt.NDArray[np.object_], npt.NDArray[np.object_]]:
-    """Offload mode and model group per row, from each engine key's record and model label."""
+    """Offload mode and model group per row, from each engine key's record and model label.
+
+    An engine whose record holds several regimes (``changes``: a restart with offload
+    switched on, collector.models.EngineChange) gets, per row, the mode of the regime in
+    force at the row's ``starts``: the windows before a switch count as the old mode.
+    """
     import numpy as np
 
     keys, inverse = np.unique(key_of_row, return_inverse=True)
     model_code = pair_model[np.searchsorted(pair_u, keys)]
     modes, groups = [], []
-    for k, code in zip(keys.tolist(), model_code.tolist(), strict=True):
+    switched: list[tuple[int, list[tuple[float, str]]]] = []
+    for i, (k, code) in enumerate(zip(keys.tolist(), model_code.tolist(), strict=True)):
         source, engine = src_names[k // n_eng], eng_names[k % n_eng]
         m = meta.get(f"{source}/{engine}", meta.get(source))
         modes.append("unknown" if m is None else offload_mode_of(m))
         model = models[code] if code >= 0 else meta_attr(m, "model")
         groups.append(group_name(model, meta_attr(m, "gpu"), meta_attr(m, "tensor_parallel")))
-    return np.asarray(modes, dtype=object)[inverse], np.asarray(groups, dtype=object)[inverse]
+        regimes = mode_regimes(meta_attr(m, "changes"))
+        if len({mode for _, mode in regimes}) > 1:
+            switched.append((i, regimes))
+    row_modes = np.asarray(modes, dtype=object)[inverse]
+    if switched and starts is not None:
+        for i, regimes in switched:
+            rows = np.flatnonzero(inverse == i)
+            at = np.asarray([t for t, _ in regimes], dtype=float)
+            which = np.maximum(np.searchsorted(at, starts[rows], side="right") - 1, 0)
+            row_modes[rows] = np.asarray([mode for _, mode in regimes], dtype=object)[which]
+    return row_modes, np.asarray(groups, dtype=object)[inverse]
+
+
+def mode_regimes(changes: object) -> list[tuple[float, str]]:
+    """(since, offload mode) of an engine's recorded changes where the mode changes, oldest
+    first; the first regime also covers the windows before it was first observed."""
+    out: list[tuple[float, str]] = []
+    for change in changes if isinstance(changes, tuple | list) else ():
+        at, mode = getattr(change, "at", None), getattr(change, "offload", None)
+        if not (isinstance(at, float | int) and isinstance(mode, str) and mode):
+            continue
+        if not out or out[-1][1] != mode:
+            out.append((float(at), mode))
+    return out
 
 
 @dataclass(frozen=True, slots=True, eq=False)

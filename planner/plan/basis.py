@@ -7,6 +7,7 @@ fleet at a GPU-hour price.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Mapping
 from typing import Any
 
@@ -29,7 +30,8 @@ EVIDENCE_GAPS: Mapping[str, str] = {
     "overhead_zero_hit": "needs offload engines measured at a 0 % hit rate; not separated from "
     "the gain fit",
     "l2_tier": "the L2 tier is not visible in the metrics",
-    "cpu_dram_per_node_gib": "host DRAM is not visible in the metrics",
+    "cpu_dram_per_node_gib": "host DRAM is not visible in the metrics (set dram_gib in an "
+    "engines.yaml: kvscope collect --engines)",
 }
 
 
@@ -86,6 +88,56 @@ def plan_cost(ev: Evidence, sizing: Sizing | None, price: float | None) -> dict[
         if eng.needed_with_offload is not None:
             out["needed_with_offload_per_month"] = per_engine * eng.needed_with_offload
     return out
+
+
+def facts_basis(engines: list[Any]) -> list[str]:
+    """Where the engines' facts came from (collector.engine_facts.describe's provenance):
+    which were assumed, how the offload modes were read, and the engines whose offload mode
+    changed (each window counts as the mode in force at its start)."""
+    from datetime import UTC, datetime
+
+    from planner.frames.groups import mode_regimes
+
+    out: list[str] = []
+    n = len(engines)
+    kinds: dict[str, Counter[str]] = {}
+    for e in engines:
+        prov = (e.facts or {}).get("provenance") or {}
+        for key, where in prov.items():
+            kinds.setdefault(key, Counter())[str(where).split(":", 1)[0]] += 1
+    assumed = [
+        f"{key} on {c['assumed']} of {n} engine(s)"
+        for key, c in sorted(kinds.items())
+        if c.get("assumed")
+    ]
+    if assumed:
+        out.append(
+            "facts assumed (no engine exposed them and nothing configured them): "
+            + "; ".join(assumed)
+            + " — set them in an engines.yaml (kvscope collect --engines) or the targets file"
+        )
+    if "offload" in kinds:
+        c = kinds["offload"]
+        out.append(
+            "offload modes: " + ", ".join(f"{c[k]} {k}" for k in sorted(c)) + f" of {n} engine(s)"
+        )
+    for e in engines:
+        regimes = mode_regimes(getattr(e, "changes", ()))
+        if len({m for _, m in regimes}) > 1:
+            steps = " → ".join(
+                f"{m} from {datetime.fromtimestamp(t, UTC):%Y-%m-%dT%H:%MZ}" for t, m in regimes
+            )
+            out.append(
+                f"engine {e.source} changed offload mode: {steps}; each window counts as the "
+                "mode in force at its start"
+            )
+    return out
+
+
+def dram_of(engines: list[Any]) -> float | None:
+    """CPU DRAM per node (GiB) an engines.yaml rule set (the most common); None: not set."""
+    value, _ = most_common((e.facts or {}).get("dram_gib") for e in engines)
+    return float(value) if isinstance(value, int | float) else None
 
 
 def hardware_of(engines: list[Any], basis: list[str]) -> tuple[dict[str, Any], Hardware | None]:

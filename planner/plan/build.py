@@ -27,6 +27,8 @@ from planner.frames.table import PLAN_COLUMNS, WindowTable, names
 from planner.plan.basis import (
     EVIDENCE_GAPS,
     HOURS_PER_MONTH,
+    dram_of,
+    facts_basis,
     hardware_of,
     plan_basis,
     plan_cost,
@@ -232,12 +234,14 @@ def _plan(
             "(measured, the cost model, or a published figure cited as [source: <id>], with its "
             "source_id and source_url; `kvscope sources <id>` prints it)"
         )
-    unregistered = sorted(present - set(meta))
+    servers = {t.name for t in run.store.targets(run.cluster) if t.kind == "lmcache"}
+    unregistered = sorted(present - set(meta) - servers)  # an LMCache server is no engine
     if unregistered:
         basis.append(
             f"{len(unregistered)} source(s) without engine metadata (offload mode "
             f"unknown): {', '.join(unregistered[:5])}"
         )
+    basis += facts_basis(in_window)
     hw_names, hw = hardware_of(in_window, basis)
     modes = {s: m for s, m in modes_by_source(in_window).items() if s in present}
     happening, seen = observe(frame, windows, modes)
@@ -266,6 +270,7 @@ def _plan(
         effective_mfu=mfu_evidence(fits["prefill_mfu"]),
         l1_hit_curve=hit_curve(fits["lmcache_hitrate"]),
         lmcache_up_fraction=run.lmcache_up,
+        cpu_dram_per_node_gib=dram_of(in_window),
     )
     evidence = fc.evidence.apply(seen.apply(measured))
     decision = None if groups else decide(evidence)

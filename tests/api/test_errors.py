@@ -14,6 +14,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from api.app import create_app
+from collector.models import SCHEMA_VERSION
 from collector.store import Store
 from tests import services
 from tests.api.conftest import AUTH, CHEAP_WHATIF, CLUSTER, assert_error, settings_for
@@ -151,7 +152,7 @@ def test_readyz_old_schema_503_names_versions(
     with sqlite3.connect(path) as con:
         con.execute("UPDATE schema_version SET version = 1")
     body = assert_error(make_client(f"sqlite:///{path}").get("/readyz"), 503)
-    assert "schema version 1" in body["error"] and "needs 2" in body["error"]
+    assert "schema version 1" in body["error"] and f"needs {SCHEMA_VERSION}" in body["error"]
 
 
 def _operations(doc: dict[str, Any]) -> list[tuple[str, str, dict[str, Any]]]:

@@ -11,6 +11,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from collector import selfmetrics as sm
+from collector.models import SCHEMA_VERSION
 from collector.store import Store
 from tests.api.conftest import AUTH, CHEAP_WHATIF, CLUSTER, Filled, assert_error
 
@@ -23,7 +24,7 @@ def test_healthz_up_answers_ok(client: TestClient) -> None:
 def test_readyz_current_store_answers_ready(client: TestClient) -> None:
     resp = client.get("/readyz")
     assert resp.status_code == 200, resp.text
-    assert resp.json() == {"status": "ready", "schema_version": 2}
+    assert resp.json() == {"status": "ready", "schema_version": SCHEMA_VERSION}
 
 
 def test_clusters_filled_store_lists_cluster_with_counts(client: TestClient) -> None:

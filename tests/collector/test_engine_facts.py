@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from collector.engine_facts import engine_facts_of, offload_from_facts
+from collector.catalog import DCGM_GPU_FAMILY
+from collector.engine_facts import Described, engine_facts_of, offload_from_facts
 from collector.parse import read_exposition
 
 METRICS = Path(__file__).resolve().parents[1] / "fixtures" / "metrics"
@@ -84,7 +85,16 @@ scrape_configs:
   - job_name: vllm
     static_configs:
       - targets: {targets}
+  - job_name: dcgm
+    static_configs:
+      - targets: ["{dcgm}"]
 """
+# what dcgm-exporter serves on a node with one H100 (labels as in its default rendering)
+DCGM_BODY = (
+    f"# TYPE {DCGM_GPU_FAMILY} gauge\n"
+    f'{DCGM_GPU_FAMILY}{{gpu="0",UUID="GPU-1",device="nvidia0",modelName="NVIDIA H100 80GB '
+    f'HBM3",Hostname="node-1",DCGM_FI_DRIVER_VERSION="550.54.15"}} 61234\n'
+)
 
 
 @pytest.mark.prometheus
@@ -92,10 +102,12 @@ def test_prometheus_and_direct_modes_store_each_engines_exposed_offload(tmp_path
     """The demo cluster (none, native and LMCache engines) scraped by a real Prometheus: the
     collector in Prometheus mode registers every engine with the mode it runs, as the direct
     mode does from a targets file that does not say (the issue-11 bug: all were 'none')."""
+    from collector.engine_rules import parse_engine_rules
     from collector.promsource import PrometheusSource
     from collector.run_prometheus import collect_prometheus
     from collector.store import Store
     from tests import services
+    from tests.collector.exposerver import expo_server
 
     kvscope = str(Path(sys.executable).with_name("kvscope"))
     ports = tmp_path / "ports.json"
@@ -113,36 +125,57 @@ def test_prometheus_and_direct_modes_store_each_engines_exposed_offload(tmp_path
         hostports = [e["url"].split("//")[1].split("/")[0] for e in engines]
         want = {hp: e["offload"] for hp, e in zip(hostports, engines, strict=True)}
         assert set(want.values()) == {"none", "native", "lmcache"}
-        with services.prometheus(PROM.format(targets=json.dumps(hostports))) as url:
-            time.sleep(12)
-            db = f"sqlite:///{tmp_path / 'p.db'}"
-            with Store(db) as store, PrometheusSource(url) as source:
-                store.migrate()
-                import asyncio
+        rules = parse_engine_rules(
+            {"rules": [{"match": {"model_name": ".+"}, "set": {"tensor_parallel": 2}}]}
+        )
+        with expo_server() as dcgm:
+            dcgm.add("/metrics", DCGM_BODY)
+            dcgm_at = dcgm.base.split("//")[1]
+            config = PROM.format(targets=json.dumps(hostports), dcgm=dcgm_at)
+            with services.prometheus(config) as url:
+                time.sleep(12)
+                db = f"sqlite:///{tmp_path / 'p.db'}"
+                with Store(db) as store, PrometheusSource(url) as source:
+                    store.migrate()
+                    import asyncio
 
-                stats = asyncio.run(collect_prometheus(
-                    source, store, cluster="c", window_s=5.0, since_s=10.0, interval_s=1.0,
-                    settle_s=1.0, once=True))  # fmt: skip
-                assert stats.windows_written > 0, stats
-                got = {e.source: e.offload for e in store.engines("c")}
-                facts = {e.source: e.facts for e in store.engines("c")}
-        assert got == want
+                    stats = asyncio.run(collect_prometheus(
+                        source, store, cluster="c", window_s=5.0, since_s=10.0,
+                        interval_s=1.0, settle_s=1.0, once=True, engine_rules=rules))  # fmt: skip
+                    assert stats.windows_written > 0, stats
+                    engines = {e.source: e for e in store.engines("c")}
+        assert {s: e.offload for s, e in engines.items()} == want
         for hp in hostports:
-            assert facts[hp]["offload_basis"].startswith("exposed"), facts[hp]
-            assert facts[hp]["num_gpu_blocks"] > 0 and facts[hp]["block_size"] == 16
+            e = engines[hp]
+            assert e.facts["offload_basis"].startswith("exposed"), e.facts
+            assert e.facts["num_gpu_blocks"] > 0 and e.facts["block_size"] == 16
+            # GPU from DCGM on the same host (127.0.0.1), TP from the rule, model exposed
+            assert (e.gpu, e.tensor_parallel) == ("nvidia-h100-80gb-hbm3", 2)
+            prov = e.facts["provenance"]
+            assert prov["gpu"] == "exposed: dcgm: NVIDIA H100 80GB HBM3 on host 127.0.0.1"
+            assert prov["tensor_parallel"] == "configured: engines.yaml rule 1"
+            assert prov["model"] == "exposed: model_name label" and e.model
+            assert [c.offload for c in e.changes] == [want[hp]]  # one regime, observed
         # direct mode, a targets file without offload: the same modes, from the same facts
         targets = tmp_path / "targets.yaml"
         targets.write_text("cluster: d\ntargets:\n" + "".join(
             f"  - {{name: {hp}, url: 'http://{hp}/metrics', engine: {{model: m}}}}\n"
             for hp in hostports))  # fmt: skip
         ddb = f"sqlite:///{tmp_path / 'd.db'}"
+        rules_file = tmp_path / "engines.yaml"
+        rules_file.write_text("rules:\n  - match: {instance: '127\\.0\\.0\\.1:.*'}\n"
+                              "    set: {gpu: h200, tensor_parallel: 4}\n")  # fmt: skip
         proc = subprocess.run(
-            [kvscope, "collect", "--targets", str(targets), "--db", ddb, "--once", "-q"],
+            [kvscope, "collect", "--targets", str(targets), "--db", ddb, "--once", "-q",
+             "--engines", str(rules_file)],
             capture_output=True, text=True, timeout=60, check=False,
         )  # fmt: skip
         assert proc.returncode == 0, proc.stderr
         with Store(ddb) as store:
-            assert {e.source: e.offload for e in store.engines("d")} == want
+            direct = store.engines("d")
+        assert {e.source: e.offload for e in direct} == want
+        assert {(e.model, e.gpu, e.tensor_parallel) for e in direct} == {("m", "h200", 4)}
+        assert {e.facts["provenance"]["model"] for e in direct} == {"configured: targets file"}
     finally:
         sim.terminate()
         sim.wait(timeout=10)
@@ -159,16 +192,43 @@ def test_prometheus_registration_failed_facts_query_keeps_stored_facts(tmp_path:
     with Store(f"sqlite:///{tmp_path / 'k.db'}") as store:
         store.migrate()
         known: set[str] = set()
-        described: dict[str, dict[str, object]] = {}
+        described: dict[str, Described] = {}
 
-        def register(facts: dict[str, dict[str, list[dict[str, str]]]] | None) -> None:
+        def register(facts: dict[str, dict[str, list[dict[str, str]]]] | None, at: float) -> None:
             _register_sources(store, cluster="c", url="http://p", windows=[window], known=known,
                               stats=CollectStats(mode="prometheus"), facts=facts,
-                              described=described)  # fmt: skip
+                              described=described, at=at)  # fmt: skip
 
-        register({"e0": native})
+        register({"e0": native}, 100.0)
         (first,) = store.engines("c")
-        register(None)  # the facts query failed this poll
+        register(None, 200.0)  # the facts query failed this poll
         (after,) = store.engines("c")
+        off = {CACHE: [{**ON, "kv_offloading_size": "None", "num_gpu_blocks": "10"}]}
+        register({"e0": off}, 300.0)  # restarted with offloading off
+        (last,) = store.engines("c")
     assert (first.model, first.offload, first.facts["num_gpu_blocks"]) == ("m", "native", 10)
     assert (after.offload, after.facts) == (first.offload, first.facts)
+    assert [(c.at, c.offload) for c in last.changes] == [(100.0, "native"), (300.0, "none")]
+
+
+def test_prometheus_registration_lmcache_server_with_derived_ratio_is_no_engine(
+    tmp_path: Path,
+) -> None:
+    """An LMCache server's windows include a derived hit ratio (catalog.DERIVED_RATIOS),
+    which is not a catalogue signal: it still counts as the server's, not as a vLLM engine."""
+    from collector.catalog import DERIVED_RATIOS, SIGNALS
+    from collector.records import Window
+    from collector.run import CollectStats
+    from collector.run_prometheus import _register_sources
+    from collector.store import Store
+
+    ratio, numerator, _ = next(r for r in DERIVED_RATIOS if SIGNALS[r[1]].source == "lmcache")
+    windows = [Window("lm:9", numerator, (), 0.0, 60.0, "counter", 4, delta=5.0),
+               Window("lm:9", ratio, (), 0.0, 60.0, "gauge", 4, mean=0.5)]  # fmt: skip
+    with Store(f"sqlite:///{tmp_path / 'l.db'}") as store:
+        store.migrate()
+        _register_sources(store, cluster="c", url="http://p", windows=windows, known=set(),
+                          stats=CollectStats(mode="prometheus"), facts={}, described={},
+                          at=60.0)  # fmt: skip
+        assert store.engines("c") == []
+        assert [(t.name, t.kind) for t in store.targets("c")] == [("lm:9", "lmcache")]

@@ -176,11 +176,36 @@ def test_schema_1_without_plans_table_upgraded_keeps_windows(db_url: str) -> Non
     engine = sqlalchemy.create_engine(db_url)
     with engine.begin() as conn:
         conn.execute(sqlalchemy.text("DROP TABLE plans"))
+        conn.execute(sqlalchemy.text("DROP TABLE engine_changes"))
     engine.dispose()
     _set_version(db_url, 1)
     with Store(db_url) as s:
-        assert s.migrate() == SCHEMA_VERSION == 2
-        assert s.read_windows() == [win()] and s.plans() == []
+        assert s.migrate() == SCHEMA_VERSION == 3
+        assert s.read_windows() == [win()] and s.plans() == [] and s.engine_changes() == {}
+
+
+def test_engine_change_recorded_only_when_regime_changes(db_url: str) -> None:
+    with Store(db_url) as s:
+        s.migrate()
+        s.upsert_engine("c", "e1", offload="none", gpu="h100")  # configured: no change row
+        assert s.engine_changes() == {}
+        off = {"num_gpu_blocks": 100, "offload_basis": "exposed: size None"}
+        s.upsert_engine("c", "e1", offload="none", facts=off, observed_at=10.0)
+        s.upsert_engine("c", "e1", offload="none", facts=off, observed_at=20.0)  # same regime
+        on = {"num_gpu_blocks": 100, "num_cpu_blocks": 400, "offload_basis": "exposed: spec"}
+        s.upsert_engine("c", "e1", offload="native", facts=on, observed_at=30.0)
+        s.upsert_engine("c", "e1", offload="native", facts=on, observed_at=40.0)
+        s.upsert_engine("c", "e1", offload="native", facts=on, tensor_parallel=2,
+                        observed_at=50.0)  # fmt: skip
+        (engine,) = s.engines()
+        got = [(c.at, c.offload, c.facts.get("num_cpu_blocks"), c.facts.get("tensor_parallel"))
+               for c in engine.changes]  # fmt: skip
+        assert got == [(10.0, "none", None, None), (30.0, "native", 400, None),
+                       (50.0, "native", 400, 2)]  # fmt: skip
+        assert engine.changes[1].facts["offload_basis"] == "exposed: spec"
+        with pytest.raises(StoreError, match="observed_at must be finite"):
+            s.upsert_engine("c", "e1", offload="none", observed_at=float("nan"))
+        assert len(s.engines()[0].changes) == 3  # the failed upsert left nothing behind
 
 
 def test_unmigrated_database_refused_with_hint(db_url: str) -> None:

@@ -10,6 +10,7 @@ from pathlib import Path
 from typer.testing import CliRunner
 
 from collector.errors import StoreError
+from collector.models import SCHEMA_VERSION
 from collector.records import Window
 from collector.store import Store
 from kvscope.cli import app
@@ -26,8 +27,8 @@ def _run(*args: str) -> dict[str, object]:
 
 def test_db_migrate_then_stats_reports_rows_range_and_signals(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 'out' / 'kv.db'}"
-    assert _run("migrate", "--db", url) == {"db": url, "schema_version": 2}
-    assert _run("migrate", "--db", url)["schema_version"] == 2  # idempotent
+    assert _run("migrate", "--db", url) == {"db": url, "schema_version": SCHEMA_VERSION}
+    assert _run("migrate", "--db", url)["schema_version"] == SCHEMA_VERSION  # idempotent
     with Store(url) as store:
         store.write_windows(
             Window("e1", sig, (("engine", "0"),), 600.0 + 60 * m, 60.0, "gauge", 4, mean=0.5)
@@ -35,8 +36,8 @@ def test_db_migrate_then_stats_reports_rows_range_and_signals(tmp_path: Path) ->
             for m in range(3)
         )
     stats = _run("stats", "--db", url)
-    assert stats["rows"] == {"clusters": 0, "engines": 0, "targets": 0, "scrape_outcomes": 0,
-                             "windows": 6, "plans": 0}  # fmt: skip
+    assert stats["rows"] == {"clusters": 0, "engines": 0, "engine_changes": 0, "targets": 0,
+                             "scrape_outcomes": 0, "windows": 6, "plans": 0}  # fmt: skip
     assert (stats["windows_from"], stats["windows_until"]) == (600.0, 780.0)
     assert stats["signals"] == {"a_ratio": {"windows": 3, "series": 1},
                                 "b_ratio": {"windows": 3, "series": 1}}  # fmt: skip

@@ -169,6 +169,23 @@ def test_engine_frame_offload_mode_from_meta_by_source_or_engine_key() -> None:
     assert got["offload_mode"].tolist() == ["native", "lmcache", "none", "unknown"]
 
 
+def test_engine_frame_offload_mode_follows_recorded_changes_per_window() -> None:
+    """An engine restarted with offload on: its windows before the switch count as none,
+    from the switch on as native (collector.models.EngineChange); one regime: as before."""
+    from collector.models import EngineChange, EngineRecord
+
+    windows = [win("kv_cache_usage_ratio", "gauge", start=T0 + 60 * k, source=s, mean=0.5)
+               for k in range(5) for s in ("a", "b")]  # fmt: skip
+    switched = EngineRecord("c", "a", "m", None, None, 1, "native", changes=(
+        EngineChange(T0 + 30, "none"), EngineChange(T0 + 100, "none"),  # same mode: no split
+        EngineChange(T0 + 120, "native")))  # fmt: skip
+    steady = EngineRecord("c", "b", "m", None, None, 1, "lmcache",
+                          changes=(EngineChange(T0 + 200, "lmcache"),))  # fmt: skip
+    got = engine_frame(windows, {"a": switched, "b": steady})
+    by = got.groupby("source")["offload_mode"].apply(list).to_dict()
+    assert by == {"a": ["none", "none", "native", "native", "native"], "b": ["lmcache"] * 5}
+
+
 def test_engine_frame_rows_sorted_by_engine_then_start() -> None:
     windows = [win("preemptions_total", "counter", start=T0 + 60 * k, source=s, delta=float(k))
                for k in (2, 0, 1) for s in ("b", "a")]  # fmt: skip

@@ -450,3 +450,35 @@ def test_plan_columnar_read_equals_window_read_exactly(tmp_path: Path) -> None:
         assert plans[0].window["first"] == windows[0].start + 600
         assert set(plans[0].details.seconds) == {"read", "frame", "observe", "fits",
                                                  "forecasts", "decide"}  # fmt: skip
+
+
+def test_plan_engine_switched_offload_counts_windows_by_regime_and_lists_assumed(
+    tmp_path: Path,
+) -> None:
+    """One engine restarted with native offload half-way: the plan attributes its windows
+    before the switch to none and after it to native (so a native gain is fitted), says so,
+    and lists the facts that were assumed rather than exposed or configured."""
+    url = sqlite_url(tmp_path / "switch.db")
+    frame = shifted_frame(3, 150, seed=5, modes=("none",))
+    fill_store(url, frame, register=False)
+    starts = sorted(frame["start"].unique())
+    mid = float(starts[len(starts) // 2])
+    prov = {"offload": "exposed: cache_config_info", "tensor_parallel": "assumed: 1"}
+    with Store(url) as store:
+        for source in sorted(frame["source"].unique()):
+            facts = {"num_gpu_blocks": 28_000, "block_size": 16, "provenance": prov}
+            store.upsert_engine("synth", str(source), model="llama-3.1-8b", gpu="h100",
+                                tensor_parallel=1, offload="none", facts=facts,
+                                observed_at=float(starts[0]))  # fmt: skip
+        switched = str(sorted(frame["source"].unique())[0])
+        store.upsert_engine("synth", switched, offload="native",
+                            facts={"num_gpu_blocks": 28_000, "block_size": 16,
+                                   "num_cpu_blocks": 90_000, "provenance": prov},
+                            observed_at=mid)  # fmt: skip
+        plan = build_plan(store, cluster="synth", forecast_seconds=1)
+    assert plan.fits["gain_native"]["why"] != "no engine ran native offload"
+    changed = [b for b in plan.basis if b.startswith(f"engine {switched} changed offload")]
+    assert len(changed) == 1 and "none from" in changed[0] and "→ native from" in changed[0]
+    (assumed,) = [b for b in plan.basis if b.startswith("facts assumed")]
+    assert "tensor_parallel on 3 of 3 engine(s)" in assumed
+    assert "offload modes: 3 exposed of 3 engine(s)" in plan.basis

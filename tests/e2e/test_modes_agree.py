@@ -1,0 +1,141 @@
+"""Direct scrape and Prometheus give the same plan of the same cluster.
+
+One simulated cluster (``kvscope simulate demo --serve``: 4 engines without offload, 2 with
+vLLM's native CPU offload, 2 on an LMCache server, diurnal load) is collected two ways at
+once, as an operator could deploy kvscope:
+
+- direct: ``kvscope collect --targets`` (the simulator's targets file, which states each
+  engine's model, GPU, TP and offload: "configured");
+- through Debian's Prometheus 2.42 scraping the same endpoints at the same interval, then
+  ``kvscope collect --prometheus … --engines engines.yaml`` (offload and model from what the
+  engines expose, GPU and TP from one engines.yaml rule).
+
+Both stores are planned with ``kvscope plan``. The plans must agree: the same decided mode,
+every engine with the same offload mode, and each gain fit's break-even and relative gain
+at current use within the other's 95 % interval (they are estimates of the same thing from
+windows cut at slightly different instants, so they differ by noise, not by mode).
+
+The simulated clock runs SPEED× the wall's: a 2-second window holds 2 simulated minutes.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from contextlib import ExitStack
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from collector.store import Store
+from tests import services
+from tests.clirun import run_kvscope
+from tests.e2e.stack import KVSCOPE, Stages, hostport, started
+
+pytestmark = [pytest.mark.slow, pytest.mark.prometheus]
+
+SPEED = 60.0  # simulated seconds per wall second
+SCRAPE_S = 0.5  # both collectors and Prometheus (30 simulated seconds)
+WINDOW = "2s"  # 2 simulated minutes per window
+RUN_S = 150.0  # wall seconds of collection: 2.5 simulated hours of the demo's diurnal load
+CLUSTER = "agree"
+
+
+def _plan(db: str) -> dict[str, Any]:
+    proc = run_kvscope("plan", "--db", db, "--cluster", CLUSTER, "--since", "all",
+                       "--horizon", "1h", "--json", timeout=300)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    plan: dict[str, Any] = json.loads(proc.stdout)
+    return plan
+
+
+def _within(a: float, b: float, ia: dict[str, float], ib: dict[str, float]) -> bool:
+    """Each estimate inside the other's interval, or the intervals overlapping with the
+    estimates no further apart than the wider half-width."""
+    wide = max(ia["hi"] - ia["lo"], ib["hi"] - ib["lo"]) / 2
+    overlap = ia["lo"] <= ib["hi"] and ib["lo"] <= ia["hi"]
+    return (
+        (ib["lo"] <= a <= ib["hi"])
+        or (ia["lo"] <= b <= ia["hi"])
+        or (overlap and abs(a - b) <= wide)
+    )
+
+
+def test_direct_and_prometheus_plans_of_one_cluster_agree(tmp_path: Path) -> None:
+    stages = Stages()
+    ports, targets = tmp_path / "ports.json", tmp_path / "targets.json"
+    direct_db = f"sqlite:///{tmp_path / 'direct.db'}"
+    prom_db = f"sqlite:///{tmp_path / 'prom.db'}"
+    with ExitStack() as stack:
+        sim = stack.enter_context(started("simulator", [
+            KVSCOPE, "simulate", "demo", "--serve", "127.0.0.1:0", "--speed", str(SPEED),
+            "--set", "duration_s=86400", "--ports-file", str(ports),
+            "--targets-file", str(targets)], tmp_path))  # fmt: skip
+        doc = stages.until("simulator serving", lambda: json.loads(ports.read_text())
+                           if ports.exists() and ports.read_text().strip() else None,
+                           timeout_s=30, procs=[sim])  # fmt: skip
+        want = {hostport(e["url"]): e["offload"] for e in doc["engines"]}
+        pools = [hostport(p["url"]) for p in doc["lmcache"]]
+        config = yaml.safe_dump({
+            "global": {"scrape_interval": f"{int(SCRAPE_S * 1000)}ms",
+                       "scrape_timeout": f"{int(SCRAPE_S * 900)}ms"},
+            "scrape_configs": [
+                {"job_name": "vllm", "static_configs": [{"targets": sorted(want)}]},
+                {"job_name": "lmcache", "static_configs": [{"targets": pools}]}],
+        })  # fmt: skip
+        prom = stack.enter_context(services.prometheus(config))
+        stages.mark("prometheus up")
+        began = time.time()
+        direct = stack.enter_context(started("direct collector", [
+            KVSCOPE, "collect", "--targets", str(targets), "--cluster", CLUSTER,
+            "--db", direct_db, "--interval", f"{SCRAPE_S}s", "--window", WINDOW, "-q"],
+            tmp_path))  # fmt: skip
+        time.sleep(RUN_S)
+        assert direct.stop() == 0, direct.tail()
+        stages.mark("direct collected")
+        rules = tmp_path / "engines.yaml"
+        rules.write_text(yaml.safe_dump({"rules": [
+            {"match": {"model_name": ".+"}, "set": {"gpu": "h100-80gb", "tensor_parallel": 1}}
+        ]}))  # fmt: skip
+        proc = run_kvscope(
+            "collect", "--prometheus", prom, "--db", prom_db, "--cluster", CLUSTER,
+            "--window", WINDOW, "--since", f"{int(time.time() - began) + 5}s",
+            "--settle", "2s", "--once", "-q", "--engines", str(rules), timeout=300,
+        )  # fmt: skip
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        stages.mark("prometheus collected")
+        assert sim.stop() == 0, sim.tail()
+    engines = {}
+    for name, db in (("direct", direct_db), ("prometheus", prom_db)):
+        with Store(db) as store:
+            engines[name] = {e.source.removeprefix("sim-engine-"): e for e in store.engines()}
+            assert store.stats()["rows"]["windows"] > 0
+    # the same engines, each with the mode it runs: configured (direct), exposed (Prometheus)
+    prom_modes = {s: e.offload for s, e in engines["prometheus"].items()}
+    assert prom_modes == want
+    assert sorted(e.offload for e in engines["direct"].values()) == sorted(want.values())
+    for e in engines["prometheus"].values():
+        prov = e.facts["provenance"]
+        assert prov["offload"].startswith("exposed") and prov["gpu"].startswith("configured")
+    plans = {"direct": _plan(direct_db), "prometheus": _plan(prom_db)}
+    stages.mark("planned")
+    d, p = plans["direct"], plans["prometheus"]
+    report = {k: (v["decision"]["mode"], {g: (v["fits"][g].get("estimate"),
+              v["fits"][g].get("interval"), v["fits"][g].get("can_tell"),
+              (v["fits"][g].get("at_current_util") or {}).get("relative"))
+              for g in ("gain_native", "gain_lmcache")}) for k, v in plans.items()}  # fmt: skip
+    assert d["decision"]["mode"] == p["decision"]["mode"], report
+    compared = 0
+    for fit in ("gain_native", "gain_lmcache"):
+        a, b = d["fits"][fit], p["fits"][fit]
+        if a.get("estimate") is not None and b.get("estimate") is not None:
+            assert _within(a["estimate"], b["estimate"], a["interval"], b["interval"]), report
+            compared += 1
+        ra, rb = a.get("at_current_util") or {}, b.get("at_current_util") or {}
+        if ra.get("relative") is not None and rb.get("relative") is not None:
+            assert _within(ra["relative"], rb["relative"], ra["relative_interval"],
+                           rb["relative_interval"]), report  # fmt: skip
+            compared += 1
+    assert compared >= 2, f"too little to compare: {report}; stages {stages.done}"
