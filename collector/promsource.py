@@ -214,6 +214,40 @@ class PrometheusSource:
                 out.setdefault(self._source(metric), {}).setdefault(key, []).append(row)
         return out
 
+    def facts_history(
+        self, start: float, end: float, step_s: float, keys: Iterable[str] = tuple(FACTS)
+    ) -> list[tuple[float, dict[str, dict[str, list[dict[str, str]]]]]]:
+        """The info families ``keys`` as they were at each ``step_s`` from ``start`` to ``end``
+        (one range query per family and time chunk): [(t, source -> key -> label rows)],
+        oldest first, only the instants where some source's facts differ from the instant
+        before (the first always). A back-fill reads it to date each regime (a restart with
+        offload switched on changes the info series' labels) instead of stamping the whole
+        history with the facts of its last instant. A source with no fact series at an
+        instant (down, not yet started) is absent from it, not factless."""
+        step = max(1, int(step_s))
+        t0, t1 = int(start // step * step), int(end // step * step)
+        at: dict[int, dict[str, dict[str, list[dict[str, str]]]]] = {}
+        for key in keys:
+            query = f"last_over_time({fact_selector(key, self.matchers)}[{step}s])"
+            for c0, c1 in self._chunks(t0, t1, step):
+                for series in self._range(f"facts {key}", query, c0, c1, step):
+                    metric: dict[str, str] = series.get("metric", {})
+                    row = {k: v for k, v in sorted(metric.items()) if k not in DROPPED_LABELS}
+                    source = self._source(metric)
+                    for t, _value in series.get("values", []):
+                        by = at.setdefault(int(float(t)), {}).setdefault(source, {})
+                        by.setdefault(key, []).append(row)
+        out: list[tuple[float, dict[str, dict[str, list[dict[str, str]]]]]] = []
+        last: dict[str, dict[str, list[dict[str, str]]]] = {}
+        for t in sorted(at):
+            facts = {
+                s: {k: sorted(rows, key=str) for k, rows in f.items()} for s, f in at[t].items()
+            }
+            if not out or any(last.get(s) != f for s, f in facts.items()):
+                out.append((float(t), facts))
+            last |= facts
+        return out
+
     def gpu_series(self, at: float, lookback_s: float) -> list[dict[str, str]]:
         """The label sets of DCGM's per-GPU series Prometheus saw in ``[at - lookback_s, at]``
         (collector.dcgm joins them to engines); the source's matchers do not apply: the

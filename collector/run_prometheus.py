@@ -67,6 +67,7 @@ async def collect_prometheus(
     known: set[str] = set()
     described: dict[str, Described] = {}  # source -> the engine facts last stored
     cursor = math.floor((time.time() - since_s) / window_s) * window_s
+    first, dated = cursor, False  # the back-fill's start; its regimes dated yet
     while not stop.is_set():
         began = time.time()
         end = math.floor((began - settle_s) / window_s) * window_s
@@ -95,6 +96,16 @@ async def collect_prometheus(
             if windows:
                 facts = await asyncio.to_thread(_facts, source, end, window_s, stats)
                 gpu_series = await asyncio.to_thread(_gpus, source, end, window_s, stats)
+            if windows and not dated:  # the back-fill: date each regime it spans
+                for at, earlier in await asyncio.to_thread(
+                    _history, source, first, end, window_s, stats
+                ):
+                    _register_sources(
+                        store, cluster=cluster, url=source.url, windows=windows, known=known,
+                        stats=stats, facts=earlier, described=described, at=at,
+                        rules=engine_rules, gpu_series=gpu_series, partial=True,
+                    )  # fmt: skip
+                dated = True
             _register_sources(
                 store, cluster=cluster, url=source.url, windows=windows, known=known,
                 stats=stats, facts=facts, described=described, at=end, rules=engine_rules,
@@ -124,6 +135,9 @@ async def collect_prometheus(
 # How far back the fact families are looked up: info gauges are constant, so any recent
 # sample is as good as the last one; 10 minutes rides over a few missed scrapes.
 FACTS_LOOKBACK_S = 600.0
+# A back-fill dates regime changes to the window, or to 1/HISTORY_POINTS of its span when
+# longer (7 days of 1-minute windows: 10,080 instants, one range query per family).
+HISTORY_POINTS = 10_080
 
 
 def _facts(
@@ -137,6 +151,21 @@ def _facts(
         stats.failures[exc.kind] += 1
         log.error("prometheus: engine facts: %s", exc)
         return None
+
+
+def _history(
+    source: PrometheusSource, start: float, end: float, window_s: float, stats: CollectStats
+) -> list[tuple[float, dict[str, dict[str, list[dict[str, str]]]]]]:
+    """The engines' facts at each change in ``[start, end]`` (PrometheusSource.facts_history,
+    at window resolution, at most HISTORY_POINTS instants); [] when the query failed: the
+    back-fill's windows then all count as the regime of its last instant."""
+    step = max(window_s, (end - start) / HISTORY_POINTS)
+    try:
+        return source.facts_history(start, end, step, ENGINE_FACTS)
+    except ScrapeError as exc:
+        stats.failures[exc.kind] += 1
+        log.error("prometheus: engine facts history: %s", exc)
+        return []
 
 
 def _gpus(
@@ -165,13 +194,16 @@ def _register_sources(
     at: float,
     rules: EngineRules | None = None,
     gpu_series: Sequence[Mapping[str, str]] | None = None,
+    partial: bool = False,
 ) -> None:
     """Register every new source as a target (and as an engine, with its model, when it
     serves vLLM signals), and each engine's exposed facts (offload mode with its basis, KV
     blocks) whenever they change: Prometheus holds the same ``cache_config_info`` a direct
     scrape reads. ``facts`` None (the query failed): the stored facts stay as they are.
     ``at``: when the facts were read (the time of a change they show); ``rules``: engines.yaml;
-    ``gpu_series``: DCGM's GPUs (PrometheusSource.gpu_series) joined to the engines."""
+    ``gpu_series``: DCGM's GPUs (PrometheusSource.gpu_series) joined to the engines;
+    ``partial``: ``facts`` holds only the sources that had fact series then (a back-fill
+    instant): the others' facts are left as they are, not read as "none exposed"."""
     kinds: dict[str, set[str]] = {}
     signals: dict[str, set[str]] = {}
     models: dict[str, str] = {}
@@ -189,7 +221,7 @@ def _register_sources(
         kind = "lmcache" if seen == {"lmcache"} else "vllm"
         new = source not in known
         now = None
-        if kind == "vllm" and facts is not None:
+        if kind == "vllm" and facts is not None and (source in facts or not partial):
             exposed = engine_facts_of(facts.get(source, {}), signals[source])
             model = models.get(source)
             now = describe(

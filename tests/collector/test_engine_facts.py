@@ -232,3 +232,61 @@ def test_prometheus_registration_lmcache_server_with_derived_ratio_is_no_engine(
                           at=60.0)  # fmt: skip
         assert store.engines("c") == []
         assert [(t.name, t.kind) for t in store.targets("c")] == [("lm:9", "lmcache")]
+
+
+@pytest.mark.prometheus
+def test_prometheus_backfill_dates_an_engine_restart_with_offload_on(tmp_path: Path) -> None:
+    """An engine restarted with native offload switched on, seen only through Prometheus'
+    history: the back-fill records both regimes, each from the time the series changed,
+    not the whole history as the mode of its last instant."""
+    import asyncio
+
+    from collector.catalog import CACHE_CONFIG_INFO, KV_OFFLOAD_CONFIG_INFO, exposed_names
+    from collector.promsource import PrometheusSource
+    from collector.run_prometheus import collect_prometheus
+    from collector.store import Store
+    from tests import services
+    from tests.collector.exposerver import expo_server
+
+    (usage,) = exposed_names("kv_cache_usage_ratio")[:1]
+    switch_at: list[float] = []
+
+    def body(n: int) -> bytes:
+        on = n >= 6  # the 7th scrape on: restarted with the CPU offloading spec
+        if on and not switch_at:
+            switch_at.append(time.time())
+        size, cpu = ("8.0", "400") if on else ("None", "None")
+        text = (
+            f'# TYPE {usage} gauge\n{usage}{{engine="0",model_name="m"}} 0.5\n'
+            f"# TYPE {CACHE_CONFIG_INFO} gauge\n"
+            f'{CACHE_CONFIG_INFO}{{engine="0",block_size="16",num_gpu_blocks="100",'
+            f'num_cpu_blocks="{cpu}",kv_offloading_backend="native",'
+            f'kv_offloading_size="{size}"}} 1.0\n'
+        )
+        if on:
+            text += f"# TYPE {KV_OFFLOAD_CONFIG_INFO} gauge\n"
+            text += f'{KV_OFFLOAD_CONFIG_INFO}{{engine="0",offloading_spec="cpu"}} 1.0\n'
+        return text.encode()
+
+    with expo_server() as srv:
+        srv.add("/metrics", body)
+        config = PROM.format(targets=json.dumps([srv.base.split("//")[1]]), dcgm="127.0.0.1:1")
+        with services.prometheus(config) as url:
+            began = time.time()
+            deadline = began + 30
+            while srv.route("/metrics").hits < 12:
+                assert time.time() < deadline, "Prometheus did not scrape"
+                time.sleep(0.2)
+            time.sleep(1.5)
+            with Store(f"sqlite:///{tmp_path / 'h.db'}") as store, PrometheusSource(url) as src:
+                store.migrate()
+                asyncio.run(collect_prometheus(
+                    src, store, cluster="c", window_s=1.0, since_s=time.time() - began + 2,
+                    interval_s=1.0, settle_s=0.0, once=True))  # fmt: skip
+                (engine,) = store.engines("c")
+    regimes = [(c.offload, c.facts.get("num_cpu_blocks")) for c in engine.changes]
+    assert regimes == [("none", None), ("native", 400)], engine.changes
+    # dated to the window in which Prometheus first saw the new series (1 s windows)
+    assert abs(engine.changes[1].at - switch_at[0]) <= 2.0, (engine.changes, switch_at)
+    assert engine.changes[0].at < switch_at[0] - 3
+    assert engine.offload == "native"
