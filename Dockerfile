@@ -29,7 +29,10 @@ ENV PATH=/opt/kvscope/bin:$PATH \
     MPLBACKEND=Agg
 COPY --from=build /opt/kvscope /opt/kvscope
 RUN groupadd --gid 10001 kvscope \
-    && useradd --create-home --uid 10001 --gid 10001 --shell /usr/sbin/nologin kvscope
+    && useradd --create-home --uid 10001 --gid 10001 --shell /usr/sbin/nologin kvscope \
+    && install -d -o 10001 -g 10001 /var/lib/kvscope
+# /var/lib/kvscope: the collector's state (its spool of windows a store outage refused and
+# its roll-up checkpoints, KVSCOPE_STATE_DIR); a named volume there inherits this owner
 USER 10001:10001
 WORKDIR /home/kvscope
 # `python` is the virtualenv's (PATH): the compose healthchecks import kvscope's dependencies

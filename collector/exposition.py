@@ -50,7 +50,8 @@ def parse_labels(text: str) -> tuple[tuple[str, str], ...]:
     """The (name, value) pairs of a label string, in exposition order, values unescaped.
 
     Accepts blanks around names, ``=`` and values and one trailing comma (as Prometheus
-    does); only the escapes ``\\\\``, ``\\"`` and ``\\n`` are legal in values.
+    does); only the escapes ``\\\\``, ``\\"`` and ``\\n`` are legal in values; a
+    ``__name__`` label is refused (the name is written before the braces).
     """
     pairs = _plain_pairs(text) if "\\" not in text else None
     if pairs is None:
@@ -63,6 +64,9 @@ def parse_labels(text: str) -> tuple[tuple[str, str], ...]:
             if name in seen:
                 raise LineError(f"duplicate label name {name!r}")
             seen.add(name)
+    if "__name__" in text and any(n == "__name__" for n, _ in pairs):
+        # Prometheus 2.42 fails such a scrape: 'label name "__name__" is not unique'.
+        raise LineError("label '__name__' inside the braces (the metric name goes before them)")
     return tuple(pairs)
 
 

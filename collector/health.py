@@ -3,7 +3,8 @@
 
 - :class:`CollectorHealth` holds its own CollectorRegistry of the collector metrics
   collector.selfmetrics names (``COLLECTOR_METRICS``), fed by the collect loop: one
-  :meth:`~CollectorHealth.scraped` per scrape, :meth:`~CollectorHealth.ticked` after each tick;
+  :meth:`~CollectorHealth.scraped` per scrape (and :meth:`~CollectorHealth.anomalies` with the
+  value anomalies of a scrape that was up), :meth:`~CollectorHealth.ticked` after each tick;
 - :func:`serve_metrics` serves a registry on HOST:PORT from a daemon thread
   (:func:`parse_listen_addr` checks the address first).
 """
@@ -14,6 +15,7 @@ import contextlib
 import math
 import threading
 import time
+from collections import Counter as Tally
 from collections.abc import Iterable
 from types import TracebackType
 from typing import Protocol, Self
@@ -23,13 +25,18 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client.exposition import start_http_server
 
 from collector.errors import ConfigError
+from collector.records import Anomaly
 from collector.selfmetrics import (
     BUILD_INFO,
+    COLLECTOR_ANOMALIES,
     COLLECTOR_INFO,
     COLLECTOR_LAST_SUCCESSFUL_TICK,
     COLLECTOR_SCRAPE_DURATION,
     COLLECTOR_SCRAPES,
     COLLECTOR_SKIPPED_TICKS,
+    COLLECTOR_SPOOL_DROPPED,
+    COLLECTOR_SPOOL_REPLAYED,
+    COLLECTOR_SPOOLED_WINDOWS,
     COLLECTOR_STORE_ERRORS,
     COLLECTOR_TARGET_UP,
     COLLECTOR_TARGETS,
@@ -43,6 +50,7 @@ __all__ = [
     "CollectorHealth",
     "LoopStats",
     "MetricsServer",
+    "SpoolTotals",
     "parse_listen_addr",
     "serve_metrics",
 ]
@@ -65,6 +73,17 @@ class LoopStats(Protocol):
     def last_lag_s(self) -> float: ...
 
 
+class SpoolTotals(Protocol):
+    """The spool's running totals (collector.spool.SpoolCounts satisfies it)."""
+
+    @property
+    def pending_windows(self) -> int: ...
+    @property
+    def replayed_windows(self) -> int: ...
+    @property
+    def dropped_windows(self) -> int: ...
+
+
 class CollectorHealth:
     """The collector's own metrics in a registry of their own (not prometheus_client's global
     one). The loop calls :meth:`scraped` per scrape and :meth:`ticked` after every tick."""
@@ -77,6 +96,10 @@ class CollectorHealth:
         self._scrapes = Counter(
             COLLECTOR_SCRAPES.name, COLLECTOR_SCRAPES.help, COLLECTOR_SCRAPES.labels, registry=r
         )
+        self._anomalies = Counter(
+            COLLECTOR_ANOMALIES.name, COLLECTOR_ANOMALIES.help, COLLECTOR_ANOMALIES.labels,
+            registry=r,
+        )  # fmt: skip
         self._duration = Histogram(
             COLLECTOR_SCRAPE_DURATION.name,
             COLLECTOR_SCRAPE_DURATION.help,
@@ -100,6 +123,16 @@ class CollectorHealth:
             COLLECTOR_SKIPPED_TICKS.name, COLLECTOR_SKIPPED_TICKS.help, registry=r
         )
         self._lag = Gauge(COLLECTOR_TICK_LAG.name, COLLECTOR_TICK_LAG.help, registry=r)
+        self._spooled = Gauge(
+            COLLECTOR_SPOOLED_WINDOWS.name, COLLECTOR_SPOOLED_WINDOWS.help, registry=r
+        )
+        self._replayed = Counter(
+            COLLECTOR_SPOOL_REPLAYED.name, COLLECTOR_SPOOL_REPLAYED.help, registry=r
+        )
+        self._dropped = Counter(
+            COLLECTOR_SPOOL_DROPPED.name, COLLECTOR_SPOOL_DROPPED.help, registry=r
+        )
+        self._spool_seen = (0, 0)
         self._last_ok = Gauge(
             COLLECTOR_LAST_SUCCESSFUL_TICK.name, COLLECTOR_LAST_SUCCESSFUL_TICK.help, registry=r
         )
@@ -109,6 +142,7 @@ class CollectorHealth:
         build.labels(version=version).set(1)
         self._seen: dict[str, int] = {}
         self._outcomes: dict[str, set[str]] = {}  # target -> outcomes with a series
+        self._anomaly_kinds: dict[str, set[str]] = {}  # target -> anomaly kinds with a series
         self._lock = threading.Lock()
         self.set_targets(targets)
 
@@ -124,6 +158,8 @@ class CollectorHealth:
             for name in gone:
                 for outcome in self._outcomes.pop(name):
                     self._scrapes.remove(name, outcome)
+                for kind in self._anomaly_kinds.pop(name, ()):
+                    self._anomalies.remove(name, kind)
             for name in new:
                 self._outcomes[name] = {"up"}
         for name in sorted(gone):
@@ -141,6 +177,18 @@ class CollectorHealth:
         if math.isfinite(duration_s) and duration_s >= 0:
             self._duration.labels(target=target).observe(duration_s)
         self._up.labels(target=target).set(1 if outcome == "up" else 0)
+
+    def anomalies(self, target: str, anomalies: Iterable[Anomaly]) -> None:
+        """The value anomalies collector.parse found in one scrape of ``target`` that was up
+        (NaN counters, duplicate series, …), counted by kind. A kind gets its series at its
+        first anomaly (not one per kind and target in advance: they are meant to stay rare)."""
+        counts = Tally(a.kind for a in anomalies)
+        if not counts:
+            return
+        with self._lock:
+            self._anomaly_kinds.setdefault(target, set()).update(counts)
+        for kind, n in sorted(counts.items()):
+            self._anomalies.labels(target=target, kind=kind).inc(n)
 
     def ticked(self, stats: LoopStats, *, at: float | None = None) -> None:
         """After a tick: move the counters to the loop's totals, set the lag, and stamp the
@@ -162,6 +210,16 @@ class CollectorHealth:
         self._lag.set(max(0.0, stats.last_lag_s))
         if delta["ticks"] and not delta["store_errors"] and not delta["loop_errors"]:
             self._last_ok.set(time.time() if at is None else at)
+
+    def spooled(self, spool: SpoolTotals) -> None:
+        """After a tick: the spool's windows waiting, and its replayed and dropped totals
+        (collector.spool.SpoolCounts)."""
+        with self._lock:
+            replayed, dropped = self._spool_seen
+            self._spool_seen = (spool.replayed_windows, spool.dropped_windows)
+        self._spooled.set(spool.pending_windows)
+        self._replayed.inc(max(0, spool.replayed_windows - replayed))
+        self._dropped.inc(max(0, spool.dropped_windows - dropped))
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

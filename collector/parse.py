@@ -21,15 +21,61 @@
 * every other family is reported in ``unknown_families`` (sorted, never fatal) — including
   ``python_*``, ``process_*`` and ``http_*``; ``*_created`` companions are never reported.
 
-Values: gauges may be NaN or ±Inf (kept as floats); counter values, bucket counts and
-``_count`` must be finite and ≥ 0 (OpenMetrics 1.0 "Counter"/"Histogram"), ``_sum`` may be
-anything. The timestamp column is validated and ignored (the snapshot has one timestamp).
-Malformed input raises ParseError(target, line, reason); nothing is silently dropped.
+Syntax errors fail the whole exposition, value anomalies never do (Prometheus' rule: its
+text parser, model/textparse/promparse.go, fails a scrape on a malformed line; what its
+storage refuses sample by sample is dropped and counted, the rest of the scrape is kept).
+
+*Syntax* — ``ParseError(target, line, reason)``: a malformed name, label set, value or
+timestamp, a duplicate label name, a ``__name__`` label inside the braces (Prometheus 2.42:
+``label name "__name__" is not unique: invalid sample``, target down), an unknown TYPE,
+content after ``# EOF``, a body that is not UTF-8. Blanks or tabs before ``#`` are accepted
+on comment, HELP and TYPE lines as on sample lines (Prometheus' lexer skips them).
+
+*Value anomalies* — per sample, recorded in ``Snapshot.anomalies`` (kind, name, labels as
+written, line, dropped or kept), counted per target and kind by collector.health and listed
+by ``kvscope inspect``; only canonical series are checked (unknown families are not read):
+
+* ``nan`` / ``inf`` / ``negative_counter`` on a counter sample: dropped. Prometheus stores
+  them (2.42 checked), and rate() over them is NaN or a spurious reset (prometheus_client lets
+  ``Counter.inc(nan)`` through and the counter stays NaN until the process restarts); the
+  window rollup (collector.rollup) treats the missing sample as a gap, the series' other
+  samples and every other series of the target are unaffected;
+* the same on a gauge: kept, as Prometheus keeps a NaN or infinite gauge; the rollup skips
+  non-finite gauge samples for its windows (``Rollup.skipped``), ``kvscope inspect`` shows
+  them;
+* the same on a histogram bucket: that histogram series is dropped for this exposition (a
+  kvscope histogram needs every bucket; a partial layout would read as a reset); on
+  ``_count``: the ``_count`` sample is dropped and the +Inf bucket counts instead (equal by
+  definition); NaN or ±Inf on ``_sum``: the sum is dropped (None), buckets and count kept;
+* ``duplicate_series``: a series (name + labels, or a histogram part or bucket bound) seen
+  again in one exposition: the first valid sample is kept, the later ones dropped, each
+  counted — Prometheus keeps the scrape and the first sample (2.42 checked), and since
+  prometheus/prometheus#12933 counts the rest in
+  ``prometheus_target_scrapes_sample_duplicate_timestamp_total``. A NaN in the current
+  spelling of a series leaves a deprecated spelling's value, when one is exposed;
+* ``type_conflict``: a second TYPE line for a family with a different type: kept (the first
+  type stands). Prometheus' text parser reads each TYPE line on its own and keeps the scrape
+  (2.42 checked: target up, samples stored, the last TYPE in its metadata); kvscope takes the
+  kind of every canonical signal from the catalogue, not from TYPE lines;
+* ``bad_bucket``: a ``_bucket`` sample without a numeric ``le``: that bucket is dropped, the
+  rest of its histogram kept (PromQL's histogram_quantile skips such a bucket);
+* ``histogram_no_inf_bucket``: a histogram without its +Inf bucket (or with ``_sum``/
+  ``_count`` only): dropped — Prometheus keeps the series but histogram_quantile answers NaN
+  for it, and the rollup needs the +Inf bucket;
+* ``histogram_not_cumulative``: bucket counts that decrease with ``le``: kept as exposed,
+  as Prometheus stores them; the rollup's quantiles make them monotonic exactly as
+  histogram_quantile does (``ensureMonotonic``).
+
+A counter that *decreases* between scrapes is a reset, a rollup matter: collector.rollup
+counts the increase across it as PromQL's increase()/rate() do and records it in
+``Window.resets``.
+The timestamp column is validated and ignored (the snapshot has one timestamp).
 """
 
 from __future__ import annotations
 
 import math
+import re
 import threading
 
 from collector import catalog
@@ -43,7 +89,7 @@ from collector.exposition import (
     parse_value,
     split_line,
 )
-from collector.records import Labels, SignalSample, Snapshot
+from collector.records import Anomaly, AnomalyKind, Labels, SignalSample, Snapshot
 from collector.signal_index import (
     BUCKET,
     CACHE_LIMIT,
@@ -60,34 +106,66 @@ from collector.signal_index import (
 
 _INF = math.inf
 _SUFFIXES = ("_bucket", "_count", "_sum", "_total", "_info", "_gsum", "_gcount")
+# "#", blanks, HELP or TYPE, blanks: the metadata lines Prometheus' lexer reads (promlex.l).
+_META = re.compile(r"#[ \t]+(HELP|TYPE)[ \t]+")
 
 
 class _Hist:
-    __slots__ = ("buckets", "count", "line", "name", "rank", "spell", "sum")
+    __slots__ = ("bad", "buckets", "count", "labels", "line", "name", "rank", "spell", "sum")
 
     def __init__(self, rank: int, spell: int, line: int, name: str) -> None:
         self.name = name
         self.rank = rank
         self.spell = spell
         self.line = line
-        self.buckets: list[tuple[float, float, int]] = []
+        self.labels: Labels = ()  # as written (less le) by the first line, for anomalies
+        # (bound, count, line, labels as written)
+        self.buckets: list[tuple[float, float, int, Labels]] = []
         self.sum: float | None = None
         self.count: float | None = None
+        self.bad = False  # a bucket was dropped for its value: the series is left out
+
+
+# _hist_for's answer for a line that repeats a series another spelling of equal rank feeds.
+_DUPLICATE = _Hist(-1, -1, 0, "")
 
 
 class _Acc:
     """What one read() accumulates besides the hot-loop locals."""
 
-    __slots__ = ("declared", "facts", "kinds", "unknown", "unknown_names")
+    __slots__ = ("anomalies", "declared", "facts", "kinds", "unknown", "unknown_names")
 
     def __init__(self) -> None:
-        self.kinds: dict[str, str] = {}  # family -> declared type (a repeat must agree)
+        self.kinds: dict[str, str] = {}  # family -> first declared type
         # TYPE-declared family -> itself, also under its `:`->`_` spelling: OpenMetrics
         # escaping keeps `vllm:x` in TYPE lines but writes `vllm_x_total` samples.
         self.declared: dict[str, str] = {}
         self.facts: dict[str, list[dict[str, str]]] = {}
         self.unknown: dict[str, None] = {}
         self.unknown_names: dict[str, str] = {}
+        self.anomalies: list[Anomaly] = []
+
+    def anomaly(
+        self, kind: AnomalyKind, name: str, labels: Labels, line: int, *, dropped: bool, detail: str
+    ) -> None:
+        self.anomalies.append(Anomaly(kind, name, labels, line, dropped, detail))
+
+    def duplicate(self, name: str, labels: Labels, line: int, detail: str) -> None:
+        self.anomaly("duplicate_series", name, labels, line, dropped=True, detail=detail)
+
+    def non_finite(self, name: str, labels: Labels, line: int, value: float, what: str) -> None:
+        """A gauge (kept) or a _sum (dropped) that is NaN or ±Inf."""
+        kind: AnomalyKind = "nan" if math.isnan(value) else "inf"
+        kept = what == "gauge value"
+        verb = "kept" if kept else "dropped"
+        self.anomaly(kind, name, labels, line, dropped=not kept, detail=f"{what} {value} {verb}")
+
+    def bad_value(self, name: str, labels: Labels, line: int, value: float, what: str) -> None:
+        """A counter-like sample (counter, bucket, _count) that is not finite and >= 0."""
+        kind: AnomalyKind = (
+            "nan" if math.isnan(value) else "inf" if math.isinf(value) else "negative_counter"
+        )
+        self.anomaly(kind, name, labels, line, dropped=True, detail=f"{what} {value} dropped")
 
     def add_unknown(self, name: str) -> None:
         fam = self.unknown_names.get(name)
@@ -142,6 +220,33 @@ class ExpositionReader:
         entry = self._labels[text] = (full, no_le, le, router, bound)
         return entry
 
+    def _meta(self, line: str, acc: _Acc, lineno: int) -> bool:
+        """A line starting with ``#`` (leading blanks removed): record a TYPE, skip HELP and
+        comments; True at ``# EOF``."""
+        if not line.startswith("# TYPE "):
+            if line.startswith("# HELP "):
+                return False
+            if line.startswith("# EOF") and line.rstrip() == "# EOF":
+                return True
+            m = _META.match(line)
+            if m is None or m.group(1) != "TYPE":
+                return False  # a comment (or an unusually spaced HELP)
+            line = "# TYPE " + line[m.end() :]
+        fam, kind = self._types.get(line) or self._type_line(line)
+        first = acc.kinds.setdefault(fam, kind)
+        if first != kind:
+            acc.anomaly(
+                "type_conflict",
+                fam,
+                (),
+                lineno,
+                dropped=False,
+                detail=f"TYPE {kind} contradicts TYPE {first} (the first stands)",
+            )
+        acc.declared[fam] = fam
+        acc.declared.setdefault(fam.replace(":", "_"), fam)
+        return False
+
     def _first_sight(self, line: str, acc: _Acc) -> tuple[Target, LabelEntry, str, float] | None:
         """A line whose name+labels prefix is not cached yet: split it (carefully if it is
         not canonical), validate it, cache the prefix when the line is canonical.
@@ -190,7 +295,6 @@ class ExpositionReader:
 
     def read(self, text: str, target: str, timestamp: float) -> Snapshot:
         series_get = self._series.get
-        type_get = self._types.get
         acc = _Acc()
         values: dict[tuple[str, Labels], tuple[int, float]] = {}
         hists: dict[tuple[str, Labels], _Hist] = {}
@@ -202,15 +306,9 @@ class ExpositionReader:
                 if not line:
                     continue
                 if line[0] == "#":
-                    if line.startswith("# TYPE "):
-                        fam, kind = type_get(line) or self._type_line(line)
-                        if acc.kinds.setdefault(fam, kind) != kind:
-                            raise LineError(
-                                f"TYPE {kind} for {fam!r} contradicts TYPE {acc.kinds[fam]}"
-                            )
-                        acc.declared[fam] = fam
-                        acc.declared.setdefault(fam.replace(":", "_"), fam)
-                    elif line.startswith("# EOF") and line.rstrip() == "# EOF":
+                    if line.startswith("# HELP "):
+                        continue
+                    if self._meta(line, acc, lineno):
                         _check_after_eof(lines, lineno, target)
                         break
                     continue
@@ -218,6 +316,13 @@ class ExpositionReader:
                 sp = line.rfind(" ")
                 hit = series_get(line[:sp]) if sp > 0 else None
                 if hit is None:
+                    if line[0] in " \t":
+                        stripped = line.lstrip(" \t")
+                        if stripped[:1] == "#":
+                            if self._meta(stripped, acc, lineno):
+                                _check_after_eof(lines, lineno, target)
+                                break
+                            continue
                     got = self._first_sight(line, acc)
                     if got is None:
                         continue
@@ -239,13 +344,19 @@ class ExpositionReader:
                 if part == SKIP:
                     continue
                 if part == VALUE:
-                    if t[2] == COUNTER and not 0.0 <= value < _INF:
-                        raise LineError(f"counter value {value} is not finite and >= 0")
+                    if t[2] == COUNTER:
+                        if not 0.0 <= value < _INF:
+                            acc.bad_value(name, ent[0], lineno, value, "counter value")
+                            continue
+                    elif value - value:  # a gauge NaN or ±Inf: kept, as Prometheus keeps it
+                        acc.non_finite(name, ent[0], lineno, value, "gauge value")
                     xf = t[5]
                     key = (t[1], xf(ent[0]) if xf else ent[0])
                     prev = values.get(key)
-                    if prev is None or _wins(t, prev[0], name):
+                    if prev is None or t[3] < prev[0]:
                         values[key] = (t[3], value)
+                    elif t[3] == prev[0]:
+                        acc.duplicate(name, ent[0], lineno, f"the first value {prev[1]} stands")
                     continue
                 if part == FACT:
                     acc.facts.setdefault(t[1], []).append(dict(ent[0]))
@@ -255,22 +366,41 @@ class ExpositionReader:
                     h = _hist_for(hists, t, ent[1], name, lineno)
                 if h is None:
                     continue  # a deprecated duplicate of a series the current name exposes
+                if h is _DUPLICATE:
+                    acc.duplicate(name, ent[0], lineno, "another spelling exposed it first")
+                    continue
                 if part == BUCKET:
                     if not 0.0 <= value < _INF:
-                        raise LineError(f"bucket count {value} is not finite and >= 0")
+                        acc.bad_value(name, ent[0], lineno, value, "bucket count")
+                        h.bad = True
+                        continue
                     bound = ent[4]
-                    h.buckets.append(
-                        (_bound(ent[2], name) if bound is None else bound, value, lineno)
-                    )
+                    if bound is None:
+                        try:
+                            bound = _bound(ent[2], name)
+                        except LineError as exc:
+                            acc.anomaly(
+                                "bad_bucket",
+                                name,
+                                ent[0],
+                                lineno,
+                                dropped=True,
+                                detail=f"{exc.reason}: bucket dropped",
+                            )
+                            continue
+                    h.buckets.append((bound, value, lineno, ent[0]))
                 elif part == SUM:
                     if h.sum is not None:
-                        raise LineError(f"duplicate sample {name!r}")
-                    h.sum = value
+                        acc.duplicate(name, ent[0], lineno, f"the first sum {h.sum} stands")
+                    elif value - value:  # NaN or ±Inf: the sum only is dropped
+                        acc.non_finite(name, ent[0], lineno, value, "sum")
+                    else:
+                        h.sum = value
+                elif h.count is not None:
+                    acc.duplicate(name, ent[0], lineno, f"the first count {h.count} stands")
+                elif not 0.0 <= value < _INF:
+                    acc.bad_value(name, ent[0], lineno, value, "histogram count")
                 else:
-                    if not 0.0 <= value < _INF:
-                        raise LineError(f"histogram count {value} is not finite and >= 0")
-                    if h.count is not None:
-                        raise LineError(f"duplicate sample {name!r}")
                     h.count = value
         except LineError as exc:
             raise ParseError(target, lineno, exc.reason) from None
@@ -281,13 +411,20 @@ class ExpositionReader:
             SignalSample(sig, catalog.SIGNALS[sig].kind, labels, v)
             for (sig, labels), (_, v) in values.items()
         ]
-        samples += [_finish(target, key, hist) for key, hist in hists.items()]
+        for key, hist in hists.items():
+            sample = _finish(key, hist, acc)
+            if sample is not None:
+                samples.append(sample)
+        anomalies = acc.anomalies
+        if anomalies:
+            anomalies.sort(key=lambda a: a.line)  # stable: a line's own order is kept
         return Snapshot(
             target=target,
             timestamp=timestamp,
             samples=tuple(samples),
             facts={k: tuple(v) for k, v in acc.facts.items()},
             unknown_families=tuple(sorted(f for f in acc.unknown if f)),
+            anomalies=tuple(anomalies),
         )
 
 
@@ -317,28 +454,24 @@ def _check_after_eof(lines: list[str], eof_line: int, target: str) -> None:
             raise ParseError(target, j + 1, f"content after '# EOF' (line {eof_line})")
 
 
-def _wins(t: Target, prev_rank: int, name: str) -> bool:
-    """A value series seen twice: the current spelling beats a deprecated one."""
-    if t[3] == prev_rank:
-        raise LineError(f"duplicate series for {name!r}")
-    return t[3] < prev_rank
-
-
 def _hist_for(
     hists: dict[tuple[str, Labels], _Hist], t: Target, labels: Labels, name: str, lineno: int
 ) -> _Hist | None:
-    """The histogram series a bucket/sum/count line feeds (None: deprecated duplicate)."""
+    """The histogram series a bucket/sum/count line feeds (None: a deprecated duplicate;
+    _DUPLICATE: another spelling of the same rank fed it first)."""
     xf = t[5]
     key = (t[1], xf(labels) if xf else labels)
     h = hists.get(key)
     if h is None:
         h = hists[key] = _Hist(t[3], t[4], lineno, name)
+        h.labels = labels
     elif h.spell != t[4]:
         if t[3] == h.rank:
-            raise LineError(f"duplicate series for {name!r}")
+            return _DUPLICATE
         if t[3] > h.rank:
             return None
         h = hists[key] = _Hist(t[3], t[4], lineno, name)
+        h.labels = labels
     return h
 
 
@@ -367,42 +500,64 @@ def _le(bound: float) -> str:
     return "+Inf" if bound == _INF else repr(bound)
 
 
-def _finish(target: str, key: tuple[str, Labels], h: _Hist) -> SignalSample:
+def _finish(key: tuple[str, Labels], h: _Hist, acc: _Acc) -> SignalSample | None:
+    """The histogram sample of one series, or None when it is dropped (a bucket value was
+    dropped, or no +Inf bucket); anomalies found here go to ``acc``."""
     signal, labels = key
+    if h.bad:
+        return None  # the bucket's own anomaly says why
     bs = h.buckets
     prev_bound, prev_count = -_INF, 0.0
-    for bound, count, _line in bs:
+    for bound, count, _line, _labels in bs:
         if bound <= prev_bound or count < prev_count:
-            return _finish_unordered(target, key, h)
+            bs = _repair(h, acc)
+            break
         prev_bound, prev_count = bound, count
-    if prev_bound != _INF:
-        raise ParseError(target, h.line, f"{_what(signal, h, labels)} has no +Inf bucket")
-    count = h.count if h.count is not None else prev_count
-    buckets = tuple([(b, c) for b, c, _ in bs])
+    if not bs or bs[-1][0] != _INF:
+        acc.anomaly(
+            "histogram_no_inf_bucket",
+            _family(h.name),
+            h.labels,
+            h.line,
+            dropped=True,
+            detail='no le="+Inf" bucket: histogram dropped',
+        )
+        return None
+    count = h.count if h.count is not None else bs[-1][1]
+    buckets = tuple([(b, c) for b, c, _, _ in bs])
     return SignalSample(signal, "histogram", labels, count, buckets=buckets, sum=h.sum)
 
 
-def _what(signal: str, h: _Hist, labels: Labels) -> str:
-    return f"histogram {_family(h.name)!r} {dict(labels)}"
-
-
-def _finish_unordered(target: str, key: tuple[str, Labels], h: _Hist) -> SignalSample:
-    """Buckets not in increasing le order: sort (stable), then report duplicates and
-    non-cumulative counts at the offending line."""
-    signal, labels = key
-    h.buckets = sorted(h.buckets, key=lambda b: b[0])
-    prev_bound, prev_count = -_INF, 0.0
-    for bound, count, line in h.buckets:
-        if bound == prev_bound:
-            what = _what(signal, h, labels)
-            raise ParseError(target, line, f"{what}: duplicate bucket le={_le(bound)}")
-        if count < prev_count:
-            what = _what(signal, h, labels)
-            raise ParseError(
-                target, line, f"{what}: bucket counts decrease at le={_le(bound)} (not cumulative)"
+def _repair(h: _Hist, acc: _Acc) -> list[tuple[float, float, int, Labels]]:
+    """Buckets not in increasing le order: sort (stable: line order among equal bounds), drop
+    a repeated bound (the first line stands), note non-cumulative counts (kept)."""
+    kept: list[tuple[float, float, int, Labels]] = []
+    decreasing: tuple[float, int, Labels] | None = None
+    for b in sorted(h.buckets, key=lambda b: b[0]):
+        if kept and b[0] == kept[-1][0]:
+            first = kept[-1][1]
+            acc.duplicate(
+                _family(h.name) + "_bucket",
+                b[3],
+                b[2],
+                f"bucket le={_le(b[0])} again; the first count {first} stands",
             )
-        prev_bound, prev_count = bound, count
-    return _finish(target, key, h)
+            continue
+        if kept and b[1] < kept[-1][1] and decreasing is None:
+            decreasing = (b[0], b[2], b[3])
+        kept.append(b)
+    if decreasing is not None:
+        bound, line, labels = decreasing
+        acc.anomaly(
+            "histogram_not_cumulative",
+            _family(h.name) + "_bucket",
+            labels,
+            line,
+            dropped=False,
+            detail=f"counts decrease at le={_le(bound)}: kept",
+        )
+    h.buckets = kept
+    return kept
 
 
 # One reader per thread: the collector reads expositions in asyncio.to_thread workers, many

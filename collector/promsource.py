@@ -20,10 +20,25 @@ Differences from the direct path worth knowing: ``increase`` extrapolates to the
 (the rollup counts from the previous window's last sample), and gauge means are PromQL's plain
 averages of the samples in range (the rollup's are time-weighted); with regular scrapes both
 agree within a scrape interval's worth.
+
+Every failed query is a ScrapeError whose ``kind`` says why (collector.run_prometheus then
+re-queries the whole range at its next poll): ``connect`` (refused, reset mid-answer),
+``timeout`` (no answer in ``timeout_s``, after urllib3's two quick retries), ``http_status``
+(an error status; 502/503/504 still after the retries), ``parse`` (not a Prometheus API
+answer: a truncated or non-JSON body), ``partial`` (an answer that says it lacks data: a
+``warnings`` entry, which Prometheus gives when a remote-read store failed and Thanos when a
+StoreAPI did not answer with partial responses enabled — the series it sends are a subset,
+so accepting them would lose the rest for good). Two kinds of warning are not missing data
+and are accepted (logged once each): PromQL annotations (``PromQL info: …`` / ``PromQL
+warning: …``: "metric might not be a counter", a histogram's monotonicity fix; Prometheus put
+them in ``warnings`` from prometheus#12152 until prometheus#14327 gave infos a field of their
+own, Thanos still does) and Thanos' "No StoreAPIs matched for this query" (no store holds
+that range or those labels: there is nothing to wait for).
 """
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Iterable, Sequence
 from datetime import UTC, datetime
@@ -41,6 +56,8 @@ from collector.errors import ConfigError, ScrapeError
 from collector.records import Kind, Labels, Window
 from collector.rollup import ratio_window
 
+log = logging.getLogger(__name__)
+
 STAT_LABEL = "kvscope_stat"
 # the DCGM labels collector.dcgm joins on (grouped by, so a GPU is one series whatever
 # else the exporter labels it with)
@@ -52,6 +69,28 @@ DROPPED_LABELS = frozenset({"__name__", "instance", "job", STAT_LABEL})
 MAX_POINTS = 10_000
 QUANTILES = (("p50", 0.5), ("p90", 0.9), ("p99", 0.99))
 SourceFrom = Literal["instance", "job/instance"]
+# Warnings that are no missing data (module docstring): PromQL's annotations (promql/
+# annotations: "PromQL info" / "PromQL warning" prefixes) and Thanos' ErrorNoStoresMatched.
+ANNOTATION_PREFIXES = ("PromQL info:", "PromQL warning:")
+NO_STORE_MATCHED = "no storeapis matched for this query"
+RETRIES = 2  # urllib3 retries of a refused connection, a timeout or a 502/503/504
+
+
+class _Partial(Exception):
+    """An answer whose ``warnings`` say it lacks data (raised by the session's hook)."""
+
+
+def missing_data_warnings(warnings: Iterable[object]) -> tuple[list[str], list[str]]:
+    """(warnings that say data is missing, warnings that do not: annotations and "no store
+    matched") of a query answer's ``warnings`` (module docstring)."""
+    missing, benign = [], []
+    for w in map(str, warnings):
+        text = w.strip()
+        if text.startswith(ANNOTATION_PREFIXES) or text.lower() == NO_STORE_MATCHED:
+            benign.append(text)
+        else:
+            missing.append(text)
+    return missing, benign
 
 
 def _tag(expr: str, stat: str) -> str:
@@ -100,6 +139,7 @@ class PrometheusSource:
         max_points: int = MAX_POINTS,
         headers: dict[str, str] | None = None,
     ) -> None:
+        import requests
         from prometheus_api_client import PrometheusConnect
         from urllib3.util.retry import Retry
 
@@ -112,13 +152,19 @@ class PrometheusSource:
         self.matchers = matchers
         self.max_points = max_points
         self.timeout_s = timeout_s
+        self._noted: set[str] = set()  # warnings accepted and logged once
         # A few quick retries on a flaky network, not the client's default 3 × exponential.
-        retry = Retry(total=2, backoff_factor=0.1, status_forcelist=(502, 503, 504))
+        retry = Retry(total=RETRIES, backoff_factor=0.1, status_forcelist=(502, 503, 504))
+        # Our own session, for its response hook: the client returns data.result only and
+        # drops the answer's warnings, which say whether the result is partial.
+        session = requests.Session()
+        session.hooks["response"].append(self._check_warnings)
         self._prom = PrometheusConnect(
             url=self.url,
             headers=headers,
             retry=retry,
             timeout=timeout_s,
+            session=session,
         )
 
     def close(self) -> None:
@@ -136,18 +182,64 @@ class PrometheusSource:
 
         try:
             return fn(*args, **kw)
-        except requests.Timeout as exc:
-            raise ScrapeError(
-                self.url, "timeout", f"{what}: no answer in {self.timeout_s:g} s"
-            ) from exc
+        except _Partial as exc:
+            raise ScrapeError(self.url, "partial", f"{what}: partial answer: {exc}") from exc
         except requests.RequestException as exc:
-            raise ScrapeError(self.url, "connect", f"{what}: {type(exc).__name__}: {exc}") from exc
+            kind, why = self._transport_error(exc)
+            raise ScrapeError(self.url, kind, f"{what}: {why}") from exc
         except PrometheusApiClientException as exc:
             raise ScrapeError(self.url, "http_status", f"{what}: {exc}") from exc
         except (ValueError, KeyError, TypeError) as exc:  # not a Prometheus API answer
             raise ScrapeError(
                 self.url, "parse", f"{what}: not a Prometheus API response ({exc})"
             ) from exc
+
+    def _transport_error(self, exc: Exception) -> tuple[str, str]:
+        """(kind, why) of a requests error. After urllib3's retries a timeout arrives as a
+        ConnectionError around MaxRetryError(ReadTimeoutError) and too many 5xx as a
+        RetryError; their text repeats the whole URL (the PromQL), left out here."""
+        import requests
+        from urllib3.exceptions import MaxRetryError, NewConnectionError, ResponseError
+        from urllib3.exceptions import TimeoutError as Urllib3Timeout
+
+        reason: object = exc.args[0] if exc.args else exc
+        tries = ""
+        if isinstance(reason, MaxRetryError):
+            reason, tries = reason.reason, f" ({1 + RETRIES} tries)"
+        if isinstance(exc, requests.exceptions.JSONDecodeError):
+            return "parse", f"not a Prometheus API response (not JSON: {exc})"
+        if isinstance(reason, NewConnectionError):  # a subclass of urllib3's ConnectTimeout
+            return "connect", f"cannot connect{tries}: {reason}"
+        if isinstance(exc, requests.Timeout) or isinstance(reason, Urllib3Timeout):
+            return "timeout", f"no answer in {self.timeout_s:g} s{tries}"
+        if isinstance(exc, requests.exceptions.RetryError) or isinstance(reason, ResponseError):
+            return "http_status", f"{reason}{tries}"
+        return "connect", f"{type(exc).__name__}: {reason}"
+
+    def _check_warnings(self, response: Any, *_args: Any, **_kw: Any) -> None:
+        """requests' response hook: raise _Partial when the answer's ``warnings`` say data
+        is missing (module docstring); log each accepted warning once. The byte search
+        keeps the JSON parse off the answers without warnings (nearly all)."""
+        if response.status_code != 200 or b'"warnings"' not in response.content:
+            return
+        try:
+            doc = response.json()
+        except ValueError:
+            return  # the client's own parse reports it
+        warnings = doc.get("warnings") if isinstance(doc, dict) else None
+        if not isinstance(warnings, list) or not warnings:
+            return
+        missing, benign = missing_data_warnings(warnings)
+        for text in benign:
+            if text not in self._noted and len(self._noted) < 100:
+                self._noted.add(text)
+                level = logging.WARNING if text.startswith("PromQL warning:") else logging.INFO
+                log.log(level, "prometheus %s: %s (accepted: no data missing)", self.url, text)
+        if missing:
+            text = "; ".join(missing[:3]) + (
+                f" (+{len(missing) - 3} more)" if len(missing) > 3 else ""
+            )
+            raise _Partial(text[:500])
 
     def check(self) -> None:
         """Raise ScrapeError unless the query API answers a trivial query."""

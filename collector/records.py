@@ -37,6 +37,41 @@ class SignalSample:
     sum: float | None = None
 
 
+# What collector.parse found wrong with one sample, a value never a syntax error: the scrape
+# stays up and the sample is dropped or kept as its kind says (collector/parse.py's docstring).
+AnomalyKind = Literal[
+    "nan",  # NaN value (counter, bucket, count: dropped; gauge, _sum: see parse.py)
+    "inf",  # +Inf or -Inf value
+    "negative_counter",  # a counter, bucket or _count below 0
+    "duplicate_series",  # name + labels already seen in this exposition: the first wins
+    "type_conflict",  # a second TYPE line for a family with another type
+    "bad_bucket",  # a _bucket sample without a numeric le label
+    "histogram_no_inf_bucket",  # a histogram without its le="+Inf" bucket
+    "histogram_not_cumulative",  # bucket counts decrease with le (kept, as PromQL does)
+]
+ANOMALY_KINDS: tuple[AnomalyKind, ...] = (
+    "nan", "inf", "negative_counter", "duplicate_series", "type_conflict", "bad_bucket",
+    "histogram_no_inf_bucket", "histogram_not_cumulative",
+)  # fmt: skip
+
+
+@dataclass(frozen=True, slots=True)
+class Anomaly:
+    """One anomalous sample (or TYPE line) of an exposition: what, where, and what was done.
+
+    ``name`` is the sample name as written (the family for a TYPE line), ``labels`` its labels
+    as written (sorted), ``line`` its 1-based line, ``dropped`` whether the sample was left out
+    of the snapshot (False: kept, with this warning).
+    """
+
+    kind: AnomalyKind
+    name: str
+    labels: Labels
+    line: int
+    dropped: bool
+    detail: str = ""
+
+
 @dataclass(frozen=True, slots=True)
 class Snapshot:
     """One exposition (one scrape of one target) read into canonical terms."""
@@ -47,6 +82,8 @@ class Snapshot:
     # Engine facts, e.g. {"cache_config": ({"engine": "0", "block_size": "16", ...}, ...)}.
     facts: Mapping[str, tuple[Mapping[str, str], ...]] = field(default_factory=dict)
     unknown_families: tuple[str, ...] = ()
+    # Value anomalies of canonical series, in line order (never a reason to fail the scrape).
+    anomalies: tuple[Anomaly, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,7 +96,8 @@ class ScrapeOutcome:
     up: bool
     bytes: int = 0
     series: int = 0
-    error_kind: str | None = None  # "connect", "timeout", "http_status", "too_large", "parse"
+    # "connect", "timeout", "truncated", "http_status", "too_large", "parse", "redirect", …
+    error_kind: str | None = None
     error: str | None = None
 
 

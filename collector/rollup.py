@@ -27,16 +27,21 @@ the collector stops (``flush``). Semantics, chosen so the planner can trust ever
 
 Memory is bounded: a series not seen for ``stale_windows`` windows is forgotten (a series that
 comes back after that starts afresh, like a new series).
+
+``export_state`` / ``restore_state`` carry the whole state (open window, last sample of each
+series) across a restart as JSON: a restored roll-up produces exactly the windows it would
+have produced had it never stopped (collector.checkpoint).
 """
 
 from __future__ import annotations
 
 import math
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import pairwise
 from operator import add, sub
+from typing import Any
 
 from collector.errors import ConfigError
 from collector.records import Kind, Labels, SignalSample, Snapshot, Window
@@ -198,6 +203,52 @@ class Rollup:
         if self._open is None:
             return []
         return self._close()
+
+    # -- checkpoint (collector.checkpoint: what a restarted collector resumes from) ---------
+
+    @property
+    def last_timestamp(self) -> float | None:
+        """The newest snapshot's time (None: none added yet)."""
+        return None if self._last_ts == -INF else self._last_ts
+
+    def export_state(self) -> dict[str, Any]:
+        """Everything :meth:`restore_state` needs to carry on as if never stopped, as plain
+        JSON data (floats may be ±Infinity: json's default ``allow_nan`` writes them): the
+        open window's accumulators and each series' last sample (the previous sample of the
+        next window's counter and histogram deltas)."""
+        series = [[s, [list(p) for p in labels], _point_out(point)]
+                  for (s, labels), point in self._state.items()]  # fmt: skip
+        open_series = [[key[0], [list(p) for p in key[1]], _acc_out(acc, self._state.get(key))]
+                       for key, acc in self._accs.items()]  # fmt: skip
+        return {
+            "window_s": self.window_s,
+            "open": self._open,
+            "last_ts": self._last_ts,
+            "closed_until": self._closed_until,
+            "series": series,
+            "open_series": open_series,
+            "skipped": dict(self.skipped),
+        }
+
+    def restore_state(self, data: Mapping[str, Any]) -> None:
+        """Take the state :meth:`export_state` wrote (same ``window_s``, else ConfigError;
+        malformed data raises KeyError, TypeError or ValueError and leaves this rollup as it
+        was)."""
+        if float(data["window_s"]) != self.window_s:
+            raise ConfigError(
+                f"rollup state of {self.source} has window {data['window_s']} s, not "
+                f"{self.window_s:g} s"
+            )
+        state = {_key_in(s, labels): _point_in(p) for s, labels, p in data["series"]}
+        accs = {}
+        for s, labels, a in data["open_series"]:
+            key = _key_in(s, labels)
+            accs[key] = _acc_in(a, state.get(key))
+        opened = None if data["open"] is None else int(data["open"])
+        last_ts, closed_until = float(data["last_ts"]), float(data["closed_until"])
+        skipped = Counter({str(k): int(v) for k, v in data["skipped"].items()})
+        self._open, self._last_ts, self._closed_until = opened, last_ts, closed_until
+        self._state, self._accs, self.skipped = state, accs, skipped
 
     # -- per sample -------------------------------------------------------------------------
 
@@ -403,3 +454,62 @@ def ratio_window(ratio: str, num: Window, den: Window) -> Window:
         delta=den.delta if known else None,
         mean=value,
     )
+
+
+# --------------------------------------------------------------------------- state as JSON
+
+
+def _key_in(signal: str, labels: Sequence[Sequence[str]]) -> SeriesKey:
+    return str(signal), tuple((str(k), str(v)) for k, v in labels)
+
+
+def _point_out(p: _Point) -> list[Any]:
+    return [p.kind, p.ts, p.value, p.sum, list(p.bounds), list(p.counts)]
+
+
+def _point_in(row: Sequence[Any]) -> _Point:
+    kind, ts, value, total, bounds, counts = row
+    if kind not in _KINDS:
+        raise ValueError(f"unknown series kind {kind!r}")
+    return _Point(kind, float(ts), float(value), None if total is None else float(total),
+                  tuple(map(float, bounds)), tuple(map(float, counts)))  # fmt: skip
+
+
+def _acc_out(a: _Acc, latest: _Point | None) -> list[Any]:
+    """An accumulator as a row; its previous sample and bucket bounds are usually the series'
+    latest sample and its bounds, written once (as "latest") to halve a histogram's size."""
+    prev: Any = None if a.prev is None else _point_out(a.prev)
+    if a.prev is not None and a.prev is latest:
+        prev = "latest"
+    bounds: Any = "latest" if latest is not None and a.bounds == latest.bounds else list(a.bounds)
+    return [a.kind, a.from_ts, prev, a.samples, a.last_ts, a.last, a.delta, a.resets,
+            a.weighted, a.lo, a.hi, a.sum_delta, a.sum_known, bounds,
+            list(a.bucket_delta), a.layout_mixed]  # fmt: skip
+
+
+def _acc_in(row: Sequence[Any], latest: _Point | None) -> _Acc:
+    (kind, from_ts, prev, samples, last_ts, last, delta, resets, weighted, lo, hi,
+     sum_delta, sum_known, bounds, bucket_delta, layout_mixed) = row  # fmt: skip
+    if kind not in _KINDS:
+        raise ValueError(f"unknown series kind {kind!r}")
+    if "latest" in (prev, bounds) and latest is None:
+        raise ValueError("an open series refers to a latest sample that is not there")
+    if prev == "latest":
+        prev_point: _Point | None = latest
+    else:
+        prev_point = None if prev is None else _point_in(prev)
+    if bounds == "latest":
+        assert latest is not None
+        bounds = latest.bounds
+    return _Acc(
+        kind=kind, from_ts=float(from_ts), prev=prev_point,
+        samples=int(samples), last_ts=float(last_ts), last=float(last),
+        delta=None if delta is None else float(delta), resets=int(resets),
+        weighted=float(weighted), lo=float(lo), hi=float(hi),
+        sum_delta=None if sum_delta is None else float(sum_delta), sum_known=bool(sum_known),
+        bounds=tuple(map(float, bounds)), bucket_delta=list(map(float, bucket_delta)),
+        layout_mixed=bool(layout_mixed),
+    )  # fmt: skip
+
+
+_KINDS = ("counter", "gauge", "histogram")

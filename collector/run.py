@@ -16,6 +16,15 @@ store's; a file that stops parsing keeps its last targets (the error is logged a
 A stop (SIGINT/SIGTERM, or ``stop.set()``) cancels the scrape in flight, flushes every open
 window to the store and returns the loop's own statistics.
 
+Outages and crashes (README "Reliability"): every write goes through a collector.spool.Spool
+that keeps what the store refused on local disk and writes it back, oldest first, once the
+store takes writes again (a leftover of a crash is written first at the next start). With a
+collector.checkpoint.Checkpoints (``kvscope collect`` keeps both in its state directory) each
+target's roll-up state is saved after every tick and before the stop's flush, and a restarted
+collector resumes from it: a kill -9 costs the downtime and the tick that was running, no
+window twice, no partial version of a window over a fuller one (windows are written with
+``keep_fuller``), no counter delta from an implied 0.
+
 Prometheus mode lives in collector.run_prometheus (same statistics, same stop handling).
 """
 
@@ -33,6 +42,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
+from collector.checkpoint import Checkpoints, open_windows, resume
 from collector.engine_facts import describe, engine_facts_of
 from collector.engine_rules import EngineRules
 from collector.errors import ConfigError, KvscopeError
@@ -50,6 +60,7 @@ from collector.sources import (
     TargetSet,
     scrape_all,
 )
+from collector.spool import Spool, SpoolCounts
 from collector.store import Store
 from collector.urlguard import URLPolicy
 
@@ -79,6 +90,8 @@ class CollectStats:
     store_errors: int = 0
     loop_errors: int = 0
     file_sd_errors: int = 0
+    checkpoint_errors: int = 0
+    spool: SpoolCounts = field(default_factory=SpoolCounts)  # the loop's Spool's own counts
 
     def summary(self) -> dict[str, Any]:
         """The JSON summary `kvscope collect` prints on stdout."""
@@ -95,6 +108,8 @@ class CollectStats:
             "store_errors": self.store_errors,
             "loop_errors": self.loop_errors,
             "file_sd_errors": self.file_sd_errors,
+            "checkpoint_errors": self.checkpoint_errors,
+            "spool": self.spool.summary(),
             "max_lag_s": round(self.max_lag_s, 4),
             "duration_s": round(time.time() - self.started, 3),
             "last_error": self.last_error,
@@ -106,6 +121,10 @@ class CollectStats:
             f"{self.scrapes} scrapes, {self.windows_written} windows written, "
             f"{self.skipped_ticks} ticks skipped, lag {self.last_lag_s:.3f}s"
         )
+        if self.spool.pending_windows or self.spool.pending_outcomes:
+            line += f", {self.spool.pending_windows} windows spooled"
+        if self.spool.dropped_windows:
+            line += f", {self.spool.dropped_windows} windows DROPPED"
         if self.last_error:
             line += f"; last error: {self.last_error}"
         return line
@@ -222,6 +241,20 @@ class StoreTargets:
     cluster: str | None = None
 
 
+class _KeepFuller:
+    """The store as the spool's sink: windows written with ``keep_fuller`` (a partial version
+    of a window never replaces a fuller one; collector.checkpoint)."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+
+    def write_windows(self, windows: Sequence[Window]) -> int:
+        return self.store.write_windows(windows, keep_fuller=True)
+
+    def write_outcomes(self, outcomes: Sequence[ScrapeOutcome]) -> int:
+        return self.store.write_outcomes(outcomes)
+
+
 class _Direct:
     """State of the direct-scrape loop between ticks."""
 
@@ -235,6 +268,10 @@ class _Direct:
         *,
         rules: EngineRules | None = None,
         file_sd: FileSD | None = None,
+        spool: Spool | None = None,
+        checkpoints: Checkpoints | None = None,
+        clock: Clock = time.time,
+        drain_budget_s: float | None = None,
     ):
         self.targets = targets
         self.file_sd = file_sd
@@ -244,12 +281,20 @@ class _Direct:
         self.stats = stats
         self.health = health
         self.window_s = window_s
-        self.rollups = {t.name: Rollup(t.name, window_s) for t in targets}
+        self.spool = spool if spool is not None else Spool(None, store_id=store.url)
+        stats.spool = self.spool.counts
+        self.sink = _KeepFuller(store)
+        self.drain_budget_s = drain_budget_s
+        self.checkpoints = checkpoints
+        self.clock = clock
+        self.urls: dict[str, str] = {}  # target -> the URL its roll-up state is of
+        self.leftover: list[Window] = []  # open windows of checkpoints not resumed
+        self.rollups = {t.name: self._rollup(t) for t in targets}
         self.facts: dict[str, dict[str, Any]] = {}
         self.state: dict[str, str] = {}  # target -> "up" or its last error kind
-        self.pending: list[Window] = []
         self.clusters = {t.name: targets.cluster for t in targets}  # where engines register
         self.registered: list[Target] = []  # the store's targets as last read
+        self.saves = 0  # checkpoints written
 
     def current(self, source: StoreTargets | None) -> list[Target]:
         """This tick's targets: the file's, then file_sd's, then the store's (re-read; kept if
@@ -275,7 +320,7 @@ class _Direct:
                     self.clusters.setdefault(r.name, r.cluster)
         taken = own | {t.name for t in found}
         targets = [*self.targets, *found, *(t for t in self.registered if t.name not in taken)]
-        self._retarget({t.name for t in targets})
+        self._retarget(targets)
         return targets
 
     def _discover(self, sd: FileSD, own: set[str]) -> list[Target]:
@@ -298,21 +343,52 @@ class _Direct:
                 self.discovered.update((d.target.name, d) for d in group)
         return [d.target for d in found]
 
-    def _retarget(self, names: set[str]) -> None:
+    def _retarget(self, targets: Sequence[Target]) -> None:
         """A roll-up per new target; a gone one's open windows are written, its state dropped."""
-        for name in sorted(names - self.rollups.keys()):
-            self.rollups[name] = Rollup(name, self.window_s)
-            log.warning("target %s registered: scraping it", name)
+        names = {t.name for t in targets}
+        for t in sorted(targets, key=lambda t: t.name):
+            if t.name not in self.rollups:
+                self.rollups[t.name] = self._rollup(t)
+                log.warning("target %s registered: scraping it", t.name)
         gone = sorted(self.rollups.keys() - names)
         if not gone:
             return
         windows: list[Window] = []
         for name in gone:
             windows += self.rollups.pop(name).flush()
-            for kept in (self.facts, self.state, self.clusters):
+            for kept in (self.facts, self.state, self.clusters, self.urls):
                 kept.pop(name, None)
             log.warning("target %s no longer registered: not scraping it", name)
         self._write([], windows)
+
+    # -- restarts (collector.checkpoint) ----------------------------------------------------
+
+    def _rollup(self, target: Target) -> Rollup:
+        """A new roll-up for ``target``, resumed from its checkpointed state when it can be
+        (collector.checkpoint.resume); the open windows of a state not resumed are written at
+        the next write."""
+        self.urls[target.name] = target.url
+        saved = self.checkpoints.claim(target.name) if self.checkpoints is not None else None
+        rollup, left_open = resume(saved, target.name, target.url, self.window_s, self.clock())
+        self.leftover += left_open
+        return rollup
+
+    def save_checkpoint(self) -> None:
+        """Checkpoint every roll-up (after the tick's windows were written or spooled). The
+        first save writes the open windows of gone collectors' stale states first."""
+        if self.checkpoints is None:
+            return
+        if not self.saves:
+            for saved in self.checkpoints.stale(now=self.clock()):
+                self.leftover += open_windows(saved, now=self.clock())
+        if self.leftover:
+            self._write([], [])
+        states = {name: (self.urls[name], r.export_state()) for name, r in self.rollups.items()}
+        if self.checkpoints.save(states):
+            self.saves += 1
+        else:
+            self.stats.checkpoint_errors += 1
+            self.stats.last_error = f"checkpoint: cannot write {self.checkpoints.path}"
 
     def absorb(self, results: Sequence[ScrapeResult]) -> None:
         stats = self.stats
@@ -329,14 +405,17 @@ class _Direct:
                 stats.last_error = f"{o.target}: {o.error_kind}: {o.error}"
                 continue
             up += 1
+            if self.health is not None:  # value anomalies of an up scrape (collector.parse)
+                self.health.anomalies(o.target, r.snapshot.anomalies)
             windows += self.rollups[r.target.name].add(r.snapshot)
             self._register_facts(r.target, r.snapshot)
         stats.targets_up, stats.targets_down = up, len(results) - up
         self._write([r.outcome for r in results], windows)
 
     def flush(self) -> None:
+        """Write every open window (the stop): the checkpoint keeps them open for a restart."""
         windows = [w for rollup in self.rollups.values() for w in rollup.flush()]
-        self._write([], windows)
+        self._write([], windows, budget_s=STOP_DRAIN_BUDGET_S)
 
     def _log_transition(self, target: Target, outcome: ScrapeOutcome) -> None:
         now = "up" if outcome.up else (outcome.error_kind or "down")
@@ -375,23 +454,28 @@ class _Direct:
             return
         self.facts[target.name] = facts
 
-    def _write(self, outcomes: list[ScrapeOutcome], windows: list[Window]) -> None:
-        stats = self.stats
-        try:
-            if outcomes:
-                stats.outcomes_written += self.store.write_outcomes(outcomes)
-        except KvscopeError as exc:
-            self._store_failed(f"writing {len(outcomes)} outcomes", exc)
-        batch = self.pending + windows
-        if not batch:
-            return
-        try:
-            stats.windows_written += self.store.write_windows(batch)
-            self.pending = []
-        except KvscopeError as exc:
-            # Keep them for the next tick (bounded: the oldest go first).
-            self.pending = batch[-MAX_PENDING_WINDOWS:]
-            self._store_failed(f"writing {len(batch)} windows (kept for retry)", exc)
+    def _write(
+        self,
+        outcomes: list[ScrapeOutcome],
+        windows: list[Window],
+        *,
+        budget_s: float | None = None,
+    ) -> None:
+        """Write through the spool: what it holds first (for at most ``budget_s``, default the
+        loop's), then these (spooled when refused)."""
+        if self.leftover:
+            windows, self.leftover = [*self.leftover, *windows], []
+        budget = self.drain_budget_s if budget_s is None else budget_s
+        done = self.spool.write(self.sink, windows, outcomes, budget_s=budget)
+        self.stats.windows_written += done.windows
+        self.stats.outcomes_written += done.outcomes
+        if done.error is not None:
+            pending = self.spool.counts.pending_windows
+            self._store_failed(
+                f"writing {len(windows)} windows and {len(outcomes)} outcomes "
+                f"(spooled: {pending} windows waiting)",
+                done.error,
+            )
 
     def _store_failed(self, what: str, exc: KvscopeError) -> None:
         self.stats.store_errors += 1
@@ -399,7 +483,9 @@ class _Direct:
         log.error("store: %s: %s", what, exc)
 
 
-MAX_PENDING_WINDOWS = 1_000_000
+# How long a stop may spend writing spooled windows back (the rest stays spooled, on disk, for
+# the next start): well inside Kubernetes' default 30 s grace period before its SIGKILL.
+STOP_DRAIN_BUDGET_S = 10.0
 
 
 def _outcome_kind(outcome: ScrapeOutcome) -> str:
@@ -426,6 +512,8 @@ async def collect_direct(
     store_targets: StoreTargets | None = None,
     engine_rules: EngineRules | None = None,
     file_sd: FileSD | None = None,
+    spool: Spool | None = None,
+    checkpoints: Checkpoints | None = None,
 ) -> CollectStats:
     """Scrape ``targets`` every ``interval_s`` into ``store`` until stopped; see module doc.
 
@@ -447,6 +535,13 @@ async def collect_direct(
 
     ``file_sd``: also scrape the targets of Prometheus file_sd files, re-read when they change
     (module doc, collector.file_sd); ``targets`` may then be empty too.
+
+    ``spool``: where windows and outcomes the store refused wait (collector.spool; None: in
+    memory only, bounded). Each tick spends at most half the interval (0.5 s at least)
+    writing them back, the stop at most STOP_DRAIN_BUDGET_S; the rest waits for the next.
+
+    ``checkpoints``: save each target's roll-up state after every tick and resume from the
+    states a stopped or killed collector left (collector.checkpoint; None: neither).
     """
     if not (math.isfinite(interval_s) and interval_s > 0):
         raise ConfigError(f"scrape interval must be > 0 seconds, got {interval_s}")
@@ -455,7 +550,11 @@ async def collect_direct(
     limit = 1 if once else max_ticks
     timeout = min(timeout_s, 0.9 * interval_s) if not once else timeout_s
     register_targets(store, targets)
-    state = _Direct(targets, store, window_s, stats, health, rules=engine_rules, file_sd=file_sd)
+    state = _Direct(
+        targets, store, window_s, stats, health, rules=engine_rules, file_sd=file_sd,
+        spool=spool, checkpoints=checkpoints, clock=clock,
+        drain_budget_s=max(0.5, 0.5 * interval_s),
+    )  # fmt: skip
     async with ClientPool(timeout_s=timeout) as client:
         index = math.floor(clock() / interval_s)  # the first tick runs at once
         scheduled = clock()
@@ -482,6 +581,7 @@ async def collect_direct(
                 if results is None:
                     break
                 state.absorb(results)
+                state.save_checkpoint()
             except Exception as exc:  # loop boundary: a bug in one round must not end collection
                 log.exception("collect round failed")
                 stats.loop_errors += 1
@@ -492,6 +592,7 @@ async def collect_direct(
                 progress(stats)
             if health is not None:
                 health.ticked(stats)
+                health.spooled(stats.spool)
             if limit is not None and stats.ticks >= limit:
                 break
             following = math.floor(clock() / interval_s) + 1
@@ -506,11 +607,13 @@ async def collect_direct(
             index = following
             scheduled = index * interval_s
             await sleep(scheduled, stop)
+    state.save_checkpoint()  # the open windows still open: a restart inside them resumes them
     state.flush()
     if progress is not None:
         progress(stats)
     if health is not None:
         health.ticked(stats)  # the flush's windows (no tick: the last-success stamp stays)
+        health.spooled(stats.spool)
     return stats
 
 

@@ -4,6 +4,15 @@ Back-fill ``[now - since, now - settle]`` once, then every ``interval_s`` query 
 that closed since (collector.promsource); the store's upsert makes any overlap harmless.
 Every source (``instance`` label) seen is registered as a target of the cluster, and as an
 engine when it serves vLLM signals, so cluster-scoped reads of the store find its windows.
+
+Faults: the cursor (the start of the windows not yet read) moves only once a poll's windows
+are written. A poll whose windows query fails for any reason — Prometheus down or restarting
+(refused, or 422 "closed head" while it shuts down), a timeout, an error status, a truncated
+answer, a partial one (a ``warnings`` entry that says data is missing: collector.promsource)
+— writes nothing, is logged and counted by kind, and the next poll re-queries the whole range
+from the cursor; so once Prometheus answers again, the windows of the outage that it holds
+are read (the ones of a period it did not scrape itself do not exist and are not waited for).
+A failed engine-facts or DCGM query costs the facts of that poll only, never its windows.
 """
 
 from __future__ import annotations
@@ -68,6 +77,7 @@ async def collect_prometheus(
     described: dict[str, Described] = {}  # source -> the engine facts last stored
     cursor = math.floor((time.time() - since_s) / window_s) * window_s
     first, dated = cursor, False  # the back-fill's start; its regimes dated yet
+    failed = 0  # polls failed in a row
     while not stop.is_set():
         began = time.time()
         end = math.floor((began - settle_s) / window_s) * window_s
@@ -80,6 +90,12 @@ async def collect_prometheus(
                 )
                 if health is not None and windows is not None:
                     health.scraped(source.url, "up", time.perf_counter() - t0)
+                if failed and windows is not None:
+                    log.warning(
+                        "prometheus answers again after %d failed poll(s): windows from %s read",
+                        failed, _utc(cursor),
+                    )  # fmt: skip
+                    failed = 0
             except ScrapeError as exc:
                 if health is not None:
                     health.scraped(source.url, exc.kind, time.perf_counter() - t0)
@@ -87,7 +103,11 @@ async def collect_prometheus(
                     raise
                 stats.failures[exc.kind] += 1
                 stats.last_error = str(exc)
-                log.error("prometheus poll failed: %s", exc)
+                failed += 1
+                log.error(
+                    "prometheus poll failed (%d in a row): %s; windows from %s re-queried next",
+                    failed, exc, _utc(cursor),
+                )  # fmt: skip
                 windows = []
                 end = cursor  # retry the same range next time
             if windows is None:
@@ -130,6 +150,10 @@ async def collect_prometheus(
             break
         await sleep_until(next_tick(time.time(), interval_s), stop)
     return stats
+
+
+def _utc(t: float) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t))
 
 
 # How far back the fact families are looked up: info gauges are constant, so any recent

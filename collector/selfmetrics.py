@@ -34,12 +34,16 @@ __all__ = [
     "ALL_METRICS",
     "BOUNDS",
     "BUILD_INFO",
+    "COLLECTOR_ANOMALIES",
     "COLLECTOR_INFO",
     "COLLECTOR_LAST_SUCCESSFUL_TICK",
     "COLLECTOR_METRICS",
     "COLLECTOR_SCRAPES",
     "COLLECTOR_SCRAPE_DURATION",
     "COLLECTOR_SKIPPED_TICKS",
+    "COLLECTOR_SPOOLED_WINDOWS",
+    "COLLECTOR_SPOOL_DROPPED",
+    "COLLECTOR_SPOOL_REPLAYED",
     "COLLECTOR_STORE_ERRORS",
     "COLLECTOR_TARGETS",
     "COLLECTOR_TARGET_UP",
@@ -222,7 +226,14 @@ PLAN_METRICS: tuple[MetricDef, ...] = (
 COLLECTOR_SCRAPES = MetricDef(
     "kvscope_collector_scrapes_total", "counter", ("target", "outcome"), "scrapes",
     "Scrapes (Prometheus mode: range queries) by target and outcome: up, or the error kind "
-    "(connect, timeout, http_status, too_large, parse, …).",
+    "(connect, timeout, http_status, truncated, too_large, parse, refused, redirect, partial).",
+)  # fmt: skip
+COLLECTOR_ANOMALIES = MetricDef(
+    "kvscope_collector_sample_anomalies_total", "counter", ("target", "kind"), "samples",
+    "Samples of an exposition's canonical series that were dropped or kept with a warning, by "
+    "target and kind (nan, inf, negative_counter, duplicate_series, type_conflict, bad_bucket, "
+    "histogram_no_inf_bucket, histogram_not_cumulative); the scrape itself stays up, as "
+    "Prometheus keeps a scrape and counts its duplicate samples.",
 )  # fmt: skip
 COLLECTOR_SCRAPE_DURATION = MetricDef(
     "kvscope_collector_scrape_duration_seconds", "histogram", ("target",), "seconds",
@@ -243,6 +254,19 @@ COLLECTOR_WINDOWS_WRITTEN = MetricDef(
 COLLECTOR_STORE_ERRORS = MetricDef(
     "kvscope_collector_store_errors_total", "counter", (), "errors",
     "Store writes that failed (windows are kept and retried at the next tick).",
+)  # fmt: skip
+COLLECTOR_SPOOLED_WINDOWS = MetricDef(
+    "kvscope_collector_spooled_windows", "gauge", (), "windows",
+    "Windows the store refused, waiting in the spool (on local disk) to be written back.",
+)  # fmt: skip
+COLLECTOR_SPOOL_REPLAYED = MetricDef(
+    "kvscope_collector_spool_replayed_windows_total", "counter", (), "windows",
+    "Windows written back to the store from the spool (an earlier run's leftovers included).",
+)  # fmt: skip
+COLLECTOR_SPOOL_DROPPED = MetricDef(
+    "kvscope_collector_spool_dropped_windows_total", "counter", (), "windows",
+    "Windows the spool dropped, each logged at ERROR: past its disk bound (the oldest first), "
+    "or in a damaged segment. Should stay 0.",
 )  # fmt: skip
 COLLECTOR_TICKS = MetricDef(
     "kvscope_collector_ticks_total", "counter", (), "ticks",
@@ -286,11 +310,15 @@ def kvscope_version() -> str:
 
 COLLECTOR_METRICS: tuple[MetricDef, ...] = (
     COLLECTOR_SCRAPES,
+    COLLECTOR_ANOMALIES,
     COLLECTOR_SCRAPE_DURATION,
     COLLECTOR_TARGET_UP,
     COLLECTOR_TARGETS,
     COLLECTOR_WINDOWS_WRITTEN,
     COLLECTOR_STORE_ERRORS,
+    COLLECTOR_SPOOLED_WINDOWS,
+    COLLECTOR_SPOOL_REPLAYED,
+    COLLECTOR_SPOOL_DROPPED,
     COLLECTOR_TICKS,
     COLLECTOR_SKIPPED_TICKS,
     COLLECTOR_TICK_LAG,

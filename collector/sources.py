@@ -2,7 +2,13 @@
 
 Prometheus' scrape semantics are the model: each scrape of each target yields one
 :class:`~collector.records.ScrapeOutcome` (``up`` or an ``error_kind``), and one bad target
-(refused, slow, 500, oversized, malformed) never stops the others.
+(refused, slow, 500, oversized, cut short, malformed) never stops the others. Error kinds:
+``connect`` (refused, reset before an answer, TLS handshake), ``timeout`` (no complete answer
+in time, a slow drip included), ``truncated`` (the server closed before the whole body:
+short of its Content-Length or of the last chunk), ``http_status``, ``too_large`` (over the
+cap, decompressed bytes counted), ``parse`` (not UTF-8, undecodable gzip, a syntax error),
+``redirect``, ``refused`` (collector.urlguard). Value anomalies in a readable exposition
+(NaN counters, duplicate series, …) keep the scrape up (collector.parse).
 
 Redirects are followed (vLLM answers /metrics with a 307 to /metrics/) only while they stay
 on the target URL's scheme, host and port, at most MAX_REDIRECTS of them; a redirect
@@ -18,6 +24,7 @@ import asyncio
 import logging
 import ssl
 import time
+import zlib
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -43,6 +50,11 @@ OFFLOAD_MODES: tuple[OffloadMode, ...] = ("none", "native", "lmcache")
 # in sample names when OpenMetrics is negotiated without `escaping=allow-utf-8`
 # (prometheus/client_python#1177; see tests/fixtures/metrics/README.md).
 ACCEPT_HEADER = "text/plain;version=0.0.4"
+# As Prometheus asks: gzip or nothing. The body is inflated here, never by httpx: httpx
+# inflates a whole network read at once before any size check (a 260 KB gzip bomb became a
+# 67 MB chunk on the event loop); zlib's max_length keeps each step within the body cap.
+ACCEPT_ENCODING = "gzip"
+_WBITS = {"gzip": 16 + zlib.MAX_WBITS, "x-gzip": 16 + zlib.MAX_WBITS, "deflate": zlib.MAX_WBITS}
 USER_AGENT = "kvscope-collector"
 MAX_REDIRECTS = 5  # same-origin hops per scrape
 
@@ -310,15 +322,18 @@ async def scrape_all(
     pool = ClientPool(timeout_s=timeout_s) if client is None else client
     slots = asyncio.Semaphore(concurrency)
 
-    async def one(target: Target) -> ScrapeResult:
-        http = pool.client(target) if isinstance(pool, ClientPool) else pool
+    async def one(target: Target, http: httpx.AsyncClient) -> ScrapeResult:
         async with slots:
             return await scrape_one(
                 http, target, timeout_s=timeout_s, max_body_bytes=max_body_bytes, clock=clock
             )
 
+    # Every client (and the TLS context) is made before the first request starts: made
+    # inside the tasks, the later targets' set-up time counted against the earlier ones'
+    # timeouts on the first round.
+    https = [pool.client(t) if isinstance(pool, ClientPool) else pool for t in targets]
     try:
-        return list(await asyncio.gather(*(one(t) for t in targets)))
+        return list(await asyncio.gather(*(one(t, h) for t, h in zip(targets, https, strict=True))))
     finally:
         if client is None:
             await pool.aclose()
@@ -352,13 +367,14 @@ async def scrape_one(
 
     body = bytearray()
     url = target.url
+    in_body = False  # the status line and headers arrived; the body is being read
     try:
         async with asyncio.timeout(timeout_s):
             checked: CheckedURL | None = None
             if target.guard is not None:  # resolves once, in a thread (getaddrinfo blocks)
                 checked = await asyncio.to_thread(target.guard.check, target.url)
             for _hop in range(MAX_REDIRECTS + 1):
-                headers = {"Accept": ACCEPT_HEADER}
+                headers = {"Accept": ACCEPT_HEADER, "Accept-Encoding": ACCEPT_ENCODING}
                 request = (
                     client.build_request("GET", url, headers=headers)
                     if checked is None
@@ -390,14 +406,30 @@ async def scrape_one(
                             "too_large",
                             f"Content-Length {declared} exceeds the {max_body_bytes}-byte cap",
                         )
-                    async for chunk in resp.aiter_bytes():
-                        size += len(chunk)
-                        if size > max_body_bytes:
-                            return failed(
-                                "too_large",
-                                f"body exceeds the {max_body_bytes}-byte cap (aborted)",
-                            )
-                        body += chunk
+                    encoding = resp.headers.get("content-encoding", "identity").strip().lower()
+                    if encoding not in ("", "identity", *_WBITS):
+                        return failed("parse", f"unsupported Content-Encoding {encoding!r}")
+                    inflate = zlib.decompressobj(_WBITS[encoding]) if encoding in _WBITS else None
+                    in_body = True
+                    async for raw in resp.aiter_raw():
+                        data = raw
+                        while data:
+                            if inflate is None:
+                                chunk, data = data, b""
+                            else:  # at most one byte past the cap per step
+                                chunk = inflate.decompress(data, max_body_bytes - size + 1)
+                                data = inflate.unconsumed_tail
+                            size += len(chunk)
+                            if size > max_body_bytes:
+                                what = "inflated body" if inflate is not None else "body"
+                                return failed(
+                                    "too_large",
+                                    f"{what} exceeds the {max_body_bytes}-byte cap (aborted)",
+                                )
+                            body += chunk
+                    if inflate is not None and not inflate.eof:
+                        return failed("truncated", f"{encoding} stream ends early ({size} bytes)")
+                    in_body = False
                     break
                 finally:
                     await resp.aclose()
@@ -409,9 +441,13 @@ async def scrape_one(
         return failed("connect", str(exc))
     except (TimeoutError, httpx.TimeoutException):
         return failed("timeout", f"no complete answer within {timeout_s:g} s")
-    except httpx.DecodingError as exc:  # a broken gzip/deflate body
-        return failed("parse", f"cannot decode the body: {exc}")
+    except zlib.error as exc:  # a broken gzip/deflate body
+        return failed("parse", f"cannot inflate the body: {exc}")
     except (httpx.HTTPError, httpx.InvalidURL, OSError) as exc:
+        if in_body and isinstance(exc, (httpx.RemoteProtocolError, httpx.ReadError)):
+            # The server closed (or reset) the connection before the Content-Length or the
+            # last chunk: a partial exposition is never read (Prometheus: "unexpected EOF").
+            return failed("truncated", f"body cut short after {size} bytes: {exc}")
         return failed("connect", f"{type(exc).__name__}: {exc}")
 
     try:

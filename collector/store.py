@@ -93,7 +93,7 @@ class Store(Inventory, PlanStore, FrameReader):
         self._schema_ok = False
         self._series_cache: dict[tuple[str, Labels], tuple[str, str]] = {}
         self._labels_cache: dict[str, Labels] = {}
-        self._upsert: str | None = None
+        self._upsert: dict[bool, str] = {}
         parsed = self._parse(url)
         self.dialect = parsed.get_backend_name()
         try:
@@ -236,9 +236,10 @@ class Store(Inventory, PlanStore, FrameReader):
             self._series_cache[(signal, labels)] = cached
         return cached
 
-    def _upsert_sql(self) -> str:
-        """The Core upsert, compiled once: executemany for SQLite, from staging for PostgreSQL."""
-        if self._upsert is None:
+    def _upsert_sql(self, keep_fuller: bool = False) -> str:
+        """The Core upsert, compiled once: executemany for SQLite, from staging for PostgreSQL
+        (``keep_fuller``: a stored row built from more samples is left as it is)."""
+        if keep_fuller not in self._upsert:
             table = cast(Table, WindowRow.__table__)
             stmt: Any
             if self.dialect == "sqlite":
@@ -253,26 +254,32 @@ class Store(Inventory, PlanStore, FrameReader):
             stmt = stmt.on_conflict_do_update(
                 index_elements=list(_WINDOW_KEY),
                 set_={name: stmt.excluded[name] for name in WINDOW_VALUE_COLUMNS},
+                where=table.c.samples <= stmt.excluded.samples if keep_fuller else None,
             )
             compiled = stmt.compile(dialect=self._engine.dialect, column_keys=list(_WINDOW_COLUMNS))
             if self.dialect == "sqlite" and tuple(compiled.positiontup or ()) != _WINDOW_COLUMNS:
                 raise StoreError(f"unexpected window upsert parameters: {compiled.positiontup}")
-            self._upsert = str(compiled)
-        return self._upsert
+            self._upsert[keep_fuller] = str(compiled)
+        return self._upsert[keep_fuller]
 
-    def write_windows(self, windows: Iterable[Window]) -> int:
+    def write_windows(self, windows: Iterable[Window], *, keep_fuller: bool = False) -> int:
         """Upsert windows on (source, series_key, start); return how many were written.
 
         Idempotent: writing the same windows again updates the rows in place; a key repeated
         within one call keeps its last window. One transaction per batch of ``batch_size``; NaN
         values are stored as NULL (unknown) on both backends.
 
+        ``keep_fuller``: a stored window built from more samples than the one written is kept
+        (the direct collector's rule: a partial version of a window, e.g. the part after a
+        restart that had no checkpoint to resume from, never replaces a fuller one; the
+        same window written again, a spool replay, still replaces it).
+
         The statement is SQLAlchemy Core's insert().on_conflict_do_update(), compiled once and
         fed plain tuples (SQLite: the driver's executemany; PostgreSQL: COPY to a staging
         table): SQLAlchemy's per-row parameter processing alone cost half the throughput.
         """
         self._require_schema()
-        sql = self._upsert_sql()
+        sql = self._upsert_sql(keep_fuller)
         fix_nan = self.dialect != "sqlite"  # SQLite turns NaN into NULL by itself
         cache = self._series_cache
         isfinite = math.isfinite

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Annotated, Any
 
 from pydantic import Field, field_validator
@@ -22,6 +23,14 @@ class Settings(BaseSettings):
     scrape_concurrency: int = Field(64, ge=1, le=4_096)
     max_body_bytes: int = Field(32 * 1024 * 1024, ge=1_024)
     cluster: str = Field("default", min_length=1, max_length=200)
+    # The collector's local state (collector.spool, collector.checkpoint): None picks one from
+    # the store's URL (collector.checkpoint.state_dir_for: beside a SQLite file, else under
+    # $XDG_STATE_HOME/kvscope/).
+    state_dir: Path | None = Field(None, description="spool + roll-up checkpoints of collect")
+    spool_max_bytes: int = Field(1 << 30, ge=0, description="disk bound of the spool")
+    spool_memory_windows: int = Field(
+        100_000, ge=0, description="bound of the spool in memory (when its disk refuses)"
+    )
     # Where targets registered in the store may point although private/loopback (collect
     # --targets-from-store; the API's setting of the same name); collector.urlguard checks.
     allowed_target_networks: Annotated[tuple[str, ...], NoDecode] = Field(

@@ -11,6 +11,12 @@ on every multiple of the interval (no drift; a round still running when the next
 makes that one be skipped and counted, never overlap). A round plans every cluster of the
 store (or the one given) over the ``--since`` before it and saves the plans. A cluster that
 fails (NoData, a store outage, any refusal) is logged on stderr and counted, never fatal.
+
+A store outage: the rounds during it fail (logged, counted as ``store`` errors) and the loop
+keeps its clock; a plan that was made but could not be saved (the store went away between
+the two) is kept in memory, at most MAX_UNSAVED records, and saved first at the next rounds
+(a plan's record is idempotent on cluster, group and window range, so a retry never
+duplicates it); the first round that reaches the store again says so (INFO).
 SIGINT / SIGTERM stop the loop: a plan being made is abandoned (nothing of it was written),
 a save in progress finishes; the JSON summary goes to stdout and the exit code is 0.
 """
@@ -34,10 +40,15 @@ from collector.errors import ConfigError, KvscopeError, StoreError
 from collector.selfmetrics import kvscope_version
 
 if TYPE_CHECKING:
+    from collector.models import PlanRecord
     from collector.store import Store
     from planner.plan import Plan
 
 log = logging.getLogger(__name__)
+# Plan records made but not saved yet (a store outage), kept for the next rounds; past this
+# the oldest are dropped (logged, counted as "unsaved_dropped"). A record is a plan document
+# of ~10-100 kB: this bounds the memory at a few MB.
+MAX_UNSAVED = 100
 
 
 def resolve_cluster(store: Store, cluster: str | None) -> str:
@@ -53,10 +64,13 @@ def resolve_cluster(store: Store, cluster: str | None) -> str:
 
 def save_plan(store: Store, plan: Plan, cluster: str, *, created_at: float) -> list[int]:
     """Store every record of ``plan`` as a plan of ``cluster``; their ids."""
+    return [store.save_plan(r) for r in _records(plan, cluster, created_at)]
+
+
+def _records(plan: Plan, cluster: str, created_at: float) -> list[PlanRecord]:
     from planner.plan import plan_records
 
-    records = plan_records(plan, cluster=cluster, version=kvscope_version(), created_at=created_at)
-    return [store.save_plan(r) for r in records]
+    return plan_records(plan, cluster=cluster, version=kvscope_version(), created_at=created_at)
 
 
 # --------------------------------------------------------------------------- the loop
@@ -80,6 +94,8 @@ class ReplanStats:
     failures: Counter[str] = field(default_factory=Counter)  # by kind
     last_error: str | None = None
     interrupted: bool = False  # stopped while a plan was being made
+    unsaved: list[PlanRecord] = field(default_factory=list)  # made, not saved yet: retried
+    store_down: bool = False  # the last round could not reach the store
 
     def summary(self) -> dict[str, Any]:
         return {
@@ -89,6 +105,7 @@ class ReplanStats:
             "rounds_failed": self.rounds_failed,
             "skipped_rounds": self.skipped_rounds,
             "plans_saved": self.plans_saved,
+            "plans_unsaved": len(self.unsaved),
             "errors": dict(sorted(self.failures.items())),
             "interrupted": self.interrupted,
             "duration_s": round(time.time() - self.started, 3),
@@ -215,13 +232,19 @@ def _round(  # noqa: PLR0917 - the loop's state and the round's arguments
     stats.rounds += 1
     failed = saved = 0
 
+    down = False
+
     def fail(what: str, exc: Exception) -> None:
-        nonlocal failed
+        nonlocal failed, down
         failed += 1
         stats.failures[_kind(exc)] += 1
+        down = down or isinstance(exc, StoreError)
         stats.last_error = f"{what}: {exc}".splitlines()[0]
         log.warning("plan round %d: %s", stats.rounds, stats.last_error)
 
+    if stats.unsaved:  # plans an outage kept from being saved: theirs is the older history
+        kept, stats.unsaved = stats.unsaved, []
+        saved += _save_records(store, kept, stats, fail)
     try:
         clusters = [cluster] if cluster is not None else store.clusters()
     except Exception as exc:  # loop boundary: a store outage must not end the process
@@ -237,9 +260,43 @@ def _round(  # noqa: PLR0917 - the loop's state and the round's arguments
         try:
             with stopper.interruptible():
                 plan = make_plan(store, name, since)
-            saved += len(save_plan(store, plan, name, created_at=time.time()))
+            records = _records(plan, name, time.time())
         except Exception as exc:  # loop boundary: one cluster's failure is counted, not fatal
             fail(f"cluster {name}", exc)
-    stats.plans_saved += saved
+            continue
+        saved += _save_records(store, records, stats, fail)
+    if stats.store_down and not down:
+        log.info("plan round %d: the store is reachable again", stats.rounds)
+    stats.store_down = down
     stats.rounds_failed += bool(failed)
     return saved, len(clusters)
+
+
+def _save_records(
+    store: Store,
+    records: list[PlanRecord],
+    stats: ReplanStats,
+    fail: Callable[[str, Exception], None],
+) -> int:
+    """Save ``records`` in order; keep the ones a store error refused for the next round
+    (at most MAX_UNSAVED, oldest dropped first); how many were saved (counted at once in
+    ``stats``: a stop may end the round before it ends)."""
+    saved = 0
+    for i, record in enumerate(records):
+        try:
+            store.save_plan(record)
+        except StoreError as exc:  # the store is away: keep this one and the rest
+            fail(f"saving the plan of cluster {record.cluster} (kept for the next round)", exc)
+            stats.unsaved += records[i:]
+            break
+        except Exception as exc:  # loop boundary: a refused record is counted, not fatal
+            fail(f"saving the plan of cluster {record.cluster}", exc)
+        else:
+            saved += 1
+            stats.plans_saved += 1
+    over = len(stats.unsaved) - MAX_UNSAVED
+    if over > 0:
+        stats.failures["unsaved_dropped"] += over
+        log.error("plan: DROPPED %d unsaved plan record(s): over %d kept", over, MAX_UNSAVED)
+        del stats.unsaved[:over]
+    return saved

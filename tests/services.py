@@ -5,6 +5,7 @@ Nothing here is mocked: the binaries are Debian's (installed by `make test`).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import socket
@@ -14,6 +15,7 @@ import time
 import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 PGBIN = Path("/usr/lib/postgresql/15/bin")
@@ -179,4 +181,133 @@ def alertmanager(config_yaml: str) -> Iterator[str]:
             proc.kill()
             proc.wait()
         log.close()
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+class PrometheusProcess:
+    """A Prometheus that can be stopped and started again on the same port and TSDB
+    directory (a restart: the new process replays the old one's WAL), for fault tests.
+    Made by :func:`restartable_prometheus`; ``url`` stays the same across restarts."""
+
+    def __init__(self, tmp: Path, port: int, extra_args: tuple[str, ...] = ()) -> None:
+        binary = shutil.which("prometheus")
+        if binary is None:
+            raise RuntimeError("prometheus is not installed: run `make test` (installs it)")
+        self._args = [
+            binary,
+            f"--config.file={tmp / 'prometheus.yml'}",
+            f"--storage.tsdb.path={tmp / 'data'}",
+            f"--web.listen-address=127.0.0.1:{port}",
+            "--web.enable-lifecycle",
+            *extra_args,
+        ]
+        self._log = tmp / "prometheus.log"
+        self._proc: subprocess.Popen[bytes] | None = None
+        self.url = f"http://127.0.0.1:{port}"
+        self.starts = 0
+
+    @property
+    def running(self) -> bool:
+        return self._proc is not None and self._proc.poll() is None
+
+    def start(self) -> None:
+        """Start a process (the first, or a new one after :meth:`stop`); return once ready."""
+        if self.running:
+            raise RuntimeError("prometheus is already running")
+        with self._log.open("ab") as log:
+            self._proc = subprocess.Popen(self._args, stdout=log, stderr=subprocess.STDOUT)
+        self.starts += 1
+        try:
+            _wait_http(f"{self.url}/-/ready")
+        except TimeoutError as exc:
+            tail = self._log.read_text(errors="replace")[-2000:]
+            self.stop()
+            raise RuntimeError(f"prometheus did not get ready: {exc}\n{tail}") from None
+
+    def stop(self, *, kill: bool = False) -> None:
+        """SIGTERM (a clean shutdown: the WAL is closed) or, with ``kill``, SIGKILL."""
+        proc, self._proc = self._proc, None
+        if proc is None or proc.poll() is not None:
+            return
+        if kill:
+            proc.kill()
+        else:
+            proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+@contextmanager
+def restartable_prometheus(
+    config_yaml: str, extra_args: tuple[str, ...] = ()
+) -> Iterator[PrometheusProcess]:
+    """Like :func:`prometheus`, but yield the process handle (``.url``, ``.stop()``,
+    ``.start()``) so a test can restart it on the same port and TSDB directory."""
+    tmp = Path(tempfile.mkdtemp(prefix="kvscope-prom-"))
+    (tmp / "prometheus.yml").write_text(config_yaml)
+    prom = PrometheusProcess(tmp, free_port(), extra_args)
+    try:
+        prom.start()
+        yield prom
+    finally:
+        prom.stop()
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+@dataclass
+class PgServer:
+    """A throwaway PostgreSQL 15 that a test can stop and start again on the same data
+    directory and port (an outage: connections refused meanwhile, nothing mocked)."""
+
+    url: str
+    port: int
+    tmp: Path
+
+    def _ctl(self, *args: str) -> None:
+        subprocess.run(
+            ["runuser", "-u", "postgres", "--", str(PGBIN / "pg_ctl"), "-D",
+             str(self.tmp / "data"), "-l", str(self.tmp / "pg.log"), "-w", *args],
+            check=True, capture_output=True, timeout=60,
+        )  # fmt: skip
+
+    def stop(self) -> None:
+        """A fast shutdown (sessions terminated, then the port is closed), as an operator's
+        `systemctl stop postgresql` does; returns once it is down."""
+        self._ctl("-m", "fast", "stop")
+
+    def start(self) -> None:
+        """Start it again on the same data and port; returns once it accepts connections."""
+        opts = f"-c listen_addresses=127.0.0.1 -p {self.port} -k {self.tmp} -c fsync=off"
+        self._ctl("-o", opts, "start")
+
+    def accepts(self) -> bool:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.settimeout(1.0)
+            return s.connect_ex(("127.0.0.1", self.port)) == 0
+
+
+@contextmanager
+def postgres_server() -> Iterator[PgServer]:
+    """Like :func:`postgres`, but yields a :class:`PgServer` the test can stop and start."""
+    if not (PGBIN / "initdb").exists():
+        raise RuntimeError("PostgreSQL 15 is not installed: run `make test` (installs it)")
+    tmp = Path(tempfile.mkdtemp(prefix="kvscope-pg-"))
+    shutil.chown(tmp, "postgres", "postgres")
+    os.chmod(tmp, 0o700)
+    port = free_port()
+    subprocess.run(
+        ["runuser", "-u", "postgres", "--", str(PGBIN / "initdb"), "-D", str(tmp / "data"),
+         "-U", "postgres", "-A", "trust", "-E", "UTF8", "--no-locale", "--no-sync"],
+        check=True, capture_output=True,
+    )  # fmt: skip
+    server = PgServer(f"postgresql+psycopg://postgres@127.0.0.1:{port}/postgres", port, tmp)
+    server.start()
+    try:
+        yield server
+    finally:
+        with contextlib.suppress(subprocess.SubprocessError):
+            server._ctl("-m", "immediate", "stop")
         shutil.rmtree(tmp, ignore_errors=True)

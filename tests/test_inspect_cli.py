@@ -15,6 +15,9 @@ from typing import Any
 
 import pytest
 
+from collector.parse import read_exposition
+from kvscope.commands.inspect import snapshot_json
+
 METRICS = Path(__file__).resolve().parent / "fixtures" / "metrics"
 FULL = METRICS / "vllm-0.33.0-metrics-full.txt"
 
@@ -67,7 +70,9 @@ def test_inspect_json_fixture_file_shape_and_values() -> None:
     proc = kvscope("inspect", str(FULL), "--json")
     assert proc.returncode == 0, proc.stderr
     doc = strict_json(proc.stdout)
-    assert set(doc) == {"series", "unknown_families", "facts"}
+    assert set(doc) == {"series", "unknown_families", "facts", "warnings", "warning_counts"}
+    assert (doc["warnings"], doc["warning_counts"]) == ([], {})
+    assert proc.stderr == ""
     assert all(set(e) == {"signal", "labels", "value"} for e in doc["series"])
     engine0 = {"engine": "0", "model_name": "tiny-llama"}
     assert entry(doc, "preemptions_total", **engine0) == 3.0
@@ -154,3 +159,73 @@ def test_inspect_help_has_example() -> None:
     proc = kvscope("inspect", "--help")
     assert proc.returncode == 0
     assert "kvscope inspect http" in proc.stdout
+
+
+LINE_489 = 'vllm:num_preemptions_total{engine="0",model_name="tiny-llama"} 3.0'
+
+
+def _anomalous(tmp_path: Path) -> Path:
+    """The full fixture with a NaN counter (line 489) and a repeated series at the end."""
+    lines = FULL.read_text().split("\n")
+    assert lines[488] == LINE_489
+    lines[488] = LINE_489.replace(" 3.0", " NaN")
+    lines.insert(-1, LINE_489.replace('engine="0"', 'engine="1"').replace(" 3.0", " 42.0"))
+    path = tmp_path / "anomalous.txt"
+    path.write_text("\n".join(lines))
+    return path
+
+
+def test_inspect_json_value_anomalies_are_warnings_exit_0(tmp_path: Path) -> None:
+    proc = kvscope("inspect", str(_anomalous(tmp_path)), "--json")
+    assert proc.returncode == 0, proc.stderr
+    doc = strict_json(proc.stdout)
+    clean = snapshot_json(read_exposition(FULL.read_text(), str(FULL), 0.0))  # as the CLI
+    engine1 = {"engine": "1", "model_name": "tiny-llama"}
+    assert doc["warnings"] == [
+        {"kind": "nan", "name": "vllm:num_preemptions_total", "labels": {"engine": "0",
+         "model_name": "tiny-llama"}, "line": 489, "dropped": True,
+         "detail": "counter value nan dropped"},
+        {"kind": "duplicate_series", "name": "vllm:num_preemptions_total", "labels": engine1,
+         "line": FULL.read_text().count("\n") + 1, "dropped": True,
+         "detail": "the first value 3.0 stands"},
+    ]  # fmt: skip
+    assert doc["warning_counts"] == {"duplicate_series": 1, "nan": 1}
+    lost = [e for e in clean["series"] if e["signal"] == "preemptions_total"
+            and e["labels"]["engine"] == "0"]  # fmt: skip
+    assert len(lost) == 1 and doc["series"] == [e for e in clean["series"] if e not in lost]
+    assert entry(doc, "preemptions_total", **engine1) == 3.0  # the first of the two stands
+    assert "warning: " in proc.stderr and "2 warnings (duplicate_series 1, nan 1)" in proc.stderr
+
+
+def test_inspect_table_lists_warnings_with_line_kind_and_labels(tmp_path: Path) -> None:
+    proc = kvscope("inspect", str(_anomalous(tmp_path)))
+    assert proc.returncode == 0, proc.stderr
+    out = proc.stdout.splitlines()
+    head = out.index("2 warnings (duplicate_series 1, nan 1): value anomalies, the rest of the "
+                     "exposition is read")  # fmt: skip
+    assert out[head + 1] == (
+        '  line 489: nan vllm:num_preemptions_total{engine="0",model_name="tiny-llama"}: '
+        "dropped: counter value nan dropped"
+    )
+    assert out[head + 2].startswith("  line ") and " duplicate_series " in out[head + 2]
+
+
+def test_inspect_body_cut_short_exits_2_truncated() -> None:
+    import socket
+
+    body = FULL.read_bytes()
+    head = f"HTTP/1.1 200 OK\r\nContent-Length: {len(body)}\r\n\r\n".encode()
+    with socket.create_server(("127.0.0.1", 0)) as srv:
+
+        def answer() -> None:
+            conn, _ = srv.accept()
+            with conn:
+                conn.recv(65536)
+                conn.sendall(head + body[: len(body) // 2])  # then close: cut short
+
+        thread = threading.Thread(target=answer, daemon=True)
+        thread.start()
+        proc = kvscope("inspect", f"http://127.0.0.1:{srv.getsockname()[1]}/metrics")
+        thread.join(timeout=10)
+    assert proc.returncode == 2
+    assert f"truncated: body cut short after {len(body) // 2} bytes" in proc.stderr

@@ -19,9 +19,13 @@ from collector.selfmetrics import kvscope_version
 from kvscope.commands.options import DbOpt
 
 if TYPE_CHECKING:
+    from collections.abc import Iterator
     from contextlib import AbstractContextManager
 
+    from collector.checkpoint import Checkpoints
     from collector.health import CollectorHealth
+    from collector.spool import Spool
+    from kvscope.config import Settings
 
 _UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, "w": 604800.0}
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d|w)?\s*$")
@@ -33,6 +37,7 @@ _FLAGS = {
     "scrape_interval_s": "--interval",
     "scrape_timeout_s": "--timeout",
     "allowed_target_networks": "--allow-network",
+    "state_dir": "--state-dir",
 }
 
 
@@ -140,6 +145,14 @@ def register(app: typer.Typer) -> None:
                 "(repeatable)",
             ),
         ] = None,
+        state_dir: Annotated[
+            Path | None,
+            typer.Option(
+                "--state-dir",
+                help="direct mode's local state: windows the store refused, roll-up checkpoints "
+                "(default: DBFILE-state beside a SQLite file, else under $XDG_STATE_HOME/kvscope)",
+            ),
+        ] = None,
     ) -> None:
         """Collect windows into the store until Ctrl-C / SIGTERM (then flush, exit 0).
 
@@ -164,6 +177,13 @@ def register(app: typer.Typer) -> None:
         the job label contains "lmcache", else vllm; cluster, model, gpu, tensor_parallel,
         offload labels as in the targets file; __scheme__, __metrics_path__, __param_*.
         On a name clash the --targets file wins over file_sd, file_sd over the store.
+
+        Outages and restarts (direct mode): windows and outcomes the store refuses are spooled
+        in --state-dir (fsync'd segment files, at most KVSCOPE_SPOOL_MAX_BYTES, default 1 GiB;
+        past it the oldest are dropped, counted and logged) and written back oldest first once
+        it takes writes again, leftovers of a crash first at the next start. Each target's
+        roll-up is checkpointed there after every tick, so a restart (kill -9 included)
+        resumes its open window and counters: no window twice, no delta from an implied 0.
 
         Engine facts (both modes): model, KV blocks and offload mode from what each engine
         exposes; GPU and TP from DCGM's series (Prometheus mode), then --engines rules,
@@ -197,6 +217,7 @@ def register(app: typer.Typer) -> None:
                 allow_network=allow_network,
                 engines=engines,
                 file_sd=file_sd,
+                state_dir=state_dir,
             )
         except KeyboardInterrupt:  # Ctrl-C before the loop installed its handler
             print("kvscope: interrupted before collecting", file=sys.stderr)
@@ -223,6 +244,7 @@ def run_collect(
     allow_network: Sequence[str] | None = None,
     engines: Path | None = None,
     file_sd: Sequence[str] | None = None,
+    state_dir: Path | None = None,
 ) -> dict[str, object]:
     """Validate the flags, run the loop, return the JSON summary."""
     from pydantic import ValidationError
@@ -263,6 +285,7 @@ def run_collect(
             window_s=None if window is None else parse_duration(window, "--window"),
             scrape_timeout_s=None if timeout is None else parse_duration(timeout, "--timeout"),
             allowed_target_networks=tuple(allow_network) if allow_network else None,
+            state_dir=state_dir,
         )
     except ValidationError as exc:
         first = exc.errors()[0]
@@ -300,7 +323,9 @@ def run_collect(
             health = _health(
                 metrics_addr, target_set.cluster, "direct", [t.name for t in target_set]
             )
-            with _serving(metrics_addr, health, quiet):
+            state = _state_dir(settings.state_dir, settings.db)
+            spool, checkpoints = _local_state(state, store.url, settings)
+            with _serving(metrics_addr, health, quiet), _closing(checkpoints):
                 stats = run.run_until_signalled(
                     lambda stop: run.collect_direct(
                         target_set,
@@ -317,11 +342,14 @@ def run_collect(
                         store_targets=store_targets,
                         engine_rules=rules,
                         file_sd=discovery,
+                        spool=spool,
+                        checkpoints=checkpoints,
                     )
                 )
             cluster_name = target_set.cluster
         else:
             assert prometheus is not None
+            state = None
             from collector.promsource import PrometheusSource
 
             since_s = parse_duration(since, "--since")
@@ -352,7 +380,54 @@ def run_collect(
             cluster_name = settings.cluster
     if not quiet:
         print(stats.progress_line(), file=sys.stderr, flush=True)
-    return {**stats.summary(), "cluster": cluster_name, "db": store.url}
+    out: dict[str, object] = {**stats.summary(), "cluster": cluster_name, "db": store.url}
+    return out | ({"state_dir": str(state)} if state is not None else {})
+
+
+def _state_dir(configured: Path | None, db: str) -> Path | None:
+    """--state-dir (KVSCOPE_STATE_DIR), else the store's default (None: an in-memory store)."""
+    import os
+
+    from collector.checkpoint import state_dir_for
+
+    return configured if configured is not None else state_dir_for(db, os.environ)
+
+
+def _local_state(
+    state: Path | None, store_id: str, settings: Settings
+) -> tuple[Spool, Checkpoints | None]:
+    """The spool (``STATE/spool``) and the roll-up checkpoints (``STATE/rollup``)."""
+    from collector.checkpoint import Checkpoints
+
+    spool = _spool(state, store_id, settings)
+    if state is None:
+        return spool, None
+    try:
+        return spool, Checkpoints(state / "rollup", store_id=store_id)
+    except OSError as exc:
+        raise ConfigError(f"--state-dir {state}: {exc.strerror or exc}") from exc
+
+
+def _spool(state: Path | None, store_id: str, settings: Settings) -> Spool:
+    """Where windows the store refuses wait: ``STATE/spool`` (None: in memory only)."""
+    from collector.spool import Spool
+
+    return Spool(
+        None if state is None else state / "spool",
+        store_id=store_id,
+        max_bytes=settings.spool_max_bytes,
+        memory_records=settings.spool_memory_windows,
+    )
+
+
+@contextlib.contextmanager
+def _closing(checkpoints: Checkpoints | None) -> Iterator[None]:
+    """Let go of the checkpoint locks at the end (the files stay: a restart resumes them)."""
+    try:
+        yield
+    finally:
+        if checkpoints is not None:
+            checkpoints.close()
 
 
 def _health(

@@ -4,13 +4,20 @@ JSON (``--json``, one object on stdout)::
 
     {"series": [{"signal": "preemptions_total", "labels": {"engine": "0", …}, "value": 3.0}, …],
      "unknown_families": ["python_info", …],
-     "facts": {"cache_config": [{"engine": "0", "block_size": "16", …}], …}}
+     "facts": {"cache_config": [{"engine": "0", "block_size": "16", …}], …},
+     "warnings": [{"kind": "nan", "name": "vllm:…_total", "labels": {…}, "line": 555,
+                   "dropped": true, "detail": "counter value nan dropped"}, …],
+     "warning_counts": {"nan": 1, …}}
 
 One entry per (signal, label set) for counters and gauges; a histogram gives two entries,
 ``<signal>_count`` and ``<signal>_sum`` (``null`` when the exposition has no ``_sum``).
 Non-finite values are written as the strings ``"NaN"``, ``"+Inf"``, ``"-Inf"`` (Prometheus
-spelling) so the output stays strict JSON. A malformed exposition raises ParseError, which
-``kvscope`` prints as ``kvscope: error: <source>:<line>: <reason>`` and exits 2.
+spelling) so the output stays strict JSON. ``warnings`` are the value anomalies
+collector.parse found (NaN or negative counters, duplicate series, …; what each keeps or
+drops is in its docstring): the rest of the exposition is read and the exit status stays 0
+(one summary line goes to stderr). A malformed exposition (a syntax error) raises
+ParseError, which ``kvscope`` prints as ``kvscope: error: <source>:<line>: <reason>`` and
+exits 2; so does a body the server cut short (``truncated``).
 """
 
 from __future__ import annotations
@@ -18,6 +25,7 @@ from __future__ import annotations
 import json
 import math
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -53,6 +61,8 @@ def _read_file(path: str, max_bytes: int) -> str:
 def _read_url(url: str, timeout_s: float, max_bytes: int) -> str:
     import httpx
 
+    size = 0
+    in_body = False
     try:
         with (
             httpx.Client(timeout=timeout_s, follow_redirects=True) as client,
@@ -61,7 +71,7 @@ def _read_url(url: str, timeout_s: float, max_bytes: int) -> str:
             if resp.status_code != 200:
                 raise ScrapeError(url, "http_status", f"HTTP {resp.status_code}")
             chunks: list[bytes] = []
-            size = 0
+            in_body = True
             for chunk in resp.iter_bytes():
                 size += len(chunk)
                 if size > max_bytes:
@@ -70,6 +80,8 @@ def _read_url(url: str, timeout_s: float, max_bytes: int) -> str:
     except httpx.TimeoutException as exc:
         raise ScrapeError(url, "timeout", f"no complete answer in {timeout_s:g} s") from exc
     except httpx.HTTPError as exc:
+        if in_body and isinstance(exc, (httpx.RemoteProtocolError, httpx.ReadError)):
+            raise ScrapeError(url, "truncated", f"body cut short after {size} bytes") from exc
         raise ScrapeError(url, "connect", f"{type(exc).__name__}: {exc}") from exc
     return _decode(b"".join(chunks), url)
 
@@ -100,7 +112,24 @@ def snapshot_json(snap: Snapshot) -> dict[str, Any]:
         else:
             series.append({"signal": s.signal, "labels": labels, "value": _num(s.value)})
     facts = {k: [dict(v) for v in vs] for k, vs in sorted(snap.facts.items())}
-    return {"series": series, "unknown_families": list(snap.unknown_families), "facts": facts}
+    warnings = [
+        {"kind": a.kind, "name": a.name, "labels": dict(a.labels), "line": a.line,
+         "dropped": a.dropped, "detail": a.detail}
+        for a in snap.anomalies
+    ]  # fmt: skip
+    counts = dict(sorted(Counter(a.kind for a in snap.anomalies).items()))
+    return {"series": series, "unknown_families": list(snap.unknown_families), "facts": facts,
+            "warnings": warnings, "warning_counts": counts}  # fmt: skip
+
+
+def warning_summary(doc: dict[str, Any]) -> str:
+    """``3 warnings (duplicate_series 1, nan 2)``, or ``no warnings``."""
+    counts: dict[str, int] = doc["warning_counts"]
+    total = sum(counts.values())
+    if not total:
+        return "no warnings"
+    kinds = ", ".join(f"{k} {n}" for k, n in counts.items())
+    return f"{total} warning{'s' if total != 1 else ''} ({kinds})"
 
 
 def _fmt_labels(labels: dict[str, str]) -> str:
@@ -123,6 +152,13 @@ def render_table(doc: dict[str, Any]) -> str:
         out.append(f"fact {key}: {len(entries)} series")
         for labels in entries:
             out.append("  " + _fmt_labels(labels))
+    if doc["warnings"]:
+        out.append("")
+        out.append(f"{warning_summary(doc)}: value anomalies, the rest of the exposition is read")
+        for w in doc["warnings"]:
+            fate = "dropped" if w["dropped"] else "kept"
+            where = f"{w['name']}{_fmt_labels(w['labels'])}"
+            out.append(f"  line {w['line']}: {w['kind']} {where}: {fate}: {w['detail']}")
     return "\n".join(out)
 
 
@@ -146,3 +182,5 @@ def register(app: typer.Typer) -> None:
             typer.echo(json.dumps(doc, allow_nan=False))
         else:
             typer.echo(render_table(doc))
+        if doc["warnings"]:  # warnings, not errors: the exit status stays 0
+            typer.echo(f"kvscope: warning: {source}: {warning_summary(doc)}", err=True)

@@ -113,6 +113,14 @@ def register(app: typer.Typer) -> None:
         speed: Annotated[
             float, typer.Option("--speed", help="with --serve: simulated seconds per second")
         ] = 1.0,
+        loop: Annotated[
+            bool,
+            typer.Option(
+                "--loop",
+                help="with --serve: repeat the workload every duration_s (fresh arrivals each "
+                "loop, counters keep growing) until stopped, instead of serving the final values",
+            ),
+        ] = False,
         ports_file: Annotated[
             Path | None,
             typer.Option("--ports-file", help="with --serve: write the endpoints JSON here"),
@@ -136,6 +144,9 @@ def register(app: typer.Typer) -> None:
         Example: kvscope simulate shared_prefix
         --serve 127.0.0.1:9100 --speed 30 --ports-file ports.json
 
+        Example (repeats demo's 4 simulated hours until stopped):
+        kvscope simulate demo --serve 0.0.0.0:9100 --speed 4 --loop
+
         Example: kvscope simulate --list
         """
         from collector.errors import ConfigError
@@ -155,13 +166,19 @@ def register(app: typer.Typer) -> None:
         scenario = ctx.with_resource(scenario_file(scenario_arg))
         raw = _apply_sets(read_scenario_file(scenario), sets or [])
         where = str(scenario)
+        if loop and serve is None:
+            raise ConfigError(
+                "--loop needs --serve HOST:PORT: it repeats a served simulation forever "
+                "(a --json summary needs a run that ends)"
+            )
         if serve is not None:  # live metrics: planner/simulate/serve.py
             from planner.simulate.serve import serve_scenario
 
             if compare_modes is not None or sweep is not None:
                 raise ConfigError("--serve runs one scenario live; drop --compare/--sweep")
             sc = parse_scenario(raw, where=where, base_dir=scenario.parent)
-            raise typer.Exit(serve_scenario(sc, serve, speed=speed, ports_file=ports_file,
+            raise typer.Exit(serve_scenario(sc, serve, speed=speed, loop=loop,
+                                            ports_file=ports_file,
                                             targets_file=targets_file))  # fmt: skip
         if compare_modes is None:
             if sweep is not None:

@@ -8,32 +8,48 @@ that an engine could admit earlier cuts its jump at the next step boundary.
 `Simulation.advance_to(t)` processes every event up to simulated time t and can be called
 repeatedly (a server renders telemetry between calls); `run()` goes to the end and returns
 the summary.
+
+A served cluster (planner/simulate/serve.py) builds it with ``retain_requests=False``: no
+per-request record is kept once its telemetry is recorded (the summary of `run()` needs them,
+the live counters and histograms do not), observations wait at most SERVED_BUFFER deep to be
+bucketed (scraped or not), and the content tree is pruned whenever it has doubled
+(ContentTree.prune), so memory does not grow with the requests served. ``loop=True``
+repeats the workload with period ``duration_s`` (workload.py) and the clock runs on forever:
+a LOOP event at every boundary starts the next loop's arrivals; counters keep growing.
 """
 
 from __future__ import annotations
 
 import gc
 import heapq
+import itertools
+import math
 import time as _time
 from collections.abc import Mapping
 from typing import cast
 
 from collector.errors import ConfigError
+from planner.simulate.content import ContentTree
 from planner.simulate.engine import IDLE, Engine, StepCost
 from planner.simulate.lmcache import LMCacheConnector, LMCachePool
 from planner.simulate.offload import Connector, NativeOffload
+from planner.simulate.request import Req
 from planner.simulate.results import SimResult, summarize
 from planner.simulate.scenario import Scenario
 from planner.simulate.telemetry import (
+    SERVED_BUFFER,
     EngineSnapshot,
     EngineTelemetry,
     LMCacheSnapshot,
     default_buckets,
 )
-from planner.simulate.workload import ContentTree, Req, Workload
+from planner.simulate.workload import Workload
 from planner.simulate.workload_spec import min_request_tokens
 
-ARRIVAL, ENGINE = 0, 1
+ARRIVAL, ENGINE, LOOP = 0, 1, 2
+# A sparse content tree is pruned once this many nodes (or as many as the last pruning kept,
+# if more) were created since: amortised O(1) per node, held <= 2 x live + this.
+PRUNE_MIN_NODES = 16_384
 
 
 class Router:
@@ -64,12 +80,19 @@ class Simulation:
         buckets: Mapping[str, tuple[float, ...]] | None = None,
         *,
         max_jump: int | None = None,
+        loop: bool = False,
+        retain_requests: bool = True,
     ) -> None:
         """`max_jump` caps the decode steps an engine advances per event (1 = a naive per-step
-        loop, the benchmark's baseline); None = as far as the next event."""
+        loop, the benchmark's baseline); None = as far as the next event. `loop`: repeat the
+        workload every `duration_s`, forever. `retain_requests=False`: keep no per-request
+        record (`completed` stays empty, `run()` refuses), prune the content tree and bucket
+        telemetry in small batches, so memory stays bounded (module docstring)."""
         self.scenario = scenario
+        self.loop = loop
+        self.retain_requests = retain_requests
         spec = scenario.cluster
-        self.tree = ContentTree()
+        self.tree = ContentTree(sparse=not retain_requests)
         shortest = min_request_tokens(scenario.workload)
         capacity = spec.num_gpu_blocks * spec.block_size
         if shortest > capacity:
@@ -83,8 +106,9 @@ class Simulation:
                 f"than the shortest request of the workload ({shortest} tokens)"
             )
         self.too_long = 0  # refused by the frontend: prompt + output > max_model_len
-        self.workload = Workload(scenario.workload, scenario.seed, self.tree)
-        self.end_time = scenario.duration_s
+        period = scenario.duration_s if loop else None
+        self.workload = Workload(scenario.workload, scenario.seed, self.tree, period=period)
+        self.end_time = math.inf if loop else scenario.duration_s
         self.now = 0.0
         self.last_event = 0.0
         self.events = 0
@@ -95,7 +119,11 @@ class Simulation:
         self.engines: list[Engine] = []
         bounds = default_buckets(spec.max_model_len) if buckets is None else buckets
         for i, mode in enumerate(spec.engines_offload):
-            tel = EngineTelemetry(bounds)
+            tel = (
+                EngineTelemetry(bounds)
+                if retain_requests
+                else EngineTelemetry(bounds, buffer=SERVED_BUFFER, bounded=True)
+            )
             conn: Connector
             if mode == "native":
                 conn = NativeOffload(spec, self.tree, tel)
@@ -128,6 +156,10 @@ class Simulation:
         self.completed: list[tuple[float, float, float, int, int, int, int]] = []
         for req in self.workload.initial():
             self._push(req.arrival, ARRIVAL, req, 0)
+        if loop:
+            self._push(self.workload.loop_end, LOOP, None, 0)
+        self._prune_at = math.inf if retain_requests else float(PRUNE_MIN_NODES)
+        self.prunes = 0  # content-tree prunings so far
 
     def _build_pools(self) -> dict[int, int]:
         spec = self.scenario.cluster
@@ -179,9 +211,11 @@ class Simulation:
 
     def _on_finish(self, req: Req, t: float) -> None:
         self.outstanding -= 1
-        self.completed.append(
-            (req.arrival, req.first_token, t, req.prompt_len, req.output_len, req.engine, req.rid)
-        )
+        if self.retain_requests:
+            first, engine = req.first_token, req.engine
+            self.completed.append(
+                (req.arrival, first, t, req.prompt_len, req.output_len, engine, req.rid)
+            )
         nxt = self.workload.after_completion(req, t)
         if nxt is not None:
             self._push(nxt.arrival, ARRIVAL, nxt, 0)
@@ -207,7 +241,7 @@ class Simulation:
         self.wall_s += _time.perf_counter() - started
 
     def _loop(self, t: float, settle: bool) -> None:
-        heap, engines, version = self.heap, self.engines, self.version
+        heap, engines, version, tree = self.heap, self.engines, self.version, self.tree
         while True:
             while heap and heap[0][0] <= t:
                 when, _, kind, payload, ver = heapq.heappop(heap)
@@ -217,6 +251,10 @@ class Simulation:
                     req = cast(Req, payload)
                     req.arrival = when
                     self._arrive(req, when)
+                    if tree.created >= self._prune_at:  # never in a batch run
+                        self._prune()
+                elif kind == LOOP:
+                    self._next_loop()
                 else:
                     idx = cast(int, payload)
                     if ver != version[idx]:
@@ -231,6 +269,35 @@ class Simulation:
                 if eng.split(t):
                     self._schedule(eng)
 
+    def _next_loop(self) -> None:
+        for req in self.workload.next_loop():
+            self._push(req.arrival, ARRIVAL, req, 0)
+        self._push(self.workload.loop_end, LOOP, None, 0)
+
+    def _prune(self) -> None:
+        """Drop the content nodes nothing can reach any more: roots are the paths of every
+        request not finished (queued arrivals, waiting, loading, running), every node a
+        cache has an entry for, and the workload's catalogue (ContentTree.prune)."""
+        roots: list[int] = self.workload.durable_nodes()
+        for entry in self.heap:
+            if entry[2] == ARRIVAL:
+                roots.extend(cast(Req, entry[3]).path)
+        for eng in self.engines:
+            for req in itertools.chain(eng.waiting, eng.loading, eng.running.values()):
+                roots.extend(req.path)
+            roots.extend(eng.pool.nodes())
+            roots.extend(eng.conn.nodes())
+        for pool in self.pools:
+            roots.extend(pool.nodes())
+        self.tree.prune(roots)
+        self.prunes += 1
+        self._prune_at = self.tree.created + max(PRUNE_MIN_NODES, len(self.tree))
+
+    @property
+    def loop_index(self) -> int:
+        """The workload's current loop (0 without looping)."""
+        return self.workload.loop
+
     @property
     def done(self) -> bool:
         """No event left (a finite workload has completed) or the end time is reached."""
@@ -238,6 +305,11 @@ class Simulation:
 
     def run(self) -> SimResult:
         """Simulate to the end and summarize the run."""
+        if self.loop or not self.retain_requests:
+            raise ConfigError(
+                f"{self.scenario.name}: a summary needs a finite run that keeps its requests "
+                "(loop=False, retain_requests=True)"
+            )
         self.advance_to(self.end_time)
         return summarize(self)
 

@@ -10,11 +10,12 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable
 
+from planner.simulate.content import ContentTree
 from planner.simulate.decode import DECODE, DecodeBatch
 from planner.simulate.kvcache import BlockPool
 from planner.simulate.offload import Connector
+from planner.simulate.request import Req
 from planner.simulate.telemetry import EngineSnapshot, EngineTelemetry
-from planner.simulate.workload import ContentTree, Req
 
 # Req.state values (DECODE = 3 lives in decode.py)
 WAITING, LOADING, PREFILL, DONE, LOADED = 0, 1, 2, 4, 5

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import heapq
 
-from planner.simulate.workload import Req
+from planner.simulate.request import Req
 
 DECODE = 3  # Req.state while in this batch (engine.py owns the state constants)
 

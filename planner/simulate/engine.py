@@ -26,13 +26,14 @@ from collections.abc import Callable
 
 from planner.model import costmodel
 from planner.simulate.commit import LOADED, LOADING, PREFILL, WAITING
+from planner.simulate.content import ContentTree
 from planner.simulate.decode import DecodeBatch
 from planner.simulate.kvcache import BlockPool
 from planner.simulate.offload import Connector
 from planner.simulate.queues import EngineQueues
+from planner.simulate.request import Req
 from planner.simulate.scenario import ClusterSpec
 from planner.simulate.telemetry import EngineTelemetry
-from planner.simulate.workload import ContentTree, Req
 
 IDLE, MIXED, JUMP, WAIT = 0, 1, 2, 3
 

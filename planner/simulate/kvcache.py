@@ -17,14 +17,16 @@ GPU pool accounting (vLLM v1 BlockPool semantics, counted in blocks):
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Iterator
 
-from planner.simulate.workload import ContentTree, Req
+from planner.simulate.content import ContentTree, NodeTable
+from planner.simulate.request import Req
 
 
 def leading_cached(
     path: list[int],
-    start: list[int],
-    end: list[int],
+    start: NodeTable,
+    end: NodeTable,
     cached: dict[int, int],
     *,
     unit: int,
@@ -90,6 +92,12 @@ class BlockPool:
     @property
     def used(self) -> int:
         return self.pinned_total + self.private_total
+
+    def nodes(self) -> Iterator[int]:
+        """Every node the pool has an entry for (ContentTree.prune keeps them)."""
+        yield from self.cached
+        yield from self.holders
+        yield from self.lru
 
     def lookup(self, path: list[int], max_blocks: int) -> int:
         """Leading blocks of `path` cached in HBM (vLLM find_longest_cache_hit), capped."""
@@ -298,6 +306,11 @@ class PrefixLRU:
         return leading_cached(
             path, self.start, self.end, self.cached, unit=self.unit, limit=max_units
         )
+
+    def nodes(self) -> Iterator[int]:
+        """Every node the store has an entry for (ContentTree.prune keeps them)."""
+        yield from self.cached
+        yield from self.lru
 
     def touch(self, path: list[int], units: int) -> None:
         """Mark the segments covering the first `units` units as recently used."""

@@ -17,13 +17,15 @@ Model (LMCache 0.3-0.5 with vLLM's LMCache connector):
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 
 from planner.model.costmodel import transfer_seconds
+from planner.simulate.content import ContentTree
 from planner.simulate.kvcache import PrefixLRU
 from planner.simulate.offload import Connector
+from planner.simulate.request import Req
 from planner.simulate.scenario import ClusterSpec
 from planner.simulate.telemetry import PoolTelemetry
-from planner.simulate.workload import ContentTree, Req
 
 
 class LMCachePool:
@@ -90,6 +92,12 @@ class LMCachePool:
         if self.l2 is not None and self.l2.evicted != self._l2_evicted:
             self.tel.add("lmcache_l2_evicted_chunks_total", self.l2.evicted - self._l2_evicted)
             self._l2_evicted = self.l2.evicted
+
+    def nodes(self) -> Iterator[int]:
+        """Every node L1 or L2 has an entry for (ContentTree.prune keeps them)."""
+        yield from self.l1.nodes()
+        if self.l2 is not None:
+            yield from self.l2.nodes()
 
     def gauges(self) -> dict[str, float]:
         used = self.l1.used * self.chunk_bytes

@@ -11,11 +11,14 @@ kernel path that was 6 % worse than no offload) — a step-time factor here.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from planner.model.costmodel import transfer_seconds
+from planner.simulate.content import ContentTree
 from planner.simulate.kvcache import PrefixLRU
+from planner.simulate.request import Req
 from planner.simulate.scenario import ClusterSpec
 from planner.simulate.telemetry import EngineTelemetry
-from planner.simulate.workload import ContentTree, Req
 
 
 class Connector:
@@ -46,6 +49,11 @@ class Connector:
 
     def usage_ratio(self) -> float:
         return 0.0
+
+    def nodes(self) -> Iterable[int]:
+        """Content nodes an engine-local CPU store holds (ContentTree.prune keeps them);
+        LMCache pools are shared and listed by the simulation itself."""
+        return ()
 
 
 class NativeOffload(Connector):
@@ -97,3 +105,6 @@ class NativeOffload(Connector):
 
     def usage_ratio(self) -> float:
         return min(1.0, self.pool.used / self.pool.capacity) if self.pool.capacity else 0.0
+
+    def nodes(self) -> Iterable[int]:
+        return self.pool.nodes()

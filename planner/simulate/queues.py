@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from planner.simulate.commit import LOADED, WAITING, EngineCommit
 from planner.simulate.decode import DECODE
-from planner.simulate.workload import Req
+from planner.simulate.request import Req
 
 
 class EngineQueues(EngineCommit):

@@ -18,14 +18,21 @@ The endpoints are announced as one JSON line on stdout (and written to ``ports_f
                   "url": "http://127.0.0.1:9100/metrics"}, …],
      "lmcache": [{"pool": 0, "node": 0, "scope": "node", "engines": [2, 3],
                   "url": "http://127.0.0.1:9104/metrics"}],
-     "model_name": "llama-3.1-8b", "speed": 30.0, "scenario": "…", "duration_s": 600.0}
+     "model_name": "llama-3.1-8b", "speed": 30.0, "scenario": "…", "duration_s": 600.0,
+     "loop": false}
 
 ``targets_file`` gets the same endpoints as a ``kvscope collect --targets`` file and
 ``file_sd(doc)`` gives Prometheus ``file_sd_configs`` targets.
 
-The simulation stops at the scenario's ``duration_s`` (``--set duration_s=86400`` for a long
-demo); the endpoints keep serving the final values until SIGINT/SIGTERM, which shut every
-server down and return 0.
+Without ``loop`` the simulation stops at the scenario's ``duration_s``; the endpoints keep
+serving the final values until SIGINT/SIGTERM, which shut every server down and return 0.
+With ``loop`` (``kvscope simulate demo --serve 0.0.0.0:9100 --speed 4 --loop``) the workload
+repeats with period ``duration_s`` (a diurnal day looped; each loop draws fresh arrivals,
+seeded from the seed and the loop index; shared prefixes, sessions and caches carry over) and
+the simulated clock runs on until SIGINT/SIGTERM: counters only ever grow, as a real engine's
+do between restarts, so Prometheus never sees a reset. Either way the served simulation keeps
+no per-request record (cluster.py, ``retain_requests=False``): memory stays bounded however
+long it runs (benchmarks/bench_sim_memory.py).
 """
 
 from __future__ import annotations
@@ -72,12 +79,13 @@ class Endpoint:
 class LiveCluster:
     """A simulation advanced in scaled real time, shared by the HTTP threads."""
 
-    def __init__(self, scenario: Scenario, speed: float) -> None:
+    def __init__(self, scenario: Scenario, speed: float, *, loop: bool = False) -> None:
         if not speed > 0:
             raise ConfigError(f"--speed must be > 0, got {speed:g}")
         self.scenario = scenario
         self.speed = speed
-        self.sim = Simulation(scenario)
+        self.loop = loop
+        self.sim = Simulation(scenario, loop=loop, retain_requests=False)
         self.lock = threading.Lock()
         self.model_name = scenario.cluster.model.name
         self.engine_config = engine_config(scenario)
@@ -271,6 +279,7 @@ class ClusterServer:
             "speed": live.speed,
             "scenario": live.scenario.name,
             "duration_s": live.scenario.duration_s,
+            "loop": live.loop,
         }  # fmt: skip
 
 
@@ -341,13 +350,15 @@ def serve_scenario(
     address: str,
     *,
     speed: float = 1.0,
+    loop: bool = False,
     ports_file: Path | None = None,
     targets_file: Path | None = None,
     stop: threading.Event | None = None,
     out: IO[str] | None = None,
     err: IO[str] | None = None,
 ) -> int:
-    """Serve ``scenario`` live on ``address`` (HOST:PORT) until SIGINT/SIGTERM or ``stop``.
+    """Serve ``scenario`` live on ``address`` (HOST:PORT) until SIGINT/SIGTERM or ``stop``;
+    ``loop`` repeats its workload forever (module docstring).
 
     Prints the endpoints JSON line on ``out`` (stdout), progress on ``err`` (stderr);
     ``ports_file`` gets the same document, ``targets_file`` a ``kvscope collect --targets``
@@ -357,7 +368,7 @@ def serve_scenario(
     err = err or sys.stderr
     host, port = parse_address(address)
     stop = stop or threading.Event()
-    live = LiveCluster(scenario, speed)
+    live = LiveCluster(scenario, speed, loop=loop)
     server = ClusterServer(live, host, port)
     try:
         doc = server.document()
@@ -369,8 +380,10 @@ def serve_scenario(
         server.start()
         out.write(json.dumps(doc) + "\n")
         out.flush()
+        looping = f", looping every {scenario.duration_s:g} simulated s" if loop else ""
         print(f"kvscope simulate: serving {live.n_engines} engine(s) and {live.n_pools} LMCache "
-              f"pool(s) of {scenario.name!r} at {speed:g}x; Ctrl-C to stop", file=err)  # fmt: skip
+              f"pool(s) of {scenario.name!r} at {speed:g}x{looping}; Ctrl-C to stop",
+              file=err)  # fmt: skip
         with _stop_on_sigterm(stop):
             _loop(live, stop, err)
     except KeyboardInterrupt:
@@ -383,8 +396,13 @@ def serve_scenario(
 
 def _loop(live: LiveCluster, stop: threading.Event, err: IO[str]) -> None:
     warned_lag = announced_end = False
+    loops = 0
     while not stop.wait(TICK_S):
         live.tick()
+        if live.sim.loop_index != loops:
+            loops = live.sim.loop_index
+            print(f"kvscope simulate: loop {loops + 1} began (simulated "
+                  f"t={loops * live.scenario.duration_s:g} s)", file=err, flush=True)  # fmt: skip
         if not warned_lag and live.lag_s > max(5.0, 2 * live.speed):
             warned_lag = True
             print(f"kvscope simulate: the simulation runs {live.lag_s:.1f} simulated s behind "

@@ -79,26 +79,34 @@ def default_buckets(max_model_len: int | None = None) -> dict[str, tuple[float, 
     return out
 
 
+# Observations buffered per histogram (and per-request records per engine) before they are
+# bucketed in bulk: a batch run's default; a served run uses SERVED_BUFFER (cluster.py), so
+# what it holds between two scrapes, or with nobody scraping, stays small.
+BUFFER = 65536
+SERVED_BUFFER = 4096
+
+
 class Histogram:
     """Prometheus-style histogram: non-cumulative bucket counts (+Inf last), sum, count.
 
     Single observations are buffered and bucketed in bulk when read (the simulator makes
-    millions; bisecting each one would dominate its run time).
+    millions; bisecting each one would dominate its run time), or when `limit` are waiting.
     """
 
-    __slots__ = ("bounds", "count", "counts", "pending", "total")
+    __slots__ = ("bounds", "count", "counts", "limit", "pending", "total")
 
-    def __init__(self, bounds: tuple[float, ...]) -> None:
+    def __init__(self, bounds: tuple[float, ...], limit: int = BUFFER) -> None:
         self.bounds = bounds
         self.counts = [0] * (len(bounds) + 1)
         self.total = 0.0
         self.count = 0
+        self.limit = limit
         self.pending: list[float] = []
 
     def observe(self, value: float, weight: int = 1) -> None:
         if weight == 1:
             self.pending.append(value)
-            if len(self.pending) >= 65536:
+            if len(self.pending) >= self.limit:
                 self.flush()
             return
         self.counts[bisect.bisect_left(self.bounds, value)] += weight
@@ -186,9 +194,15 @@ class LMCacheSnapshot:
 
 
 class EngineTelemetry:
-    """Mutable cumulative counters of one engine (the engine writes, snapshots read)."""
+    """Mutable cumulative counters of one engine (the engine writes, snapshots read).
+
+    `buffer`: per-request records held before they are moved into the histograms; with
+    `bounded`, a histogram is also bucketed as soon as `buffer` observations wait in it
+    (otherwise only when read, which a batch run never does before its end)."""
 
     __slots__ = (
+        "bounded",
+        "buffer",
         "counters",
         "finished",
         "firsts",
@@ -198,27 +212,36 @@ class EngineTelemetry:
         "requests",
     )
 
-    def __init__(self, buckets: Mapping[str, tuple[float, ...]] | None = None) -> None:
+    def __init__(
+        self,
+        buckets: Mapping[str, tuple[float, ...]] | None = None,
+        *,
+        buffer: int = BUFFER,
+        bounded: bool = False,
+    ) -> None:
         bounds = dict(buckets) if buckets is not None else default_buckets()
+        self.buffer, self.bounded = buffer, bounded
         self.counters: dict[str, float] = dict.fromkeys(ENGINE_COUNTERS, 0.0)
         self.finished: dict[str, int] = dict.fromkeys(FINISHED_REASONS, 0)
         self.offload_bytes = {"load": 0.0, "store": 0.0}
         self.offload_seconds = {"load": 0.0, "store": 0.0}
-        self.hist = {name: Histogram(tuple(bounds.get(name, ()))) for name in ENGINE_HISTOGRAMS}
+        self.hist = {
+            name: Histogram(tuple(bounds.get(name, ())), buffer) for name in ENGINE_HISTOGRAMS
+        }
         # per-request observations, bucketed in bulk when read (see flush)
         self.requests: list[tuple[float, float, float, float, int, int, int]] = []
         self.firsts: list[tuple[float, int]] = []
 
     def first_token(self, ttft: float, computed_prompt_tokens: int) -> None:
         self.firsts.append((ttft, computed_prompt_tokens))
-        if len(self.firsts) >= 65536:
+        if len(self.firsts) >= self.buffer:
             self.flush()
 
     def request_done(self, record: tuple[float, float, float, float, int, int, int]) -> None:
         """A finished request: (arrival, first scheduled, first token, finish) in simulated
         seconds, then prompt tokens, generated tokens and preemptions."""
         self.requests.append(record)
-        if len(self.requests) >= 65536:
+        if len(self.requests) >= self.buffer:
             self.flush()
 
     def flush(self) -> None:
@@ -243,6 +266,10 @@ class EngineTelemetry:
                 h["request_generation_tokens"].pending.append(gen)
                 h["request_num_preemptions"].pending.append(pre)
             self.requests = []
+        if self.bounded:
+            for hist in h.values():
+                if len(hist.pending) >= self.buffer:
+                    hist.flush()
 
     def add(self, name: str, value: float) -> None:
         self.counters[name] += value

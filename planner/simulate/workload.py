@@ -1,133 +1,37 @@
-"""Request streams: content identity (a prefix tree of token segments) and arrivals.
+"""Request streams: the requests a workload sends, open-loop arrivals and follow-ups.
 
-A request's prompt is a path of segments in a global ContentTree; two requests share KV
-exactly as far as their paths share nodes (a block's hash covers every token before it, as
-in vLLM's and LMCache's chained hashes). The last node of a path is the request's own output.
+A request's prompt (request.py) is a path of segments in the global ContentTree (content.py);
+two requests share KV exactly as far as their paths share nodes. The last node of a path is
+the request's own output.
 Every random stream has its own random.Random seeded with a string (sha512-seeded, so no
 dependence on PYTHONHASHSEED).
+
+Looping (``period``: a served cluster that runs for days): the arrival process starts again
+every ``period`` simulated seconds, in loop-local time (a diurnal rate has the same shape in
+every loop), with random streams seeded from (seed, loop index) so each loop draws fresh
+arrivals; loop 0 is exactly the run without looping. What persists across a boundary is what
+persists in a real cluster: the content catalogue (system prompts, prefix groups and their
+questions, documents, trace prefixes: the same nodes, so caches stay warm), request ids (one
+counter, never reused), sessions (a multi-turn conversation started before the boundary goes
+on after it; new ones get new ids) and closed-loop clients (in flight across the boundary;
+those a ``num_requests`` cap had stopped start again). ``num_requests``, a finite
+shared-prefix dataset (re-shuffled) and a trace replay (shifted by the loop's start; records at
+or after ``period`` are never sent) apply per loop.
 """
 
 from __future__ import annotations
 
 import bisect
 import itertools
+import math
 import random
 from collections.abc import Iterator
 
+from planner.simulate.content import ContentTree
+from planner.simulate.request import Req
 from planner.simulate.workload_spec import WorkloadSpec
 
-
-class ContentTree:
-    """Segments of token content: node -> (parent, start token, end token)."""
-
-    __slots__ = ("_interned", "end", "hw", "parent", "start")
-
-    def __init__(self) -> None:
-        self.parent: list[int] = []
-        self.start: list[int] = []
-        self.end: list[int] = []
-        self.hw: list[int] = []  # tokens of the node ever computed anywhere (re-prefill counting)
-        self._interned: dict[tuple[int, object], int] = {}
-
-    def new(self, parent: int, length: int) -> int:
-        """A fresh node (content nobody else has) of `length` tokens after `parent` (-1 = root)."""
-        start = self.end[parent] if parent >= 0 else 0
-        self.parent.append(parent)
-        self.start.append(start)
-        self.end.append(start + length)
-        self.hw.append(0)
-        return len(self.parent) - 1
-
-    def shared(self, parent: int, key: object, length: int) -> int:
-        """The node for content `key` after `parent`, created once (same key = same tokens)."""
-        node = self._interned.get((parent, key))
-        if node is None:
-            node = self.new(parent, length)
-            self._interned[(parent, key)] = node
-        return node
-
-    def __len__(self) -> int:
-        return len(self.parent)
-
-
-class Req:
-    """One request and its scheduler state (slotted: the simulator makes millions)."""
-
-    __slots__ = (
-        "affinity",
-        "arrival",
-        "cached_prompt",
-        "client",
-        "computed",
-        "dec_c",
-        "dec_d",
-        "end_d",
-        "engine",
-        "ext_tokens",
-        "first_scheduled",
-        "first_token",
-        "generated",
-        "hold_blocks",
-        "hold_idx",
-        "last_token_t",
-        "load_t",
-        "looked",
-        "num_preemptions",
-        "output_len",
-        "path",
-        "private",
-        "prompt_len",
-        "ready_at",
-        "rid",
-        "seq",
-        "state",
-        "turn",
-    )
-
-    def __init__(
-        self,
-        rid: int,
-        arrival: float,
-        path: list[int],
-        prompt_len: int,
-        output_len: int,
-        *,
-        affinity: int,
-        client: int = -1,
-        turn: int = 0,
-    ) -> None:
-        self.rid = rid
-        self.arrival = arrival
-        self.path = path  # prompt segments, then the output segment
-        self.prompt_len = prompt_len
-        self.output_len = output_len
-        self.affinity = affinity
-        self.client = client
-        self.turn = turn
-        self.engine = -1
-        self.state = 0
-        self.computed = 0  # tokens whose KV is computed (materialised)
-        self.generated = 0  # output tokens produced
-        self.hold_idx = 0  # GPU blocks held: all of path[:hold_idx] + hold_blocks of the next
-        self.hold_blocks = 0
-        self.private = 0  # a partial (unhashed) block held
-        self.dec_c = 0  # lazy decode: computed tokens at decode counter dec_d
-        self.dec_d = 0
-        self.end_d = 0
-        self.seq = 0  # admission order on its engine (preemption takes the newest)
-        self.ext_tokens = 0
-        self.ready_at = 0.0
-        self.load_t = -1.0  # start of the async load its current residency began with
-        self.first_scheduled = -1.0
-        self.cached_prompt = -1  # prompt tokens found cached at the first admission
-        self.first_token = -1.0
-        self.last_token_t = -1.0
-        self.num_preemptions = 0
-        self.looked = False  # connector lookup already charged for this queueing
-
-    @property
-    def total_len(self) -> int:
-        return self.prompt_len + self.output_len
+__all__ = ["ContentTree", "Req", "Workload"]
 
 
 def _zipf_cdf(n: int, s: float) -> list[float]:
@@ -139,13 +43,22 @@ class Workload:
     """Produces requests: initial ones, one after each arrival (open loop) and after each
     completion (closed loop / next turn of a session)."""
 
-    def __init__(self, spec: WorkloadSpec, seed: int, tree: ContentTree) -> None:
+    def __init__(
+        self, spec: WorkloadSpec, seed: int, tree: ContentTree, *, period: float | None = None
+    ) -> None:
+        """`period`: loop the arrival process every `period` simulated seconds (module
+        docstring); None = one pass (a batch run)."""
         self.spec = spec
         self.tree = tree
-        self.rng_arrival = random.Random(f"{seed}:arrival")
-        self.rng_len = random.Random(f"{seed}:lengths")
-        self.rng_pick = random.Random(f"{seed}:pick")
-        self.issued = 0
+        self.seed = seed
+        self.period = period
+        self.loop = 0  # index of the current loop
+        self.offset = 0.0  # simulated time the current loop started
+        self.loop_end = period if period is not None else math.inf
+        self._streams()
+        self.issued = 0  # requests ever issued (request ids)
+        self._loop_issued = 0  # in this loop (the num_requests cap)
+        self._idle: list[int] = []  # closed-loop clients a cap stopped (looping only)
         self.exhausted = False
         self._sys_node = -1
         self._session = 0
@@ -160,6 +73,13 @@ class Workload:
         if spec.system_prompt_tokens and spec.kind in {"multi_turn", "rag", "synthetic"}:
             self._sys_node = tree.shared(-1, ("system",), spec.system_prompt_tokens)
 
+    def _streams(self) -> None:
+        """The random streams of the current loop (loop 0: those of a run without looping)."""
+        tag = f"{self.seed}" if self.loop == 0 else f"{self.seed}:loop{self.loop}"
+        self.rng_arrival = random.Random(f"{tag}:arrival")
+        self.rng_len = random.Random(f"{tag}:lengths")
+        self.rng_pick = random.Random(f"{tag}:pick")
+
     # --- arrival hooks ----------------------------------------------------------------------
     def initial(self) -> list[Req]:
         spec = self.spec
@@ -171,27 +91,81 @@ class Workload:
             for client in range(spec.concurrency):
                 req = self._fresh(0.0, client)
                 if req is None:
+                    if self.period is not None:
+                        self._idle.extend(range(client, spec.concurrency))
                     break
                 out.append(req)
             return out
-        req = self._fresh(self._next_open_time(0.0), -1)
+        return self._first_open()
+
+    def _first_open(self) -> list[Req]:
+        t = self.offset + self._next_open_time(0.0)
+        req = self._fresh(t, -1) if t < self.loop_end else None
         return [req] if req else []
 
     def after_arrival(self, req: Req) -> Req | None:
-        """Open loops schedule the next arrival when one arrives (one pending at a time)."""
+        """Open loops schedule the next arrival when one arrives (one pending at a time); a
+        looping one stops at the end of its loop (next_loop starts the next)."""
         if self.spec.kind == "trace":
             return self._from_trace()
         if self.spec.qps is None or req.turn > 0:
             return None
-        return self._fresh(self._next_open_time(req.arrival), -1)
+        t = self.offset + self._next_open_time(req.arrival - self.offset)
+        if t >= self.loop_end:
+            return None
+        return self._fresh(t, -1)
 
     def after_completion(self, req: Req, t: float) -> Req | None:
         spec = self.spec
         if spec.kind == "multi_turn" and req.turn + 1 < spec.turns:
-            return self._next_turn(req, t + spec.think_time_s)
-        if spec.concurrency is not None and spec.kind != "trace":
-            return self._fresh(t + spec.think_time_s, req.client)
-        return None
+            nxt = self._next_turn(req, t + spec.think_time_s)
+        elif spec.concurrency is not None and spec.kind != "trace":
+            nxt = self._fresh(t + spec.think_time_s, req.client)
+        else:
+            return None
+        if nxt is None and self.period is not None and req.client >= 0:
+            self._idle.append(req.client)  # stopped by the cap: the next loop restarts it
+        return nxt
+
+    def next_loop(self) -> list[Req]:
+        """Start the next loop (at simulated time `loop_end`): fresh random streams, the
+        per-loop cap and dataset reset; returns the loop's first requests (open loop: its
+        first arrival; trace: its first record; closed loop: the clients a cap stopped)."""
+        if self.period is None:
+            raise RuntimeError("next_loop() on a workload without a period")
+        spec = self.spec
+        self.loop += 1
+        self.offset = self.loop * self.period
+        self.loop_end = (self.loop + 1) * self.period
+        self._streams()
+        self._loop_issued = 0
+        self.exhausted = False
+        self._trace_i = 0
+        if spec.kind == "shared_prefix":
+            self._init_shared_prefix()
+        if spec.kind == "trace":
+            first = self._from_trace()
+            return [first] if first else []
+        if spec.concurrency is None:
+            return self._first_open()
+        idle, self._idle = sorted(self._idle), []
+        out: list[Req] = []
+        for i, client in enumerate(idle):
+            req = self._fresh(self.offset, client)
+            if req is None:
+                self._idle.extend(idle[i:])
+                break
+            out.append(req)
+        return out
+
+    def durable_nodes(self) -> list[int]:
+        """Content future requests can name again, whatever holds it now: the catalogue
+        (system prompt, prefix groups, documents a request starts with, trace prefixes, the
+        shared-prefix questions). Deeper shared chains (a RAG request's later documents) are
+        combinations, kept only while something holds them (ContentTree.prune)."""
+        out = self.tree.interned_after({-1, self._sys_node})
+        out.extend(self._questions.values())
+        return out
 
     # --- arrival processes -------------------------------------------------------------------
     def _next_open_time(self, t: float) -> float:
@@ -216,10 +190,11 @@ class Workload:
     # --- request construction ----------------------------------------------------------------
     def _count(self) -> bool:
         cap = self.spec.num_requests
-        if cap is not None and self.issued >= cap:
+        if cap is not None and self._loop_issued >= cap:
             self.exhausted = True
             return False
         self.issued += 1
+        self._loop_issued += 1
         return True
 
     def _finish(
@@ -341,6 +316,10 @@ class Workload:
             self.exhausted = True
             return None
         rec = recs[self._trace_i]
+        t = self.offset + rec.arrival_s
+        if t >= self.loop_end:  # looping: the rest of the trace lies beyond the period
+            self._trace_i = len(recs)
+            return None
         self._trace_i += 1
         if not self._count():
             return None
@@ -357,7 +336,7 @@ class Workload:
             path.append(self.tree.new(parent, rec.prompt_tokens - rec.prefix_tokens))
         req = Req(
             self.issued - 1,
-            rec.arrival_s,
+            t,
             path,
             rec.prompt_tokens,
             rec.output_tokens,

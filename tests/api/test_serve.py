@@ -58,6 +58,7 @@ def server(sqlite_filled: Filled, tmp_path: Path) -> Iterator[tuple[str, subproc
             proc.communicate()
 
 
+@pytest.mark.slow  # ~20 s of uvicorn over every path: CI runs it in test-slow
 def test_serve_every_path_answers_over_http_then_stops_on_sigterm(
     server: tuple[str, subprocess.Popen[str]],
 ) -> None:

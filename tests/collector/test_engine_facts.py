@@ -98,6 +98,7 @@ DCGM_BODY = (
 
 
 @pytest.mark.prometheus
+@pytest.mark.slow
 def test_prometheus_and_direct_modes_store_each_engines_exposed_offload(tmp_path: Path) -> None:
     """The demo cluster (none, native and LMCache engines) scraped by a real Prometheus: the
     collector in Prometheus mode registers every engine with the mode it runs, as the direct

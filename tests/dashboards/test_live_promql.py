@@ -23,7 +23,7 @@ from dashboards.config import DEFAULT
 from dashboards.records import RECORDS
 from tests.dashboards.live import LMCACHE_JOB, Stack, live_stack
 
-pytestmark = pytest.mark.prometheus
+pytestmark = [pytest.mark.prometheus, pytest.mark.slow]  # ~40 s: CI runs it in test-slow
 
 RATE_INTERVAL = "5s"  # Grafana's $__rate_interval at a 1 s scrape: max(4 × 1 s, step + 1 s)
 VARIABLE = re.compile(r"\$(model_name|instance|engine|lmcache_instance|cluster|group)\b")

@@ -1,0 +1,302 @@
+"""Roll-up checkpoints: the state a restarted direct collector resumes from (kill -9 included).
+
+After every tick the collector writes every target's roll-up state (collector.rollup
+``export_state``: the open window's accumulators and each series' last sample) to
+``rollup-<pid>-<start>.json`` in its state directory, atomically (``.tmp``, fsync, rename,
+fsync of the directory), and it holds an flock on ``rollup-<pid>-<start>.lock`` while it runs.
+A clean stop writes it once more *before* flushing the open windows.
+
+At start, :class:`Checkpoints` reads the files whose lock nobody holds (their collector is
+gone; a running one's are left alone) and :meth:`~Checkpoints.claim` hands each target the
+newest state written for its name. The collect loop then (collector.run):
+
+* resumes it when it is *resumable* (:func:`resumable`: same URL and window length, its
+  newest sample not in the future and no older than ``stale_windows`` windows, the horizon
+  past which the roll-up forgets a series anyway). A restart inside the window the collector
+  stopped in completes that window; the part before the stop, which a clean stop had written
+  on its own, is replaced by the fuller version (collector.store ``write_windows`` with
+  ``keep_fuller``). A restart in a later window closes the old one first: after a kill -9
+  that is the first time it is written, after a clean stop the same window again
+  (idempotent). The first counter window after the restart counts from the last sample
+  before it, so summing deltas across the restart loses nothing, and no delta is ever
+  counted from an implied 0.
+* otherwise writes the state's open window as it was (a kill -9 never wrote it) and starts
+  the target afresh (its first counter window then starts at its first sample).
+
+The only loss of a kill -9 is therefore the downtime plus the tick that was running: that
+tick's samples were not in the last checkpoint (the windows it closed were written first).
+
+A lock-free orphan file is deleted at the first save once every state in it was claimed
+(resumed, or handed out by :meth:`stale` past its horizon for its open window to be written);
+the others are let go of, for another collector of the same directory to resume.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import logging
+import os
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any
+
+from collector.errors import ConfigError
+from collector.records import Window
+from collector.rollup import Rollup
+
+log = logging.getLogger(__name__)
+FORMAT = 1
+
+
+@dataclass(frozen=True, slots=True)
+class Saved:
+    """A target's roll-up state as a checkpoint holds it."""
+
+    name: str
+    url: str
+    written: float  # when the checkpoint was written
+    state: dict[str, Any]  # collector.rollup.Rollup.export_state()
+
+    @property
+    def last_ts(self) -> float:
+        return float(self.state.get("last_ts") or 0.0)
+
+
+def resumable(saved: Saved, *, url: str, now: float, window_s: float, stale_windows: int) -> bool:
+    """Whether the roll-up of a target now at ``url`` may carry on from ``saved`` at ``now``
+    (module docstring; a target whose URL changed is another engine: it starts afresh)."""
+    try:
+        same = float(saved.state["window_s"]) == window_s and saved.url == url
+    except (KeyError, TypeError, ValueError):
+        return False
+    return same and saved.last_ts <= now <= saved.last_ts + stale_windows * window_s
+
+
+def resume(
+    saved: Saved | None, name: str, url: str, window_s: float, now: float
+) -> tuple[Rollup, list[Window]]:
+    """The roll-up of target ``name`` at ``url`` after a restart at ``now``: carrying on from
+    ``saved`` when it is :func:`resumable`, else a fresh one and the windows ``saved`` left
+    open (to be written: a kill -9 never wrote them)."""
+    rollup = Rollup(name, window_s)
+    if saved is None:
+        return rollup, []
+    if resumable(saved, url=url, now=now, window_s=window_s, stale_windows=rollup.stale_windows):
+        try:
+            rollup.restore_state(saved.state)
+        except (ConfigError, KeyError, TypeError, ValueError) as exc:
+            log.error("target %s: its checkpointed roll-up is unusable: %s", name, exc)
+            return Rollup(name, window_s), []
+        log.warning("target %s: resuming its roll-up (last sample %.1f s ago)",
+                    name, now - saved.last_ts)  # fmt: skip
+        return rollup, []
+    return rollup, open_windows(saved, now=now)
+
+
+def open_windows(saved: Saved, *, now: float) -> list[Window]:
+    """The windows a checkpointed state left open, closed as they were (a clean stop had
+    written the same ones: writing them again is idempotent)."""
+    try:
+        old = Rollup(saved.name, float(saved.state["window_s"]))
+        old.restore_state(saved.state)
+    except (ConfigError, KeyError, TypeError, ValueError) as exc:
+        log.error("target %s: its checkpointed roll-up is unusable: %s", saved.name, exc)
+        return []
+    windows = old.flush()
+    if windows:
+        log.warning(
+            "target %s: not resuming its roll-up (last sample %.0f s ago, or its URL or window "
+            "changed): writing the %d windows it left open",
+            saved.name, now - saved.last_ts, len(windows),
+        )  # fmt: skip
+    return windows
+
+
+class Checkpoints:
+    """The checkpoint files of one state directory (module docstring)."""
+
+    def __init__(self, directory: Path, *, store_id: str) -> None:
+        self.directory = directory
+        self.store_id = store_id
+        directory.mkdir(parents=True, exist_ok=True)
+        stem = f"rollup-{os.getpid()}-{time.time_ns()}"
+        self.path = directory / f"{stem}.json"
+        self._lock = _locked(directory / f"{stem}.lock", wait=True)
+        # Lock-free files of gone collectors: held locked until the first save, with the
+        # names of their states not claimed yet.
+        self._orphans: dict[Path, tuple[IO[bytes], set[str]]] = {}
+        self.saved: dict[str, Saved] = {}  # name -> the newest unclaimed state of it
+        self.errors = 0
+        self._load()
+
+    def _load(self) -> None:
+        for lock_path in sorted(self.directory.glob("rollup-*.lock")):
+            if lock_path.stem == self.path.stem:
+                continue
+            lock = _locked(lock_path, wait=False)
+            if lock is None:
+                continue  # its collector is running
+            states = self._read(lock_path.with_suffix(".json"))
+            self._orphans[lock_path] = (lock, set(states))
+            for name, saved in states.items():
+                best = self.saved.get(name)
+                if best is None or saved.written > best.written:
+                    self.saved[name] = saved
+        if self.saved:
+            log.warning(
+                "checkpoint: the roll-up state of %d target(s) found in %s: resuming them",
+                len(self.saved), self.directory,
+            )  # fmt: skip
+
+    def _read(self, path: Path) -> dict[str, Saved]:
+        try:
+            data = json.loads(path.read_bytes())
+            if data.get("kvscope_checkpoint") != FORMAT or data.get("store") != self.store_id:
+                return {}
+            written = float(data["written"])
+            return {
+                str(name): Saved(str(name), str(t["url"]), written, dict(t["state"]))
+                for name, t in data["targets"].items()
+            }
+        except FileNotFoundError:
+            return {}
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+            log.error("checkpoint: %s is unreadable (%s): not resumed from", path, exc)
+            return {}
+
+    def claim(self, name: str) -> Saved | None:
+        """The newest state saved for target ``name`` (None: none), once."""
+        saved = self.saved.pop(name, None)
+        if saved is None:
+            return None
+        self._claim_everywhere(name)
+        return saved
+
+    def _claim_everywhere(self, name: str) -> None:
+        for _lock, names in self._orphans.values():
+            names.discard(name)
+
+    def stale(self, *, now: float, stale_windows: int = 5) -> list[Saved]:
+        """Unclaimed states past their horizon: their open windows are to be written now (a
+        kill -9 never wrote them); claimed by this call."""
+        out = []
+        for name, saved in list(self.saved.items()):
+            window_s = float(saved.state.get("window_s") or 0.0)
+            if now > saved.last_ts + stale_windows * window_s:
+                out.append(saved)
+                del self.saved[name]
+                self._claim_everywhere(name)
+        return out
+
+    def save(self, targets: Mapping[str, tuple[str, dict[str, Any]]]) -> bool:
+        """Write this collector's checkpoint: target name -> (URL, roll-up state). The first
+        one written also deletes the orphan files every state of which was claimed and lets go
+        of the others (another collector may resume those). False (logged): not written."""
+        data = {
+            "kvscope_checkpoint": FORMAT,
+            "store": self.store_id,
+            "written": time.time(),
+            "targets": {
+                name: {"url": url, "state": state} for name, (url, state) in targets.items()
+            },
+        }
+        tmp = self.path.with_suffix(".tmp")
+        try:
+            with open(tmp, "wb") as f:
+                f.write(json.dumps(data, separators=(",", ":")).encode())
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, self.path)
+            _fsync_dir(self.directory)
+        except OSError as exc:
+            self.errors += 1
+            log.error("checkpoint: cannot write %s: %s", self.path, exc.strerror or exc)
+            return False
+        self._forget_orphans()
+        return True
+
+    def _forget_orphans(self) -> None:
+        for lock_path, (lock, unclaimed) in self._orphans.items():
+            if not unclaimed:  # every state in it now lives in this collector's file
+                for path in (lock_path.with_suffix(".json"), lock_path):
+                    with contextlib.suppress(FileNotFoundError):
+                        path.unlink()
+            lock.close()
+        self._orphans.clear()
+
+    def __enter__(self) -> Checkpoints:
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.close()
+
+    def close(self, *, remove: bool = False) -> None:
+        """Release the locks (``remove``: delete this collector's files too)."""
+        for lock, _states in self._orphans.values():
+            lock.close()
+        self._orphans.clear()
+        if remove:
+            for path in (self.path, self.path.with_suffix(".lock")):
+                with contextlib.suppress(FileNotFoundError):
+                    path.unlink()
+        if self._lock is not None:
+            self._lock.close()
+            self._lock = None
+
+
+def _locked(path: Path, *, wait: bool) -> IO[bytes] | None:
+    """``path`` opened and flock'ed exclusively (None: another process holds it)."""
+    f = open(path, "ab")  # noqa: SIM115 - held open for as long as the lock is
+    try:
+        fcntl.flock(f.fileno(), fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
+    except BlockingIOError:
+        f.close()
+        return None
+    return f
+
+
+def _fsync_dir(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def state_dir_for(url: str, env: Mapping[str, str]) -> Path | None:
+    """The collector's default state directory (spool + checkpoints) for the store at ``url``:
+
+    * a SQLite file ``DIR/NAME.db``: ``DIR/NAME.db-state`` beside it (as SQLite keeps its own
+      ``-wal`` and ``-shm`` files), so the state goes wherever the database goes;
+    * any other store: ``$XDG_STATE_HOME/kvscope/<dialect>-<host>-<port>-<database>-<hash>``
+      (``$HOME/.local/state`` when XDG_STATE_HOME is unset, as the XDG Base Directory spec says),
+      one per store: spooled windows are only ever written to the store they were meant for;
+    * an in-memory SQLite database: None (nothing outlives the process anyway).
+    """
+    import hashlib
+    import re
+
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError
+
+    try:
+        parsed = make_url(url)
+    except (ArgumentError, ValueError):
+        return None
+    database = parsed.database or ""
+    if parsed.get_backend_name() == "sqlite":
+        if database in ("", ":memory:") or "mode=memory" in database:
+            return None
+        if not database.startswith("file:"):
+            db = Path(database).expanduser()
+            return db.with_name(db.name + "-state")
+    base = Path(env.get("XDG_STATE_HOME") or Path(env.get("HOME", "~")) / ".local" / "state")
+    redacted = parsed.render_as_string(hide_password=True)
+    parts = [parsed.get_backend_name(), parsed.host or "local", str(parsed.port or ""), database]
+    name = re.sub(r"[^A-Za-z0-9._-]+", "_", "-".join(p for p in parts if p))[:80]
+    digest = hashlib.sha256(redacted.encode()).hexdigest()[:8]
+    return base.expanduser() / "kvscope" / f"{name}-{digest}"
