@@ -45,9 +45,18 @@ OPEN_PATHS = ("/healthz", "/readyz")
 SECURITY_SCHEME = {"bearer": {"type": "http", "scheme": "bearer"}}
 
 
+# Request size limits, checked before any route runs. The largest legitimate body (an advise
+# what-if, a target registration) is a few KB; nginx's default client_max_body_size is 1 MB
+# and its default large_client_header_buffers 8 KB, which these follow.
+MAX_BODY_BYTES = 1024 * 1024
+MAX_QUERY_BYTES = 8 * 1024
+
+
 class EdgeMiddleware:
-    """Refuses credentials in the query string; logs each request as method, path (no query
-    string, no headers: nothing that could hold a token), status and milliseconds."""
+    """Refuses credentials in the query string, query strings over MAX_QUERY_BYTES (414) and
+    bodies over MAX_BODY_BYTES (413: by Content-Length before reading, else while reading a
+    chunked body); logs each request as method, path (no query string, no headers: nothing
+    that could hold a token), status and milliseconds."""
 
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
@@ -67,7 +76,13 @@ class EdgeMiddleware:
 
     async def _answer(self, scope: Scope, receive: Receive, send: Send) -> int:
         """Serve the request (or refuse it); return the status sent (500 if none was)."""
-        raw = scope.get("query_string", b"").decode("latin-1")
+        query = scope.get("query_string", b"")
+        if len(query) > MAX_QUERY_BYTES:
+            return await _refuse(send, 414, f"query string over {MAX_QUERY_BYTES} bytes", None)
+        length = dict(scope.get("headers") or []).get(b"content-length", b"")
+        if length.isdigit() and int(length) > MAX_BODY_BYTES:
+            return await _refuse(send, 413, f"request body over {MAX_BODY_BYTES} bytes", None)
+        raw = query.decode("latin-1")
         names = {k.lower() for k, _ in parse_qsl(raw, keep_blank_values=True)}
         refused = sorted(names & CREDENTIAL_PARAMS)
         if refused:
@@ -91,8 +106,40 @@ class EdgeMiddleware:
                 status = int(message["status"])
             await send(message)
 
+        if scope["method"] in ("POST", "PUT", "PATCH") and not length.isdigit():
+            # A chunked body has no length to check first: read it here, up to the limit
+            # (bounded memory), then hand the route the same messages.
+            messages: list[Message] = []
+            received, more = 0, True
+            while more:
+                message = await receive()
+                messages.append(message)
+                if message["type"] != "http.request":
+                    break
+                received += len(message.get("body", b""))
+                if received > MAX_BODY_BYTES:
+                    return await _refuse(
+                        send, 413, f"request body over {MAX_BODY_BYTES} bytes", None
+                    )
+                more = bool(message.get("more_body", False))
+            replay = iter(messages)
+
+            async def receive_buffered() -> Message:
+                return next(replay, None) or await receive()
+
+            receive = receive_buffered
         await self.app(scope, receive, send_status)
         return status
+
+
+async def _refuse(send: Send, status: int, error: str, field: str | None) -> int:
+    """Answer ``status`` with the API's error body before any route ran."""
+    body = dumps({"error": error, "field": field})
+    headers = [(b"content-type", b"application/json"),
+               (b"content-length", str(len(body)).encode()), (b"connection", b"close")]  # fmt: skip
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
+    return status
 
 
 def _openapi(app: FastAPI, settings: ApiSettings) -> dict[str, Any]:

@@ -4,6 +4,7 @@
 - 401: a missing or wrong bearer token; 403: writes disabled (no token configured);
 - 404: an unknown cluster, plan, target or path; 405: a method the path does not have;
 - 422: a bad field (FastAPI's validation errors reshaped; ConfigError of a domain check);
+- 413 / 414: a request body over 1 MiB / a query string over 8 KiB (api/app.py);
 - 429: the heavy-work pool is full (with Retry-After);
 - 503: the store is down or its schema is not current (StoreError), or a feature this build
   lacks.
