@@ -30,10 +30,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from collector.errors import ConfigError
 from collector.models import OFFLOAD_MODES
+from collector.sources import read_yaml
 
 __all__ = ["RULE_KEYS", "EngineRule", "EngineRules", "load_engine_rules", "parse_engine_rules"]
 
@@ -73,17 +72,7 @@ class EngineRules:
 def load_engine_rules(path: str | Path) -> EngineRules:
     """Read and validate an engines.yaml (module docstring); ConfigError names what is wrong."""
     p = Path(path)
-    try:
-        text = p.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise ConfigError(f"{p}: cannot read engine rules: {exc.strerror or exc}") from exc
-    except UnicodeDecodeError as exc:
-        raise ConfigError(f"{p}: engine rules file is not UTF-8: {exc.reason}") from exc
-    try:
-        doc = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{p}: not valid YAML: {exc}") from exc
-    return parse_engine_rules(doc, source=p.name)
+    return parse_engine_rules(read_yaml(p, "engine rules file"), source=p.name)
 
 
 def parse_engine_rules(doc: object, *, source: str = "engines.yaml") -> EngineRules:

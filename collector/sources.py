@@ -125,20 +125,25 @@ def load_targets(path: str | Path, *, cluster: str | None = None) -> TargetSet:
     Raises ConfigError naming the file, the entry and the key that is wrong.
     """
     p = Path(path)
+    return parse_targets(read_yaml(p, "targets file"), source=str(p), cluster=cluster)
+
+
+def read_yaml(path: Path, what: str) -> object:
+    """The YAML document of an operator's file, or a ConfigError naming the file (and the
+    line of a syntax error): ``what`` says which file it is ("targets file", …)."""
     try:
-        text = p.read_text(encoding="utf-8")
+        text = path.read_text(encoding="utf-8")
     except OSError as exc:
-        raise ConfigError(f"{p}: cannot read targets file: {exc.strerror or exc}") from exc
+        raise ConfigError(f"{path}: cannot read {what}: {exc.strerror or exc}") from exc
     except UnicodeDecodeError as exc:
-        raise ConfigError(f"{p}: targets file is not UTF-8: {exc.reason}") from exc
+        raise ConfigError(f"{path}: {what} is not UTF-8: {exc.reason}") from exc
     try:
-        doc = yaml.safe_load(text)
+        return yaml.safe_load(text)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f":{mark.line + 1}" if mark is not None else ""
         problem = getattr(exc, "problem", None) or str(exc)
-        raise ConfigError(f"{p}{where}: invalid YAML: {problem}") from exc
-    return parse_targets(doc, source=str(p), cluster=cluster)
+        raise ConfigError(f"{path}{where}: invalid YAML: {problem}") from exc
 
 
 def parse_targets(
