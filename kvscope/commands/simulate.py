@@ -132,6 +132,14 @@ def register(app: typer.Typer) -> None:
                 help="with --serve: write a `kvscope collect --targets` file for the endpoints",
             ),
         ] = None,
+        file_sd_file: Annotated[
+            Path | None,
+            typer.Option(
+                "--file-sd-file",
+                help="with --serve: write a Prometheus file_sd JSON file for the endpoints "
+                "(`kvscope collect --file-sd` reads it too)",
+            ),
+        ] = None,
     ) -> None:
         """Simulate a vLLM (+ native offload / LMCache) cluster from a scenario file or a
         bundled scenario (a file path wins over a bundled name; --list prints them).
@@ -179,7 +187,8 @@ def register(app: typer.Typer) -> None:
             sc = parse_scenario(raw, where=where, base_dir=scenario.parent)
             raise typer.Exit(serve_scenario(sc, serve, speed=speed, loop=loop,
                                             ports_file=ports_file,
-                                            targets_file=targets_file))  # fmt: skip
+                                            targets_file=targets_file,
+                                            file_sd_file=file_sd_file))  # fmt: skip
         if compare_modes is None:
             if sweep is not None:
                 raise ConfigError("--sweep needs --compare (the modes to sweep)")

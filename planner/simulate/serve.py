@@ -353,6 +353,7 @@ def serve_scenario(
     loop: bool = False,
     ports_file: Path | None = None,
     targets_file: Path | None = None,
+    file_sd_file: Path | None = None,
     stop: threading.Event | None = None,
     out: IO[str] | None = None,
     err: IO[str] | None = None,
@@ -362,7 +363,8 @@ def serve_scenario(
 
     Prints the endpoints JSON line on ``out`` (stdout), progress on ``err`` (stderr);
     ``ports_file`` gets the same document, ``targets_file`` a ``kvscope collect --targets``
-    file for the endpoints. Returns the exit status (0).
+    file for the endpoints, ``file_sd_file`` a Prometheus ``file_sd_configs`` file (which
+    ``kvscope collect --file-sd`` reads too). Returns the exit status (0).
     """
     out = out or sys.stdout
     err = err or sys.stderr
@@ -377,6 +379,8 @@ def serve_scenario(
         if targets_file is not None:  # JSON is YAML: `kvscope collect --targets` reads it
             text = json.dumps(targets_document(doc, scenario), indent=2)
             _write_atomic(targets_file, text + "\n")
+        if file_sd_file is not None:  # JSON: both Prometheus and kvscope read it by extension
+            _write_atomic(file_sd_file, json.dumps(file_sd(doc), indent=2) + "\n")
         server.start()
         out.write(json.dumps(doc) + "\n")
         out.flush()

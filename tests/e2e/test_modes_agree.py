@@ -126,6 +126,7 @@ def test_direct_and_prometheus_plans_of_one_cluster_agree(tmp_path: Path) -> Non
               v["fits"][g].get("interval"), v["fits"][g].get("can_tell"),
               (v["fits"][g].get("at_current_util") or {}).get("relative"))
               for g in ("gain_native", "gain_lmcache")}) for k, v in plans.items()}  # fmt: skip
+    print(json.dumps({"stages": stages.done, "plans": report}))  # figures for the notes (-s)
     assert d["decision"]["mode"] == p["decision"]["mode"], report
     compared = 0
     for fit in ("gain_native", "gain_lmcache"):

@@ -327,8 +327,8 @@ def test_cli_simulate_serve_inspect_reads_consistent_values_sigint_exits_0(tmp_p
     scenario_file = tmp_path / "serve-test.yaml"
     scenario_file.write_text(SCENARIO)
     port = _consecutive_free(5)
-    targets_file = tmp_path / "targets.json"
-    extra = ("--targets-file", str(targets_file))
+    targets_file, sd_file = tmp_path / "targets.json", tmp_path / "sd.json"
+    extra = ("--targets-file", str(targets_file), "--file-sd-file", str(sd_file))
     with _cli_serving(scenario_file, port, 50.0, *extra) as (proc, doc):
         url = doc["engines"][1]["url"]
         assert url == f"http://127.0.0.1:{port + 1}/metrics"
@@ -359,6 +359,16 @@ def test_cli_simulate_serve_inspect_reads_consistent_values_sigint_exits_0(tmp_p
         summary = json.loads(collect.stdout)
         assert (summary["targets_up"], summary["targets_down"]) == (5, 0)
         assert summary["cluster"] == "sim-serve-test"
+        # and through the written file_sd file: the same 5 endpoints, engines and the pool
+        collect = subprocess.run(
+            [*KVSCOPE, "collect", "--file-sd", str(sd_file), "--once", "--quiet",
+             "--db", f"sqlite:///{tmp_path / 'sd.db'}"],
+            capture_output=True, text=True, timeout=60, cwd=REPO, check=True,
+        )  # fmt: skip
+        assert (
+            json.loads(collect.stdout)["targets_up"],
+            json.loads(collect.stdout)["targets_down"],
+        ) == (5, 0)
         proc.send_signal(signal.SIGINT)
         assert proc.wait(timeout=10) == 0  # a clean shutdown, within seconds
         assert proc.stderr is not None
