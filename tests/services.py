@@ -13,7 +13,7 @@ import subprocess
 import tempfile
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -107,30 +107,25 @@ def postgres() -> Iterator[str]:
 
 
 @contextmanager
-def prometheus(config_yaml: str, extra_args: tuple[str, ...] = ()) -> Iterator[str]:
-    """Start Debian's Prometheus with the given config on a free loopback port; yield its URL."""
-    binary = shutil.which("prometheus")
+def _daemon(name: str, config_yaml: str, args: Callable[[Path, int], list[str]]) -> Iterator[str]:
+    """Start Debian's ``name`` with ``config_yaml`` as ``TMP/name.yml`` and ``args(TMP,
+    port)`` on a free loopback port; yield its URL once ``/-/ready`` answers (a daemon that
+    does not come up fails with its log's tail); stop it and remove TMP at the end."""
+    binary = shutil.which(name)
     if binary is None:
-        raise RuntimeError("prometheus is not installed: run `make test` (installs it)")
-    tmp = Path(tempfile.mkdtemp(prefix="kvscope-prom-"))
-    (tmp / "prometheus.yml").write_text(config_yaml)
+        raise RuntimeError(f"{name} is not installed: run `make test` (installs it)")
+    tmp = Path(tempfile.mkdtemp(prefix=f"kvscope-{name}-"))
+    (tmp / f"{name}.yml").write_text(config_yaml)
     port = free_port()
-    log = (tmp / "prometheus.log").open("wb")
-    proc = subprocess.Popen(
-        [
-            binary,
-            f"--config.file={tmp / 'prometheus.yml'}",
-            f"--storage.tsdb.path={tmp / 'data'}",
-            f"--web.listen-address=127.0.0.1:{port}",
-            "--web.enable-lifecycle",
-            *extra_args,
-        ],
-        stdout=log,
-        stderr=subprocess.STDOUT,
-    )
+    log = (tmp / f"{name}.log").open("wb")
+    proc = subprocess.Popen([binary, *args(tmp, port)], stdout=log, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     try:
-        _wait_http(f"{url}/-/ready")
+        try:
+            _wait_http(f"{url}/-/ready")
+        except TimeoutError as exc:  # a bad config exits at once: say why
+            tail = (tmp / f"{name}.log").read_text(errors="replace")[-2000:]
+            raise RuntimeError(f"{name} (exit {proc.poll()}): {exc}\n{tail}") from None
         yield url
     finally:
         proc.terminate()
@@ -144,44 +139,25 @@ def prometheus(config_yaml: str, extra_args: tuple[str, ...] = ()) -> Iterator[s
 
 
 @contextmanager
+def prometheus(config_yaml: str, extra_args: tuple[str, ...] = ()) -> Iterator[str]:
+    """Start Debian's Prometheus with the given config on a free loopback port; yield its URL."""
+    with _daemon("prometheus", config_yaml, lambda tmp, port: [
+        f"--config.file={tmp / 'prometheus.yml'}", f"--storage.tsdb.path={tmp / 'data'}",
+        f"--web.listen-address=127.0.0.1:{port}", "--web.enable-lifecycle", *extra_args,
+    ]) as url:  # fmt: skip
+        yield url
+
+
+@contextmanager
 def alertmanager(config_yaml: str) -> Iterator[str]:
     """Start Debian's Alertmanager 0.25 with the given config on a free loopback port (no
     cluster gossip: ``--cluster.listen-address=``); yield its URL."""
-    binary = shutil.which("prometheus-alertmanager")
-    if binary is None:
-        raise RuntimeError("prometheus-alertmanager is not installed: run `make test`")
-    tmp = Path(tempfile.mkdtemp(prefix="kvscope-am-"))
-    (tmp / "alertmanager.yml").write_text(config_yaml)
-    port = free_port()
-    log = (tmp / "alertmanager.log").open("wb")
-    proc = subprocess.Popen(
-        [
-            binary,
-            f"--config.file={tmp / 'alertmanager.yml'}",
-            f"--storage.path={tmp / 'data'}",
-            f"--web.listen-address=127.0.0.1:{port}",
-            "--cluster.listen-address=",
-        ],
-        stdout=log,
-        stderr=subprocess.STDOUT,
-    )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        try:
-            _wait_http(f"{url}/-/ready")
-        except TimeoutError as exc:  # a bad config exits at once: say why
-            tail = (tmp / "alertmanager.log").read_text(errors="replace")[-2000:]
-            raise RuntimeError(f"alertmanager (exit {proc.poll()}): {exc}\n{tail}") from None
+    with _daemon("prometheus-alertmanager", config_yaml, lambda tmp, port: [
+        f"--config.file={tmp / 'prometheus-alertmanager.yml'}",
+        f"--storage.path={tmp / 'data'}", f"--web.listen-address=127.0.0.1:{port}",
+        "--cluster.listen-address=",
+    ]) as url:  # fmt: skip
         yield url
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        log.close()
-        shutil.rmtree(tmp, ignore_errors=True)
 
 
 class PrometheusProcess:
