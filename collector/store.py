@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import math
 import re
+import sqlite3
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
@@ -71,6 +72,31 @@ _STAGING_DDL = (
 _STAGING_COPY = f"COPY {_STAGING} ({', '.join(_WINDOW_COLUMNS)}) FROM STDIN"
 
 
+_SQLITE_BUSY_S = 30.0  # how long a connection waits for another one's lock
+
+
+def _wal(cursor: Any, patience_s: float) -> None:
+    """Put the database in WAL mode, waiting out other connections doing the same.
+
+    Switching a fresh file to WAL needs an exclusive lock, and SQLite answers "database is
+    locked" at once instead of calling the busy handler when another connection holds it
+    (two collectors, or a collector and ``kvscope plan``, opening a new file together).
+    The mode is read first: once one connection has set it, it sticks to the file.
+    """
+    deadline = time.monotonic() + patience_s
+    pause = 0.005
+    while True:
+        try:
+            if str(cursor.execute("PRAGMA journal_mode").fetchone()[0]).lower() != "wal":
+                cursor.execute("PRAGMA journal_mode=WAL")
+            return
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) or time.monotonic() > deadline:
+                raise
+        time.sleep(pause)
+        pause = min(pause * 2, 0.2)
+
+
 __all__ = ["MIGRATIONS", "EngineRecord", "PlanRecord", "Store", "TargetRecord", "redact"]
 
 
@@ -124,7 +150,7 @@ class Store(Inventory, PlanStore, FrameReader):
         in_memory = database in ("", ":memory:") or "mode=memory" in database
         if not in_memory and not database.startswith("file:"):
             Path(database).expanduser().parent.mkdir(parents=True, exist_ok=True)
-        engine = create_engine(parsed, connect_args={"timeout": 30})
+        engine = create_engine(parsed, connect_args={"timeout": _SQLITE_BUSY_S})
 
         @event.listens_for(engine, "connect")
         def _on_connect(dbapi_conn: Any, _record: Any) -> None:
@@ -132,7 +158,7 @@ class Store(Inventory, PlanStore, FrameReader):
             dbapi_conn.isolation_level = None
             cursor = dbapi_conn.cursor()
             if not in_memory:
-                cursor.execute("PRAGMA journal_mode=WAL")
+                _wal(cursor, _SQLITE_BUSY_S)
             cursor.execute("PRAGMA synchronous=NORMAL")
             cursor.execute("PRAGMA foreign_keys=ON")
             cursor.close()

@@ -132,7 +132,7 @@ def expo_server() -> Iterator[ExpoServer]:
     srv = _Server(("127.0.0.1", 0), _Handler)
     srv.routes = {}
     srv.lock = threading.Lock()
-    thread = threading.Thread(target=srv.serve_forever, kwargs={"poll_interval": 0.05})
+    thread = threading.Thread(target=srv.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
     thread.daemon = True
     thread.start()
     try:

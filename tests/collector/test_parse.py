@@ -476,7 +476,7 @@ def test_thread_reader_same_thread_reuses_other_thread_gets_its_own() -> None:
     mine = thread_reader()
     assert thread_reader() is mine
     seen: list[ExpositionReader] = []
-    worker = threading.Thread(target=lambda: seen.append(thread_reader()))
+    worker = threading.Thread(target=lambda: seen.append(thread_reader()), daemon=True)
     worker.start()
     worker.join()
     assert len(seen) == 1 and seen[0] is not mine

@@ -107,7 +107,8 @@ def test_collect_direct_good_targets_collected_despite_bad_ones(store: Store) ->
     for name in FIXTURES:
         assert up[name] >= 10, (name, Counter(o.error_kind for o in by_target[name]))
         assert all(o.series > 0 for o in by_target[name] if o.up)
-        assert hits[name] == 12
+        # every answered scrape reached the server; a timed-out one may not have got there
+        assert up[name] <= hits[name] <= 12, (name, hits[name])
     assert sum(stats.failures.values()) == 12 * n - sum(up.values())
     # Ticks never overlap: each target's scrapes start in distinct, increasing intervals.
     for name in FIXTURES:

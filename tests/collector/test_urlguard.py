@@ -381,7 +381,7 @@ def _tls_server(tmp_path: Path, name: str) -> Iterator[tuple[int, Path, _TLSSeen
 
     srv = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
     srv.socket = ctx.wrap_socket(srv.socket, server_side=True)
-    thread = threading.Thread(target=srv.serve_forever, kwargs={"poll_interval": 0.05})
+    thread = threading.Thread(target=srv.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
     thread.daemon = True
     thread.start()
     try:

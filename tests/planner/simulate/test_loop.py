@@ -314,7 +314,7 @@ def test_serve_scenario_loop_counters_grow_past_several_loops_over_http() -> Non
     result: list[int] = []
     thread = threading.Thread(target=lambda: result.append(
         serve_scenario(sc, "127.0.0.1:0", speed=40.0, loop=True, stop=stop, out=out, err=err)
-    ))  # fmt: skip
+    ), daemon=True)  # fmt: skip
     thread.start()
     try:
         deadline = time.monotonic() + 20

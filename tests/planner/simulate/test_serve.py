@@ -270,7 +270,8 @@ def test_serve_scenario_advances_in_scaled_time_and_stops(
                 out=out,
                 err=err,
             )
-        )
+        ),
+        daemon=True,
     )
     thread.start()
     try:
@@ -395,7 +396,7 @@ def test_prometheus_scrapes_two_engines_names_keep_colon(scenario: Scenario) -> 
             while not stop.wait(0.1):
                 live.tick()
 
-        ticker = threading.Thread(target=tick)
+        ticker = threading.Thread(target=tick, daemon=True)
         ticker.start()
         targets = [urllib.parse.urlsplit(e.url).netloc for e in server.endpoints[:2]]
         config = (
