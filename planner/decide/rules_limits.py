@@ -5,6 +5,9 @@ planner/decide/DECIDER.md documents both rules.
 
 from __future__ import annotations
 
+import math
+
+from planner.decide.evidence import ValueCI
 from planner.decide.rulestate import (
     GIB,
     HA_ADVICE,
@@ -59,18 +62,48 @@ def r8_dram_for_both(s: RuleState) -> None:
     g_native = ev.native_gain.gain if ev.native_gain and ev.native_gain.can_tell else None
     g_lmcache = ev.lmcache_gain.gain if ev.lmcache_gain and ev.lmcache_gain.can_tell else None
     if g_native is not None and g_lmcache is not None:
-        keep = "native" if g_native.estimate >= g_lmcache.estimate else "lmcache"
+        diff = lmcache_over_native(g_native, g_lmcache)
+        numbers |= {"lmcache_over_native": diff.estimate, "lo": diff.lo, "hi": diff.hi}
+        if diff.lo <= 0 <= diff.hi:
+            keep = "native"
+            why = (
+                f"the data cannot tell it from LMCache (native {g_native.pct()}, LMCache "
+                f"{g_lmcache.pct()}; LMCache over native {diff.pct()}) and it needs no "
+                "shared server per node"
+            )
+        else:
+            keep = "lmcache" if diff.estimate > 0 else "native"
+            why = f"the larger measured gain (LMCache over native {diff.pct()})"
     else:
         local = ev.reprefill_share if ev.reprefill_share is not None else ev.prefix_hit_ratio
         keep = "lmcache" if (ev.cross_engine_reuse or 0) >= (local or 0) else "native"
+        why = "the larger saving (cross-engine against local prefix reuse)"
     drop = "lmcache" if keep == "native" else "native"
     s.vote(drop, False, "dram")
     s.say(
         f"not both: DRAM per node {'is unknown' if missing else 'is too small'}"
-        f" for native buffers and an LMCache L1; keeping {keep}, the larger saving",
+        f" for native buffers and an LMCache L1; keeping {keep}: {why}",
         numbers,
         SRC_KVBM,
     )
+
+
+def lmcache_over_native(native: ValueCI, lmcache: ValueCI) -> ValueCI:
+    """LMCache's throughput over native offload's, (1 + g_lmcache) / (1 + g_native) − 1.
+
+    The gains are Wald intervals on the log scale (planner.fit.gain's default), so the log
+    ratio's half-width is the two half-widths added in quadrature, as for independent
+    estimates. Both fits use the same no-offload windows, which correlates them positively:
+    the true interval is narrower, so this one calls a tie a little more often than it should.
+    """
+    if native.level != lmcache.level:
+        raise ValueError(f"gain intervals at different levels: {native.level}, {lmcache.level}")
+    log = math.log1p
+    d = log(lmcache.estimate) - log(native.estimate)
+    half = math.hypot(
+        (log(native.hi) - log(native.lo)) / 2, (log(lmcache.hi) - log(lmcache.lo)) / 2
+    )
+    return ValueCI(math.expm1(d), math.expm1(d - half), math.expm1(d + half), native.level)
 
 
 def r9_lmcache_unhealthy(s: RuleState) -> None:

@@ -11,12 +11,16 @@ once, as an operator could deploy kvscope:
   engines expose, GPU and TP from one engines.yaml rule).
 
 Both stores are planned with ``kvscope plan``. The plans must agree on the decided mode,
-every engine's offload mode and the sign of each offload gain at current use. The
-magnitudes are printed (``-s``) but not asserted: in one of two runs the native gain was
-+20.8 % [18.1, 23.4] direct and +34.2 % [30.2, 38.4] through Prometheus, outside each
-other's intervals. Prometheus' ``increase()`` extrapolates to the window's edges where the
-direct roll-up takes exact deltas, and with 4 samples per window that shifts per-window
-rates more than the fits' intervals allow for; issue 11 stays open on it.
+every engine's offload mode, and each offload gain at current use: each estimate inside the
+other plan's interval, or the intervals overlapping with the estimates no further apart than
+the wider half-width. Per window the two stores differ (they sample the gauges at different
+instants, and ``increase()`` extrapolates where the roll-up takes exact deltas; in one run
+the Prometheus/direct ratio of a window's value had p10–p90 0.87–1.12 on generated-token
+rates and 0.73–1.29 on mean KV use, mean 0.99–1.02), so the fits differ by sampling noise.
+The decision used to follow it: native and LMCache gained +20.1 % / +23.0 % in one store and
++24.8 % / +23.4 % in the other, and the decider kept the larger point estimate, LMCache in one
+plan and native in the other. It now keeps LMCache only when it measurably beats native
+(planner/decide/DECIDER.md, R8).
 
 The simulated clock runs SPEED× the wall's: a 2-second window holds 2 simulated minutes.
 """
@@ -131,11 +135,13 @@ def test_direct_and_prometheus_plans_of_one_cluster_agree(tmp_path: Path) -> Non
               for g in ("gain_native", "gain_lmcache")}) for k, v in plans.items()}  # fmt: skip
     print(json.dumps({"stages": stages.done, "plans": report}))  # figures for the notes (-s)
     assert d["decision"]["mode"] == p["decision"]["mode"], report
-    signs = 0
+    compared = 0
     for fit in ("gain_native", "gain_lmcache"):
         ra = d["fits"][fit].get("at_current_util") or {}
         rb = p["fits"][fit].get("at_current_util") or {}
         if ra.get("relative") is not None and rb.get("relative") is not None:
             assert (ra["relative"] > 0) == (rb["relative"] > 0), report
-            signs += 1
-    assert signs >= 1, f"too little to compare: {report}; stages {stages.done}"
+            assert _within(ra["relative"], rb["relative"], ra["relative_interval"],
+                           rb["relative_interval"]), (fit, report)  # fmt: skip
+            compared += 1
+    assert compared >= 1, f"too little to compare: {report}; stages {stages.done}"

@@ -20,6 +20,7 @@ from planner.decide.decision import (
     decide,
     decider_doc,
 )
+from planner.decide.rules_limits import lmcache_over_native
 from planner.model.breakeven import breakeven_bandwidth
 from planner.model.hardware import get_gpu, get_model
 
@@ -328,6 +329,47 @@ def test_decide_both_with_unknown_dram_keeps_one_and_names_it() -> None:
     d = decide(ev(**PRESSURE, cross_engine_reuse=0.4, cpu_dram_per_node_gib=None))
     assert d.mode in ("native", "lmcache")
     assert any("cpu_dram_per_node_gib" in u for u in d.unknowns)
+
+
+@pytest.mark.parametrize(
+    ("native", "lmcache", "keep", "says"),
+    [
+        # the two plans of one cluster in tests/e2e/test_modes_agree.py: a tie either way
+        ((0.201, 0.115, 0.293), (0.230, 0.131, 0.338), "native", "the data cannot tell"),
+        ((0.248, 0.187, 0.312), (0.234, 0.127, 0.352), "native", "the data cannot tell"),
+        ((0.10, 0.07, 0.13), (0.40, 0.35, 0.45), "lmcache", "the larger measured gain"),
+        ((0.40, 0.35, 0.45), (0.10, 0.07, 0.13), "native", "the larger measured gain"),
+    ],
+)
+def test_decide_unknown_dram_keeps_lmcache_only_when_it_measurably_beats_native(
+    native: tuple[float, float, float], lmcache: tuple[float, float, float], keep: str, says: str
+) -> None:
+    d = decide(
+        ev(
+            **PRESSURE,
+            cross_engine_reuse=0.4,
+            cpu_dram_per_node_gib=None,
+            native_gain=gain(*native),
+            lmcache_gain=gain(*lmcache),
+        )
+    )
+    assert d.mode == keep
+    r = reason(d, "R8_dram_for_both")
+    assert f"keeping {keep}: {says}" in r.text
+    lo, hi = float(r.numbers["lo"]), float(r.numbers["hi"])
+    assert lo <= float(r.numbers["lmcache_over_native"]) <= hi
+    assert (lo <= 0 <= hi) == (says == "the data cannot tell")
+
+
+def test_lmcache_over_native_interval_adds_log_half_widths() -> None:
+    n, lm = ValueCI(0.2, 0.1, 0.3), ValueCI(0.2, 0.1, 0.3)
+    diff = lmcache_over_native(n, lm)
+    assert diff.estimate == pytest.approx(0.0)
+    half = math.hypot(*[(math.log1p(0.3) - math.log1p(0.1)) / 2] * 2)
+    assert math.log1p(diff.hi) == pytest.approx(half)
+    assert math.log1p(diff.lo) == pytest.approx(-half)
+    with pytest.raises(ValueError, match="different levels"):
+        lmcache_over_native(n, ValueCI(0.2, 0.1, 0.3, level=0.9))
 
 
 def test_decide_lmcache_down_falls_back_to_native_with_ha_advice() -> None:
