@@ -76,6 +76,13 @@ def resumable(saved: Saved, *, url: str, now: float, window_s: float, stale_wind
     return same and saved.last_ts <= now <= saved.last_ts + stale_windows * window_s
 
 
+def newest(a: Saved | None, b: Saved | None) -> tuple[Saved | None, Saved | None]:
+    """(newer, older) of two states of one target, by their last sample (``a`` on a tie)."""
+    if a is None or b is None:
+        return (a if b is None else b), None
+    return (a, b) if a.last_ts >= b.last_ts else (b, a)
+
+
 def resume(
     saved: Saved | None, name: str, url: str, window_s: float, now: float
 ) -> tuple[Rollup, list[Window]]:

@@ -89,7 +89,13 @@ class CollectorHealth:
     one). The loop calls :meth:`scraped` per scrape and :meth:`ticked` after every tick."""
 
     def __init__(
-        self, *, version: str, cluster: str, mode: str, targets: Iterable[str] = ()
+        self,
+        *,
+        version: str,
+        cluster: str,
+        mode: str,
+        targets: Iterable[str] = (),
+        shard: str = "0/1",
     ) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
@@ -137,7 +143,7 @@ class CollectorHealth:
             COLLECTOR_LAST_SUCCESSFUL_TICK.name, COLLECTOR_LAST_SUCCESSFUL_TICK.help, registry=r
         )
         info = Gauge(COLLECTOR_INFO.name, COLLECTOR_INFO.help, COLLECTOR_INFO.labels, registry=r)
-        info.labels(cluster=cluster, mode=mode).set(1)
+        info.labels(cluster=cluster, mode=mode, shard=shard).set(1)
         build = Gauge(BUILD_INFO.name, BUILD_INFO.help, BUILD_INFO.labels, registry=r)
         build.labels(version=version).set(1)
         self._seen: dict[str, int] = {}

@@ -29,7 +29,7 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 from collector.records import Labels
 
 # Bump when the schema changes and add the step to store.MIGRATIONS.
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 
 OFFLOAD_MODES = ("none", "native", "lmcache")
 TARGET_KINDS = ("vllm", "lmcache", "prometheus")
@@ -101,6 +101,20 @@ class TargetRow(Base):
     kind: Mapped[str] = mapped_column(String(16), nullable=False)
     cluster_id: Mapped[int] = mapped_column(ForeignKey("clusters.id"), nullable=False)
     updated: Mapped[float] = mapped_column(Double, nullable=False)
+
+
+class RollupStateRow(Base):
+    """A direct collector's roll-up state of one target, left at its clean stop for whichever
+    collector scrapes the target next (a re-sharded or moved one: collector.handoff)."""
+
+    __tablename__ = "rollup_states"
+
+    target: Mapped[str] = mapped_column(String(500), primary_key=True)
+    url: Mapped[str] = mapped_column(Text, nullable=False)
+    written: Mapped[float] = mapped_column(Double, nullable=False)
+    # collector.rollup export_state() as JSON text: it may hold ±Infinity (histogram bounds),
+    # which PostgreSQL's json type refuses
+    state: Mapped[str] = mapped_column(Text, nullable=False)
 
 
 class ScrapeOutcomeRow(Base):

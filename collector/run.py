@@ -42,7 +42,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
-from collector.checkpoint import Checkpoints, open_windows, resume
+from collector.checkpoint import Checkpoints, Saved, newest, open_windows, resume
 from collector.engine_facts import describe, engine_facts_of
 from collector.engine_rules import EngineRules
 from collector.errors import ConfigError, KvscopeError
@@ -50,6 +50,7 @@ from collector.file_sd import Discovered, FileSD
 from collector.health import CollectorHealth
 from collector.records import ScrapeOutcome, Snapshot, Window
 from collector.rollup import Rollup
+from collector.shard import Shard
 from collector.sources import (
     TARGET_KINDS,
     ClientPool,
@@ -91,6 +92,8 @@ class CollectStats:
     loop_errors: int = 0
     file_sd_errors: int = 0
     checkpoint_errors: int = 0
+    states_taken: int = 0  # roll-up states resumed from the store (collector.handoff)
+    states_left: int = 0  # roll-up states left in the store at the stop
     spool: SpoolCounts = field(default_factory=SpoolCounts)  # the loop's Spool's own counts
 
     def summary(self) -> dict[str, Any]:
@@ -109,6 +112,8 @@ class CollectStats:
             "loop_errors": self.loop_errors,
             "file_sd_errors": self.file_sd_errors,
             "checkpoint_errors": self.checkpoint_errors,
+            "states_taken": self.states_taken,
+            "states_left": self.states_left,
             "spool": self.spool.summary(),
             "max_lag_s": round(self.max_lag_s, 4),
             "duration_s": round(time.time() - self.started, 3),
@@ -272,7 +277,11 @@ class _Direct:
         checkpoints: Checkpoints | None = None,
         clock: Clock = time.time,
         drain_budget_s: float | None = None,
+        shard: Shard | None = None,
+        handoff: bool = False,
     ):
+        self.shard = shard  # applied to every tick's targets (the file's: by collect_direct)
+        self.handoff = handoff  # take and leave roll-up states in the store (collector.handoff)
         self.targets = targets
         self.file_sd = file_sd
         self.discovered: dict[str, Discovered] = {}  # file_sd targets as registered in the store
@@ -289,7 +298,8 @@ class _Direct:
         self.clock = clock
         self.urls: dict[str, str] = {}  # target -> the URL its roll-up state is of
         self.leftover: list[Window] = []  # open windows of checkpoints not resumed
-        self.rollups = {t.name: self._rollup(t) for t in targets}
+        self.rollups: dict[str, Rollup] = {}
+        self._add_rollups(targets.targets)
         self.facts: dict[str, dict[str, Any]] = {}
         self.state: dict[str, str] = {}  # target -> "up" or its last error kind
         self.clusters = {t.name: targets.cluster for t in targets}  # where engines register
@@ -320,6 +330,8 @@ class _Direct:
                     self.clusters.setdefault(r.name, r.cluster)
         taken = own | {t.name for t in found}
         targets = [*self.targets, *found, *(t for t in self.registered if t.name not in taken)]
+        if self.shard is not None:
+            targets = self.shard.select(targets)
         self._retarget(targets)
         return targets
 
@@ -346,10 +358,10 @@ class _Direct:
     def _retarget(self, targets: Sequence[Target]) -> None:
         """A roll-up per new target; a gone one's open windows are written, its state dropped."""
         names = {t.name for t in targets}
-        for t in sorted(targets, key=lambda t: t.name):
-            if t.name not in self.rollups:
-                self.rollups[t.name] = self._rollup(t)
-                log.warning("target %s registered: scraping it", t.name)
+        new = sorted((t for t in targets if t.name not in self.rollups), key=lambda t: t.name)
+        self._add_rollups(new)
+        for t in new:
+            log.warning("target %s registered: scraping it", t.name)
         gone = sorted(self.rollups.keys() - names)
         if not gone:
             return
@@ -363,15 +375,44 @@ class _Direct:
 
     # -- restarts (collector.checkpoint) ----------------------------------------------------
 
-    def _rollup(self, target: Target) -> Rollup:
-        """A new roll-up for ``target``, resumed from its checkpointed state when it can be
-        (collector.checkpoint.resume); the open windows of a state not resumed are written at
-        the next write."""
-        self.urls[target.name] = target.url
-        saved = self.checkpoints.claim(target.name) if self.checkpoints is not None else None
-        rollup, left_open = resume(saved, target.name, target.url, self.window_s, self.clock())
-        self.leftover += left_open
-        return rollup
+    def _add_rollups(self, targets: Sequence[Target]) -> None:
+        """A roll-up per target, resumed from the newer of its checkpoint and the state the
+        store holds for it (collector.handoff) when it can be (collector.checkpoint.resume);
+        the open windows of states not resumed are written at the next write."""
+        handed: dict[str, Saved] = {}
+        if self.handoff and targets:
+            try:
+                handed = self.store.take_rollup_states([t.name for t in targets])
+            except KvscopeError as exc:  # they start afresh, as without a state
+                self._store_failed(f"taking the roll-up states of {len(targets)} target(s)", exc)
+        for t in targets:
+            self.urls[t.name] = t.url
+            local = self.checkpoints.claim(t.name) if self.checkpoints is not None else None
+            saved, older = newest(local, handed.get(t.name))
+            rollup, left_open = resume(saved, t.name, t.url, self.window_s, self.clock())
+            if saved is not None and saved is not local and rollup.last_timestamp is not None:
+                self.stats.states_taken += 1
+            if older is not None and older is local:  # a kill -9 never wrote its open windows
+                left_open += open_windows(older, now=self.clock())
+            self.leftover += left_open
+            self.rollups[t.name] = rollup
+
+    def leave_states(self) -> None:
+        """At the stop: every target's roll-up state in the store, for whichever collector
+        scrapes it next (collector.handoff)."""
+        if not self.handoff or not self.rollups:
+            return
+        now = time.time()
+        states = [Saved(name, self.urls[name], now, r.export_state())
+                  for name, r in self.rollups.items()]  # fmt: skip
+        try:
+            self.stats.states_left += self.store.leave_rollup_states(states)
+        except KvscopeError as exc:
+            self._store_failed(
+                f"leaving {len(states)} roll-up states (a collector elsewhere starts those "
+                "targets afresh; one on this state directory resumes its checkpoints)",
+                exc,
+            )
 
     def save_checkpoint(self) -> None:
         """Checkpoint every roll-up (after the tick's windows were written or spooled). The
@@ -514,6 +555,7 @@ async def collect_direct(
     file_sd: FileSD | None = None,
     spool: Spool | None = None,
     checkpoints: Checkpoints | None = None,
+    shard: Shard | None = None,
 ) -> CollectStats:
     """Scrape ``targets`` every ``interval_s`` into ``store`` until stopped; see module doc.
 
@@ -541,7 +583,12 @@ async def collect_direct(
     writing them back, the stop at most STOP_DRAIN_BUDGET_S; the rest waits for the next.
 
     ``checkpoints``: save each target's roll-up state after every tick and resume from the
-    states a stopped or killed collector left (collector.checkpoint; None: neither).
+    states a stopped or killed collector left (collector.checkpoint; None: neither). Unless
+    ``once``, the states are also left in the store at the stop and taken from it at the
+    start, for a target that moved between collectors (collector.handoff).
+
+    ``shard``: scrape only the targets (of every source) whose name hashes to this shard
+    (collector.shard, Prometheus' ``hashmod``).
     """
     if not (math.isfinite(interval_s) and interval_s > 0):
         raise ConfigError(f"scrape interval must be > 0 seconds, got {interval_s}")
@@ -549,11 +596,13 @@ async def collect_direct(
     stop = stop if stop is not None else asyncio.Event()
     limit = 1 if once else max_ticks
     timeout = min(timeout_s, 0.9 * interval_s) if not once else timeout_s
+    if shard is not None:
+        targets = TargetSet(targets.cluster, tuple(shard.select(targets)))
     register_targets(store, targets)
     state = _Direct(
         targets, store, window_s, stats, health, rules=engine_rules, file_sd=file_sd,
         spool=spool, checkpoints=checkpoints, clock=clock,
-        drain_budget_s=max(0.5, 0.5 * interval_s),
+        drain_budget_s=max(0.5, 0.5 * interval_s), shard=shard, handoff=not once,
     )  # fmt: skip
     async with ClientPool(timeout_s=timeout) as client:
         index = math.floor(clock() / interval_s)  # the first tick runs at once
@@ -608,6 +657,7 @@ async def collect_direct(
             scheduled = index * interval_s
             await sleep(scheduled, stop)
     state.save_checkpoint()  # the open windows still open: a restart inside them resumes them
+    state.leave_states()  # the same, for a collector elsewhere that takes a target over
     state.flush()
     if progress is not None:
         progress(stats)

@@ -287,8 +287,9 @@ COLLECTOR_LAST_SUCCESSFUL_TICK = MetricDef(
     "been down: see the scrapes counter).",
 )  # fmt: skip
 COLLECTOR_INFO = MetricDef(
-    "kvscope_collector_info", "gauge", ("cluster", "mode"), "1",
-    "The collector's cluster and mode (direct or prometheus); value 1.",
+    "kvscope_collector_info", "gauge", ("cluster", "mode", "shard"), "1",
+    "The collector's cluster, mode (direct or prometheus) and shard (I/N, 0/1 unsharded); "
+    "value 1.",
 )  # fmt: skip
 BUILD_INFO = MetricDef(
     "kvscope_build_info", "gauge", ("version",), "1",

@@ -38,6 +38,7 @@ from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import ArgumentError, SQLAlchemyError
 
 from collector.errors import StoreError
+from collector.handoff import HandoffStore
 from collector.inventory import Inventory
 from collector.models import (
     SCHEMA_VERSION,
@@ -60,6 +61,7 @@ from collector.store_frame import FrameReader, window_filters
 MIGRATIONS: dict[int, Callable[[Connection], None]] = {
     1: lambda _conn: None,  # 1 -> 2: the plans table, which create_all() has just added
     2: lambda _conn: None,  # 2 -> 3: the engine_changes table (create_all() added it)
+    3: lambda _conn: None,  # 3 -> 4: the rollup_states table (create_all() added it)
 }
 _PG_MIGRATE_LOCK = 0x6B7673636F7065  # pg_advisory_xact_lock key ("kvscope")
 _WINDOW_KEY = ("source", "series_key", "start")
@@ -108,7 +110,7 @@ def redact(url: str) -> str:
         return re.sub(r"(://[^:/@]*:)[^@]*@", r"\1***@", url)
 
 
-class Store(Inventory, PlanStore, FrameReader):
+class Store(Inventory, PlanStore, FrameReader, HandoffStore):
     """kvscope's SQL store; see the module docstring. Use as a context manager or call close()."""
 
     def __init__(self, url: str, *, batch_size: int = 5_000) -> None:

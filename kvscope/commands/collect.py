@@ -145,6 +145,15 @@ def register(app: typer.Typer) -> None:
                 "(repeatable)",
             ),
         ] = None,
+        shard: Annotated[
+            str | None,
+            typer.Option(
+                "--shard",
+                metavar="I/N",
+                help="direct mode: scrape only the targets whose name hashes to shard I of N "
+                "(Prometheus' hashmod)",
+            ),
+        ] = None,
         state_dir: Annotated[
             Path | None,
             typer.Option(
@@ -177,6 +186,13 @@ def register(app: typer.Typer) -> None:
         the job label contains "lmcache", else vllm; cluster, model, gpu, tensor_parallel,
         offload labels as in the targets file; __scheme__, __metrics_path__, __param_*.
         On a name clash the --targets file wins over file_sd, file_sd over the store.
+
+        --shard I/N (direct mode): of all those targets, scrape the ones whose name hashes to
+        I (Prometheus' hashmod: MD5, last 8 bytes, mod N), so N collectors with the same
+        sources and I = 0 … N-1 scrape each target exactly once, into one store. To change N,
+        stop the old collectors, then start the new ones: each target's roll-up is left in
+        the store at a stop and taken by the collector that scrapes it next, so a target
+        that changed shard loses no counter increase (within 5 windows).
 
         Outages and restarts (direct mode): windows and outcomes the store refuses are spooled
         in --state-dir (fsync'd segment files, at most KVSCOPE_SPOOL_MAX_BYTES, default 1 GiB;
@@ -218,6 +234,7 @@ def register(app: typer.Typer) -> None:
                 engines=engines,
                 file_sd=file_sd,
                 state_dir=state_dir,
+                shard=shard,
             )
         except KeyboardInterrupt:  # Ctrl-C before the loop installed its handler
             print("kvscope: interrupted before collecting", file=sys.stderr)
@@ -245,6 +262,7 @@ def run_collect(
     engines: Path | None = None,
     file_sd: Sequence[str] | None = None,
     state_dir: Path | None = None,
+    shard: str | None = None,
 ) -> dict[str, object]:
     """Validate the flags, run the loop, return the JSON summary."""
     from pydantic import ValidationError
@@ -259,6 +277,14 @@ def run_collect(
         raise ConfigError("--allow-network applies to --targets-from-store targets only")
     if file_sd and prometheus is not None:
         raise ConfigError("--file-sd is direct mode: not with --prometheus")
+    if shard is not None and prometheus is not None:
+        raise ConfigError(
+            "--shard splits scrape targets (direct mode): a Prometheus is read whole, "
+            "one collector per Prometheus or cluster"
+        )
+    from collector.shard import Shard
+
+    sharding = Shard.parse(shard) if shard is not None else None
     if (targets is None and not targets_from_store and not file_sd) == (prometheus is None):
         raise ConfigError(
             "give exactly one of --targets FILE or --prometheus URL "
@@ -320,9 +346,11 @@ def run_collect(
                 else None
             )
             discovery = FileSD(file_sd, cluster=target_set.cluster) if file_sd else None
+            own = sharding.select(target_set) if sharding is not None else list(target_set)
             health = _health(
-                metrics_addr, target_set.cluster, "direct", [t.name for t in target_set]
-            )
+                metrics_addr, target_set.cluster, "direct", [t.name for t in own],
+                shard=str(sharding or "0/1"),
+            )  # fmt: skip
             state = _state_dir(settings.state_dir, settings.db)
             spool, checkpoints = _local_state(state, store.url, settings)
             with _serving(metrics_addr, health, quiet), _closing(checkpoints):
@@ -344,6 +372,7 @@ def run_collect(
                         file_sd=discovery,
                         spool=spool,
                         checkpoints=checkpoints,
+                        shard=sharding,
                     )
                 )
             cluster_name = target_set.cluster
@@ -431,14 +460,16 @@ def _closing(checkpoints: Checkpoints | None) -> Iterator[None]:
 
 
 def _health(
-    addr: str | None, cluster: str, mode: str, targets: Sequence[str]
+    addr: str | None, cluster: str, mode: str, targets: Sequence[str], shard: str = "0/1"
 ) -> CollectorHealth | None:
     """The collector's own metrics when --metrics-addr is given (None: nothing kept)."""
     if addr is None:
         return None
     from collector.health import CollectorHealth
 
-    return CollectorHealth(version=kvscope_version(), cluster=cluster, mode=mode, targets=targets)
+    return CollectorHealth(
+        version=kvscope_version(), cluster=cluster, mode=mode, targets=targets, shard=shard
+    )
 
 
 def _serving(

@@ -177,11 +177,13 @@ def test_schema_1_without_plans_table_upgraded_keeps_windows(db_url: str) -> Non
     with engine.begin() as conn:
         conn.execute(sqlalchemy.text("DROP TABLE plans"))
         conn.execute(sqlalchemy.text("DROP TABLE engine_changes"))
+        conn.execute(sqlalchemy.text("DROP TABLE rollup_states"))
     engine.dispose()
     _set_version(db_url, 1)
     with Store(db_url) as s:
-        assert s.migrate() == SCHEMA_VERSION == 3
+        assert s.migrate() == SCHEMA_VERSION == 4
         assert s.read_windows() == [win()] and s.plans() == [] and s.engine_changes() == {}
+        assert s.take_rollup_states(["e1"]) == {}
 
 
 def test_engine_change_recorded_only_when_regime_changes(db_url: str) -> None:

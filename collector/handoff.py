@@ -1,0 +1,103 @@
+"""Roll-up hand-off through the store: a target moving to another collector loses nothing.
+
+A direct collector's checkpoints (collector.checkpoint) live in its own state directory, so
+they resume a restart on the same host. When a target moves to another collector — the
+targets re-sharded (``kvscope collect --shard I/N``), a collector replaced on another node —
+the new one has no checkpoint of it, and without one its first counter window would start
+at its first sample: the increase since the old collector's last sample would be lost.
+
+So at a clean stop each collector also leaves every target's roll-up state in the store's
+``rollup_states`` table (one row per target, replaced by a newer stop), and a collector
+that starts scraping a target *takes* the row: it reads and deletes it in one transaction,
+so two collectors never both resume one state (``DELETE … RETURNING``). The taker resumes
+from the newer of the store's state and its own checkpoint (by last sample), by the rule
+(collector.checkpoint ``resumable``: the same URL and window, its last sample no older than
+the roll-up's stale horizon); it deletes the row even when it resumes from its checkpoint,
+so a state it has moved past cannot be resumed by another collector later.
+
+Re-sharding that loses nothing: stop the old collectors, then start the new ones within
+the stale horizon (5 windows). A collector killed with -9 leaves no row: its successor on
+the same state directory resumes from the checkpoint, one elsewhere starts the target
+afresh.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING, Any
+
+from sqlalchemy import Connection, delete
+
+from collector.checkpoint import Saved
+from collector.models import RollupStateRow
+
+if TYPE_CHECKING:
+    from contextlib import AbstractContextManager
+
+log = logging.getLogger(__name__)
+_CHUNK = 500  # names per IN (...) list: well under SQLite's 32,766 bound parameters
+
+
+class HandoffStore:
+    """Roll-up states left for the next collector of a target (mixed into Store)."""
+
+    if TYPE_CHECKING:
+        _insert: Any
+
+        def _require_schema(self) -> None: ...
+        def _tx(self, what: str, *, write: bool = False) -> AbstractContextManager[Connection]: ...
+
+    def leave_rollup_states(self, states: Iterable[Saved]) -> int:
+        """Store each target's state, replacing an older one of it; return how many."""
+        rows = [
+            {
+                "target": s.name,
+                "url": s.url,
+                "written": s.written,
+                "state": json.dumps(s.state, separators=(",", ":")),
+            }
+            for s in states
+        ]
+        if not rows:
+            return 0
+        self._require_schema()
+        with self._tx(f"leaving the roll-up state of {len(rows)} target(s)", write=True) as conn:
+            for i in range(0, len(rows), _CHUNK):
+                stmt = self._insert(RollupStateRow).values(rows[i : i + _CHUNK])
+                conn.execute(
+                    stmt.on_conflict_do_update(
+                        index_elements=["target"],
+                        set_={c: stmt.excluded[c] for c in ("url", "written", "state")},
+                    )
+                )
+        return len(rows)
+
+    def take_rollup_states(self, targets: Sequence[str]) -> dict[str, Saved]:
+        """The states left for ``targets``, deleted from the store as they are read."""
+        if not targets:
+            return {}
+        self._require_schema()
+        out: dict[str, Saved] = {}
+        with self._tx(f"taking the roll-up state of {len(targets)} target(s)", write=True) as conn:
+            for i in range(0, len(targets), _CHUNK):
+                names = list(targets[i : i + _CHUNK])
+                # one DELETE … RETURNING: of two collectors taking the same rows at once,
+                # the second waits on the first's row locks and then finds them gone
+                # (PostgreSQL; a SELECT then DELETE let both read them under READ COMMITTED)
+                found = conn.execute(
+                    delete(RollupStateRow)
+                    .where(RollupStateRow.target.in_(names))
+                    .returning(RollupStateRow.target, RollupStateRow.url,
+                               RollupStateRow.written, RollupStateRow.state)
+                ).all()  # fmt: skip
+                for r in found:
+                    try:
+                        state = json.loads(r.state)
+                    except ValueError as exc:  # written by this module: a damaged row
+                        log.error("target %s: its stored roll-up state is unusable: %s",
+                                  r.target, exc)  # fmt: skip
+                        continue
+                    out[r.target] = Saved(r.target, r.url, float(r.written), state)
+        return out
