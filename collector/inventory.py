@@ -24,6 +24,7 @@ from collector.models import (
     EngineRecord,
     EngineRow,
     PlanRow,
+    RollupStateRow,
     ScrapeOutcomeRow,
     TargetRecord,
     TargetRow,
@@ -317,7 +318,8 @@ class Inventory:
         """Row counts per table, the windows' time range and window counts per signal."""
         self._require_schema()
         tables = (
-            ClusterRow, EngineRow, EngineChangeRow, TargetRow, ScrapeOutcomeRow, WindowRow, PlanRow
+            ClusterRow, EngineRow, EngineChangeRow, TargetRow, ScrapeOutcomeRow, WindowRow, PlanRow,
+            RollupStateRow,
         )  # fmt: skip
         w = WindowRow
         with self._tx("reading statistics") as conn:

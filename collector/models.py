@@ -137,6 +137,11 @@ class ScrapeOutcomeRow(Base):
     error: Mapped[str | None] = mapped_column(Text)
 
 
+WINDOWS_START_BRIN_DDL = (
+    "CREATE INDEX IF NOT EXISTS ix_windows_start_brin ON windows USING brin (start)"
+)
+
+
 class WindowRow(Base):
     """One series rolled up over [start, start + length_s) (see collector.records.Window)."""
 
@@ -146,6 +151,11 @@ class WindowRow(Base):
         # time-ordered writes append to it and it also serves the (source, start) look-ups.
         UniqueConstraint("source", "start", "series_key", name="uq_windows_source_start_series"),
         Index("ix_windows_signal_start", "signal", "start"),
+        # PostgreSQL: a BRIN index (a few pages for millions of time-ordered rows) finds the
+        # time ranges retention deletes and plans read (collector.retention)
+        Index("ix_windows_start_brin", "start", postgresql_using="brin").ddl_if(
+            dialect="postgresql"
+        ),
     )
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)

@@ -49,6 +49,7 @@ from collector.errors import ConfigError, KvscopeError
 from collector.file_sd import Discovered, FileSD
 from collector.health import CollectorHealth
 from collector.records import ScrapeOutcome, Snapshot, Window
+from collector.retention import Pruner
 from collector.rollup import Rollup
 from collector.shard import Shard
 from collector.sources import (
@@ -556,6 +557,7 @@ async def collect_direct(
     spool: Spool | None = None,
     checkpoints: Checkpoints | None = None,
     shard: Shard | None = None,
+    pruner: Pruner | None = None,
 ) -> CollectStats:
     """Scrape ``targets`` every ``interval_s`` into ``store`` until stopped; see module doc.
 
@@ -589,6 +591,9 @@ async def collect_direct(
 
     ``shard``: scrape only the targets (of every source) whose name hashes to this shard
     (collector.shard, Prometheus' ``hashmod``).
+
+    ``pruner``: delete what is older than the retention, at the start and every hour, in a
+    worker thread (collector.retention).
     """
     if not (math.isfinite(interval_s) and interval_s > 0):
         raise ConfigError(f"scrape interval must be > 0 seconds, got {interval_s}")
@@ -631,6 +636,8 @@ async def collect_direct(
                     break
                 state.absorb(results)
                 state.save_checkpoint()
+                if pruner is not None:
+                    pruner.tick(clock())
             except Exception as exc:  # loop boundary: a bug in one round must not end collection
                 log.exception("collect round failed")
                 stats.loop_errors += 1
@@ -659,6 +666,8 @@ async def collect_direct(
     state.save_checkpoint()  # the open windows still open: a restart inside them resumes them
     state.leave_states()  # the same, for a collector elsewhere that takes a target over
     state.flush()
+    if pruner is not None:
+        await pruner.close()
     if progress is not None:
         progress(stats)
     if health is not None:

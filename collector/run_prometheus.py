@@ -31,6 +31,7 @@ from collector.errors import ConfigError, KvscopeError, ScrapeError
 from collector.health import CollectorHealth
 from collector.promsource import PrometheusSource
 from collector.records import Window
+from collector.retention import Pruner
 from collector.run import CollectStats, Progress, next_tick, sleep_until, unless_stopped
 from collector.store import Store
 
@@ -55,6 +56,7 @@ async def collect_prometheus(
     progress: Progress | None = None,
     health: CollectorHealth | None = None,
     engine_rules: EngineRules | None = None,
+    pruner: Pruner | None = None,
 ) -> CollectStats:
     """Back-fill windows of ``[now - since_s, now - settle_s]``, then poll every ``interval_s``.
 
@@ -62,6 +64,7 @@ async def collect_prometheus(
     The first query failing raises ScrapeError; later failures are logged, counted and retried.
     ``health``: kvscope's own collector metrics (each range query is a scrape of the source).
     ``engine_rules``: engines.yaml, for the facts the engines' metrics cannot say.
+    ``pruner``: retention, run after each poll when due (collector.retention).
     """
     if not (math.isfinite(interval_s) and interval_s > 0):
         raise ConfigError(f"poll interval must be > 0 seconds, got {interval_s}")
@@ -140,6 +143,8 @@ async def collect_prometheus(
                 stats.last_error = f"store: {exc}"
                 log.error("store: writing %d windows: %s (will re-query)", len(windows), exc)
             log.info("poll: %d windows", stats.windows_written - written_before)
+        if pruner is not None:
+            pruner.tick(time.time())
         stats.ticks += 1
         stats.last_tick_s = time.time() - began
         if progress is not None:
@@ -149,6 +154,8 @@ async def collect_prometheus(
         if limit is not None and stats.ticks >= limit:
             break
         await sleep_until(next_tick(time.time(), interval_s), stop)
+    if pruner is not None:
+        await pruner.close()
     return stats
 
 

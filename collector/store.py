@@ -43,6 +43,7 @@ from collector.inventory import Inventory
 from collector.models import (
     SCHEMA_VERSION,
     WINDOW_VALUE_COLUMNS,
+    WINDOWS_START_BRIN_DDL,
     Base,
     EngineRecord,
     PlanRecord,
@@ -54,6 +55,7 @@ from collector.models import (
 )
 from collector.plans import PlanStore
 from collector.records import Labels, Window
+from collector.retention import RetentionStore
 from collector.store_frame import FrameReader, window_filters
 
 # Upgrade steps: MIGRATIONS[n] turns schema version n into n + 1, inside migrate()'s one
@@ -61,8 +63,17 @@ from collector.store_frame import FrameReader, window_filters
 MIGRATIONS: dict[int, Callable[[Connection], None]] = {
     1: lambda _conn: None,  # 1 -> 2: the plans table, which create_all() has just added
     2: lambda _conn: None,  # 2 -> 3: the engine_changes table (create_all() added it)
-    3: lambda _conn: None,  # 3 -> 4: the rollup_states table (create_all() added it)
+    # 3 -> 4: the rollup_states table (create_all() added it) and, on PostgreSQL, the BRIN
+    # index on windows.start (create_all() makes indexes with new tables only)
+    3: lambda conn: _postgresql_only(conn, WINDOWS_START_BRIN_DDL),
 }
+
+
+def _postgresql_only(conn: Connection, ddl: str) -> None:
+    if conn.dialect.name == "postgresql":
+        conn.execute(text(ddl))
+
+
 _PG_MIGRATE_LOCK = 0x6B7673636F7065  # pg_advisory_xact_lock key ("kvscope")
 _WINDOW_KEY = ("source", "series_key", "start")
 _WINDOW_COLUMNS = ("source", "signal", "labels", "series_key", "start", *WINDOW_VALUE_COLUMNS[2:])
@@ -110,7 +121,7 @@ def redact(url: str) -> str:
         return re.sub(r"(://[^:/@]*:)[^@]*@", r"\1***@", url)
 
 
-class Store(Inventory, PlanStore, FrameReader, HandoffStore):
+class Store(Inventory, PlanStore, FrameReader, HandoffStore, RetentionStore):
     """kvscope's SQL store; see the module docstring. Use as a context manager or call close()."""
 
     def __init__(self, url: str, *, batch_size: int = 5_000) -> None:

@@ -27,6 +27,9 @@ class Settings(BaseSettings):
     # the store's URL (collector.checkpoint.state_dir_for: beside a SQLite file, else under
     # $XDG_STATE_HOME/kvscope/).
     state_dir: Path | None = Field(None, description="spool + roll-up checkpoints of collect")
+    retention_s: float | None = Field(
+        None, ge=3_600, description="collect deletes windows older than this, every hour"
+    )
     spool_max_bytes: int = Field(1 << 30, ge=0, description="disk bound of the spool")
     spool_memory_windows: int = Field(
         100_000, ge=0, description="bound of the spool in memory (when its disk refuses)"

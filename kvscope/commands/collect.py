@@ -38,6 +38,7 @@ _FLAGS = {
     "scrape_timeout_s": "--timeout",
     "allowed_target_networks": "--allow-network",
     "state_dir": "--state-dir",
+    "retention_s": "--retention",
 }
 
 
@@ -67,6 +68,21 @@ class _Progress:
             return
         self.last = now
         print(stats.progress_line(), file=sys.stderr, flush=True)  # type: ignore[attr-defined]
+
+
+MIN_RETENTION_S = 3_600.0
+
+
+def retention_seconds(text: str, what: str) -> float:
+    """A retention period from a duration (``30d``), refused below :data:`MIN_RETENTION_S`:
+    a bare ``30`` is 30 seconds, which would delete nearly everything."""
+    seconds = parse_duration(text, what)
+    if seconds < MIN_RETENTION_S:
+        raise ConfigError(
+            f"{what} must be at least 1h, got {text!r} ({seconds:g} s): a shorter one would "
+            "delete the windows plans are made of"
+        )
+    return seconds
 
 
 def register(app: typer.Typer) -> None:
@@ -145,6 +161,14 @@ def register(app: typer.Typer) -> None:
                 "(repeatable)",
             ),
         ] = None,
+        retention: Annotated[
+            str | None,
+            typer.Option(
+                "--retention",
+                help="delete windows and outcomes older than this every hour, e.g. 30d (>= 1h; "
+                "KVSCOPE_RETENTION_S)",
+            ),
+        ] = None,
         shard: Annotated[
             str | None,
             typer.Option(
@@ -186,6 +210,10 @@ def register(app: typer.Typer) -> None:
         the job label contains "lmcache", else vllm; cluster, model, gpu, tensor_parallel,
         offload labels as in the targets file; __scheme__, __metrics_path__, __param_*.
         On a name clash the --targets file wins over file_sd, file_sd over the store.
+
+        --retention 30d (both modes): at the start and then every hour, windows and scrape
+        outcomes older than that are deleted in short batches, in the background (kvscope db
+        prune does it once).
 
         --shard I/N (direct mode): of all those targets, scrape the ones whose name hashes to
         I (Prometheus' hashmod: MD5, last 8 bytes, mod N), so N collectors with the same
@@ -235,6 +263,7 @@ def register(app: typer.Typer) -> None:
                 file_sd=file_sd,
                 state_dir=state_dir,
                 shard=shard,
+                retention=retention,
             )
         except KeyboardInterrupt:  # Ctrl-C before the loop installed its handler
             print("kvscope: interrupted before collecting", file=sys.stderr)
@@ -263,6 +292,7 @@ def run_collect(
     file_sd: Sequence[str] | None = None,
     state_dir: Path | None = None,
     shard: str | None = None,
+    retention: str | None = None,
 ) -> dict[str, object]:
     """Validate the flags, run the loop, return the JSON summary."""
     from pydantic import ValidationError
@@ -312,6 +342,7 @@ def run_collect(
             scrape_timeout_s=None if timeout is None else parse_duration(timeout, "--timeout"),
             allowed_target_networks=tuple(allow_network) if allow_network else None,
             state_dir=state_dir,
+            retention_s=None if retention is None else retention_seconds(retention, "--retention"),
         )
     except ValidationError as exc:
         first = exc.errors()[0]
@@ -330,6 +361,9 @@ def run_collect(
     rules = load_engine_rules(engines) if engines is not None else None
     with Store(settings.db) as store:
         store.migrate()
+        from collector.retention import Pruner
+
+        pruner = Pruner(store, settings.retention_s) if settings.retention_s else None
         if targets is not None or targets_from_store or file_sd:
             from collector.file_sd import FileSD
             from collector.sources import TargetSet, load_targets
@@ -373,6 +407,7 @@ def run_collect(
                         spool=spool,
                         checkpoints=checkpoints,
                         shard=sharding,
+                        pruner=pruner,
                     )
                 )
             cluster_name = target_set.cluster
@@ -404,12 +439,15 @@ def run_collect(
                             progress=progress,
                             health=health,
                             engine_rules=rules,
+                            pruner=pruner,
                         )
                     )
             cluster_name = settings.cluster
     if not quiet:
         print(stats.progress_line(), file=sys.stderr, flush=True)
     out: dict[str, object] = {**stats.summary(), "cluster": cluster_name, "db": store.url}
+    if pruner is not None:
+        out["retention"] = pruner.summary()
     return out | ({"state_dir": str(state)} if state is not None else {})
 
 

@@ -1,4 +1,5 @@
-"""`kvscope db migrate|stats`: create or upgrade the store's schema, or describe its contents."""
+"""`kvscope db migrate|stats|prune`: create or upgrade the store's schema, describe its
+contents, delete old windows."""
 
 from __future__ import annotations
 
@@ -11,7 +12,9 @@ _DB_HELP = "store URL, e.g. sqlite:///kvscope.db or postgresql://user@host/db (d
 
 
 def register(app: typer.Typer) -> None:
-    sub = typer.Typer(help="The SQL store: create or upgrade its schema, show what it holds.")
+    sub = typer.Typer(
+        help="The SQL store: create or upgrade its schema, show what it holds, prune it."
+    )
     app.add_typer(sub, name="db")
 
     @sub.command("migrate")
@@ -46,3 +49,35 @@ def register(app: typer.Typer) -> None:
             stats = store.stats()
             version = store.schema_version()
         typer.echo(json.dumps({"db": store.url, "schema_version": version, **stats}, indent=2))
+
+    @sub.command("prune")
+    def prune_cmd(
+        older_than: Annotated[
+            str,
+            typer.Option("--older-than", help="delete what is older than this, e.g. 30d (>= 1h)"),
+        ],
+        db: Annotated[str | None, typer.Option("--db", help=_DB_HELP)] = None,
+        dry_run: Annotated[
+            bool, typer.Option("--dry-run", help="count what would be deleted, delete nothing")
+        ] = False,
+    ) -> None:
+        """Delete windows and scrape outcomes older than --older-than, in short batches (safe
+        while collectors write); engines, targets and plans are kept. JSON on stdout.
+
+        SQLite reuses the freed pages (the file does not shrink until VACUUM); PostgreSQL's
+        autovacuum does the same for its dead rows. `kvscope collect --retention 30d` prunes
+        every hour instead.
+
+        Example: kvscope db prune --older-than 30d --db sqlite:///out/kvscope.db
+        """
+        import time
+
+        from collector.store import Store
+        from kvscope.commands.collect import retention_seconds
+        from kvscope.config import get_settings
+
+        older_s = retention_seconds(older_than, "--older-than")
+        settings = get_settings(db=db)
+        with Store(settings.db) as store:
+            pruned = store.prune(time.time() - older_s, dry_run=dry_run)
+        typer.echo(json.dumps({"db": store.url, **pruned.summary()}))

@@ -1,0 +1,156 @@
+"""Retention: windows and scrape outcomes older than a cutoff deleted in batches.
+
+``kvscope db prune --older-than 30d`` runs it once; ``kvscope collect --retention 30d`` (or
+KVSCOPE_RETENTION_S) runs it from the collector at its start and then every
+:data:`PRUNE_EVERY_S`, in a worker thread, so scraping never waits for it.
+
+Each batch of at most ``batch`` rows is its own short transaction (``DELETE … WHERE id IN
+(SELECT id … WHERE start < cutoff LIMIT batch)``), so a collector writing at the same time
+waits for one batch at most, never for the whole prune — the way PostgreSQL's documentation
+advises deleting many rows from a live table. A window is pruned when it *started* before
+the cutoff. Engines, targets, engine changes and plans are kept: they are small, and plans
+are the history ``kvscope plans`` compares against.
+
+SQLite keeps the freed pages in the file and reuses them for new rows (the file does not
+shrink; ``VACUUM`` returns them to the file system, at the cost of rewriting the file).
+PostgreSQL's autovacuum makes the dead rows reusable; a BRIN index on ``windows.start``
+(collector.models) lets the prune and the plans' time-range reads find old rows without
+reading the whole table.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from sqlalchemy import Connection, delete, func, select
+
+from collector.errors import ConfigError, KvscopeError
+from collector.models import ScrapeOutcomeRow, WindowRow
+
+if TYPE_CHECKING:
+    from contextlib import AbstractContextManager
+
+log = logging.getLogger(__name__)
+PRUNE_EVERY_S = 3_600.0
+BATCH = 20_000
+
+
+@dataclass(frozen=True, slots=True)
+class Pruned:
+    """What a prune deleted (``dry_run``: would delete)."""
+
+    cutoff: float
+    windows: int
+    outcomes: int
+    seconds: float
+    dry_run: bool = False
+
+    def summary(self) -> dict[str, object]:
+        return {
+            "cutoff": self.cutoff,
+            "cutoff_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(self.cutoff)),
+            "windows": self.windows,
+            "outcomes": self.outcomes,
+            "seconds": round(self.seconds, 3),
+            "dry_run": self.dry_run,
+        }
+
+
+class RetentionStore:
+    """Pruning old rows (mixed into Store)."""
+
+    if TYPE_CHECKING:
+
+        def _require_schema(self) -> None: ...
+        def _tx(self, what: str, *, write: bool = False) -> AbstractContextManager[Connection]: ...
+
+    def prune(self, cutoff: float, *, batch: int = BATCH, dry_run: bool = False) -> Pruned:
+        """Delete windows that started, and outcomes of scrapes that started, before
+        ``cutoff`` (epoch seconds), ``batch`` rows per transaction (module docstring)."""
+        if not math.isfinite(cutoff):
+            raise ConfigError(f"prune cutoff must be a finite time, got {cutoff}")
+        if batch < 1:
+            raise ConfigError(f"prune batch must be >= 1, got {batch}")
+        self._require_schema()
+        began = time.monotonic()
+        counts = []
+        tables = ((WindowRow, WindowRow.start), (ScrapeOutcomeRow, ScrapeOutcomeRow.started))
+        for table, column in tables:
+            what = f"pruning {table.__tablename__} before {cutoff:.0f}"
+            if dry_run:
+                with self._tx(what) as conn:
+                    found = conn.execute(
+                        select(func.count()).select_from(table).where(column < cutoff)
+                    ).scalar_one()
+                counts.append(int(found))
+                continue
+            done = 0
+            while True:
+                old = select(table.id).where(column < cutoff).limit(batch).scalar_subquery()
+                with self._tx(what, write=True) as conn:
+                    n = int(conn.execute(delete(table).where(table.id.in_(old))).rowcount)
+                done += n
+                if n < batch:
+                    break
+            counts.append(done)
+        return Pruned(cutoff, counts[0], counts[1], time.monotonic() - began, dry_run)
+
+
+class Pruner:
+    """Runs a store's prune every ``every_s`` from a collect loop, in a worker thread."""
+
+    def __init__(
+        self, store: RetentionStore, retention_s: float, *, every_s: float = PRUNE_EVERY_S
+    ) -> None:
+        if not (math.isfinite(retention_s) and retention_s > 0):
+            raise ConfigError(f"retention must be > 0 seconds, got {retention_s}")
+        self.store = store
+        self.retention_s = retention_s
+        self.every_s = every_s
+        self.next_at = -math.inf
+        self.task: asyncio.Task[Pruned] | None = None
+        self.last: Pruned | None = None
+        self.errors = 0
+        self.windows = 0  # deleted so far
+        self.outcomes = 0
+
+    def tick(self, now: float) -> None:
+        """Collect a finished prune; start one when it is due (call once per tick)."""
+        if self.task is not None and self.task.done():
+            try:
+                self.last = self.task.result()
+            except KvscopeError as exc:  # tried again at the next period
+                self.errors += 1
+                log.error("retention: %s", exc)
+            else:
+                self.windows += self.last.windows
+                self.outcomes += self.last.outcomes
+                if self.last.windows or self.last.outcomes:
+                    log.warning("retention: deleted %d windows and %d outcomes older than %s in "
+                                "%.1f s", self.last.windows, self.last.outcomes,
+                                self.last.summary()["cutoff_utc"], self.last.seconds)  # fmt: skip
+            self.task = None
+        if self.task is None and now >= self.next_at:
+            self.next_at = now + self.every_s
+            cutoff = now - self.retention_s
+            self.task = asyncio.ensure_future(asyncio.to_thread(self.store.prune, cutoff))
+
+    async def close(self) -> None:
+        """Wait for a prune still running (its batches are short)."""
+        if self.task is not None:
+            await asyncio.wait([self.task])
+            self.tick(math.nan)  # collect it; nan >= next_at is False: no new one
+
+    def summary(self) -> dict[str, object]:
+        return {
+            "retention_s": self.retention_s,
+            "deleted_windows": self.windows,
+            "deleted_outcomes": self.outcomes,
+            "errors": self.errors,
+            "last": None if self.last is None else self.last.summary(),
+        }
