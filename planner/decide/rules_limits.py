@@ -61,10 +61,15 @@ def r8_dram_for_both(s: RuleState) -> None:
         s.unknown(f"{name} (DRAM for native + LMCache together)")
     g_native = ev.native_gain.gain if ev.native_gain and ev.native_gain.can_tell else None
     g_lmcache = ev.lmcache_gain.gain if ev.lmcache_gain and ev.lmcache_gain.can_tell else None
+    # Sampling noise is what a tie guards against: measured gains only. Simulated ones (advise)
+    # come from one deterministic model whose tolerance band is shared by both modes.
+    measured = all(
+        g is not None and g.provenance == "measured" for g in (ev.native_gain, ev.lmcache_gain)
+    )
     if g_native is not None and g_lmcache is not None:
         diff = lmcache_over_native(g_native, g_lmcache)
         numbers |= {"lmcache_over_native": diff.estimate, "lo": diff.lo, "hi": diff.hi}
-        if diff.lo <= 0 <= diff.hi:
+        if measured and diff.lo <= 0 <= diff.hi:
             keep = "native"
             why = (
                 f"the data cannot tell it from LMCache (native {g_native.pct()}, LMCache "
@@ -73,7 +78,8 @@ def r8_dram_for_both(s: RuleState) -> None:
             )
         else:
             keep = "lmcache" if diff.estimate > 0 else "native"
-            why = f"the larger measured gain (LMCache over native {diff.pct()})"
+            how = "measured" if measured else "simulated"
+            why = f"the larger {how} gain (LMCache over native {diff.pct()})"
     else:
         local = ev.reprefill_share if ev.reprefill_share is not None else ev.prefix_hit_ratio
         keep = "lmcache" if (ev.cross_engine_reuse or 0) >= (local or 0) else "native"

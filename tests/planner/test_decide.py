@@ -361,6 +361,22 @@ def test_decide_unknown_dram_keeps_lmcache_only_when_it_measurably_beats_native(
     assert (lo <= 0 <= hi) == (says == "the data cannot tell")
 
 
+def test_decide_simulated_gains_keep_the_larger_even_inside_the_tolerance() -> None:
+    # advise's case: one deterministic model for both modes, its tolerance band shared
+    sim = {"provenance": "simulated"}
+    d = decide(
+        ev(
+            **PRESSURE,
+            cross_engine_reuse=0.4,
+            cpu_dram_per_node_gib=None,
+            native_gain=gain(0.153, 0.022, 0.283, **sim),
+            lmcache_gain=gain(0.270, 0.116, 0.424, **sim),
+        )
+    )
+    assert d.mode == "lmcache"
+    assert "keeping lmcache: the larger simulated gain" in reason(d, "R8_dram_for_both").text
+
+
 def test_lmcache_over_native_interval_adds_log_half_widths() -> None:
     n, lm = ValueCI(0.2, 0.1, 0.3), ValueCI(0.2, 0.1, 0.3)
     diff = lmcache_over_native(n, lm)
