@@ -214,7 +214,7 @@ class Checkpoints:
         tmp = self.path.with_suffix(".tmp")
         try:
             with open(tmp, "wb") as f:
-                f.write(json.dumps(data, separators=(",", ":")).encode())
+                f.write(json.dumps(data, separators=(",", ":"), check_circular=False).encode())
                 f.flush()
                 os.fsync(f.fileno())
             os.replace(tmp, self.path)

@@ -216,9 +216,10 @@ class Rollup:
         JSON data (floats may be ±Infinity: json's default ``allow_nan`` writes them): the
         open window's accumulators and each series' last sample (the previous sample of the
         next window's counter and histogram deltas)."""
-        series = [[s, [list(p) for p in labels], _point_out(point)]
-                  for (s, labels), point in self._state.items()]  # fmt: skip
-        open_series = [[key[0], [list(p) for p in key[1]], _acc_out(acc, self._state.get(key))]
+        # tuples as they are (json writes them as arrays): a checkpoint of every target is
+        # written after every tick, so this runs once per target and tick
+        series = [[s, labels, _point_out(point)] for (s, labels), point in self._state.items()]
+        open_series = [[key[0], key[1], _acc_out(acc, self._state.get(key))]
                        for key, acc in self._accs.items()]  # fmt: skip
         return {
             "window_s": self.window_s,
@@ -464,7 +465,7 @@ def _key_in(signal: str, labels: Sequence[Sequence[str]]) -> SeriesKey:
 
 
 def _point_out(p: _Point) -> list[Any]:
-    return [p.kind, p.ts, p.value, p.sum, list(p.bounds), list(p.counts)]
+    return [p.kind, p.ts, p.value, p.sum, p.bounds, p.counts]
 
 
 def _point_in(row: Sequence[Any]) -> _Point:
