@@ -7,9 +7,12 @@ import subprocess
 import sys
 
 
-def run_kvscope(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-    """``python -m kvscope.cli ARGS`` with no ``KVSCOPE_*`` settings from the environment."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("KVSCOPE_")}
+def run_kvscope(
+    *args: str, timeout: float = 60, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """``python -m kvscope.cli ARGS`` with no ``KVSCOPE_*`` settings from the environment but
+    those of ``env``."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KVSCOPE_")} | (env or {})
     return subprocess.run(
         [sys.executable, "-m", "kvscope.cli", *args],
         check=False,

@@ -174,6 +174,7 @@ def register(app: typer.Typer) -> None:
             typer.Option(
                 "--shard",
                 metavar="I/N",
+                envvar="KVSCOPE_SHARD",
                 help="direct mode: scrape only the targets whose name hashes to shard I of N "
                 "(Prometheus' hashmod)",
             ),

@@ -203,13 +203,19 @@ def test_pruner_bad_retention_refused(retention: float) -> None:
 # ---- the CLI ----------------------------------------------------------------------------------
 
 
-def test_db_prune_cli(tmp_path: Path) -> None:
+def _daily_store(tmp_path: Path) -> str:
+    """A SQLite store with one window 1, 2, … 5 days before now."""
     db = f"sqlite:///{tmp_path / 'k.db'}"
     now = time.time()
     with Store(db) as s:
         s.migrate()
         s.write_windows([Window("e1", "kv_cache_usage_ratio", (), now - d * DAY, 60.0, "gauge",
                                 4, mean=0.5) for d in range(1, 6)])  # fmt: skip
+    return db
+
+
+def test_db_prune_cli(tmp_path: Path) -> None:
+    db = _daily_store(tmp_path)
     for bad, says in (("30", "must be at least 1h, got '30' (30 s)"), ("soon", "--older-than")):
         proc = run_kvscope("db", "prune", "--older-than", bad, "--db", db)
         assert proc.returncode == 2 and says in proc.stderr, proc.stderr
@@ -225,12 +231,7 @@ def test_db_prune_cli(tmp_path: Path) -> None:
 
 
 def test_collect_retention_prunes_old_windows(tmp_path: Path) -> None:
-    db = f"sqlite:///{tmp_path / 'k.db'}"
-    now = time.time()
-    with Store(db) as s:
-        s.migrate()
-        s.write_windows([Window("old", "kv_cache_usage_ratio", (), now - d * DAY, 60.0, "gauge",
-                                4, mean=0.5) for d in range(1, 6)])  # fmt: skip
+    db = _daily_store(tmp_path)
     targets = tmp_path / "t.json"
     targets.write_text(json.dumps({"cluster": "c", "targets": [
         {"name": "gone", "url": "http://127.0.0.1:9/metrics"}]}))  # fmt: skip

@@ -276,3 +276,6 @@ def test_collect_cli_shard_flag_checked(tmp_path: Path) -> None:
     prom = run_kvscope("collect", "--prometheus", "http://127.0.0.1:1", "--db", db,
                        "--shard", "0/2")  # fmt: skip
     assert prom.returncode == 2 and "--shard splits scrape targets" in prom.stderr
+    env = run_kvscope("collect", "--targets", str(targets), "--db", db, "--once",
+                      env={"KVSCOPE_SHARD": "0/0"})  # fmt: skip
+    assert env.returncode == 2 and "--shard 0/0: shard count must be 1..10000" in env.stderr
