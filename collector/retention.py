@@ -8,8 +8,9 @@ Each batch of at most ``batch`` rows is its own short transaction (``DELETE … 
 (SELECT id … WHERE start < cutoff LIMIT batch)``), so a collector writing at the same time
 waits for one batch at most, never for the whole prune — the way PostgreSQL's documentation
 advises deleting many rows from a live table. A window is pruned when it *started* before
-the cutoff. Engines, targets, engine changes and plans are kept: they are small, and plans
-are the history ``kvscope plans`` compares against.
+the cutoff; so is a roll-up state left in the store (collector.handoff) before it, which no
+collector can resume any more. Engines, targets, engine changes and plans are kept: they are
+small, and plans are the history ``kvscope plans`` compares against.
 
 SQLite keeps the freed pages in the file and reuses them for new rows (the file does not
 shrink; ``VACUUM`` returns them to the file system, at the cost of rewriting the file).
@@ -30,7 +31,7 @@ from typing import TYPE_CHECKING
 from sqlalchemy import Connection, delete, func, select
 
 from collector.errors import ConfigError, KvscopeError
-from collector.models import ScrapeOutcomeRow, WindowRow
+from collector.models import RollupStateRow, ScrapeOutcomeRow, WindowRow
 
 if TYPE_CHECKING:
     from contextlib import AbstractContextManager
@@ -98,6 +99,9 @@ class RetentionStore:
                 if n < batch:
                     break
             counts.append(done)
+        if not dry_run:  # states of targets no collector scrapes any more (collector.handoff)
+            with self._tx(f"pruning rollup_states before {cutoff:.0f}", write=True) as conn:
+                conn.execute(delete(RollupStateRow).where(RollupStateRow.written < cutoff))
         return Pruned(cutoff, counts[0], counts[1], time.monotonic() - began, dry_run)
 
 

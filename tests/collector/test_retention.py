@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import sqlalchemy
 
+from collector.checkpoint import Saved
 from collector.errors import ConfigError, StoreError
 from collector.models import WINDOWS_START_BRIN_DDL
 from collector.records import ScrapeOutcome, Window
@@ -54,6 +55,8 @@ def test_prune_deletes_only_what_started_before_the_cutoff(db_url: str, batch: i
         s.write_outcomes(_outcomes(10))
         s.upsert_engine("c", "e1", offload="native")
         cutoff = NOW - 3 * DAY
+        s.leave_rollup_states([Saved("gone", "http://gone/metrics", cutoff - 1, {}),
+                               Saved("e1", "http://e1/metrics", cutoff + 1, {})])  # fmt: skip
         keep = sorted((w for w in windows if w.start >= cutoff), key=lambda w: w.start)
         dry = s.prune(cutoff, batch=batch, dry_run=True)
         assert (dry.windows, dry.outcomes, dry.dry_run) == (len(windows) - len(keep), 7, True)
@@ -64,6 +67,7 @@ def test_prune_deletes_only_what_started_before_the_cutoff(db_url: str, batch: i
         assert [o.started for o in s.outcomes()] == sorted(NOW - d * DAY - 30.0 for d in range(3))
         assert [e.source for e in s.engines()] == ["e1"]  # engines are kept
         assert s.prune(cutoff, batch=batch).windows == 0  # nothing left to prune
+        assert set(s.take_rollup_states(["gone", "e1"])) == {"e1"}  # a state older: pruned
 
 
 @pytest.mark.parametrize(
