@@ -403,7 +403,7 @@ class _Direct:
         scrapes it next (collector.handoff)."""
         if not self.handoff or not self.rollups:
             return
-        now = time.time()
+        now = self.clock()  # the samples' clock: retention prunes states by it
         states = [Saved(name, self.urls[name], now, r.export_state())
                   for name, r in self.rollups.items()]  # fmt: skip
         try:
