@@ -330,6 +330,7 @@ def test_demo_cli_help_has_example() -> None:
     assert "Example: kvscope demo" in proc.stdout
 
 
+@pytest.mark.slow  # ~7 s of demo before the signal; the short demo run stays in the default suite
 def test_demo_cli_sigint_stops_cleanly_and_frees_ports(tmp_path: Path) -> None:
     db = tmp_path / "demo.db"
     proc = subprocess.Popen(

@@ -235,6 +235,7 @@ def test_prometheus_registration_lmcache_server_with_derived_ratio_is_no_engine(
         assert [(t.name, t.kind) for t in store.targets("c")] == [("lm:9", "lmcache")]
 
 
+@pytest.mark.slow  # ~14 s: a live simulator scraped by Prometheus, then a back-fill
 @pytest.mark.prometheus
 def test_prometheus_backfill_dates_an_engine_restart_with_offload_on(tmp_path: Path) -> None:
     """An engine restarted with native offload switched on, seen only through Prometheus'

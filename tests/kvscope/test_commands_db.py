@@ -37,7 +37,8 @@ def test_db_migrate_then_stats_reports_rows_range_and_signals(tmp_path: Path) ->
         )
     stats = _run("stats", "--db", url)
     assert stats["rows"] == {"clusters": 0, "engines": 0, "engine_changes": 0, "targets": 0,
-                             "scrape_outcomes": 0, "windows": 6, "plans": 0}  # fmt: skip
+                             "scrape_outcomes": 0, "windows": 6, "plans": 0,
+                             "rollup_states": 0}  # fmt: skip
     assert (stats["windows_from"], stats["windows_until"]) == (600.0, 780.0)
     assert stats["signals"] == {"a_ratio": {"windows": 3, "series": 1},
                                 "b_ratio": {"windows": 3, "series": 1}}  # fmt: skip

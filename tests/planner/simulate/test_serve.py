@@ -324,6 +324,7 @@ def _cli_serving(scenario_file: Path, port: int, speed: float, *extra: str) -> I
                 proc.wait()
 
 
+@pytest.mark.slow  # ~9 s; the in-process serve tests stay in the default suite
 def test_cli_simulate_serve_inspect_reads_consistent_values_sigint_exits_0(tmp_path: Path) -> None:
     scenario_file = tmp_path / "serve-test.yaml"
     scenario_file.write_text(SCENARIO)
