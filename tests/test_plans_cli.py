@@ -80,6 +80,7 @@ def test_plan_every_bad_arguments_refused(tmp_path: Path, args: list[str], match
     assert isinstance(r.exception, ConfigError) and match in str(r.exception)
 
 
+@pytest.mark.slow  # ~9 s: two real rounds of plan --every, then SIGTERM
 def test_plan_every_sigterm_stops_cleanly_after_two_saved_rounds(tmp_path: Path) -> None:
     url = synth_store(sqlite_url(tmp_path / "k.db"))
     env = {k: v for k, v in os.environ.items() if not k.startswith("KVSCOPE_")}

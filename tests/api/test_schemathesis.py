@@ -73,6 +73,7 @@ def _cheapen(body: dict[str, Any]) -> None:
             body[key] = type(value)(most) if most < value <= maximum else value
 
 
+@pytest.mark.slow  # ~16 s: every operation, 5 cases each (CI's slow suite runs it)
 @schema.parametrize()
 @settings(max_examples=5, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
 def test_api_contract_every_operation(case: schemathesis.Case[Any]) -> None:
