@@ -281,7 +281,7 @@ class _Direct:
         shard: Shard | None = None,
         handoff: bool = False,
     ):
-        self.shard = shard  # applied to every tick's targets (the file's: by collect_direct)
+        self.shard = shard  # splits file_sd's and the store's targets at every tick
         self.handoff = handoff  # take and leave roll-up states in the store (collector.handoff)
         self.targets = targets
         self.file_sd = file_sd
@@ -330,9 +330,10 @@ class _Direct:
                 for r in rows:
                     self.clusters.setdefault(r.name, r.cluster)
         taken = own | {t.name for t in found}
-        targets = [*self.targets, *found, *(t for t in self.registered if t.name not in taken)]
-        if self.shard is not None:
-            targets = self.shard.select(targets)
+        others = [*found, *(t for t in self.registered if t.name not in taken)]
+        if self.shard is not None:  # the file's targets were split once, by collect_direct
+            others = self.shard.select(others)
+        targets = [*self.targets, *others]
         self._retarget(targets)
         return targets
 

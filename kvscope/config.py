@@ -8,6 +8,7 @@ from typing import Annotated, Any
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+from collector.retention import MIN_RETENTION_S
 from collector.urlguard import split_allowlist
 
 
@@ -28,7 +29,7 @@ class Settings(BaseSettings):
     # $XDG_STATE_HOME/kvscope/).
     state_dir: Path | None = Field(None, description="spool + roll-up checkpoints of collect")
     retention_s: float | None = Field(
-        None, ge=3_600, description="collect deletes windows older than this, every hour"
+        None, ge=MIN_RETENTION_S, description="collect deletes windows older than this, every hour"
     )
     spool_max_bytes: int = Field(1 << 30, ge=0, description="disk bound of the spool")
     spool_memory_windows: int = Field(

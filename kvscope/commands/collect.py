@@ -70,12 +70,12 @@ class _Progress:
         print(stats.progress_line(), file=sys.stderr, flush=True)  # type: ignore[attr-defined]
 
 
-MIN_RETENTION_S = 3_600.0
-
-
 def retention_seconds(text: str, what: str) -> float:
-    """A retention period from a duration (``30d``), refused below :data:`MIN_RETENTION_S`:
-    a bare ``30`` is 30 seconds, which would delete nearly everything."""
+    """A retention period from a duration (``30d``), refused below
+    collector.retention.MIN_RETENTION_S: a bare ``30`` is 30 seconds, which would delete
+    nearly everything."""
+    from collector.retention import MIN_RETENTION_S
+
     seconds = parse_duration(text, what)
     if seconds < MIN_RETENTION_S:
         raise ConfigError(
