@@ -11,16 +11,24 @@ once, as an operator could deploy kvscope:
   engines expose, GPU and TP from one engines.yaml rule).
 
 Both stores are planned with ``kvscope plan``. The plans must agree on the decided mode,
-every engine's offload mode, and each offload gain at current use: each estimate inside the
-other plan's interval, or the intervals overlapping with the estimates no further apart than
-the wider half-width. Per window the two stores differ (they sample the gauges at different
-instants, and ``increase()`` extrapolates where the roll-up takes exact deltas; in one run
-the Prometheus/direct ratio of a window's value had p10–p90 0.87–1.12 on generated-token
-rates and 0.73–1.29 on mean KV use, mean 0.99–1.02), so the fits differ by sampling noise.
-The decision used to follow it: native and LMCache gained +20.1 % / +23.0 % in one store and
-+24.8 % / +23.4 % in the other, and the decider kept the larger point estimate, LMCache in one
-plan and native in the other. It now keeps LMCache only when it measurably beats native
-(planner/decide/DECIDER.md, R8).
+every engine's offload mode and the sign of each offload gain at current use; and the two
+stores must measure the same cluster: window by window (same engine, signal and start), the
+median Prometheus/direct ratio of generated-token rates and of mean KV use within ±5 %
+(one run: 0.99–1.02; a bias of Prometheus mode, a shifted window or a lost counter reset
+shows here). Per window the stores differ by sampling (they read the gauges at different
+instants, and ``increase()`` extrapolates where the roll-up takes exact deltas: p10–p90 of
+the ratio 0.87–1.12 on generated tokens, 0.73–1.29 on mean KV use).
+
+The gains' magnitudes are printed, not compared: in three CI-like runs the two plans' gain
+at one utilization differed by more than their intervals allow (LMCache +26.2 % vs +17.6 %,
+native +23.6 % vs +33.1 %, with 95 % half-widths of 0.05–0.06), although the stores hold
+the same windows up to that sampling noise. With 2 engines per offload mode the CR2 interval
+with t(G−1) is too narrow (few treated clusters; Imbens & Kolesár 2016 give Bell–McCaffrey
+degrees of freedom for it): an open point of the fits, not of Prometheus mode.
+The decision used to follow that noise: native and LMCache gained +20.1 % / +23.0 % in one
+store and +24.8 % / +23.4 % in the other, and the decider kept the larger point estimate,
+LMCache in one plan and native in the other. It now keeps LMCache only when it measurably
+beats native (planner/decide/DECIDER.md, R8).
 
 The simulated clock runs SPEED× the wall's: a 2-second window holds 2 simulated minutes.
 """
@@ -28,6 +36,8 @@ The simulated clock runs SPEED× the wall's: a 2-second window holds 2 simulated
 from __future__ import annotations
 
 import json
+import math
+import statistics
 import time
 from contextlib import ExitStack
 from pathlib import Path
@@ -58,16 +68,22 @@ def _plan(db: str) -> dict[str, Any]:
     return plan
 
 
-def _within(a: float, b: float, ia: dict[str, float], ib: dict[str, float]) -> bool:
-    """Each estimate inside the other's interval, or the intervals overlapping with the
-    estimates no further apart than the wider half-width."""
-    wide = max(ia["hi"] - ia["lo"], ib["hi"] - ib["lo"]) / 2
-    overlap = ia["lo"] <= ib["hi"] and ib["lo"] <= ia["hi"]
-    return (
-        (ib["lo"] <= a <= ib["hi"])
-        or (ia["lo"] <= b <= ia["hi"])
-        or (overlap and abs(a - b) <= wide)
-    )
+RATIO_SIGNALS = {"generation_tokens_total": "rate", "kv_cache_usage_ratio": "mean"}
+
+
+def _by_window(db: str, names: dict[str, str]) -> dict[tuple[str, str, float], float]:
+    """(engine URL, signal, start) → the window's rate or mean, for RATIO_SIGNALS."""
+    with Store(db) as store:
+        frame = store.read_frame(signals=list(RATIO_SIGNALS))
+    out: dict[tuple[str, str, float], float] = {}
+    for kind in set(RATIO_SIGNALS.values()):
+        rows = frame[frame["signal"].map(RATIO_SIGNALS) == kind]
+        cols = (rows["source"].astype(str), rows["signal"].astype(str), rows["start"], rows[kind])
+        for source, signal, start, value in zip(*cols, strict=True):
+            url = names.get(source)
+            if url is not None and math.isfinite(value):
+                out[(url, signal, float(start))] = float(value)
+    return out
 
 
 def test_direct_and_prometheus_plans_of_one_cluster_agree(tmp_path: Path) -> None:
@@ -131,17 +147,25 @@ def test_direct_and_prometheus_plans_of_one_cluster_agree(tmp_path: Path) -> Non
     d, p = plans["direct"], plans["prometheus"]
     report = {k: (v["decision"]["mode"], {g: (v["fits"][g].get("estimate"),
               v["fits"][g].get("interval"), v["fits"][g].get("can_tell"),
-              (v["fits"][g].get("at_current_util") or {}).get("relative"))
+              (v["fits"][g].get("at_current_util") or {}).get("relative"),
+              (v["fits"][g].get("at_current_util") or {}).get("u"))
               for g in ("gain_native", "gain_lmcache")}) for k, v in plans.items()}  # fmt: skip
     print(json.dumps({"stages": stages.done, "plans": report}))  # figures for the notes (-s)
     assert d["decision"]["mode"] == p["decision"]["mode"], report
-    compared = 0
     for fit in ("gain_native", "gain_lmcache"):
         ra = d["fits"][fit].get("at_current_util") or {}
         rb = p["fits"][fit].get("at_current_util") or {}
         if ra.get("relative") is not None and rb.get("relative") is not None:
-            assert (ra["relative"] > 0) == (rb["relative"] > 0), report
-            assert _within(ra["relative"], rb["relative"], ra["relative_interval"],
-                           rb["relative_interval"]), (fit, report)  # fmt: skip
-            compared += 1
-    assert compared >= 1, f"too little to compare: {report}; stages {stages.done}"
+            assert (ra["relative"] > 0) == (rb["relative"] > 0), (fit, report)
+    # the same windows, measured two ways (engines named by the targets file in direct mode,
+    # by their address in Prometheus mode)
+    doc = json.loads(targets.read_text())
+    direct_names = {t["name"]: hostport(t["url"]) for t in doc["targets"]}
+    prom_names = {e.source: name for name, e in engines["prometheus"].items()}
+    wd, wp = _by_window(direct_db, direct_names), _by_window(prom_db, prom_names)
+    for signal in RATIO_SIGNALS:
+        ratios = [wp[k] / v for k, v in wd.items() if k[1] == signal and k in wp and v > 0]
+        assert len(ratios) >= 100, (signal, len(ratios), len(wd), len(wp))
+        median = statistics.median(ratios)
+        print(json.dumps({"signal": signal, "windows": len(ratios), "median_ratio": median}))
+        assert 0.95 <= median <= 1.05, (signal, median, len(ratios))
