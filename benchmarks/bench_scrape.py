@@ -1,24 +1,28 @@
-"""Benchmark: one scrape round over many targets, bounded-concurrent vs one at a time.
+"""Benchmark: the CPU of one scrape's HTTP GET — collector.http1 against httpx — and of a
+whole scrape (GET + parse).
 
-Run: .venv/bin/python benchmarks/bench_scrape.py [--targets N] [--repeat R]
+Run: .venv/bin/python benchmarks/bench_scrape.py [--targets N] [--rounds R]
 
-N targets (default 200) served by one threaded HTTP server process on 127.0.0.1, answering
-tests/fixtures/metrics/vllm-0.33.0-metrics-full.txt (135 KB, 2 DP engines) with 5 ms of
-server-side latency (a real engine's /metrics is not instant). Prints the median wall time
-of a full scrape_all round (fetch + parse) for
-  * baseline    one target at a time through one client (what a naive loop does),
-  * shared      64 at a time through ONE shared httpx client,
-  * per-target  64 at a time, one client per target (collector.sources.ClientPool, the
-                collect loop's choice),
-the ratios, and the share of a 15 s interval 1,000 such targets would take.
-No asserts: machines are noisy; the same run measures both.
+N targets (default 200) on benchmarks/bench_collector_load.py's server (one asyncio process
+on 127.0.0.1, N paths, each vLLM 0.33's default exposition, 554 lines / 48 KB, values moving
+at every hit). In this process, R rounds (after one that opens the connections) of a GET of
+every target, 64 at a time, one keep-alive connection per target:
+
+* httpx     one ``httpx.AsyncClient`` per target (the collector's client before http1);
+* http1     collector.http1.Connection (the collector's client);
+* scrape    collector.sources.scrape_all with its ClientPool: GET, inflate/cap, parse in a
+            worker thread, the outcome — what ``kvscope collect`` spends per scrape before
+            roll-up and store.
+
+Printed: the median CPU (process time, all threads) per GET of each, and http1's ratio to
+httpx. No asserts: machines are noisy; the same run measures all of them.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import socket
+import ssl
 import statistics
 import subprocess
 import sys
@@ -28,99 +32,96 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-import httpx  # noqa: E402
-
-from collector.sources import ClientPool, Target, make_client, scrape_all  # noqa: E402
+from benchmarks.bench_collector_load import CONCURRENCY, baseline  # noqa: E402
+from collector.http1 import Connection, HTTPClientError  # noqa: E402
+from collector.sources import ClientPool, Target, scrape_all  # noqa: E402
 from tests.services import free_port  # noqa: E402
 
-FIXTURE = ROOT / "tests" / "fixtures" / "metrics" / "vllm-0.33.0-metrics-full.txt"
-# The exporter runs in its own process so it does not share the scraper's GIL.
-SERVER = """
-import sys, time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-body = open(sys.argv[1], "rb").read()
-class H(BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
-    def do_GET(self):
-        time.sleep(0.005)
-        self.send_response(200)
-        self.send_header("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-    def log_message(self, *a):
-        pass
-ThreadingHTTPServer.daemon_threads = True
-ThreadingHTTPServer.request_queue_size = 1024
-ThreadingHTTPServer(("127.0.0.1", int(sys.argv[2])), H).serve_forever()
-"""
+SERVER = (
+    "import sys; sys.path.insert(0, {root!r}); "
+    "from benchmarks.bench_collector_load import serve_targets; serve_targets({port}, 600)"
+)
 
 
-async def _round(targets: list[Target], concurrency: int, repeat: int, pooled: bool) -> float:
-    times = []
-    client: httpx.AsyncClient | ClientPool = (
-        ClientPool(timeout_s=30) if pooled else make_client(timeout_s=30, concurrency=concurrency)
-    )
+async def _http1(base: str, paths: list[str], rounds: int) -> float:
+    """CPU-s of one round of GETs over ``paths`` through http1 (median of ``rounds``)."""
+    conns = [Connection(ssl.create_default_context, user_agent="bench") for _ in paths]
+    gate = asyncio.Semaphore(CONCURRENCY)
+
+    async def get(conn: Connection, path: str) -> int:
+        async with gate:
+            resp = await conn.get(base + path, {"Accept": "text/plain"})
+            try:
+                size = sum([len(c) async for c in conn.body(resp)])
+            finally:
+                conn.release()
+            if resp.status != 200:
+                raise SystemExit(f"benchmark target failed: HTTP {resp.status}")
+            return size
+
+    cpu = []
     try:
-        for _ in range(repeat + 1):  # the first round warms connections and caches
-            t0 = time.perf_counter()
+        for r in range(rounds + 1):  # the first round opens the connections
+            c0 = time.process_time()
+            await asyncio.gather(*(get(c, p) for c, p in zip(conns, paths, strict=True)))
+            if r:
+                cpu.append(time.process_time() - c0)
+    finally:
+        await asyncio.gather(*(c.aclose() for c in conns))
+    return statistics.median(cpu)
+
+
+async def _scrape(base: str, paths: list[str], rounds: int) -> float:
+    targets = [Target(f"t{i}", base + p, "vllm") for i, p in enumerate(paths)]
+    cpu = []
+    async with ClientPool(timeout_s=30) as pool:
+        for r in range(rounds + 1):
+            c0 = time.process_time()
             results = await scrape_all(
-                targets,
-                timeout_s=30,
-                concurrency=concurrency,
-                max_body_bytes=32 << 20,
-                client=client,
+                targets, timeout_s=30, concurrency=CONCURRENCY, max_body_bytes=32 << 20, client=pool
             )
-            times.append(time.perf_counter() - t0)
-            down = [r.outcome for r in results if not r.outcome.up]
+            if r:
+                cpu.append(time.process_time() - c0)
+            down = [x.outcome for x in results if not x.outcome.up]
             if down:
                 raise SystemExit(f"benchmark target failed: {down[0]}")
-    finally:
-        await client.aclose()
-    return statistics.median(times[1:])
-
-
-def _wait(port: int) -> None:
-    deadline = time.monotonic() + 10
-    while True:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-            return
-        except OSError:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.05)
+    return statistics.median(cpu)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--targets", type=int, default=200)
-    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--rounds", type=int, default=5)
     args = ap.parse_args()
-    body = FIXTURE.read_bytes()
     port = free_port()
-    server = subprocess.Popen([sys.executable, "-c", SERVER, str(FIXTURE), str(port)])
+    server = subprocess.Popen([sys.executable, "-c", SERVER.format(root=str(ROOT), port=port)])
+    base = f"http://127.0.0.1:{port}"
+    paths = [f"/t/{i:04d}/metrics" for i in range(args.targets)]
     try:
-        _wait(port)
-        targets = [
-            Target(f"e{i}", f"http://127.0.0.1:{port}/e{i}", "vllm") for i in range(args.targets)
-        ]
-        base = asyncio.run(_round(targets, 1, args.repeat, pooled=False))
-        shared = asyncio.run(_round(targets, 64, args.repeat, pooled=False))
-        pooled = asyncio.run(_round(targets, 64, args.repeat, pooled=True))
+        deadline = time.monotonic() + 30
+        while True:  # the server is up when a GET goes through
+            try:
+                asyncio.run(_http1(base, paths[:1], 1))
+                break
+            except (OSError, HTTPClientError):
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.1)
+        rows: dict[str, list[float]] = {"httpx": [], "http1": [], "scrape": []}
+        for _ in range(2):  # interleaved, so that a noisy spell hits both
+            rows["httpx"].append(asyncio.run(baseline(base, paths, args.rounds))[0])
+            rows["http1"].append(asyncio.run(_http1(base, paths, args.rounds)))
+            rows["scrape"].append(asyncio.run(_scrape(base, paths, args.rounds)))
     finally:
         server.terminate()
         server.wait()
     n = args.targets
-    print(f"targets: {n} x {len(body) / 1024:.0f} KB, 5 ms server latency")
-    for label, secs in (
-        ("baseline  1 at a time, one client  ", base),
-        ("64 at a time, one shared client    ", shared),
-        ("64 at a time, one client per target", pooled),
-    ):
-        print(f"{label}: {secs:7.3f} s/round {n / secs:8.1f} targets/s  x{base / secs:.1f}")
-    print(f"per-target clients vs shared client: x{shared / pooled:.2f} throughput")
-    print(f"1,000 targets at the per-target rate: {1000 * pooled / n:.2f} s of a 15 s interval")
+    ms = {k: statistics.median(v) / n * 1e3 for k, v in rows.items()}
+    print(f"{n} targets x vLLM 0.33 default exposition (48 KB), {CONCURRENCY} at a time")
+    print(f"  httpx   GET            {ms['httpx']:.3f} ms CPU per GET")
+    print(f"  http1   GET            {ms['http1']:.3f} ms CPU per GET")
+    print(f"  scrape  GET + parse    {ms['scrape']:.3f} ms CPU per scrape")
+    print(f"http1 / httpx: {ms['http1'] / ms['httpx']:.2f}x the CPU per GET")
 
 
 if __name__ == "__main__":

@@ -29,15 +29,16 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, cast
-from urllib.parse import urlsplit
+from urllib.parse import urljoin, urlsplit
 
 import httpx
 import yaml
 
 from collector.errors import ConfigError, ParseError, URLRefused
+from collector.http1 import BodyCutShort, ConnectFailed, Connection, ProtocolError
 from collector.parse import read_exposition
 from collector.records import ScrapeOutcome, Snapshot
-from collector.urlguard import CheckedURL, URLPolicy, pinned_request, same_origin
+from collector.urlguard import CheckedURL, URLPolicy, pinned_address, same_origin
 
 log = logging.getLogger(__name__)
 
@@ -50,12 +51,14 @@ OFFLOAD_MODES: tuple[OffloadMode, ...] = ("none", "native", "lmcache")
 # in sample names when OpenMetrics is negotiated without `escaping=allow-utf-8`
 # (prometheus/client_python#1177; see tests/fixtures/metrics/README.md).
 ACCEPT_HEADER = "text/plain;version=0.0.4"
-# As Prometheus asks: gzip or nothing. The body is inflated here, never by httpx: httpx
-# inflates a whole network read at once before any size check (a 260 KB gzip bomb became a
-# 67 MB chunk on the event loop); zlib's max_length keeps each step within the body cap.
+# As Prometheus asks: gzip or nothing. The body is inflated here step by step: zlib's
+# max_length keeps each step within the body cap (httpx, used before, inflated a whole
+# network read at once before any size check: a 260 KB gzip bomb became a 67 MB chunk).
 ACCEPT_ENCODING = "gzip"
 _WBITS = {"gzip": 16 + zlib.MAX_WBITS, "x-gzip": 16 + zlib.MAX_WBITS, "deflate": zlib.MAX_WBITS}
 USER_AGENT = "kvscope-collector"
+REQUEST_HEADERS = {"Accept": ACCEPT_HEADER, "Accept-Encoding": ACCEPT_ENCODING}
+REDIRECTS = (301, 302, 303, 307, 308)  # followed, same origin only
 MAX_REDIRECTS = 5  # same-origin hops per scrape
 
 Clock = Callable[[], float]  # epoch seconds stamped on snapshots (time.time, or a simulated clock)
@@ -240,59 +243,39 @@ def _optional_str(doc: Mapping[object, object], key: str, where: str) -> str | N
 # --------------------------------------------------------------------------- scraping
 
 
-def make_client(
-    *, timeout_s: float, concurrency: int, verify: ssl.SSLContext | bool = True
-) -> httpx.AsyncClient:
-    """An HTTP client for scraping (keep-alive, no env proxies, redirects not followed).
-
-    scrape_one follows same-origin redirects itself (see the module doc).
-    """
-    return httpx.AsyncClient(
-        timeout=httpx.Timeout(timeout_s),
-        limits=httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency),
-        follow_redirects=False,  # httpx would follow them to any host
-        trust_env=False,  # targets are cluster-internal: never route them through a proxy
-        headers={"User-Agent": USER_AGENT},
-        verify=verify,
-    )
-
-
 class ClientPool:
-    """One small keep-alive HTTP client per target, all sharing one TLS context.
-
-    httpcore's connection pool examines every pooled connection whenever it assigns a
-    request, so ONE client shared by hundreds of targets makes a scrape round quadratic in
-    the number of targets; one client (one connection) per target, as Prometheus keeps one
-    connection per target, stays linear (benchmarks/bench_scrape.py measures both).
-    """
+    """One keep-alive connection per target (collector.http1), all sharing one TLS context,
+    as Prometheus keeps one connection per target."""
 
     def __init__(self, *, timeout_s: float) -> None:
         self.timeout_s = timeout_s
         self._tls: ssl.SSLContext | None = None
-        self._clients: dict[tuple[str, str], httpx.AsyncClient] = {}
+        self._conns: dict[tuple[str, str], Connection] = {}
 
-    def client(self, target: Target) -> httpx.AsyncClient:
+    def _context(self) -> ssl.SSLContext:
+        if self._tls is None:  # ~0.1 s: build it once, on the first https target
+            self._tls = httpx.create_ssl_context()  # httpx's trust store (certifi), as before
+        return self._tls
+
+    def client(self, target: Target) -> Connection:
         key = (target.name, target.url)
-        found = self._clients.get(key)
+        found = self._conns.get(key)
         if found is None:
-            if self._tls is None:
-                self._tls = httpx.create_ssl_context()  # ~0.1 s: build it once
-            found = make_client(timeout_s=self.timeout_s, concurrency=1, verify=self._tls)
-            self._clients[key] = found
+            found = self._conns[key] = Connection(self._context, user_agent=USER_AGENT)
         return found
 
     def __len__(self) -> int:
-        return len(self._clients)
+        return len(self._conns)
 
     async def retain(self, targets: Iterable[Target]) -> None:
-        """Close the clients of every target not in ``targets`` (gone or with a new URL)."""
+        """Close the connections of every target not in ``targets`` (gone or a new URL)."""
         keep = {(t.name, t.url) for t in targets}
-        gone = [self._clients.pop(k) for k in list(self._clients) if k not in keep]
+        gone = [self._conns.pop(k) for k in list(self._conns) if k not in keep]
         await asyncio.gather(*(c.aclose() for c in gone))
 
     async def aclose(self) -> None:
-        clients, self._clients = list(self._clients.values()), {}
-        await asyncio.gather(*(c.aclose() for c in clients))
+        conns, self._conns = list(self._conns.values()), {}
+        await asyncio.gather(*(c.aclose() for c in conns))
 
     async def __aenter__(self) -> ClientPool:
         return self
@@ -307,18 +290,17 @@ async def scrape_all(
     timeout_s: float,
     concurrency: int,
     max_body_bytes: int,
-    client: httpx.AsyncClient | ClientPool | None = None,
+    client: ClientPool | None = None,
     clock: Clock = time.time,
 ) -> list[ScrapeResult]:
     """Scrape every target concurrently (at most ``concurrency`` at a time).
 
     Each target gets ``timeout_s`` from the moment its request starts (waiting for a slot
     does not count) and at most ``max_body_bytes`` of body, enforced while streaming.
-    ``client`` is a ClientPool kept across rounds (the collect loop's), one shared
-    AsyncClient, or None (a pool for this round only).
-    Results come back in the order of ``targets``; none of them raises. ``clock`` stamps
-    the snapshots and outcomes (a simulated cluster passes its simulated epoch time);
-    timeouts and durations stay in wall seconds.
+    ``client`` is a ClientPool kept across rounds (the collect loop's) or None (a pool for
+    this round only). Results come back in the order of ``targets``; none of them raises.
+    ``clock`` stamps the snapshots and outcomes (a simulated cluster passes its simulated
+    epoch time); timeouts and durations stay in wall seconds.
     """
     if concurrency < 1:
         raise ConfigError(f"scrape concurrency must be >= 1, got {concurrency}")
@@ -327,25 +309,24 @@ async def scrape_all(
     pool = ClientPool(timeout_s=timeout_s) if client is None else client
     slots = asyncio.Semaphore(concurrency)
 
-    async def one(target: Target, http: httpx.AsyncClient) -> ScrapeResult:
+    async def one(target: Target, conn: Connection) -> ScrapeResult:
         async with slots:
             return await scrape_one(
-                http, target, timeout_s=timeout_s, max_body_bytes=max_body_bytes, clock=clock
+                conn, target, timeout_s=timeout_s, max_body_bytes=max_body_bytes, clock=clock
             )
 
-    # Every client (and the TLS context) is made before the first request starts: made
-    # inside the tasks, the later targets' set-up time counted against the earlier ones'
-    # timeouts on the first round.
-    https = [pool.client(t) if isinstance(pool, ClientPool) else pool for t in targets]
+    conns = [pool.client(t) for t in targets]
+    if any(urlsplit(t.url).scheme == "https" for t in targets):
+        pool._context()  # made before the first request: not counted against its timeout
     try:
-        return list(await asyncio.gather(*(one(t, h) for t, h in zip(targets, https, strict=True))))
+        return list(await asyncio.gather(*(one(t, c) for t, c in zip(targets, conns, strict=True))))
     finally:
         if client is None:
             await pool.aclose()
 
 
 async def scrape_one(
-    client: httpx.AsyncClient,
+    conn: Connection,
     target: Target,
     *,
     timeout_s: float,
@@ -370,53 +351,40 @@ async def scrape_one(
         )
         return ScrapeResult(target=target, outcome=outcome)
 
-    body = bytearray()
+    chunks: list[bytes] = []
     url = target.url
-    in_body = False  # the status line and headers arrived; the body is being read
     try:
         async with asyncio.timeout(timeout_s):
             checked: CheckedURL | None = None
             if target.guard is not None:  # resolves once, in a thread (getaddrinfo blocks)
                 checked = await asyncio.to_thread(target.guard.check, target.url)
             for _hop in range(MAX_REDIRECTS + 1):
-                headers = {"Accept": ACCEPT_HEADER, "Accept-Encoding": ACCEPT_ENCODING}
-                request = (
-                    client.build_request("GET", url, headers=headers)
-                    if checked is None
-                    else pinned_request(client, checked, url=url, headers=headers)
-                )
-                resp = await client.send(request, stream=True)
+                pinned = None if checked is None else pinned_address(checked, url)
+                resp = await conn.get(url, REQUEST_HEADERS, connect_to=pinned)
                 try:
-                    if resp.has_redirect_location:
-                        following = str(httpx.URL(url).join(resp.headers["Location"]))
+                    if resp.status in REDIRECTS and "location" in resp.headers:
+                        following = urljoin(url, resp.headers["location"])
                         if not same_origin(following, target.url):
                             return failed(
                                 "redirect",
-                                f"HTTP {resp.status_code} to {following} refused: "
+                                f"HTTP {resp.status} to {following} refused: "
                                 "redirects are followed only on the target's own origin",
                             )
+                        await conn.discard(resp)
                         url = following
                         continue
-                    if resp.status_code != 200:
-                        return failed(
-                            "http_status", f"HTTP {resp.status_code} {resp.reason_phrase}"
-                        )
-                    declared = resp.headers.get("content-length")
-                    if (
-                        declared is not None
-                        and declared.isdigit()
-                        and int(declared) > max_body_bytes
-                    ):
+                    if resp.status != 200:
+                        return failed("http_status", f"HTTP {resp.status} {resp.reason}".rstrip())
+                    if resp.framing == "length" and resp.length > max_body_bytes:
                         return failed(
                             "too_large",
-                            f"Content-Length {declared} exceeds the {max_body_bytes}-byte cap",
+                            f"Content-Length {resp.length} exceeds the {max_body_bytes}-byte cap",
                         )
                     encoding = resp.headers.get("content-encoding", "identity").strip().lower()
                     if encoding not in ("", "identity", *_WBITS):
                         return failed("parse", f"unsupported Content-Encoding {encoding!r}")
                     inflate = zlib.decompressobj(_WBITS[encoding]) if encoding in _WBITS else None
-                    in_body = True
-                    async for raw in resp.aiter_raw():
+                    async for raw in conn.body(resp):
                         data = raw
                         while data:
                             if inflate is None:
@@ -431,30 +399,30 @@ async def scrape_one(
                                     "too_large",
                                     f"{what} exceeds the {max_body_bytes}-byte cap (aborted)",
                                 )
-                            body += chunk
+                            chunks.append(chunk)
                     if inflate is not None and not inflate.eof:
                         return failed("truncated", f"{encoding} stream ends early ({size} bytes)")
-                    in_body = False
                     break
                 finally:
-                    await resp.aclose()
+                    conn.release()
             else:
                 return failed("http_status", f"more than {MAX_REDIRECTS} redirects")
     except URLRefused as exc:
         return failed("refused", str(exc))
     except ConfigError as exc:  # the guard could not resolve the name
         return failed("connect", str(exc))
-    except (TimeoutError, httpx.TimeoutException):
+    except TimeoutError:
         return failed("timeout", f"no complete answer within {timeout_s:g} s")
     except zlib.error as exc:  # a broken gzip/deflate body
         return failed("parse", f"cannot inflate the body: {exc}")
-    except (httpx.HTTPError, httpx.InvalidURL, OSError) as exc:
-        if in_body and isinstance(exc, (httpx.RemoteProtocolError, httpx.ReadError)):
-            # The server closed (or reset) the connection before the Content-Length or the
-            # last chunk: a partial exposition is never read (Prometheus: "unexpected EOF").
-            return failed("truncated", f"body cut short after {size} bytes: {exc}")
+    except BodyCutShort as exc:
+        # The server closed (or reset) the connection before the Content-Length or the
+        # last chunk: a partial exposition is never read (Prometheus: "unexpected EOF").
+        return failed("truncated", f"body cut short after {size} bytes: {exc}")
+    except (ConnectFailed, ProtocolError, ValueError) as exc:
         return failed("connect", f"{type(exc).__name__}: {exc}")
 
+    body = b"".join(chunks)
     try:
         text = body.decode("utf-8")
     except UnicodeDecodeError as exc:

@@ -23,8 +23,8 @@ then goes to the very address that was checked:
   the Host header and logs would carry a spelling nobody recognises. A host whose last label
   is a number but is no valid IPv4 (``1.2.3.256``, ``08.1.1.1``) is refused as malformed.
 
-:func:`pinned_request` builds the request that connects to ``CheckedURL.pinned`` while
-sending the original Host header (and, for https, the original name as TLS SNI and for
+:func:`pinned_address` gives the address to connect to, ``CheckedURL.pinned``; the scraper
+sends the original Host header (and, for https, the original name as TLS SNI and for
 certificate verification), so a DNS answer that changes between check and connect (DNS
 rebinding) cannot redirect the scrape. Redirects are the caller's to follow: the collector
 (collector.sources) follows only those that stay on the target URL's scheme, host and port,
@@ -36,12 +36,9 @@ from __future__ import annotations
 import ipaddress
 import re
 import socket
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 from urllib.parse import SplitResult, urlsplit, urlunsplit
-
-import httpx
 
 from collector.errors import ConfigError, URLRefused
 
@@ -184,43 +181,20 @@ def same_origin(a: str, b: str) -> bool:
     return origin is not None and origin == _origin(b)
 
 
-def pinned_request(
-    client: httpx.AsyncClient | httpx.Client,
-    checked: CheckedURL,
-    *,
-    method: str = "GET",
-    url: str | None = None,
-    headers: Mapping[str, str] | None = None,
-) -> httpx.Request:
-    """A request for ``url`` (default ``checked.url``) that connects to ``checked.pinned``.
+def pinned_address(checked: CheckedURL, url: str | None = None) -> str:
+    """The address to connect to for ``url`` (default ``checked.url``): ``checked.pinned``.
 
-    The request URL carries the pinned address; the Host header is the original one, and
-    for an https name the ``sni_hostname`` extension makes httpcore send the name as TLS
-    SNI and verify the certificate against it (httpcore 1.x passes it as
-    ``server_hostname``). ``url`` may differ from ``checked.url`` only in path and query (a
-    same-origin redirect); anything else raises URLRefused. Send it with
-    ``client.send(request)``. Use one client per target (collector.sources.ClientPool
-    does): a pooled https connection to the pinned address is reused without looking at
-    the SNI name again.
+    The scraper (collector.http1) connects there and still sends the URL's own Host header
+    and, for https, its name as TLS SNI and as the certificate name. ``url`` may differ from
+    ``checked.url`` only in path and query (a same-origin redirect); anything else raises
+    URLRefused.
     """
     target = checked.url if url is None else url
     if not same_origin(target, checked.url):
         raise URLRefused(
             _display(target), "redirect", f"not on the checked origin of {checked.url}"
         )
-    parts = urlsplit(target)
-    address = f"[{checked.pinned}]" if ":" in checked.pinned else checked.pinned
-    netloc = address if parts.port is None else f"{address}:{checked.port}"
-    pinned_url = urlunsplit((parts.scheme, netloc, parts.path, parts.query, ""))
-    extensions: dict[str, Any] = {}
-    if checked.scheme == "https" and not _is_ip_literal(checked.host):
-        extensions["sni_hostname"] = checked.host
-    return client.build_request(
-        method,
-        pinned_url,
-        headers={**(headers or {}), "Host": parts.netloc},
-        extensions=extensions,
-    )
+    return checked.pinned
 
 
 # --------------------------------------------------------------------------- the checks
@@ -328,14 +302,6 @@ def _inet_aton(url: str, host: str) -> ipaddress.IPv4Address | None:
     for i, v in enumerate(head):
         number += v << (8 * (3 - i))
     return ipaddress.IPv4Address(number)
-
-
-def _is_ip_literal(host: str) -> bool:
-    try:
-        ipaddress.ip_address(host)
-    except ValueError:
-        return False
-    return True
 
 
 def _resolve(url: str, host: str, port: int, resolve: Resolver) -> list[IPAddress]:

@@ -7,6 +7,7 @@ knows, so a request that arrives proves the connection went to the pinned addres
 
 from __future__ import annotations
 
+import asyncio
 import shutil
 import ssl
 import subprocess
@@ -17,16 +18,16 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
-import httpx
 import pytest
 
 from collector.errors import ConfigError, URLRefused
+from collector.http1 import ConnectFailed, Connection, route
 from collector.urlguard import (
     CheckedURL,
     URLPolicy,
     check_target_url,
     parse_allowlist,
-    pinned_request,
+    pinned_address,
     same_origin,
 )
 from tests.collector.exposerver import expo_server
@@ -306,7 +307,24 @@ def test_same_origin_scheme_host_port(a: str, b: str, same: bool) -> None:
 # --------------------------------------------------------------------------- connecting
 
 
-def test_pinned_request_connects_to_pinned_address_keeps_host_header() -> None:
+def _get(
+    url: str, connect_to: str | None, *, tls: ssl.SSLContext | None = None
+) -> tuple[int, bytes]:
+    """One GET through the scraper's connection (collector.http1), to ``connect_to``."""
+
+    async def go() -> tuple[int, bytes]:
+        conn = Connection(lambda: tls or ssl.create_default_context(), user_agent="test")
+        try:
+            resp = await conn.get(url, {"Accept": "text/plain"}, connect_to=connect_to)
+            body = b"".join([c async for c in conn.body(resp)])
+            return resp.status, body
+        finally:
+            await conn.aclose()
+
+    return asyncio.run(go())
+
+
+def test_pinned_address_connects_there_and_keeps_host_header() -> None:
     with expo_server() as srv:
         srv.add("/metrics", b"up 1\n")
         port = int(srv.base.rsplit(":", 1)[1])
@@ -316,34 +334,27 @@ def test_pinned_request_connects_to_pinned_address_keeps_host_header() -> None:
         checked = check_target_url(
             url, allow=("127.0.0.1/32",), resolve=FakeDNS({"engine.test": ["127.0.0.1"]})
         )
-        with httpx.Client(trust_env=False) as client:
-            request = pinned_request(client, checked, headers={"Accept": "text/plain"})
-            assert request.url.host == "127.0.0.1" and request.url.port == port
-            response = client.send(request)
+        assert pinned_address(checked) == "127.0.0.1"
+        status, body = _get(url, pinned_address(checked))
         route = srv.route("/metrics")
-    assert response.status_code == 200 and response.text == "up 1\n"
+    assert status == 200 and body == b"up 1\n"
     assert route.hosts == [f"engine.test:{port}"]
     assert route.accepts == ["text/plain"]
 
 
-def test_pinned_request_same_origin_path_allowed_other_origin_refused() -> None:
+def test_pinned_address_same_origin_path_allowed_other_origin_refused() -> None:
     checked = check_target_url("http://public.test:8000/metrics", resolve=FakeDNS())
-    with httpx.Client() as client:
-        moved = pinned_request(client, checked, url="http://public.test:8000/metrics/?a=1")
-        assert str(moved.url) == f"http://{PUBLIC}:8000/metrics/?a=1"
-        assert moved.headers["Host"] == "public.test:8000"
-        assert "sni_hostname" not in moved.extensions  # plain http
-        for other in ("http://elsewhere.test:8000/", "http://public.test:8001/metrics"):
-            with pytest.raises(URLRefused) as info:
-                pinned_request(client, checked, url=other)
-            assert info.value.kind == "redirect"
+    assert pinned_address(checked, "http://public.test:8000/metrics/?a=1") == PUBLIC
+    for other in ("http://elsewhere.test:8000/", "http://public.test:8001/metrics"):
+        with pytest.raises(URLRefused) as info:
+            pinned_address(checked, other)
+        assert info.value.kind == "redirect"
 
 
-def test_pinned_request_ipv6_pinned_address_bracketed() -> None:
+def test_pinned_ipv6_address_route_bracketed() -> None:
     checked = check_target_url("http://[::1]:9000/m", allow=("::1/128",))
-    with httpx.Client() as client:
-        request = pinned_request(client, checked)
-    assert str(request.url) == "http://[::1]:9000/m" and request.headers["Host"] == "[::1]:9000"
+    r = route(checked.url, connect_to=pinned_address(checked))
+    assert (r.address, r.port, r.host_header, r.target) == ("::1", 9000, "[::1]:9000", "/m")
 
 
 @dataclass
@@ -393,7 +404,7 @@ def _tls_server(tmp_path: Path, name: str) -> Iterator[tuple[int, Path, _TLSSeen
 
 
 @pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl command")
-def test_pinned_request_https_sends_sni_and_verifies_certificate_name(tmp_path: Path) -> None:
+def test_pinned_https_sends_sni_and_verifies_certificate_name(tmp_path: Path) -> None:
     with _tls_server(tmp_path, "engine.test") as (port, cert, seen):
         url = f"https://engine.test:{port}/metrics"
         checked = check_target_url(
@@ -402,13 +413,9 @@ def test_pinned_request_https_sends_sni_and_verifies_certificate_name(tmp_path: 
         # The certificate names engine.test only: the handshake succeeds only if the
         # client verified it against the name (not against 127.0.0.1).
         trust = ssl.create_default_context(cafile=str(cert))
-        with httpx.Client(verify=trust, trust_env=False) as client:
-            request = pinned_request(client, checked)
-            assert request.extensions["sni_hostname"] == "engine.test"
-            response = client.send(request)
-            # Without the extension the name checked would be the pinned address: refused.
-            bare = client.build_request("GET", f"https://127.0.0.1:{port}/metrics")
-            with pytest.raises(httpx.ConnectError, match="certificate"):
-                client.send(bare)
-    assert response.status_code == 200 and response.text == "up 1\n"
+        status, body = _get(url, pinned_address(checked), tls=trust)
+        # Without the name the one checked would be the pinned address: refused.
+        with pytest.raises(ConnectFailed, match="certificate"):
+            _get(f"https://127.0.0.1:{port}/metrics", None, tls=trust)
+    assert status == 200 and body == b"up 1\n"
     assert seen.sni[0] == "engine.test" and seen.hosts == [f"engine.test:{port}"]
