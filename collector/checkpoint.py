@@ -2,8 +2,17 @@
 
 After every tick the collector writes every target's roll-up state (collector.rollup
 ``export_state``: the open window's accumulators and each series' last sample) to
-``rollup-<pid>-<start>.json`` in its state directory, atomically (``.tmp``, fsync, rename,
+``rollup-<pid>-<start>.ckpt`` in its state directory, atomically (``.tmp``, fsync, rename,
 fsync of the directory), and it holds an flock on ``rollup-<pid>-<start>.lock`` while it runs.
+
+The file is MAGIC followed by the ``marshal`` (format 4) of one dict of plain values: this
+runs at every tick for every target, and JSON's float formatting cost 5.4× marshal's on the
+same states (200 targets of vLLM 0.33's exposition: 92 ms against 17 ms a tick). marshal
+is Python's own format for .pyc files: like the store, the state directory must be writable
+by the collector only (marshal.loads is not for untrusted bytes), and a Python whose
+marshal cannot read the file (the format is not promised across versions) logs it as
+unreadable and starts those targets afresh, as after any unreadable checkpoint. Format 1
+files (JSON, ``.json``) of an earlier kvscope are still read.
 A clean stop writes it once more *before* flushing the open windows.
 
 At start, :class:`Checkpoints` reads the files whose lock nobody holds (their collector is
@@ -37,6 +46,7 @@ import contextlib
 import fcntl
 import json
 import logging
+import marshal
 import os
 import time
 from collections.abc import Mapping
@@ -49,7 +59,10 @@ from collector.records import Window
 from collector.rollup import Rollup
 
 log = logging.getLogger(__name__)
-FORMAT = 1
+FORMAT = 2  # MAGIC + marshal (module docstring)
+JSON_FORMAT = 1  # read only: kvscope's JSON checkpoints before format 2
+MAGIC = b"kvscope-checkpoint\n"
+SUFFIX = ".ckpt"
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,7 +144,7 @@ class Checkpoints:
         self.store_id = store_id
         directory.mkdir(parents=True, exist_ok=True)
         stem = f"rollup-{os.getpid()}-{time.time_ns()}"
-        self.path = directory / f"{stem}.json"
+        self.path = directory / f"{stem}{SUFFIX}"
         self._lock = _locked(directory / f"{stem}.lock", wait=True)
         # Lock-free files of gone collectors: held locked until the first save, with the
         # names of their states not claimed yet.
@@ -147,7 +160,7 @@ class Checkpoints:
             lock = _locked(lock_path, wait=False)
             if lock is None:
                 continue  # its collector is running
-            states = self._read(lock_path.with_suffix(".json"))
+            states = self._read(_file_of(lock_path))
             self._orphans[lock_path] = (lock, set(states))
             for name, saved in states.items():
                 best = self.saved.get(name)
@@ -161,8 +174,15 @@ class Checkpoints:
 
     def _read(self, path: Path) -> dict[str, Saved]:
         try:
-            data = json.loads(path.read_bytes())
-            if data.get("kvscope_checkpoint") != FORMAT or data.get("store") != self.store_id:
+            raw = path.read_bytes()
+            if raw.startswith(MAGIC):
+                data = marshal.loads(raw[len(MAGIC) :])
+                fmt = FORMAT
+            else:
+                data, fmt = json.loads(raw), JSON_FORMAT
+            if not isinstance(data, dict):
+                raise ValueError(f"not a checkpoint ({type(data).__name__})")
+            if data.get("kvscope_checkpoint") != fmt or data.get("store") != self.store_id:
                 return {}
             written = float(data["written"])
             return {
@@ -171,7 +191,7 @@ class Checkpoints:
             }
         except FileNotFoundError:
             return {}
-        except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+        except (OSError, ValueError, KeyError, TypeError, AttributeError, EOFError) as exc:
             log.error("checkpoint: %s is unreadable (%s): not resumed from", path, exc)
             return {}
 
@@ -214,7 +234,7 @@ class Checkpoints:
         tmp = self.path.with_suffix(".tmp")
         try:
             with open(tmp, "wb") as f:
-                f.write(json.dumps(data, separators=(",", ":"), check_circular=False).encode())
+                f.write(MAGIC + marshal.dumps(data, 4))
                 f.flush()
                 os.fsync(f.fileno())
             os.replace(tmp, self.path)
@@ -229,7 +249,7 @@ class Checkpoints:
     def _forget_orphans(self) -> None:
         for lock_path, (lock, unclaimed) in self._orphans.items():
             if not unclaimed:  # every state in it now lives in this collector's file
-                for path in (lock_path.with_suffix(".json"), lock_path):
+                for path in (*(lock_path.with_suffix(x) for x in (SUFFIX, ".json")), lock_path):
                     with contextlib.suppress(FileNotFoundError):
                         path.unlink()
             lock.close()
@@ -253,6 +273,13 @@ class Checkpoints:
         if self._lock is not None:
             self._lock.close()
             self._lock = None
+
+
+def _file_of(lock_path: Path) -> Path:
+    """A lock's checkpoint file: this format's, else an earlier kvscope's JSON one."""
+    current = lock_path.with_suffix(SUFFIX)
+    legacy = lock_path.with_suffix(".json")
+    return legacy if not current.exists() and legacy.exists() else current
 
 
 def _locked(path: Path, *, wait: bool) -> IO[bytes] | None:

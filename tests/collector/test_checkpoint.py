@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import json
+import marshal
 import math
 from pathlib import Path
 
 import pytest
 
-from collector.checkpoint import Checkpoints, Saved, resumable, state_dir_for
+from collector.checkpoint import MAGIC, Checkpoints, Saved, resumable, state_dir_for
 from collector.errors import ConfigError
 from collector.records import Labels, SignalSample, Snapshot, Window
 from collector.rollup import Rollup
@@ -128,16 +129,49 @@ def test_checkpoints_running_collectors_left_alone_gone_ones_claimed_then_delete
     assert left == [third.path.name, third.path.with_suffix(".lock").name]
 
 
+@pytest.mark.parametrize(
+    "content",
+    [
+        b'{"kvscope_checkpoint": 1, "store": "sqlite:///k.db", "targ',  # cut-short JSON
+        MAGIC + marshal.dumps({"kvscope_checkpoint": 2, "targets": {}})[:-3],  # cut short
+        MAGIC + b"\xff\x00garbage",  # not marshal data
+        MAGIC + marshal.dumps([1, 2, 3]),  # marshal, not a checkpoint
+        MAGIC + marshal.dumps({"kvscope_checkpoint": 2, "store": "sqlite:///k.db"}),  # no targets
+    ],
+    ids=["json-cut", "marshal-cut", "garbage", "a-list", "no-targets"],
+)
 def test_checkpoints_unreadable_file_not_resumed_logged(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, content: bytes
 ) -> None:
     gone = Checkpoints(tmp_path, store_id="sqlite:///k.db")
     gone.save(_states("e0"))
     gone.close()
-    gone.path.write_text('{"kvscope_checkpoint": 1, "store": "sqlite:///k.db", "targ')
+    gone.path.write_bytes(content)
     with Checkpoints(tmp_path, store_id="sqlite:///k.db") as restarted:
         assert restarted.saved == {}
     assert "is unreadable" in caplog.text
+
+
+def test_checkpoint_file_is_marshal_and_an_earlier_json_one_is_still_resumed(
+    tmp_path: Path,
+) -> None:
+    gone = Checkpoints(tmp_path, store_id="sqlite:///k.db")
+    gone.save(_states("e0"))
+    gone.close()
+    raw = gone.path.read_bytes()
+    assert gone.path.suffix == ".ckpt" and raw.startswith(MAGIC)
+    data = marshal.loads(raw[len(MAGIC) :])
+    # what kvscope before format 2 wrote: the same document as JSON, in rollup-….json
+    data["kvscope_checkpoint"] = 1
+    gone.path.unlink()
+    legacy = gone.path.with_suffix(".json")
+    legacy.write_text(json.dumps(data))
+    with Checkpoints(tmp_path, store_id="sqlite:///k.db") as restarted:
+        saved = restarted.claim("e0")
+        assert saved is not None and saved.url == "http://e0/metrics"
+        assert saved.state["last_ts"] == 1_000.0
+        assert restarted.save({})  # every state claimed: the legacy file is deleted
+    assert not legacy.exists()
 
 
 @pytest.mark.parametrize(
