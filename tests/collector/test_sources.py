@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import gzip
+import threading
 import time
 from collections.abc import Coroutine
 from pathlib import Path
@@ -11,10 +12,13 @@ from typing import Any, TypedDict, TypeVar
 
 import pytest
 
+from collector import sources
 from collector.errors import ConfigError
+from collector.parse import read_exposition
 from collector.records import ScrapeOutcome
 from collector.sources import (
     ACCEPT_HEADER,
+    INLINE_PARSE_BYTES,
     MAX_REDIRECTS,
     EngineMeta,
     Target,
@@ -369,3 +373,31 @@ def test_scrape_one_guarded_target_refused_never_connected(
         hits = srv.route("/metrics").hits
     assert not outcome.up and outcome.error_kind == kind and says in (outcome.error or "")
     assert hits == 0
+
+
+def test_a_large_exposition_is_parsed_off_the_event_loop(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Up to INLINE_PARSE_BYTES on the loop's thread (no hand-off cost), beyond it in a
+    worker thread (a federation-sized body must not stall the other scrapes)."""
+    threads: dict[int, str] = {}
+    real = read_exposition
+
+    def spy(text: str, target: str, ts: float) -> Any:
+        threads[len(text)] = threading.current_thread().name
+        return real(text, target, ts)
+
+    monkeypatch.setattr(sources, "read_exposition", spy)
+    small = V033
+    big = V033 + b"".join(b"pad_%d 1\n" % i for i in range(INLINE_PARSE_BYTES // 8))
+    assert len(small) <= INLINE_PARSE_BYTES < len(big)
+    with expo_server() as srv:
+        targets = [
+            Target("small", srv.add("/s", small), "vllm"),
+            Target("big", srv.add("/b", big), "vllm"),
+        ]
+        results = _run(
+            scrape_all(targets, timeout_s=10, concurrency=2, max_body_bytes=len(big) + 1)
+        )
+    assert all(r.outcome.up for r in results), [r.outcome for r in results]
+    loop_thread = threading.main_thread().name
+    assert threads[len(small)] == loop_thread
+    assert threads[len(big)] != loop_thread
