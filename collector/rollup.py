@@ -213,11 +213,13 @@ class Rollup:
 
     def export_state(self) -> dict[str, Any]:
         """Everything :meth:`restore_state` needs to carry on as if never stopped, as plain
-        JSON data (floats may be ±Infinity: json's default ``allow_nan`` writes them): the
-        open window's accumulators and each series' last sample (the previous sample of the
-        next window's counter and histogram deltas)."""
-        # tuples as they are (json writes them as arrays): a checkpoint of every target is
-        # written after every tick, so this runs once per target and tick
+        data for JSON (the store's hand-off; floats may be ±Infinity: json's default
+        ``allow_nan`` writes them) and marshal (the checkpoint): the open window's
+        accumulators and each series' last sample (the previous sample of the next window's
+        counter and histogram deltas)."""
+        # tuples as they are (JSON writes them as arrays, marshal as tuples; restore_state
+        # takes both): a checkpoint of every target is written after every tick, so this
+        # runs once per target and tick
         series = [[s, labels, _point_out(point)] for (s, labels), point in self._state.items()]
         open_series = [[key[0], key[1], _acc_out(acc, self._state.get(key))]
                        for key, acc in self._accs.items()]  # fmt: skip
