@@ -35,7 +35,7 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from collector.checkpoint import Checkpoints
+from collector.checkpoint import SUFFIX, Checkpoints
 from collector.errors import ConfigError
 from collector.health import CollectorHealth
 from collector.records import Window
@@ -286,7 +286,7 @@ def test_collect_direct_crash_restart_resumes_window_no_spike(tmp_path: Path) ->
     before = sum(o.up and crash_window <= o.started < crashed for o in outcomes)
     assert resumed.samples > before >= 3  # the part before the crash was not lost
     assert windows >= 2 and stats.store_errors == 0 and stats.checkpoint_errors == 0
-    assert list((tmp_path / "state" / "rollup").glob("*.json")) != []
+    assert list((tmp_path / "state" / "rollup").glob(f"*{SUFFIX}")) != []
 
 
 @pytest.mark.postgres
@@ -569,7 +569,7 @@ def test_collect_state_dir_default_beside_sqlite_file_or_refused_if_not_a_direct
         summary = json.loads(result.stdout)
         state = tmp_path / "k.db-state"
         assert summary["state_dir"] == str(state) and summary["spool"]["pending_windows"] == 0
-        assert len(list((state / "rollup").glob("rollup-*.json"))) == 1
+        assert len(list((state / "rollup").glob(f"rollup-*{SUFFIX}"))) == 1
         (tmp_path / "a-file").write_text("")
         refused = CliRunner().invoke(app, [*args, "--state-dir", str(tmp_path / "a-file")])
     assert isinstance(refused.exception, ConfigError), refused.output
