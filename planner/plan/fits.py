@@ -281,16 +281,6 @@ def _extras(run: FitRun) -> None:
             "windows_by_mode": dict(fit.windows_by_mode),
             "engines_by_mode": dict(fit.engines_by_mode),
             "cov_type": fit.cov_type,
-            # the relative gain over the common support, with pointwise intervals: what
-            # at_current_util picks from, and what compares two plans at one utilization
-            "curve": [
-                {
-                    "u": p.u,
-                    "relative": finite(p.relative),
-                    "relative_interval": interval_dict(p.relative_interval),
-                }
-                for p in fit.grid
-            ],
         }
     elif isinstance(fit, MfuFit):
         e |= {
