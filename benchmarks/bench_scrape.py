@@ -74,7 +74,7 @@ async def _http1(base: str, paths: list[str], rounds: int) -> float:
 async def _scrape(base: str, paths: list[str], rounds: int) -> float:
     targets = [Target(f"t{i}", base + p, "vllm") for i, p in enumerate(paths)]
     cpu = []
-    async with ClientPool(timeout_s=30) as pool:
+    async with ClientPool() as pool:
         for r in range(rounds + 1):
             c0 = time.process_time()
             results = await scrape_all(

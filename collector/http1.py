@@ -37,7 +37,7 @@ import base64
 import contextlib
 import ssl
 from collections.abc import AsyncIterator, Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from urllib.parse import unquote, urlsplit
 
 MAX_HEAD_BYTES = 64 * 1024  # status line + headers (Go's net/http default is 1 MiB, nginx 8 KB)
@@ -72,7 +72,7 @@ class Response:
     framing: str = "none"  # "none", "length", "chunked" or "close"
     length: int = 0
     keep_alive: bool = True
-    done: bool = field(default=False)  # the body was read to the end
+    done: bool = False  # the body was read to the end
 
 
 @dataclass(frozen=True, slots=True)
@@ -169,14 +169,12 @@ class Connection:
         request = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
         try:
             for attempt in (0, 1):
-                reused = self._reader is not None and self._key == r.key
+                # kept open for this route and not closed by the server while idle
+                reader = self._reader
+                reused = reader is not None and self._key == r.key and not reader.at_eof()
                 if not reused:
                     self.close()
                     await self._open(r)
-                elif self._reader is not None and self._reader.at_eof():
-                    self.close()  # the server closed it while idle
-                    await self._open(r)
-                    reused = False
                 try:
                     head = await self._send(request)
                 except ConnectFailed:

@@ -610,7 +610,7 @@ async def collect_direct(
         spool=spool, checkpoints=checkpoints, clock=clock,
         drain_budget_s=max(0.5, 0.5 * interval_s), shard=shard, handoff=not once,
     )  # fmt: skip
-    async with ClientPool(timeout_s=timeout) as client:
+    async with ClientPool() as client:
         index = math.floor(clock() / interval_s)  # the first tick runs at once
         scheduled = clock()
         while not stop.is_set():

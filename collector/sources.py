@@ -248,8 +248,7 @@ class ClientPool:
     """One keep-alive connection per target (collector.http1), all sharing one TLS context,
     as Prometheus keeps one connection per target."""
 
-    def __init__(self, *, timeout_s: float) -> None:
-        self.timeout_s = timeout_s
+    def __init__(self) -> None:
         self._tls: ssl.SSLContext | None = None
         self._conns: dict[tuple[str, str], Connection] = {}
 
@@ -259,9 +258,13 @@ class ClientPool:
         return self._tls
 
     def client(self, target: Target) -> Connection:
+        """The target's connection; an https target's TLS context is made here, before its
+        first request starts, so that building it is not counted against a timeout."""
         key = (target.name, target.url)
         found = self._conns.get(key)
         if found is None:
+            if urlsplit(target.url).scheme.lower() == "https":
+                self._context()
             found = self._conns[key] = Connection(self._context, user_agent=USER_AGENT)
         return found
 
@@ -307,7 +310,7 @@ async def scrape_all(
         raise ConfigError(f"scrape concurrency must be >= 1, got {concurrency}")
     if timeout_s <= 0:
         raise ConfigError(f"scrape timeout must be > 0, got {timeout_s}")
-    pool = ClientPool(timeout_s=timeout_s) if client is None else client
+    pool = ClientPool() if client is None else client
     slots = asyncio.Semaphore(concurrency)
 
     async def one(target: Target, conn: Connection) -> ScrapeResult:
@@ -316,9 +319,7 @@ async def scrape_all(
                 conn, target, timeout_s=timeout_s, max_body_bytes=max_body_bytes, clock=clock
             )
 
-    conns = [pool.client(t) for t in targets]
-    if any(urlsplit(t.url).scheme == "https" for t in targets):
-        pool._context()  # made before the first request: not counted against its timeout
+    conns = [pool.client(t) for t in targets]  # every one made before the first request
     try:
         return list(await asyncio.gather(*(one(t, c) for t, c in zip(targets, conns, strict=True))))
     finally:
