@@ -37,6 +37,7 @@ class Route:
 class _Handler(BaseHTTPRequestHandler):
     server: _Server
     protocol_version = "HTTP/1.1"
+    _counted = False  # this request is counted in the server's inflight
 
     def do_GET(self) -> None:
         route = self.server.routes.get(self.path)
@@ -50,11 +51,20 @@ class _Handler(BaseHTTPRequestHandler):
             route.hosts.append(self.headers.get("Host", ""))
             self.server.inflight += 1
             self.server.max_inflight = max(self.server.max_inflight, self.server.inflight)
+            self._counted = True
         try:
             if route.delay_s:
                 time.sleep(route.delay_s)
             self._answer(route, route.body(n))
         finally:
+            self._answered()
+
+    def _answered(self) -> None:
+        """The request is no longer in flight: called just before its last bytes are
+        written (the client may have them, and send its next request, before write()
+        returns to this thread), or when the handler ends without answering."""
+        if self._counted:
+            self._counted = False
             with self.server.lock:
                 self.server.inflight -= 1
 
@@ -72,6 +82,7 @@ class _Handler(BaseHTTPRequestHandler):
         for i in range(0, len(body), step):
             piece = body[i : i + step]
             self.wfile.write(f"{len(piece):x}\r\n".encode() + piece + b"\r\n")
+        self._answered()
         self.wfile.write(b"0\r\n\r\n")
 
     def _send(
@@ -83,6 +94,7 @@ class _Handler(BaseHTTPRequestHandler):
             self.send_header(key, value)
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
+        self._answered()
         self.wfile.write(body)
 
     def log_message(self, format: str, *args: object) -> None:  # quiet test output
