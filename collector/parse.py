@@ -89,10 +89,12 @@ from collector.exposition import (
     parse_value,
     split_line,
 )
+from collector.parse_template import FINITE, NO_CHECK, NON_NEGATIVE, Template
 from collector.records import Anomaly, AnomalyKind, Labels, SignalSample, Snapshot
 from collector.signal_index import (
     BUCKET,
     CACHE_LIMIT,
+    COUNT,
     COUNTER,
     FACT,
     INDEX,
@@ -105,13 +107,15 @@ from collector.signal_index import (
 )
 
 _INF = math.inf
+TEMPLATE_LIMIT = 10_000  # targets whose last exposition a reader keeps as a template
 _SUFFIXES = ("_bucket", "_count", "_sum", "_total", "_info", "_gsum", "_gcount")
 # "#", blanks, HELP or TYPE, blanks: the metadata lines Prometheus' lexer reads (promlex.l).
 _META = re.compile(r"#[ \t]+(HELP|TYPE)[ \t]+")
 
 
 class _Hist:
-    __slots__ = ("bad", "buckets", "count", "labels", "line", "name", "rank", "spell", "sum")
+    __slots__ = ("bad", "buckets", "count", "count_line", "labels", "line", "name", "rank",
+                 "spell", "sum", "sum_line")  # fmt: skip
 
     def __init__(self, rank: int, spell: int, line: int, name: str) -> None:
         self.name = name
@@ -123,6 +127,7 @@ class _Hist:
         self.buckets: list[tuple[float, float, int, Labels]] = []
         self.sum: float | None = None
         self.count: float | None = None
+        self.sum_line = self.count_line = 0  # the lines sum and count came from (1-based)
         self.bad = False  # a bucket was dropped for its value: the series is left out
 
 
@@ -187,6 +192,8 @@ class ExpositionReader:
         self._series: dict[str, tuple[Target | None, LabelEntry, str]] = {}
         self._interned: dict[Labels, Labels] = {}
         self._types: dict[str, tuple[str, str]] = {}  # "# TYPE" line -> (family, type)
+        # target -> its last exposition with the values taken out (collector.parse_template)
+        self._templates: dict[str, Template] = {}
         self._limit = cache_limit
 
     def _type_line(self, line: str) -> tuple[str, str]:
@@ -294,9 +301,17 @@ class ExpositionReader:
         return t, ent, name, value
 
     def read(self, text: str, target: str, timestamp: float) -> Snapshot:
+        template = self._templates.get(target)
+        if template is not None:
+            snapshot = template.read(text, target, timestamp)
+            if snapshot is not None:
+                return snapshot
+        return self._read(text, target, timestamp)
+
+    def _read(self, text: str, target: str, timestamp: float) -> Snapshot:
         series_get = self._series.get
         acc = _Acc()
-        values: dict[tuple[str, Labels], tuple[int, float]] = {}
+        values: dict[tuple[str, Labels], tuple[int, float, int]] = {}  # (rank, value, line)
         hists: dict[tuple[str, Labels], _Hist] = {}
         last_spell, last_labels, h = -1, None, None
         lines = text.split("\n")
@@ -333,6 +348,8 @@ class ExpositionReader:
                     try:
                         value = float(tok)
                     except ValueError:
+                        if not tok:  # as a first sight says it (exposition.split_line)
+                            raise LineError(f"missing value for {name!r}") from None
                         raise LineError(f"bad value {tok!r}") from None
                     if "_" in tok:
                         raise LineError(f"bad value {tok!r}")
@@ -354,7 +371,7 @@ class ExpositionReader:
                     key = (t[1], xf(ent[0]) if xf else ent[0])
                     prev = values.get(key)
                     if prev is None or t[3] < prev[0]:
-                        values[key] = (t[3], value)
+                        values[key] = (t[3], value, lineno)
                     elif t[3] == prev[0]:
                         acc.duplicate(name, ent[0], lineno, f"the first value {prev[1]} stands")
                     continue
@@ -395,13 +412,13 @@ class ExpositionReader:
                     elif value - value:  # NaN or ±Inf: the sum only is dropped
                         acc.non_finite(name, ent[0], lineno, value, "sum")
                     else:
-                        h.sum = value
+                        h.sum, h.sum_line = value, lineno
                 elif h.count is not None:
                     acc.duplicate(name, ent[0], lineno, f"the first count {h.count} stands")
                 elif not 0.0 <= value < _INF:
                     acc.bad_value(name, ent[0], lineno, value, "histogram count")
                 else:
-                    h.count = value
+                    h.count, h.count_line = value, lineno
         except LineError as exc:
             raise ParseError(target, lineno, exc.reason) from None
         for fam in set(acc.declared.values()):
@@ -409,7 +426,7 @@ class ExpositionReader:
                 acc.unknown[fam] = None
         samples = [
             SignalSample(sig, catalog.SIGNALS[sig].kind, labels, v)
-            for (sig, labels), (_, v) in values.items()
+            for (sig, labels), (_, v, _) in values.items()
         ]
         for key, hist in hists.items():
             sample = _finish(key, hist, acc)
@@ -418,13 +435,82 @@ class ExpositionReader:
         anomalies = acc.anomalies
         if anomalies:
             anomalies.sort(key=lambda a: a.line)  # stable: a line's own order is kept
-        return Snapshot(
+        snapshot = Snapshot(
             target=target,
             timestamp=timestamp,
             samples=tuple(samples),
             facts={k: tuple(v) for k, v in acc.facts.items()},
             unknown_families=tuple(sorted(f for f in acc.unknown if f)),
             anomalies=tuple(anomalies),
+        )
+        template = None if anomalies else self._template(lines, values, hists, snapshot)
+        if template is None:
+            self._templates.pop(target, None)
+        else:
+            if len(self._templates) >= TEMPLATE_LIMIT:
+                self._templates.clear()
+            self._templates[target] = template
+        return snapshot
+
+    def _template(
+        self,
+        lines: list[str],
+        values: dict[tuple[str, Labels], tuple[int, float, int]],
+        hists: dict[tuple[str, Labels], _Hist],
+        snapshot: Snapshot,
+    ) -> Template | None:
+        """The template of an exposition just read with no anomaly (None when one of its
+        sample lines is not in the prefix cache: a timestamp, unusual blanks, a cache that
+        was cleared while reading)."""
+        sample_lines: list[int] = []
+        prefixes: list[str] = []
+        checks: list[int] = []
+        position: dict[int, int] = {}  # 1-based line number -> sample position
+        series_get = self._series.get
+        for i, line in enumerate(lines):
+            if not line.strip() or line.lstrip(" \t")[:1] == "#":
+                continue  # kept whole: blank, HELP, TYPE, comment, EOF
+            sp = line.rfind(" ")
+            hit = series_get(line[:sp]) if sp > 0 else None
+            if hit is None:
+                return None
+            t = hit[0]
+            check = NO_CHECK
+            if t is not None:
+                part = t[0]
+                if part in (BUCKET, COUNT) or (part == VALUE and t[2] == COUNTER):
+                    check = NON_NEGATIVE
+                elif part == SUM or part == VALUE:
+                    check = FINITE
+            position[i + 1] = len(sample_lines)
+            sample_lines.append(i)
+            prefixes.append(line[:sp])
+            checks.append(check)
+        scalars = [
+            (sig, catalog.SIGNALS[sig].kind, labels, position[line])
+            for (sig, labels), (_, _, line) in values.items()
+        ]
+        hist_rows = []
+        for (sig, labels), h in hists.items():
+            hist_rows.append(
+                (
+                    sig,
+                    labels,
+                    tuple(b for b, _, _, _ in h.buckets),
+                    tuple(position[line] for _, _, line, _ in h.buckets),
+                    position[h.sum_line] if h.sum is not None else -1,
+                    position[h.count_line] if h.count is not None else -1,
+                )
+            )
+        return Template(
+            lines,
+            sample_lines,
+            prefixes,
+            checks,
+            scalars,
+            hist_rows,
+            snapshot.facts,
+            snapshot.unknown_families,
         )
 
 
