@@ -10,7 +10,9 @@ its counters and histograms moving at every hit) is scraped, one after the other
 * Debian's Prometheus 2.42 (``/usr/bin/prometheus``; file_sd with the N targets,
   ``scrape_interval`` = ``--interval``, a fresh TSDB, its defaults otherwise), then
 * ``kvscope collect --file-sd`` with the same file, the same interval, a 60 s window and a
-  fresh SQLite store (its defaults otherwise: checkpoints and outcomes on).
+  fresh SQLite store (its defaults otherwise: outcomes on, a checkpoint at each window's
+  close and at least every 60 s), and with ``--every-tick`` once more with a checkpoint
+  after every tick (``--checkpoint-every 0``).
 
 Each runs for a warm-up of 2 intervals (start-up, the first scrape of every target, series
 creation) and then ``--intervals`` measured intervals; its CPU is utime + stime of its
@@ -113,12 +115,13 @@ def run_prometheus(
 
 
 def run_kvscope(
-    tmp: Path, sd: Path, base: str, interval: float, intervals: int
+    tmp: Path, sd: Path, base: str, interval: float, intervals: int, *extra: str
 ) -> tuple[float, int]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("KVSCOPE_")}
+    db = tmp / f"kvscope-{len(list(tmp.glob('kvscope-*.db')))}.db"  # a fresh store each run
     cmd = [sys.executable, "-m", "kvscope.cli", "collect", "--file-sd", str(sd),
-           "--db", f"sqlite:///{tmp / 'kvscope.db'}", "--interval", f"{interval:g}s",
-           "--window", "60s", "-q"]  # fmt: skip
+           "--db", f"sqlite:///{db}", "--interval", f"{interval:g}s",
+           "--window", "60s", "-q", *extra]  # fmt: skip
     with (tmp / "collect.out").open("w") as out, (tmp / "collect.err").open("w") as err:
         proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=out, stderr=err)
     try:
@@ -134,6 +137,9 @@ def main() -> int:
     ap.add_argument("--targets", type=int, nargs="+", default=[200])
     ap.add_argument("--interval", type=float, default=10.0, help="scrape interval, seconds")
     ap.add_argument("--intervals", type=int, default=6, help="measured intervals")
+    ap.add_argument("--every-tick", action="store_true",
+                    help="also run kvscope collect with a checkpoint after every tick "
+                    "(--checkpoint-every 0)")  # fmt: skip
     args = ap.parse_args()
     if not shutil.which(PROMETHEUS):
         raise SystemExit(f"{PROMETHEUS} missing: apt-get install prometheus (make test does)")
@@ -152,6 +158,9 @@ def main() -> int:
                 write_file_sd(sd, f"127.0.0.1:{port}", n)
                 prom = run_prometheus(tmp, sd, base, args.interval, args.intervals)
                 kv = run_kvscope(tmp, sd, base, args.interval, args.intervals)
+                if args.every_tick:
+                    kv0 = run_kvscope(tmp, sd, base, args.interval, args.intervals,
+                                      "--checkpoint-every", "0")  # fmt: skip
         finally:
             server.terminate()
             server.wait()
@@ -165,6 +174,11 @@ def main() -> int:
             f"scrapes = {per_k['kv']:.2f} per 1,000; ratio kvscope/Prometheus {ratio:.2f} "
             f"(target <= 1.0; {expected} scrapes expected each)", flush=True
         )  # fmt: skip
+        if args.every_tick:
+            every = 1000 * kv0[0] / kv0[1] if kv0[1] else math.nan
+            print(f"N={n}: kvscope collect --checkpoint-every 0: {kv0[0]:.2f} CPU-s / {kv0[1]} "
+                  f"scrapes = {every:.2f} per 1,000; ratio to Prometheus "
+                  f"{every / per_k['prom']:.2f}", flush=True)  # fmt: skip
     return 0
 
 

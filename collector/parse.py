@@ -480,7 +480,7 @@ class ExpositionReader:
                 part = t[0]
                 if part in (BUCKET, COUNT) or (part == VALUE and t[2] == COUNTER):
                     check = NON_NEGATIVE
-                elif part == SUM or part == VALUE:
+                elif part in (SUM, VALUE):
                     check = FINITE
             position[i + 1] = len(sample_lines)
             sample_lines.append(i)
@@ -504,13 +504,13 @@ class ExpositionReader:
             )
         return Template(
             lines,
-            sample_lines,
-            prefixes,
-            checks,
-            scalars,
-            hist_rows,
-            snapshot.facts,
-            snapshot.unknown_families,
+            sample_lines=sample_lines,
+            prefixes=prefixes,
+            checks=checks,
+            scalars=scalars,
+            hists=hist_rows,
+            facts=snapshot.facts,
+            unknown=snapshot.unknown_families,
         )
 
 

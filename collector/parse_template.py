@@ -6,10 +6,11 @@ every scrape; only values move. After :class:`collector.parse.ExpositionReader` 
 exposition in full with no anomaly, it keeps a :class:`Template` of it: every line that is
 not a sample is kept whole; a sample line is kept as its ``name{labels}`` prefix, with what
 its value feeds. The next exposition of that target is read against the template with a
-handful of C-level passes: split the lines, compare the kept lines and the prefixes, parse
-the values with ``float`` (the full reader's own steady-state test for a value it has seen
-the prefix of: ``float`` accepts it and it has no ``_``), and check every value the full
-reader would check:
+handful of C-level passes: split the lines, compare the kept lines, check that each sample
+line starts with its prefix and a blank, cut the values out (no blank in them: the line's
+last blank ends its prefix, as the full reader splits it), parse them with ``float`` (the
+full reader's own steady-state test for a value whose prefix it has seen: ``float`` takes
+it and it holds no ``_``), and check every value the full reader would check:
 
 * counters, buckets and ``_count``: finite and >= 0; gauges and ``_sum``: finite; the
   counts of each histogram's buckets never decreasing with ``le``.
@@ -28,8 +29,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping, Sequence
-from itertools import repeat
-from operator import itemgetter, le
+from operator import getitem, itemgetter, le
 from typing import TypeVar
 
 from collector.records import Kind, Labels, SignalSample, Snapshot
@@ -37,8 +37,6 @@ from collector.records import Kind, Labels, SignalSample, Snapshot
 T = TypeVar("T")
 # What a sample line's value must be for the full reader to read it without an anomaly.
 NO_CHECK, NON_NEGATIVE, FINITE = range(3)
-_PREFIX = itemgetter(0)
-_VALUE = itemgetter(2)
 
 
 def picker(idx: Sequence[int]) -> Callable[[Sequence[T]], tuple[T, ...]]:
@@ -58,12 +56,13 @@ class Template:
     index among the sample lines (the order of ``sample_lines``).
     """
 
-    __slots__ = ("_exact", "_exact_get", "_facts", "_finite", "_hists", "_lines",
-                 "_non_negative", "_prefixes", "_sample_get", "_scalars", "_unknown")  # fmt: skip
+    __slots__ = ("_exact", "_exact_get", "_facts", "_finite", "_heads", "_hists", "_lines",
+                 "_non_negative", "_sample_get", "_scalars", "_tails", "_unknown")  # fmt: skip
 
     def __init__(
         self,
         lines: Sequence[str],
+        *,
         sample_lines: Sequence[int],
         prefixes: Sequence[str],
         checks: Sequence[int],
@@ -81,10 +80,13 @@ class Template:
         exact = [i for i in range(len(lines)) if i not in samples]
         self._lines = len(lines)
         self._exact_get = picker(exact)
-        # joined: one string each, half the memory of the lines (~50 KB a vLLM target)
-        self._exact = "\n".join(self._exact_get(lines))
+        self._exact = self._exact_get(lines)
         self._sample_get = picker(sample_lines)
-        self._prefixes = "\n".join(prefixes)
+        # a sample line must start with its prefix and a blank, and its value (the rest)
+        # hold no blank: then the line's last blank ends the prefix, as the full reader
+        # splits it (str.rfind)
+        self._heads = [p + " " for p in prefixes]
+        self._tails = [slice(len(p) + 1, None) for p in prefixes]
         self._non_negative = picker([p for p, c in enumerate(checks) if c == NON_NEGATIVE])
         self._finite = picker([p for p, c in enumerate(checks) if c == FINITE])
         self._scalars = tuple(scalars)
@@ -97,17 +99,18 @@ class Template:
         """The Snapshot the full reader would make of ``text``, or None when that is not
         known to be this template's (then the full reader must read it)."""
         lines = text.split("\n")
-        if len(lines) != self._lines or "\n".join(self._exact_get(lines)) != self._exact:
+        if len(lines) != self._lines or self._exact_get(lines) != self._exact:
             return None
-        split = list(map(str.rpartition, self._sample_get(lines), repeat(" ")))
-        if "\n".join(map(_PREFIX, split)) != self._prefixes:
+        sample_lines = self._sample_get(lines)
+        if not all(map(str.startswith, sample_lines, self._heads)):
             return None
-        tokens = list(map(_VALUE, split))
+        tokens: list[str] = list(map(getitem, sample_lines, self._tails))
+        joined = "".join(tokens)
+        if " " in joined or "_" in joined:
+            return None
         try:
             values = list(map(float, tokens))
         except ValueError:
-            return None
-        if "_" in "".join(tokens):
             return None
         nn = self._non_negative(values)
         # A sum is finite only when every term is (NaN and ±Inf propagate; an overflow to

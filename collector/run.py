@@ -20,9 +20,11 @@ Outages and crashes (README "Reliability"): every write goes through a collector
 that keeps what the store refused on local disk and writes it back, oldest first, once the
 store takes writes again (a leftover of a crash is written first at the next start). With a
 collector.checkpoint.Checkpoints (``kvscope collect`` keeps both in its state directory) each
-target's roll-up state is saved after every tick and before the stop's flush, and a restarted
-collector resumes from it: a kill -9 costs the downtime and the tick that was running, no
-window twice, no partial version of a window over a fuller one (windows are written with
+target's roll-up state is saved after every tick that closed windows, at least every
+``checkpoint_s`` (0: every tick) and before the stop's flush, and a restarted collector
+resumes from it: a kill -9 costs the downtime and the samples since the last save (a gap in
+the open window's gauges; counter increases are kept, counted from the checkpoint's sample),
+no window twice, no partial version of a window over a fuller one (windows are written with
 ``keep_fuller``), no counter delta from an implied 0.
 
 Prometheus mode lives in collector.run_prometheus (same statistics, same stop handling).
@@ -276,6 +278,7 @@ class _Direct:
         file_sd: FileSD | None = None,
         spool: Spool | None = None,
         checkpoints: Checkpoints | None = None,
+        checkpoint_s: float = 0.0,
         clock: Clock = time.time,
         drain_budget_s: float | None = None,
         shard: Shard | None = None,
@@ -306,6 +309,8 @@ class _Direct:
         self.clusters = {t.name: targets.cluster for t in targets}  # where engines register
         self.registered: list[Target] = []  # the store's targets as last read
         self.saves = 0  # checkpoints written
+        self.checkpoint_s = checkpoint_s  # at most this long between checkpoints (0: each tick)
+        self.saved_at: float | None = None  # clock() of the last save
 
     def current(self, source: StoreTargets | None) -> list[Target]:
         """This tick's targets: the file's, then file_sd's, then the store's (re-read; kept if
@@ -416,11 +421,19 @@ class _Direct:
                 exc,
             )
 
-    def save_checkpoint(self) -> None:
+    def save_checkpoint(self, *, force: bool = True) -> None:
         """Checkpoint every roll-up (after the tick's windows were written or spooled). The
-        first save writes the open windows of gone collectors' stale states first."""
+        first save writes the open windows of gone collectors' stale states first.
+
+        Unless ``force``, only when ``checkpoint_s`` have passed since the last save: a tick
+        that closed windows must force it (a checkpoint older than a written window would,
+        resumed, count the counter increase before that window's end twice)."""
         if self.checkpoints is None:
             return
+        now = self.clock()
+        if not force and self.saved_at is not None and now - self.saved_at < self.checkpoint_s:
+            return
+        self.saved_at = now
         if not self.saves:
             for saved in self.checkpoints.stale(now=self.clock()):
                 self.leftover += open_windows(saved, now=self.clock())
@@ -433,7 +446,9 @@ class _Direct:
             self.stats.checkpoint_errors += 1
             self.stats.last_error = f"checkpoint: cannot write {self.checkpoints.path}"
 
-    def absorb(self, results: Sequence[ScrapeResult]) -> None:
+    def absorb(self, results: Sequence[ScrapeResult]) -> int:
+        """Roll the results up, write the windows they closed and every outcome; returns how
+        many windows closed."""
         stats = self.stats
         windows: list[Window] = []
         up = 0
@@ -454,6 +469,7 @@ class _Direct:
             self._register_facts(r.target, r.snapshot)
         stats.targets_up, stats.targets_down = up, len(results) - up
         self._write([r.outcome for r in results], windows)
+        return len(windows)
 
     def flush(self) -> None:
         """Write every open window (the stop): the checkpoint keeps them open for a restart."""
@@ -557,6 +573,7 @@ async def collect_direct(
     file_sd: FileSD | None = None,
     spool: Spool | None = None,
     checkpoints: Checkpoints | None = None,
+    checkpoint_s: float = 0.0,
     shard: Shard | None = None,
     pruner: Pruner | None = None,
 ) -> CollectStats:
@@ -585,8 +602,12 @@ async def collect_direct(
     memory only, bounded). Each tick spends at most half the interval (0.5 s at least)
     writing them back, the stop at most STOP_DRAIN_BUDGET_S; the rest waits for the next.
 
-    ``checkpoints``: save each target's roll-up state after every tick and resume from the
-    states a stopped or killed collector left (collector.checkpoint; None: neither). Unless
+    ``checkpoints``: save each target's roll-up state and resume from the states a stopped
+    or killed collector left (collector.checkpoint; None: neither). A save follows every
+    tick that closed windows, every tick at least ``checkpoint_s`` after the last save
+    (0: every tick) and the stop, so a kill -9 loses the samples since the last save: a
+    gap in the open window's gauges, never a counter increase (the first sample after the
+    restart counts from the checkpoint's). Unless
     ``once``, the states are also left in the store at the stop and taken from it at the
     start, for a target that moved between collectors (collector.handoff).
 
@@ -607,7 +628,7 @@ async def collect_direct(
     register_targets(store, targets)
     state = _Direct(
         targets, store, window_s, stats, health, rules=engine_rules, file_sd=file_sd,
-        spool=spool, checkpoints=checkpoints, clock=clock,
+        spool=spool, checkpoints=checkpoints, checkpoint_s=checkpoint_s, clock=clock,
         drain_budget_s=max(0.5, 0.5 * interval_s), shard=shard, handoff=not once,
     )  # fmt: skip
     async with ClientPool() as client:
@@ -635,8 +656,8 @@ async def collect_direct(
                 )
                 if results is None:
                     break
-                state.absorb(results)
-                state.save_checkpoint()
+                closed = state.absorb(results)
+                state.save_checkpoint(force=closed > 0)
                 if pruner is not None:
                     pruner.tick(clock())
             except Exception as exc:  # loop boundary: a bug in one round must not end collection

@@ -28,6 +28,12 @@ class Settings(BaseSettings):
     # the store's URL (collector.checkpoint.state_dir_for: beside a SQLite file, else under
     # $XDG_STATE_HOME/kvscope/).
     state_dir: Path | None = Field(None, description="spool + roll-up checkpoints of collect")
+    # collector.run: a roll-up checkpoint after every tick that closes windows and at least
+    # this often (0: after every tick). Every tick's save costs ~1/3 of the collector's CPU
+    # at a 10 s interval (benchmarks/bench_collector_vs_prometheus.py --checkpoint-every 0).
+    checkpoint_s: float = Field(
+        60.0, ge=0, le=86_400, description="most seconds between roll-up checkpoints of collect"
+    )
     retention_s: float | None = Field(
         None, ge=MIN_RETENTION_S, description="collect deletes windows older than this, every hour"
     )

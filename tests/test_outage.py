@@ -96,14 +96,15 @@ def check_target(
     *,
     stops: int = 1,
     kills: tuple[float, ...] = (),
+    lost: int = 1,
 ) -> tuple[int, int]:
     """Check ``source``'s windows against its scrapes (module docstring): the scrapes are the
     server's hits, each recorded by the collector as an outcome with its start time (all but
     the one in flight at each of ``stops`` stops or kills: it never finished; a failed one may
     not have reached the server); a window holds
     one sample per successful scrape in it, but a window of a kill at one of ``kills`` may
-    lack the sample of the tick that was running (it was not in the last checkpoint).
-    (windows, samples)."""
+    lack the sample of the tick that was running (it was not in the last checkpoint), or
+    ``lost`` samples (those since the last checkpoint). (windows, samples)."""
     times = dict(served.times)
     outcomes = store.outcomes(targets=[source])
     up = sum(o.up for o in outcomes)  # a failed scrape may never have reached the server
@@ -121,7 +122,7 @@ def check_target(
     assert starts == sorted(ups), ("the only gap is the downtime", starts, sorted(ups))
     for w in pre:
         assert w.length_s == window_s and w.resets == 0
-        least = ups[w.start] - (1 if w.start in lossy else 0)
+        least = ups[w.start] - (lost if w.start in lossy else 0)
         assert least <= w.samples <= ups[w.start], ("samples", w, ups[w.start])
     assert [(w.start, w.samples) for w in kv] == [(w.start, w.samples) for w in pre]
     first = pre[0]
@@ -223,7 +224,7 @@ def _schema(pg: PgServer) -> str:
 
 async def _collect(
     targets: TargetSet, store: Store, state: Path, stop: asyncio.Event, *, interval_s: float,
-    window_s: float, health: CollectorHealth | None = None,
+    window_s: float, health: CollectorHealth | None = None, checkpoint_s: float = 0.0,
 ) -> CollectStats:  # fmt: skip
     """collect_direct with its state directory as `kvscope collect` gives it."""
     with Checkpoints(state / "rollup", store_id=store.url) as checkpoints:
@@ -231,6 +232,7 @@ async def _collect(
             targets, store, interval_s=interval_s, window_s=window_s, timeout_s=5.0,
             concurrency=8, max_body_bytes=1 << 20, stop=stop, health=health,
             spool=Spool(state / "spool", store_id=store.url), checkpoints=checkpoints,
+            checkpoint_s=checkpoint_s,
         )  # fmt: skip
 
 
@@ -240,9 +242,14 @@ def _metric(health: CollectorHealth, metric: MetricDef) -> float:
     return found
 
 
-def test_collect_direct_crash_restart_resumes_window_no_spike(tmp_path: Path) -> None:
+@pytest.mark.parametrize("checkpoint_s", [0.0, 60.0], ids=["every-tick", "at-closes"])
+def test_collect_direct_crash_restart_resumes_window_no_spike(
+    tmp_path: Path, checkpoint_s: float
+) -> None:
     """A crash (the loop's task dies mid-run: no flush) then a restart in the same window:
-    that window holds the samples of both runs, counters carry on from before the crash."""
+    that window holds the samples of both runs, counters carry on from before the crash.
+    Checkpointed only at the ticks that close windows (``checkpoint_s`` longer than the
+    run), the window lacks the samples after its first, and nothing else changes."""
     window_s, interval_s = 1.0, 0.1
     with expo_server() as srv, Store(f"sqlite:///{tmp_path / 'k.db'}") as store:
         store.migrate()
@@ -254,7 +261,7 @@ def test_collect_direct_crash_restart_resumes_window_no_spike(tmp_path: Path) ->
             stop = asyncio.Event()
             crashing = asyncio.create_task(
                 _collect(targets, store, tmp_path / "state", stop, interval_s=interval_s,
-                         window_s=window_s)
+                         window_s=window_s, checkpoint_s=checkpoint_s)
             )  # fmt: skip
             while e0.hits < 12 or not 0.45 < _phase(window_s) < 0.55:
                 await asyncio.sleep(0.005)
@@ -265,7 +272,7 @@ def test_collect_direct_crash_restart_resumes_window_no_spike(tmp_path: Path) ->
             await asyncio.sleep(0.15)
             restarted = asyncio.create_task(
                 _collect(targets, store, tmp_path / "state", stop, interval_s=interval_s,
-                         window_s=window_s)
+                         window_s=window_s, checkpoint_s=checkpoint_s)
             )  # fmt: skip
             end = (math.floor(crashed / window_s) + 1) * window_s + 0.5
             while time.time() < end:
@@ -274,17 +281,25 @@ def test_collect_direct_crash_restart_resumes_window_no_spike(tmp_path: Path) ->
             return crashed, await restarted
 
         crashed, stats = asyncio.run(scenario())
-        windows, _samples = check_target(store, "e0", e0, window_s, stops=2, kills=(crashed,))
         crash_window = math.floor(crashed / window_s) * window_s
+        outcomes = store.outcomes(targets=["e0"])
+        before = sum(o.up and crash_window <= o.started < crashed for o in outcomes)
+        after = sum(o.up and crashed < o.started < crash_window + window_s for o in outcomes)
+        lost = 1 if checkpoint_s == 0 else before - 1  # all but the window's first sample
+        windows, _samples = check_target(
+            store, "e0", e0, window_s, stops=2, kills=(crashed,), lost=lost
+        )
         (resumed,) = store.read_windows(
             sources=["e0"],
             signals=["preemptions_total"],
             since=crash_window,
             until=crash_window + 1,
         )
-        outcomes = store.outcomes(targets=["e0"])
-    before = sum(o.up and crash_window <= o.started < crashed for o in outcomes)
-    assert resumed.samples > before >= 3  # the part before the crash was not lost
+    assert before >= 3 and after >= 1
+    if checkpoint_s == 0:
+        assert resumed.samples > before  # the part before the crash was not lost
+    else:
+        assert resumed.samples == 1 + after  # its first sample, then the restart's
     assert windows >= 2 and stats.store_errors == 0 and stats.checkpoint_errors == 0
     assert list((tmp_path / "state" / "rollup").glob(f"*{SUFFIX}")) != []
 
@@ -411,7 +426,8 @@ def test_collect_killed_or_stopped_restart_resumes_no_duplicate_no_spike(
     window_s, db = 5.0, tmp_path / "k.db"
     with expo_server() as srv:
         served = _serve(srv, ["e0", "e1"])
-        args = _collect_cmd(_targets_file(tmp_path, served, "c"), f"sqlite:///{db}", "200ms", "5s")
+        args = _collect_cmd(_targets_file(tmp_path, served, "c"), f"sqlite:///{db}", "200ms", "5s",
+                            "--checkpoint-every", "0")  # fmt: skip
         first = _kvscope(*args)
         with _running([first]):
             _wait(lambda: all(s.hits >= 5 for _, s in served.values())

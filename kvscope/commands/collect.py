@@ -39,6 +39,7 @@ _FLAGS = {
     "allowed_target_networks": "--allow-network",
     "state_dir": "--state-dir",
     "retention_s": "--retention",
+    "checkpoint_s": "--checkpoint-every",
 }
 
 
@@ -179,6 +180,15 @@ def register(app: typer.Typer) -> None:
                 "(Prometheus' hashmod)",
             ),
         ] = None,
+        checkpoint_every: Annotated[
+            str | None,
+            typer.Option(
+                "--checkpoint-every",
+                metavar="DURATION",
+                help="direct mode: at most this long between roll-up checkpoints, besides the "
+                "one after each tick that closes windows (default 60s; 0: after every tick)",
+            ),
+        ] = None,
         state_dir: Annotated[
             Path | None,
             typer.Option(
@@ -227,8 +237,10 @@ def register(app: typer.Typer) -> None:
         in --state-dir (fsync'd segment files, at most KVSCOPE_SPOOL_MAX_BYTES, default 1 GiB;
         past it the oldest are dropped, counted and logged) and written back oldest first once
         it takes writes again, leftovers of a crash first at the next start. Each target's
-        roll-up is checkpointed there after every tick, so a restart (kill -9 included)
-        resumes its open window and counters: no window twice, no delta from an implied 0.
+        roll-up is checkpointed there after every tick that closes windows and at least
+        every --checkpoint-every (60s; 0: every tick), so a restart (kill -9 included)
+        resumes its open window and counters: no window twice, no delta from an implied 0,
+        no counter increase lost; a kill -9 loses the gauge samples since the last save.
 
         Engine facts (both modes): model, KV blocks and offload mode from what each engine
         exposes; GPU and TP from DCGM's series (Prometheus mode), then --engines rules,
@@ -263,6 +275,7 @@ def register(app: typer.Typer) -> None:
                 engines=engines,
                 file_sd=file_sd,
                 state_dir=state_dir,
+                checkpoint_every=checkpoint_every,
                 shard=shard,
                 retention=retention,
             )
@@ -294,6 +307,7 @@ def run_collect(
     state_dir: Path | None = None,
     shard: str | None = None,
     retention: str | None = None,
+    checkpoint_every: str | None = None,
 ) -> dict[str, object]:
     """Validate the flags, run the loop, return the JSON summary."""
     from pydantic import ValidationError
@@ -308,6 +322,8 @@ def run_collect(
         raise ConfigError("--allow-network applies to --targets-from-store targets only")
     if file_sd and prometheus is not None:
         raise ConfigError("--file-sd is direct mode: not with --prometheus")
+    if checkpoint_every is not None and prometheus is not None:
+        raise ConfigError("--checkpoint-every is direct mode: not with --prometheus")
     if shard is not None and prometheus is not None:
         raise ConfigError(
             "--shard splits scrape targets (direct mode): a Prometheus is read whole, "
@@ -344,6 +360,9 @@ def run_collect(
             allowed_target_networks=tuple(allow_network) if allow_network else None,
             state_dir=state_dir,
             retention_s=None if retention is None else retention_seconds(retention, "--retention"),
+            checkpoint_s=None
+            if checkpoint_every is None
+            else parse_duration(checkpoint_every, "--checkpoint-every", allow_zero=True),
         )
     except ValidationError as exc:
         first = exc.errors()[0]
@@ -407,6 +426,7 @@ def run_collect(
                         file_sd=discovery,
                         spool=spool,
                         checkpoints=checkpoints,
+                        checkpoint_s=settings.checkpoint_s,
                         shard=sharding,
                         pruner=pruner,
                     )

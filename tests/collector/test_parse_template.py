@@ -76,8 +76,9 @@ def _moved(text: str) -> str:
                 v += 7
             elif kinds.get(name) == "gauge":
                 v *= 1.5
-            line = f"{prefix} {v!r}"
-        out.append(line)
+            out.append(f"{prefix} {v!r}")
+        else:
+            out.append(line)
     return "\n".join(out)
 
 
