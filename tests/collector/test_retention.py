@@ -159,9 +159,10 @@ def test_pruner_runs_at_once_then_every_period_in_a_thread(tmp_path: Path) -> No
         threads: list[int] = []
         prune = s.prune
 
-        def spy(cutoff: float) -> Pruned:
+        def spy(cutoff: float, *, whole_partitions: bool = False) -> Pruned:
             threads.append(threading.get_ident())
-            return prune(cutoff)
+            assert whole_partitions  # the collector drops whole days only (PostgreSQL)
+            return prune(cutoff, whole_partitions=whole_partitions)
 
         s.prune = spy  # type: ignore[method-assign,assignment]
 
@@ -183,7 +184,7 @@ def test_pruner_runs_at_once_then_every_period_in_a_thread(tmp_path: Path) -> No
 
 def test_pruner_store_failure_counted_and_retried_next_period(tmp_path: Path) -> None:
     class Down:
-        def prune(self, cutoff: float) -> Pruned:
+        def prune(self, cutoff: float, *, whole_partitions: bool = False) -> Pruned:
             raise StoreError("pruning windows failed on sqlite:///k.db: disk I/O error")
 
     pruner = Pruner(Down(), DAY, every_s=10.0)  # type: ignore[arg-type]
