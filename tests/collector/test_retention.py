@@ -136,6 +136,21 @@ def test_postgresql_windows_have_a_brin_index_on_start_also_after_upgrade(db_url
     assert len(brin()) == 1 and WINDOWS_START_BRIN_DDL.endswith("USING brin (start)")
 
 
+def test_sqlite_windows_stay_one_table_at_schema_5(tmp_path: Path) -> None:
+    db = f"sqlite:///{tmp_path / 'k.db'}"
+    with Store(db) as s:
+        assert s.migrate() == 5
+        s.write_windows(_windows(3))
+        pruned = s.prune(NOW - 1.5 * DAY, whole_partitions=True)  # no partitions: rows deleted
+        assert (pruned.windows, pruned.partitions) == (40, 0)
+    engine = sqlalchemy.create_engine(db)
+    with engine.connect() as conn:
+        tables = set(conn.execute(sqlalchemy.text(
+            "SELECT name FROM sqlite_master WHERE type = 'table'")).scalars())  # fmt: skip
+    engine.dispose()
+    assert "windows" in tables and not any(n.startswith("windows_p") for n in tables)
+
+
 def test_sqlite_has_no_brin_index(tmp_path: Path) -> None:
     db = f"sqlite:///{tmp_path / 'k.db'}"
     with Store(db) as s:
