@@ -98,6 +98,7 @@ def test_writes_across_three_days_make_their_partitions_and_stay_idempotent(
     # the three days, each with its rows, and the day after the newest made ahead (empty)
     assert made == {_name(D0): 30, _name(D0 + 1): 30, _name(D0 + 2): 30, _name(D0 + 3): 0}
     assert _name(D0) == "windows_p20251128"
+    assert store.stats()["partitions"] == {"count": 4, "oldest": _name(D0), "newest": _name(D0 + 3)}
     store.write_windows(rows)  # the same windows again: updated in place
     store.write_windows([_win(D0 + 1, 0, mean=9.0)])
     assert _partition_rows(db_url) == made

@@ -143,6 +143,7 @@ def test_sqlite_windows_stay_one_table_at_schema_5(tmp_path: Path) -> None:
         s.write_windows(_windows(3))
         pruned = s.prune(NOW - 1.5 * DAY, whole_partitions=True)  # no partitions: rows deleted
         assert (pruned.windows, pruned.partitions) == (40, 0)
+        assert "partitions" not in s.stats()
     engine = sqlalchemy.create_engine(db)
     with engine.connect() as conn:
         tables = set(conn.execute(sqlalchemy.text(
