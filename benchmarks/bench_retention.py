@@ -6,18 +6,21 @@ Run: .venv/bin/python benchmarks/bench_retention.py [--days 8] [--rows-per-day 1
 One throwaway PostgreSQL (tests/services.postgres()), two schemas holding the same windows:
 ``part`` is a migrated store (windows partitioned by day), written by Store.write_windows;
 ``flat`` has the schema-4 table (one unpartitioned windows, BRIN on start), written by the
-same Store code (its partition cache filled in advance, so that it never tries to make one)
-— the write rates of both are printed. Then ``Store.prune`` with the cutoff at the end of
-the oldest day, on each: ``flat`` deletes 20,000 rows a transaction (what retention did
-before), ``part`` detaches and drops one partition. For each: wall time, SQL statements the
-prune sent, WAL written, and the table's size after; for ``flat`` also the VACUUM the dead
-rows need before their space is reused (``part`` has none). Last, the schema 4 -> 5 migration
-of ``flat`` (what `kvscope db migrate` does to an existing store): rows/s.
+same Store code (its partition cache filled in advance, so that it never tries to make one),
+a day at a time, interleaved — the write rates of both are printed. Then ``Store.prune``
+with the cutoff at the end of the oldest day, on each: ``flat`` deletes 20,000 rows a
+transaction (what retention did before), ``part`` detaches and drops one partition. For
+each: wall time, SQL statements the prune sent, WAL written, and the table's size after; for
+``flat`` also the VACUUM the dead rows need before their space is reused (``part`` has none).
+Before the prunes, the plan's read (Store.read_frame: the whole table, and the newest two
+days) on each, best of two, interleaved. Last, the schema 4 -> 5 migration of ``flat``
+(what `kvscope db migrate` does to an existing store): rows/s.
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 import time
 from pathlib import Path
@@ -106,15 +109,34 @@ def main() -> None:
             conn.execute(sqlalchemy.text("DROP TABLE windows"))
             cast(sqlalchemy.Table, WindowRow.__table__).create(conn)
         engine.dispose()
-        for schema in ("part", "flat"):
-            with Store(urls[schema]) as s:
-                if schema == "flat":  # no partitions to make there
-                    s._partitions.add(range(D0 - 1, D0 + args.days + 2))
+        stores = {schema: Store(url) for schema, url in urls.items()}
+        stores["flat"]._partitions.add(range(D0 - 1, D0 + args.days + 2))  # none to make there
+        wrote = dict.fromkeys(urls, 0.0)
+        per_day = args.rows_per_day
+        for d in range(args.days):  # a day at a time, each schema first every other day
+            for schema in ("part", "flat") if d % 2 == 0 else ("flat", "part"):
                 t0 = time.perf_counter()
-                s.write_windows(windows)
-                took = time.perf_counter() - t0
+                stores[schema].write_windows(windows[d * per_day : (d + 1) * per_day])
+                wrote[schema] += time.perf_counter() - t0
+        for schema, store in stores.items():
+            store.close()
+            took = wrote[schema]
             print(f"  write {schema}: {took:6.1f} s, {len(windows) / took:8,.0f} rows/s")
             _admin(server, f"VACUUM ANALYZE {schema}.windows")
+        reads: dict[tuple[str, str], float] = {}
+        since = float((D0 + args.days - 2) * DAY)
+        for _ in range(2):
+            for schema in ("flat", "part"):
+                for what, filters in (("all", {}), ("2 days", {"since": since})):
+                    with Store(urls[schema]) as s:
+                        t0 = time.perf_counter()
+                        s.read_frame(**filters)  # type: ignore[arg-type]
+                        took = time.perf_counter() - t0
+                    reads[schema, what] = min(reads.get((schema, what), math.inf), took)
+        for what in ("all", "2 days"):
+            flat, part = reads["flat", what], reads["part", what]
+            print(f"  read_frame ({what}): flat {flat:.2f} s, part {part:.2f} s = "
+                  f"{part / flat:.2f}x the unpartitioned time")  # fmt: skip
         results = {}
         for schema in ("flat", "part"):
             size = _size(server, schema)

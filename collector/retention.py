@@ -13,7 +13,7 @@ collector can resume any more. Engines, targets, engine changes and plans are ke
 small, and plans are the history ``kvscope plans`` compares against.
 
 On PostgreSQL ``windows`` is partitioned by day (collector.partitions): the partitions
-wholly older than the cutoff are detached concurrently and dropped (one statement a day, the
+wholly older than the cutoff are detached concurrently and dropped (a few statements a day, the
 space back to the file system at once, no dead rows), and only the rows of the day at the
 cutoff are deleted in batches. The collector's hourly prune (:class:`Pruner`) passes
 ``whole_partitions``: it drops whole days only, so a window is kept until its day is wholly
