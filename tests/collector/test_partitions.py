@@ -5,6 +5,7 @@ schema 4 -> 5 migration of an unpartitioned table; SQLite's store is unchanged."
 from __future__ import annotations
 
 import asyncio
+import json
 import math
 import threading
 import time
@@ -21,6 +22,7 @@ from collector.models import WindowRow, labels_json, series_key
 from collector.records import Window
 from collector.retention import Pruner
 from collector.store import Store
+from tests.clirun import run_kvscope
 
 pytestmark = [pytest.mark.postgres, pytest.mark.parametrize("db_url", ["postgres"], indirect=True)]
 
@@ -339,3 +341,18 @@ def test_migration_4_to_5_refuses_a_start_no_partition_holds(db_url: str, store:
         s.migrate()
     assert _sql(db_url, "SELECT version FROM schema_version") == [(4,)]  # nothing changed
     assert _sql(db_url, "SELECT count(*) FROM windows") == [(2,)]
+
+
+def test_db_prune_cli_drops_the_old_days_on_postgresql(db_url: str, store: Store) -> None:
+    today = partitions.day_of(time.time())
+    store.write_windows(_days(range(today - 5, today)))  # 5 days before today, 30 a day
+    dry = run_kvscope("db", "prune", "--older-than", "3d", "--db", db_url, "--dry-run")
+    assert dry.returncode == 0, dry.stderr
+    done = run_kvscope("db", "prune", "--older-than", "3d", "--db", db_url)
+    assert done.returncode == 0, done.stderr
+    out = json.loads(done.stdout)
+    # the cutoff falls in day today - 3: days -5 and -4 dropped whole, the rest of -3 deleted
+    assert out["partitions_dropped"] == json.loads(dry.stdout)["partitions_dropped"] == 2
+    assert out["windows"] == json.loads(dry.stdout)["windows"] >= 60
+    assert out["windows"] + store.stats()["rows"]["windows"] == 150
+    assert sorted(_partition_rows(db_url))[0] == _name(today - 3)
