@@ -123,7 +123,9 @@ def bench(url: str, sources: list[str], total_rows: int, forecast_seconds: float
 def copy_to_postgres(sqlite_path: Path, url: str) -> None:
     """The SQLite store's windows and engines into a migrated PostgreSQL (COPY)."""
     import psycopg
+    import sqlalchemy
 
+    from collector import partitions
     from collector.models import WindowRow
 
     cols = [c.name for c in WindowRow.__table__.columns if c.name != "id"]
@@ -136,6 +138,12 @@ def copy_to_postgres(sqlite_path: Path, url: str) -> None:
                                     tensor_parallel=e.tensor_parallel, offload=e.offload,
                                     facts=dict(e.facts))  # fmt: skip
     t0 = time.perf_counter()
+    with sqlite3.connect(sqlite_path) as lite:  # the day partitions the COPY needs
+        lo, hi = lite.execute("SELECT min(start), max(start) FROM windows").fetchone()
+    engine = sqlalchemy.create_engine(url)
+    with engine.begin() as conn:
+        partitions.make_days(conn, range(partitions.day_of(lo), partitions.day_of(hi) + 1))
+    engine.dispose()
     unique = "uq_windows_source_start_series"
     with psycopg.connect(dsn, autocommit=True) as pg:  # bulk load: indexes built after
         pg.execute("DROP INDEX ix_windows_signal_start")

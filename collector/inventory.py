@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import Connection, delete, func, select
 
+from collector import partitions
 from collector.errors import ConfigError, StoreError
 from collector.models import (
     OFFLOAD_MODES,
@@ -62,6 +63,7 @@ class Inventory:
     if TYPE_CHECKING:
         _insert: Any
         batch_size: int
+        dialect: str
 
         def _tx(
             self, action: str, *, write: bool = False
@@ -315,7 +317,8 @@ class Inventory:
         return [TargetRecord(*row) for row in rows]
 
     def stats(self) -> dict[str, Any]:
-        """Row counts per table, the windows' time range and window counts per signal."""
+        """Row counts per table, the windows' time range and window counts per signal; on
+        PostgreSQL also the windows' partitions (how many, the oldest and the newest)."""
         self._require_schema()
         tables = (
             ClusterRow, EngineRow, EngineChangeRow, TargetRow, ScrapeOutcomeRow, WindowRow, PlanRow,
@@ -335,9 +338,15 @@ class Inventory:
                 .group_by(w.signal)
                 .order_by(w.signal)
             ).all()
-        return {
+            parts = partitions.partitions(conn) if self.dialect == "postgresql" else None
+        out: dict[str, Any] = {
             "rows": counts,
             "windows_from": first,
             "windows_until": last,
             "signals": {s: {"windows": int(n), "series": int(k)} for s, n, k in per_signal},
         }
+        if parts is not None:
+            names = [p.name for p in parts]
+            out["partitions"] = {"count": len(names), "oldest": names[0] if names else None,
+                                 "newest": names[-1] if names else None}  # fmt: skip
+        return out

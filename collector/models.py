@@ -3,6 +3,8 @@
 Times are UTC epoch seconds in DOUBLE columns: SQLite hands back naive datetimes and a float
 round-trips exactly on both backends. ``windows`` is the big table: it is unique on
 (source, series_key, start) so a re-run or a retry updates rows instead of duplicating them.
+On PostgreSQL it is range-partitioned by day on ``start`` (collector.partitions builds that
+table from WindowRow: same columns and indexes, a 64-bit id, primary key (id, start)).
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 from collector.records import Labels
 
 # Bump when the schema changes and add the step to store.MIGRATIONS.
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 
 OFFLOAD_MODES = ("none", "native", "lmcache")
 TARGET_KINDS = ("vllm", "lmcache", "prometheus")

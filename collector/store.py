@@ -37,6 +37,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import ArgumentError, SQLAlchemyError
 
+from collector import partitions
 from collector.errors import StoreError
 from collector.handoff import HandoffStore
 from collector.inventory import Inventory
@@ -65,13 +66,16 @@ MIGRATIONS: dict[int, Callable[[Connection], None]] = {
     2: lambda _conn: None,  # 2 -> 3: the engine_changes table (create_all() added it)
     # 3 -> 4: the rollup_states table (create_all() added it) and, on PostgreSQL, the BRIN
     # index on windows.start (create_all() makes indexes with new tables only)
-    3: lambda conn: _postgresql_only(conn, WINDOWS_START_BRIN_DDL),
+    3: lambda conn: _postgresql_only(conn, lambda: conn.execute(text(WINDOWS_START_BRIN_DDL))),
+    # 4 -> 5: on PostgreSQL, windows range-partitioned by day on start (collector.partitions);
+    # SQLite's table is unchanged
+    4: lambda conn: _postgresql_only(conn, lambda: partitions.partition_existing(conn)),
 }
 
 
-def _postgresql_only(conn: Connection, ddl: str) -> None:
+def _postgresql_only(conn: Connection, step: Callable[[], object]) -> None:
     if conn.dialect.name == "postgresql":
-        conn.execute(text(ddl))
+        step()
 
 
 _PG_MIGRATE_LOCK = 0x6B7673636F7065  # pg_advisory_xact_lock key ("kvscope")
@@ -133,6 +137,7 @@ class Store(Inventory, PlanStore, FrameReader, HandoffStore, RetentionStore):
         self._series_cache: dict[tuple[str, Labels], tuple[str, str]] = {}
         self._labels_cache: dict[str, Labels] = {}
         self._upsert: dict[bool, str] = {}
+        self._partitions = partitions.DayPartitions()  # PostgreSQL: the days made
         parsed = self._parse(url)
         self.dialect = parsed.get_backend_name()
         try:
@@ -245,7 +250,14 @@ class Store(Inventory, PlanStore, FrameReader, HandoffStore, RetentionStore):
             version = self._read_version(conn)
             if version is not None and version > SCHEMA_VERSION:
                 raise StoreError(self._version_message(version))
-            Base.metadata.create_all(conn, checkfirst=True)
+            if self.dialect == "postgresql":  # windows: partitioned, made by collector.partitions
+                fresh = not inspect(conn).has_table(WindowRow.__tablename__)
+                tables = [t for t in Base.metadata.sorted_tables if t is not WindowRow.__table__]
+                Base.metadata.create_all(conn, tables=tables, checkfirst=True)
+                if fresh:
+                    partitions.create(conn)
+            else:
+                Base.metadata.create_all(conn, checkfirst=True)
             for step in range(SCHEMA_VERSION if version is None else version, SCHEMA_VERSION):
                 if step not in MIGRATIONS:
                     raise StoreError(f"{self.url}: no upgrade path from schema version {step}")
@@ -344,22 +356,54 @@ class Store(Inventory, PlanStore, FrameReader, HandoffStore, RetentionStore):
         return written
 
     def _write_batch(self, sql: str, rows: list[tuple[Any, ...]]) -> int:
-        with self._tx(f"writing {len(rows)} windows", write=True) as conn:
-            if self.dialect == "sqlite":
+        if self.dialect == "sqlite":
+            with self._tx(f"writing {len(rows)} windows", write=True) as conn:
                 # executemany upserts row by row: a key repeated in a batch keeps its last row.
                 conn.exec_driver_sql(sql, rows)
-            else:
-                # COPY into a session-local staging table, then one INSERT ... SELECT ... ON
-                # CONFLICT DO UPDATE: ~2x psycopg's executemany (benchmarks/bench_store.py).
-                # One statement may touch a row once: keep the last row per key.
-                unique = {(row[0], row[3], row[4]): row for row in rows}
-                with conn.connection.driver_connection.cursor() as cursor:  # type: ignore[union-attr]
-                    cursor.execute(_STAGING_DDL)
-                    with cursor.copy(_STAGING_COPY) as copy:
-                        for row in unique.values():
-                            copy.write_row(row)
-                conn.exec_driver_sql(sql)
-        return len(rows)
+            return len(rows)
+        # One statement may touch a row once: keep the last row per key.
+        unique = {(row[0], row[3], row[4]): row for row in rows}
+        days = self._days(unique.values())
+        for attempt in (1, 2):
+            self._make_days(days)
+            try:
+                with self._tx(f"writing {len(rows)} windows", write=True) as conn:
+                    # COPY into a session-local staging table, then one INSERT ... SELECT ... ON
+                    # CONFLICT DO UPDATE: ~2x psycopg's executemany (benchmarks/bench_store.py).
+                    with conn.connection.driver_connection.cursor() as cursor:  # type: ignore[union-attr]
+                        cursor.execute(_STAGING_DDL)
+                        with cursor.copy(_STAGING_COPY) as copy:
+                            for row in unique.values():
+                                copy.write_row(row)
+                    conn.exec_driver_sql(sql)
+                return len(rows)
+            except StoreError as exc:
+                # a day another process's prune dropped after this one made it: made again
+                if attempt == 2 or not _no_partition(exc):
+                    raise
+                self._partitions.forget(days)
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def _days(self, rows: Iterable[tuple[Any, ...]]) -> set[int]:
+        """The UTC days of the rows' starts and the day after the newest (made ahead, so the
+        first write after midnight finds its partition made)."""
+        days = set()
+        day_s, limit = partitions.DAY_S, partitions.MAX_ABS_START
+        for row in rows:
+            start = row[4]
+            if not abs(start) < limit:
+                partitions.check_start(start, f"window {row[0]} {row[1]}")
+            days.add(int(start // day_s))
+        days.add(max(days) + 1)
+        return days
+
+    def _make_days(self, days: set[int]) -> None:
+        missing = self._partitions.missing(days)
+        if missing:
+            what = f"making the partitions of windows for {len(missing)} day(s)"
+            with self._tx(what, write=True) as conn:
+                partitions.make_days(conn, missing)
+            self._partitions.add(missing)
 
     def _labels(self, raw: str) -> Labels:
         labels = self._labels_cache.get(raw)
@@ -402,6 +446,12 @@ class Store(Inventory, PlanStore, FrameReader, HandoffStore, RetentionStore):
             Window(r[0], r[1], cache.get(r[2]) or self._labels(r[2]), *r[3:])  # type: ignore[arg-type]
             for r in rows
         ]
+
+
+def _no_partition(exc: StoreError) -> bool:
+    """Whether a write failed for want of a partition (SQLSTATE 23514, check_violation)."""
+    cause = getattr(exc.__cause__, "orig", exc.__cause__)
+    return getattr(cause, "sqlstate", None) == "23514" and "no partition" in str(cause)
 
 
 def _reason(exc: BaseException) -> str:

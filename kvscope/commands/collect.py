@@ -224,7 +224,8 @@ def register(app: typer.Typer) -> None:
 
         --retention 30d (both modes): at the start and then every hour, windows and scrape
         outcomes older than that are deleted in short batches, in the background (kvscope db
-        prune does it once).
+        prune does it once); on PostgreSQL the windows go by whole days, their partitions
+        dropped once a day is wholly older than that.
 
         --shard I/N (direct mode): of all those targets, scrape the ones whose name hashes to
         I (Prometheus' hashmod: MD5, last 8 bytes, mod N), so N collectors with the same

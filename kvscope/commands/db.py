@@ -1,5 +1,5 @@
 """`kvscope db migrate|stats|prune`: create or upgrade the store's schema, describe its
-contents, delete old windows."""
+contents, drop or delete old windows."""
 
 from __future__ import annotations
 
@@ -61,12 +61,14 @@ def register(app: typer.Typer) -> None:
             bool, typer.Option("--dry-run", help="count what would be deleted, delete nothing")
         ] = False,
     ) -> None:
-        """Delete windows and scrape outcomes older than --older-than, in short batches (safe
-        while collectors write); engines, targets and plans are kept. JSON on stdout.
+        """Delete windows and scrape outcomes older than --older-than (safe while collectors
+        write); engines, targets and plans are kept. JSON on stdout (partitions_dropped: the
+        PostgreSQL day partitions of windows dropped whole, whose rows `windows` counts).
 
-        SQLite reuses the freed pages (the file does not shrink until VACUUM); PostgreSQL's
-        autovacuum does the same for its dead rows. `kvscope collect --retention 30d` prunes
-        every hour instead.
+        PostgreSQL: the days wholly older are detached concurrently and dropped, the rest of
+        the day at the cutoff deleted in short batches. SQLite: short batches; it reuses the
+        freed pages (the file does not shrink until VACUUM). `kvscope collect --retention 30d`
+        prunes every hour instead (on PostgreSQL whole days only).
 
         Example: kvscope db prune --older-than 30d --db sqlite:///out/kvscope.db
         """

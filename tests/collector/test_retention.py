@@ -136,6 +136,22 @@ def test_postgresql_windows_have_a_brin_index_on_start_also_after_upgrade(db_url
     assert len(brin()) == 1 and WINDOWS_START_BRIN_DDL.endswith("USING brin (start)")
 
 
+def test_sqlite_windows_stay_one_table_at_schema_5(tmp_path: Path) -> None:
+    db = f"sqlite:///{tmp_path / 'k.db'}"
+    with Store(db) as s:
+        assert s.migrate() == 5
+        s.write_windows(_windows(3))
+        pruned = s.prune(NOW - 1.5 * DAY, whole_partitions=True)  # no partitions: rows deleted
+        assert (pruned.windows, pruned.partitions) == (40, 0)
+        assert "partitions" not in s.stats()
+    engine = sqlalchemy.create_engine(db)
+    with engine.connect() as conn:
+        tables = set(conn.execute(sqlalchemy.text(
+            "SELECT name FROM sqlite_master WHERE type = 'table'")).scalars())  # fmt: skip
+    engine.dispose()
+    assert "windows" in tables and not any(n.startswith("windows_p") for n in tables)
+
+
 def test_sqlite_has_no_brin_index(tmp_path: Path) -> None:
     db = f"sqlite:///{tmp_path / 'k.db'}"
     with Store(db) as s:
@@ -159,9 +175,10 @@ def test_pruner_runs_at_once_then_every_period_in_a_thread(tmp_path: Path) -> No
         threads: list[int] = []
         prune = s.prune
 
-        def spy(cutoff: float) -> Pruned:
+        def spy(cutoff: float, *, whole_partitions: bool = False) -> Pruned:
             threads.append(threading.get_ident())
-            return prune(cutoff)
+            assert whole_partitions  # the collector drops whole days only (PostgreSQL)
+            return prune(cutoff, whole_partitions=whole_partitions)
 
         s.prune = spy  # type: ignore[method-assign,assignment]
 
@@ -183,7 +200,7 @@ def test_pruner_runs_at_once_then_every_period_in_a_thread(tmp_path: Path) -> No
 
 def test_pruner_store_failure_counted_and_retried_next_period(tmp_path: Path) -> None:
     class Down:
-        def prune(self, cutoff: float) -> Pruned:
+        def prune(self, cutoff: float, *, whole_partitions: bool = False) -> Pruned:
             raise StoreError("pruning windows failed on sqlite:///k.db: disk I/O error")
 
     pruner = Pruner(Down(), DAY, every_s=10.0)  # type: ignore[arg-type]
