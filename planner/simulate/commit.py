@@ -50,47 +50,67 @@ class EngineCommit:
     _step0: bool
 
     # --- commit -----------------------------------------------------------------------------
-    def _account(self, now: float, steps: int, tokens: int) -> None:
-        dur = now - self.seg_start
-        pool = self.pool
-        usage = (pool.pinned_total + pool.private_total) / pool.total
-        self.kv_integral += (self.seg_usage + usage) / 2.0 * dur
-        self.busy_time += dur
-        self.steps += steps
-        self.tel.hist["iteration_tokens"].observe(tokens, steps)
-
+    # The commits run once per event; the bookkeeping shared by both (run statistics, the
+    # iteration-tokens observation, completions) is written out in each rather than called.
     def _commit_mixed(self, now: float) -> None:
         dec, tel = self.dec, self.tel
         r = dec.r
-        dec.advance(1)
+        dec.d += 1  # dec.advance(1)
+        dec.s += r
         tokens = r
         if r:
             tel.counters["generation_tokens_total"] += r
             tel.hist["inter_token_latency_seconds"].observe(now - self.seg_start, r)
+        conn, has_conn = self.conn, self.has_conn
         for req, n in self.seg_chunks:
             c0 = req.computed
             req.computed = c1 = c0 + n
             tokens += n
             self._mark_computed(req, c0, c1)
-            self.conn.store(req, c0, c1, now)
+            if has_conn:  # the base Connector stores nothing
+                conn.store(req, c0, c1, now)
             if c1 == req.prompt_len + req.generated:
                 self._prefill_done(req, now)
         self.seg_chunks = []
-        self._account(now, 1, tokens)
-        for req in dec.pop_done():
-            self._finish(req, now)
+        # run statistics of the step
+        dur = now - self.seg_start
+        pool = self.pool
+        usage = (pool.pinned_total + pool.private_total) / pool.total
+        self.kv_integral += (self.seg_usage + usage) / 2.0 * dur
+        self.busy_time += dur
+        self.steps += 1
+        hist = tel.hist["iteration_tokens"]  # observe(tokens, 1)
+        pending = hist.pending
+        pending.append(tokens)
+        if len(pending) >= hist.limit:
+            hist.flush()
+        heap = dec.heap
+        if heap and heap[0][0] <= dec.d:
+            for req in dec.pop_done():
+                self._finish(req, now)
 
     def _commit_jump(self, now: float) -> None:
         dec, pool, k = self.dec, self.pool, self.seg_k
         if k > 1:
-            pool.decode_advance(*dec.blocks(k - 1, 1))
+            new, filled = dec.blocks(k - 1, 1)
+            pool.decode_advance(new, filled)
         r = dec.r
-        dec.advance(k)
-        self.tel.counters["generation_tokens_total"] += r * k
-        self.tel.hist["inter_token_latency_seconds"].observe_linear(self.seg_a, self.seg_b, k, r)
-        self._account(now, k, r)
-        for req in dec.pop_done():
-            self._finish(req, now)
+        dec.d += k  # dec.advance(k)
+        dec.s += r * k
+        tel = self.tel
+        tel.counters["generation_tokens_total"] += r * k
+        tel.hist["inter_token_latency_seconds"].observe_linear(self.seg_a, self.seg_b, k, r)
+        # run statistics of the k steps
+        dur = now - self.seg_start
+        usage = (pool.pinned_total + pool.private_total) / pool.total
+        self.kv_integral += (self.seg_usage + usage) / 2.0 * dur
+        self.busy_time += dur
+        self.steps += k
+        tel.hist["iteration_tokens"].observe(r, k)
+        heap = dec.heap
+        if heap and heap[0][0] <= dec.d:
+            for req in dec.pop_done():
+                self._finish(req, now)
 
     def _mark_computed(self, req: Req, c0: int, c1: int) -> None:
         """Count prefill tokens [c0, c1); those computed before anywhere are re-prefill."""

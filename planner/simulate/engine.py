@@ -28,7 +28,7 @@ from planner.model import costmodel
 from planner.simulate.commit import LOADED, LOADING, PREFILL, WAITING
 from planner.simulate.content import ContentTree
 from planner.simulate.decode import DecodeBatch
-from planner.simulate.kvcache import BlockPool
+from planner.simulate.kvcache import BlockPool, leading_cached
 from planner.simulate.offload import Connector
 from planner.simulate.queues import EngineQueues
 from planner.simulate.request import Req
@@ -140,12 +140,13 @@ class Engine(EngineQueues):
 
     def on_event(self, now: float) -> None:
         """The segment in flight ends at `now`: commit it and plan the next one."""
-        if self.seg == WAIT:
-            self._end_wait(now)
-        elif self.seg == MIXED:
-            self._commit_mixed(now)
-        elif self.seg == JUMP:
+        seg = self.seg
+        if seg == JUMP:
             self._commit_jump(now)
+        elif seg == MIXED:
+            self._commit_mixed(now)
+        elif seg == WAIT:
+            self._end_wait(now)
         self.seg = IDLE
         self._plan(now)
 
@@ -177,11 +178,12 @@ class Engine(EngineQueues):
             budget -= dec.r
         chunks: list[tuple[Req, int]] = []
         if self.prefilling:
+            reserve = pool.reserve
             for req in list(self.prefilling.values()):
                 if req.state != PREFILL or budget <= 0:
                     continue
                 n = min(req.prompt_len + req.generated - req.computed, budget)
-                while not pool.reserve(req, req.computed + n):
+                while not reserve(req, req.computed + n):
                     victim = self._preempt_newest(now)
                     preempted = True
                     if victim is req:
@@ -190,18 +192,19 @@ class Engine(EngineQueues):
                     chunks.append((req, n))
                     budget -= n
         extra = 0.0
-        if not preempted or (not chunks and not dec.r):  # an empty step admits anyway
+        if self.waiting and (not preempted or (not chunks and not dec.r)):
+            # (an empty step admits anyway; _admit does nothing without a waiting request)
             extra, budget = self._admit(now, budget, chunks)
         if not chunks and not dec.r:
             self.seg = IDLE
             if self.loading:
                 self.seg = WAIT
                 self.seg_start = now
-                self.seg_usage = pool.used / pool.total
+                self.seg_usage = (pool.pinned_total + pool.private_total) / pool.total
                 self.seg_end = min(r.ready_at for r in self.loading)
             return
         self.seg_start = now
-        self.seg_usage = pool.used / pool.total
+        self.seg_usage = (pool.pinned_total + pool.private_total) / pool.total  # pool.used
         if not chunks and not preempted and extra == 0.0:
             self._plan_jump(now)
             return
@@ -217,17 +220,23 @@ class Engine(EngineQueues):
         """Admit waiting requests FCFS; returns (blocking seconds, budget left)."""
         pool, conn, bs = self.pool, self.conn, self.bs
         waiting, extra = self.waiting, 0.0
-        while waiting and budget > 0 and len(self.running) < self.max_seqs:
+        reserve, max_seqs = pool.reserve, self.max_seqs
+        caching, start, end, cached = pool.prefix_caching, pool.start, pool.end, pool.cached
+        # a head that cannot get blocks ends the admission, unless nothing runs (_unblock)
+        while waiting and budget > 0 and len(self.running) < max_seqs:
             req = waiting[0]
             p_eff = req.prompt_len + req.generated
             if req.state == LOADED:
                 n = min(p_eff - req.computed, budget)
-                if not pool.reserve(req, req.computed + n):
-                    if self._unblock(chunks):
+                if not reserve(req, req.computed + n):
+                    if not self.running and not chunks and self._unblock(chunks):
                         continue
                     break
             else:
-                hit = pool.lookup(req.path, (p_eff - 1) // bs) * bs
+                limit = (p_eff - 1) // bs  # hit = pool.lookup(req.path, limit) * bs
+                hit = 0
+                if caching and limit > 0:
+                    hit = leading_cached(req.path, start, end, cached, unit=bs, limit=limit) * bs
                 ext = 0
                 if self.has_conn:
                     # a blocked head is looked up again every step; the connector answers
@@ -237,8 +246,8 @@ class Engine(EngineQueues):
                     ext = conn.lookup(req, p_eff, hit, not req.looked)
                     req.looked = True
                 if ext and conn.is_async:
-                    if not pool.reserve(req, hit + ext):
-                        if self._unblock(chunks):
+                    if not reserve(req, hit + ext):
+                        if not self.running and not chunks and self._unblock(chunks):
                             continue
                         break
                     self._count_lookup(req, p_eff, hit, ext)
@@ -255,8 +264,8 @@ class Engine(EngineQueues):
                         req.first_scheduled = now
                     continue
                 n = min(p_eff - hit - ext, budget)
-                if not pool.reserve(req, hit + ext + n):
-                    if self._unblock(chunks):
+                if not reserve(req, hit + ext + n):
+                    if not self.running and not chunks and self._unblock(chunks):
                         continue
                     break
                 self._count_lookup(req, p_eff, hit, ext)
@@ -295,13 +304,16 @@ class Engine(EngineQueues):
 
     def _plan_jump(self, now: float) -> None:
         dec, pool = self.dec, self.pool
-        k = min(dec.next_end() - dec.d, 1 + dec.steps_within(pool.available, 1), self.max_jump)
-        a = self.cost.step([], dec.r, dec.s) * self.factor
+        r, s = dec.r, dec.s
+        available = pool.total - pool.pinned_total - pool.private_total
+        k = min(dec.next_end() - dec.d, 1 + dec.steps_within(available, 1), self.max_jump)
+        step, factor = self.cost.step, self.factor
+        a = step([], r, s) * factor
         b = 0.0
         if k > 1:
-            b = (self.cost.step([], dec.r, dec.s + dec.r * (k - 1)) * self.factor - a) / (k - 1)
+            b = (step([], r, s + r * (k - 1)) * factor - a) / (k - 1)
         self.seg, self.seg_k, self.seg_a, self.seg_b = JUMP, k, a, b
-        self.seg_end = now + self._cum(k)
+        self.seg_end = now + (k * a + b * k * (k - 1) / 2.0)  # now + self._cum(k)
         limit = self.horizon
         if self.loading:
             limit = min(limit, *(r.ready_at for r in self.loading))
