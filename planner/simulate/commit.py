@@ -152,20 +152,24 @@ class EngineCommit:
             self.dec.add(req, req.computed, req.output_len - req.generated)
 
     def _finish(self, req: Req, now: float) -> None:
+        pool = self.pool
         if req.state == DECODE:
             c = self.dec.remove(req)
             req.generated = req.output_len
-            self.pool.settle_decode(req, c)
-            self._mark_decoded(req, c)
+            pool.settle_decode(req, c)
+            n = req.path[-1]  # self._mark_decoded(req, c)
+            hw = self.tree.hw
+            hw[n] = max(hw[n], c - self.tree.start[n])
         else:
             c = req.computed
         self.running.pop(req.seq, None)
         if self.has_conn:
             self.conn.store_on_release(req, c, now)
-        self.pool.release(req)
+        pool.release(req)
         req.state = DONE
-        self.tel.finished["stop"] += 1
-        self.tel.request_done(
+        tel = self.tel
+        tel.finished["stop"] += 1
+        tel.request_done(
             (
                 req.arrival,
                 req.first_scheduled,

@@ -139,7 +139,13 @@ class BlockPool:
                         pin[n] = e
                         self.pinned_total += grow
                     req.hold_blocks = e
-                return self._settle_private(req, priv)
+                # self._settle_private(req, priv), inlined: this is the common case
+                self.private_total = private = self.private_total + priv - req.private
+                req.private = priv
+                over = self.cached_total + private - self.total
+                if over > 0:
+                    self.evict(over)
+                return True
         # plan: walk from the current holding to `full` blocks, summing the pin increase
         done = start[path[idx]] // bs + h if idx < len(path) else full
         delta_pin = 0
@@ -192,7 +198,7 @@ class BlockPool:
         req.private = priv
         over = self.cached_total + private - self.total  # evict what no longer fits
         if over > 0:
-            self._evict(over)
+            self.evict(over)
         return True
 
     def decode_advance(self, new_blocks: int, filled_blocks: int) -> None:
@@ -203,7 +209,7 @@ class BlockPool:
         self.pinned_total += filled_blocks
         over = cached + private - self.total  # evict what no longer fits
         if over > 0:
-            self._evict(over)
+            self.evict(over)
 
     def settle_decode(self, req: Req, computed: int) -> None:
         """Bring req's per-node holding up to `computed` tokens after aggregated decode steps
@@ -247,7 +253,8 @@ class BlockPool:
         req.private = 0
         req.hold_idx = req.hold_blocks = 0
 
-    def _evict(self, count: int) -> None:
+    def evict(self, count: int) -> None:
+        """Evict `count` cached blocks nothing references, least recently used first."""
         cached, pin, lru = self.cached, self.pin, self.lru
         self.evicted_total += count
         while count > 0:
