@@ -252,7 +252,9 @@ def step_seconds_fns(
         compute = gemm_per_token * tokens + attention_per_pair * pairs
         memory = (weights + kv_touched * kv_per_token) / hbm
         allreduce = allreduce_fixed + allreduce_per_token * tokens
-        return max(compute, memory) + allreduce + overhead_s
+        # max(compute, memory) without the call: max keeps the first unless the second is
+        # greater, so this is the same value (NaN and signed zeros included)
+        return (memory if memory > compute else compute) + allreduce + overhead_s
 
     return fn, decode
 

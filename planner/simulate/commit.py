@@ -117,17 +117,19 @@ class EngineCommit:
         tree = self.tree
         start, end, hw = tree.start, tree.end, tree.hw
         self.computed_tokens += c1 - c0
-        for n in req.path:
+        for n in req.path:  # (integers: a conditional is max()/min() without the call)
             s, e = start[n], end[n]
             if e <= c0:
                 continue
             if s >= c1:
                 break
-            lo, hi = max(c0, s), min(c1, e)
-            seen = s + hw[n]
+            lo = s if s > c0 else c0
+            hi = e if e < c1 else c1
+            had = hw[n]
+            seen = s + had
             if seen > lo:
-                self.reprefill_tokens += min(seen, hi) - lo
-            hw[n] = max(hw[n], hi - s)
+                self.reprefill_tokens += (seen if seen < hi else hi) - lo
+            hw[n] = hi - s if hi - s > had else had
 
     def _mark_decoded(self, req: Req, computed: int) -> None:
         n = req.path[-1]
@@ -142,8 +144,9 @@ class EngineCommit:
             req.first_token = now
             tel = self.tel
             tel.counters["prompt_tokens_total"] += req.prompt_len
-            tel.counters["prompt_tokens_cached_total"] += max(0, req.cached_prompt)
-            tel.first_token(now - req.arrival, req.prompt_len - max(0, req.cached_prompt))
+            cached = req.cached_prompt if req.cached_prompt > 0 else 0
+            tel.counters["prompt_tokens_cached_total"] += cached
+            tel.first_token(now - req.arrival, req.prompt_len - cached)
         self.tel.counters["generation_tokens_total"] += 1
         if req.generated >= req.output_len:
             self._finish(req, now)
@@ -159,7 +162,8 @@ class EngineCommit:
             pool.settle_decode(req, c)
             n = req.path[-1]  # self._mark_decoded(req, c)
             hw = self.tree.hw
-            hw[n] = max(hw[n], c - self.tree.start[n])
+            done = c - self.tree.start[n]
+            hw[n] = done if done > hw[n] else hw[n]
         else:
             c = req.computed
         self.running.pop(req.seq, None)

@@ -240,7 +240,8 @@ class Engine(EngineQueues):
             for req in list(self.prefilling.values()):
                 if req.state != PREFILL or budget <= 0:
                     continue
-                n = min(req.prompt_len + req.generated - req.computed, budget)
+                n = req.prompt_len + req.generated - req.computed
+                n = n if n < budget else budget
                 while not reserve(req, req.computed + n):
                     victim = self._preempt_newest(now)
                     preempted = True
@@ -321,7 +322,8 @@ class Engine(EngineQueues):
                     if req.first_scheduled < 0:
                         req.first_scheduled = now
                     continue
-                n = min(p_eff - hit - ext, budget)
+                n = p_eff - hit - ext
+                n = n if n < budget else budget
                 if not reserve(req, hit + ext + n):
                     if not self.running and not chunks and self._unblock(chunks):
                         continue
@@ -364,7 +366,11 @@ class Engine(EngineQueues):
         dec, pool = self.dec, self.pool
         r, s = dec.r, dec.s
         available = pool.total - pool.pinned_total - pool.private_total
-        k = min(dec.next_end() - dec.d, 1 + dec.steps_within(available, 1), self.max_jump)
+        # k = min(steps to the next completion, steps the free blocks allow, max_jump)
+        k = dec.next_end() - dec.d
+        fit = 1 + dec.steps_within(available, 1)
+        k = k if k < fit else fit
+        k = k if k < self.max_jump else self.max_jump
         step, factor = self.cost.decode, self.factor
         a = step(r, s) * factor
         b = 0.0

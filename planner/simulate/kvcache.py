@@ -45,7 +45,7 @@ def leading_cached(
         total += nb
         if total >= limit:
             break
-    return min(total, limit)
+    return total if total < limit else limit
 
 
 class BlockPool:
@@ -233,7 +233,8 @@ class BlockPool:
         """Drop req's references (finish or preemption); its blocks stay cached, newest
         sequence position first in line for eviction (vLLM frees blocks in reverse order)."""
         path, holders, pin, lru = req.path, self.holders, self.pin, self.lru
-        last = min(req.hold_idx, len(path) - 1) if req.hold_blocks else req.hold_idx - 1
+        last = req.hold_idx if req.hold_blocks else req.hold_idx - 1
+        last = last if last < len(path) else len(path) - 1
         for i in range(last, -1, -1):
             n = path[i]
             k = holders.get(n, 0)
