@@ -2,7 +2,8 @@
 made for speed can be checked to change no result (tests/planner/simulate/test_golden.py).
 
 Each run gives the summary `kvscope simulate --json` prints (SimResult.to_dict() without
-wall_s; its totals in full, its engine, pool and parameter rows digested) plus the exact
+wall_s and the parameters' sources; its totals in full, its engine, pool and parameter rows
+digested) plus the exact
 state behind it as SHA-256 digests of its canonical JSON, so the fixture stays small: per
 engine every run statistic, counter, histogram (bucket counts, sum, count), block-pool total
 and queue length; the completed-request records; the LMCache pools. JSON writes a float as
@@ -10,7 +11,8 @@ its repr, so equal digests and equal summaries after a round trip mean bit-for-b
 results. `golden(digests=False)` gives the records in full, to find what differs.
 
 tests/planner/simulate/fixtures/golden_sim.json holds what the implementation at commit
-9999810 (before the simulator was optimised for issue 13) gave. Rewriting it
+9999810 (before the simulator was optimised for issue 13) gave: this file run with `--write`
+from a `git archive 9999810` tree, so its planner/ was the one imported. Rewriting it
 (`python tests/planner/simulate/golden.py --write`) is a change of simulated behaviour,
 never a way to make the test pass.
 """
@@ -125,6 +127,8 @@ def batch_record(sim: Simulation, *, digests: bool = True) -> dict[str, Any]:
     """Everything a finished batch run gives, exactly."""
     summary = sim.run().to_dict()
     summary.pop("wall_s")
+    # the parameters used, without their sources (documentation, not results)
+    summary["parameters"] = [[p["key"], p["value"]] for p in summary["parameters"]]
     if digests:  # the run's totals stay readable, its per-engine and per-pool rows digested
         for key in ("engines", "lmcache_pools", "parameters"):
             summary[key] = digest(summary[key])
