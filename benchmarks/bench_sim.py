@@ -1,6 +1,6 @@
 """Benchmark: one simulated hour of a saturated 16-engine cluster, event-driven vs per-step.
 
-Run: .venv/bin/python benchmarks/bench_sim.py [--hours H] [--baseline-s S]
+Run: .venv/bin/python benchmarks/bench_sim.py [--hours H] [--baseline-s S] [--against REF]
 
 Scenario: bundled planner/simulate/scenarios/saturated_16x_h100.yaml (4 nodes x 4 H100,
 Llama-3.1-8B TP1, 2,048 closed-loop long-context clients keeping HBM saturated). Prints
@@ -10,21 +10,38 @@ Llama-3.1-8B TP1, 2,048 closed-loop long-context clients keeping HBM saturated).
     event (max_jump=1, the naive per-step loop) over the first simulated minute(s), against
     the event-driven simulation of the same minute(s): the speed-up ratio, and the naive
     loop's projected time for the hour.
-Both runs of the baseline window give identical results (checked). No asserts: machines are
-noisy, and the wall time of a shared machine can exceed its CPU time.
+Both runs of the baseline window give identical results (checked).
+
+`--against REF` (a git commit of this repository, e.g. 9999810, the simulator before it was
+optimised for issue 13) also runs the hour with that commit's planner/ (exported by
+`git archive` into a temporary directory) and with this tree's, alternately `--rounds` times,
+each in a fresh process, and prints CPU seconds and events per CPU-second of both, their
+ratio (best of the rounds) and whether the two hours' results are identical (the whole
+`kvscope simulate --json` summary but wall_s).
+
+No asserts: machines are noisy, and the wall time of a shared machine can exceed its CPU time.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import hashlib
+import io
 import json
+import os
+import subprocess
 import sys
+import tarfile
+import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+if "--child" in sys.argv:  # a timed hour with another tree's planner/ (see _child)
+    sys.path.insert(0, sys.argv[sys.argv.index("--child") + 1])
+sys.path.insert(0 if "--child" not in sys.argv else 1, str(ROOT))
 
 from planner.simulate.cluster import Simulation  # noqa: E402
 from planner.simulate.scenario import Scenario, load_scenario  # noqa: E402
@@ -40,6 +57,77 @@ def _timed(scenario: Scenario, max_jump: int | None) -> tuple[Simulation, float,
     return sim, time.perf_counter() - wall, time.process_time() - cpu
 
 
+def _child(hours: float) -> None:
+    """One timed hour (the planner/ first on sys.path), as one JSON line: CPU and wall
+    seconds of advance_to, events, and a digest of the summary without wall_s."""
+    with scenario_file(SCENARIO) as path:
+        base = load_scenario(path)
+    hour = dataclasses.replace(base, duration_s=3600.0 * hours)
+    sim, wall, cpu = _timed(hour, max_jump=None)
+    summary = sim.run().to_dict()  # already advanced: summarises
+    summary.pop("wall_s")
+    text = json.dumps(summary, sort_keys=True)
+    print(
+        json.dumps(
+            {
+                "cpu_s": cpu,
+                "wall_s": wall,
+                "events": sim.events,
+                "planner": str(Path(sys.modules["planner"].__file__ or "").parent),
+                "digest": hashlib.sha256(text.encode()).hexdigest(),
+            }
+        )
+    )
+
+
+def _run_child(tree: Path, hours: float) -> dict[str, Any]:
+    env = {**os.environ, "PYTHONPATH": str(tree)}
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--child", str(tree)]
+    proc = subprocess.run(
+        [*cmd, "--hours", str(hours)], capture_output=True, text=True, check=False, env=env
+    )
+    if proc.returncode != 0:
+        raise SystemExit(f"bench_sim: the run with {tree} failed:\n{proc.stderr}")
+    doc: dict[str, Any] = json.loads(proc.stdout.splitlines()[-1])
+    if Path(doc["planner"]) != tree / "planner":
+        raise SystemExit(f"bench_sim: the run meant for {tree} imported {doc['planner']}")
+    return doc
+
+
+def _against(ref: str, hours: float, rounds: int) -> dict[str, Any]:
+    """The hour with `ref`'s planner/ and with this tree's, alternately, `rounds` times."""
+    archive = subprocess.run(
+        ["git", "-C", str(ROOT), "archive", "--format=tar", ref, "planner", "collector"],
+        capture_output=True, check=False,
+    )  # fmt: skip
+    if archive.returncode != 0:
+        raise SystemExit(f"bench_sim: --against {ref}: {archive.stderr.decode().strip()}")
+    with tempfile.TemporaryDirectory(prefix="bench_sim_") as tmp:
+        with tarfile.open(fileobj=io.BytesIO(archive.stdout)) as tar:
+            tar.extractall(tmp, filter="data")
+        before, after = [], []
+        for _ in range(rounds):
+            before.append(_run_child(Path(tmp), hours))
+            after.append(_run_child(ROOT, hours))
+    b = min(before, key=lambda d: float(d["cpu_s"]))
+    a = min(after, key=lambda d: float(d["cpu_s"]))
+    identical = len({d["digest"] for d in before + after}) == 1
+    return {
+        "against": ref,
+        "rounds": rounds,
+        "before_cpu_s": round(b["cpu_s"], 2),
+        "after_cpu_s": round(a["cpu_s"], 2),
+        "before_cpu_s_all": [round(d["cpu_s"], 2) for d in before],
+        "after_cpu_s_all": [round(d["cpu_s"], 2) for d in after],
+        "before_wall_s": round(b["wall_s"], 2),
+        "after_wall_s": round(a["wall_s"], 2),
+        "before_events_per_cpu_s": round(b["events"] / b["cpu_s"]),
+        "after_events_per_cpu_s": round(a["events"] / a["cpu_s"]),
+        "speedup_cpu": round(b["cpu_s"] / a["cpu_s"], 2),
+        "results_identical": identical and b["events"] == a["events"],
+    }
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--hours", type=float, default=1.0, help="simulated hours (default 1)")
@@ -49,7 +137,15 @@ def main() -> None:
         default=60.0,
         help="simulated seconds the naive per-step baseline covers",
     )
+    ap.add_argument("--against", help="a git commit: also time the hour with its planner/")
+    ap.add_argument("--rounds", type=int, default=2, help="with --against: alternations")
+    ap.add_argument("--child", help=argparse.SUPPRESS)  # internal: _child's planner/ tree
     args = ap.parse_args()
+    if args.child:
+        _child(args.hours)
+        return
+    if args.rounds < 1:
+        ap.error(f"--rounds must be >= 1, got {args.rounds}")
     with scenario_file(SCENARIO) as path:
         base = load_scenario(path)
     window = dataclasses.replace(base, duration_s=args.baseline_s)
@@ -102,6 +198,15 @@ def main() -> None:
         f"naive run {out['naive_projected_cpu_s_for_run']:.0f} s CPU -> "
         f"x{out['speedup_vs_naive_projected']}"
     )
+    if args.against:
+        cmp = _against(args.against, args.hours, args.rounds)
+        out.update(cmp)
+        print(
+            f"against {cmp['against']} (best of {cmp['rounds']} alternated fresh processes): "
+            f"{cmp['before_cpu_s']:.2f} s CPU ({cmp['before_events_per_cpu_s']:,} events/CPU-s)"
+            f" -> {cmp['after_cpu_s']:.2f} s CPU ({cmp['after_events_per_cpu_s']:,} events/CPU-s)"
+            f": x{cmp['speedup_cpu']}; identical results: {cmp['results_identical']}"
+        )
     print(json.dumps(out))
 
 

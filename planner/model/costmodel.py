@@ -194,7 +194,7 @@ def step_seconds(
     return fn(prefill, decode_seqs, decode_kv_tokens)
 
 
-def step_seconds_fn(
+def step_seconds_fns(
     model: Model,
     gpu: GPU,
     tp: int,
@@ -203,12 +203,14 @@ def step_seconds_fn(
     hbm_efficiency: float = DEFAULT_HBM_EFFICIENCY,
     dtype: str = "auto",
     overhead_s: float = DEFAULT_STEP_OVERHEAD_S,
-) -> Callable[[Sequence[tuple[int, int]], int, int], float]:
+) -> tuple[Callable[[Sequence[tuple[int, int]], int, int], float], Callable[[int, int], float]]:
     """step_seconds with the model, GPU and efficiencies bound and validated once.
 
-    Returns fn(prefill, decode_seqs, decode_kv_tokens) -> seconds, the same roofline as
-    step_seconds (which calls it) without per-call argument checks: the cluster simulator
-    evaluates ~10^5 steps per simulated hour and engine.
+    Returns (fn, decode): fn(prefill, decode_seqs, decode_kv_tokens) -> seconds, the same
+    roofline as step_seconds (which calls it) without per-call argument checks (the cluster
+    simulator evaluates ~10^5 steps per simulated hour and engine), and
+    decode(decode_seqs, decode_kv_tokens) == fn((), decode_seqs, decode_kv_tokens), bit for
+    bit (the same operations in the same order), for the simulator's decode-only steps.
     """
     _check_tp(model, tp)
     _check_fraction(mfu, "mfu")
@@ -240,6 +242,37 @@ def step_seconds_fn(
         allreduce = allreduce_fixed + allreduce_per_token * tokens
         return max(compute, memory) + allreduce + overhead_s
 
+    def decode(decode_seqs: int, decode_kv_tokens: int) -> float:
+        # fn((), ...) with its zero prefill sums folded in: 0.0 + n is float(n), exactly
+        tokens = 0.0 + decode_seqs
+        if tokens == 0:
+            return 0.0
+        pairs = 0.0 + decode_kv_tokens
+        kv_touched = 0.0 + (decode_kv_tokens + decode_seqs)
+        compute = gemm_per_token * tokens + attention_per_pair * pairs
+        memory = (weights + kv_touched * kv_per_token) / hbm
+        allreduce = allreduce_fixed + allreduce_per_token * tokens
+        # max(compute, memory) without the call: max keeps the first unless the second is
+        # greater, so this is the same value (NaN and signed zeros included)
+        return (memory if memory > compute else compute) + allreduce + overhead_s
+
+    return fn, decode
+
+
+def step_seconds_fn(
+    model: Model,
+    gpu: GPU,
+    tp: int,
+    *,
+    mfu: float = DEFAULT_MFU,
+    hbm_efficiency: float = DEFAULT_HBM_EFFICIENCY,
+    dtype: str = "auto",
+    overhead_s: float = DEFAULT_STEP_OVERHEAD_S,
+) -> Callable[[Sequence[tuple[int, int]], int, int], float]:
+    """fn(prefill, decode_seqs, decode_kv_tokens) -> seconds of step_seconds_fns."""
+    fn, _ = step_seconds_fns(
+        model, gpu, tp, mfu=mfu, hbm_efficiency=hbm_efficiency, dtype=dtype, overhead_s=overhead_s
+    )
     return fn
 
 

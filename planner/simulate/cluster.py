@@ -26,7 +26,7 @@ import itertools
 import math
 import time as _time
 from collections.abc import Mapping
-from typing import cast
+from typing import Any, cast
 
 from collector.errors import ConfigError
 from planner.simulate.content import ContentTree
@@ -241,33 +241,43 @@ class Simulation:
         self.wall_s += _time.perf_counter() - started
 
     def _loop(self, t: float, settle: bool) -> None:
+        # the hottest loop of a run: _schedule and _push are inlined, and the event count and
+        # last event time are kept in locals (written back however the loop ends)
         heap, engines, version, tree = self.heap, self.engines, self.version, self.tree
-        while True:
-            while heap and heap[0][0] <= t:
-                when, _, kind, payload, ver = heapq.heappop(heap)
-                self.events += 1
-                self.last_event = when
-                if kind == ARRIVAL:
-                    req = cast(Req, payload)
-                    req.arrival = when
-                    self._arrive(req, when)
-                    if tree.created >= self._prune_at:  # never in a batch run
-                        self._prune()
-                elif kind == LOOP:
-                    self._next_loop()
-                else:
-                    idx = cast(int, payload)
-                    if ver != version[idx]:
-                        continue
-                    eng = engines[idx]
-                    eng.on_event(when)
-                    self._schedule(eng)
-            if not settle:
-                break
-            settle = False
-            for eng in engines:
-                if eng.split(t):
-                    self._schedule(eng)
+        pop, push = heapq.heappop, heapq.heappush
+        events, last = self.events, self.last_event
+        payload: Any  # an engine's index (ENGINE) or a Req (ARRIVAL)
+        try:
+            while True:
+                while heap and heap[0][0] <= t:
+                    when, _, kind, payload, ver = pop(heap)
+                    events += 1
+                    last = when
+                    if kind == ENGINE:
+                        if ver != version[payload]:
+                            continue
+                        eng = engines[payload]
+                        eng.on_event(when)
+                        ver += 1
+                        version[payload] = ver
+                        if eng.seg != IDLE:
+                            self._seq += 1
+                            push(heap, (eng.seg_end, self._seq, ENGINE, payload, ver))
+                    elif kind == ARRIVAL:
+                        payload.arrival = when
+                        self._arrive(payload, when)
+                        if tree.created >= self._prune_at:  # never in a batch run
+                            self._prune()
+                    else:
+                        self._next_loop()
+                if not settle:
+                    break
+                settle = False
+                for eng in engines:
+                    if eng.split(t):
+                        self._schedule(eng)
+        finally:
+            self.events, self.last_event = events, last
 
     def _next_loop(self) -> None:
         for req in self.workload.next_loop():

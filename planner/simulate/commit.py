@@ -50,64 +50,86 @@ class EngineCommit:
     _step0: bool
 
     # --- commit -----------------------------------------------------------------------------
-    def _account(self, now: float, steps: int, tokens: int) -> None:
-        dur = now - self.seg_start
-        pool = self.pool
-        usage = (pool.pinned_total + pool.private_total) / pool.total
-        self.kv_integral += (self.seg_usage + usage) / 2.0 * dur
-        self.busy_time += dur
-        self.steps += steps
-        self.tel.hist["iteration_tokens"].observe(tokens, steps)
-
+    # The commits run once per event; the bookkeeping shared by both (run statistics, the
+    # iteration-tokens observation, completions) is written out in each rather than called.
     def _commit_mixed(self, now: float) -> None:
         dec, tel = self.dec, self.tel
         r = dec.r
-        dec.advance(1)
+        dec.d += 1  # dec.advance(1)
+        dec.s += r
         tokens = r
         if r:
             tel.counters["generation_tokens_total"] += r
             tel.hist["inter_token_latency_seconds"].observe(now - self.seg_start, r)
+        conn, has_conn = self.conn, self.has_conn
         for req, n in self.seg_chunks:
             c0 = req.computed
             req.computed = c1 = c0 + n
             tokens += n
             self._mark_computed(req, c0, c1)
-            self.conn.store(req, c0, c1, now)
+            if has_conn:  # the base Connector stores nothing
+                conn.store(req, c0, c1, now)
             if c1 == req.prompt_len + req.generated:
                 self._prefill_done(req, now)
         self.seg_chunks = []
-        self._account(now, 1, tokens)
-        for req in dec.pop_done():
-            self._finish(req, now)
+        # run statistics of the step
+        dur = now - self.seg_start
+        pool = self.pool
+        usage = (pool.pinned_total + pool.private_total) / pool.total
+        self.kv_integral += (self.seg_usage + usage) / 2.0 * dur
+        self.busy_time += dur
+        self.steps += 1
+        hist = tel.hist["iteration_tokens"]  # observe(tokens, 1)
+        pending = hist.pending
+        pending.append(tokens)
+        if len(pending) >= hist.limit:
+            hist.flush()
+        heap = dec.heap
+        if heap and heap[0][0] <= dec.d:
+            for req in dec.pop_done():
+                self._finish(req, now)
 
     def _commit_jump(self, now: float) -> None:
         dec, pool, k = self.dec, self.pool, self.seg_k
         if k > 1:
-            pool.decode_advance(*dec.blocks(k - 1, 1))
+            new, filled = dec.blocks(k - 1, 1)
+            pool.decode_advance(new, filled)
         r = dec.r
-        dec.advance(k)
-        self.tel.counters["generation_tokens_total"] += r * k
-        self.tel.hist["inter_token_latency_seconds"].observe_linear(self.seg_a, self.seg_b, k, r)
-        self._account(now, k, r)
-        for req in dec.pop_done():
-            self._finish(req, now)
+        dec.d += k  # dec.advance(k)
+        dec.s += r * k
+        tel = self.tel
+        tel.counters["generation_tokens_total"] += r * k
+        tel.hist["inter_token_latency_seconds"].observe_linear(self.seg_a, self.seg_b, k, r)
+        # run statistics of the k steps
+        dur = now - self.seg_start
+        usage = (pool.pinned_total + pool.private_total) / pool.total
+        self.kv_integral += (self.seg_usage + usage) / 2.0 * dur
+        self.busy_time += dur
+        self.steps += k
+        tel.hist["iteration_tokens"].observe(r, k)
+        heap = dec.heap
+        if heap and heap[0][0] <= dec.d:
+            for req in dec.pop_done():
+                self._finish(req, now)
 
     def _mark_computed(self, req: Req, c0: int, c1: int) -> None:
         """Count prefill tokens [c0, c1); those computed before anywhere are re-prefill."""
         tree = self.tree
         start, end, hw = tree.start, tree.end, tree.hw
         self.computed_tokens += c1 - c0
-        for n in req.path:
+        for n in req.path:  # (integers: a conditional is max()/min() without the call)
             s, e = start[n], end[n]
             if e <= c0:
                 continue
             if s >= c1:
                 break
-            lo, hi = max(c0, s), min(c1, e)
-            seen = s + hw[n]
+            lo = s if s > c0 else c0
+            hi = e if e < c1 else c1
+            had = hw[n]
+            seen = s + had
             if seen > lo:
-                self.reprefill_tokens += min(seen, hi) - lo
-            hw[n] = max(hw[n], hi - s)
+                self.reprefill_tokens += (seen if seen < hi else hi) - lo
+            hw[n] = hi - s if hi - s > had else had
 
     def _mark_decoded(self, req: Req, computed: int) -> None:
         n = req.path[-1]
@@ -122,8 +144,9 @@ class EngineCommit:
             req.first_token = now
             tel = self.tel
             tel.counters["prompt_tokens_total"] += req.prompt_len
-            tel.counters["prompt_tokens_cached_total"] += max(0, req.cached_prompt)
-            tel.first_token(now - req.arrival, req.prompt_len - max(0, req.cached_prompt))
+            cached = req.cached_prompt if req.cached_prompt > 0 else 0
+            tel.counters["prompt_tokens_cached_total"] += cached
+            tel.first_token(now - req.arrival, req.prompt_len - cached)
         self.tel.counters["generation_tokens_total"] += 1
         if req.generated >= req.output_len:
             self._finish(req, now)
@@ -132,20 +155,25 @@ class EngineCommit:
             self.dec.add(req, req.computed, req.output_len - req.generated)
 
     def _finish(self, req: Req, now: float) -> None:
+        pool = self.pool
         if req.state == DECODE:
             c = self.dec.remove(req)
             req.generated = req.output_len
-            self.pool.settle_decode(req, c)
-            self._mark_decoded(req, c)
+            pool.settle_decode(req, c)
+            n = req.path[-1]  # self._mark_decoded(req, c)
+            hw = self.tree.hw
+            done = c - self.tree.start[n]
+            hw[n] = done if done > hw[n] else hw[n]
         else:
             c = req.computed
         self.running.pop(req.seq, None)
         if self.has_conn:
             self.conn.store_on_release(req, c, now)
-        self.pool.release(req)
+        pool.release(req)
         req.state = DONE
-        self.tel.finished["stop"] += 1
-        self.tel.request_done(
+        tel = self.tel
+        tel.finished["stop"] += 1
+        tel.request_done(
             (
                 req.arrival,
                 req.first_scheduled,

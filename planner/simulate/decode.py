@@ -50,27 +50,22 @@ class DecodeBatch:
         req.end_d = -1  # its heap entry is stale from now on
         return c
 
-    def _partial(self, steps: int, offset: int, shift: int) -> int:
-        """Sequences at phases -(d+offset+j)-shift mod bs for j < steps: a cyclic run of
-        `steps` indices going down from `top`."""
-        if steps <= 0:
-            return 0
-        cnt = self.cnt
-        top = (-(self.d + offset) - shift) % self.bs
-        low = top - steps + 1
-        if low >= 0:
-            return sum(cnt[low : top + 1])
-        return sum(cnt[: top + 1]) + sum(cnt[low:])
-
     def blocks(self, k: int, offset: int = 0) -> tuple[int, int]:
         """(blocks allocated, blocks filled) by steps offset .. offset+k-1 from now."""
         if k <= 0 or self.r == 0:
             return 0, 0
-        q, rem = divmod(k, self.bs)
-        return (
-            q * self.r + self._partial(rem, offset, 0),
-            q * self.r + self._partial(rem, offset, 1),
-        )
+        bs = self.bs
+        q, rem = divmod(k, bs)
+        full = q * self.r
+        if rem == 0:
+            return full, full
+        # _partial(rem, offset, 0) and _partial(rem, offset, 1) in one pass: the second
+        # window is the first moved down by one phase (0 < rem < bs, so it cannot wrap)
+        cnt = self.cnt
+        top = (-(self.d + offset)) % bs
+        low = top - rem + 1
+        alloc = sum(cnt[low : top + 1]) if low >= 0 else sum(cnt[: top + 1]) + sum(cnt[low:])
+        return full + alloc, full + alloc - cnt[top] + cnt[(low - 1) % bs]
 
     def steps_within(self, available: int, offset: int = 0) -> int:
         """How many steps from `offset` on fit in `available` new blocks (large if R == 0)."""

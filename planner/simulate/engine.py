@@ -28,7 +28,7 @@ from planner.model import costmodel
 from planner.simulate.commit import LOADED, LOADING, PREFILL, WAITING
 from planner.simulate.content import ContentTree
 from planner.simulate.decode import DecodeBatch
-from planner.simulate.kvcache import BlockPool
+from planner.simulate.kvcache import BlockPool, leading_cached
 from planner.simulate.offload import Connector
 from planner.simulate.queues import EngineQueues
 from planner.simulate.request import Req
@@ -42,7 +42,9 @@ class StepCost:
     """Step time of one engine from the cost model (roofline, planner/model/costmodel.py)."""
 
     def __init__(self, spec: ClusterSpec) -> None:
-        self.step = costmodel.step_seconds_fn(
+        # step(prefill, decode_seqs, decode_kv_tokens); decode(decode_seqs, decode_kv_tokens)
+        # is step([], ...) bit for bit, cheaper (every decode jump evaluates two)
+        self.step, self.decode = costmodel.step_seconds_fns(
             spec.model,
             spec.gpu,
             spec.tensor_parallel,
@@ -53,6 +55,56 @@ class StepCost:
 
 
 class Engine(EngineQueues):
+    # slotted: an engine has more attributes than a split-keys instance dict keeps fast
+    # (Python 3.11 specialises slot access), and the event loop reads them on every event
+    __slots__ = (
+        "_seq",
+        "_step0",
+        "avoided_tokens",
+        "bs",
+        "busy_time",
+        "computed_tokens",
+        "conn",
+        "cost",
+        "dec",
+        "factor",
+        "has_conn",
+        "horizon",
+        "idx",
+        "kv_integral",
+        "load_wait_s",
+        "loading",
+        "loads",
+        "max_jump",
+        "max_req_preemptions",
+        "max_seqs",
+        "max_tokens",
+        "node",
+        "on_finish",
+        "pool",
+        "preempted_after_load",
+        "preemptions",
+        "prefilling",
+        "rejected",
+        "reprefill_tokens",
+        "resume_in_place",
+        "running",
+        "seg",
+        "seg_a",
+        "seg_b",
+        "seg_chunks",
+        "seg_end",
+        "seg_k",
+        "seg_start",
+        "seg_usage",
+        "spec",
+        "stall_s",
+        "steps",
+        "tel",
+        "tree",
+        "waiting",
+    )
+
     def __init__(
         self,
         idx: int,
@@ -140,12 +192,13 @@ class Engine(EngineQueues):
 
     def on_event(self, now: float) -> None:
         """The segment in flight ends at `now`: commit it and plan the next one."""
-        if self.seg == WAIT:
-            self._end_wait(now)
-        elif self.seg == MIXED:
-            self._commit_mixed(now)
-        elif self.seg == JUMP:
+        seg = self.seg
+        if seg == JUMP:
             self._commit_jump(now)
+        elif seg == MIXED:
+            self._commit_mixed(now)
+        elif seg == WAIT:
+            self._end_wait(now)
         self.seg = IDLE
         self._plan(now)
 
@@ -172,16 +225,24 @@ class Engine(EngineQueues):
                 self._preempt_newest(now)
                 preempted = True
                 need = cnt[-dec.d % bs]
-            pool.decode_advance(need, cnt[(-dec.d - 1) % bs])
+            # pool.decode_advance(need, filled), inlined: this runs every event
+            filled = cnt[(-dec.d - 1) % bs]
+            pool.private_total = private = pool.private_total + need - filled
+            pool.cached_total = cached = pool.cached_total + filled
+            pool.pinned_total += filled
+            if cached + private > pool.total:
+                pool.evict(cached + private - pool.total)
             self._step0 = True
             budget -= dec.r
         chunks: list[tuple[Req, int]] = []
         if self.prefilling:
+            reserve = pool.reserve
             for req in list(self.prefilling.values()):
                 if req.state != PREFILL or budget <= 0:
                     continue
-                n = min(req.prompt_len + req.generated - req.computed, budget)
-                while not pool.reserve(req, req.computed + n):
+                n = req.prompt_len + req.generated - req.computed
+                n = n if n < budget else budget
+                while not reserve(req, req.computed + n):
                     victim = self._preempt_newest(now)
                     preempted = True
                     if victim is req:
@@ -190,18 +251,19 @@ class Engine(EngineQueues):
                     chunks.append((req, n))
                     budget -= n
         extra = 0.0
-        if not preempted or (not chunks and not dec.r):  # an empty step admits anyway
+        if self.waiting and (not preempted or (not chunks and not dec.r)):
+            # (an empty step admits anyway; _admit does nothing without a waiting request)
             extra, budget = self._admit(now, budget, chunks)
         if not chunks and not dec.r:
             self.seg = IDLE
             if self.loading:
                 self.seg = WAIT
                 self.seg_start = now
-                self.seg_usage = pool.used / pool.total
+                self.seg_usage = (pool.pinned_total + pool.private_total) / pool.total
                 self.seg_end = min(r.ready_at for r in self.loading)
             return
         self.seg_start = now
-        self.seg_usage = pool.used / pool.total
+        self.seg_usage = (pool.pinned_total + pool.private_total) / pool.total  # pool.used
         if not chunks and not preempted and extra == 0.0:
             self._plan_jump(now)
             return
@@ -217,17 +279,23 @@ class Engine(EngineQueues):
         """Admit waiting requests FCFS; returns (blocking seconds, budget left)."""
         pool, conn, bs = self.pool, self.conn, self.bs
         waiting, extra = self.waiting, 0.0
-        while waiting and budget > 0 and len(self.running) < self.max_seqs:
+        reserve, max_seqs = pool.reserve, self.max_seqs
+        caching, start, end, cached = pool.prefix_caching, pool.start, pool.end, pool.cached
+        # a head that cannot get blocks ends the admission, unless nothing runs (_unblock)
+        while waiting and budget > 0 and len(self.running) < max_seqs:
             req = waiting[0]
             p_eff = req.prompt_len + req.generated
             if req.state == LOADED:
                 n = min(p_eff - req.computed, budget)
-                if not pool.reserve(req, req.computed + n):
-                    if self._unblock(chunks):
+                if not reserve(req, req.computed + n):
+                    if not self.running and not chunks and self._unblock(chunks):
                         continue
                     break
             else:
-                hit = pool.lookup(req.path, (p_eff - 1) // bs) * bs
+                limit = (p_eff - 1) // bs  # hit = pool.lookup(req.path, limit) * bs
+                hit = 0
+                if caching and limit > 0:
+                    hit = leading_cached(req.path, start, end, cached, unit=bs, limit=limit) * bs
                 ext = 0
                 if self.has_conn:
                     # a blocked head is looked up again every step; the connector answers
@@ -237,8 +305,8 @@ class Engine(EngineQueues):
                     ext = conn.lookup(req, p_eff, hit, not req.looked)
                     req.looked = True
                 if ext and conn.is_async:
-                    if not pool.reserve(req, hit + ext):
-                        if self._unblock(chunks):
+                    if not reserve(req, hit + ext):
+                        if not self.running and not chunks and self._unblock(chunks):
                             continue
                         break
                     self._count_lookup(req, p_eff, hit, ext)
@@ -254,9 +322,10 @@ class Engine(EngineQueues):
                     if req.first_scheduled < 0:
                         req.first_scheduled = now
                     continue
-                n = min(p_eff - hit - ext, budget)
-                if not pool.reserve(req, hit + ext + n):
-                    if self._unblock(chunks):
+                n = p_eff - hit - ext
+                n = n if n < budget else budget
+                if not reserve(req, hit + ext + n):
+                    if not self.running and not chunks and self._unblock(chunks):
                         continue
                     break
                 self._count_lookup(req, p_eff, hit, ext)
@@ -295,13 +364,20 @@ class Engine(EngineQueues):
 
     def _plan_jump(self, now: float) -> None:
         dec, pool = self.dec, self.pool
-        k = min(dec.next_end() - dec.d, 1 + dec.steps_within(pool.available, 1), self.max_jump)
-        a = self.cost.step([], dec.r, dec.s) * self.factor
+        r, s = dec.r, dec.s
+        available = pool.total - pool.pinned_total - pool.private_total
+        # k = min(steps to the next completion, steps the free blocks allow, max_jump)
+        k = dec.next_end() - dec.d
+        fit = 1 + dec.steps_within(available, 1)
+        k = k if k < fit else fit
+        k = k if k < self.max_jump else self.max_jump
+        step, factor = self.cost.decode, self.factor
+        a = step(r, s) * factor
         b = 0.0
         if k > 1:
-            b = (self.cost.step([], dec.r, dec.s + dec.r * (k - 1)) * self.factor - a) / (k - 1)
+            b = (step(r, s + r * (k - 1)) * factor - a) / (k - 1)
         self.seg, self.seg_k, self.seg_a, self.seg_b = JUMP, k, a, b
-        self.seg_end = now + self._cum(k)
+        self.seg_end = now + (k * a + b * k * (k - 1) / 2.0)  # now + self._cum(k)
         limit = self.horizon
         if self.loading:
             limit = min(limit, *(r.ready_at for r in self.loading))

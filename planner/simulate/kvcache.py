@@ -45,7 +45,7 @@ def leading_cached(
         total += nb
         if total >= limit:
             break
-    return min(total, limit)
+    return total if total < limit else limit
 
 
 class BlockPool:
@@ -139,7 +139,13 @@ class BlockPool:
                         pin[n] = e
                         self.pinned_total += grow
                     req.hold_blocks = e
-                return self._settle_private(req, priv)
+                # self._settle_private(req, priv), inlined: this is the common case
+                self.private_total = private = self.private_total + priv - req.private
+                req.private = priv
+                over = self.cached_total + private - self.total
+                if over > 0:
+                    self.evict(over)
+                return True
         # plan: walk from the current holding to `full` blocks, summing the pin increase
         done = start[path[idx]] // bs + h if idx < len(path) else full
         delta_pin = 0
@@ -188,23 +194,22 @@ class BlockPool:
 
     def _settle_private(self, req: Req, priv: int) -> bool:
         """Set req's partial (unhashed) block count and evict what no longer fits."""
-        self.private_total += priv - req.private
+        self.private_total = private = self.private_total + priv - req.private
         req.private = priv
-        self._evict_overflow()
-        return True
-
-    def _evict_overflow(self) -> None:
-        over = self.cached_total + self.private_total - self.total
+        over = self.cached_total + private - self.total  # evict what no longer fits
         if over > 0:
-            self._evict(over)
+            self.evict(over)
+        return True
 
     def decode_advance(self, new_blocks: int, filled_blocks: int) -> None:
         """Aggregate effect of decode steps: `new_blocks` partial blocks allocated and
         `filled_blocks` partial blocks became full (hashed, still referenced)."""
-        self.private_total += new_blocks - filled_blocks
-        self.cached_total += filled_blocks
+        self.private_total = private = self.private_total + new_blocks - filled_blocks
+        self.cached_total = cached = self.cached_total + filled_blocks
         self.pinned_total += filled_blocks
-        self._evict_overflow()
+        over = cached + private - self.total  # evict what no longer fits
+        if over > 0:
+            self.evict(over)
 
     def settle_decode(self, req: Req, computed: int) -> None:
         """Bring req's per-node holding up to `computed` tokens after aggregated decode steps
@@ -228,7 +233,8 @@ class BlockPool:
         """Drop req's references (finish or preemption); its blocks stay cached, newest
         sequence position first in line for eviction (vLLM frees blocks in reverse order)."""
         path, holders, pin, lru = req.path, self.holders, self.pin, self.lru
-        last = min(req.hold_idx, len(path) - 1) if req.hold_blocks else req.hold_idx - 1
+        last = req.hold_idx if req.hold_blocks else req.hold_idx - 1
+        last = last if last < len(path) else len(path) - 1
         for i in range(last, -1, -1):
             n = path[i]
             k = holders.get(n, 0)
@@ -248,25 +254,28 @@ class BlockPool:
         req.private = 0
         req.hold_idx = req.hold_blocks = 0
 
-    def _evict(self, count: int) -> None:
+    def evict(self, count: int) -> None:
+        """Evict `count` cached blocks nothing references, least recently used first."""
         cached, pin, lru = self.cached, self.pin, self.lru
         self.evicted_total += count
         while count > 0:
-            n, _ = lru.popitem(last=False)  # KeyError here would be an accounting bug
+            n = next(iter(lru))  # StopIteration here would be an accounting bug
             c = cached.get(n, 0)
             e = c - pin.get(n, 0)
             if e <= 0:
+                del lru[n]
                 continue
             take = e if e < count else count
             count -= take
             self.cached_total -= take
             if c == take:
                 del cached[n]
+                del lru[n]
             else:
                 cached[n] = c - take
-                if take < e:
-                    lru[n] = None
-                    lru.move_to_end(n, last=False)
+                if take == e:  # the rest is pinned: not evictable until released
+                    del lru[n]
+                # else it stays first in line with its remaining evictable blocks
 
     def check(self, lazy_full: int = 0, private: int | None = None) -> None:
         """Recount every total from the per-node maps (tests; O(nodes)). `lazy_full` = blocks

@@ -50,7 +50,9 @@ class LengthDist:
             x = rng.lognormvariate(math.log(self.a) - self.b * self.b / 2.0, self.b)
         else:
             x = rng.expovariate(1.0 / self.a)
-        return max(self.low, min(self.high, int(x)))
+        n = int(x)  # clipped to [low, high] (integers: no max()/min() calls per sample)
+        n = n if n < self.high else self.high
+        return n if n > self.low else self.low
 
     @property
     def minimum(self) -> int:

@@ -16,6 +16,7 @@ from planner.model.costmodel import (
     prefill_seconds,
     prefill_tokens_per_second,
     step_seconds,
+    step_seconds_fns,
     tier_read_seconds,
     transfer_seconds,
     weight_bytes_per_gpu,
@@ -171,6 +172,22 @@ def test_step_seconds_tp_adds_allreduce_but_shrinks_compute() -> None:
 
 def test_step_seconds_empty_step_costs_nothing() -> None:
     assert step_seconds(LLAMA_8B, H100, 1, prefill=[], decode_seqs=0, decode_kv_tokens=0) == 0.0
+
+
+@pytest.mark.parametrize(
+    ("model", "gpu", "tp"), [("llama-3.1-8b", "h100", 1), ("qwen3-32b", "h100", 2),
+                             ("llama-3.1-70b", "l40s", 4)]
+)  # fmt: skip
+def test_decode_step_fn_equals_step_fn_without_prefill_bit_for_bit(
+    model: str, gpu: str, tp: int
+) -> None:
+    # the simulator times its decode jumps with `decode` (results must not move by one ulp)
+    fn, decode = step_seconds_fns(get_model(model), get_gpu(gpu), tp, mfu=0.37, overhead_s=3e-3)
+    cases = [(r, r * c) for r in (0, 1, 3, 17, 64, 255, 256) for c in (1, 7, 1000, 8191, 131_071)]
+    cases.append((0, 0))
+    for seqs, kv in cases:
+        assert decode(seqs, kv) == fn([], seqs, kv), (seqs, kv)
+    assert decode(0, 0) == 0.0 and decode(256, 256 * 8000) > decode(1, 8000) > 0.0
 
 
 @pytest.mark.parametrize(
