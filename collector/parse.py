@@ -610,8 +610,9 @@ def _finish(key: tuple[str, Labels], h: _Hist, acc: _Acc) -> SignalSample | None
         )
         return None
     count = h.count if h.count is not None else bs[-1][1]
-    buckets = tuple([(b, c) for b, c, _, _ in bs])
-    return SignalSample(signal, "histogram", labels, count, buckets=buckets, sum=h.sum)
+    bounds = tuple([b for b, _, _, _ in bs])
+    counts = tuple([c for _, c, _, _ in bs])
+    return SignalSample(signal, "histogram", labels, count, bounds, counts, h.sum)
 
 
 def _repair(h: _Hist, acc: _Acc) -> list[tuple[float, float, int, Labels]]:

@@ -131,8 +131,9 @@ class Template:
                     "histogram",
                     lab,
                     values[count_at] if count_at >= 0 else counts[-1],
-                    buckets=tuple(zip(bounds, counts, strict=True)),
-                    sum=values[sum_at] if sum_at >= 0 else None,
+                    bounds,
+                    counts,
+                    values[sum_at] if sum_at >= 0 else None,
                 )
             )
         return Snapshot(

@@ -25,16 +25,37 @@ class SignalSample:
     """One canonical series value read from one exposition.
 
     counter/gauge: ``value``. histogram: ``value`` is the observation count, ``sum`` the
-    observation sum and ``buckets`` the cumulative (upper bound, count) pairs sorted by bound,
-    ending with +Inf.
+    observation sum, ``bounds`` the bucket upper bounds (increasing, ending with +Inf) and
+    ``counts`` their cumulative counts; ``buckets`` pairs them. Two flat tuples rather than
+    pairs: the reader and the roll-up make and take one of these per histogram per scrape.
     """
 
     signal: str
     kind: Kind
     labels: Labels
     value: float
-    buckets: tuple[tuple[float, float], ...] = ()
+    bounds: tuple[float, ...] = ()
+    counts: tuple[float, ...] = ()
     sum: float | None = None
+
+    @property
+    def buckets(self) -> tuple[tuple[float, float], ...]:
+        """The (upper bound, cumulative count) pairs."""
+        return tuple(zip(self.bounds, self.counts, strict=True))
+
+    @classmethod
+    def histogram(
+        cls,
+        signal: str,
+        labels: Labels,
+        value: float,
+        buckets: tuple[tuple[float, float], ...],
+        sum: float | None = None,
+    ) -> SignalSample:
+        """A histogram sample from (upper bound, cumulative count) pairs."""
+        bounds = tuple(b for b, _ in buckets)
+        counts = tuple(c for _, c in buckets)
+        return cls(signal, "histogram", labels, value, bounds, counts, sum)
 
 
 # What collector.parse found wrong with one sample, a value never a syntax error: the scrape

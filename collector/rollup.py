@@ -323,10 +323,10 @@ class Rollup:
         self._state[key] = _Point("gauge", ts, value)
 
     def _add_histogram(self, key: SeriesKey, sample: SignalSample, ts: float) -> None:
-        if not sample.buckets:
+        bounds, counts = sample.bounds, sample.counts
+        if not bounds or len(bounds) != len(counts):
             self.skipped["malformed_histogram"] += 1
             return
-        bounds, counts = map(tuple, zip(*sample.buckets, strict=True))
         total = sum(counts, sample.value + (sample.sum or 0.0))
         if not math.isfinite(total):  # one pass in C; NaN/Inf anywhere shows up here
             self.skipped["nan" if math.isnan(total) else "inf"] += 1

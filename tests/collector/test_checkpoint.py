@@ -28,8 +28,8 @@ def _snapshot(i: int) -> Snapshot:
         SignalSample("prefix_cache_queries_total", "counter", ENGINE, 10.0 * i),
         SignalSample("prefix_cache_hits_total", "counter", ENGINE, 4.0 * i),
         SignalSample("kv_cache_usage_ratio", "gauge", ENGINE, (i % 5) / 5),
-        SignalSample("ttft_seconds", "histogram", ENGINE, counts[-1],
-                     tuple(zip(BOUNDS, counts, strict=True)), 0.3 * i),
+        SignalSample.histogram("ttft_seconds", ENGINE, counts[-1],
+                               tuple(zip(BOUNDS, counts, strict=True)), 0.3 * i),
     ]  # fmt: skip
     if i >= 9:
         samples.append(SignalSample("requests_waiting", "gauge", ENGINE, float(i)))

@@ -36,7 +36,7 @@ def hist(
     counts: tuple[float, ...], total: float, bounds: tuple[float, ...] = BOUNDS
 ) -> SignalSample:
     buckets = tuple(zip(bounds, counts, strict=True))
-    return SignalSample("ttft_seconds", "histogram", ENGINE, counts[-1], buckets, total)
+    return SignalSample.histogram("ttft_seconds", ENGINE, counts[-1], buckets, total)
 
 
 def snap(ts: float, *samples: SignalSample) -> Snapshot:
@@ -336,7 +336,7 @@ def test_ratio_default_comes_from_catalog() -> None:
         (hist((1, 2, 3, 3), math.nan), "nan"),
         (hist((1, 2, 3, math.inf), 1.0), "inf"),
         (  # no +Inf bucket
-            SignalSample("ttft_seconds", "histogram", ENGINE, 3.0, ((1.0, 3.0),), 1.0),
+            SignalSample.histogram("ttft_seconds", ENGINE, 3.0, ((1.0, 3.0),), 1.0),
             "malformed_histogram",
         ),
         (SignalSample("r", "ratio", ENGINE, 0.5), "kind"),

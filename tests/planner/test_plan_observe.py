@@ -28,7 +28,7 @@ def _windows(prompts_per_window: list[list[int]], bounds: tuple[float, ...]) -> 
             run += c
             cumulative.append(run)
         buckets = tuple(zip((*bounds, float("inf")), cumulative, strict=True))
-        sample = SignalSample("request_prompt_tokens", "histogram", LABELS, n, buckets, total)
+        sample = SignalSample.histogram("request_prompt_tokens", LABELS, n, buckets, total)
         out.extend(rollup.add(Snapshot("e", ts, (sample,))))
 
     snap(1.0)
