@@ -382,6 +382,7 @@ def run_collect(
     rules = load_engine_rules(engines) if engines is not None else None
     with Store(settings.db) as store:
         store.migrate()
+        from collector.gcpolicy import tune_for_collect
         from collector.retention import Pruner
 
         pruner = Pruner(store, settings.retention_s) if settings.retention_s else None
@@ -409,6 +410,7 @@ def run_collect(
             state = _state_dir(settings.state_dir, settings.db)
             spool, checkpoints = _local_state(state, store.url, settings)
             with _serving(metrics_addr, health, quiet), _closing(checkpoints):
+                tune_for_collect()  # collector.gcpolicy: after start-up, before the loop
                 stats = run.run_until_signalled(
                     lambda stop: run.collect_direct(
                         target_set,
@@ -447,6 +449,7 @@ def run_collect(
             ) as source:
                 health = _health(metrics_addr, settings.cluster, "prometheus", [source.url])
                 with _serving(metrics_addr, health, quiet):
+                    tune_for_collect()
                     stats = run.run_until_signalled(
                         lambda stop: run_prometheus.collect_prometheus(
                             source,
