@@ -1,9 +1,11 @@
 """Roll-up checkpoints: the state a restarted direct collector resumes from (kill -9 included).
 
-After every tick the collector writes every target's roll-up state (collector.rollup
-``export_state``: the open window's accumulators and each series' last sample) to
-``rollup-<pid>-<start>.ckpt`` in its state directory, atomically (``.tmp``, fsync, rename,
-fsync of the directory), and it holds an flock on ``rollup-<pid>-<start>.lock`` while it runs.
+After every tick that closes windows, and at least every ``checkpoint_s`` (collector.run;
+``kvscope collect --checkpoint-every``, 0: after every tick), the collector writes every
+target's roll-up state (collector.rollup ``export_state``: the open window's accumulators
+and each series' last sample) to ``rollup-<pid>-<start>.ckpt`` in its state directory,
+atomically (``.tmp``, fsync, rename, fsync of the directory), and it holds an flock on
+``rollup-<pid>-<start>.lock`` while it runs.
 
 The file is MAGIC followed by the ``marshal`` (format 4) of one dict of plain values: this
 runs at every tick for every target, and JSON's float formatting cost 5.4× marshal's on the
@@ -32,8 +34,10 @@ newest state written for its name. The collect loop then (collector.run):
 * otherwise writes the state's open window as it was (a kill -9 never wrote it) and starts
   the target afresh (its first counter window then starts at its first sample).
 
-The only loss of a kill -9 is therefore the downtime plus the tick that was running: that
-tick's samples were not in the last checkpoint (the windows it closed were written first).
+The only loss of a kill -9 is therefore the downtime plus the samples since the last
+checkpoint (with ``checkpoint_s`` 0, the tick that was running): a gap in the open window's
+gauges and sample counts, never a counter increase — the first sample after the restart
+counts from the checkpoint's, and a tick that closed windows wrote them before its save.
 
 A lock-free orphan file is deleted at the first save once every state in it was claimed
 (resumed, or handed out by :meth:`stale` past its horizon for its open window to be written);
