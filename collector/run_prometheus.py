@@ -1,7 +1,9 @@
 """The collect loop in Prometheus mode: back-fill, then poll a Prometheus-compatible API.
 
 Back-fill ``[now - since, now - settle]`` once, then every ``interval_s`` query the windows
-that closed since (collector.promsource); the store's upsert makes any overlap harmless.
+that closed since (collector.promsource); the store's upsert makes any overlap harmless. A
+range longer than ``BACKFILL_CHUNK_S`` (the back-fill, a poll after an outage) is read and
+written one chunk after the other, so memory stays bounded however long ``since`` is.
 Every source (``instance`` label) seen is registered as a target of the cluster, and as an
 engine when it serves vLLM signals, so cluster-scoped reads of the store find its windows.
 
