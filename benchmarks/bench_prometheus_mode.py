@@ -107,23 +107,29 @@ def make_tsdb(tsdb: Path, tmp: Path, data: Data) -> dict[str, float]:
             raise SystemExit(f"promtool failed on {path.name} ({proc.returncode}):\n{err}")
         return usage.ru_utime + usage.ru_stime
 
-    for n, (k0, k1) in enumerate(promdata.chunks(data.start, data.steps, BLOCK_S, 480)):
-        path = tmp / f"chunk-{n:03d}.om"
-        g0, c0 = time.monotonic(), time.process_time()
-        with path.open("w", buffering=1 << 22) as out:
-            samples += promdata.write_chunk(out, families, engines, k0, k1)
-        took = time.monotonic() - g0
-        gen_s += took
-        gen_cpu += time.process_time() - c0
+    try:
+        for n, (k0, k1) in enumerate(promdata.chunks(data.start, data.steps, BLOCK_S, 480)):
+            path = tmp / f"chunk-{n:03d}.om"
+            g0, c0 = time.monotonic(), time.process_time()
+            with path.open("w", buffering=1 << 22) as out:
+                samples += promdata.write_chunk(out, families, engines, k0, k1)
+            took = time.monotonic() - g0
+            gen_s += took
+            gen_cpu += time.process_time() - c0
+            if running is not None:
+                fill_cpu += finish(running)
+            with (tmp / "promtool.log").open("ab") as log:
+                cmd = [PROMTOOL, "tsdb", "create-blocks-from", "openmetrics", "-q", str(path),
+                       str(tsdb)]  # fmt: skip
+                running = (subprocess.Popen(cmd, stdout=log, stderr=log), path)
+            print(f"  chunk {n}: scrapes {k0}-{k1} generated in {took:.1f} s", flush=True)
         if running is not None:
             fill_cpu += finish(running)
-        with (tmp / "promtool.log").open("ab") as log:
-            cmd = [PROMTOOL, "tsdb", "create-blocks-from", "openmetrics", "-q", str(path),
-                   str(tsdb)]  # fmt: skip
-            running = (subprocess.Popen(cmd, stdout=log, stderr=log), path)
-        print(f"  chunk {n}: scrapes {k0}-{k1} generated in {took:.1f} s", flush=True)
-    if running is not None:
-        fill_cpu += finish(running)
+            running = None
+    finally:  # a failure half-way: no promtool left running
+        if running is not None and running[0].poll() is None:
+            running[0].kill()
+            running[0].wait()
     return {"samples": samples, "gen_wall_s": gen_s, "gen_cpu_s": gen_cpu,
             "backfill_cpu_s": fill_cpu, "total_wall_s": time.monotonic() - t0}  # fmt: skip
 
