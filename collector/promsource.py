@@ -407,49 +407,39 @@ class PrometheusSource:
     def _build(
         self, signal: str, w: int, cells: dict[tuple[str, Labels, float], dict[str, float]]
     ) -> list[Window]:
+        """One Window per cell, built by one constructor call (a ``dataclasses.replace`` per
+        statistic cost 2.4 s of 4.9 CPU-s for 103 k windows in benchmarks/
+        bench_prometheus_mode.py)."""
         kind: Kind = SIGNALS[signal].kind
+        length = float(w)
         out = []
         for (source, labels, start), st in cells.items():
             samples = int(st.get("count" if kind == "gauge" else "samples", 0))
             if samples == 0:
                 continue
-            window = Window(
-                source=source,
-                signal=signal,
-                labels=labels,
-                start=start,
-                length_s=float(w),
-                kind=kind,
-                samples=samples,
-                last=st.get("last"),
-            )
+            last = st.get("last")
             if kind == "gauge":
-                window = _replace(window, mean=st.get("avg"), min=st.get("min"), max=st.get("max"))
-            else:
-                delta = st.get("delta")
-                rate = None if delta is None else delta / w
-                window = _replace(window, delta=delta, rate=rate)
-                if kind == "counter":
-                    window = _replace(window, resets=int(st.get("resets", 0)))
-                else:
-                    sum_delta = st.get("sum_delta")
-                    mean = sum_delta / delta if sum_delta is not None and delta else None
-                    window = _replace(
-                        window,
-                        sum_delta=sum_delta,
-                        mean=mean,
-                        p50=st.get("p50"),
-                        p90=st.get("p90"),
-                        p99=st.get("p99"),
-                    )
-            out.append(window)
+                out.append(Window(
+                    source, signal, labels, start, length, kind, samples, last=last,
+                    mean=st.get("avg"), min=st.get("min"), max=st.get("max"),
+                ))  # fmt: skip
+                continue
+            delta = st.get("delta")
+            rate = None if delta is None else delta / w
+            if kind == "counter":
+                out.append(Window(
+                    source, signal, labels, start, length, kind, samples, delta=delta,
+                    rate=rate, resets=int(st.get("resets", 0)), last=last,
+                ))  # fmt: skip
+                continue
+            sum_delta = st.get("sum_delta")
+            out.append(Window(
+                source, signal, labels, start, length, kind, samples, delta=delta, rate=rate,
+                last=last, sum_delta=sum_delta,
+                mean=sum_delta / delta if sum_delta is not None and delta else None,
+                p50=st.get("p50"), p90=st.get("p90"), p99=st.get("p99"),
+            ))  # fmt: skip
         return out
-
-
-def _replace(window: Window, **changes: Any) -> Window:
-    from dataclasses import replace
-
-    return replace(window, **changes)
 
 
 def derive_ratios(

@@ -1,7 +1,9 @@
 """The collect loop in Prometheus mode: back-fill, then poll a Prometheus-compatible API.
 
 Back-fill ``[now - since, now - settle]`` once, then every ``interval_s`` query the windows
-that closed since (collector.promsource); the store's upsert makes any overlap harmless.
+that closed since (collector.promsource); the store's upsert makes any overlap harmless. A
+range longer than ``BACKFILL_CHUNK_S`` (the back-fill, a poll after an outage) is read and
+written one chunk after the other, so memory stays bounded however long ``since`` is.
 Every source (``instance`` label) seen is registered as a target of the cluster, and as an
 engine when it serves vLLM signals, so cluster-scoped reads of the store find its windows.
 
@@ -36,6 +38,10 @@ from collector.run import CollectStats, Progress, next_tick, sleep_until, unless
 from collector.store import Store
 
 log = logging.getLogger(__name__)
+# A range longer than this (the back-fill, a poll after an outage) is read and written an hour
+# at a time: all of it at once held every window in memory (200 engines × 6 h: 3.1 M windows)
+# and made each query as large as the range (benchmarks/bench_prometheus_mode.py).
+BACKFILL_CHUNK_S = 3600.0
 # A derived ratio's window (lmcache_hit_ratio, …) is of its numerator's source: without this
 # an LMCache server's hit-ratio windows made it a "vllm" source, registered as an engine.
 _RATIO_NUMERATOR = {ratio: numerator for ratio, numerator, _ in DERIVED_RATIOS}
@@ -57,6 +63,7 @@ async def collect_prometheus(
     health: CollectorHealth | None = None,
     engine_rules: EngineRules | None = None,
     pruner: Pruner | None = None,
+    chunk_s: float = BACKFILL_CHUNK_S,
 ) -> CollectStats:
     """Back-fill windows of ``[now - since_s, now - settle_s]``, then poll every ``interval_s``.
 
@@ -65,6 +72,9 @@ async def collect_prometheus(
     ``health``: kvscope's own collector metrics (each range query is a scrape of the source).
     ``engine_rules``: engines.yaml, for the facts the engines' metrics cannot say.
     ``pruner``: retention, run after each poll when due (collector.retention).
+    ``chunk_s``: a longer range (the back-fill, a poll after an outage) is read and written
+    this much at a time (rounded down to whole windows, at least one), so memory and each
+    query's size stay bounded whatever ``since_s`` is.
     """
     if not (math.isfinite(interval_s) and interval_s > 0):
         raise ConfigError(f"poll interval must be > 0 seconds, got {interval_s}")
@@ -79,17 +89,24 @@ async def collect_prometheus(
     known: set[str] = set()
     described: dict[str, Described] = {}  # source -> the engine facts last stored
     cursor = math.floor((time.time() - since_s) / window_s) * window_s
-    first, dated = cursor, False  # the back-fill's start; its regimes dated yet
+    first = cursor  # the back-fill's start
+    # the back-fill's regimes (queried once, at its first windows) and how many of them are
+    # registered: each chunk registers the instants up to its end
+    history: list[tuple[float, dict[str, dict[str, list[dict[str, str]]]]]] | None = None
+    applied = 0
     failed = 0  # polls failed in a row
+    chunk = max(1, math.floor(chunk_s / window_s)) * window_s
+    windows: list[Window] | None = []
     while not stop.is_set():
         began = time.time()
         end = math.floor((began - settle_s) / window_s) * window_s
         stats.scrapes += 1
-        if end > cursor:
+        while end > cursor:  # a back-fill longer than chunk_s: one chunk after the other
+            upto = min(end, cursor + chunk)
             t0 = time.perf_counter()
             try:
                 windows = await unless_stopped(
-                    asyncio.to_thread(source.windows, cursor, end, window_s), stop
+                    asyncio.to_thread(source.windows, cursor, upto, window_s), stop
                 )
                 if health is not None and windows is not None:
                     health.scraped(source.url, "up", time.perf_counter() - t0)
@@ -112,37 +129,41 @@ async def collect_prometheus(
                     failed, exc, _utc(cursor),
                 )  # fmt: skip
                 windows = []
-                end = cursor  # retry the same range next time
+                end = upto = cursor  # retry the same range next time
             if windows is None:
                 break
             facts, gpu_series = None, None
             if windows:
-                facts = await asyncio.to_thread(_facts, source, end, window_s, stats)
-                gpu_series = await asyncio.to_thread(_gpus, source, end, window_s, stats)
-            if windows and not dated:  # the back-fill: date each regime it spans
-                for at, earlier in await asyncio.to_thread(
-                    _history, source, first, end, window_s, stats
-                ):
+                facts = await asyncio.to_thread(_facts, source, upto, window_s, stats)
+                gpu_series = await asyncio.to_thread(_gpus, source, upto, window_s, stats)
+            if windows and history is None:  # the back-fill: date each regime it spans
+                history = await asyncio.to_thread(_history, source, first, end, window_s, stats)
+            if windows and history is not None:
+                while applied < len(history) and history[applied][0] <= upto:
+                    at, earlier = history[applied]
                     _register_sources(
                         store, cluster=cluster, url=source.url, windows=windows, known=known,
                         stats=stats, facts=earlier, described=described, at=at,
                         rules=engine_rules, gpu_series=gpu_series, partial=True,
                     )  # fmt: skip
-                dated = True
+                    applied += 1
             _register_sources(
                 store, cluster=cluster, url=source.url, windows=windows, known=known,
-                stats=stats, facts=facts, described=described, at=end, rules=engine_rules,
+                stats=stats, facts=facts, described=described, at=upto, rules=engine_rules,
                 gpu_series=gpu_series,
             )  # fmt: skip
             written_before = stats.windows_written
             try:
                 stats.windows_written += store.write_windows(windows)
-                cursor = end
+                cursor = upto
             except KvscopeError as exc:
                 stats.store_errors += 1
                 stats.last_error = f"store: {exc}"
                 log.error("store: writing %d windows: %s (will re-query)", len(windows), exc)
+                end = cursor  # the next poll re-queries from the cursor
             log.info("poll: %d windows", stats.windows_written - written_before)
+        if windows is None:
+            break
         if pruner is not None:
             pruner.tick(time.time())
         stats.ticks += 1

@@ -7,7 +7,7 @@ import itertools
 import math
 import time
 from collections import Counter
-from collections.abc import Coroutine, Iterator
+from collections.abc import Coroutine, Iterable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -291,6 +291,54 @@ def test_collect_prometheus_backfill_then_poll_writes_idempotently(
     assert pre and all(isinstance(w, Window) and w.delta is not None and w.delta > 0 for w in pre)
     assert {t.kind for t in store.targets(cluster="prom")} == {"prometheus", "vllm"}
     assert [e.source for e in store.engines(cluster="prom")] == [live_prometheus.hostport]
+
+
+class _RecordingSource(PrometheusSource):
+    """The collector's source, remembering the range of each windows() read."""
+
+    reads: list[tuple[float, float]]
+
+    def windows(
+        self, start: float, end: float, window_s: float, signals: Iterable[str] | None = None
+    ) -> list[Window]:
+        self.reads.append((start, end))
+        return super().windows(start, end, window_s, signals)
+
+
+@pytest.mark.prometheus
+def test_collect_prometheus_backfill_read_in_chunks_same_windows(
+    tmp_path: Path, live_prometheus: LiveProm
+) -> None:
+    """A back-fill longer than chunk_s is read (and written) chunk by chunk, contiguous and
+    each at most chunk_s long, and stores what one read of the whole range stores."""
+    got: dict[str, tuple[list[Window], list[tuple[float, float]]]] = {}
+    for name, chunk_s in (("whole", 3600.0), ("chunked", 5.0)):
+        source = _RecordingSource(live_prometheus.url)
+        source.reads = []
+        with Store(f"sqlite:///{tmp_path / name}.db") as st, source:
+            st.migrate()
+            stats = _run(
+                collect_prometheus(
+                    source, st, cluster="prom", window_s=2, since_s=30, interval_s=0.5,
+                    settle_s=1.5, once=True, chunk_s=chunk_s,
+                )
+            )  # fmt: skip
+            assert stats.windows_written > 0 and not stats.failures
+            got[name] = (st.read_windows(cluster="prom"), source.reads)
+            engines = [e.source for e in st.engines(cluster="prom")]
+            assert engines == [live_prometheus.hostport]
+    (whole, [(w0, w1)]), (chunked, reads) = got["whole"], got["chunked"]
+    assert len(reads) >= 3  # 30 s in 4 s chunks (5 s rounded down to whole windows)
+    assert all(b - a <= 4 for a, b in reads)
+    assert all(a1 == b0 for (_, a1), (b0, _) in itertools.pairwise(reads))  # no gap, no overlap
+    lo, hi = max(w0, reads[0][0]), min(w1, reads[-1][1])  # the range both read
+    assert hi - lo >= 20
+
+    def common(ws: list[Window]) -> dict[tuple[str, str, Any, float], Window]:
+        return {(w.source, w.signal, w.labels, w.start): w for w in ws if lo <= w.start < hi - 2}
+
+    a, b = common(whole), common(chunked)
+    assert a and a == b
 
 
 def test_collect_prometheus_unreachable_fails_at_start(store: Store) -> None:
