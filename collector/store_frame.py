@@ -7,8 +7,9 @@ with only the columns asked for and fills numpy arrays chunk by chunk:
 * SQLite: the driver's ``fetchmany``; a row names its series by one short text (series key,
   kind, source) that is factorized per chunk, and the signal and labels come from one point
   look-up per series. The driver still makes a Python object per value: that is this
-  backend's floor (~3 µs per row here; benchmarks/bench_plan.py measures it). When most rows
-  match, the table is scanned rather than reached through the signal or source index.
+  backend's floor (1.8 µs a row of the plan's columns here, before any conversion;
+  benchmarks/bench_plan.py measures it). When most rows match (estimated from a few rowid
+  slices), the table is scanned rather than reached through the signal or source index.
 * PostgreSQL (collector/store_frame_pg.py): ``COPY (SELECT …) TO STDOUT (FORMAT BINARY)``
   where the server packs each column of a block of rows into one bytea of fixed-width
   values, read with ``numpy.frombuffer``: no Python object per window.
