@@ -27,6 +27,7 @@ records.
 
 from __future__ import annotations
 
+import itertools
 import json
 import operator
 from collections.abc import Iterable, Sequence
@@ -315,14 +316,17 @@ def _read_sqlite(
     raw = conn.connection.driver_connection
     cursor = raw.cursor()  # type: ignore[union-attr]
     cursor.execute(sql, params)
+    width = 1 + len(numeric)  # the series key, then the numeric columns
     ids: dict[str, int] = {}
     first_start: list[float] = []
     sid_parts: list[IntArray] = []
     parts: dict[str, list[npt.NDArray[Any]]] = {c: [] for c in numeric}
     while rows := cursor.fetchmany(_CHUNK):
-        # One object array of the chunk (numpy unpacks the tuples in C), then a cast per
-        # column: None -> NaN (float) exactly as the driver's floats, no pandas frame.
-        chunk = np.array(rows, dtype=object)
+        # One object array of the chunk, its values flattened in C (np.fromiter over the
+        # chained tuples: half the cost of np.array(rows), which inspects every tuple as a
+        # possible nested sequence), then a cast per column: None -> NaN, floats exact.
+        flat = itertools.chain.from_iterable(rows)
+        chunk = np.fromiter(flat, dtype=object, count=len(rows) * width).reshape(-1, width)
         del rows
         codes, uniques = pd.factorize(chunk[:, 0])
         start = chunk[:, 1].astype(np.float64)
