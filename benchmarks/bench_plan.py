@@ -9,7 +9,8 @@ would), then times in the same run:
 * baseline: ``Store.read_windows`` (one Window object per row) on a subset of the engines,
   extrapolated to the whole store by its rows/s;
 * ``Store.read_frame`` on the same subset (same rows, ratio against the baseline) and on the
-  whole store with the plan's columns;
+  whole store with the plan's columns; on SQLite also the driver alone on the same statement
+  (rows fetched and dropped: the floor of any read through Python's sqlite3);
 * ``build_plan`` on the whole store: wall and CPU time and the seconds of each stage
   (PlanDetails.seconds), against the baseline plan (read_windows extrapolated + the same
   later stages).
@@ -40,6 +41,7 @@ sys.path.insert(0, str(ROOT))
 
 from benchmarks.accuracy.fitsynth import frame_to_windows, synthetic_frame  # noqa: E402
 from collector.store import Store  # noqa: E402
+from collector.store_frame import CATEGORY_COLUMNS  # noqa: E402
 from planner.frames.table import PLAN_COLUMNS  # noqa: E402
 from planner.plan.build import build_plan  # noqa: E402
 from planner.plan.observe import NEEDED_SIGNALS  # noqa: E402
@@ -108,6 +110,10 @@ def bench(url: str, sources: list[str], total_rows: int, forecast_seconds: float
              f"{len(table):,} rows, {len(table) / wall:,.0f} rows/s = "
              f"{base_all / wall:.1f}× baseline")  # fmt: skip
         del table
+        if url.startswith("sqlite:"):
+            wall, cpu, n = timed(lambda: driver_floor(url.split(":///", 1)[1]))
+            line("  of it SQLite's driver alone (no conversion)", wall, cpu,
+                 f"{n:,} rows, {cpu / max(n, 1) * 1e6:.2f} µs cpu a row")  # fmt: skip
         wall, cpu, plan = timed(lambda: build_plan(store, forecast_seconds=forecast_seconds))
         stages = dict(plan.details.seconds)
         line("build_plan (whole store)", wall, cpu, f"{plan.window['windows']:,} windows")
@@ -118,6 +124,21 @@ def bench(url: str, sources: list[str], total_rows: int, forecast_seconds: float
         print(f"RESULT {url.split(':', 1)[0]}: build_plan {wall:.1f} s wall ({cpu:.1f} s cpu "
               f"in this process) = {baseline_plan / wall:.1f}× faster than with read_windows "
               f"(~{baseline_plan:.0f} s); target <= 30 s: {verdict}")  # fmt: skip
+
+
+def driver_floor(path: str) -> int:
+    """Rows of read_frame's SQLite statement for the plan (its row key and the plan's numeric
+    columns, the table scanned), fetched and dropped: what the driver alone costs."""
+    numeric = [c for c in PLAN_COLUMNS if c not in CATEGORY_COLUMNS]
+    marks = ", ".join("?" * len(NEEDED_SIGNALS))
+    sql = (f"SELECT series_key || char(31) || kind || char(31) || source, {', '.join(numeric)} "
+           f"FROM windows NOT INDEXED WHERE signal IN ({marks})")  # fmt: skip
+    n = 0
+    with sqlite3.connect(path) as con:
+        cursor = con.execute(sql, sorted(NEEDED_SIGNALS))
+        while rows := cursor.fetchmany(65_536):
+            n += len(rows)
+    return n
 
 
 def copy_to_postgres(sqlite_path: Path, url: str) -> None:

@@ -7,8 +7,9 @@ with only the columns asked for and fills numpy arrays chunk by chunk:
 * SQLite: the driver's ``fetchmany``; a row names its series by one short text (series key,
   kind, source) that is factorized per chunk, and the signal and labels come from one point
   look-up per series. The driver still makes a Python object per value: that is this
-  backend's floor (~3 µs per row here; benchmarks/bench_plan.py measures it). When most rows
-  match, the table is scanned rather than reached through the signal or source index.
+  backend's floor (1.8 µs a row of the plan's columns here, before any conversion;
+  benchmarks/bench_plan.py measures it). When most rows match (estimated from a few rowid
+  slices), the table is scanned rather than reached through the signal or source index.
 * PostgreSQL (collector/store_frame_pg.py): ``COPY (SELECT …) TO STDOUT (FORMAT BINARY)``
   where the server packs each column of a block of rows into one bytea of fixed-width
   values, read with ``numpy.frombuffer``: no Python object per window.
@@ -26,6 +27,7 @@ records.
 
 from __future__ import annotations
 
+import itertools
 import json
 import operator
 from collections.abc import Iterable, Sequence
@@ -63,6 +65,7 @@ FRAME_COLUMNS = ("source", "signal", "labels", "engine", "model_name", "start", 
 _FROM_LABELS = {"engine": ENGINE_LABEL, "model_name": "model_name"}
 _SEP = "\x1f"  # never raw in a series key (hex), a kind, or labels JSON (escapes controls)
 _CHUNK = 65_536  # rows per fetchmany (SQLite)
+_SAMPLES, _SLICE = 16, 1024  # id slices that estimate how many rows match (SQLite)
 
 
 def window_filters(
@@ -170,7 +173,8 @@ def assemble(
         else:
             values = nums[col]
             data[col] = values[order] if order is not None else values
-    return pd.DataFrame(data, columns=list(columns))
+    # copy=False: the arrays were made for this frame; no copy into one 2-D block either.
+    return pd.DataFrame(data, columns=list(columns), copy=False)
 
 
 def sort_order(
@@ -263,14 +267,38 @@ class FrameReader:
 
 def _mostly_matches(conn: Connection, conds: list[ColumnElement[bool]]) -> bool:
     """True when over 1/6 of the table's rows match: a table scan then beats the rows'
-    index look-ups (measured on 1.3 M windows: index 4.5 µs/row, scan 3.7 µs/row)."""
-    total = conn.exec_driver_sql(
-        "SELECT (SELECT max(id) FROM windows) - (SELECT min(id) FROM windows) + 1"
-    ).scalar()
-    if not total:
+    index look-ups (measured on 1.3 M windows: index 4.5 µs/row, scan 3.7 µs/row).
+
+    Estimated from _SAMPLES slices of _SLICE table ids spread over the table (rowid
+    ranges: a few thousand rows looked at, not the millions a count would pass over); the
+    choice only picks the access path, never which rows are read."""
+    lo, hi = conn.exec_driver_sql(  # one min or max per SELECT: a seek, not a scan
+        "SELECT (SELECT min(id) FROM windows), (SELECT max(id) FROM windows)"
+    ).one()
+    if lo is None:
         return False
-    match = conn.execute(select(func.count()).select_from(WindowRow).where(*conds)).scalar()
-    return int(match or 0) * 6 > int(total)
+    total = int(hi) - int(lo) + 1
+    w = WindowRow
+    if total <= _SAMPLES * _SLICE:
+        ranges = [(int(lo), int(hi))]
+    else:
+        step = (total - _SLICE) // (_SAMPLES - 1)
+        ranges = [(int(lo) + i * step, int(lo) + i * step + _SLICE - 1) for i in range(_SAMPLES)]
+    looked = match = 0
+    for a, b in ranges:
+        stmt = select(func.count()).select_from(w).where(w.id >= a, w.id <= b, *conds)
+        sql, params = compiled_sql(conn, stmt)  # NOT INDEXED: the rowid range, not the
+        found = conn.exec_driver_sql(_not_indexed(sql), params).scalar()  # signal index
+        match += int(found or 0)
+        looked += b - a + 1
+    return match * 6 > looked
+
+
+def _not_indexed(sql: str) -> str:
+    """A window query that reads the table by rowid (ranges) rather than an index."""
+    if sql.count("\nFROM windows") != 1:  # pragma: no cover - the statements of this module
+        raise StoreError(f"unexpected window query: {sql}")
+    return sql.replace("\nFROM windows", "\nFROM windows NOT INDEXED")
 
 
 def _read_sqlite(
@@ -284,20 +312,24 @@ def _read_sqlite(
     stmt = select(key, *(w.__table__.c[c] for c in numeric)).where(*conds)
     sql, params = compiled_sql(conn, stmt)
     if scan:
-        if sql.count("\nFROM windows") != 1:  # pragma: no cover - the statement above
-            raise StoreError(f"unexpected window query: {sql}")
-        sql = sql.replace("\nFROM windows", "\nFROM windows NOT INDEXED")
+        sql = _not_indexed(sql)
     raw = conn.connection.driver_connection
     cursor = raw.cursor()  # type: ignore[union-attr]
     cursor.execute(sql, params)
+    width = 1 + len(numeric)  # the series key, then the numeric columns
     ids: dict[str, int] = {}
     first_start: list[float] = []
     sid_parts: list[IntArray] = []
     parts: dict[str, list[npt.NDArray[Any]]] = {c: [] for c in numeric}
     while rows := cursor.fetchmany(_CHUNK):
-        chunk = pd.DataFrame(rows)
-        codes, uniques = pd.factorize(chunk[0])
-        start = chunk[1].to_numpy(dtype=np.float64)
+        # One object array of the chunk, its values flattened in C (np.fromiter over the
+        # chained tuples: half the cost of np.array(rows), which inspects every tuple as a
+        # possible nested sequence), then a cast per column: None -> NaN, floats exact.
+        flat = itertools.chain.from_iterable(rows)
+        chunk = np.fromiter(flat, dtype=object, count=len(rows) * width).reshape(-1, width)
+        del rows
+        codes, uniques = pd.factorize(chunk[:, 0])
+        start = chunk[:, 1].astype(np.float64)
         first = first_positions(codes)
         lut = np.empty(len(uniques), dtype=np.int64)
         for j, text in enumerate(uniques.tolist()):
@@ -307,11 +339,9 @@ def _read_sqlite(
                 first_start.append(float(start[first[j]]))
             lut[j] = code
         sid_parts.append(lut[codes])
-        for j, name in enumerate(numeric, start=1):
-            if name in INT_COLUMNS:
-                parts[name].append(chunk[j].to_numpy(dtype=np.int64))
-            else:
-                parts[name].append(chunk[j].to_numpy(dtype=np.float64, na_value=np.nan))
+        parts["start"].append(start)
+        for j, name in enumerate(numeric[1:], start=2):
+            parts[name].append(chunk[:, j].astype(dtype_of(name)))
     cursor.close()
     series: list[Series] = []
     look = "SELECT signal, labels FROM windows WHERE source = ? AND start = ? AND series_key = ?"
