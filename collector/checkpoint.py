@@ -8,8 +8,9 @@ atomically (``.tmp``, fsync, rename, fsync of the directory), and it holds an fl
 ``rollup-<pid>-<start>.lock`` while it runs.
 
 The file is MAGIC followed by the ``marshal`` (format 4) of one dict of plain values: this
-runs at every tick for every target, and JSON's float formatting cost 5.4× marshal's on the
-same states (200 targets of vLLM 0.33's exposition: 92 ms against 17 ms a tick). marshal
+runs for every target at every save (with ``checkpoint_s`` 0, every tick), and JSON's float
+formatting cost 5.4× marshal's on the same states (200 targets of vLLM 0.33's exposition:
+92 ms against 17 ms a save). marshal
 is Python's own format for .pyc files: like the store, the state directory must be writable
 by the collector only (marshal.loads is not for untrusted bytes), and a Python whose
 marshal cannot read the file (the format is not promised across versions) logs it as

@@ -218,8 +218,8 @@ class Rollup:
         accumulators and each series' last sample (the previous sample of the next window's
         counter and histogram deltas)."""
         # tuples as they are (JSON writes them as arrays, marshal as tuples; restore_state
-        # takes both): a checkpoint of every target is written after every tick, so this
-        # runs once per target and tick
+        # takes both): a checkpoint of every target is written at every save (up to every
+        # tick), so this runs once per target and save
         series = [[s, labels, _point_out(point)] for (s, labels), point in self._state.items()]
         open_series = [[key[0], key[1], _acc_out(acc, self._state.get(key))]
                        for key, acc in self._accs.items()]  # fmt: skip

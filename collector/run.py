@@ -435,8 +435,8 @@ class _Direct:
             return
         self.saved_at = now
         if not self.saves:
-            for saved in self.checkpoints.stale(now=self.clock()):
-                self.leftover += open_windows(saved, now=self.clock())
+            for saved in self.checkpoints.stale(now=now):
+                self.leftover += open_windows(saved, now=now)
         if self.leftover:
             self._write([], [])
         states = {name: (self.urls[name], r.export_state()) for name, r in self.rollups.items()}
