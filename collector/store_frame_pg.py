@@ -84,10 +84,16 @@ def read_postgres(
     parts: dict[str, list[npt.NDArray[Any]]] = {name: [] for name, _, _ in fields}
     raw = conn.connection.driver_connection
     sql = f"COPY ({body}) TO STDOUT (FORMAT BINARY)"
-    with raw.cursor() as cursor, cursor.copy(sql, params or None) as copy:  # type: ignore[union-attr]
-        for block in _copy_tuples(copy, len(fields)):
-            for (name, dtype, _), data in zip(fields, block, strict=True):
-                parts[name].append(np.frombuffer(data, dtype=dtype).astype(dtype[1:]))
+    try:
+        with raw.cursor() as cursor, cursor.copy(sql, params or None) as copy:  # type: ignore[union-attr]
+            for block in _copy_tuples(copy, len(fields)):
+                for (name, dtype, _), data in zip(fields, block, strict=True):
+                    parts[name].append(np.frombuffer(data, dtype=dtype).astype(dtype[1:]))
+    except Exception:
+        # A COPY cut short (the server gone mid-stream) leaves the driver inside the command:
+        # the pool's rollback on return would fail and log a traceback. Drop the connection.
+        conn.invalidate()
+        raise
     if not parts["src"]:
         return empty
     col = {name: np.concatenate(chunks) for name, chunks in parts.items()}
