@@ -86,7 +86,6 @@ from collector.exposition import (
     check_timestamp,
     parse_labels,
     parse_type_line,
-    parse_value,
     split_line,
 )
 from collector.parse_template import FINITE, NO_CHECK, NON_NEGATIVE, Template
@@ -192,6 +191,7 @@ class ExpositionReader:
         self._series: dict[str, tuple[Target | None, LabelEntry, str]] = {}
         self._interned: dict[Labels, Labels] = {}
         self._types: dict[str, tuple[str, str]] = {}  # "# TYPE" line -> (family, type)
+        self._names: set[str] = set()  # sample names outside the index, checked valid
         # target -> its last exposition with the values taken out (collector.parse_template)
         self._templates: dict[str, Template] = {}
         self._limit = cache_limit
@@ -204,6 +204,11 @@ class ExpositionReader:
         return got
 
     def _label_entry(self, text: str) -> LabelEntry:
+        i = text.find('le="')
+        if i >= 0 and (i == 0 or text[i - 1] == ",") and "\\" not in text:
+            entry = self._bucket_entry(text, i)
+            if entry is not None:
+                return entry
         pairs = parse_labels(text)
         full = tuple(sorted(pairs))
         le: str | None = None
@@ -225,6 +230,53 @@ class ExpositionReader:
         full = interned.setdefault(full, full)
         no_le = interned.setdefault(no_le, no_le)
         entry = self._labels[text] = (full, no_le, le, router, bound)
+        return entry
+
+    def _bucket_entry(self, text: str, i: int) -> LabelEntry | None:
+        """The entry of a bucket's label string whose ``le="…"`` pair starts at ``i`` (after
+        a comma or at the start), made from the entry of the string without that pair: a
+        histogram's buckets differ only in ``le``, so a cold read parses each series' labels
+        once, not once per bucket. None when the pair is not cleanly delimited or the rest
+        is malformed: the full parse then decides, and says what is wrong."""
+        j = text.find('"', i + 4)
+        if j < 0:
+            return None
+        if j + 1 == len(text):  # the last pair: the comma before it goes too
+            rest = text[: i - 1] if i else ""
+            if i and (not rest or rest.rstrip(" \t").endswith(",")):
+                return None  # ',le="…"' alone, or two commas before it
+        elif text[j + 1] == ",":
+            rest = text[:i] + text[j + 2 :]
+        else:
+            return None
+        base = self._labels.get(rest)
+        if base is None:
+            try:
+                base = self._label_entry(rest)
+            except LineError:
+                return None
+        if base[2] is not None:
+            return None  # a second le pair: the full parse says so
+        no_le = base[0]
+        le = text[i + 4 : j]
+        k = 0
+        for name, _ in no_le:
+            if name > "le":
+                break
+            k += 1
+        full = (*no_le[:k], ("le", le), *no_le[k:])
+        bound = _BOUNDS.get(le)
+        if bound is None:
+            try:
+                bound = _bound(le, "")
+            except LineError:
+                bound = None  # reported (with the sample name) if a bucket line uses it
+        if len(self._labels) >= self._limit:
+            self._labels.clear()
+            self._interned.clear()
+        full = self._interned.setdefault(full, full)
+        no_le = self._interned.setdefault(no_le, no_le)
+        entry = self._labels[text] = (full, no_le, le, base[3], bound)
         return entry
 
     def _meta(self, line: str, acc: _Acc, lineno: int) -> bool:
@@ -254,25 +306,30 @@ class ExpositionReader:
         acc.declared.setdefault(fam.replace(":", "_"), fam)
         return False
 
-    def _first_sight(self, line: str, acc: _Acc) -> tuple[Target, LabelEntry, str, float] | None:
-        """A line whose name+labels prefix is not cached yet: split it (carefully if it is
-        not canonical), validate it, cache the prefix when the line is canonical.
-        Returns None when the line feeds no signal (blank line, unknown family)."""
-        b = line.find("{")
+    def _first_sight(
+        self, line: str, sp: int, cache: bool
+    ) -> tuple[Target | None, LabelEntry, str, str] | None:
+        """A line whose name+labels prefix is not cached yet (``sp``: its last blank, -1 if
+        none): split it (carefully if it is not canonical), validate all but its value, and
+        cache the prefix when the line is canonical and ``cache`` is set. Returns what a
+        cached prefix gives and the value token; None for a blank line."""
+        # canonical: name{labels} value, one blank before the value, no timestamp
+        b = line.find("{", 0, sp)
         if b > 0:
-            e = line.rfind("}")
-            name, ltext, toks = line[:b], line[b + 1 : e], line[e + 1 :].split()
-            slow = e < b
-        elif b < 0:
-            name, _, rest = line.partition(" ")
-            ltext, toks, slow = "", rest.split(), False
-            if not toks and not line.strip():
-                return None  # a blank line
+            name = line[:b]
+            slow = sp <= 0 or line[sp - 1] != "}"
+            ltext = line[b + 1 : sp - 1]
         else:
-            name, ltext, toks, slow = "", "", [], True
+            name, ltext, slow = line[:sp], "", b == 0 or sp <= 0
+        tok = line[sp + 1 :]
         t = INDEX.get(name)
-        if not 0 < len(toks) < 3 or (t is None and METRIC_NAME.fullmatch(name) is None):
+        if slow or "\t" in tok:
             slow = True
+        elif t is None and name not in self._names:
+            if METRIC_NAME.fullmatch(name) is None:
+                slow = True
+            elif len(self._names) < self._limit:
+                self._names.add(name)
         ent = None if slow else self._labels.get(ltext)
         if ent is None and not slow:
             try:
@@ -280,25 +337,21 @@ class ExpositionReader:
             except LineError:
                 slow = True
         if slow:
-            name, ltext, v0, ts = split_line(line)
-            toks = [v0] if ts is None else [v0, ts]
+            if not line.strip():
+                return None  # a blank line
+            name, ltext, tok, ts = split_line(line)
             t = INDEX.get(name)
             ent = self._labels.get(ltext) or self._label_entry(ltext)
+            if ts is not None:
+                check_timestamp(ts)
         assert ent is not None
-        value = parse_value(toks[0])
-        if len(toks) == 2:
-            check_timestamp(toks[1])
         if t is not None and ent[3] and t[7]:
             t = t[6]  # a router sample of a colliding vllm: name
-        sp = line.rfind(" ")
-        if not slow and len(toks) == 1 and line[sp + 1 :] == toks[0]:
+        if cache and not slow:
             if len(self._series) >= self._limit:
                 self._series.clear()
             self._series[line[:sp]] = (t, ent, name)
-        if t is None:
-            acc.add_unknown(name)
-            return None
-        return t, ent, name, value
+        return t, ent, name, tok
 
     def read(self, text: str, target: str, timestamp: float) -> Snapshot:
         template = self._templates.get(target)
@@ -309,12 +362,21 @@ class ExpositionReader:
         return self._read(text, target, timestamp)
 
     def _read(self, text: str, target: str, timestamp: float) -> Snapshot:
-        series_get = self._series.get
+        series = self._series
+        series_get = series.get
+        labels_get = self._labels.get
+        index_get = INDEX.get
+        names_ok = self._names
+        limit = self._limit
         acc = _Acc()
         values: dict[tuple[str, Labels], tuple[int, float, int]] = {}  # (rank, value, line)
         hists: dict[tuple[str, Labels], _Hist] = {}
         last_spell, last_labels, h = -1, None, None
         lines = text.split("\n")
+        # A prefix cache smaller than the exposition is cleared by the exposition itself
+        # before its next read (a federation endpoint): its lines are not cached at all.
+        cache = len(lines) < self._limit
+        last_unknown = ""
         lineno = 0
         try:
             for lineno, line in enumerate(lines, 1):
@@ -329,7 +391,7 @@ class ExpositionReader:
                     continue
                 # ---- the steady state: name+labels prefix seen before, parse the value ----
                 sp = line.rfind(" ")
-                hit = series_get(line[:sp]) if sp > 0 else None
+                hit = series_get(line[:sp]) if cache and sp > 0 else None
                 if hit is None:
                     if line[0] in " \t":
                         stripped = line.lstrip(" \t")
@@ -338,25 +400,47 @@ class ExpositionReader:
                                 _check_after_eof(lines, lineno, target)
                                 break
                             continue
-                    got = self._first_sight(line, acc)
-                    if got is None:
-                        continue
-                    t, ent, name, value = got
+                    # a canonical line whose name and label string were seen before (a
+                    # federation's engines share them); anything else: _first_sight
+                    b = line.find("{", 0, sp)
+                    ent = None
+                    if b > 0 and line[sp - 1] == "}":
+                        name = line[:b]
+                        maybe_t = index_get(name)
+                        if maybe_t is not None or name in names_ok:
+                            ent = labels_get(line[b + 1 : sp - 1])
+                            tok = line[sp + 1 :]
+                            if ent is not None and "\t" in tok:
+                                ent = None
+                    if ent is None:
+                        got = self._first_sight(line, sp, cache)
+                        if got is None:
+                            continue
+                        maybe_t, ent, name, tok = got
+                    else:
+                        if maybe_t is not None and ent[3] and maybe_t[7]:
+                            maybe_t = maybe_t[6]  # a router sample (as in _first_sight)
+                        if cache:
+                            if len(series) >= limit:
+                                series.clear()
+                            series[line[:sp]] = (maybe_t, ent, name)
                 else:
                     maybe_t, ent, name = hit
                     tok = line[sp + 1 :]
-                    try:
-                        value = float(tok)
-                    except ValueError:
-                        if not tok:  # as a first sight says it (exposition.split_line)
-                            raise LineError(f"missing value for {name!r}") from None
-                        raise LineError(f"bad value {tok!r}") from None
-                    if "_" in tok:
-                        raise LineError(f"bad value {tok!r}")
-                    if maybe_t is None:
+                try:
+                    value = float(tok)
+                except ValueError:
+                    if not tok:  # as a first sight says it (exposition.split_line)
+                        raise LineError(f"missing value for {name!r}") from None
+                    raise LineError(f"bad value {tok!r}") from None
+                if "_" in tok:
+                    raise LineError(f"bad value {tok!r}")
+                if maybe_t is None:
+                    if name != last_unknown:
+                        last_unknown = name
                         acc.add_unknown(name)
-                        continue
-                    t = maybe_t
+                    continue
+                t = maybe_t
                 part = t[0]
                 if part == SKIP:
                     continue

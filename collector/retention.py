@@ -51,9 +51,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 PRUNE_EVERY_S = 3_600.0
 BATCH = 20_000
-# the shortest retention the CLI and KVSCOPE_RETENTION_S take: a bare "30" is 30 seconds,
-# which would delete nearly everything a plan reads
-MIN_RETENTION_S = 3_600.0
 
 
 @dataclass(frozen=True, slots=True)

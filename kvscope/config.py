@@ -8,8 +8,11 @@ from typing import Annotated, Any
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
-from collector.retention import MIN_RETENTION_S
 from collector.urlguard import split_allowlist
+
+# the shortest retention KVSCOPE_RETENTION_S and `collect --retention` take: a bare "30" is
+# 30 seconds, which would delete nearly everything a plan reads
+MIN_RETENTION_S = 3_600.0
 
 
 class Settings(BaseSettings):

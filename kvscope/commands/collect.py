@@ -73,9 +73,9 @@ class _Progress:
 
 def retention_seconds(text: str, what: str) -> float:
     """A retention period from a duration (``30d``), refused below
-    collector.retention.MIN_RETENTION_S: a bare ``30`` is 30 seconds, which would delete
+    kvscope.config.MIN_RETENTION_S: a bare ``30`` is 30 seconds, which would delete
     nearly everything."""
-    from collector.retention import MIN_RETENTION_S
+    from kvscope.config import MIN_RETENTION_S
 
     seconds = parse_duration(text, what)
     if seconds < MIN_RETENTION_S:
@@ -382,7 +382,7 @@ def run_collect(
     rules = load_engine_rules(engines) if engines is not None else None
     with Store(settings.db) as store:
         store.migrate()
-        from collector.gcpolicy import tune_for_collect
+        from collector.gcpolicy import tune_heap
         from collector.retention import Pruner
 
         pruner = Pruner(store, settings.retention_s) if settings.retention_s else None
@@ -410,7 +410,7 @@ def run_collect(
             state = _state_dir(settings.state_dir, settings.db)
             spool, checkpoints = _local_state(state, store.url, settings)
             with _serving(metrics_addr, health, quiet), _closing(checkpoints):
-                tune_for_collect()  # collector.gcpolicy: after start-up, before the loop
+                tune_heap()  # collector.gcpolicy: after start-up, before the loop
                 stats = run.run_until_signalled(
                     lambda stop: run.collect_direct(
                         target_set,
@@ -449,7 +449,7 @@ def run_collect(
             ) as source:
                 health = _health(metrics_addr, settings.cluster, "prometheus", [source.url])
                 with _serving(metrics_addr, health, quiet):
-                    tune_for_collect()
+                    tune_heap()
                     stats = run.run_until_signalled(
                         lambda stop: run_prometheus.collect_prometheus(
                             source,

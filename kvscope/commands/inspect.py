@@ -172,11 +172,13 @@ def register(app: typer.Typer) -> None:
 
         Example: kvscope inspect http://10.0.0.5:8000/metrics --json
         """
+        from collector.gcpolicy import tune_heap
         from collector.parse import read_exposition
         from kvscope.config import get_settings
 
         settings = get_settings()
         text = read_source(source, settings.scrape_timeout_s, settings.max_body_bytes)
+        tune_heap()  # a big exposition's labels and samples live until the read ends
         doc = snapshot_json(read_exposition(text, source, time.time()))
         if as_json:
             typer.echo(json.dumps(doc, allow_nan=False))

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from collector.gcpolicy import GEN0_THRESHOLD, GEN1_THRESHOLD, GEN2_THRESHOLD, tune_for_collect
+from collector.gcpolicy import GEN0_THRESHOLD, GEN1_THRESHOLD, GEN2_THRESHOLD, tune_heap
 
 
 @pytest.fixture
@@ -26,14 +26,14 @@ def restored_gc() -> Iterator[None]:
 def test_tune_freezes_the_heap_and_raises_the_thresholds() -> None:
     gc.unfreeze()
     before = gc.get_threshold()
-    assert tune_for_collect() == before
+    assert tune_heap() == before
     assert gc.get_threshold() == (GEN0_THRESHOLD, GEN1_THRESHOLD, GEN2_THRESHOLD)
     assert gc.get_freeze_count() > 1_000  # the modules and everything imported
 
 
 @pytest.mark.usefixtures("restored_gc")
 def test_cycles_made_after_it_are_still_collected() -> None:
-    tune_for_collect()
+    tune_heap()
 
     class Node:
         def __init__(self) -> None:
