@@ -298,7 +298,8 @@ def fit_gain(
     # Cluster by engine when the mode changes between engines (then engine-level
     # differences are part of the gain's error) as long as each mode has >= 2 engines;
     # otherwise HC3. With few clusters (< MIN_CLUSTERS) CR1 is too narrow (Cameron & Miller
-    # 2015): the bias-reduced CR2 with t(G−1) is used instead (Imbens & Kolesár 2016).
+    # 2015): the bias-reduced CR2 with Bell–McCaffrey degrees of freedom is used instead
+    # (Imbens & Kolesár 2016; Pustejovsky & Tipton 2018).
     clustered = min(n_g) >= 2 and n_eng >= 4
     cov_type = ("cluster" if n_eng >= MIN_CLUSTERS else "CR2") if clustered else "HC3"
     if cov_type == "CR2":
@@ -306,8 +307,7 @@ def fit_gain(
             fit,
             assumptions=(
                 *assumptions,
-                f"only {n_eng} engines: bias-reduced cluster errors (CR2) with t({n_eng - 1}); "
-                "with so few clusters the interval rests on the engines being alike",
+                f"only {n_eng} engines: bias-reduced cluster errors (CR2)",
             ),
         )
     elif cov_type == "HC3":
@@ -319,15 +319,30 @@ def fit_gain(
                 "the HC3 interval leaves out",
             ),
         )
-    tq = t_quantile(level, n_eng - 1 if clustered else n - design.shape[1])
     fine = np.linspace(lo, hi, 401)
+    at = np.linspace(lo, hi, n_grid)
     with recorded_warnings() as caught:
-        params, cov = ols_robust(y, design, g, cov_type)
-        curve = GainCurve(kn, centre, params, cov, log)
+        ols = ols_robust(y, design, g, cov_type)
+        curve = GainCurve(kn, centre, ols.params, ols.cov, log)
         gain, se = curve.gain(fine)
         roots = roots_of(fine, gain)
-        ok = np.abs(gain) <= tq * se  # Fieller acceptance set
-        points = curve.points(np.linspace(lo, hi, n_grid), tq, level)
+        # t quantile per utilization: Bell–McCaffrey ν of the gain contrast with CR2,
+        # G − 1 with CR1, n − p with HC3 (planner.fit.common.RobustOLS.df)
+        tq_fine = _t_quantiles(level, ols.df(curve.gain_contrasts(fine)))
+        df_at = ols.df(curve.gain_contrasts(at))
+        ok = np.abs(gain) <= tq_fine * se  # Fieller acceptance set
+        points = curve.points(at, _t_quantiles(level, df_at), level)
+    if cov_type == "CR2":
+        fit = replace(
+            fit,
+            assumptions=(
+                *fit.assumptions[:-1],
+                f"only {n_eng} engines: bias-reduced cluster errors (CR2) with Bell–McCaffrey "
+                f"degrees of freedom ({fmt(float(np.nanmin(df_at)))}–"
+                f"{fmt(float(np.nanmax(df_at)))} over the support); with so few clusters the "
+                "interval rests on the engines being alike",
+            ),
+        )
     fit = replace(
         fit,
         roots=tuple(roots),
@@ -417,3 +432,12 @@ def fit_gain(
         direction=f"offload better {better} u*",
         method=f"{fit.method}; break-even interval: {how}",
     )
+
+
+def _t_quantiles(level: float, df: Array) -> Array:
+    """Two-sided t critical values, one per ν (NaN ν, a contrast with no variance: normal)."""
+    import numpy as np
+
+    out: Array = np.array([t_quantile(level, float(v) if np.isfinite(v) else math.inf)
+                           for v in df])  # fmt: skip
+    return out
