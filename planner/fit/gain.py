@@ -30,18 +30,27 @@ the log scale, idle windows are left out, and ``basis`` counts them.
 
 Estimator and uncertainty
 -------------------------
-Weighted least squares (OLS on rows scaled by √w; ``planner.fit.common.ols_robust``, checked
-against statsmodels in the tests) with cluster-robust covariance by engine when each mode
+Weighted least squares (statsmodels OLS on rows scaled by √w;
+``planner.fit.common.ols_robust``) with cluster-robust covariance by engine when each mode
 has ≥ 2 engines and there are ≥ 4 in all — engine-level differences then enter the gain's
-error, as they must when the mode is fixed per engine: CR1 from MIN_CLUSTERS (10) engines,
-the bias-reduced CR2 below (CR1 is too narrow with few clusters, Cameron & Miller 2015;
-CR2 with t(G−1) per Imbens & Kolesár 2016) — and HC3 otherwise (windows treated as
-independent; ``assumptions`` says what that leaves out). Pointwise intervals: Wald for g,
-mapped through exp − 1 for the relative gain. The break-even u* solves g(u*) = 0: a sign
-change of the estimated gain that the data *locate* — between two utilizations where the
-gain's interval excludes 0 with opposite signs (:func:`located_crossings`). Its interval,
-by default, is Fieller's: the set {u : |g(u)| ≤ t·se(g(u))} of break-evens not rejected by
-a level-α test, i.e. the inversion of the pointwise test — it stays valid when g is flat
+error, as they must when the mode is fixed per engine: CR1 (statsmodels' ``cluster``) with
+t(G−1) from MIN_CLUSTERS (10) engines, the bias-reduced CR2 below (CR1 is too narrow with
+few clusters, Cameron & Miller 2015) with the Bell–McCaffrey degrees of freedom of each
+utilization's gain contrast (Imbens & Kolesár 2016; Pustejovsky & Tipton 2018;
+planner.fit.cr2, the one covariance computed by hand) — and HC3 (statsmodels) otherwise
+(windows treated as independent; ``assumptions`` says what that leaves out). With few
+engines per mode the Bell–McCaffrey ν is small (0.14–3.9 over the support on 3 + 3 engines,
+``synthetic_frame(6, 240, seed=1)``; smallest at the edges, which few engines reach) where
+t(G−1) had G − 1 = 5: in a seeded
+Monte Carlo with a cluster-level effect (tests/planner/test_fit_cr2.py, 300 replicates)
+nominal 95 % intervals covered 0.937 with t(G−1) and 0.973 with t(ν) on 2 + 2 clusters,
+0.917 and 0.987 on 2 + 6. Pointwise intervals: Wald for g, mapped through exp − 1 for the
+relative gain (an end is +∞ where ν is so small that the t quantile overflows exp). The
+break-even u* solves g(u*) = 0: a sign change of the estimated gain that the data *locate*
+— between two utilizations where the gain's interval excludes 0 with opposite signs
+(:func:`located_crossings`). Its interval, by default, is Fieller's: the set
+{u : |g(u)| ≤ t·se(g(u))} of break-evens not rejected by a level-α test, i.e. the
+inversion of the pointwise test — it stays valid when g is flat
 (the delta method's ĝ'(u*) in the denominator does not) — namely the accepted stretch
 around u*, evaluated on a 401-point grid over the support. A sign change inside the
 accepted stretch at an edge of the support is reported with that stretch as its interval,
@@ -53,7 +62,10 @@ one, else a rising one at an edge, else a located falling one, else the edge's; 
 located crossing is named in ``why``. In seeded simulations with known truth (additive
 gain, i.e. a model the log fit does not assume; 240 windows per engine, engine random
 effects) the 90 % interval covered the true u* in 91 of 100 replicates with 20 engines
-and 84 of 100 with 4 + 4 (tests/planner/test_fit_gain.py checks 50). Alternatively
+and 84 of 100 with 4 + 4 (tests/planner/test_fit_gain.py checks 50); re-run on 4 + 4
+(``synthetic_frame(8, 240, seed=1000..1099)``) when CR2 took the Bell–McCaffrey ν: 88 of
+100, against 86 with t(G−1) on the same seeds, the data telling in 79 instead of 88 (the
+wider intervals reach the support's edge more often). Alternatively
 ``interval_method="bootstrap"``: a seeded stratified cluster bootstrap (engines resampled
 with replacement within each mode; percentile interval), bounded by ``n_boot`` and
 ``time_budget_s`` — it covered 86/100 (20 engines) and 80/100 (8 engines) with the linear

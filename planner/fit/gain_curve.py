@@ -212,7 +212,8 @@ class GainCurve:
             # offload times the ratio; its interval leaves none's own error out)
             base = np.exp(none)
             rel_l = np.expm1(gain)
-            lo_l, hi_l = np.expm1(gain - tq * se), np.expm1(gain + tq * se)
+            with np.errstate(over="ignore"):  # a t quantile of ν ≪ 1: that end is +∞
+                lo_l, hi_l = np.expm1(gain - tq * se), np.expm1(gain + tq * se)
             return tuple(
                 GainPoint(
                     u=float(u[i]),
