@@ -88,6 +88,29 @@ def test_bell_mccaffrey_df_hand_worked_cases() -> None:
     assert fit.df(np.array([0.0, 1.0]))[0] == pytest.approx(welch, rel=1e-9)
 
 
+def test_cr2_and_df_of_a_mean_agree_with_clubsandwichs_closed_forms() -> None:
+    # the closed forms clubSandwich's own test suite checks its CR2 and Satterthwaite df
+    # against (population mean, unbalanced clusters; tests/testthat/test_intercept_formulas.R,
+    # https://rdrr.io/cran/clubSandwich/src/tests/testthat/test_intercept_formulas.R), on the
+    # same design: 14 clusters of 1 + NegBin(size 2, mean 5) rows, ICC 0.2
+    rng = np.random.default_rng(20190513)
+    nj = 1 + rng.negative_binomial(2, 2 / (2 + 5), 14)
+    g = np.repeat(np.arange(14), nj)
+    n = float(nj.sum())
+    y = rng.normal(0, np.sqrt(0.2), 14)[g] + rng.normal(0, np.sqrt(0.8), g.size)
+    x = np.ones((g.size, 1))
+    fit = ols_robust(y, x, g, "CR2")
+    ybar = np.bincount(g, weights=y) / nj
+    v = np.sum(nj**2 * (ybar - y.mean()) ** 2 / (1 - nj / n)) / n**2
+    df = n**2 / (
+        n**2 * np.sum(nj**2 / (n - nj) ** 2)
+        - 2 * n * np.sum(nj**3 / (n - nj) ** 2)
+        + np.sum(nj**2 / (n - nj)) ** 2
+    )
+    assert fit.cov[0, 0] == pytest.approx(v, rel=1e-10)
+    assert fit.df(np.array([1.0]))[0] == pytest.approx(df, rel=1e-10)
+
+
 def test_hc3_and_cr1_are_the_textbook_formulas() -> None:
     x, y, g = _problem(4)
     n, p = x.shape
