@@ -1,5 +1,5 @@
 """What every fit in :mod:`planner.fit.run` shares: result records, history checks, warning
-capture, robust covariances and time budgets.
+capture, robust covariances (statsmodels OLS; CR2 from planner.fit.cr2) and time budgets.
 
 Conventions of every fit result
 -------------------------------
@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from collector.errors import InsufficientHistory
+from planner.fit.cr2 import CR2, cr2
 
 if TYPE_CHECKING:
     import numpy as np
@@ -210,72 +211,71 @@ def sandwich(
     return cov
 
 
-def ols_robust(
-    y: Array, x: Array, groups: npt.NDArray[np.int64] | None, kind: str
-) -> tuple[Array, Array]:
-    """OLS coefficients and a robust covariance: ``kind`` "HC3", "cluster" (CR1) or "CR2"
-    (cluster, bias-reduced: :func:`_cr2_meat`; use it with few clusters).
+@dataclass(frozen=True, slots=True)
+class RobustOLS:
+    """An OLS fit with a robust covariance (:func:`ols_robust`) and the degrees of freedom
+    of a contrast's t interval under it."""
 
-    Normal equations in numpy (the design has few columns, so X'X is small and this costs
-    one pass over the data — much faster than statsmodels' SVD on millions of rows).
-    Conventions match statsmodels ``OLS.fit(cov_type=...)``: HC3 weights residuals by
-    ``1/(1-h_ii)²``; CR1 scales by ``G/(G-1)·(n-1)/(n-p)``; tests check both against it.
+    params: Array
+    cov: Array
+    kind: str  # "HC3" | "cluster" (CR1) | "CR2"
+    df_resid: float  # n − p (HC3's t)
+    clusters: int
+    cr2: CR2 | None = None
+
+    def df(self, contrasts: Array) -> Array:
+        """ν for each row c of ``contrasts``: Bell–McCaffrey with CR2 (planner.fit.cr2),
+        G − 1 with CR1, n − p with HC3."""
+        import numpy as np
+
+        rows = np.atleast_2d(contrasts).shape[0]
+        if self.cr2 is not None:
+            return self.cr2.df(contrasts)
+        out: Array = np.full(rows, self.clusters - 1.0 if self.kind == "cluster" else self.df_resid)
+        return out
+
+
+def ols_robust(y: Array, x: Array, groups: npt.NDArray[np.int64] | None, kind: str) -> RobustOLS:
+    """OLS (statsmodels) with a robust covariance: ``kind`` "HC3", "cluster" (CR1) or "CR2"
+    (cluster, bias-reduced, with Bell–McCaffrey degrees of freedom: planner.fit.cr2, the
+    one covariance statsmodels lacks; use it with few clusters).
+
+    HC3 and CR1 are statsmodels' ``OLS.fit(cov_type="HC3" / "cluster")`` (CR1 scales by
+    ``G/(G-1)·(n-1)/(n-p)``). ``method="pinv"`` (statsmodels' default): statsmodels 0.15
+    computes the pseudo-inverse of the design for the robust covariances with either
+    method (``"qr"`` adds a QR on top: 3.2 s against 1.8 s for HC3 on 1M × 12, one core),
+    and the SVD behind it is what rank-deficient designs need.
     """
     import numpy as np
+    from statsmodels.regression.linear_model import OLS
 
-    n, p = x.shape
-    xtx_inv = np.linalg.pinv(x.T @ x)
-    beta = xtx_inv @ (x.T @ y)
-    resid = y - x @ beta
-    if kind == "CR2":
-        if groups is None:
-            raise ValueError("cluster covariance needs groups")  # programming error
-        meat = _cr2_meat(x, resid, groups, np.asarray(xtx_inv, dtype=np.float64))
+    if kind not in ("HC3", "cluster", "CR2"):
+        raise ValueError(f"unknown covariance {kind!r}")  # programming error
+    if kind != "HC3" and groups is None:
+        raise ValueError("cluster covariance needs groups")  # programming error
+    model = OLS(y, x)
+    extra: CR2 | None = None
+    if kind == "HC3":
+        res = model.fit(cov_type="HC3")
+        cov = np.asarray(res.cov_params(), dtype=np.float64)
     elif kind == "cluster":
-        if groups is None:
-            raise ValueError("cluster covariance needs groups")  # programming error
-        codes, inv = np.unique(groups, return_inverse=True)
-        g = codes.size
-        scores = np.zeros((g, p))
-        for j in range(p):
-            scores[:, j] = np.bincount(inv, weights=x[:, j] * resid, minlength=g)
-        meat = scores.T @ scores * (g / max(g - 1, 1) * (n - 1) / max(n - p, 1))
+        res = model.fit(cov_type="cluster", cov_kwds={"groups": groups})
+        cov = np.asarray(res.cov_params(), dtype=np.float64)
     else:
-        lev = np.einsum("ij,jk,ik->i", x, xtx_inv, x)
-        xe = x * (resid / np.maximum(1.0 - lev, 1e-12))[:, None]
-        meat = xe.T @ xe
-    cov: Array = xtx_inv @ meat @ xtx_inv
-    out: Array = beta
-    return out, cov
-
-
-def _cr2_meat(x: Array, resid: Array, groups: npt.NDArray[np.int64], xtx_inv: Array) -> Array:
-    """Σ_g X_g' A_g e_g (…)' with A_g = (I − H_gg)^(−1/2), the bias-reduced linearization
-    (CR2) of Bell & McCaffrey (2002, Survey Methodology 28(2)), recommended with few clusters
-    by Imbens & Kolesár (2016, Rev. Econ. Stat. 98(4)) and Pustejovsky & Tipton (2018).
-
-    H_gg = Z Z' with Z = X_g (X'X)^(−1/2); with Z'Z = V Λ V', f(Z Z') = I + Z V diag(
-    (f(λ) − 1)/λ) V' Z' for f(λ) = (1 − λ)^(−1/2) — so each cluster costs O(n_g p²), never
-    an n_g × n_g matrix (a cluster may hold a week of 1-minute windows)."""
-    import numpy as np
-
-    lam, vec = np.linalg.eigh(xtx_inv)
-    root = vec @ np.diag(np.sqrt(np.maximum(lam, 0.0))) @ vec.T  # (X'X)^(−1/2)
-    codes, inv = np.unique(groups, return_inverse=True)
-    p = x.shape[1]
-    meat = np.zeros((p, p))
-    for c in range(codes.size):
-        m = inv == c
-        z = x[m] @ root
-        e = resid[m]
-        lz, vz = np.linalg.eigh(z.T @ z)
-        lz = np.clip(lz, 0.0, 1.0 - 1e-9)
-        with np.errstate(divide="ignore", invalid="ignore"):
-            w = np.where(lz > 1e-12, ((1.0 - lz) ** -0.5 - 1.0) / lz, 0.5)
-        adj = e + z @ (vz @ (w * (vz.T @ (z.T @ e))))
-        score = x[m].T @ adj
-        meat += np.outer(score, score)
-    return meat
+        assert groups is not None
+        res = model.fit()
+        bread = np.asarray(res.normalized_cov_params, dtype=np.float64)
+        extra = cr2(x, np.asarray(res.resid, dtype=np.float64), groups, bread)
+        cov = extra.cov
+    clusters = int(np.unique(groups).size) if groups is not None else 0
+    return RobustOLS(
+        params=np.asarray(res.params, dtype=np.float64),
+        cov=cov,
+        kind=kind,
+        df_resid=float(res.df_resid),
+        clusters=clusters,
+        cr2=extra,
+    )
 
 
 def fmt(value: float, digits: int = 3) -> str:

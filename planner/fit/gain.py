@@ -30,18 +30,27 @@ the log scale, idle windows are left out, and ``basis`` counts them.
 
 Estimator and uncertainty
 -------------------------
-Weighted least squares (OLS on rows scaled by √w; ``planner.fit.common.ols_robust``, checked
-against statsmodels in the tests) with cluster-robust covariance by engine when each mode
+Weighted least squares (statsmodels OLS on rows scaled by √w;
+``planner.fit.common.ols_robust``) with cluster-robust covariance by engine when each mode
 has ≥ 2 engines and there are ≥ 4 in all — engine-level differences then enter the gain's
-error, as they must when the mode is fixed per engine: CR1 from MIN_CLUSTERS (10) engines,
-the bias-reduced CR2 below (CR1 is too narrow with few clusters, Cameron & Miller 2015;
-CR2 with t(G−1) per Imbens & Kolesár 2016) — and HC3 otherwise (windows treated as
-independent; ``assumptions`` says what that leaves out). Pointwise intervals: Wald for g,
-mapped through exp − 1 for the relative gain. The break-even u* solves g(u*) = 0: a sign
-change of the estimated gain that the data *locate* — between two utilizations where the
-gain's interval excludes 0 with opposite signs (:func:`located_crossings`). Its interval,
-by default, is Fieller's: the set {u : |g(u)| ≤ t·se(g(u))} of break-evens not rejected by
-a level-α test, i.e. the inversion of the pointwise test — it stays valid when g is flat
+error, as they must when the mode is fixed per engine: CR1 (statsmodels' ``cluster``) with
+t(G−1) from MIN_CLUSTERS (10) engines, the bias-reduced CR2 below (CR1 is too narrow with
+few clusters, Cameron & Miller 2015) with the Bell–McCaffrey degrees of freedom of each
+utilization's gain contrast (Imbens & Kolesár 2016; Pustejovsky & Tipton 2018;
+planner.fit.cr2, the one covariance computed by hand) — and HC3 (statsmodels) otherwise
+(windows treated as independent; ``assumptions`` says what that leaves out). With few
+engines per mode the Bell–McCaffrey ν is small (0.14–3.9 over the support on 3 + 3 engines,
+``synthetic_frame(6, 240, seed=1)``; smallest at the edges, which few engines reach) where
+t(G−1) had G − 1 = 5: in a seeded
+Monte Carlo with a cluster-level effect (tests/planner/test_fit_cr2.py, 300 replicates)
+nominal 95 % intervals covered 0.937 with t(G−1) and 0.973 with t(ν) on 2 + 2 clusters,
+0.917 and 0.987 on 2 + 6. Pointwise intervals: Wald for g, mapped through exp − 1 for the
+relative gain (an end is +∞ where ν is so small that the t quantile overflows exp). The
+break-even u* solves g(u*) = 0: a sign change of the estimated gain that the data *locate*
+— between two utilizations where the gain's interval excludes 0 with opposite signs
+(:func:`located_crossings`). Its interval, by default, is Fieller's: the set
+{u : |g(u)| ≤ t·se(g(u))} of break-evens not rejected by a level-α test, i.e. the
+inversion of the pointwise test — it stays valid when g is flat
 (the delta method's ĝ'(u*) in the denominator does not) — namely the accepted stretch
 around u*, evaluated on a 401-point grid over the support. A sign change inside the
 accepted stretch at an edge of the support is reported with that stretch as its interval,
@@ -53,7 +62,10 @@ one, else a rising one at an edge, else a located falling one, else the edge's; 
 located crossing is named in ``why``. In seeded simulations with known truth (additive
 gain, i.e. a model the log fit does not assume; 240 windows per engine, engine random
 effects) the 90 % interval covered the true u* in 91 of 100 replicates with 20 engines
-and 84 of 100 with 4 + 4 (tests/planner/test_fit_gain.py checks 50). Alternatively
+and 84 of 100 with 4 + 4 (tests/planner/test_fit_gain.py checks 50); re-run on 4 + 4
+(``synthetic_frame(8, 240, seed=1000..1099)``) when CR2 took the Bell–McCaffrey ν: 88 of
+100, against 86 with t(G−1) on the same seeds, the data telling in 79 instead of 88 (the
+wider intervals reach the support's edge more often). Alternatively
 ``interval_method="bootstrap"``: a seeded stratified cluster bootstrap (engines resampled
 with replacement within each mode; percentile interval), bounded by ``n_boot`` and
 ``time_budget_s`` — it covered 86/100 (20 engines) and 80/100 (8 engines) with the linear
@@ -298,7 +310,8 @@ def fit_gain(
     # Cluster by engine when the mode changes between engines (then engine-level
     # differences are part of the gain's error) as long as each mode has >= 2 engines;
     # otherwise HC3. With few clusters (< MIN_CLUSTERS) CR1 is too narrow (Cameron & Miller
-    # 2015): the bias-reduced CR2 with t(G−1) is used instead (Imbens & Kolesár 2016).
+    # 2015): the bias-reduced CR2 with Bell–McCaffrey degrees of freedom is used instead
+    # (Imbens & Kolesár 2016; Pustejovsky & Tipton 2018).
     clustered = min(n_g) >= 2 and n_eng >= 4
     cov_type = ("cluster" if n_eng >= MIN_CLUSTERS else "CR2") if clustered else "HC3"
     if cov_type == "CR2":
@@ -306,8 +319,7 @@ def fit_gain(
             fit,
             assumptions=(
                 *assumptions,
-                f"only {n_eng} engines: bias-reduced cluster errors (CR2) with t({n_eng - 1}); "
-                "with so few clusters the interval rests on the engines being alike",
+                f"only {n_eng} engines: bias-reduced cluster errors (CR2)",
             ),
         )
     elif cov_type == "HC3":
@@ -319,15 +331,30 @@ def fit_gain(
                 "the HC3 interval leaves out",
             ),
         )
-    tq = t_quantile(level, n_eng - 1 if clustered else n - design.shape[1])
     fine = np.linspace(lo, hi, 401)
+    at = np.linspace(lo, hi, n_grid)
     with recorded_warnings() as caught:
-        params, cov = ols_robust(y, design, g, cov_type)
-        curve = GainCurve(kn, centre, params, cov, log)
+        ols = ols_robust(y, design, g, cov_type)
+        curve = GainCurve(kn, centre, ols.params, ols.cov, log)
         gain, se = curve.gain(fine)
         roots = roots_of(fine, gain)
-        ok = np.abs(gain) <= tq * se  # Fieller acceptance set
-        points = curve.points(np.linspace(lo, hi, n_grid), tq, level)
+        # t quantile per utilization: Bell–McCaffrey ν of the gain contrast with CR2,
+        # G − 1 with CR1, n − p with HC3 (planner.fit.common.RobustOLS.df)
+        tq_fine = _t_quantiles(level, ols.df(curve.gain_contrasts(fine)))
+        df_at = ols.df(curve.gain_contrasts(at))
+        ok = np.abs(gain) <= tq_fine * se  # Fieller acceptance set
+        points = curve.points(at, _t_quantiles(level, df_at), level)
+    if cov_type == "CR2":
+        fit = replace(
+            fit,
+            assumptions=(
+                *fit.assumptions[:-1],
+                f"only {n_eng} engines: bias-reduced cluster errors (CR2) with Bell–McCaffrey "
+                f"degrees of freedom ({fmt(float(np.nanmin(df_at)))}–"
+                f"{fmt(float(np.nanmax(df_at)))} over the support); with so few clusters the "
+                "interval rests on the engines being alike",
+            ),
+        )
     fit = replace(
         fit,
         roots=tuple(roots),
@@ -417,3 +444,12 @@ def fit_gain(
         direction=f"offload better {better} u*",
         method=f"{fit.method}; break-even interval: {how}",
     )
+
+
+def _t_quantiles(level: float, df: Array) -> Array:
+    """Two-sided t critical values, one per ν (NaN ν, a contrast with no variance: normal)."""
+    import numpy as np
+
+    out: Array = np.array([t_quantile(level, float(v) if np.isfinite(v) else math.inf)
+                           for v in df])  # fmt: skip
+    return out

@@ -180,6 +180,14 @@ class GainCurve:
     def p(self) -> int:
         return int(self.params.size // 2)
 
+    def gain_contrasts(self, u: Array) -> Array:
+        """Rows c with c'θ = g(u) for the coefficients θ = (β, γ)."""
+        import numpy as np
+
+        b = self.basis(u)
+        out: Array = np.hstack([np.zeros_like(b), b])
+        return out
+
     def gain(self, u: Array) -> tuple[Array, Array]:
         """g(u) = B(u)'γ and its standard error (log units on the log scale)."""
         import numpy as np
@@ -189,10 +197,12 @@ class GainCurve:
         var = np.einsum("ij,jk,ik->i", b, self.cov[p:, p:], b)
         return b @ self.params[p:], np.sqrt(np.maximum(var, 0.0))
 
-    def points(self, u: Array, tq: float, level: float) -> tuple[GainPoint, ...]:
-        """Absolute and relative gain with pointwise intervals at each u."""
+    def points(self, u: Array, tq: float | Array, level: float) -> tuple[GainPoint, ...]:
+        """Absolute and relative gain with pointwise intervals at each u (``tq``: the t
+        critical value, one for all u or one per u)."""
         import numpy as np
 
+        tq = np.broadcast_to(np.asarray(tq, dtype=np.float64), u.shape)
         b = self.basis(u)
         none = b @ self.params[: self.p]
         gain, se = self.gain(u)
@@ -202,7 +212,8 @@ class GainCurve:
             # offload times the ratio; its interval leaves none's own error out)
             base = np.exp(none)
             rel_l = np.expm1(gain)
-            lo_l, hi_l = np.expm1(gain - tq * se), np.expm1(gain + tq * se)
+            with np.errstate(over="ignore"):  # a t quantile of ν ≪ 1: that end is +∞
+                lo_l, hi_l = np.expm1(gain - tq * se), np.expm1(gain + tq * se)
             return tuple(
                 GainPoint(
                     u=float(u[i]),
@@ -220,16 +231,16 @@ class GainCurve:
         se_r = np.sqrt(np.maximum(np.einsum("ij,jk,ik->i", jac, self.cov, jac), 0.0))
         rel = gain / none
 
-        def iv(x: float, s: float) -> Interval:
-            return Interval(x - tq * s, x + tq * s, level)
+        def iv(x: float, s: float, q: float) -> Interval:
+            return Interval(x - q * s, x + q * s, level)
 
         return tuple(
             GainPoint(
                 u=float(u[i]),
                 gain=float(gain[i]),
-                gain_interval=iv(float(gain[i]), float(se[i])),
+                gain_interval=iv(float(gain[i]), float(se[i]), float(tq[i])),
                 relative=float(rel[i]),
-                relative_interval=iv(float(rel[i]), float(se_r[i])),
+                relative_interval=iv(float(rel[i]), float(se_r[i]), float(tq[i])),
             )
             for i in range(u.size)
         )

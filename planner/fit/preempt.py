@@ -19,14 +19,17 @@ Estimator
   families with α fixed; per (bin, t, engine) plus Σy² they give the exact robust scores.
   A million windows therefore cost as much as a few thousand rows.
 * For each k on a grid over the 2nd–98th percentile range of u (both sides hold data) the
-  GLM is fitted by IRLS (warm-started from the neighbouring k); k̂ maximises the profile
-  log-likelihood ℓ_p(k).
+  GLM is fitted by statsmodels (``GLM`` with the Poisson / NegativeBinomial family, IRLS,
+  warm-started from the neighbouring k) on the (bin, t) cells: response Σy/c with
+  ``var_weights`` c, offset log t; k̂ maximises the profile log-likelihood ℓ_p(k).
 * Overdispersion: Cameron & Trivedi's (1990, J. Econometrics 46) auxiliary regression
   ((y−μ̂)² − y)/μ̂ = α μ̂ + ε at the Poisson fit; one-sided test of α = 0. When it rejects at
   ``dispersion_alpha`` the profile is recomputed with NegBin2, α fixed at that moment
   estimate (treated as known). ``family`` says which was used.
-* The IRLS and sandwich are implemented here (not statsmodels) for speed;
-  tests/planner/test_fit_preempt.py checks them against statsmodels' GLM.
+* Fits and sandwiches are statsmodels' (GLM; ``stats.sandwich_covariance`` fed the cells'
+  scores and the GLM's observed information); what is computed here is only the
+  aggregation to cells. tests/planner/test_fit_preempt.py checks the result on cells
+  against statsmodels' GLM on the windows themselves.
 
 Uncertainty
 -----------
@@ -75,7 +78,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from planner.fit.common import (
     MIN_CLUSTERS,
@@ -163,7 +166,10 @@ def fit_preemption(
         f"{n} windows from {n_eng} engines",
         f"{util} in [{fmt(u.min())}, {fmt(u.max())}]; {int(y.sum())} preemptions",
     )
-    method = "hinge log-linear count GLM (IRLS on exact binned statistics); knee by profile LR"
+    method = (
+        "hinge log-linear count GLM (statsmodels IRLS on exact binned statistics); "
+        "knee by profile LR"
+    )
     assumptions = (
         "windows independent given utilization for the knee interval",
         "one knee and one slope for all engines pooled",
@@ -315,43 +321,48 @@ def _design(u: Array, k: float) -> Array:
     return np.column_stack([np.ones_like(u), np.maximum(0.0, u - k)])
 
 
-def _irls(
+def _family(alpha: float) -> Any:
+    from statsmodels.genmod import families
+
+    return families.Poisson() if alpha == 0.0 else families.NegativeBinomial(alpha=alpha)
+
+
+def _glm(cells: _Cells, k: float, alpha: float) -> Any:
+    """The count GLM on cells at knee k (statsmodels): cell r holds c_r windows of length
+    t_r with total count y_r; its response is the mean count y_r/c_r with ``var_weights``
+    c_r, so score and (observed) information are the sums over the c_r windows, which share
+    μ_r = t_r·exp(x_r'β) (the binned covariate): the fit equals the one on the windows."""
+    import numpy as np
+    from statsmodels.genmod.generalized_linear_model import GLM
+
+    return GLM(
+        cells.y / cells.c,
+        _design(cells.u, k),
+        family=_family(alpha),
+        offset=np.log(cells.t),
+        var_weights=cells.c,
+    )
+
+
+def _fit_glm(
     cells: _Cells, k: float, alpha: float, start: Array | None, maxiter: int
 ) -> tuple[Array, float]:
-    """Log-link Poisson (alpha=0) / NB2 GLM by IRLS on cells; (beta, log-likelihood kernel).
+    """Log-link Poisson (alpha=0) / NB2 GLM by statsmodels' IRLS on cells: (β, log-likelihood).
 
-    Cell r holds c_r windows of length t_r with total count y_r; μ_r = t_r·exp(x_r'β) is the
-    per-window mean. The kernel omits terms depending on the data (and α) only: it compares
-    knees on the same data but is not the full log-likelihood.
+    The log-likelihood of cell means weighted by counts differs from the windows' by terms of
+    the data (and α) alone: it compares knees on the same data, not across data sets.
     """
     import numpy as np
 
-    x = _design(cells.u, k)
-    c, y, t = cells.c, cells.y, cells.t
-    beta = (
-        np.array([math.log(max(y.sum(), 0.5) / float(np.sum(c * t))), 0.0])
-        if start is None
-        else start.copy()
+    if start is None:
+        rate = max(float(cells.y.sum()), 0.5) / float(np.sum(cells.c * cells.t))
+        start = np.array([math.log(rate), 0.0])
+    # converged when β moves by < 1e-10 relative: the knees' profile differences and the
+    # plan's numbers do not depend on where IRLS stopped
+    res = _glm(cells, k, alpha).fit(
+        start_params=start, maxiter=maxiter, tol=1e-12, rtol=1e-10, tol_criterion="params"
     )
-    for _ in range(maxiter):
-        eta = np.minimum(x @ beta, 50.0)
-        mu = t * np.exp(eta)
-        w = c * mu / (1.0 + alpha * mu)
-        wz = w * eta + (y - c * mu) / (1.0 + alpha * mu)
-        new = np.linalg.lstsq((x.T * w) @ x, x.T @ wz, rcond=None)[0]
-        done = np.max(np.abs(new - beta)) < 1e-9 * (1.0 + np.max(np.abs(beta)))
-        beta = new
-        if done:
-            break
-    mu = t * np.exp(np.minimum(x @ beta, 50.0))
-    if alpha == 0.0:
-        ll = float(np.sum(y * np.log(np.maximum(mu, 1e-300)) - c * mu))
-    else:
-        am = alpha * mu
-        ll = float(
-            np.sum(y * np.log(np.maximum(am, 1e-300) / (1.0 + am)) - c * np.log1p(am) / alpha)
-        )
-    return beta, ll
+    return np.asarray(res.params, dtype=np.float64), float(res.llf)
 
 
 def _profile(cells: _Cells, grid: Array, alpha: float, maxiter: int) -> tuple[Array, list[Array]]:
@@ -361,35 +372,40 @@ def _profile(cells: _Cells, grid: Array, alpha: float, maxiter: int) -> tuple[Ar
     betas: list[Array] = []
     start = None
     for i, k in enumerate(grid):
-        beta, prof[i] = _irls(cells, float(k), alpha, start, maxiter)
+        beta, prof[i] = _fit_glm(cells, float(k), alpha, start, maxiter)
         betas.append(beta)
         start = beta
     return prof, betas
 
 
 def _sandwich(cells: _Cells, k: float, beta: Array, alpha: float, cluster: bool) -> Array:
-    """Robust covariance of β at knee k: engine clusters (CR1) or per window (HC0)."""
-    import numpy as np
+    """Robust covariance of β at knee k from statsmodels' sandwich (bread: the inverse
+    observed information of the GLM on cells): engine clusters (CR1) or per window (HC0).
 
+    β is the MLE on the (bin, t) cells, which is the MLE on the finer (bin, t, engine) cells
+    as well (the same sufficient statistics), so no refit. CR1 sums the cells' scores per
+    engine with statsmodels' factor ``G/(G-1)·(n-1)/(n-p)``, n counting windows (a cell
+    stands for c windows) as statsmodels' GLM on the windows does. HC0 needs
+    Σ_i s_i² x x' over windows; within a cell it is x x'·Σ_i (y_i − μ)²/(1 + αμ)² =
+    x x'·(Σy² − 2μΣy + cμ²)/(1 + αμ)², passed to statsmodels as score rows x·√(that).
+    """
+    import numpy as np
+    from statsmodels.stats import sandwich_covariance as sw
+
+    model = _glm(cells, k, alpha)
+    bread = np.linalg.pinv(model.hessian(beta, observed=True))
+    if cluster:
+        ng = int(cells.g.max()) + 1
+        n = float(cells.c.sum())
+        cov = sw.cov_cluster((model.score_obs(beta), bread), cells.g, use_correction=False)
+        out: Array = np.asarray(cov) * (ng / max(ng - 1, 1) * (n - 1) / max(n - 2, 1))
+        return out
     x = _design(cells.u, k)
     mu = cells.t * np.exp(np.minimum(x @ beta, 50.0))
-    v = 1.0 + alpha * mu
-    # Observed information (NB2's log link is not canonical; statsmodels uses it too):
-    # −∂²ℓ/∂η² = μ(1 + αy)/(1 + αμ)² per window, summed within the cell.
-    bread = np.linalg.pinv((x.T * (mu * (cells.c + alpha * cells.y) / (v * v))) @ x)
-    if cluster:
-        s = x * ((cells.y - cells.c * mu) / v)[:, None]
-        g = cells.g
-        ng = int(g.max()) + 1
-        per = np.column_stack([np.bincount(g, weights=s[:, j], minlength=ng) for j in (0, 1)])
-        n = float(cells.c.sum())
-        meat = per.T @ per * ng / max(ng - 1, 1) * (n - 1) / max(n - 2, 1)
-    else:
-        # Σ_i (y_i − μ)² within a cell = Σy² − 2μΣy + cμ².
-        ss = (cells.y2 - 2 * mu * cells.y + cells.c * mu * mu) / (v * v)
-        meat = (x.T * ss) @ x
-    cov: Array = bread @ meat @ bread
-    return cov
+    ss = (cells.y2 - 2 * mu * cells.y + cells.c * mu * mu) / (1.0 + alpha * mu) ** 2
+    root = x * np.sqrt(np.maximum(ss, 0.0))[:, None]
+    out = np.asarray(sw.cov_white_simple((root, bread), use_correction=False))
+    return out
 
 
 def _interval_from_profile(grid: Array, lr: Array, cut: float) -> tuple[float, float, bool, bool]:
@@ -414,15 +430,14 @@ def _interval_from_profile(grid: Array, lr: Array, cut: float) -> tuple[float, f
 
 
 def _dispersion_test(y: Array, mu: Array) -> tuple[float, float]:
-    """Cameron–Trivedi auxiliary OLS (no intercept): α̂ and the one-sided p-value of α = 0."""
-    import numpy as np
+    """Cameron–Trivedi auxiliary regression ((y − μ)² − y)/μ = α μ + ε (statsmodels OLS, no
+    intercept): α̂ and the one-sided p-value of α = 0 (normal reference)."""
     from scipy import stats
+    from statsmodels.regression.linear_model import OLS
 
     z = ((y - mu) ** 2 - y) / mu
-    ss = float(np.sum(mu * mu))
-    alpha = float(np.sum(z * mu) / ss)
-    resid = z - alpha * mu
-    se = math.sqrt(float(np.sum(resid * resid)) / max(y.size - 1, 1) / ss)
+    res = OLS(z, mu[:, None]).fit()
+    alpha, se = float(res.params[0]), float(res.bse[0])
     if se == 0.0:
         return alpha, 1.0 if alpha <= 0 else 0.0
     return alpha, float(stats.norm.sf(alpha / se))

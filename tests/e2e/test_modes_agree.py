@@ -23,8 +23,10 @@ The gains' magnitudes are printed, not compared: in three CI-like runs the two p
 at one utilization differed by more than their intervals allow (LMCache +26.2 % vs +17.6 %,
 native +23.6 % vs +33.1 %, with 95 % half-widths of 0.05–0.06), although the stores hold
 the same windows up to that sampling noise. With 2 engines per offload mode the CR2 interval
-with t(G−1) is too narrow (few treated clusters; Imbens & Kolesár 2016 give Bell–McCaffrey
-degrees of freedom for it): an open point of the fits, not of Prometheus mode.
+with t(G−1) was too narrow (few treated clusters); the gain fit now takes the Bell–McCaffrey
+degrees of freedom of each utilization's gain (planner/fit/cr2.py; Imbens & Kolesár 2016),
+which widens those intervals (this comparison not re-run since): a point of the fits, not of
+Prometheus mode.
 The decision used to follow that noise: native and LMCache gained +20.1 % / +23.0 % in one
 store and +24.8 % / +23.4 % in the other, and the decider kept the larger point estimate,
 LMCache in one plan and native in the other. It now keeps LMCache only when it measurably
