@@ -95,3 +95,14 @@ def test_more_engines_not_more_hours_once_the_engine_spread_dominates() -> None:
     assert all(s >= floor for s in design.se_planned)
     assert len(design.switch) == design.treated - 2  # the 2 native engines stay in the arm
     assert any("engines, not the windows" in a for a in design.assumptions)
+
+
+def test_study_case_is_seeded_and_its_design_is_the_one_run() -> None:
+    from benchmarks.accuracy.heldout5 import case
+    from benchmarks.accuracy.study_experiment import run_case
+
+    a, b = run_case(case(2)), run_case(case(2))
+    a.pop("seconds")
+    b.pop("seconds")
+    assert a == b
+    assert a["pilot"]["needs"] and "design" in a and "after" in a
