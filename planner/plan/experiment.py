@@ -359,8 +359,13 @@ def plan_experiment(
         f"noise from the fit's windows: σ_w {fmt(noise.sigma_w)} (log tokens/s × √requests), "
         f"engine SD σ_b {fmt(noise.sigma_b)} (80 % upper confidence limit), within-engine "
         f"correlation {noise.icc:.2f}, design effect {noise.design_effect:.0f} "
-        f"({fmt(noise.windows_per_engine_hour)} windows per engine-hour): the engines, "
-        "not the windows, bound the precision",
+        f"({fmt(noise.windows_per_engine_hour)} windows per engine-hour): "
+        + (
+            "the engines, not the windows, bound the precision"
+            if noise.sigma_b > 0
+            else "the history does not resolve an engine spread (planned as 0: if the engines "
+            "differ, the design is optimistic and more engines, not hours, are needed)"
+        ),
         f"load stays as in the history: {fmt(rate)} requests per engine-hour inside the "
         f"fit's support [{fmt(fit.support[0])}, {fmt(fit.support[1])}]",
         "effect assumed: "
@@ -385,11 +390,15 @@ def plan_experiment(
         else f"the break-even within ±{half_width * 100:.0f} pp"
         for t in targets
     )
-    if reachable:
+    if reachable and switch:
         text = (
-            f"run {mode} offload on {k} of {n} engines ({len(switch)} switched: "
-            f"{', '.join(switch) if switch else 'none'}) for ~{h:g} h at current load to get "
-            f"{aim} with {min(pw):.0%} power"
+            f"run {mode} offload on {k} of {n} engines (switch {', '.join(switch)}) for "
+            f"~{h:g} h at current load to get {aim} with {min(pw):.0%} power"
+        )
+    elif reachable:
+        text = (
+            f"keep {mode} offload on the {k} of {n} engines that run it and collect ~{h:g} h "
+            f"more at current load to get {aim} with {min(pw):.0%} power"
         )
     else:
         text = (

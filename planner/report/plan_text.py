@@ -142,9 +142,10 @@ def experiment_lines(x: Mapping[str, Any]) -> list[str]:
             f"{_pct(t['power'])}"
         )
     out += [f"assumes: {a}" for a in x["assumptions"]]
-    engines = ", ".join(x["switch"]) or "none"
+    if not x["switch"]:
+        return [*out, "no engine to switch: the deployed configs stay"]
     for key, cmd in (x.get("configs") or {}).items():
-        out.append(f"{key} (on {engines}): {cmd}")
+        out.append(f"{key} (on {', '.join(x['switch'])}): {cmd}")
     if x.get("configs_why"):
         out.append(str(x["configs_why"]))
     return out

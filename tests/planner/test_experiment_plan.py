@@ -20,14 +20,14 @@ from planner.report.plan_text import summary_text
 from tests.planner.synthstore import BLOCK_SIZE, BLOCKS, GPU, MODEL, TP, sqlite_url, with_rates
 
 TRUTH = Truth(break_even={"native": 0.35}, gain_slope=2000.0)
-PILOT = 60  # one hour per engine
+PILOT = 120  # two hours per engine
 HOUR = 3600.0
 
 
 def _cluster(start: float) -> pd.DataFrame:
-    """8 engines, 2 with native offload; a week of windows, the first hour the pilot."""
+    """8 engines, 1 with native offload; a week of windows, the first two hours the pilot."""
     frame = synthetic_frame(
-        8, PILOT + 168 * 60, seed=11, truth=TRUTH, modes=("none", "none", "none", "native"),
+        8, PILOT + 168 * 60, seed=12, truth=TRUTH, modes=("none",) * 7 + ("native",),
         noise_tokens_per_s=600.0, engine_sd_tokens_per_s=60.0,
     )  # fmt: skip
     frame["start"] = frame["start"] - frame["start"].min() + start
@@ -60,11 +60,13 @@ def test_cannot_tell_prints_the_experiment_and_the_ab_it_plans_settles(tmp_path:
     assert at["lo"] <= 0.0 <= at["hi"]  # the fit cannot tell the gain at current use
     x = gain["experiment"]
     assert x["reachable"] and x["mode"] == "native" and x["engines"] == 8
+    assert x["treated"] >= 2 and len(x["switch"]) == x["treated"] - 1  # engine-007 stays
+    assert "engine-007" not in x["switch"]
     assert x["configs"]["vllm"] == "--kv-offloading-size 110 --kv-offloading-backend native"
     assert all(t["power"] >= 0.8 for t in x["targets"])
     text = summary_text(before.to_dict())
     assert x["text"] in text and "the experiment that settles it" in text
-    assert "--kv-offloading-size 110" in text
+    assert f"vllm (on {', '.join(x['switch'])}): --kv-offloading-size 110" in text
     page = render_report_html(before)
     assert "the experiment that settles it" in page and "kv-offloading-size" in page
     document = json.loads(json.dumps(before.to_dict()))
