@@ -33,6 +33,7 @@ from planner.plan.basis import (
     plan_basis,
     plan_cost,
 )
+from planner.plan.experiment_entry import add_experiment
 from planner.plan.fits import (
     gain_evidence,
     hit_curve,
@@ -280,6 +281,9 @@ def _plan(
             sizing = size(evidence, decision)
         except ConfigError as exc:
             sizing_error = str(exc)
+    if decision is not None:
+        for name in ("gain_native", "gain_lmcache"):
+            add_experiment(fits[name], frame, u_now, evidence, decision)
     basis += plan_basis(evidence, fits, fc)
     first = float(table["start"].min())
     last = float((table["start"] + table["length_s"]).max())
