@@ -107,6 +107,7 @@ class Router:
         hi = max(waits)
         span = hi - min(waits)
         path = req.path
+        n0 = path[0]
         start_n = self.n
         best: Engine | None = None
         best_s = -1.0
@@ -121,10 +122,10 @@ class Router:
             if w_kv:
                 score += w_kv * (1.0 - (pool.pinned_total + pool.private_total) / pool.total)
             if w_p and limit > 0:
-                got = 0
-                if hbm:
+                got = 0  # (a first segment held nowhere, e.g. a unique prompt, matches 0)
+                if hbm and n0 in hbm:
                     got = leading_cached(path, pool.start, pool.end, hbm, unit=bs, limit=limit)
-                if cpu and got < limit:
+                if cpu and got < limit and n0 in cpu:
                     ext = leading_cached(
                         path, pool.start, pool.end, cpu, unit=unit, limit=limit * bs // unit
                     )
