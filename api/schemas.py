@@ -16,6 +16,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field
 
+from planner.simulate.scenario import SCORER_DEFAULTS
+
 JsonObject = dict[str, Any]
 
 
@@ -319,6 +321,14 @@ class AccuracyOut(_Model):
 # ------------------------------------------------------------------------------- advise
 
 
+class ScorerWeightsIn(_Request):
+    """`kvscope advise --scorer-weights`: the scorer router's weights (not all 0)."""
+
+    prefix: float = Field(SCORER_DEFAULTS["prefix"], ge=0, le=1000, examples=[3.0])
+    kv: float = Field(SCORER_DEFAULTS["kv"], ge=0, le=1000, examples=[2.0])
+    queue: float = Field(SCORER_DEFAULTS["queue"], ge=0, le=1000, examples=[2.0])
+
+
 class WhatIfIn(_Request):
     """The workload and deployment of `kvscope advise` (same names, same meaning)."""
 
@@ -358,6 +368,20 @@ class WhatIfIn(_Request):
         300.0, ge=1, le=600, examples=[60.0], description="simulated seconds per mode"
     )
     seed: JsonInt = Field(0, ge=0, le=2**31 - 1, examples=[0])
+    router: Literal["round_robin", "least_loaded", "prefix_affinity", "scorer"] | None = Field(
+        None,
+        examples=["scorer"],
+        description="round_robin (null: the default), least_loaded, prefix_affinity, scorer",
+        json_schema_extra=_nullable,
+    )
+    scorer_weights: ScorerWeightsIn | None = Field(
+        None,
+        examples=[{"prefix": 3.0, "kv": 2.0, "queue": 2.0}],
+        description="the scorer router's weights (prefix, kv, queue); null: llm-d's defaults",
+    )
+    compare_routers: bool = Field(
+        True, examples=[True], description="also answer under every other router"
+    )
 
 
 class AdviceOut(_Model):
@@ -370,6 +394,10 @@ class AdviceOut(_Model):
     evidence: JsonObject = Field(examples=[{"engines": 4}])
     scenario: JsonObject = Field(examples=[{"name": "advise"}])
     notes: list[str] = Field(examples=[["simulated, not measured"]])
+    router: JsonObject = Field(
+        examples=[{"assumed": "round_robin", "default": True, "rows": []}],
+        description="the router assumed and the headline answer under each router simulated",
+    )
 
 
 # ------------------------------------------------------------------------------- costmodel

@@ -12,6 +12,9 @@ Llama-3.1-8B TP1, 2,048 closed-loop long-context clients keeping HBM saturated).
     loop's projected time for the hour.
 Both runs of the baseline window give identical results (checked).
 
+`--router POLICY` runs those with another router than the scenario's round_robin (e.g.
+`scorer`, which scores every engine per request); not with `--against`.
+
 `--against REF` (a git commit of this repository, e.g. 9999810, the simulator before it was
 optimised for issue 13) also runs the hour with that commit's planner/ (exported by
 `git archive` into a temporary directory) and with this tree's, alternately `--rounds` times,
@@ -44,7 +47,7 @@ if "--child" in sys.argv:  # a timed hour with another tree's planner/ (see _chi
 sys.path.insert(0 if "--child" not in sys.argv else 1, str(ROOT))
 
 from planner.simulate.cluster import Simulation  # noqa: E402
-from planner.simulate.scenario import Scenario, load_scenario  # noqa: E402
+from planner.simulate.scenario import Scenario, load_scenario, parse_scenario  # noqa: E402
 from planner.simulate.scenarios import scenario_file  # noqa: E402
 
 SCENARIO = "saturated_16x_h100"  # bundled: planner/simulate/scenarios/
@@ -139,6 +142,7 @@ def main() -> None:
     )
     ap.add_argument("--against", help="a git commit: also time the hour with its planner/")
     ap.add_argument("--rounds", type=int, default=2, help="with --against: alternations")
+    ap.add_argument("--router", help="run with this router (e.g. scorer); not with --against")
     ap.add_argument("--child", help=argparse.SUPPRESS)  # internal: _child's planner/ tree
     args = ap.parse_args()
     if args.child:
@@ -146,8 +150,13 @@ def main() -> None:
         return
     if args.rounds < 1:
         ap.error(f"--rounds must be >= 1, got {args.rounds}")
+    if args.router and args.against:
+        ap.error("--router and --against: the baseline tree may not know the router")
     with scenario_file(SCENARIO) as path:
         base = load_scenario(path)
+    if args.router:
+        raw = {**base.raw, "cluster": {**base.raw["cluster"], "router": args.router}}
+        base = parse_scenario(raw, where=f"{SCENARIO} with router {args.router}")
     window = dataclasses.replace(base, duration_s=args.baseline_s)
     naive, _, naive_cpu = _timed(window, max_jump=1)
     fast, _, fast_cpu = _timed(window, max_jump=None)
@@ -163,6 +172,7 @@ def main() -> None:
     steps = sum(e.steps for e in sim.engines)
     out = {
         "scenario": base.name,
+        "router": base.cluster.router,
         "simulated_s": hour.duration_s,
         "engines": len(sim.engines),
         "wall_s": round(wall, 2),

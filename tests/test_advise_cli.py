@@ -66,6 +66,41 @@ def test_advise_cli_json_shape() -> None:
         assert {"total_tokens_per_s", "throughput_gain", "ttft_mean_s", "kv_util_p95"} <= set(row)
     assert d["decision"]["reasons"] and d["decision"]["rests_on"]
     assert "offload=lmcache" in r.stderr  # progress on stderr, JSON alone on stdout
+    # the router it assumed (the default here) and the headline under every router
+    assert d["router"]["assumed"] == "round_robin" and d["router"]["default"] is True
+    rows = d["router"]["rows"]
+    assert [row["router"] for row in rows] == [
+        "round_robin",
+        "least_loaded",
+        "prefix_affinity",
+        "scorer",
+    ]
+    assert rows[0]["recommended"] == d["decision"]["mode"]
+    assert (
+        rows[0]["lmcache_prefill_compute_saved"]
+        == (d["simulated"]["modes"]["lmcache"]["prefill_compute_saved"])
+    )
+
+
+def test_advise_cli_scorer_router_text_matches_json() -> None:
+    args = [*SMALL, "--router", "scorer", "--scorer-weights", "prefix=2,kv=1,queue=1"]
+    text = RUNNER.invoke(app, ["advise", *args])
+    js = RUNNER.invoke(app, ["advise", *args, "--json"])
+    assert text.exit_code == 0 and js.exit_code == 0, (text.exception, js.exception)
+    d = json.loads(js.stdout)
+    assert d["router"]["assumed"] == "scorer" and d["router"]["default"] is False
+    assert d["router"]["scorer_weights"] == {"prefix": 2.0, "kv": 1.0, "queue": 1.0}
+    assert d["scenario"]["cluster"]["scorer"] == {"prefix": 2.0, "kv": 1.0, "queue": 1.0}
+    assert "Router assumed: scorer (--router; weights prefix=2, kv=1, queue=1)" in text.stdout
+    lines = text.stdout.splitlines()
+    for row in d["router"]["rows"]:
+        mark = " *" if row["router"] == "scorer" else ""
+        line = next(x for x in lines if x.startswith(f"  {row['router'] + mark:17}"))
+        assert row["recommended"] in line
+        saved = row["lmcache_prefill_compute_saved"]
+        assert (f"{saved:.1%}" if saved is not None else "-") in line
+    alone = RUNNER.invoke(app, ["advise", *args, "--json", "--no-compare-routers"])
+    assert [r["router"] for r in json.loads(alone.stdout)["router"]["rows"]] == ["scorer"]
 
 
 def test_advise_cli_text_answer() -> None:
@@ -80,6 +115,8 @@ def test_advise_cli_text_answer() -> None:
         "reading beats re-prefill",
         "Sizing",
         "Notes",
+        "Router assumed: round_robin (the default: --router not given)",
+        "prefix_affinity",
     ):
         assert part in r.stdout, part
 
@@ -92,6 +129,9 @@ def test_advise_cli_text_answer() -> None:
         ([*SMALL, "--prefix-share", "1.5"], "--prefix-share must be in [0, 1]"),
         ([*SMALL, "--model", "gpt-5"], "unknown model 'gpt-5'"),
         ([*SMALL, "--vllm-version", "0.40.0"], "outside the supported range"),
+        ([*SMALL, "--router", "random"], "--router must be one of"),
+        ([*SMALL, "--scorer-weights", "prefix=-1"], "--scorer-weights: prefix must be"),
+        ([*SMALL, "--scorer-weights", "hops=1"], "--scorer-weights: hops: unknown key"),
     ],
 )
 def test_advise_cli_bad_arguments_raise_configerror(args: list[str], match: str) -> None:

@@ -36,6 +36,8 @@ _FLAG_FIELDS = {
     "--prefix-share": "prefix_share",
     "--prefix-tokens": "prefix_tokens",
     "--cpu-gb": "cpu_gb",
+    "--router": "router",
+    "--scorer-weights": "scorer_weights",
     "--model/--gpu/--tp/--vllm-version": "model",
 }
 
@@ -55,6 +57,9 @@ def whatif_of(body: WhatIfIn) -> WhatIf:
         vllm_version=body.vllm_version,
         duration_s=body.duration_s,
         seed=body.seed,
+        router=body.router,
+        scorer_weights=body.scorer_weights.model_dump() if body.scorer_weights else None,
+        compare_routers=body.compare_routers,
     )
 
 

@@ -43,6 +43,27 @@ def register(app: typer.Typer) -> None:
             float, typer.Option("--duration", help="simulated seconds per mode")
         ] = 300.0,
         seed: Annotated[int, typer.Option("--seed", help="simulation seed")] = 0,
+        router: Annotated[
+            str | None,
+            typer.Option(
+                "--router",
+                help="round_robin (default), least_loaded, prefix_affinity or scorer (llm-d)",
+            ),
+        ] = None,
+        scorer_weights: Annotated[
+            str | None,
+            typer.Option(
+                "--scorer-weights",
+                help="scorer router weights, e.g. prefix=3,kv=2,queue=2 (llm-d's defaults)",
+            ),
+        ] = None,
+        compare_routers: Annotated[
+            bool,
+            typer.Option(
+                "--compare-routers/--no-compare-routers",
+                help="also answer under the other routers (shorter runs)",
+            ),
+        ] = True,
         as_json: Annotated[bool, typer.Option("--json", help="one JSON object on stdout")] = False,
         explain: Annotated[
             bool, typer.Option("--explain", help="print how the decider decides (DECIDER.md)")
@@ -74,6 +95,7 @@ def register(app: typer.Typer) -> None:
             raise ConfigError(f"missing {', '.join(missing)} (or use --explain)")
         assert model and gpu and tp is not None and prompt_tokens is not None
         assert output_tokens is not None and qps is not None and prefix_share is not None
+        from planner.advise.question import parse_scorer_weights
         from planner.advise.whatif import WhatIf, advise
         from planner.report.advise_text import advice_text
 
@@ -91,6 +113,9 @@ def register(app: typer.Typer) -> None:
             vllm_version,
             duration,
             seed,
+            router.strip().lower() if router is not None else None,
+            parse_scorer_weights(scorer_weights) if scorer_weights is not None else None,
+            compare_routers,
         )
         result = advise(whatif, progress=lambda msg: print(msg, file=sys.stderr))
         payload = result.to_dict()

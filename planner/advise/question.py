@@ -9,8 +9,28 @@ from collector.errors import ConfigError
 from planner.deploy import configs
 from planner.model import costmodel
 from planner.model.hardware import get_gpu, get_model
+from planner.simulate.scenario import ROUTERS, SCORER_DEFAULTS, SCORER_KEYS
 
-__all__ = ["WhatIf"]
+__all__ = ["DEFAULT_ROUTER", "WhatIf", "parse_scorer_weights"]
+
+DEFAULT_ROUTER = "round_robin"  # the simulator's default (a Kubernetes Service spreads so)
+
+
+def parse_scorer_weights(text: str) -> dict[str, float]:
+    """``prefix=2,kv=1,queue=1`` (any subset) -> weights; ConfigError naming the bad part."""
+    out: dict[str, float] = {}
+    for part in (p.strip() for p in text.split(",")):
+        key, sep, value = part.partition("=")
+        key = key.strip()
+        if not sep or not key:
+            raise ConfigError(f"--scorer-weights: {part!r} is not KEY=NUMBER (e.g. prefix=3,kv=2)")
+        try:
+            out[key] = float(value)
+        except ValueError:
+            raise ConfigError(
+                f"--scorer-weights: {key}: {value.strip()!r} is not a number"
+            ) from None
+    return out
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,6 +50,17 @@ class WhatIf:
     vllm_version: str = "0.33.0"
     duration_s: float = 300.0
     seed: int = 0
+    router: str | None = None  # None: DEFAULT_ROUTER, said so in the answer
+    scorer_weights: dict[str, float] | None = None  # the scorer router's; None: llm-d's
+    compare_routers: bool = True  # also answer under every other router (shorter runs)
+
+    @property
+    def assumed_router(self) -> str:
+        return self.router or DEFAULT_ROUTER
+
+    def scorer_config(self) -> dict[str, float]:
+        """The scorer's weights, the unnamed ones at llm-d's defaults."""
+        return {**SCORER_DEFAULTS, **(self.scorer_weights or {})}
 
     def check(self) -> None:
         """ConfigError naming the flag of the first bad value."""
@@ -51,6 +82,17 @@ class WhatIf:
             raise ConfigError(f"--prefix-tokens must be >= 1, got {self.prefix_tokens!r}")
         if self.cpu_gb is not None and not (math.isfinite(self.cpu_gb) and self.cpu_gb > 0):
             raise ConfigError(f"--cpu-gb must be a number > 0, got {self.cpu_gb!r}")
+        if self.router is not None and self.router not in ROUTERS:
+            raise ConfigError(f"--router must be one of {', '.join(ROUTERS)}, got {self.router!r}")
+        for key, weight in (self.scorer_weights or {}).items():
+            if key not in SCORER_KEYS:
+                raise ConfigError(
+                    f"--scorer-weights: {key}: unknown key (known: {', '.join(SCORER_KEYS)})"
+                )
+            if not (math.isfinite(weight) and weight >= 0):
+                raise ConfigError(f"--scorer-weights: {key} must be a number >= 0, got {weight!r}")
+        if not any(self.scorer_config().values()):
+            raise ConfigError("--scorer-weights: prefix, kv and queue are all 0: nothing to score")
         try:
             configs.parse_vllm_version(self.vllm_version)
             model, gpu = get_model(self.model), get_gpu(self.gpu)

@@ -30,6 +30,10 @@ def sim_gain_tolerance(gain: float) -> float:
 # Simulated requests per mode at most: keeps one advise call to a few seconds of wall time
 # (~1 s per 2,000 requests of an 8B model on one core, measured with this simulator).
 MAX_REQUESTS = 3000
+# The same question under each other router (routing decides whether a prefix recurs on the
+# engine that holds it) runs shorter: at most this many requests per mode, so the three
+# alternatives x three modes cost about as much as the assumed router's three runs.
+ALT_MAX_REQUESTS = 1000
 MIN_DURATION_S = 30.0
 WARMUP_FRACTION = 0.2  # the first 20 % of the run fills the caches and is not measured
 SAMPLES = 120  # KV-use samples per run
@@ -52,25 +56,32 @@ def layout(engines: int, tp: int) -> tuple[int, int]:
     return engines // per_node, per_node * tp
 
 
-def scenario_of(w: WhatIf) -> tuple[dict[str, Any], list[str]]:
-    """The simulator scenario of a what-if (offload set per run) and the notes it needs."""
+def scenario_of(
+    w: WhatIf, router: str | None = None, max_requests: int = MAX_REQUESTS
+) -> tuple[dict[str, Any], list[str]]:
+    """The simulator scenario of a what-if (offload set per run) and the notes it needs;
+    `router` defaults to the what-if's assumed one, `max_requests` caps the run."""
     notes: list[str] = []
     nodes, gpn = layout(w.engines, w.tp)
     per_node = gpn // w.tp
     duration = w.duration_s
-    if w.qps * duration > MAX_REQUESTS / (1 - WARMUP_FRACTION):
-        duration = max(MIN_DURATION_S, MAX_REQUESTS / (1 - WARMUP_FRACTION) / w.qps)
+    if w.qps * duration > max_requests / (1 - WARMUP_FRACTION):
+        duration = max(MIN_DURATION_S, max_requests / (1 - WARMUP_FRACTION) / w.qps)
         notes.append(
             f"simulated {duration:.0f} s instead of {w.duration_s:g} s to stay within "
-            f"~{MAX_REQUESTS} requests per mode (a few seconds of wall time)"
+            f"~{max_requests} requests per mode (a few seconds of wall time)"
         )
+    router = router or w.assumed_router
     cluster: dict[str, Any] = {
         "nodes": nodes,
         "gpus_per_node": gpn,
         "gpu": w.gpu,
         "model": w.model,
         "tensor_parallel": w.tp,
+        "router": router,
     }
+    if router == "scorer":
+        cluster["scorer"] = w.scorer_config()
     shared = round(w.prompt_tokens * w.prefix_share)
     shared = min(shared, w.prompt_tokens - 1)
     requests = max(1, math.ceil(w.qps * duration))
@@ -147,9 +158,10 @@ def simulate_modes(
 ) -> dict[str, tuple[dict[str, Any], list[float], list[float]]]:
     """Run the scenario once per mode, same seed and requests."""
     out = {}
+    router = raw["cluster"]["router"]
     for mode in MODES:
         if progress:
-            progress(f"kvscope advise: simulating offload={mode} …")
+            progress(f"kvscope advise: simulating router={router} offload={mode} …")
         out[mode] = _run_mode(raw, mode)
     return out
 

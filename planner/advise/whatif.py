@@ -24,6 +24,7 @@ from typing import Any
 from collector.errors import ConfigError
 from planner.advise.question import WhatIf
 from planner.advise.sim import (
+    ALT_MAX_REQUESTS,
     layout,
     quantile,
     scenario_of,
@@ -38,6 +39,7 @@ from planner.model import costmodel
 from planner.model.breakeven import breakeven_bandwidth, breakeven_context
 from planner.model.hardware import builtin_catalog, get_gpu, get_model
 from planner.model.values import json_ready
+from planner.simulate.scenario import ROUTERS
 
 GIB = 1024**3
 __all__ = ["Advice", "WhatIf", "advise", "cost_model_section", "evidence_from_sim"]
@@ -56,11 +58,13 @@ class Advice:
     sizing: Sizing | None
     sizing_error: str | None
     notes: tuple[str, ...] = field(default=())
+    routers: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = json_ready(
             {
                 "inputs": asdict(self.whatif),
+                "router": self.routers,
                 "decision": self.decision.to_dict(),
                 "simulated": self.simulated,
                 "cost_model": self.cost_model,
@@ -191,13 +195,61 @@ def evidence_from_sim(w: WhatIf, runs: dict[str, Any], sim: dict[str, Any]) -> E
     )
 
 
+def headline(
+    router: str, sim: dict[str, Any], decision: Decision, duration_s: float
+) -> dict[str, Any]:
+    """One router's answer in brief: the recommended mode, its simulated gain and prefill
+    compute saved ("both" reads LMCache's run: the simulator has no combined mode), and
+    LMCache's and native's own figures (what routing changes most)."""
+    m = sim["modes"]
+    run = {"both": "lmcache", "none": None}.get(decision.mode, decision.mode)
+
+    def fig(mode: str | None, key: str) -> float | None:
+        return None if mode is None else m[mode][key]
+
+    return {
+        "router": router,
+        "recommended": decision.mode,
+        "score": round(decision.score, 3),
+        "throughput_gain": fig(run, "throughput_gain"),
+        "prefill_compute_saved": fig(run, "prefill_compute_saved"),
+        "lmcache_prefill_compute_saved": m["lmcache"]["prefill_compute_saved"],
+        "lmcache_throughput_gain": m["lmcache"]["throughput_gain"],
+        "native_prefill_compute_saved": m["native"]["prefill_compute_saved"],
+        "gpu_prefix_hit_rate": m["none"]["prefix_hit_rate"],
+        "kv_util_p95": m["none"]["kv_util_p95"],
+        "duration_s": duration_s,
+    }
+
+
+def _answer(
+    w: WhatIf, raw: dict[str, Any], progress: Callable[[str], None] | None
+) -> tuple[dict[str, Any], dict[str, Any], Evidence, Decision]:
+    runs = simulate_modes(raw, progress)
+    sim = simulated_section(runs, w.qps)
+    evidence = evidence_from_sim(w, runs, sim)
+    return runs, sim, evidence, decide(evidence)
+
+
+def other_routers(w: WhatIf, progress: Callable[[str], None] | None = None) -> list[dict[str, Any]]:
+    """The headline under every router but the assumed one, each run capped at
+    ALT_MAX_REQUESTS requests per mode (same seed)."""
+    rows = []
+    for router in ROUTERS:
+        if router == w.assumed_router:
+            continue
+        raw, _ = scenario_of(w, router, ALT_MAX_REQUESTS)
+        _, sim, _, decision = _answer(w, raw, progress)
+        rows.append(headline(router, sim, decision, raw["duration_s"]))
+    return rows
+
+
 def advise(w: WhatIf, progress: Callable[[str], None] | None = None) -> Advice:
     """Cost model + simulation -> Evidence -> decide -> size (module docstring)."""
     w.check()
     cost = cost_model_section(w)
     raw, notes = scenario_of(w)
-    runs = simulate_modes(raw, progress)
-    sim = simulated_section(runs, w.qps)
+    _, sim, evidence, decision = _answer(w, raw, progress)
     if sim["none_keeps_up"]:
         notes.append(
             "without offload the cluster keeps up with the offered load: throughput "
@@ -211,8 +263,15 @@ def advise(w: WhatIf, progress: Callable[[str], None] | None = None) -> Advice:
             "capacity, so the engine count from it is a lower bound"
         )
     notes.append("the decider's 'measured' reasons (R7) rest on simulated gains here")
-    evidence = evidence_from_sim(w, runs, sim)
-    decision = decide(evidence)
+    routers: dict[str, Any] = {
+        "assumed": w.assumed_router,
+        "default": w.router is None,
+        "scorer_weights": w.scorer_config(),
+        "rows": [headline(w.assumed_router, sim, decision, raw["duration_s"])],
+        "alternatives_max_requests": ALT_MAX_REQUESTS if w.compare_routers else None,
+    }
+    if w.compare_routers:
+        routers["rows"] += other_routers(w, progress)
     sizing, err = None, None
     try:
         sizing = size(evidence, decision)
@@ -221,4 +280,4 @@ def advise(w: WhatIf, progress: Callable[[str], None] | None = None) -> Advice:
     scenario = {k: v for k, v in raw.items() if not k.startswith("_")}
     if "_cpu_gb" in raw:
         scenario["cpu_cache_gb_by_mode"] = raw["_cpu_gb"]
-    return Advice(w, cost, scenario, sim, evidence, decision, sizing, err, tuple(notes))
+    return Advice(w, cost, scenario, sim, evidence, decision, sizing, err, tuple(notes), routers)

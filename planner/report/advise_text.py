@@ -25,6 +25,48 @@ def _cell(value: object, fmt: str) -> str:
     return "-" if not isinstance(value, int | float) else fmt.format(value)
 
 
+def _pct(value: object, fmt: str = "{:+.1%}") -> str:
+    return _cell(value, fmt)
+
+
+def router_lines(d: Mapping[str, Any]) -> list[str]:
+    """Which router the answer assumed, and the headline under each router simulated."""
+    r = d.get("router") or {}
+    if not r:
+        return []
+    assumed = r["assumed"]
+    how = "the default: --router not given" if r["default"] else "--router"
+    if assumed == "scorer":
+        w = r["scorer_weights"]
+        how += f"; weights prefix={w['prefix']:g}, kv={w['kv']:g}, queue={w['queue']:g}"
+    lines = [f"Router assumed: {assumed} ({how})"]
+    rows = r["rows"]
+    if len(rows) > 1:
+        lines.append(
+            "  routing decides whether a prefix recurs on the engine holding it; the answer "
+            f"under each router (others: <= {r['alternatives_max_requests']:,} requests per mode)"
+        )
+    lines.append(
+        f"  {'router':17}{'recommended':>12}{'gain':>9}{'prefill saved':>15}"
+        f"{'LMCache saved':>15}{'native saved':>14}{'GPU hit':>9}"
+    )
+    for row in rows:
+        mark = " *" if row["router"] == assumed else ""
+        lines.append(
+            f"  {row['router'] + mark:17}{row['recommended']:>12}"
+            f"{_pct(row['throughput_gain']):>9}"
+            f"{_pct(row['prefill_compute_saved'], '{:.1%}'):>15}"
+            f"{_pct(row['lmcache_prefill_compute_saved'], '{:.1%}'):>15}"
+            f"{_pct(row['native_prefill_compute_saved'], '{:.1%}'):>14}"
+            f"{_pct(row['gpu_prefix_hit_rate'], '{:.1%}'):>9}"
+        )
+    lines.append(
+        "  * assumed; gain = simulated throughput gain of the recommended mode vs none "
+        '("both" reads LMCache\'s run); saved = prefill compute saved'
+    )
+    return lines
+
+
 def advice_text(d: Mapping[str, Any]) -> str:
     """Decision, simulated figures per mode, cost model, sizing, configs and notes."""
     i, c, sim = d["inputs"], d["cost_model"], d["simulated"]
@@ -83,5 +125,6 @@ def advice_text(d: Mapping[str, Any]) -> str:
     size_lines.append("Configs" if d["configs"] else "Configs: none needed for this mode")
     size_lines += [f"  {name}: {cmd}" for name, cmd in d["configs"].items()]
     notes = ["Notes"] + [f"  - {n}" for n in d["notes"]]
-    blocks = [[head], decision_lines(d), table, cost, size_lines, notes]
+    blocks = [[head], decision_lines(d), router_lines(d), table, cost, size_lines, notes]
+    blocks = [b for b in blocks if b]
     return "\n\n".join("\n".join(b) for b in blocks) + "\n"

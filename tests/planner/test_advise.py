@@ -10,7 +10,9 @@ from typing import Any
 import pytest
 
 from collector.errors import ConfigError
+from planner.advise.question import parse_scorer_weights
 from planner.advise.sim import (
+    ALT_MAX_REQUESTS,
     MAX_REQUESTS,
     SIM_GAIN_TOLERANCE,
     WARMUP_FRACTION,
@@ -154,3 +156,67 @@ def test_advise_shared_prefixes_overflowing_hbm_recommend_lmcache() -> None:
     assert a.decision.mode in ("lmcache", "both")
     assert a.sizing is not None and a.sizing.l1_size_gib is not None
     assert "lmcache_server" in a.sizing.configs and "LMCacheMPConnector" in a.sizing.configs["vllm"]
+
+
+def test_advise_issue_case_offload_gain_depends_on_the_router() -> None:
+    # kvscope issue 14: 8 Qwen3-32B TP2 engines, 45 shared 8,192-token prefixes, KV use
+    # ~16 %. Round robin brings every prefix to every engine (45 x 8k tokens do not fit one
+    # engine's HBM KV), so a shared LMCache pool saves much of the prefill; the scorer keeps
+    # each prefix on the engine that holds it and offload has little left to save.
+    w = WhatIf(
+        "qwen3-32b",
+        "h100",
+        2,
+        8704,
+        256,
+        6.0,
+        8192 / 8704,
+        engines=8,
+        prefix_tokens=45 * 8192,
+        cpu_gb=1000.0,
+        router="round_robin",
+    )
+    a = advise(w)
+    rows = {r["router"]: r for r in a.routers["rows"]}
+    assert list(rows) == ["round_robin", "least_loaded", "prefix_affinity", "scorer"]
+    assert a.routers["assumed"] == "round_robin" and a.routers["default"] is False
+    rr, sc = rows["round_robin"], rows["scorer"]
+    assert rr["kv_util_p95"] < 0.3  # light load: the issue's ~16 %
+    assert rr["recommended"] == a.decision.mode
+    assert rr["lmcache_prefill_compute_saved"] > 0.4
+    assert sc["lmcache_prefill_compute_saved"] < 0.25 * rr["lmcache_prefill_compute_saved"]
+    assert sc["gpu_prefix_hit_rate"] > rr["gpu_prefix_hit_rate"] + 0.15
+    assert rows["prefix_affinity"]["lmcache_prefill_compute_saved"] < 0.1
+    # the alternatives ran shorter, at most ALT_MAX_REQUESTS per mode
+    assert sc["duration_s"] < rr["duration_s"]
+    assert sc["duration_s"] * 6.0 * (1 - WARMUP_FRACTION) <= ALT_MAX_REQUESTS + 1
+    d = a.to_dict()
+    assert d["router"]["rows"][3]["lmcache_prefill_compute_saved"] == pytest.approx(
+        sc["lmcache_prefill_compute_saved"]
+    )
+
+
+@pytest.mark.parametrize(
+    ("change", "match"),
+    [
+        ({"router": "random"}, r"--router must be one of .*scorer"),
+        ({"scorer_weights": {"prefix": -1.0}}, r"--scorer-weights: prefix must be .*>= 0"),
+        ({"scorer_weights": {"latency": 1.0}}, r"--scorer-weights: latency: unknown key"),
+        ({"scorer_weights": {"prefix": 0, "kv": 0, "queue": 0}}, r"all 0"),
+    ],
+)
+def test_whatif_bad_router_or_weights_name_the_flag(change: dict[str, Any], match: str) -> None:
+    with pytest.raises(ConfigError, match=match):
+        dataclasses.replace(SMALL, **change).check()
+
+
+def test_parse_scorer_weights() -> None:
+    assert parse_scorer_weights("prefix=2, kv=1,queue=0.5") == {
+        "prefix": 2.0,
+        "kv": 1.0,
+        "queue": 0.5,
+    }
+    with pytest.raises(ConfigError, match=r"--scorer-weights: kv: 'x' is not a number"):
+        parse_scorer_weights("prefix=2,kv=x")
+    with pytest.raises(ConfigError, match=r"--scorer-weights: 'prefix' is not KEY=NUMBER"):
+        parse_scorer_weights("prefix")
