@@ -343,7 +343,7 @@ def fit_gain(
         tq_fine = _t_quantiles(level, ols.df(curve.gain_contrasts(fine)))
         df_at = ols.df(curve.gain_contrasts(at))
         ok = np.abs(gain) <= tq_fine * se  # Fieller acceptance set
-        points = curve.points(at, _t_quantiles(level, df_at), level)
+        points = curve.points(at, _t_quantiles(level, df_at), level, df=df_at)
     if cov_type == "CR2":
         fit = replace(
             fit,

@@ -4,6 +4,7 @@ the fitted curve with its pointwise intervals."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -29,6 +30,9 @@ class GainPoint:
     gain_interval: Interval
     relative: float
     relative_interval: Interval
+    # the degrees of freedom of the interval's t quantile (Bell–McCaffrey ν with CR2, G − 1
+    # with CR1, n − p with HC3; inf: normal): its half-width / t_ν is the gain's se
+    df: float = math.inf
 
 
 def window_weights(data: pd.DataFrame, column: str | None) -> tuple[Array | None, str]:
@@ -197,12 +201,15 @@ class GainCurve:
         var = np.einsum("ij,jk,ik->i", b, self.cov[p:, p:], b)
         return b @ self.params[p:], np.sqrt(np.maximum(var, 0.0))
 
-    def points(self, u: Array, tq: float | Array, level: float) -> tuple[GainPoint, ...]:
+    def points(
+        self, u: Array, tq: float | Array, level: float, df: float | Array = math.inf
+    ) -> tuple[GainPoint, ...]:
         """Absolute and relative gain with pointwise intervals at each u (``tq``: the t
-        critical value, one for all u or one per u)."""
+        critical value, one for all u or one per u; ``df``: its degrees of freedom)."""
         import numpy as np
 
         tq = np.broadcast_to(np.asarray(tq, dtype=np.float64), u.shape)
+        nu = np.broadcast_to(np.asarray(df, dtype=np.float64), u.shape)
         b = self.basis(u)
         none = b @ self.params[: self.p]
         gain, se = self.gain(u)
@@ -223,6 +230,7 @@ class GainCurve:
                     ),
                     relative=float(rel_l[i]),
                     relative_interval=Interval(float(lo_l[i]), float(hi_l[i]), level),
+                    df=float(nu[i]),
                 )
                 for i in range(u.size)
             )
@@ -241,6 +249,7 @@ class GainCurve:
                 gain_interval=iv(float(gain[i]), float(se[i]), float(tq[i])),
                 relative=float(rel[i]),
                 relative_interval=iv(float(rel[i]), float(se_r[i]), float(tq[i])),
+                df=float(nu[i]),
             )
             for i in range(u.size)
         )

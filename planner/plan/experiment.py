@@ -29,10 +29,24 @@ of the history, assumed to continue). As H → ∞ the se tends to
 
 Targets (two-sided level α of the fit, power 1 − β; Cohen 1988 ch. 2 for the normal form):
 
-* the gain at the current KV use excludes 0: ``se ≤ δ / (t_{n−1,1−α/2} + z_{1−β})`` with
+* the gain at the current KV use excludes 0: ``se ≤ δ / (t_{ν,1−α/2} + z_{1−β})`` with
   δ the larger of the fitted |gain| and the minimum effect of interest (log scale);
 * the break-even within ±h: the gain at u* ± h, ≈ ±|g'(u*)|·h, excludes 0 on each side, so
   δ = |g'(u*)|·h at u*, with g' the slope of the fitted gain there.
+
+Critical values: the ones the gain fit will use on the planned design (planner/fit/gain.py
+chooses the covariance by the engines in each mode): t(n − 1) with CR1 (n ≥ MIN_CLUSTERS
+engines), the normal with HC3 (fewer than 2 engines in a mode), and with CR2 (fewer than
+MIN_CLUSTERS engines) the Bell–McCaffrey ν of the gain contrast at the target's KV use,
+computed by planner.fit.cr2 on the planned design's X: the history's windows in their
+modes plus, per engine, its history's windows again in its planned mode with their
+weights scaled by H / (history hours) — the load assumed to continue. ν depends on X only
+(the working model Var(e) = σ²I), and scaling a cluster's rows by √r is the same to it as
+repeating them r times (X_g'X_g and the nonzero spectrum of H_gg agree), so this is the
+ν of H more hours of the same load. The basis is the fit's default (DEFAULT_KNOTS knots at
+quantiles of the pooled log KV use); a refit that cross-validates more knots may differ.
+ν is small when few engines are in one arm (≈ the Welch–Satterthwaite ν of two engine means,
+tests/planner/test_fit_cr2.py), so it is part of what more engines buy.
 
 The smallest design is the one with the fewest treated engine-hours (k·H) that meets every
 target; engines keep their mode (the engines already treated stay treated; the switched
@@ -43,10 +57,10 @@ conservative).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
-from planner.fit.common import fmt, t_quantile
+from planner.fit.common import MIN_CLUSTERS, fmt, t_quantile
 
 if TYPE_CHECKING:
     import numpy as np
@@ -110,6 +124,7 @@ class Design:
     targets: tuple[Target, ...]
     se_planned: tuple[float, ...]  # per target
     power: tuple[float, ...]  # per target
+    df: tuple[float, ...]  # per target: ν of the refit's t interval (inf: normal)
     noise: Noise
     kappa: tuple[float, ...]
     assumptions: tuple[str, ...]
@@ -126,13 +141,23 @@ def _z(p: float) -> float:
     return float(stats.norm.ppf(p))
 
 
-def noise_of(frame: pd.DataFrame, fit: GainFit) -> Noise | None:
-    """Window and engine noise of the fit's data (module docstring); None without data."""
+@dataclass(frozen=True, slots=True)
+class _Rows:
+    """The fit's windows inside its support: log KV use, log throughput, offload flag,
+    request weight, engine group and engine name."""
+
+    data: pd.DataFrame
+    u: Array
+    y: Array
+    d: npt.NDArray[np.bool_]
+    w: Array
+    g: npt.NDArray[np.int64]
+
+
+def _rows(frame: pd.DataFrame, fit: GainFit) -> _Rows | None:
     import numpy as np
-    import pandas as pd
 
     from planner.fit.common import engine_groups
-    from planner.fit.gain_curve import basis_matrix, knots_at
 
     need = {"kv_util", "tokens_per_s", "offload_mode", "source"}
     lo, hi = fit.support
@@ -156,7 +181,20 @@ def noise_of(frame: pd.DataFrame, fit: GainFit) -> Noise | None:
         if "requests" in data.columns
         else np.ones(len(data))
     )
-    g = engine_groups(data)
+    return _Rows(data=data, u=u, y=y, d=d, w=w, g=engine_groups(data))
+
+
+def noise_of(frame: pd.DataFrame, fit: GainFit) -> Noise | None:
+    """Window and engine noise of the fit's data (module docstring); None without data."""
+    import numpy as np
+    import pandas as pd
+
+    from planner.fit.gain_curve import basis_matrix, knots_at
+
+    rows = _rows(frame, fit)
+    if rows is None:
+        return None
+    data, u, y, d, w, g = rows.data, rows.u, rows.y, rows.d, rows.w, rows.g
     resid = np.zeros(len(data))
     for arm in (False, True):
         m = d == arm
@@ -223,13 +261,39 @@ def _log_point(fit: GainFit, u: float) -> tuple[float, float, float]:
     iv = p.relative_interval
     g = math.log1p(p.relative)
     lo, hi = math.log1p(iv.lo), math.log1p(iv.hi)
-    return p.u, g, (hi - lo) / (2.0 * _tq(fit, iv.level))
+    # the fit's own critical value at that point: t(ν) with its ν (Bell–McCaffrey with CR2)
+    return p.u, g, (hi - lo) / (2.0 * t_quantile(iv.level, _finite(p.df)))
 
 
-def _tq(fit: GainFit, level: float) -> float:
-    n_eng = sum(c for _, c in fit.engines_by_mode)
-    clustered = fit.cov_type in ("cluster", "CR2")
-    return t_quantile(level, n_eng - 1 if clustered else math.inf)
+def _finite(df: float) -> float:
+    """ν for t_quantile: a contrast with no variance (NaN ν) is taken as normal."""
+    return df if math.isfinite(df) and df > 0 else math.inf
+
+
+def planned_df(
+    rows: _Rows, history_hours: float, treated: frozenset[str], hours: float, us: list[float]
+) -> list[float]:
+    """Bell–McCaffrey ν of the gain at each KV use in ``us`` for the planned design: the
+    history's windows in their modes, then ``hours`` more of the same load with the engines
+    in ``treated`` on offload (module docstring, "Critical values")."""
+    import numpy as np
+
+    from planner.fit.cr2 import cr2
+    from planner.fit.gain_curve import basis_matrix, knots_at
+
+    src = rows.data["source"].astype(str).to_numpy()
+    xs = np.concatenate([rows.u, rows.u])
+    d = np.concatenate([rows.d, np.isin(src, sorted(treated))]).astype(float)
+    w = np.concatenate([rows.w, rows.w * (hours / history_hours)])
+    g = np.concatenate([rows.g, rows.g])
+    centre = 0.5 * (float(xs.min()) + float(xs.max()))
+    kn = knots_at(xs, KNOTS)
+    x = basis_matrix(xs, kn, centre)
+    design = np.hstack([x, x * d[:, None]]) * np.sqrt(w)[:, None]
+    bread = np.linalg.pinv(design.T @ design)
+    fitted = cr2(design, np.zeros(xs.size), g, bread)
+    b = basis_matrix(np.log(np.asarray(us, dtype=float)), kn, centre)
+    return [float(v) for v in fitted.df(np.hstack([np.zeros_like(b), b]))]
 
 
 def _slope(fit: GainFit, u: float) -> float:
@@ -289,8 +353,9 @@ def plan_experiment(
     what = needs_experiment(fit, u_now)
     if not what:
         return None
+    rows = _rows(frame, fit)
     noise = noise_of(frame, fit)
-    if noise is None:
+    if rows is None or noise is None:
         return None
     level = fit.interval.level if math.isfinite(fit.interval.level) else 0.95
     k0, c0 = len(noise.treated), len(noise.control)
@@ -298,20 +363,19 @@ def plan_experiment(
     if k0 < 1 or c0 < 1:
         return None
     z = _z(power)
-    crit = t_quantile(level, n - 1)
     targets: list[Target] = []
     notes: list[str] = []
     if "gain" in what and u_now is not None:
         u, g, se = _log_point(fit, u_now)
         delta = max(abs(g), math.log1p(min_effect))
-        targets.append(Target("gain", u, delta, se, delta / (crit + z)))
+        targets.append(Target("gain", u, delta, se, math.nan))
     if "break-even" in what:
         ub = _break_even_at(fit)
         s = _slope(fit, ub) if math.isfinite(ub) else math.nan
         if math.isfinite(s) and s > 0:
             u, _, se = _log_point(fit, ub)
             delta = s * half_width
-            targets.append(Target("break-even", u, delta, se, delta / (crit + z)))
+            targets.append(Target("break-even", u, delta, se, math.nan))
         else:
             notes.append(
                 "the break-even cannot be planned: the fitted gain has no slope to locate it by"
@@ -323,6 +387,28 @@ def plan_experiment(
     # κ: what the window part costs at this point of the curve, from the fit's own se
     kappa = tuple(max(t.se_now**2 - b_now, 0.05 * t.se_now**2) / w_now for t in targets)
     rate = noise.weight_per_engine_hour
+    # switch the busiest control engines: their load is nearest the break-even
+    busy = _busiest(frame, noise.control)
+    dfs: dict[tuple[int, float], list[float]] = {}
+
+    def df_of(k: int, h: float) -> list[float]:
+        """ν of each target's interval in the fit of the planned design (module docstring):
+        the covariance planner/fit/gain.py will choose for k of n engines on offload."""
+        if (k, h) not in dfs:
+            if k < 2 or c0 < 2 or n < 4:  # HC3: t(n − p), the normal at these sizes
+                dfs[k, h] = [math.inf] * len(targets)
+            elif n >= MIN_CLUSTERS:  # CR1
+                dfs[k, h] = [float(n - 1)] * len(targets)
+            else:  # CR2 with Bell–McCaffrey ν
+                arm = frozenset((*noise.treated, *busy[: k - k0]))
+                nus = planned_df(rows, noise.hours, arm, h, [t.u for t in targets])
+                dfs[k, h] = [_finite(v) for v in nus]
+        return dfs[k, h]
+
+    def needed(k: int, h: float) -> list[float]:
+        return [
+            t.delta / (t_quantile(level, v) + z) for t, v in zip(targets, df_of(k, h), strict=True)
+        ]
 
     def se_of(k: int, h: float) -> list[float]:
         w_t = (k0 * (noise.weight_treated + rate * h) + (k - k0) * rate * h) / k
@@ -335,7 +421,7 @@ def plan_experiment(
     for k in ks:
         for h in hours:
             ses = se_of(k, h)
-            if all(s <= t.se_needed for s, t in zip(ses, targets, strict=True)):
+            if all(s <= q for s, q in zip(ses, needed(k, h), strict=True)):
                 cand = (k * h, k, h)
                 if best is None or cand < best:
                     best = cand
@@ -346,12 +432,13 @@ def plan_experiment(
         best = (k * hours[-1], k, float(hours[-1]))
     _, k, h = best
     ses = se_of(k, h)
+    nus = df_of(k, h)
+    crits = [t_quantile(level, v) for v in nus]
+    targets = [replace(t, se_needed=q) for t, q in zip(targets, needed(k, h), strict=True)]
     pw = tuple(
-        _normal_cdf(t.delta / s - crit) + _normal_cdf(-t.delta / s - crit)
-        for s, t in zip(ses, targets, strict=True)
+        _normal_cdf(t.delta / s - q) + _normal_cdf(-t.delta / s - q)
+        for s, t, q in zip(ses, targets, crits, strict=True)
     )
-    # switch the busiest control engines: their load is nearest the break-even
-    busy = _busiest(frame, noise.control)
     switch = tuple(busy[: k - k0])
     mode = fit.offload
     floor = noise.sigma_b * math.sqrt(1.0 / k + 1.0 / max(n - k, 1))
@@ -378,8 +465,8 @@ def plan_experiment(
             )
             for t in targets
         ),
-        f"{level:.0%} intervals with t({n - 1}) (engine-clustered), power {power:.0%}; the "
-        "switched engines' earlier windows are not counted for the offload arm",
+        f"{level:.0%} intervals with {_critical_text(n, k, c0, nus)}, power {power:.0%}; "
+        "the switched engines' earlier windows are not counted for the offload arm",
         f"with unlimited hours the gain's se cannot fall below {fmt(floor)} (log) on {k} of {n} "
         "engines",
         *notes,
@@ -407,9 +494,22 @@ def plan_experiment(
         )
     return Design(
         mode=mode, engines=n, treated=k, switch=switch, hours=float(h), reachable=reachable,
-        targets=tuple(targets), se_planned=tuple(ses), power=pw, noise=noise, kappa=kappa,
-        assumptions=assumptions, text=text,
+        targets=tuple(targets), se_planned=tuple(ses), power=pw, df=tuple(nus), noise=noise,
+        kappa=kappa, assumptions=assumptions, text=text,
     )  # fmt: skip
+
+
+def _critical_text(n: int, k: int, c0: int, nus: list[float]) -> str:
+    """The critical values the refit will use, as the fit chooses them (module docstring)."""
+    if k < 2 or c0 < 2 or n < 4:
+        return "normal critical values (HC3: too few engines in a mode to cluster)"
+    if n >= MIN_CLUSTERS:
+        return f"t({n - 1}) (engine-clustered, CR1)"
+    shown = ", ".join(fmt(v) for v in nus)
+    return (
+        f"t(ν), ν = {shown} (CR2 with Bell–McCaffrey degrees of freedom of the planned "
+        f"design: {k} of {n} engines on offload)"
+    )
 
 
 def _busiest(frame: pd.DataFrame, sources: tuple[str, ...]) -> list[str]:
@@ -442,8 +542,11 @@ def design_entry(
                 "se_needed": t.se_needed,
                 "se_planned": s,
                 "power": p,
+                "df": v if math.isfinite(v) else None,
             }
-            for t, s, p in zip(design.targets, design.se_planned, design.power, strict=True)
+            for t, s, p, v in zip(
+                design.targets, design.se_planned, design.power, design.df, strict=True
+            )
         ],
         "noise": {
             "sigma_window": design.noise.sigma_w,
