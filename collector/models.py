@@ -199,8 +199,9 @@ class PackedHourRow(Base):
 
 class WindowBlockRow(Base):
     """The windows of one series of one source that start in one UTC hour, packed: ``data``
-    is collector.store_blocks.BLOCK_COLUMNS × ``n`` little-endian float64 (NaN for NULL),
-    rows in start order. A copy of ``windows`` rows for columnar reads, never the only one."""
+    is ``n`` rows (start order) of the collector.store_blocks.BLOCK_COLUMNS whose bit is set
+    in ``columns`` (the others are NULL in every row), little-endian float64, NaN for NULL.
+    A copy of ``windows`` rows for columnar reads, never the only one."""
 
     __tablename__ = "window_blocks"
     __table_args__ = (
@@ -216,6 +217,7 @@ class WindowBlockRow(Base):
     labels: Mapped[str] = mapped_column(Text, nullable=False)
     kind: Mapped[str] = mapped_column(String(16), nullable=False)
     n: Mapped[int] = mapped_column(Integer, nullable=False)
+    columns: Mapped[int] = mapped_column(Integer, nullable=False)
     data: Mapped[bytes] = mapped_column(LargeBinary, nullable=False)
 
 

@@ -89,12 +89,14 @@ def pack_hour(raw: sqlite3.Connection, source: str, hour: float) -> int:
     for key, group in itertools.groupby(rows, key=lambda r: r[0]):
         part = list(group)
         values = np.array([r[4:] for r in part], dtype="<f8")  # None -> NaN
+        present = ~np.isnan(values).all(axis=0)  # a column NULL in every row is left out
+        mask = sum(1 << i for i in np.flatnonzero(present).tolist())
         first = part[0]
-        blocks.append((source, hour, key, first[1], first[2], first[3], len(part),
-                       values.tobytes()))  # fmt: skip
+        blocks.append((source, hour, key, first[1], first[2], first[3], len(part), mask,
+                       np.ascontiguousarray(values[:, present]).tobytes()))  # fmt: skip
     raw.executemany(
-        "INSERT INTO window_blocks (source, hour, series_key, signal, labels, kind, n, data) "
-        "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+        "INSERT INTO window_blocks (source, hour, series_key, signal, labels, kind, n, columns, "
+        "data) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
         blocks,
     )
     raw.execute("INSERT INTO packed_hours (source, hour) VALUES (?, ?)", (source, hour))
@@ -222,12 +224,13 @@ def read_blocks(
     since: float | None,
     until: float | None,
     numeric: Sequence[str],
+    tail: tuple[list[Series], IntArray, dict[str, npt.NDArray[Any]]],
 ) -> tuple[list[Series], IntArray, dict[str, npt.NDArray[Any]]]:
-    """The packed windows with since <= start < until: series, each row's series code, and
-    the ``numeric`` columns (BLOCK_COLUMNS names)."""
+    """The packed windows with since <= start < until, then the rows of ``tail`` (read from
+    ``windows``): series, each row's series code, and the ``numeric`` columns."""
     import numpy as np
 
-    sql = "SELECT source, signal, kind, labels, n, data FROM window_blocks WHERE 1 = 1"
+    sql = "SELECT source, signal, kind, labels, n, columns, data FROM window_blocks WHERE 1 = 1"
     params: list[object] = []
     if signals is not None:
         sql += f" AND signal IN ({_marks(signals)})"
@@ -241,36 +244,61 @@ def read_blocks(
     if until is not None:
         sql += " AND hour < ?"
         params.append(until)
+    tail_series, tail_sid, tail_nums = tail
     ids: dict[Series, int] = {}
     codes: list[int] = []
     counts: list[int] = []
+    masks: list[int] = []
     datas: list[bytes] = []
-    for source, signal, kind, labels, n, data in raw.execute(sql, params):
+    for source, signal, kind, labels, n, mask, data in raw.execute(sql, params):
         key = (source, signal, kind, labels)
         code = ids.get(key)
         if code is None:
             code = ids[key] = len(ids)
         codes.append(code)
         counts.append(n)
+        masks.append(mask)
         datas.append(data)
-    width = len(BLOCK_COLUMNS)
-    table = np.frombuffer(b"".join(datas), dtype="<f8").reshape(-1, width)
+    n_blocks = np.asarray(counts, dtype=np.int64)
+    packed = int(n_blocks.sum())
+    total = packed + len(tail_sid)
+    nums: dict[str, npt.NDArray[Any]] = {
+        name: np.full(total, np.nan) if dtype_of(name) is np.float64 else np.zeros(total, np.int64)
+        for name in numeric
+    }
+    offsets = np.cumsum(n_blocks) - n_blocks  # each block's first row
+    by_mask = np.asarray(masks, dtype=np.int64)
+    for mask in np.unique(by_mask).tolist():
+        which = np.flatnonzero(by_mask == mask)
+        present = [i for i in range(len(BLOCK_COLUMNS)) if mask >> i & 1]
+        table = np.frombuffer(b"".join([datas[b] for b in which.tolist()]), dtype="<f8")
+        table = table.reshape(-1, len(present))
+        sizes = n_blocks[which]
+        at = np.repeat(offsets[which] - (np.cumsum(sizes) - sizes), sizes)
+        at += np.arange(len(table), dtype=np.int64)  # each packed row's place in the frame
+        for j, i in enumerate(present):
+            name = BLOCK_COLUMNS[i]
+            if name in nums:
+                nums[name][at] = table[:, j]
     del datas
-    sid = np.repeat(np.asarray(codes, dtype=np.int64), np.asarray(counts, dtype=np.int64))
-    start = table[:, 0]
-    keep = None
+    series = list(ids)
+    lut = np.empty(len(tail_series), dtype=np.int64)
+    for j, s in enumerate(tail_series):
+        code = ids.get(s)
+        if code is None:
+            code = ids[s] = len(series)
+            series.append(s)
+        lut[j] = code
+    sid = np.concatenate([np.repeat(np.asarray(codes, dtype=np.int64), n_blocks), lut[tail_sid]])
+    for name in numeric:
+        nums[name][packed:] = tail_nums[name]
     if since is not None or until is not None:
         lo = -math.inf if since is None else since
         hi = math.inf if until is None else until
-        mask = (start >= lo) & (start < hi)
-        if not mask.all():
-            keep = np.flatnonzero(mask)
-    if keep is not None:
-        sid = sid[keep]
-    nums: dict[str, npt.NDArray[Any]] = {}
-    for name in numeric:
-        column = table[:, BLOCK_COLUMNS.index(name)]
-        if keep is not None:
-            column = column[keep]
-        nums[name] = np.ascontiguousarray(column, dtype=dtype_of(name))
-    return list(ids), sid, nums
+        start = nums["start"]
+        inside = (start >= lo) & (start < hi)
+        if not inside.all():
+            keep = np.flatnonzero(inside)
+            sid = sid[keep]
+            nums = {name: values[keep] for name, values in nums.items()}
+    return series, sid, nums

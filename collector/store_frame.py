@@ -337,7 +337,6 @@ def _read_packed(
 ) -> tuple[list[Series], IntArray, dict[str, npt.NDArray[Any]]]:
     """SQLite: the packed hours' blocks (collector/store_blocks.py), then the rows of what
     no pack covers (the hours still written, or re-written since their pack)."""
-    import numpy as np
 
     raw = cast(sqlite3.Connection, conn.connection.driver_connection)
     wanted: list[str] | None = None if sources is None else sorted(set(sources))
@@ -348,9 +347,6 @@ def _read_packed(
             *conn.scalars(select(EngineRow.source).where(EngineRow.cluster_id.in_(in_cluster))),
         }
         wanted = sorted(names if wanted is None else names & set(wanted))
-    series, sid, nums = store_blocks.read_blocks(
-        raw, wanted, signals=signals, since=since, until=until, numeric=numeric
-    )
     cover = store_blocks.covered(raw, wanted, since, until)
     present = store_blocks.sources(raw)
     if wanted is not None:
@@ -359,21 +355,9 @@ def _read_packed(
     statements = store_blocks.row_statements(
         cover, present, signals=signals, since=since, until=until, numeric=numeric
     )
-    more, more_sid, more_nums = _read_rows(raw, statements, numeric)
-    if not more:
-        return series, sid, nums
-    ids = {s: i for i, s in enumerate(series)}
-    lut = np.empty(len(more), dtype=np.int64)
-    for j, s in enumerate(more):
-        code = ids.get(s)
-        if code is None:
-            code = ids[s] = len(series)
-            series.append(s)
-        lut[j] = code
-    return (
-        series,
-        np.concatenate([sid, lut[more_sid]]),
-        {c: np.concatenate([nums[c], more_nums[c]]) for c in numeric},
+    rest = _read_rows(raw, statements, numeric)
+    return store_blocks.read_blocks(
+        raw, wanted, signals=signals, since=since, until=until, numeric=numeric, tail=rest
     )
 
 
