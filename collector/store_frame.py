@@ -4,7 +4,11 @@
 ~12 M windows of 100 engines × 7 days of 1-minute windows. ``read_frame`` runs one statement
 with only the columns asked for and fills numpy arrays chunk by chunk:
 
-* SQLite: the driver's ``fetchmany``; a row names its series by one short text (series key,
+* SQLite, schema 6: the packed hours (collector/store_blocks.py): each complete source-hour
+  of a series is one BLOB of float64 read with ``numpy.frombuffer``, ~60× fewer objects
+  through the driver; only what no pack covers (the hours still written, or re-written
+  since) is read as rows, as below. ``packed=False`` reads every window as a row.
+* SQLite rows: the driver's ``fetchmany``; a row names its series by one short text (series key,
   kind, source) that is factorized per chunk, and the signal and labels come from one point
   look-up per series. The driver still makes a Python object per value: that is this
   backend's floor (1.8 µs a row of the plan's columns here, before any conversion;
