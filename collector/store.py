@@ -407,14 +407,14 @@ class Store(Inventory, PlanStore, FrameReader, HandoffStore, RetentionStore):
         raise AssertionError("unreachable")  # pragma: no cover
 
     def _pack_reached(self, newest: dict[str, float]) -> None:
-        """SQLite: pack the complete hours of the sources whose writes reached a new hour
-        (collector.store_blocks; at a source's first sight, LOOKBACK_S back)."""
+        """SQLite: pack the complete hours of the sources whose writes reached a new hour,
+        LOOKBACK_S back (collector.store_blocks): an older hour a late write unpacked too."""
         due = {}
         for source, start in newest.items():
             hour = store_blocks.hour_of(start)
             seen = self._pack_hour.get(source)
             if seen is None or hour > seen:
-                due[source] = seen if seen is not None else hour - store_blocks.LOOKBACK_S
+                due[source] = hour - store_blocks.LOOKBACK_S
                 self._pack_hour[source] = hour
         if not due:
             return

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 import sqlite3
+from dataclasses import replace
 from typing import Any
 
 import pandas as pd
@@ -101,6 +102,11 @@ def test_rewritten_window_replaces_the_packed_one(db_url: str) -> None:
             assert _count(db_url, "packed_hours") == 2 * (HOURS - 1) - 1  # e1's first hour
             assert s.pack_windows() == len(changed) * 60  # that hour packed again, whole
             assert _count(db_url, "packed_hours") == 2 * (HOURS - 1)
+            s.write_windows(changed)  # unpacked again ...
+            assert _count(db_url, "packed_hours") == 2 * (HOURS - 1) - 1
+            later = [w for w in history() if w.source == "e1" and w.start == T0 + 60.0 * 179]
+            s.write_windows([replace(w, start=w.start + BLOCK_S) for w in later])
+            assert _count(db_url, "packed_hours") == 2 * HOURS - 1  # ... packed by the next hour
         else:
             assert s.pack_windows() == 0
         _same(s)
