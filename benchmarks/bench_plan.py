@@ -15,6 +15,12 @@ would), then times in the same run:
   (PlanDetails.seconds), against the baseline plan (read_windows extrapolated + the same
   later stages).
 
+* the whole process, ``kvscope plan --since all --json``, on SQLite: with the packed hours
+  (schema 6, collector/store_blocks.py) against the same command with every read through the
+  rows (``read_frame(packed=False)``, the read path before schema 6), one after the other in
+  this run: wall and CPU of each, their ratio, and whether the two plans' JSON is identical.
+
+A cached store of an older schema is migrated first (5 -> 6 packs it; the time is printed).
 ``--postgres`` also copies the store into a throwaway PostgreSQL 15 (tests/services.py)
 and times read_frame and build_plan there. BLAS threads are pinned to one before numpy loads.
 
@@ -29,7 +35,10 @@ for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ[_var] = "1"
 
 import argparse  # noqa: E402
+import json  # noqa: E402
+import resource  # noqa: E402
 import sqlite3  # noqa: E402
+import subprocess  # noqa: E402
 import sys  # noqa: E402
 import time  # noqa: E402
 from collections.abc import Callable, Iterator  # noqa: E402
@@ -40,6 +49,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.accuracy.fitsynth import frame_to_windows, synthetic_frame  # noqa: E402
+from collector.models import SCHEMA_VERSION  # noqa: E402
 from collector.store import Store  # noqa: E402
 from collector.store_frame import CATEGORY_COLUMNS  # noqa: E402
 from planner.frames.table import PLAN_COLUMNS  # noqa: E402
@@ -111,6 +121,12 @@ def bench(url: str, sources: list[str], total_rows: int, forecast_seconds: float
              f"{base_all / wall:.1f}× baseline")  # fmt: skip
         del table
         if url.startswith("sqlite:"):
+            packed_wall = wall
+            wall, cpu, table = timed(lambda: store.read_frame(
+                signals=sorted(NEEDED_SIGNALS), columns=PLAN_COLUMNS, packed=False))  # fmt: skip
+            line("read_frame (whole store, plan columns, rows)", wall, cpu,
+                 f"{len(table):,} rows; packed hours {wall / packed_wall:.1f}× faster")  # fmt: skip
+            del table
             wall, cpu, n = timed(lambda: driver_floor(url.split(":///", 1)[1]))
             line("  of it SQLite's driver alone (no conversion)", wall, cpu,
                  f"{n:,} rows, {cpu / max(n, 1) * 1e6:.2f} µs cpu a row")  # fmt: skip
@@ -139,6 +155,64 @@ def driver_floor(path: str) -> int:
         while rows := cursor.fetchmany(65_536):
             n += len(rows)
     return n
+
+
+# `kvscope plan` with every window read through the rows, as before schema 6
+_ROWS_PLAN = (
+    "import functools, sys; from collector.store_frame import FrameReader; "
+    "FrameReader.read_frame = functools.partialmethod(FrameReader.read_frame, packed=False); "
+    "from kvscope.cli import main; sys.argv[0] = 'kvscope'; main()"
+)
+
+
+def whole_process(path: Path) -> None:
+    """``kvscope plan --since all --json`` on the store, packed reads against rows only."""
+    args = ["plan", "--db", f"sqlite:///{path}", "--since", "all", "--json"]
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    runs = {}
+    for name, cmd in (
+        ("rows (before schema 6)", [sys.executable, "-c", _ROWS_PLAN, *args]),
+        ("packed hours (schema 6)", [sys.executable, "-m", "kvscope.cli", *args]),
+    ):
+        c0 = resource.getrusage(resource.RUSAGE_CHILDREN)
+        t0 = time.perf_counter()
+        done = subprocess.run(cmd, env=env, capture_output=True, text=True, check=True)
+        wall = time.perf_counter() - t0
+        c1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+        cpu = (c1.ru_utime - c0.ru_utime) + (c1.ru_stime - c0.ru_stime)
+        runs[name] = (wall, cpu, done.stdout)
+        line(f"kvscope plan --json, {name}", wall, cpu)
+    (old_wall, old_cpu, old_json), (new_wall, new_cpu, new_json) = runs.values()
+    differs = _differs(old_json, new_json)
+    same = f"DIFFERENT at {differs}" if differs else "identical (but its own timings)"
+    verdict = "met" if new_wall <= 30 else "NOT met"
+    print(f"RESULT sqlite whole process: {new_wall:.1f} s wall / {new_cpu:.1f} s cpu against "
+          f"{old_wall:.1f} s / {old_cpu:.1f} s reading rows = {old_wall / new_wall:.2f}x wall, "
+          f"{old_cpu / new_cpu:.2f}x cpu; plan JSON {same}; target <= 30 s: {verdict}",
+          flush=True)  # fmt: skip
+
+
+_TIMINGS = {"seconds", "fit_seconds"}  # plan JSON keys timing the run itself (planner/)
+
+
+def _differs(a: str, b: str) -> list[str]:
+    """The paths (dotted keys, list indexes) where two JSON documents differ, first ten."""
+    out: list[str] = []
+
+    def walk(x: Any, y: Any, at: str) -> None:
+        if len(out) >= 10:
+            return
+        if isinstance(x, dict) and isinstance(y, dict):
+            for k in sorted((set(x) | set(y)) - _TIMINGS):
+                walk(x.get(k), y.get(k), f"{at}.{k}")
+        elif isinstance(x, list) and isinstance(y, list) and len(x) == len(y):
+            for i, (u, v) in enumerate(zip(x, y, strict=True)):
+                walk(u, v, f"{at}[{i}]")
+        elif x != y:
+            out.append(f"{at}: {str(x)[:60]} != {str(y)[:60]}")
+
+    walk(json.loads(a), json.loads(b), "")
+    return out
 
 
 def copy_to_postgres(sqlite_path: Path, url: str) -> None:
@@ -202,16 +276,28 @@ def main() -> None:
     ap.add_argument("--postgres", action="store_true", help="also time a PostgreSQL copy")
     ap.add_argument("--skip-sqlite", action="store_true", help="time PostgreSQL only")
     ap.add_argument("--forecast-seconds", type=float, default=8.0)
+    ap.add_argument("--whole-only", action="store_true", help="only the whole-process timing")
     args = ap.parse_args()
     path = args.db or Path(f"/tmp/kvscope-bench-plan-{args.engines}x{args.days:g}d-s{args.seed}.db")
     if args.rebuild or not path.exists():
         build(path, args.engines, args.days, args.seed)
+    with Store(f"sqlite:///{path}") as store:
+        old = store.schema_version()
+        if old != SCHEMA_VERSION:
+            t0 = time.perf_counter()
+            store.migrate()
+            print(f"  migrated the store {old} -> {SCHEMA_VERSION} in "
+                  f"{time.perf_counter() - t0:.0f} s", file=sys.stderr)  # fmt: skip
+    if args.whole_only:
+        whole_process(path)
+        return
     with sqlite3.connect(path) as con:
         total = int(con.execute("SELECT count(*) FROM windows").fetchone()[0])
         names = [r[0] for r in con.execute("SELECT source FROM engines ORDER BY source")]
     subset = names[: args.subset]
     print(f"store {path}: {total:,} windows of {len(names)} engines")
     if not args.skip_sqlite:
+        whole_process(path)
         bench(f"sqlite:///{path}", subset, total, args.forecast_seconds)
     if args.postgres or args.skip_sqlite:
         from tests.services import postgres

@@ -22,6 +22,7 @@ from sqlalchemy import (
     ForeignKey,
     Index,
     Integer,
+    LargeBinary,
     String,
     Text,
     UniqueConstraint,
@@ -31,7 +32,7 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 from collector.records import Labels
 
 # Bump when the schema changes and add the step to store.MIGRATIONS.
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 
 OFFLOAD_MODES = ("none", "native", "lmcache")
 TARGET_KINDS = ("vllm", "lmcache", "prometheus")
@@ -180,6 +181,44 @@ class WindowRow(Base):
     p90: Mapped[float | None] = mapped_column(Double)
     p99: Mapped[float | None] = mapped_column(Double)
     sum_delta: Mapped[float | None] = mapped_column(Double)
+
+
+class PackedHourRow(Base):
+    """One (source, UTC hour) whose windows are also kept packed in ``window_blocks``
+    (collector/store_blocks.py). A row here promises that the blocks of that hour hold every
+    window of the source that starts in it; a write into the hour deletes the row and the
+    blocks in the same transaction, so the promise never goes stale."""
+
+    __tablename__ = "packed_hours"
+    __table_args__ = (UniqueConstraint("source", "hour", name="uq_packed_hours_source_hour"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    source: Mapped[str] = mapped_column(String(500), nullable=False)
+    hour: Mapped[float] = mapped_column(Double, nullable=False)  # epoch s, a multiple of 3600
+
+
+class WindowBlockRow(Base):
+    """The windows of one series of one source that start in one UTC hour, packed: ``data``
+    is ``n`` rows (start order) of the collector.store_blocks.BLOCK_COLUMNS whose bit is set
+    in ``columns`` (the others are NULL in every row), little-endian float64, NaN for NULL.
+    A copy of ``windows`` rows for columnar reads, never the only one."""
+
+    __tablename__ = "window_blocks"
+    __table_args__ = (
+        UniqueConstraint("source", "hour", "series_key", name="uq_window_blocks_source_hour"),
+        Index("ix_window_blocks_signal_hour", "signal", "hour"),
+    )
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    source: Mapped[str] = mapped_column(String(500), nullable=False)
+    hour: Mapped[float] = mapped_column(Double, nullable=False)
+    series_key: Mapped[str] = mapped_column(String(32), nullable=False)
+    signal: Mapped[str] = mapped_column(String(200), nullable=False)
+    labels: Mapped[str] = mapped_column(Text, nullable=False)
+    kind: Mapped[str] = mapped_column(String(16), nullable=False)
+    n: Mapped[int] = mapped_column(Integer, nullable=False)
+    columns: Mapped[int] = mapped_column(Integer, nullable=False)
+    data: Mapped[bytes] = mapped_column(LargeBinary, nullable=False)
 
 
 # The headline figures of a stored plan, one column each (None: the plan could not tell).

@@ -20,6 +20,9 @@ cutoff are deleted in batches. The collector's hourly prune (:class:`Pruner`) pa
 older than the retention (at most one day longer) and no row is ever deleted one by one;
 ``kvscope db prune`` deletes exactly what is older than the cutoff.
 
+The packed hours of SQLite's columnar reads (collector.store_blocks) that start before the
+cutoff are dropped before the windows and again after them.
+
 SQLite keeps the freed pages in the file and reuses them for new rows (the file does not
 shrink; ``VACUUM`` returns them to the file system, at the cost of rewriting the file).
 PostgreSQL's autovacuum makes the dead rows of the batched deletes reusable; a BRIN index on
@@ -41,7 +44,13 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from collector import partitions
 from collector.errors import ConfigError, KvscopeError, StoreError
-from collector.models import RollupStateRow, ScrapeOutcomeRow, WindowRow
+from collector.models import (
+    PackedHourRow,
+    RollupStateRow,
+    ScrapeOutcomeRow,
+    WindowBlockRow,
+    WindowRow,
+)
 
 if TYPE_CHECKING:
     from contextlib import AbstractContextManager
@@ -111,6 +120,8 @@ class RetentionStore:
         self._require_schema()
         began = time.monotonic()
         counts = []
+        if not dry_run:
+            self._drop_packs(cutoff)
         dropped, dropped_rows = self._drop_partitions(cutoff, dry_run)
         tables = ((WindowRow, WindowRow.start), (ScrapeOutcomeRow, ScrapeOutcomeRow.started))
         for table, column in tables:
@@ -138,12 +149,22 @@ class RetentionStore:
                 if n < batch:
                     break
             counts.append(done)
+        if not dry_run:
+            self._drop_packs(cutoff)  # again: a pack made meanwhile from rows now deleted
         if not dry_run:  # states of targets no collector scrapes any more (collector.handoff)
             with self._tx(f"pruning rollup_states before {cutoff:.0f}", write=True) as conn:
                 conn.execute(delete(RollupStateRow).where(RollupStateRow.written < cutoff))
         return Pruned(
             cutoff, counts[0], counts[1], time.monotonic() - began, dry_run, len(dropped or ())
         )
+
+    def _drop_packs(self, cutoff: float) -> None:
+        """The packed hours that start before ``cutoff`` (collector.store_blocks): the hour
+        at the cutoff too, whose rows are partly deleted; it is read from its rows until
+        packed again. Dropping a pack never loses a window (the rows are the record)."""
+        with self._tx(f"pruning the packed hours before {cutoff:.0f}", write=True) as conn:
+            conn.execute(delete(PackedHourRow).where(PackedHourRow.hour < cutoff))
+            conn.execute(delete(WindowBlockRow).where(WindowBlockRow.hour < cutoff))
 
     def _drop_partitions(
         self, cutoff: float, dry_run: bool

@@ -37,7 +37,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import ArgumentError, SQLAlchemyError
 
-from collector import partitions
+from collector import partitions, store_blocks
 from collector.errors import StoreError
 from collector.handoff import HandoffStore
 from collector.inventory import Inventory
@@ -70,7 +70,19 @@ MIGRATIONS: dict[int, Callable[[Connection], None]] = {
     # 4 -> 5: on PostgreSQL, windows range-partitioned by day on start (collector.partitions);
     # SQLite's table is unchanged
     4: lambda conn: _postgresql_only(conn, lambda: partitions.partition_existing(conn)),
+    # 5 -> 6: the packed_hours and window_blocks tables (create_all() added them); on SQLite
+    # every complete hour of the store packed (collector.store_blocks), every row kept
+    5: lambda conn: _sqlite_only(conn, lambda: store_blocks.pack_all(_raw(conn))),
 }
+
+
+def _sqlite_only(conn: Connection, step: Callable[[], object]) -> None:
+    if conn.dialect.name == "sqlite":
+        step()
+
+
+def _raw(conn: Connection) -> sqlite3.Connection:
+    return cast(sqlite3.Connection, conn.connection.driver_connection)
 
 
 def _postgresql_only(conn: Connection, step: Callable[[], object]) -> None:
@@ -138,6 +150,7 @@ class Store(Inventory, PlanStore, FrameReader, HandoffStore, RetentionStore):
         self._labels_cache: dict[str, Labels] = {}
         self._upsert: dict[bool, str] = {}
         self._partitions = partitions.DayPartitions()  # PostgreSQL: the days made
+        self._pack_hour: dict[str, float] = {}  # SQLite: each source's newest hour written
         parsed = self._parse(url)
         self.dialect = parsed.get_backend_name()
         try:
@@ -357,9 +370,18 @@ class Store(Inventory, PlanStore, FrameReader, HandoffStore, RetentionStore):
 
     def _write_batch(self, sql: str, rows: list[tuple[Any, ...]]) -> int:
         if self.dialect == "sqlite":
+            newest: dict[str, float] = {}
+            for row in rows:
+                if newest.get(row[0], -math.inf) < row[4]:
+                    newest[row[0]] = row[4]
+            hour_of = store_blocks.hour_of
             with self._tx(f"writing {len(rows)} windows", write=True) as conn:
                 # executemany upserts row by row: a key repeated in a batch keeps its last row.
                 conn.exec_driver_sql(sql, rows)
+                # the packs of the hours written are no longer whole (collector.store_blocks)
+                unpacked = {(row[0], hour_of(row[4])) for row in rows}
+                store_blocks.unpack(_raw(conn), unpacked)
+            self._pack_reached(newest)
             return len(rows)
         # One statement may touch a row once: keep the last row per key.
         unique = {(row[0], row[3], row[4]): row for row in rows}
@@ -383,6 +405,32 @@ class Store(Inventory, PlanStore, FrameReader, HandoffStore, RetentionStore):
                     raise
                 self._partitions.forget(days)
         raise AssertionError("unreachable")  # pragma: no cover
+
+    def _pack_reached(self, newest: dict[str, float]) -> None:
+        """SQLite: pack the complete hours of the sources whose writes reached a new hour,
+        LOOKBACK_S back (collector.store_blocks): an older hour a late write unpacked too."""
+        due = {}
+        for source, start in newest.items():
+            hour = store_blocks.hour_of(start)
+            seen = self._pack_hour.get(source)
+            if seen is None or hour > seen:
+                due[source] = hour - store_blocks.LOOKBACK_S
+                self._pack_hour[source] = hour
+        if not due:
+            return
+        with self._tx(f"packing the windows of {len(due)} source(s)", write=True) as conn:
+            raw = _raw(conn)
+            for source, lo in sorted(due.items()):
+                store_blocks.pack_source(raw, source, lo, self._pack_hour[source])
+
+    def pack_windows(self) -> int:
+        """SQLite: pack every complete hour not packed yet (each source's newest hour stays
+        rows); return the windows packed. PostgreSQL: 0 (its reads need no packs)."""
+        self._require_schema()
+        if self.dialect != "sqlite":
+            return 0
+        with self._tx("packing windows", write=True) as conn:
+            return store_blocks.pack_all(_raw(conn))
 
     def _days(self, rows: Iterable[tuple[Any, ...]]) -> set[int]:
         """The UTC days of the rows' starts and the day after the newest (made ahead, so the

@@ -4,7 +4,11 @@
 ~12 M windows of 100 engines × 7 days of 1-minute windows. ``read_frame`` runs one statement
 with only the columns asked for and fills numpy arrays chunk by chunk:
 
-* SQLite: the driver's ``fetchmany``; a row names its series by one short text (series key,
+* SQLite, schema 6: the packed hours (collector/store_blocks.py): each complete source-hour
+  of a series is one BLOB of float64 read with ``numpy.frombuffer``, ~60× fewer objects
+  through the driver; only what no pack covers (the hours still written, or re-written
+  since) is read as rows, as below. ``packed=False`` reads every window as a row.
+* SQLite rows: the driver's ``fetchmany``; a row names its series by one short text (series key,
   kind, source) that is factorized per chunk, and the signal and labels come from one point
   look-up per series. The driver still makes a Python object per value: that is this
   backend's floor (1.8 µs a row of the plan's columns here, before any conversion;
@@ -30,12 +34,14 @@ from __future__ import annotations
 import itertools
 import json
 import operator
+import sqlite3
 from collections.abc import Iterable, Sequence
 from contextlib import AbstractContextManager
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from sqlalchemy import ColumnElement, Connection, func, or_, select
 
+from collector import store_blocks
 from collector.catalog import ENGINE_LABEL
 from collector.errors import StoreError
 from collector.models import ClusterRow, EngineRow, TargetRow, WindowRow, labels_json
@@ -63,7 +69,7 @@ FRAME_COLUMNS = ("source", "signal", "labels", "engine", "model_name", "start", 
                  "kind", "samples", "delta", "rate", "resets", "mean", "min", "max", "last",
                  "p50", "p90", "p99", "sum_delta")  # fmt: skip
 _FROM_LABELS = {"engine": ENGINE_LABEL, "model_name": "model_name"}
-_SEP = "\x1f"  # never raw in a series key (hex), a kind, or labels JSON (escapes controls)
+_SEP = store_blocks.SEP
 _CHUNK = 65_536  # rows per fetchmany (SQLite)
 _SAMPLES, _SLICE = 16, 1024  # id slices that estimate how many rows match (SQLite)
 
@@ -231,11 +237,14 @@ class FrameReader:
         until: float | None = None,
         columns: Iterable[str] | None = None,
         ordered: bool = True,
+        packed: bool = True,
     ) -> pd.DataFrame:
         """Windows with ``since <= start < until`` as one DataFrame (module docstring).
 
         Same filters as read_windows; ``columns`` picks frame columns (all by default);
         ``ordered=False`` skips the sort into read_windows' order (the rows are the same).
+        ``packed=False`` (SQLite) reads every window's row, never the packed hours: the same
+        frame, the read path before schema 6 (benchmarks/bench_plan.py's baseline).
         """
         import numpy as np
 
@@ -250,6 +259,12 @@ class FrameReader:
                 conn.exec_driver_sql("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
                 series, sid, nums = read_postgres(conn, conds, numeric)
                 ranks = pg_ranks(conn)
+            elif packed:
+                series, sid, nums = _read_packed(
+                    conn, signals=signals, sources=sources, cluster=cluster, since=since,
+                    until=until, numeric=numeric,
+                )  # fmt: skip
+                ranks = _python_ranks
             else:
                 # The index a signal or source filter would use pays only for a few rows.
                 narrow = dict(signals=signals) if signals is not None else dict(sources=sources)
@@ -304,9 +319,6 @@ def _not_indexed(sql: str) -> str:
 def _read_sqlite(
     conn: Connection, conds: list[ColumnElement[bool]], numeric: Sequence[str], *, scan: bool
 ) -> tuple[list[Series], IntArray, dict[str, npt.NDArray[Any]]]:
-    import numpy as np
-    import pandas as pd
-
     w = WindowRow
     key = (w.series_key + _SEP + w.kind + _SEP + w.source).label("k")
     stmt = select(key, *(w.__table__.c[c] for c in numeric)).where(*conds)
@@ -314,13 +326,88 @@ def _read_sqlite(
     if scan:
         sql = _not_indexed(sql)
     raw = conn.connection.driver_connection
-    cursor = raw.cursor()  # type: ignore[union-attr]
-    cursor.execute(sql, params)
+    return _read_rows(cast(sqlite3.Connection, raw), [(sql, params)], numeric)
+
+
+def _read_packed(
+    conn: Connection,
+    *,
+    signals: Sequence[str] | None,
+    sources: Sequence[str] | None,
+    cluster: str | None,
+    since: float | None,
+    until: float | None,
+    numeric: Sequence[str],
+) -> tuple[list[Series], IntArray, dict[str, npt.NDArray[Any]]]:
+    """SQLite: the packed hours' blocks (collector/store_blocks.py), then the rows of what
+    no pack covers (the hours still written, or re-written since their pack)."""
+
+    raw = cast(sqlite3.Connection, conn.connection.driver_connection)
+    wanted: list[str] | None = None if sources is None else sorted(set(sources))
+    if cluster is not None:
+        in_cluster = select(ClusterRow.id).where(ClusterRow.name == cluster)
+        names = {
+            *conn.scalars(select(TargetRow.name).where(TargetRow.cluster_id.in_(in_cluster))),
+            *conn.scalars(select(EngineRow.source).where(EngineRow.cluster_id.in_(in_cluster))),
+        }
+        wanted = sorted(names if wanted is None else names & set(wanted))
+    cover = store_blocks.covered(raw, wanted, since, until)
+    present = store_blocks.sources(raw)
+    if wanted is not None:
+        keep = set(wanted)
+        present = [s for s in present if s in keep]
+    statements = store_blocks.row_statements(
+        cover, present, signals=signals, since=since, until=until, numeric=numeric
+    )
+    rest = _read_rows(raw, statements, numeric)
+    return store_blocks.read_blocks(
+        raw, wanted, signals=signals, since=since, until=until, numeric=numeric, tail=rest
+    )
+
+
+def _read_rows(
+    raw: sqlite3.Connection, statements: Sequence[tuple[str, Any]], numeric: Sequence[str]
+) -> tuple[list[Series], IntArray, dict[str, npt.NDArray[Any]]]:
+    """Rows of ``statements`` (each: the series key text, then ``numeric``) as columns."""
+    import numpy as np
+
     width = 1 + len(numeric)  # the series key, then the numeric columns
     ids: dict[str, int] = {}
     first_start: list[float] = []
     sid_parts: list[IntArray] = []
     parts: dict[str, list[npt.NDArray[Any]]] = {c: [] for c in numeric}
+    for sql, params in statements:
+        cursor = raw.cursor()
+        cursor.execute(sql, params)
+        _chunks(cursor, width, numeric, ids, first_start, sid_parts, parts)
+        cursor.close()
+    series: list[Series] = []
+    look = "SELECT signal, labels FROM windows WHERE source = ? AND start = ? AND series_key = ?"
+    for text, start_of in zip(ids, first_start, strict=True):
+        series_key, kind, source = text.split(_SEP, 2)
+        found = raw.execute(look, (source, start_of, series_key)).fetchone()
+        if found is None:  # pragma: no cover - the row was just read in this transaction
+            raise StoreError(f"series {series_key} of {source} vanished while reading")
+        series.append((source, str(found[0]), kind, str(found[1])))
+    return (
+        series,
+        _concat(sid_parts, np.int64),
+        {c: _concat(parts[c], dtype_of(c)) for c in numeric},
+    )
+
+
+def _chunks(  # noqa: PLR0917 - the running state of _read_rows, passed along
+    cursor: sqlite3.Cursor,
+    width: int,
+    numeric: Sequence[str],
+    ids: dict[str, int],
+    first_start: list[float],
+    sid_parts: list[IntArray],
+    parts: dict[str, list[npt.NDArray[Any]]],
+) -> None:
+    import numpy as np
+    import pandas as pd
+
     while rows := cursor.fetchmany(_CHUNK):
         # One object array of the chunk, its values flattened in C (np.fromiter over the
         # chained tuples: half the cost of np.array(rows), which inspects every tuple as a
@@ -342,20 +429,6 @@ def _read_sqlite(
         parts["start"].append(start)
         for j, name in enumerate(numeric[1:], start=2):
             parts[name].append(chunk[:, j].astype(dtype_of(name)))
-    cursor.close()
-    series: list[Series] = []
-    look = "SELECT signal, labels FROM windows WHERE source = ? AND start = ? AND series_key = ?"
-    for text, start_of in zip(ids, first_start, strict=True):
-        series_key, kind, source = text.split(_SEP, 2)
-        found = raw.execute(look, (source, start_of, series_key)).fetchone()  # type: ignore[union-attr]
-        if found is None:  # pragma: no cover - the row was just read in this transaction
-            raise StoreError(f"series {series_key} of {source} vanished while reading")
-        series.append((source, str(found[0]), kind, str(found[1])))
-    return (
-        series,
-        _concat(sid_parts, np.int64),
-        {c: _concat(parts[c], dtype_of(c)) for c in numeric},
-    )
 
 
 def _concat(parts: list[npt.NDArray[Any]], dtype: Any) -> npt.NDArray[Any]:

@@ -14,7 +14,7 @@ import sqlalchemy
 
 from collector.checkpoint import Saved
 from collector.errors import ConfigError, StoreError
-from collector.models import WINDOWS_START_BRIN_DDL
+from collector.models import SCHEMA_VERSION, WINDOWS_START_BRIN_DDL
 from collector.records import ScrapeOutcome, Window
 from collector.retention import Pruned, Pruner
 from collector.store import Store
@@ -136,10 +136,10 @@ def test_postgresql_windows_have_a_brin_index_on_start_also_after_upgrade(db_url
     assert len(brin()) == 1 and WINDOWS_START_BRIN_DDL.endswith("USING brin (start)")
 
 
-def test_sqlite_windows_stay_one_table_at_schema_5(tmp_path: Path) -> None:
+def test_sqlite_windows_stay_one_table(tmp_path: Path) -> None:
     db = f"sqlite:///{tmp_path / 'k.db'}"
     with Store(db) as s:
-        assert s.migrate() == 5
+        assert s.migrate() == SCHEMA_VERSION
         s.write_windows(_windows(3))
         pruned = s.prune(NOW - 1.5 * DAY, whole_partitions=True)  # no partitions: rows deleted
         assert (pruned.windows, pruned.partitions) == (40, 0)
