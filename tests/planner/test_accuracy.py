@@ -41,11 +41,19 @@ def _check(result: CaseResult) -> list[ModeResult]:
 @pytest.mark.slow  # ~70 s of simulation: `make test-slow` (and CI) runs it
 def test_accuracy_fast_chat_cases_within_tolerance_or_cannot_tell() -> None:
     modes = [m for i in (1, 2) for m in _check(run_case(draw("test", i), FAST))]
-    # not vacuous: the truth located a break-even and the fit answered about it
+    # not vacuous: the truth located a break-even and the fit answered about the gains.
+    # With 2 engines a mode the CR2 intervals use Bell-McCaffrey degrees of freedom
+    # (planner/fit/cr2.py), and both cases' break-evens are "cannot tell" (with t(G-1)
+    # they were answered); `kvscope plan` then prints the experiment that settles it
+    # (tests/planner/test_experiment*.py). What the fit still says must hold: its gain
+    # intervals at the measured levels cover the simulator's true gain (5 of 6 here).
     assert any(m.true_u is not None for m in modes)
-    assert any(m.verdict != "undetermined" for m in modes)
-    for m in modes:
-        assert all(math.isfinite(g.true) and g.lo <= g.fitted <= g.hi for g in m.gains)
+    gains = [g for m in modes for g in m.gains]
+    assert len(gains) >= 4
+    for g in gains:
+        assert math.isfinite(g.true) and g.lo <= g.fitted <= g.hi
+    covered = sum(g.lo <= g.true <= g.hi for g in gains)
+    assert covered >= 2 * len(gains) / 3, [(g.lo, g.true, g.hi) for g in gains]
 
 
 @pytest.mark.slow
