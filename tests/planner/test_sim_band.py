@@ -5,15 +5,9 @@ a simulator change that moves the table's errors must regenerate the file
 from __future__ import annotations
 
 import json
-import sys
-from pathlib import Path
 
+from benchmarks import calibrate_sim
 from planner.advise.sim import BAND_FILE, SIM_GAIN_TOLERANCE, SIM_GAIN_TOLERANCE_REL
-
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "benchmarks"))
-
-import calibrate_sim  # noqa: E402
 
 
 def test_band_file_matches_calibration_table() -> None:
