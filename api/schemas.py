@@ -16,7 +16,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field
 
-from planner.simulate.scenario import SCORER_DEFAULTS
+from planner.advise import SCORER_DEFAULTS
 
 JsonObject = dict[str, Any]
 

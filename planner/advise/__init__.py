@@ -2,10 +2,12 @@
 
 - ``question``: the WhatIf (workload + deployment) and its checks;
 - ``sim``: the scenario a what-if becomes and one seeded simulation per mode;
-- ``whatif``: :func:`advise`, cost model + simulations -> Evidence -> decision -> sizing.
+- ``whatif``: :func:`advise`, cost model + simulations -> Evidence -> decision -> sizing;
+- ``SCORER_DEFAULTS``: the scorer router's default weights (llm-d), for the API's schema.
 """
 
 from planner.advise.question import WhatIf
 from planner.advise.whatif import Advice, advise
+from planner.simulate.scenario import SCORER_DEFAULTS
 
-__all__ = ["Advice", "WhatIf", "advise"]
+__all__ = ["SCORER_DEFAULTS", "Advice", "WhatIf", "advise"]
