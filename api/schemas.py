@@ -327,6 +327,8 @@ class ScorerWeightsIn(_Request):
     prefix: float = Field(SCORER_DEFAULTS["prefix"], ge=0, le=1000, examples=[3.0])
     kv: float = Field(SCORER_DEFAULTS["kv"], ge=0, le=1000, examples=[2.0])
     queue: float = Field(SCORER_DEFAULTS["queue"], ge=0, le=1000, examples=[2.0])
+    no_hit_lru: float = Field(SCORER_DEFAULTS["no_hit_lru"], ge=0, le=1000, examples=[2.0])
+    cpu_prefix: float = Field(SCORER_DEFAULTS["cpu_prefix"], ge=0, le=1000, examples=[0.0])
 
 
 class WhatIfIn(_Request):

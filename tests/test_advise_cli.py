@@ -89,9 +89,13 @@ def test_advise_cli_scorer_router_text_matches_json() -> None:
     assert text.exit_code == 0 and js.exit_code == 0, (text.exception, js.exception)
     d = json.loads(js.stdout)
     assert d["router"]["assumed"] == "scorer" and d["router"]["default"] is False
-    assert d["router"]["scorer_weights"] == {"prefix": 2.0, "kv": 1.0, "queue": 1.0}
-    assert d["scenario"]["cluster"]["scorer"] == {"prefix": 2.0, "kv": 1.0, "queue": 1.0}
-    assert "Router assumed: scorer (--router; weights prefix=2, kv=1, queue=1)" in text.stdout
+    weights = {"prefix": 2.0, "kv": 1.0, "queue": 1.0, "no_hit_lru": 2.0, "cpu_prefix": 0.0}
+    assert d["router"]["scorer_weights"] == weights
+    assert d["scenario"]["cluster"]["scorer"] == weights
+    assert (
+        "Router assumed: scorer (--router; weights prefix=2, kv=1, queue=1, no_hit_lru=2, "
+        "cpu_prefix=0)" in text.stdout
+    )
     lines = text.stdout.splitlines()
     for row in d["router"]["rows"]:
         mark = " *" if row["router"] == "scorer" else ""

@@ -8,6 +8,6 @@
 
 from planner.advise.question import WhatIf
 from planner.advise.whatif import Advice, advise
-from planner.simulate.scenario import SCORER_DEFAULTS
+from planner.simulate.router_spec import SCORER_DEFAULTS
 
 __all__ = ["SCORER_DEFAULTS", "Advice", "WhatIf", "advise"]

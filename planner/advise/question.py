@@ -9,7 +9,8 @@ from collector.errors import ConfigError
 from planner.deploy import configs
 from planner.model import costmodel
 from planner.model.hardware import get_gpu, get_model
-from planner.simulate.scenario import ROUTERS, SCORER_DEFAULTS, SCORER_KEYS
+from planner.simulate.router_spec import SCORER_DEFAULTS, SCORER_KEYS
+from planner.simulate.scenario import ROUTERS
 
 __all__ = ["DEFAULT_ROUTER", "WhatIf", "parse_scorer_weights"]
 
@@ -92,7 +93,9 @@ class WhatIf:
             if not (math.isfinite(weight) and weight >= 0):
                 raise ConfigError(f"--scorer-weights: {key} must be a number >= 0, got {weight!r}")
         if not any(self.scorer_config().values()):
-            raise ConfigError("--scorer-weights: prefix, kv and queue are all 0: nothing to score")
+            raise ConfigError(
+                f"--scorer-weights: {', '.join(SCORER_KEYS)} are all 0: nothing to score"
+            )
         try:
             configs.parse_vllm_version(self.vllm_version)
             model, gpu = get_model(self.model), get_gpu(self.gpu)

@@ -38,7 +38,7 @@ def router_lines(d: Mapping[str, Any]) -> list[str]:
     how = "the default: --router not given" if r["default"] else "--router"
     if assumed == "scorer":
         w = r["scorer_weights"]
-        how += f"; weights prefix={w['prefix']:g}, kv={w['kv']:g}, queue={w['queue']:g}"
+        how += "; weights " + ", ".join(f"{k}={v:g}" for k, v in w.items())
     lines = [f"Router assumed: {assumed} ({how})"]
     rows = r["rows"]
     if len(rows) > 1:

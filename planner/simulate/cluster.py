@@ -31,12 +31,12 @@ from typing import Any, cast
 from collector.errors import ConfigError
 from planner.simulate.content import ContentTree
 from planner.simulate.engine import IDLE, Engine, StepCost
-from planner.simulate.kvcache import leading_cached
 from planner.simulate.lmcache import LMCacheConnector, LMCachePool
 from planner.simulate.offload import Connector, NativeOffload
 from planner.simulate.request import Req
 from planner.simulate.results import SimResult, summarize
-from planner.simulate.scenario import ClusterSpec, Scenario
+from planner.simulate.router import Router
+from planner.simulate.scenario import Scenario
 from planner.simulate.telemetry import (
     SERVED_BUFFER,
     EngineSnapshot,
@@ -51,90 +51,6 @@ ARRIVAL, ENGINE, LOOP = 0, 1, 2
 # A sparse content tree is pruned once this many nodes (or as many as the last pruning kept,
 # if more) were created since: amortised O(1) per node, held <= 2 x live + this.
 PRUNE_MIN_NODES = 16_384
-
-
-class Router:
-    """round_robin | least_loaded (fewest running + waiting) | prefix_affinity (hash of the
-    request's shared-prefix key: group, session, first document) | scorer (below)."""
-
-    def __init__(self, policy: str, engines: list[Engine], spec: ClusterSpec) -> None:
-        self.policy = policy
-        self.engines = engines
-        self.n = len(engines)
-        self._next = 0
-        self.weights = spec.scorer_weights
-        self.bs = spec.block_size
-        # the KV stores a scorer's prefix match looks in, per engine: HBM (when prefix caching
-        # is on) and the engine's own CPU tier (native offload, or an LMCache pool of this
-        # engine alone); a pool shared by several engines does not tell them apart
-        self._stores: list[tuple[Any, ...]] = []
-        for e in engines:
-            hbm = e.pool.cached if spec.enable_prefix_caching else None
-            cpu: Any = None
-            unit = self.bs
-            if isinstance(e.conn, NativeOffload):
-                cpu = e.conn.pool.cached
-            elif isinstance(e.conn, LMCacheConnector) and len(e.conn.pool.engines) == 1:
-                cpu, unit = e.conn.pool.l1.cached, e.conn.cs
-            self._stores.append((e, e.pool, hbm, cpu, unit))
-
-    def pick(self, req: Req) -> Engine:
-        if self.policy == "round_robin":
-            eng = self.engines[self._next]
-            self._next = (self._next + 1) % self.n
-            return eng
-        if self.policy == "least_loaded":
-            return min(self.engines, key=lambda e: (e.load_estimate(), e.idx))
-        if self.policy == "scorer":
-            return self._score(req)
-        key = (req.affinity * 2654435761) & 0xFFFFFFFF  # Knuth multiplicative hash
-        return self.engines[key % self.n]
-
-    def _score(self, req: Req) -> Engine:
-        """llm-d's default scheduling profile: the weighted sum of prefix-cache-scorer
-        (matched / total prompt blocks), kv-cache-utilization-scorer (1 - KV use) and
-        queue-scorer ((max - waiting) / (max - min) waiting over the engines, 1.0 when all
-        are equal), the highest wins (llm-d-inference-scheduler,
-        pkg/epp/framework/plugins/scheduling/scorer/{prefix/plugin.go,
-        kvcacheutilization/kvcache_utilization.go, queuedepth/queue.go}; default weights from
-        config/charts/epplib/templates/_config.yaml [source: llm-d-inference-scheduler-config]).
-        Ties (llm-d picks one at random) go to the first engine from a start that rotates
-        with every request, so a run stays a function of its seed."""
-        w_p, w_kv, w_q = self.weights
-        bs = self.bs
-        limit = (req.prompt_len - 1) // bs  # blocks a hit can cover (vLLM recomputes the last)
-        waits = [len(e.waiting) + len(e.loading) for e in self.engines]  # vLLM num_waiting
-        hi = max(waits)
-        span = hi - min(waits)
-        path = req.path
-        n0 = path[0]
-        start_n = self.n
-        best: Engine | None = None
-        best_s = -1.0
-        first = self._next
-        self._next = (first + 1) % start_n
-        for j in range(start_n):
-            i = first + j
-            if i >= start_n:
-                i -= start_n
-            eng, pool, hbm, cpu, unit = self._stores[i]
-            score = w_q * (hi - waits[i]) / span if span else w_q
-            if w_kv:
-                score += w_kv * (1.0 - (pool.pinned_total + pool.private_total) / pool.total)
-            if w_p and limit > 0:
-                got = 0  # (a first segment held nowhere, e.g. a unique prompt, matches 0)
-                if hbm and n0 in hbm:
-                    got = leading_cached(path, pool.start, pool.end, hbm, unit=bs, limit=limit)
-                if cpu and got < limit and n0 in cpu:
-                    ext = leading_cached(
-                        path, pool.start, pool.end, cpu, unit=unit, limit=limit * bs // unit
-                    )
-                    got = max(got, ext * unit // bs)
-                score += w_p * got / limit
-            if score > best_s:
-                best, best_s = eng, score
-        assert best is not None
-        return best
 
 
 class Simulation:

@@ -10,12 +10,14 @@ from typing import Any, Protocol
 from planner.simulate.engine import Engine
 from planner.simulate.scenario import Scenario
 from planner.simulate.telemetry import LMCacheSnapshot
+from planner.simulate.workload import Workload
 
 
 class FinishedRun(Protocol):
     """What a summary reads of a run (planner.simulate.cluster.Simulation provides it)."""
 
     scenario: Scenario
+    workload: Workload
     heap: list[tuple[float, int, int, object, int]]
     end_time: float
     last_event: float
@@ -141,6 +143,8 @@ def summarize(sim: FinishedRun) -> SimResult:
         "events": sim.events,
         "wall_s": round(sim.wall_s, 3),
     }
+    if sc.workload.stages:
+        summary["stages"] = _stage_rows(sim)
     per_engine = tuple(_engine_row(e, done, window, t1) for e in engines)
     pools = tuple(
         {
@@ -174,6 +178,42 @@ def summarize(sim: FinishedRun) -> SimResult:
         [{"key": p.key, "value": p.value, "source": p.source} for p in sc.params] + derived
     )
     return SimResult(summary, per_engine, pools, params)
+
+
+def _stage_rows(sim: FinishedRun) -> list[dict[str, Any]]:
+    """One row per stage of a rate ramp, as inference-perf's per-stage report: the stage's own
+    requests (by request id), throughput over their span (first arrival to last finish)."""
+    wl, stages = sim.workload, sim.scenario.workload.stages
+    bounds = [*wl.stage_first_rid, wl.issued]
+    rows: list[dict[str, Any]] = []
+    for k, start in enumerate(wl.stage_starts):
+        lo, hi = bounds[k], bounds[k + 1]
+        mine = [c for c in sim.completed if lo <= c[6] < hi]
+        span = max(c[2] for c in mine) - min(c[0] for c in mine) if mine else math.nan
+        ttft = sorted(c[1] - c[0] for c in mine)
+        e2e = sorted(c[2] - c[0] for c in mine)
+        prompt, output = sum(c[3] for c in mine), sum(c[4] for c in mine)
+        rows.append(
+            {
+                "stage": k,
+                "qps": stages[k].qps,
+                "duration_s": stages[k].duration_s,
+                "started_s": _clean(start),
+                "requests": hi - lo,
+                "completed_requests": len(mine),
+                "span_s": _clean(span),
+                "total_tokens_per_s": _clean(_ratio(prompt + output, span) if mine else math.nan),
+                "input_tokens_per_s": _clean(_ratio(prompt, span) if mine else math.nan),
+                "ttft_mean_s": _clean(_mean(ttft)),
+                "ttft_p90_s": _clean(_quantile(ttft, 0.9)),
+                "e2e_mean_s": _clean(_mean(e2e)),
+                "e2e_p90_s": _clean(_quantile(e2e, 0.9)),
+                "tpot_mean_s": _clean(
+                    _mean([(c[2] - c[1]) / (c[4] - 1) for c in mine if c[4] > 1])
+                ),
+            }
+        )
+    return rows
 
 
 def _offload_label(modes: tuple[str, ...]) -> str:

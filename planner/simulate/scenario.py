@@ -10,7 +10,7 @@ planner/simulate/PARAMETERS.md; `Scenario.params` lists each value used and its 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -25,17 +25,13 @@ from planner.simulate.connector_spec import (
     parse_lmcache,
     parse_native,
 )
+from planner.simulate.router_spec import ScorerSpec, parse_scorer
 from planner.simulate.spec import Param, Section
 from planner.simulate.workload_spec import WorkloadSpec, parse_workload
 
 GB = 1e9
 OFFLOAD_MODES = ("none", "native", "lmcache")
 ROUTERS = ("round_robin", "least_loaded", "prefix_affinity", "scorer")
-# The scorer router's weights (cluster.scorer.<key>): the default of llm-d's inference
-# scheduler, whose default scheduling profile scores queue-scorer 2, kv-cache-utilization-scorer
-# 2, prefix-cache-scorer 3 [source: llm-d-inference-scheduler-config]
-SCORER_KEYS = ("prefix", "kv", "queue")
-SCORER_DEFAULTS = {"prefix": 3.0, "kv": 2.0, "queue": 2.0}
 SCOPES = ("engine", "node", "cluster")
 # The scenario's top-level keys; a bare sweep key outside them names a cluster or workload key.
 TOP_LEVEL_KEYS = frozenset({"cluster", "workload", "duration_s", "seed", "warmup_s", "name"})
@@ -89,10 +85,6 @@ SRC_RESUME = (
     "to `running` (FCFS preemption pops the last)"
 )
 RESUME_ORDERS = ("append", "in_place")
-SRC_SCORER = (
-    "default: llm-d inference scheduler's default profile (prefix-cache-scorer 3, "
-    "kv-cache-utilization-scorer 2, queue-scorer 2) [source: llm-d-inference-scheduler-config]"
-)
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,8 +118,8 @@ class ClusterSpec:
     # behind everything admitted while it loaded, so the first preemption victim) or
     # "in_place" (a what-if: the place it would have had, admitted when its load began)
     resume_after_load: str = "append"
-    # router "scorer": weights of (prefix-cache match, KV free fraction, queue score)
-    scorer_weights: tuple[float, float, float] = (3.0, 2.0, 2.0)
+    # router "scorer": its weights and prefix indexes (router_spec.py)
+    scorer: ScorerSpec = field(default_factory=ScorerSpec)
 
     @property
     def engines_per_node(self) -> int:
@@ -269,7 +261,7 @@ def _parse_cluster(sec: Section) -> ClusterSpec:
         "step_overhead_s", costmodel.DEFAULT_STEP_OVERHEAD_S, low=0.0, source=SRC_OVERHEAD
     )
     router = sec.choice("router", "round_robin", ROUTERS, source="default: round_robin")
-    weights = _scorer_weights(sec, router)
+    scorer = parse_scorer(sec, router)
     resume = sec.choice("resume_after_load", "append", RESUME_ORDERS, source=SRC_RESUME)
     prefix = sec.boolean("enable_prefix_caching", True, source="default: vLLM v1 enables it")
     offload = sec.choice("offload", "none", OFFLOAD_MODES, source="default: no offload")
@@ -310,25 +302,8 @@ def _parse_cluster(sec: Section) -> ClusterSpec:
         kv_bytes_per_token_engine=costmodel.kv_bytes_per_token_engine(model),
         max_model_len=max_len,
         resume_after_load=resume,
-        scorer_weights=weights,
+        scorer=scorer,
     )
-
-
-def _scorer_weights(sec: Section, router: str) -> tuple[float, float, float]:
-    """cluster.scorer: {prefix, kv, queue} weights, >= 0 and not all 0; only with router
-    scorer (recorded only then, so other routers' parameter lists are unchanged)."""
-    if router != "scorer":
-        if sec.has("scorer"):
-            raise sec.fail("scorer", f"applies only with router: scorer (router is {router})")
-        sec.raw("scorer")
-        d = SCORER_DEFAULTS
-        return (d["prefix"], d["kv"], d["queue"])
-    s = sec.section("scorer")
-    p, kv, q = (s.number(k, SCORER_DEFAULTS[k], low=0.0, source=SRC_SCORER) for k in SCORER_KEYS)
-    s.finish()
-    if p == 0 and kv == 0 and q == 0:
-        raise sec.fail("scorer", "the weights prefix, kv and queue are all 0: nothing to score by")
-    return (p, kv, q)
 
 
 def _max_model_len(sec: Section, model: Model, kv_tokens: int) -> int:

@@ -17,6 +17,11 @@ on after it; new ones get new ids) and closed-loop clients (in flight across the
 those a ``num_requests`` cap had stopped start again). ``num_requests``, a finite
 shared-prefix dataset (re-shuffled) and a trace replay (shifted by the loop's start; records at
 or after ``period`` are never sent) apply per loop.
+
+Stages (a rate ramp, workload_spec.py): one pass, not with looping. Stage k issues its
+int(qps·duration_s) requests; when the last of them has finished (or been refused), stage
+k+1 starts `stage_gap_s` later. ``stage_starts`` / ``stage_first_rid`` record where each
+stage began, for the per-stage summary.
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ import math
 import random
 from collections.abc import Iterator
 
+from collector.errors import ConfigError
 from planner.simulate.content import ContentTree
 from planner.simulate.request import Req
 from planner.simulate.workload_spec import WorkloadSpec
@@ -66,6 +72,15 @@ class Workload:
         self._questions: dict[tuple[int, int], int] = {}
         self._cdf: list[float] = []
         self._trace_i = 0
+        self._rate = spec.qps if spec.qps is not None else 0.0  # open-loop arrivals per second
+        self._items: list[tuple[int, int]] = []  # a finite shared-prefix dataset, in order
+        self._stage = -1  # the current stage of a ramp (-1: none yet / no ramp)
+        self._stage_left = 0  # requests the current stage has still to issue
+        self._stage_open = 0  # issued and not finished
+        self.stage_starts: list[float] = []
+        self.stage_first_rid: list[int] = []
+        if spec.stages and period is not None:
+            raise ConfigError("workload.stages: a rate ramp runs once; it cannot loop")
         if spec.kind == "shared_prefix":
             self._init_shared_prefix()
         elif spec.kind == "rag":
@@ -83,6 +98,8 @@ class Workload:
     # --- arrival hooks ----------------------------------------------------------------------
     def initial(self) -> list[Req]:
         spec = self.spec
+        if spec.stages:
+            return [self._start_stage(0.0)]
         if spec.kind == "trace":
             first = self._from_trace()
             return [first] if first else []
@@ -108,6 +125,10 @@ class Workload:
         looping one stops at the end of its loop (next_loop starts the next)."""
         if self.spec.kind == "trace":
             return self._from_trace()
+        if self.spec.stages:
+            if not self._stage_left:
+                return None
+            return self._fresh(self._next_open_time(req.arrival), -1)
         if self.spec.qps is None or req.turn > 0:
             return None
         t = self.offset + self._next_open_time(req.arrival - self.offset)
@@ -117,6 +138,11 @@ class Workload:
 
     def after_completion(self, req: Req, t: float) -> Req | None:
         spec = self.spec
+        if spec.stages:
+            self._stage_open -= 1
+            if self._stage_left or self._stage_open or self._stage + 1 >= len(spec.stages):
+                return None
+            return self._start_stage(t + spec.stage_gap_s)  # the stage has drained
         if spec.kind == "multi_turn" and req.turn + 1 < spec.turns:
             nxt = self._next_turn(req, t + spec.think_time_s)
         elif spec.concurrency is not None and spec.kind != "trace":
@@ -167,28 +193,45 @@ class Workload:
         out.extend(self._questions.values())
         return out
 
+    def _start_stage(self, t: float) -> Req:
+        """Stage k+1 of a ramp starts at t: its rate, its count and (restart) the dataset."""
+        spec = self.spec
+        self._stage += 1
+        stage = spec.stages[self._stage]
+        self._rate, self._stage_left = stage.qps, stage.requests
+        self.stage_starts.append(t)
+        self.stage_first_rid.append(self.issued)
+        if self._items and (spec.stage_dataset == "restart" or self._stage == 0):
+            self._dataset = itertools.cycle(self._items)  # a ramp cycles a finite dataset
+        req = self._fresh(self._next_open_time(t), -1)
+        assert req is not None  # a stage sends >= 1 request (workload_spec._stages)
+        return req
+
     # --- arrival processes -------------------------------------------------------------------
     def _next_open_time(self, t: float) -> float:
         spec, rng = self.spec, self.rng_arrival
-        assert spec.qps is not None
+        rate = self._rate
         if spec.arrival == "poisson":
-            return t + rng.expovariate(spec.qps)
+            return t + rng.expovariate(rate)
         if spec.arrival == "bursty":
             shape = spec.burstiness
-            return t + rng.gammavariate(shape, 1.0 / (spec.qps * shape))
-        import math
-
-        peak = spec.qps * (1.0 + spec.diurnal_amplitude)
+            return t + rng.gammavariate(shape, 1.0 / (rate * shape))
+        peak = rate * (1.0 + spec.diurnal_amplitude)
         while True:  # thinning (Lewis & Shedler) of a sinusoidal rate
             t += rng.expovariate(peak)
-            rate = spec.qps * (
+            now = rate * (
                 1.0 + spec.diurnal_amplitude * math.sin(2.0 * math.pi * t / spec.diurnal_period_s)
             )
-            if rng.random() * peak <= rate:
+            if rng.random() * peak <= now:
                 return t
 
     # --- request construction ----------------------------------------------------------------
     def _count(self) -> bool:
+        if self._stage >= 0:  # a ramp: the stage's own count
+            self._stage_left -= 1
+            self._stage_open += 1
+            self.issued += 1
+            return True
         cap = self.spec.num_requests
         if cap is not None and self._loop_issued >= cap:
             self.exhausted = True
@@ -247,6 +290,7 @@ class Workload:
         items = [(g, i) for g in range(spec.groups) for i in range(spec.prompts_per_group)]
         if spec.order == "shuffled":
             self.rng_pick.shuffle(items)
+        self._items = items
         self._dataset = itertools.cycle(items) if spec.repeat else iter(items)
 
     def _shared_prefix(self, t: float, client: int) -> Req | None:

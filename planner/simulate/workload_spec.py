@@ -9,7 +9,13 @@ Arrivals: `concurrency: N` is a closed loop (N clients, each sends its next requ
 previous one completes, after `think_time_s`); `qps: R` is an open loop with
 `arrival: poisson | bursty | diurnal` (bursty = gamma inter-arrival times with shape
 `burstiness` < 1, as vLLM's benchmark_serving --burstiness; diurnal = a sinusoidal rate
-qps·(1 + amplitude·sin(2πt/period)) by thinning).
+qps·(1 + amplitude·sin(2πt/period)) by thinning). `stages: [{qps, duration_s}, ...]` is a
+rate ramp as inference-perf runs one (kubernetes-sigs/inference-perf,
+inference_perf/loadgen/load_generator.py `run_stage`): stage k sends int(qps·duration_s)
+requests at Poisson (or bursty) times, waits until every one of them has finished, then
+`stage_gap_s` idle seconds (its `load.interval`) before the next stage; a finite dataset is
+cycled and, with `stage_dataset: restart` (inference-perf: request numbers start at 0 in
+every stage), every stage starts again from its first item.
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ from collector.errors import ConfigError
 from planner.simulate.spec import Param, Section
 
 KINDS = ("synthetic", "shared_prefix", "multi_turn", "rag", "trace")
+STAGED_KINDS = ("synthetic", "shared_prefix", "rag")  # one request per arrival, no follow-ups
 ARRIVALS = ("poisson", "bursty", "diurnal")
 DISTS = ("fixed", "uniform", "normal", "lognormal", "exponential")
 
@@ -78,6 +85,18 @@ class TraceRecord:
 
 
 @dataclass(frozen=True, slots=True)
+class Stage:
+    """One step of a rate ramp: `requests` = int(qps · duration_s) open-loop arrivals."""
+
+    qps: float
+    duration_s: float
+
+    @property
+    def requests(self) -> int:
+        return int(self.qps * self.duration_s)  # inference-perf: int(rate * duration)
+
+
+@dataclass(frozen=True, slots=True)
 class WorkloadSpec:
     kind: str
     concurrency: int | None  # closed loop when set
@@ -103,6 +122,9 @@ class WorkloadSpec:
     doc_tokens: int
     docs_per_request: int
     trace: tuple[TraceRecord, ...]
+    stages: tuple[Stage, ...] = ()
+    stage_gap_s: float = 0.0
+    stage_dataset: str = "restart"
 
 
 def min_request_tokens(spec: WorkloadSpec) -> int:
@@ -165,16 +187,25 @@ def parse_workload(sec: Section, base_dir: Path | None) -> WorkloadSpec:
         sec.params.append(Param(sec.key("qps"), qps, "scenario"))
     else:
         sec.raw("qps")
-    if kind == "trace":
+    stages = _stages(sec)
+    if kind == "trace" and (conc is not None or qps is not None):
+        raise sec.fail(
+            "concurrency" if conc is not None else "qps", "a trace replays its own arrival times"
+        )
+    if stages:
+        if kind not in STAGED_KINDS:
+            raise sec.fail("stages", f"a rate ramp needs kind {', '.join(STAGED_KINDS)}")
         if conc is not None or qps is not None:
             raise sec.fail(
                 "concurrency" if conc is not None else "qps",
-                "a trace replays its own arrival times",
+                "stages set the rate of each step: give no qps or concurrency with them",
             )
-    elif (conc is None) == (qps is None):
+    elif kind != "trace" and (conc is None) == (qps is None):
         raise sec.fail("concurrency", "give exactly one of concurrency (closed loop) or qps")
     arrival = sec.choice("arrival", "poisson", ARRIVALS, source="default: poisson")
-    if arrival != "poisson" and qps is None:
+    if stages and arrival == "diurnal":
+        raise sec.fail("arrival", "a stage's rate is constant: poisson or bursty")
+    if arrival != "poisson" and qps is None and not stages:
         raise sec.fail("arrival", "needs qps (open loop)")
     burst = sec.number(
         "burstiness",
@@ -191,6 +222,24 @@ def parse_workload(sec: Section, base_dir: Path | None) -> WorkloadSpec:
     amp = sec.number("diurnal_amplitude", 0.5, low=0.0, high=1.0, source="default: ±50 %")
     think = sec.number("think_time_s", 0.0, low=0.0, source="default: no think time")
     num = sec.optional_integer("num_requests", source="default: unlimited (duration-bound)")
+    if num is not None and stages:
+        raise sec.fail("num_requests", "each stage sends int(qps x duration_s) requests")
+    gap, stage_dataset = 0.0, "restart"
+    if stages:  # recorded only with stages, so other workloads' parameter lists are unchanged
+        gap = sec.number(
+            "stage_gap_s", 0.0, low=0.0, source="default: 0 (inference-perf load.interval)"
+        )
+        stage_dataset = sec.choice(
+            "stage_dataset",
+            "restart",
+            ("restart", "continue"),
+            source="default: restart (inference-perf numbers each stage's requests from 0)",
+        )
+    else:
+        for key in ("stage_gap_s", "stage_dataset"):
+            if sec.has(key):
+                raise sec.fail(key, "applies only with stages")
+            sec.raw(key)
     need_prompt = kind == "synthetic"
     prompt = _length(sec, "prompt_tokens", None if need_prompt else 1)
     output = _length(sec, "output_tokens", 256)
@@ -252,7 +301,28 @@ def parse_workload(sec: Section, base_dir: Path | None) -> WorkloadSpec:
         doc_tokens,
         k_docs,
         trace,
+        stages,
+        gap,
+        stage_dataset,
     )
+
+
+def _stages(sec: Section) -> tuple[Stage, ...]:
+    value = sec.raw("stages")
+    if value is None:
+        return ()
+    if not isinstance(value, list) or not value:
+        raise sec.fail("stages", "must be a non-empty list of {qps, duration_s}")
+    out: list[Stage] = []
+    for i, item in enumerate(value):
+        sub = Section(item, f"{sec.key('stages')}[{i}]", sec.where, sec.params)
+        qps = sub.number("qps", required=True, low=0.0, low_open=True)
+        duration = sub.number("duration_s", required=True, low=0.0, low_open=True)
+        sub.finish()
+        if int(qps * duration) < 1:
+            raise sub.fail("qps", f"qps x duration_s must be >= 1 request, got {qps * duration:g}")
+        out.append(Stage(qps, duration))
+    return tuple(out)
 
 
 def load_trace(path: Path, time_scale: float = 1.0) -> tuple[TraceRecord, ...]:

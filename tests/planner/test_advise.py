@@ -205,7 +205,7 @@ def test_advise_issue_case_offload_gain_depends_on_the_router() -> None:
         ({"router": "random"}, r"--router must be one of .*scorer"),
         ({"scorer_weights": {"prefix": -1.0}}, r"--scorer-weights: prefix must be .*>= 0"),
         ({"scorer_weights": {"latency": 1.0}}, r"--scorer-weights: latency: unknown key"),
-        ({"scorer_weights": {"prefix": 0, "kv": 0, "queue": 0}}, r"all 0"),
+        ({"scorer_weights": {"prefix": 0, "kv": 0, "queue": 0, "no_hit_lru": 0}}, r"all 0"),
     ],
 )
 def test_whatif_bad_router_or_weights_name_the_flag(change: dict[str, Any], match: str) -> None:

@@ -13,6 +13,7 @@ from collector.errors import ConfigError
 from planner.simulate.cluster import Simulation
 from planner.simulate.engine import Engine
 from planner.simulate.request import Req
+from planner.simulate.router_spec import ScorerSpec
 from planner.simulate.scenario import parse_scenario
 
 
@@ -90,7 +91,14 @@ def test_scorer_without_prefix_weight_balances_load() -> None:
         ({"prefix": -1}, "scorer", r"cluster\.scorer\.prefix: must be >= 0, got -1"),
         ({"kv": "x"}, "scorer", r"cluster\.scorer\.kv: must be a number"),
         ({"latency": 1}, "scorer", r"cluster\.scorer\.latency: unknown key"),
-        ({"prefix": 0, "kv": 0, "queue": 0}, "scorer", r"cluster\.scorer: .*all 0"),
+        (
+            {"prefix": 0, "kv": 0, "queue": 0, "no_hit_lru": 0},
+            "scorer",
+            r"cluster\.scorer: the weights prefix, kv, queue, no_hit_lru, cpu_prefix are all 0",
+        ),
+        ({"prefix_index": "kv_events"}, "scorer", r"cluster\.scorer\.prefix_index: must be one"),
+        ({"max_prefix_blocks": 0}, "scorer", r"cluster\.scorer\.max_prefix_blocks: must be >= 1"),
+        ({"cpu_index_blocks": 2.5}, "scorer", r"cluster\.scorer\.cpu_index_blocks: must be an int"),
         ({"prefix": 1}, "round_robin", r"cluster\.scorer: applies only with router: scorer"),
     ],
 )
@@ -102,9 +110,67 @@ def test_scorer_bad_weights_name_the_key(scorer: dict[str, Any], router: str, ma
 
 def test_scorer_weights_default_to_llm_d_and_are_listed() -> None:
     sc = parse_scenario(_raw("scorer", groups=1, qps=1.0, question=10, scorer={"kv": 1}))
-    assert sc.cluster.scorer_weights == (3.0, 1.0, 2.0)
+    assert sc.cluster.scorer == ScorerSpec(kv=1.0)  # llm-d's optimized baseline but kv
+    assert sc.cluster.scorer.weights == {
+        "prefix": 3.0, "kv": 1.0, "queue": 2.0, "no_hit_lru": 2.0, "cpu_prefix": 0.0
+    }  # fmt: skip
+    assert sc.cluster.scorer.prefix_index == "routed"
     params = {p.key: (p.value, p.source) for p in sc.params}
     assert params["cluster.scorer.kv"] == (1.0, "scenario")
     assert "llm-d-inference-scheduler-config" in params["cluster.scorer.prefix"][1]
     plain = parse_scenario(_raw("round_robin", groups=1, qps=1.0, question=10))
     assert not any(p.key.startswith("cluster.scorer") for p in plain.params)
+
+
+def _long(raw: dict[str, Any]) -> dict[str, Any]:
+    """16,000-token prefixes (1,000 blocks, of which a routed index records the first 256),
+    for 300 s."""
+    raw["workload"]["system_prompt_tokens"] = 16_000
+    raw["duration_s"] = 300.0
+    return raw
+
+
+def test_scorer_routed_index_keeps_a_prefix_its_engine_evicted() -> None:
+    # 12 prefixes on 4 engines whose HBM (1,500 blocks) holds one: the engines evict them
+    # between visits. The routed index (llm-d's default) remembers where it sent each prefix:
+    # as large as the engine's blocks but fed only each prompt's first 256 blocks, it holds
+    # ~5 prefixes an engine. The cached index sees the evictions, and queue, KV and no-hit
+    # LRU scatter the group.
+    tight = {"num_gpu_blocks": 1500}
+    routed = _routed(_long(_raw("scorer", groups=12, qps=1.0, question=100, **tight)))
+    cached = _routed(
+        _long(
+            _raw("scorer", groups=12, qps=1.0, question=100, scorer={"prefix_index": "cached"},
+                 **tight)
+        )
+    )  # fmt: skip
+    assert _top_share(routed) > 0.9
+    assert _top_share(cached) < _top_share(routed) - 0.3
+
+
+def test_scorer_no_hit_lru_deals_cold_requests_in_turn() -> None:
+    # unique prompts: no index ever matches, so only the no-hit LRU scores: engines never sent
+    # a cold request first, then the least recently sent: a strict rotation
+    raw = _raw("scorer", groups=1, qps=2.0, question=10, scorer={"prefix": 0, "kv": 0, "queue": 0})
+    raw["workload"] = {"kind": "synthetic", "prompt_tokens": 500, "output_tokens": 20, "qps": 2.0}
+    picks = [e for _, e in _routed(raw)]
+    assert len(picks) > 40
+    assert picks[:8] == [0, 1, 2, 3, 0, 1, 2, 3]
+    assert all(picks[i] == picks[i % 4] for i in range(len(picks)))
+
+
+def test_scorer_cpu_index_keeps_prefixes_the_gpu_index_forgot() -> None:
+    # 16 prefixes, 4 an engine; the GPU index (1,100 blocks) holds ~4 prompts' first 256
+    # blocks, the CPU index (the native pool's 50 GB, ~24,000 blocks) ~90: llm-d's tiered
+    # guide adds the CPU prefix scorer so that a prefix offloaded to the CPU keeps drawing
+    # its requests
+    tight = {"num_gpu_blocks": 1100, "offload": "native", "cpu_cache_gb": 50}
+    weights = {"prefix": 1, "kv": 1, "queue": 1, "no_hit_lru": 1}
+    gpu_only = _routed(_long(_raw("scorer", groups=16, qps=1.0, question=100, scorer=weights,
+                                  **tight)))  # fmt: skip
+    both = _routed(
+        _long(_raw("scorer", groups=16, qps=1.0, question=100,
+                   scorer=weights | {"cpu_prefix": 1}, **tight))
+    )  # fmt: skip
+    assert _top_share(both) > 0.99
+    assert _top_share(gpu_only) < 0.95

@@ -1,0 +1,171 @@
+"""Which engine a request goes to: round_robin, least_loaded, prefix_affinity, scorer.
+
+`scorer` is llm-d's endpoint picker (llm-d-inference-scheduler; weights and indexes in
+router_spec.py): every engine gets
+
+    prefix · (leading prompt blocks its GPU prefix index holds / prompt blocks considered)
+  + cpu_prefix · (the same against its CPU-tier index)
+  + kv · (1 − KV use)
+  + queue · ((max − waiting) / (max − min) waiting over the engines; 1 when all equal)
+  + no_hit_lru · (a request no GPU index matches: 1 − rank / (n − 1), rank 0 for the engine
+    least recently sent such a request, engines never sent one first; else 0.5 for all)
+
+and the highest wins (pkg/plugins/scorer/no_hit_lru.go; GIE's prefix, kv-cache-utilization
+and queue scorers). The prefix indexes (`prefix_index`):
+- routed (llm-d's approx-prefix-cache-producer, its default): what the picker itself sent to
+  each engine, the first `max_prefix_blocks` blocks of every prompt, in an LRU per engine as
+  large as its GPU KV cache (autoTune: vLLM's num_gpu_blocks) and, for cpu_prefix, as its CPU
+  tier (or `cpu_index_blocks`, llm-d's lruCapacityPerServer). It does not see evictions, so a
+  prefix the engine evicted keeps drawing its requests while the index remembers it. The
+  LRU here evicts whole segments, tails first (kvcache.PrefixLRU); llm-d's evicts blocks, the
+  prompt's head first: both lose the match once a prefix is older than the capacity.
+- cached (llm-d's precise-prefix-cache-scorer, fed by vLLM's KV events): the engine's real
+  HBM prefix cache, and its own CPU tier (native offload, or an LMCache pool of this engine
+  alone; a pool shared by several engines does not tell them apart).
+The state is read when the request arrives. Ties (llm-d: random) go to the first engine from
+a start that rotates per request, so a run stays a function of its seed.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from planner.simulate.engine import Engine
+from planner.simulate.kvcache import PrefixLRU, leading_cached
+from planner.simulate.lmcache import LMCacheConnector
+from planner.simulate.offload import NativeOffload
+from planner.simulate.request import Req
+from planner.simulate.scenario import ClusterSpec
+
+
+class Router:
+    """Picks an engine for each request (module docstring)."""
+
+    def __init__(self, policy: str, engines: list[Engine], spec: ClusterSpec) -> None:
+        self.policy = policy
+        self.engines = engines
+        self.n = len(engines)
+        self._next = 0
+        sc = spec.scorer
+        self.sc = sc
+        self.bs = spec.block_size
+        self.routed = sc.prefix_index == "routed"
+        # per engine: (engine, its block pool, GPU store, CPU store, CPU store's unit)
+        self._stores: list[tuple[Engine, Any, Any, Any, int]] = []
+        self._gpu_index: list[PrefixLRU] = []
+        self._cpu_index: list[PrefixLRU] = []
+        self._lru: dict[int, int] = {}  # engine -> when it last got a no-hit request
+        self._cold = 0
+        for e in engines:
+            gpu: Any = e.pool.cached if spec.enable_prefix_caching else None
+            cpu: Any = None
+            unit = self.bs
+            if self.routed:
+                idx = PrefixLRU(spec.num_gpu_blocks, self.bs, e.tree)
+                self._gpu_index.append(idx)
+                gpu = idx.cached
+                if sc.cpu_prefix:
+                    cap = sc.cpu_index_blocks or _cpu_tier_blocks(e, self.bs)
+                    cidx = PrefixLRU(cap, self.bs, e.tree)
+                    self._cpu_index.append(cidx)
+                    cpu = cidx.cached
+            elif isinstance(e.conn, NativeOffload):
+                cpu = e.conn.pool.cached
+            elif isinstance(e.conn, LMCacheConnector) and len(e.conn.pool.engines) == 1:
+                cpu, unit = e.conn.pool.l1.cached, e.conn.cs
+            self._stores.append((e, e.pool, gpu, cpu, unit))
+
+    def pick(self, req: Req) -> Engine:
+        if self.policy == "round_robin":
+            eng = self.engines[self._next]
+            self._next = (self._next + 1) % self.n
+            return eng
+        if self.policy == "least_loaded":
+            return min(self.engines, key=lambda e: (e.load_estimate(), e.idx))
+        if self.policy == "scorer":
+            return self._score(req)
+        key = (req.affinity * 2654435761) & 0xFFFFFFFF  # Knuth multiplicative hash
+        return self.engines[key % self.n]
+
+    def _score(self, req: Req) -> Engine:
+        sc, bs = self.sc, self.bs
+        w_p, w_c, w_kv, w_q, w_lru = sc.prefix, sc.cpu_prefix, sc.kv, sc.queue, sc.no_hit_lru
+        if self.routed:  # the prompt's full blocks the producer hashes, at most max_prefix_blocks
+            limit = min(req.prompt_len // bs, sc.max_prefix_blocks)
+        else:  # blocks a hit can cover (vLLM recomputes the last token)
+            limit = min((req.prompt_len - 1) // bs, sc.max_prefix_blocks)
+        waits = [len(e.waiting) + len(e.loading) for e in self.engines]  # vLLM num_waiting
+        hi = max(waits)
+        span = hi - min(waits)
+        path = req.path
+        n0 = path[0]
+        n = self.n
+        first = self._next
+        self._next = (first + 1) % n
+        gpu_hits = [0] * n
+        cpu_hits = [0] * n
+        if limit > 0 and (w_p or w_c or w_lru):
+            for i, (_, pool, gpu, cpu, unit) in enumerate(self._stores):
+                if gpu is not None and n0 in gpu:
+                    gpu_hits[i] = leading_cached(
+                        path, pool.start, pool.end, gpu, unit=bs, limit=limit
+                    )
+                if w_c and cpu is not None and n0 in cpu:
+                    got = leading_cached(
+                        path, pool.start, pool.end, cpu, unit=unit, limit=limit * bs // unit
+                    )
+                    cpu_hits[i] = got * unit // bs
+        cold = not any(gpu_hits)
+        lru_score = self._lru_scores() if cold and w_lru else None
+        best = first
+        best_s = -1.0
+        for j in range(n):
+            i = first + j
+            if i >= n:
+                i -= n
+            pool = self._stores[i][1]
+            score = w_q * (hi - waits[i]) / span if span else w_q
+            if w_kv:
+                score += w_kv * (1.0 - (pool.pinned_total + pool.private_total) / pool.total)
+            if limit > 0:
+                score += (w_p * gpu_hits[i] + w_c * cpu_hits[i]) / limit
+            if w_lru:
+                score += w_lru * (lru_score[i] if lru_score is not None else 0.5)
+            if score > best_s:
+                best, best_s = i, score
+        self._record(req, best, cold)
+        return self.engines[best]
+
+    def _lru_scores(self) -> list[float]:
+        """no-hit-lru-scorer: engines never sent a no-hit request first (in index order),
+        then from the least recently sent; score 1 − rank / (n − 1)."""
+        n = self.n
+        if n == 1:
+            return [1.0]
+        never = [i for i in range(n) if i not in self._lru]
+        used = sorted((t, i) for i, t in self._lru.items())
+        out = [0.0] * n
+        for rank, i in enumerate([*never, *(i for _, i in used)]):
+            out[i] = 1.0 - rank / (n - 1)
+        return out
+
+    def _record(self, req: Req, i: int, cold: bool) -> None:
+        """What the picker learns from its own decision (llm-d's PreRequest hooks)."""
+        if cold:
+            self._cold += 1
+            self._lru[i] = self._cold
+        if self.routed and self.sc.max_prefix_blocks:
+            upto = min(req.prompt_len // self.bs, self.sc.max_prefix_blocks) * self.bs
+            self._gpu_index[i].store(req.path, 0, upto)
+            if self._cpu_index:
+                self._cpu_index[i].store(req.path, 0, upto)
+
+
+def _cpu_tier_blocks(eng: Engine, bs: int) -> int:
+    """The capacity, in GPU blocks, of the engine's own CPU tier (0 without one)."""
+    conn = eng.conn
+    if isinstance(conn, NativeOffload):
+        return int(conn.pool.capacity)
+    if isinstance(conn, LMCacheConnector):
+        return int(conn.pool.l1.capacity * conn.cs // bs)
+    return 0
