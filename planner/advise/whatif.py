@@ -10,8 +10,9 @@ share of each prompt that is a shared prefix, how many distinct prefix tokens th
 3. the simulated figures fill an Evidence record (``evidence_from_sim``), which is decided
    (planner/decide/decision.py) and sized (planner/deploy/sizing.py) exactly like `kvscope plan`'s.
 
-Simulated gains are not measurements: they carry the simulator's calibration error (checked
-against GKE Test 2 only: ``sim_gain_tolerance``) and one seed's noise.
+Simulated gains are not measurements: they carry the simulator's calibration error (the band
+of the what-if's working-set regime, from published A/B runs: ``sim_gain_tolerance``) and one
+seed's noise.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from planner.advise.sim import (
     sim_gain_tolerance,
     simulate_modes,
     simulated_section,
+    working_set_regime,
 )
 from planner.decide.decision import Decision, decide
 from planner.decide.evidence import Evidence, GainEvidence, ValueCI
@@ -152,7 +154,7 @@ def evidence_from_sim(w: WhatIf, runs: dict[str, Any], sim: dict[str, Any]) -> E
         g = m[mode]["throughput_gain"]
         if g is None:
             return GainEvidence(False, why="no simulated throughput", provenance="simulated")
-        tol = sim_gain_tolerance(g)
+        tol = sim_gain_tolerance(g, sim["gain_tolerance"]["regime"])
         return GainEvidence(
             True, ValueCI(g, g - tol, g + tol), why="simulated", provenance="simulated"
         )
@@ -226,7 +228,7 @@ def _answer(
     w: WhatIf, raw: dict[str, Any], progress: Callable[[str], None] | None
 ) -> tuple[dict[str, Any], dict[str, Any], Evidence, Decision]:
     runs = simulate_modes(raw, progress)
-    sim = simulated_section(runs, w.qps)
+    sim = simulated_section(runs, w.qps, working_set_regime(raw))
     evidence = evidence_from_sim(w, runs, sim)
     return runs, sim, evidence, decide(evidence)
 

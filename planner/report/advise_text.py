@@ -80,7 +80,7 @@ def advice_text(d: Mapping[str, Any]) -> str:
     table = [
         f"Simulated (seed {i['seed']}, {d['scenario']['duration_s']:.0f} s, first "
         f"{d['scenario']['warmup_s']:.0f} s not measured): gains ±({tol['absolute']:.0%} + "
-        f"{tol['relative']:.0%} of the gain) calibration allowance",
+        f"{tol['relative']:.0%} of the gain) calibration allowance ({tol.get('basis', '')})",
         f"  {'':24}" + "".join(f"{m:>14}" for m in modes),
     ]
     for key, label, fmt in ROWS:
