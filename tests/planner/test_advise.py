@@ -13,12 +13,15 @@ from collector.errors import ConfigError
 from planner.advise.question import parse_scorer_weights
 from planner.advise.sim import (
     ALT_MAX_REQUESTS,
+    BANDS,
     MAX_REQUESTS,
     SIM_GAIN_TOLERANCE,
     SIM_GAIN_TOLERANCE_REL,
     WARMUP_FRACTION,
     layout,
     scenario_of,
+    sim_gain_tolerance,
+    working_set_regime,
 )
 from planner.advise.whatif import WhatIf, advise
 from planner.model.costmodel import hbm_kv_capacity_tokens
@@ -223,3 +226,22 @@ def test_parse_scorer_weights() -> None:
         parse_scorer_weights("prefix=2,kv=x")
     with pytest.raises(ConfigError, match=r"--scorer-weights: 'prefix' is not KEY=NUMBER"):
         parse_scorer_weights("prefix")
+
+
+@pytest.mark.parametrize(
+    ("change", "expected"),
+    [
+        ({}, "fits"),  # one 1,500-token prefix
+        ({"prefix_share": 0.0}, "fits"),  # nothing shared: no working set to spill
+        # 2 engines x 451 k HBM tokens + 100 GB at 128 KiB/token (763 k tokens) < 3 M
+        ({"prefix_tokens": 3_000_000}, "spills"),
+        ({"prefix_tokens": 3_000_000, "cpu_gb": 2_000.0}, "fits"),
+    ],
+)
+def test_working_set_regime_picks_the_calibration_band(
+    change: dict[str, Any], expected: str
+) -> None:
+    raw, _ = scenario_of(dataclasses.replace(SMALL, **change))
+    assert working_set_regime(raw) == expected
+    a, b, _ = BANDS[expected]
+    assert sim_gain_tolerance(0.5, expected) == pytest.approx(a + 0.5 * b)
