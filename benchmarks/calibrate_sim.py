@@ -2,20 +2,22 @@
 
     .venv/bin/python benchmarks/calibrate_sim.py            # markdown table on stdout
     .venv/bin/python benchmarks/calibrate_sim.py --json     # the same rows as JSON
-    .venv/bin/python benchmarks/calibrate_sim.py --write-band  # also rewrite advise's band
+    .venv/bin/python benchmarks/calibrate_sim.py --write-band  # also rewrite advise's bands
 
 Published rows not in planner/model/data/sources.yaml's text alone are in
 benchmarks/calibration_data.json with their source URL and date.
 - llm-d tiered-prefix-cache guide [source: llm-d-tiered-prefix-cache]: 16x H100, 8 servers at
-  TP2, Qwen3-32B, 250 groups x 5 prompts, 16,000-token system prompt, Poisson arrivals at
-  QPS 5/10/20/40; HBM only vs CPU tier. The published runs used llm-d's tier-aware scheduler;
-  they are simulated with prefix_affinity ("router: scorer pending") and native offload.
+  TP2, Qwen3-32B, 250 groups x 5 prompts, 16,000-token system prompt; HBM only vs CPU tier.
+  Simulated as the benchmark ran: inference-perf's 8-stage ramp [source: inference-perf-loadgen]
+  (calibration_data.json `load`), llm-d's optimized-baseline picker for HBM only and its
+  tier-aware one for the CPU tier (`routers`), 5 seeds (their SD: one run's spread).
 
 Published figures (entries of planner/model/data/sources.yaml; `kvscope sources <id>`):
 - GKE tiered KV cache (Google Cloud / LMCache blog 2025-10-07) [source: gke-tiered-kv-2025]:
   8x H100, Llama-3.3-70B,
   SGLang bench_serving generated-shared-prefix, 20 requests per system prompt, question 256,
-  output 512, max concurrency 200, Test 2 cache 4.0-4.3 M tokens; best set-up vs HBM only.
+  output 512, max concurrency 200, Tests 1-3 (cache 1.1-1.3 / 4.0-4.3 / 12.6-13.7 M tokens);
+  best set-up vs HBM only.
 - vLLM blog "Inside vLLM's New KV Offloading Connector" (2026-01-08)
   [source: vllm-offloading-connector-2026]: H100, Llama-3.1-8B,
   500 GB DRAM: CPU hit vs recompute TTFT 2-22x lower; 10,000 prefill-only 512-token
@@ -24,9 +26,9 @@ Published figures (entries of planner/model/data/sources.yaml; `kvscope sources 
 
 Assumptions of the reproduction (not published): one engine with TP 8 (its KV capacity,
 ~1.4 M tokens at gpu_memory_utilization 0.9, matches Test 1's "1.1-1.3 M tokens fit HBM");
-the "cache" of a test counts every KV token of the dataset, so groups = 4.15 M /
-(prefix + 20 x (256 + 512)); LMCache 0.3.3 runs in-process: L1 = the 1 TiB of host DRAM,
-the local SSD (5 TiB) is an L2 at the `local-nvme` tier's figures.
+the "cache" of a test counts every KV token of the dataset, so groups = cache /
+(prefix + 20 x (256 + 512)) with cache 1.2 / 4.15 / 13.15 M; LMCache 0.3.3 runs in-process:
+L1 = the 1 TiB of host DRAM, the local SSD (5 TiB) is an L2 at the `local-nvme` tier's figures.
 """
 
 from __future__ import annotations

@@ -10,12 +10,11 @@ previous one completes, after `think_time_s`); `qps: R` is an open loop with
 `arrival: poisson | bursty | diurnal` (bursty = gamma inter-arrival times with shape
 `burstiness` < 1, as vLLM's benchmark_serving --burstiness; diurnal = a sinusoidal rate
 qps·(1 + amplitude·sin(2πt/period)) by thinning). `stages: [{qps, duration_s}, ...]` is a
-rate ramp as inference-perf runs one (kubernetes-sigs/inference-perf,
-inference_perf/loadgen/load_generator.py `run_stage`): stage k sends int(qps·duration_s)
-requests at Poisson (or bursty) times, waits until every one of them has finished, then
-`stage_gap_s` idle seconds (its `load.interval`) before the next stage; a finite dataset is
-cycled and, with `stage_dataset: restart` (inference-perf: request numbers start at 0 in
-every stage), every stage starts again from its first item.
+rate ramp as inference-perf runs one [source: inference-perf-loadgen]: stage k sends
+int(qps·duration_s) requests at Poisson (or bursty) times, waits until every one of them has
+finished, then `stage_gap_s` idle seconds (its `load.interval`) before the next stage; a
+finite dataset is cycled and, with `stage_dataset: restart` (inference-perf: request numbers
+start at 0 in every stage), every stage starts again from its first item.
 """
 
 from __future__ import annotations
