@@ -54,8 +54,9 @@ class Router:
         self._stores: list[tuple[Engine, Any, Any, Any, int]] = []
         self._gpu_index: list[PrefixLRU] = []
         self._cpu_index: list[PrefixLRU] = []
-        self._lru: dict[int, int] = {}  # engine -> when it last got a no-hit request
-        self._cold = 0
+        # engines by when they last got a no-hit request: never first (index order), then oldest
+        self._cold_order: list[int] = list(range(self.n))
+        self._lru_rank = [1.0 - r / (self.n - 1) for r in range(self.n)] if self.n > 1 else [1.0]
         for e in engines:
             gpu: Any = e.pool.cached if spec.enable_prefix_caching else None
             cpu: Any = None
@@ -139,21 +140,17 @@ class Router:
     def _lru_scores(self) -> list[float]:
         """no-hit-lru-scorer: engines never sent a no-hit request first (in index order),
         then from the least recently sent; score 1 − rank / (n − 1)."""
-        n = self.n
-        if n == 1:
-            return [1.0]
-        never = [i for i in range(n) if i not in self._lru]
-        used = sorted((t, i) for i, t in self._lru.items())
-        out = [0.0] * n
-        for rank, i in enumerate([*never, *(i for _, i in used)]):
-            out[i] = 1.0 - rank / (n - 1)
+        out = [0.0] * self.n
+        for i, score in zip(self._cold_order, self._lru_rank, strict=True):
+            out[i] = score
         return out
 
     def _record(self, req: Req, i: int, cold: bool) -> None:
         """What the picker learns from its own decision (llm-d's PreRequest hooks)."""
         if cold:
-            self._cold += 1
-            self._lru[i] = self._cold
+            order = self._cold_order
+            order.remove(i)
+            order.append(i)
         if self.routed and self.sc.max_prefix_blocks:
             upto = min(req.prompt_len // self.bs, self.sc.max_prefix_blocks) * self.bs
             self._gpu_index[i].store(req.path, 0, upto)
