@@ -297,7 +297,8 @@ def _r6_idle_connector(s: RuleState) -> None:
 GAIN_SOURCES = {
     "measured": "measured: planner/fit/gain.py on the cluster's windows",
     "simulated": "simulated: planner/simulate what-if runs of the described workload "
-    "(planner/advise/sim.py; its band comes from the simulator's misses on GKE Test 2)",
+    "(planner/advise/sim.py; its band comes from the simulator's misses on published A/B runs, "
+    "benchmarks/calibrate_sim.py)",
 }
 
 
