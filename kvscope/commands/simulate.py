@@ -59,6 +59,26 @@ def _summary_text(result: dict[str, Any]) -> str:
     for key, label, fmt in SUMMARY_ROWS:
         value = result.get(key)
         lines.append(f"  {label:28}{'-' if value is None else fmt.format(value):>14}")
+    stages = result.get("stages") or []
+    if stages:  # a rate ramp: inference-perf's per-stage report
+        lines.append(
+            f"  {'stage':>5}{'qps':>8}{'requests':>10}{'span s':>9}{'tokens/s':>12}"
+            f"{'TTFT mean s':>13}{'E2E mean s':>12}"
+        )
+        for st in stages:
+            cells = [
+                "-" if st[k] is None else fmt.format(st[k])
+                for k, fmt in (
+                    ("span_s", "{:.1f}"),
+                    ("total_tokens_per_s", "{:,.0f}"),
+                    ("ttft_mean_s", "{:.3f}"),
+                    ("e2e_mean_s", "{:.2f}"),
+                )
+            ]
+            lines.append(
+                f"  {st['stage']:>5}{st['qps']:>8g}{st['completed_requests']:>10}"
+                f"{cells[0]:>9}{cells[1]:>12}{cells[2]:>13}{cells[3]:>12}"
+            )
     return "\n".join(lines)
 
 

@@ -4,13 +4,17 @@ dataset restarted (or continued) per stage, and the per-stage summary rows."""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from collector.errors import ConfigError
 from planner.simulate.cluster import Simulation
 from planner.simulate.scenario import parse_scenario
+from tests.clirun import run_kvscope
 
 
 def _raw(**workload: Any) -> dict[str, Any]:
@@ -107,3 +111,20 @@ def test_stages_bad_input_names_the_key(workload: dict[str, Any], match: str) ->
 def test_stages_do_not_loop() -> None:
     with pytest.raises(ConfigError, match="a rate ramp runs once"):
         Simulation(parse_scenario(_raw()), loop=True)
+
+
+def test_stages_cli_prints_a_row_a_stage_matching_its_json(tmp_path: Path) -> None:
+    path = tmp_path / "ramp.yaml"
+    path.write_text(yaml.safe_dump(_raw()))
+    text = run_kvscope("simulate", str(path))
+    as_json = run_kvscope("simulate", str(path), "--json")
+    assert text.returncode == 0 and as_json.returncode == 0, text.stderr + as_json.stderr
+    rows = json.loads(as_json.stdout)["stages"]
+    header = next(
+        i for i, ln in enumerate(text.stdout.splitlines()) if ln.split()[:2] == ["stage", "qps"]
+    )
+    printed = text.stdout.splitlines()[header + 1 : header + 1 + len(rows)]
+    for line, row in zip(printed, rows, strict=True):
+        cells = line.split()
+        assert cells[:3] == [str(row["stage"]), f"{row['qps']:g}", str(row["completed_requests"])]
+        assert cells[4] == f"{row['total_tokens_per_s']:,.0f}"
