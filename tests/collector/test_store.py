@@ -570,20 +570,20 @@ def test_read_frame_postgres_copy_cut_short_drops_the_connection_next_read_whole
     tests/test_outage.py's PostgreSQL stop exercises; this small COPY cannot reproduce it.)"""
     if not db_url.startswith("postgresql"):
         pytest.skip("the binary COPY read is PostgreSQL's")
-    import collector.store_frame_pg as pg
+    import collector.pg_copy as pg
 
     store.write_windows(mixed())
     want = store.read_frame()
-    real = pg._copy_tuples
+    real = pg.copy_tuples
 
     def cut_short(chunks: Any, n_fields: int) -> Iterator[list[memoryview]]:
         for _block in real(chunks, n_fields):
             raise OSError("connection lost mid-COPY")
         yield from ()
 
-    monkeypatch.setattr(pg, "_copy_tuples", cut_short)
+    monkeypatch.setattr(pg, "copy_tuples", cut_short)
     with caplog.at_level("ERROR", logger="sqlalchemy.pool"), pytest.raises((OSError, StoreError)):
         store.read_frame()
     assert not [r for r in caplog.records if r.name.startswith("sqlalchemy.pool")]
-    monkeypatch.setattr(pg, "_copy_tuples", real)
+    monkeypatch.setattr(pg, "copy_tuples", real)
     pd.testing.assert_frame_equal(store.read_frame(), want)
