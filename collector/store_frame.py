@@ -16,7 +16,8 @@ with only the columns asked for and fills numpy arrays chunk by chunk:
   slices), the table is scanned rather than reached through the signal or source index.
 * PostgreSQL (collector/store_frame_pg.py): ``COPY (SELECT …) TO STDOUT (FORMAT BINARY)``
   where the server packs each column of a block of rows into one bytea of fixed-width
-  values, read with ``numpy.frombuffer``: no Python object per window.
+  values (a NULL left out, a bit per row saying so), read with ``numpy.frombuffer``: no
+  Python object per window; a scan's blocks come in two COPYs at once, in one snapshot.
 
 Labels are decoded once per distinct series, never per row.
 
@@ -149,10 +150,7 @@ def assemble(
     columns: Sequence[str],
     order: IntArray | None,
 ) -> pd.DataFrame:
-    """The frame from per-series identities, each row's series code and numeric columns.
-
-    The numeric columns are taken out of ``nums`` as they are placed, so a reordered column's
-    unordered array is released before the next is copied (12.75 M windows: ~100 MB each)."""
+    """The frame from per-series identities, each row's series code and numeric columns."""
     import numpy as np
     import pandas as pd
 
@@ -174,29 +172,16 @@ def assemble(
         if col in CATEGORY_COLUMNS:
             cats = sorted({v for v in per_series[col] if v is not None})
             index: dict[str | None, int] = {v: i for i, v in enumerate(cats)}
-            codes = [index.get(v, -1) for v in per_series[col]] + [-1]
-            lut = np.asarray(codes, dtype=_codes_dtype(len(cats)))
+            lut = np.asarray([index.get(v, -1) for v in per_series[col]] + [-1], dtype=np.int64)
             data[col] = pd.Categorical.from_codes(
                 lut[sid] if len(sid) else np.zeros(0, dtype=np.int64),
                 categories=pd.Index(cats, dtype=object),
             )
         else:
-            values = nums.pop(col)
+            values = nums[col]
             data[col] = values[order] if order is not None else values
-            del values
     # copy=False: the arrays were made for this frame; no copy into one 2-D block either.
     return pd.DataFrame(data, columns=list(columns), copy=False)
-
-
-def _codes_dtype(n: int) -> Any:
-    """The smallest integer type of the codes -1 … n - 1 of n categories (the one pandas
-    would convert them to: no int64 array per categorical column first)."""
-    import numpy as np
-
-    for kind in (np.int8, np.int16, np.int32):
-        if n < np.iinfo(kind).max:
-            return kind
-    return np.int64
 
 
 def sort_order(
