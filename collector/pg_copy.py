@@ -22,6 +22,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from sqlalchemy import Connection
+from sqlalchemy.exc import SQLAlchemyError
 
 from collector.errors import StoreError
 
@@ -105,48 +106,79 @@ def copy_streams(
     """Run the ``COPY … TO STDOUT (FORMAT BINARY)`` statements at once and hand every tuple
     to ``sink`` (one call at a time, in no fixed order across statements). The first runs on
     ``conn``, which must be in a REPEATABLE READ transaction; each other on a connection of
-    its pool in the same snapshot. A stream that fails stops the others at their next tuple;
-    a connection left inside a COPY is invalidated (its rollback on return would fail)."""
-    if len(statements) > 1:
-        snapshot = str(conn.exec_driver_sql("SELECT pg_export_snapshot()").scalar())
-        if not _SNAPSHOT.fullmatch(snapshot):  # pragma: no cover - PostgreSQL's own format
-            raise StoreError(f"unexpected snapshot id {snapshot!r}")
-    conns = [conn]
+    its pool in the same snapshot (when the pool or the server has none to give, they all run
+    on ``conn``, one after the other). A stream that fails stops the others at their next
+    tuple; a connection left inside a COPY is invalidated (its rollback would fail)."""
+    others: list[Connection] = []
     try:
-        for _ in statements[1:]:
-            other = conn.engine.connect()
-            conns.append(other)
-            other.exec_driver_sql("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
-            other.exec_driver_sql(f"SET TRANSACTION SNAPSHOT '{snapshot}'")
+        if len(statements) > 1:
+            others = _in_snapshot(conn, len(statements) - 1)
+        if not others:
+            for sql in statements:
+                _drain(conn, sql, params, n_fields, sink, threading.Event())
+            return
         lock, failed = threading.Lock(), threading.Event()
 
-        def drain(c: Connection, sql: str) -> None:
-            raw = c.connection.driver_connection
-            try:
-                with raw.cursor() as cursor, cursor.copy(sql, params or None) as copy:  # type: ignore[union-attr]
-                    for fields in copy_tuples(copy, n_fields):
-                        if failed.is_set():
-                            raise _Stopped("another COPY stream failed")
-                        with lock:
-                            sink(fields)
-            except BaseException:
-                failed.set()
-                c.invalidate()
-                raise
+        def locked(fields: Fields) -> None:
+            with lock:
+                sink(fields)
 
-        with ThreadPoolExecutor(max_workers=max(len(statements) - 1, 1)) as pool:
-            pairs = zip(conns[1:], statements[1:], strict=True)
-            others = [pool.submit(drain, c, sql) for c, sql in pairs]
+        with ThreadPoolExecutor(max_workers=len(others)) as pool:
+            futures = [
+                pool.submit(_drain, c, sql, params, n_fields, locked, failed)
+                for c, sql in zip(others, statements[1:], strict=True)
+            ]
             errors: list[BaseException] = []
             try:
-                drain(conn, statements[0])
+                _drain(conn, statements[0], params, n_fields, locked, failed)
             except BaseException as exc:
                 errors.append(exc)
-            for future in others:
-                if (error := future.exception()) is not None:
-                    errors.append(error)
+            errors += [e for f in futures if (e := f.exception()) is not None]
         if errors:  # the first failure, not a stream it stopped
             raise min(errors, key=lambda e: isinstance(e, _Stopped))
     finally:
-        for other in conns[1:]:
+        for other in others:
             other.close()
+
+
+def _in_snapshot(conn: Connection, n: int) -> list[Connection]:
+    """``n`` more connections of ``conn``'s pool in its transaction's snapshot; none when
+    one cannot be had (the server's max_connections reached, say)."""
+    snapshot = str(conn.exec_driver_sql("SELECT pg_export_snapshot()").scalar())
+    if not _SNAPSHOT.fullmatch(snapshot):  # pragma: no cover - PostgreSQL's own format
+        raise StoreError(f"unexpected snapshot id {snapshot!r}")
+    out: list[Connection] = []
+    try:
+        for _ in range(n):
+            other = conn.engine.connect()
+            out.append(other)
+            other.exec_driver_sql("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+            other.exec_driver_sql(f"SET TRANSACTION SNAPSHOT '{snapshot}'")
+    except (SQLAlchemyError, OSError):
+        for other in out:
+            other.close()
+        return []
+    return out
+
+
+def _drain(  # noqa: PLR0917 - one stream's part of copy_streams
+    conn: Connection,
+    sql: str,
+    params: Any,
+    n_fields: int,
+    sink: Callable[[Fields], None],
+    failed: threading.Event,
+) -> None:
+    """One COPY's tuples into ``sink``; on any failure ``failed`` is set and the connection
+    dropped."""
+    raw = conn.connection.driver_connection
+    try:
+        with raw.cursor() as cursor, cursor.copy(sql, params or None) as copy:  # type: ignore[union-attr]
+            for fields in copy_tuples(copy, n_fields):
+                if failed.is_set():
+                    raise _Stopped("another COPY stream failed")
+                sink(fields)
+    except BaseException:
+        failed.set()
+        conn.invalidate()
+        raise

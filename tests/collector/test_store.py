@@ -669,3 +669,30 @@ def test_read_frame_postgres_one_stream_failing_fails_the_read_others_stopped(
     assert not [r for r in caplog.records if r.name.startswith("sqlalchemy.pool")]
     monkeypatch.setattr(pg, "copy_tuples", real)
     pd.testing.assert_frame_equal(store.read_frame(), want)
+
+
+def test_read_frame_postgres_no_connection_to_spare_streams_one_after_another(
+    db_url: str, store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """When the pool or the server has no second connection to give (max_connections
+    reached), the scan's COPYs run one after the other on the read's own connection."""
+    _postgres_only(db_url)
+    from collector import store_frame_pg
+
+    store.write_windows(grid(sources=3, signals=4, minutes=30))
+    want = store.read_frame()
+    monkeypatch.setattr(store_frame_pg, "_estimate", lambda *_: 1e12)
+    monkeypatch.setattr(store_frame_pg, "_BLOCK", 16)
+    monkeypatch.setattr(store_frame_pg, "_STREAMS", 3)
+    real = sqlalchemy.engine.Engine.connect
+    calls: list[int] = []
+
+    def one_only(self: sqlalchemy.engine.Engine) -> sqlalchemy.engine.Connection:
+        calls.append(1)
+        if len(calls) > 2:  # the read's own, then one more: the third is refused
+            raise sqlalchemy.exc.OperationalError("connect", {}, Exception("too many clients"))
+        return real(self)
+
+    monkeypatch.setattr(sqlalchemy.engine.Engine, "connect", one_only)
+    pd.testing.assert_frame_equal(store.read_frame(), want)
+    assert len(calls) == 3
