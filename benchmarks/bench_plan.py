@@ -15,16 +15,22 @@ would), then times in the same run:
   (PlanDetails.seconds), against the baseline plan (read_windows extrapolated + the same
   later stages).
 
-* the whole process, ``kvscope plan --since all --json``, on SQLite: with the packed hours
-  (schema 6, collector/store_blocks.py) against the same command with every read through the
-  rows (``read_frame(packed=False)``, the read path before schema 6), one after the other in
-  this run: wall and CPU of each, their ratio, and whether the two plans' JSON is identical.
+* the whole process, ``kvscope plan --since all --json`` (benchmarks/plan_whole.py), one
+  variant after the other, ``--rounds`` times over: on SQLite with the packed hours (schema 6,
+  collector/store_blocks.py) and with every read through the rows (``read_frame(packed=False)``,
+  the read path before schema 6; ``--no-rows`` skips it); with ``--postgres``, on PostgreSQL
+  too (the client's CPU and the server's), and with ``--pg-baseline REV`` the same command of
+  revision REV on the same PostgreSQL. Wall and CPU of each run, the best run's ratios to
+  SQLite's, and whether each plan's JSON is SQLite's (but for its own timings and store URL).
 
 A cached store of an older schema is migrated first (5 -> 6 packs it; the time is printed).
-``--postgres`` also copies the store into a throwaway PostgreSQL 15 (tests/services.py)
-and times read_frame and build_plan there. BLAS threads are pinned to one before numpy loads.
+``--postgres`` copies the store into a throwaway PostgreSQL 15 (tests/services.py; ``--pg-url``
+reuses one that already holds the copy) and also times read_frame and build_plan there. BLAS
+threads are pinned to one before numpy loads (the whole processes inherit it).
 
     .venv/bin/python benchmarks/bench_plan.py [--engines 100] [--days 7] [--rebuild]
+    .venv/bin/python benchmarks/bench_plan.py --whole-only --postgres --no-rows --rounds 3 \
+        --pg-baseline e54d925
 """
 
 from __future__ import annotations
@@ -35,19 +41,18 @@ for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ[_var] = "1"
 
 import argparse  # noqa: E402
-import json  # noqa: E402
-import resource  # noqa: E402
 import sqlite3  # noqa: E402
-import subprocess  # noqa: E402
 import sys  # noqa: E402
 import time  # noqa: E402
 from collections.abc import Callable, Iterator  # noqa: E402
+from contextlib import ExitStack  # noqa: E402
 from pathlib import Path  # noqa: E402
 from typing import Any, TypeVar  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from benchmarks import plan_whole  # noqa: E402
 from benchmarks.accuracy.fitsynth import frame_to_windows, synthetic_frame  # noqa: E402
 from collector.models import SCHEMA_VERSION  # noqa: E402
 from collector.store import Store  # noqa: E402
@@ -157,62 +162,27 @@ def driver_floor(path: str) -> int:
     return n
 
 
-# `kvscope plan` with every window read through the rows, as before schema 6
-_ROWS_PLAN = (
-    "import functools, sys; from collector.store_frame import FrameReader; "
-    "FrameReader.read_frame = functools.partialmethod(FrameReader.read_frame, packed=False); "
-    "from kvscope.cli import main; sys.argv[0] = 'kvscope'; main()"
-)
-
-
-def whole_process(path: Path) -> None:
-    """``kvscope plan --since all --json`` on the store, packed reads against rows only."""
-    args = ["plan", "--db", f"sqlite:///{path}", "--since", "all", "--json"]
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    runs = {}
-    for name, cmd in (
-        ("rows (before schema 6)", [sys.executable, "-c", _ROWS_PLAN, *args]),
-        ("packed hours (schema 6)", [sys.executable, "-m", "kvscope.cli", *args]),
-    ):
-        c0 = resource.getrusage(resource.RUSAGE_CHILDREN)
-        t0 = time.perf_counter()
-        done = subprocess.run(cmd, env=env, capture_output=True, text=True, check=True)
-        wall = time.perf_counter() - t0
-        c1 = resource.getrusage(resource.RUSAGE_CHILDREN)
-        cpu = (c1.ru_utime - c0.ru_utime) + (c1.ru_stime - c0.ru_stime)
-        runs[name] = (wall, cpu, done.stdout)
-        line(f"kvscope plan --json, {name}", wall, cpu)
-    (old_wall, old_cpu, old_json), (new_wall, new_cpu, new_json) = runs.values()
-    differs = _differs(old_json, new_json)
-    same = f"DIFFERENT at {differs}" if differs else "identical (but its own timings)"
-    verdict = "met" if new_wall <= 30 else "NOT met"
-    print(f"RESULT sqlite whole process: {new_wall:.1f} s wall / {new_cpu:.1f} s cpu against "
-          f"{old_wall:.1f} s / {old_cpu:.1f} s reading rows = {old_wall / new_wall:.2f}x wall, "
-          f"{old_cpu / new_cpu:.2f}x cpu; plan JSON {same}; target <= 30 s: {verdict}",
-          flush=True)  # fmt: skip
-
-
-_TIMINGS = {"seconds", "fit_seconds"}  # plan JSON keys timing the run itself (planner/)
-
-
-def _differs(a: str, b: str) -> list[str]:
-    """The paths (dotted keys, list indexes) where two JSON documents differ, first ten."""
-    out: list[str] = []
-
-    def walk(x: Any, y: Any, at: str) -> None:
-        if len(out) >= 10:
-            return
-        if isinstance(x, dict) and isinstance(y, dict):
-            for k in sorted((set(x) | set(y)) - _TIMINGS):
-                walk(x.get(k), y.get(k), f"{at}.{k}")
-        elif isinstance(x, list) and isinstance(y, list) and len(x) == len(y):
-            for i, (u, v) in enumerate(zip(x, y, strict=True)):
-                walk(u, v, f"{at}[{i}]")
-        elif x != y:
-            out.append(f"{at}: {str(x)[:60]} != {str(y)[:60]}")
-
-    walk(json.loads(a), json.loads(b), "")
-    return out
+def whole_process(path: Path, pg_url: str | None, args: argparse.Namespace) -> None:
+    """The whole-process variants of the module docstring, alternated ``--rounds`` times."""
+    lite = f"sqlite:///{path}"
+    variants = []
+    if not args.skip_sqlite:
+        variants.append(plan_whole.Variant("sqlite, packed hours", plan_whole.cli(lite), lite))
+        if not args.no_rows:
+            rows = plan_whole.rows_cli(lite)
+            variants.append(plan_whole.Variant("sqlite, rows (before schema 6)", rows, lite))
+    with ExitStack() as stack:
+        if pg_url is not None:
+            cpu = plan_whole.postgres_cpu(pg_url)
+            pg = plan_whole.cli(pg_url)
+            variants.append(plan_whole.Variant("postgresql", pg, pg_url, cpu))
+            if args.pg_baseline:
+                tree = stack.enter_context(plan_whole.revision_tree(args.pg_baseline))
+                old = plan_whole.tree_cli(tree, pg_url)
+                name = f"postgresql at {args.pg_baseline}"
+                variants.append(plan_whole.Variant(name, old, pg_url, cpu))
+        runs = plan_whole.run_rounds(variants, args.rounds)
+    plan_whole.summary(variants, runs)
 
 
 def copy_to_postgres(sqlite_path: Path, url: str) -> None:
@@ -277,6 +247,10 @@ def main() -> None:
     ap.add_argument("--skip-sqlite", action="store_true", help="time PostgreSQL only")
     ap.add_argument("--forecast-seconds", type=float, default=8.0)
     ap.add_argument("--whole-only", action="store_true", help="only the whole-process timing")
+    ap.add_argument("--rounds", type=int, default=1, help="whole-process rounds (alternated)")
+    ap.add_argument("--no-rows", action="store_true", help="no whole process reading rows")
+    ap.add_argument("--pg-baseline", metavar="REV", help="also REV's kvscope plan on PostgreSQL")
+    ap.add_argument("--pg-url", help="a PostgreSQL already holding the copy (implies --postgres)")
     args = ap.parse_args()
     path = args.db or Path(f"/tmp/kvscope-bench-plan-{args.engines}x{args.days:g}d-s{args.seed}.db")
     if args.rebuild or not path.exists():
@@ -288,23 +262,25 @@ def main() -> None:
             store.migrate()
             print(f"  migrated the store {old} -> {SCHEMA_VERSION} in "
                   f"{time.perf_counter() - t0:.0f} s", file=sys.stderr)  # fmt: skip
-    if args.whole_only:
-        whole_process(path)
-        return
     with sqlite3.connect(path) as con:
         total = int(con.execute("SELECT count(*) FROM windows").fetchone()[0])
         names = [r[0] for r in con.execute("SELECT source FROM engines ORDER BY source")]
-    subset = names[: args.subset]
     print(f"store {path}: {total:,} windows of {len(names)} engines")
-    if not args.skip_sqlite:
-        whole_process(path)
-        bench(f"sqlite:///{path}", subset, total, args.forecast_seconds)
-    if args.postgres or args.skip_sqlite:
-        from tests.services import postgres
+    with ExitStack() as stack:
+        pg_url: str | None = args.pg_url
+        if pg_url is None and (args.postgres or args.skip_sqlite):
+            from tests.services import postgres
 
-        with postgres() as url:
-            copy_to_postgres(path, url)
-            bench(url, subset, total, args.forecast_seconds)
+            pg_url = stack.enter_context(postgres())
+            copy_to_postgres(path, pg_url)
+        whole_process(path, pg_url, args)
+        if args.whole_only:
+            return
+        subset = names[: args.subset]
+        if not args.skip_sqlite:
+            bench(f"sqlite:///{path}", subset, total, args.forecast_seconds)
+        if pg_url is not None:
+            bench(pg_url, subset, total, args.forecast_seconds)
 
 
 if __name__ == "__main__":

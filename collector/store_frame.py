@@ -16,7 +16,8 @@ with only the columns asked for and fills numpy arrays chunk by chunk:
   slices), the table is scanned rather than reached through the signal or source index.
 * PostgreSQL (collector/store_frame_pg.py): ``COPY (SELECT …) TO STDOUT (FORMAT BINARY)``
   where the server packs each column of a block of rows into one bytea of fixed-width
-  values, read with ``numpy.frombuffer``: no Python object per window.
+  values (a NULL left out, a bit per row saying so), read with ``numpy.frombuffer``: no
+  Python object per window; a scan's blocks come in two COPYs at once, in one snapshot.
 
 Labels are decoded once per distinct series, never per row.
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import sqlite3
@@ -570,20 +571,128 @@ def test_read_frame_postgres_copy_cut_short_drops_the_connection_next_read_whole
     tests/test_outage.py's PostgreSQL stop exercises; this small COPY cannot reproduce it.)"""
     if not db_url.startswith("postgresql"):
         pytest.skip("the binary COPY read is PostgreSQL's")
-    import collector.store_frame_pg as pg
+    import collector.pg_copy as pg
 
     store.write_windows(mixed())
     want = store.read_frame()
-    real = pg._copy_tuples
+    real = pg.copy_tuples
 
     def cut_short(chunks: Any, n_fields: int) -> Iterator[list[memoryview]]:
         for _block in real(chunks, n_fields):
             raise OSError("connection lost mid-COPY")
         yield from ()
 
-    monkeypatch.setattr(pg, "_copy_tuples", cut_short)
+    monkeypatch.setattr(pg, "copy_tuples", cut_short)
     with caplog.at_level("ERROR", logger="sqlalchemy.pool"), pytest.raises((OSError, StoreError)):
         store.read_frame()
     assert not [r for r in caplog.records if r.name.startswith("sqlalchemy.pool")]
-    monkeypatch.setattr(pg, "_copy_tuples", real)
+    monkeypatch.setattr(pg, "copy_tuples", real)
     pd.testing.assert_frame_equal(store.read_frame(), want)
+
+
+def _postgres_only(db_url: str) -> None:
+    if not db_url.startswith("postgresql"):
+        pytest.skip("the binary COPY read is PostgreSQL's")
+
+
+@pytest.mark.parametrize("streams", [1, 3])
+def test_read_frame_postgres_blocks_over_streams_same_rows(
+    db_url: str, store: Store, monkeypatch: pytest.MonkeyPatch, streams: int
+) -> None:
+    """The scan's blocks spread over several COPYs at once (each on its own connection, in
+    one snapshot) make the same frame as read_windows, whatever order the blocks come in."""
+    _postgres_only(db_url)
+    from collector import store_frame_pg
+
+    store.write_windows(mixed() + grid(sources=3, signals=4, minutes=30))
+    monkeypatch.setattr(store_frame_pg, "_estimate", lambda *_: 1e12)  # the scan
+    monkeypatch.setattr(store_frame_pg, "_BLOCK", 16)
+    monkeypatch.setattr(store_frame_pg, "_STREAMS", streams)
+    for filters in ({}, {"signals": ["ttft_seconds", "sig_1_usage"], "since": T0 + 60}):
+        windows = store.read_windows(**filters)  # type: ignore[arg-type]
+        assert_frame_is_windows(store.read_frame(**filters), windows)  # type: ignore[arg-type]
+
+
+def test_read_frame_postgres_streams_share_one_snapshot(
+    db_url: str, store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Windows re-written after the read began (its first statement), before its COPYs start,
+    are read as they were by every stream: the other connections import its snapshot."""
+    _postgres_only(db_url)
+    from collector import pg_copy, store_frame_pg
+
+    rows = grid(sources=3, signals=4, minutes=30)
+    store.write_windows(rows)
+    want = store.read_frame()
+    monkeypatch.setattr(store_frame_pg, "_estimate", lambda *_: 1e12)
+    monkeypatch.setattr(store_frame_pg, "_BLOCK", 16)
+    real = pg_copy.copy_streams
+
+    def rewrite_first(*args: Any) -> None:
+        with Store(db_url) as other:  # every block of the table has some of these rows
+            other.write_windows([dataclasses.replace(w, mean=-1.0) for w in rows[::5]])
+        real(*args)
+
+    monkeypatch.setattr(store_frame_pg, "copy_streams", rewrite_first)
+    pd.testing.assert_frame_equal(store.read_frame(), want)
+    monkeypatch.setattr(store_frame_pg, "copy_streams", real)
+    assert (store.read_frame()["mean"] == -1.0).sum() == len(rows[::5])
+
+
+def test_read_frame_postgres_one_stream_failing_fails_the_read_others_stopped(
+    db_url: str, store: Store, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """One COPY of several failing mid-stream fails the read with its own error (the others
+    stop at their next block, their connections dropped); the next read is whole."""
+    _postgres_only(db_url)
+    import collector.pg_copy as pg
+    from collector import store_frame_pg
+
+    store.write_windows(grid(sources=3, signals=4, minutes=30))
+    want = store.read_frame()
+    monkeypatch.setattr(store_frame_pg, "_estimate", lambda *_: 1e12)
+    monkeypatch.setattr(store_frame_pg, "_BLOCK", 16)
+    real = pg.copy_tuples
+    calls: list[int] = []
+
+    def second_fails(chunks: Any, n_fields: int) -> Iterator[Any]:
+        calls.append(1)
+        fail = len(calls) == 2
+        for fields in real(chunks, n_fields):
+            if fail:
+                raise OSError("connection lost mid-COPY")
+            yield fields
+
+    monkeypatch.setattr(pg, "copy_tuples", second_fails)
+    with caplog.at_level("ERROR", logger="sqlalchemy.pool"), pytest.raises(OSError, match="lost"):
+        store.read_frame()
+    assert not [r for r in caplog.records if r.name.startswith("sqlalchemy.pool")]
+    monkeypatch.setattr(pg, "copy_tuples", real)
+    pd.testing.assert_frame_equal(store.read_frame(), want)
+
+
+def test_read_frame_postgres_no_connection_to_spare_streams_one_after_another(
+    db_url: str, store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """When the pool or the server has no second connection to give (max_connections
+    reached), the scan's COPYs run one after the other on the read's own connection."""
+    _postgres_only(db_url)
+    from collector import store_frame_pg
+
+    store.write_windows(grid(sources=3, signals=4, minutes=30))
+    want = store.read_frame()
+    monkeypatch.setattr(store_frame_pg, "_estimate", lambda *_: 1e12)
+    monkeypatch.setattr(store_frame_pg, "_BLOCK", 16)
+    monkeypatch.setattr(store_frame_pg, "_STREAMS", 3)
+    real = sqlalchemy.engine.Engine.connect
+    calls: list[int] = []
+
+    def one_only(self: sqlalchemy.engine.Engine) -> sqlalchemy.engine.Connection:
+        calls.append(1)
+        if len(calls) > 2:  # the read's own, then one more: the third is refused
+            raise sqlalchemy.exc.OperationalError("connect", {}, Exception("too many clients"))
+        return real(self)
+
+    monkeypatch.setattr(sqlalchemy.engine.Engine, "connect", one_only)
+    pd.testing.assert_frame_equal(store.read_frame(), want)
+    assert len(calls) == 3

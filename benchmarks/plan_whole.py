@@ -1,0 +1,205 @@
+"""Whole-process timings of ``kvscope plan --since all --json`` (benchmarks/bench_plan.py).
+
+Each variant is one command on one store, run as a fresh process; the variants are run one
+after the other, ``rounds`` times over (alternated, so a busy spell of the shared machine
+falls on all of them), and each run's wall time, its CPU (the process and its children), the
+load average when it started and, on PostgreSQL, the server's CPU meanwhile (the backends
+the plan used) are printed. Every plan's JSON is compared with the first variant's, but for
+the plan's own timings and the store URL it names.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = ("collector", "planner", "dashboards", "api", "kvscope")
+_TIMINGS = {"seconds", "fit_seconds"}  # plan JSON keys timing the run itself (planner/)
+# `kvscope plan` with every window read through the rows, as before schema 6
+ROWS_PLAN = (
+    "import functools, sys; from collector.store_frame import FrameReader; "
+    "FrameReader.read_frame = functools.partialmethod(FrameReader.read_frame, packed=False); "
+    "from kvscope.cli import main; sys.argv[0] = 'kvscope'; main()"
+)
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One way of planning: a command and the store URL it reads."""
+
+    name: str
+    cmd: list[str]
+    url: str
+    server_cpu: Callable[[], float] | None = None  # the database server's CPU seconds so far
+
+
+@dataclass
+class Runs:
+    """A variant's runs: (wall s, CPU s, server CPU s, load average) each, and its JSON."""
+
+    samples: list[tuple[float, float, float, float]] = field(default_factory=list)
+    json: str = ""
+
+    def best(self) -> tuple[float, float, float, float]:
+        """The run with the least wall time."""
+        return min(self.samples)
+
+
+def plan_args(url: str) -> list[str]:
+    return ["plan", "--db", url, "--since", "all", "--json"]
+
+
+def cli(url: str) -> list[str]:
+    """This checkout's ``kvscope plan`` on ``url``."""
+    return [sys.executable, "-m", "kvscope.cli", *plan_args(url)]
+
+
+def rows_cli(url: str) -> list[str]:
+    """This checkout's ``kvscope plan`` reading every window as a row (SQLite's schema 5 path)."""
+    return [sys.executable, "-c", ROWS_PLAN, *plan_args(url)]
+
+
+def tree_cli(tree: Path, url: str) -> list[str]:
+    """``kvscope plan`` of the packages in ``tree`` (checked to be the ones imported)."""
+    code = (
+        f"import sys; sys.path.insert(0, {str(tree)!r}); import collector, planner; "
+        f"assert collector.__file__.startswith({str(tree)!r}), collector.__file__; "
+        "from kvscope.cli import main; sys.argv[0] = 'kvscope'; main()"
+    )
+    return [sys.executable, "-c", code, *plan_args(url)]
+
+
+@contextmanager
+def revision_tree(rev: str) -> Iterator[Path]:
+    """The packages of git revision ``rev`` (git archive) in a temporary directory."""
+    archive = subprocess.run(
+        ["git", "-C", str(ROOT), "archive", "--format=tar", rev, *PACKAGES],
+        capture_output=True, check=False,
+    )  # fmt: skip
+    if archive.returncode != 0:
+        raise SystemExit(f"bench_plan: revision {rev}: {archive.stderr.decode().strip()}")
+    with tempfile.TemporaryDirectory(prefix="bench_plan_") as tmp:
+        with tarfile.open(fileobj=io.BytesIO(archive.stdout)) as tar:
+            tar.extractall(tmp, filter="data")
+        yield Path(tmp)
+
+
+def postgres_cpu(url: str) -> Callable[[], float]:
+    """The CPU seconds of a local PostgreSQL so far: its postmaster, the children it reaped
+    (each backend of a plan, once it ends) and the children alive."""
+    import psycopg
+
+    dsn = url.replace("postgresql+psycopg://", "postgresql://")
+    with psycopg.connect(dsn) as pg:
+        backend = pg.execute("SELECT pg_backend_pid()").fetchone()
+    postmaster = _stat(int(backend[0]))[0] if backend else 0
+    tick = os.sysconf("SC_CLK_TCK")
+
+    def cpu() -> float:
+        time.sleep(0.2)  # the plan's backends exit as it does: let them be reaped
+        _, ticks = _stat(postmaster, with_children=True)
+        for entry in os.listdir("/proc"):
+            if entry.isdigit():
+                try:
+                    ppid, own = _stat(int(entry))
+                except OSError:  # gone meanwhile
+                    continue
+                if ppid == postmaster:
+                    ticks += own
+        return ticks / tick
+
+    return cpu
+
+
+def _stat(pid: int, *, with_children: bool = False) -> tuple[int, int]:
+    """(parent pid, CPU ticks) of a process from /proc (with its reaped children's)."""
+    with open(f"/proc/{pid}/stat") as fh:
+        fields = fh.read().rsplit(")", 1)[1].split()
+    ticks = int(fields[11]) + int(fields[12])
+    if with_children:
+        ticks += int(fields[13]) + int(fields[14])
+    return int(fields[1]), ticks
+
+
+def run_rounds(variants: list[Variant], rounds: int) -> dict[str, Runs]:
+    """Every variant ``rounds`` times, alternated; each run printed as it ends."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    out = {v.name: Runs() for v in variants}
+    for i in range(rounds):
+        for v in variants:
+            load = os.getloadavg()[0]
+            s0 = v.server_cpu() if v.server_cpu else 0.0
+            c0 = resource.getrusage(resource.RUSAGE_CHILDREN)
+            t0 = time.perf_counter()
+            done = subprocess.run(v.cmd, env=env, capture_output=True, text=True, check=False)
+            wall = time.perf_counter() - t0
+            c1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+            if done.returncode != 0:
+                raise SystemExit(f"bench_plan: {v.name} failed:\n{done.stderr[-3000:]}")
+            cpu = (c1.ru_utime - c0.ru_utime) + (c1.ru_stime - c0.ru_stime)
+            server = v.server_cpu() - s0 if v.server_cpu else 0.0
+            out[v.name].samples.append((wall, cpu, server, load))
+            out[v.name].json = done.stdout.replace(_redacted(v.url), "<store>")
+            extra = f" + server {server:6.2f} s cpu" if v.server_cpu else ""
+            print(f"  round {i + 1}: {v.name:<40s} {wall:7.2f} s wall {cpu:7.2f} s cpu{extra}"
+                  f"  (load {load:.2f})", flush=True)  # fmt: skip
+    return out
+
+
+def summary(variants: list[Variant], runs: dict[str, Runs]) -> None:
+    """Each variant's best and median run, its ratios to the first variant's best, and
+    whether its plan JSON is the first variant's."""
+    first = runs[variants[0].name]
+    w0, c0, s0, _ = first.best()
+    for v in variants:
+        r = runs[v.name]
+        wall, cpu, server, load = r.best()
+        med = statistics.median(s[0] for s in r.samples)
+        differs = differs_at(first.json, r.json)
+        same = f"JSON DIFFERENT at {differs}" if differs else "JSON identical"
+        total = f", +{server:.1f} s server = {cpu + server:.1f} s" if v.server_cpu else ""
+        print(f"WHOLE {v.name}: best {wall:.1f} s wall / {cpu:.1f} s cpu{total} (load "
+              f"{load:.2f}; median wall {med:.1f} s of {len(r.samples)}); "
+              f"{wall / w0:.2f}x wall, {(cpu + server) / (c0 + s0):.2f}x cpu of "
+              f"{variants[0].name}; {same}; <= 30 s: {'met' if wall <= 30 else 'NOT met'}",
+              flush=True)  # fmt: skip
+
+
+def differs_at(a: str, b: str) -> list[str]:
+    """The paths (dotted keys, list indexes) where two JSON documents differ, first ten."""
+    out: list[str] = []
+
+    def walk(x: Any, y: Any, at: str) -> None:
+        if len(out) >= 10:
+            return
+        if isinstance(x, dict) and isinstance(y, dict):
+            for k in sorted((set(x) | set(y)) - _TIMINGS):
+                walk(x.get(k), y.get(k), f"{at}.{k}")
+        elif isinstance(x, list) and isinstance(y, list) and len(x) == len(y):
+            for i, (u, v) in enumerate(zip(x, y, strict=True)):
+                walk(u, v, f"{at}[{i}]")
+        elif x != y:
+            out.append(f"{at}: {str(x)[:60]} != {str(y)[:60]}")
+
+    walk(json.loads(a), json.loads(b), "")
+    return out
+
+
+def _redacted(url: str) -> str:
+    from collector.store import redact
+
+    return redact(url)
