@@ -50,8 +50,8 @@ class Router:
         self.sc = sc
         self.bs = spec.block_size
         self.routed = sc.prefix_index == "routed"
-        # per engine: (engine, its block pool, GPU store, CPU store, CPU store's unit)
-        self._stores: list[tuple[Engine, Any, Any, Any, int]] = []
+        # per engine: (its block pool, GPU store, CPU store, CPU store's unit)
+        self._stores: list[tuple[Any, Any, Any, int]] = []
         self._gpu_index: list[PrefixLRU] = []
         self._cpu_index: list[PrefixLRU] = []
         # engines by when they last got a no-hit request: never first (index order), then oldest
@@ -74,7 +74,7 @@ class Router:
                 cpu = e.conn.pool.cached
             elif isinstance(e.conn, LMCacheConnector) and len(e.conn.pool.engines) == 1:
                 cpu, unit = e.conn.pool.l1.cached, e.conn.cs
-            self._stores.append((e, e.pool, gpu, cpu, unit))
+            self._stores.append((e.pool, gpu, cpu, unit))
 
     def pick(self, req: Req) -> Engine:
         if self.policy == "round_robin":
@@ -106,7 +106,7 @@ class Router:
         gpu_hits = [0] * n
         cpu_hits = [0] * n
         if limit > 0 and (w_p or w_c or w_lru):
-            for i, (_, pool, gpu, cpu, unit) in enumerate(self._stores):
+            for i, (pool, gpu, cpu, unit) in enumerate(self._stores):
                 if gpu is not None and n0 in gpu:
                     gpu_hits[i] = leading_cached(
                         path, pool.start, pool.end, gpu, unit=bs, limit=limit
@@ -124,7 +124,7 @@ class Router:
             i = first + j
             if i >= n:
                 i -= n
-            pool = self._stores[i][1]
+            pool = self._stores[i][0]
             score = w_q * (hi - waits[i]) / span if span else w_q
             if w_kv:
                 score += w_kv * (1.0 - (pool.pinned_total + pool.private_total) / pool.total)
