@@ -43,6 +43,8 @@ sys.path.insert(0, str(ROOT))
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
+from benchmarks.gitrev import revision_tree  # noqa: E402
+
 # (signal, Window field, frame column) — the windows a store would hand back.
 _SPEC = (
     ("preemptions_total", "delta", "preemptions"),
@@ -132,12 +134,10 @@ def baseline_fits(frame: pd.DataFrame, rev: str) -> dict[str, Any]:
     import subprocess
     import tempfile
 
-    with tempfile.TemporaryDirectory(prefix="bench-fit-") as tmp:
-        tree = Path(tmp) / "tree"
-        tree.mkdir()
-        archive = subprocess.run(["git", "-C", str(ROOT), "archive", rev, "collector",
-                                  "planner"], check=True, capture_output=True).stdout  # fmt: skip
-        subprocess.run(["tar", "-x", "-C", str(tree)], input=archive, check=True)
+    with (
+        revision_tree(rev, ("collector", "planner"), who="bench_fit") as tree,
+        tempfile.TemporaryDirectory(prefix="bench-fit-") as tmp,
+    ):
         # the benchmark's own synthetic-data helpers come from this checkout
         (tree / "benchmarks").symlink_to(ROOT / "benchmarks")
         frame_path, out_path = Path(tmp) / "frame.pkl", Path(tmp) / "out.pkl"

@@ -30,13 +30,10 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import hashlib
-import io
 import json
 import os
 import subprocess
 import sys
-import tarfile
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -46,6 +43,7 @@ if "--child" in sys.argv:  # a timed hour with another tree's planner/ (see _chi
     sys.path.insert(0, sys.argv[sys.argv.index("--child") + 1])
 sys.path.insert(0 if "--child" not in sys.argv else 1, str(ROOT))
 
+from benchmarks.gitrev import revision_tree  # noqa: E402
 from planner.simulate.cluster import Simulation  # noqa: E402
 from planner.simulate.scenario import Scenario, load_scenario, parse_scenario  # noqa: E402
 from planner.simulate.scenarios import scenario_file  # noqa: E402
@@ -99,18 +97,10 @@ def _run_child(tree: Path, hours: float) -> dict[str, Any]:
 
 def _against(ref: str, hours: float, rounds: int) -> dict[str, Any]:
     """The hour with `ref`'s planner/ and with this tree's, alternately, `rounds` times."""
-    archive = subprocess.run(
-        ["git", "-C", str(ROOT), "archive", "--format=tar", ref, "planner", "collector"],
-        capture_output=True, check=False,
-    )  # fmt: skip
-    if archive.returncode != 0:
-        raise SystemExit(f"bench_sim: --against {ref}: {archive.stderr.decode().strip()}")
-    with tempfile.TemporaryDirectory(prefix="bench_sim_") as tmp:
-        with tarfile.open(fileobj=io.BytesIO(archive.stdout)) as tar:
-            tar.extractall(tmp, filter="data")
+    with revision_tree(ref, ("planner", "collector"), who="bench_sim --against") as tmp:
         before, after = [], []
         for _ in range(rounds):
-            before.append(_run_child(Path(tmp), hours))
+            before.append(_run_child(tmp, hours))
             after.append(_run_child(ROOT, hours))
     b = min(before, key=lambda d: float(d["cpu_s"]))
     a = min(after, key=lambda d: float(d["cpu_s"]))

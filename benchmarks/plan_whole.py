@@ -10,21 +10,20 @@ the plan's own timings and the store URL it names.
 
 from __future__ import annotations
 
-import io
 import json
 import os
 import resource
 import statistics
 import subprocess
 import sys
-import tarfile
-import tempfile
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from benchmarks import gitrev
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("collector", "planner", "dashboards", "api", "kvscope")
@@ -83,19 +82,9 @@ def tree_cli(tree: Path, url: str) -> list[str]:
     return [sys.executable, "-c", code, *plan_args(url)]
 
 
-@contextmanager
-def revision_tree(rev: str) -> Iterator[Path]:
+def revision_tree(rev: str) -> AbstractContextManager[Path]:
     """The packages of git revision ``rev`` (git archive) in a temporary directory."""
-    archive = subprocess.run(
-        ["git", "-C", str(ROOT), "archive", "--format=tar", rev, *PACKAGES],
-        capture_output=True, check=False,
-    )  # fmt: skip
-    if archive.returncode != 0:
-        raise SystemExit(f"bench_plan: revision {rev}: {archive.stderr.decode().strip()}")
-    with tempfile.TemporaryDirectory(prefix="bench_plan_") as tmp:
-        with tarfile.open(fileobj=io.BytesIO(archive.stdout)) as tar:
-            tar.extractall(tmp, filter="data")
-        yield Path(tmp)
+    return gitrev.revision_tree(rev, PACKAGES, who="bench_plan")
 
 
 def postgres_cpu(url: str) -> Callable[[], float]:
