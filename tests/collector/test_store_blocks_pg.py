@@ -65,6 +65,27 @@ def _in_thread(fn: Callable[[], object]) -> tuple[threading.Thread, list[BaseExc
     return thread, errors
 
 
+def _while_packing(
+    db_url: str, action: Callable[[Store], object]
+) -> tuple[bool, list[BaseException]]:
+    """``action`` on a Store of its own, in a thread, while a transaction that packed e1's
+    first hour is open; whether it came to wait for a lock before the pack's commit, and
+    its errors (once it ended)."""
+    engine = sqlalchemy.create_engine(db_url)
+    try:
+        with engine.connect() as conn, Store(db_url) as other:
+            pack = conn.begin()
+            assert store_blocks_pg.hours_to_pack(conn, "e1", None, T0 + BLOCK_S) == [T0]
+            assert store_blocks_pg.pack_hours(conn, "e1", [T0]) == 3 * 60
+            thread, errors = _in_thread(lambda: action(other))
+            waited = _until_waiting_or_done(db_url, thread)
+            pack.commit()
+            thread.join(timeout=30)
+    finally:
+        engine.dispose()
+    return waited, errors
+
+
 def _changed(minute: int = 5, mean: float = -7.0) -> list[Window]:
     """The windows of e1 at ``minute`` (of its first hour) with a new mean."""
     return [replace(w, mean=mean) for w in history()
@@ -75,20 +96,7 @@ def test_a_write_during_a_pack_waits_and_drops_the_pack(db_url: str, store: Stor
     """The packer locks first: the writer waits for its commit, then drops the new pack
     (without the lock the pack, lacking the write, would be the one read)."""
     store.write_windows(_changed(6, -3.0))  # e1's first hour unpacked
-    assert store_blocks_pg.PACK_HOURS >= 1
-    engine = sqlalchemy.create_engine(db_url)
-    try:
-        with engine.connect() as conn, Store(db_url) as writer:
-            pack = conn.begin()
-            hours = store_blocks_pg.hours_to_pack(conn, "e1", None, T0 + BLOCK_S)
-            assert hours == [T0]
-            assert store_blocks_pg.pack_hours(conn, "e1", hours) == 3 * 60
-            thread, errors = _in_thread(lambda: writer.write_windows(_changed()))
-            waited = _until_waiting_or_done(db_url, thread)
-            pack.commit()
-            thread.join(timeout=30)
-    finally:
-        engine.dispose()
+    waited, errors = _while_packing(db_url, lambda writer: writer.write_windows(_changed()))
     assert errors == [] and waited
     frame = _same(store)
     assert (frame["mean"] == -7.0).sum() == 3
@@ -130,17 +138,7 @@ def test_a_prune_waits_for_a_pack_then_drops_it(db_url: str, store: Store) -> No
     the prune's last sweep waits for it and drops it (store_blocks_pg.PRUNE_KEY)."""
     store.write_windows(_changed(6, -3.0))  # e1's first hour unpacked
     cutoff = T0 + BLOCK_S + 600.0  # exact: the day at the cutoff is kept, no detach
-    engine = sqlalchemy.create_engine(db_url)
-    try:
-        with engine.connect() as conn, Store(db_url) as pruner:
-            pack = conn.begin()
-            assert store_blocks_pg.pack_hours(conn, "e1", [T0]) == 3 * 60
-            thread, errors = _in_thread(lambda: pruner.prune(cutoff))
-            waited = _until_waiting_or_done(db_url, thread)
-            pack.commit()
-            thread.join(timeout=30)
-    finally:
-        engine.dispose()
+    waited, errors = _while_packing(db_url, lambda pruner: pruner.prune(cutoff))
     assert errors == [] and waited
     assert _count(db_url, f"packed_hours WHERE hour < {cutoff}") == 0
     frame = _same(store)
