@@ -42,7 +42,7 @@ import math
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import Connection, and_, select
+from sqlalchemy import Connection, and_, func, select
 
 from collector.models import ClusterRow, EngineRow, PackedHourRow, TargetRow, WindowBlockRow
 from collector.store_columns import Series, compiled_sql
@@ -138,13 +138,35 @@ def block_sql(
 ) -> tuple[str, Any]:
     """The SQL and parameters (for the driver) of the blocks of the packed hours (a Block
     per row) that may hold windows of the read; blocks without a promise are left out."""
+    b = WindowBlockRow
+    columns = (b.source, b.signal, b.kind, b.labels, b.n, b.columns, b.data)
+    return compiled_sql(conn, _blocks(columns, wanted, signals, since, until))
+
+
+def block_rows(
+    conn: Connection,
+    wanted: Sequence[str] | None,
+    signals: Sequence[str] | None,
+    since: float | None,
+    until: float | None,
+) -> int:
+    """The rows the blocks of :func:`block_sql` hold (their ``n``: no data read)."""
+    query = _blocks((func.coalesce(func.sum(WindowBlockRow.n), 0),), wanted, signals, since, until)
+    return int(conn.execute(query).scalar_one())
+
+
+def _blocks(
+    columns: Sequence[Any],
+    wanted: Sequence[str] | None,
+    signals: Sequence[str] | None,
+    since: float | None,
+    until: float | None,
+) -> Any:
     b, p = WindowBlockRow, PackedHourRow
-    query = select(b.source, b.signal, b.kind, b.labels, b.n, b.columns, b.data).join(
-        p, and_(p.source == b.source, p.hour == b.hour)
-    )
+    query = select(*columns).select_from(b).join(p, and_(p.source == b.source, p.hour == b.hour))
     if signals is not None:
         query = query.where(b.signal.in_(list(signals)))
-    return compiled_sql(conn, query.where(*_hours(b.source, b.hour, wanted, since, until)))
+    return query.where(*_hours(b.source, b.hour, wanted, since, until))
 
 
 def _hours(

@@ -1,12 +1,13 @@
-"""The packed hours' blocks (collector/store_blocks.py) gathered into a frame's columns.
+"""The packed hours' blocks (collector/store_blocks.py) decoded into a frame's columns.
 
-:class:`Packs` takes the blocks as they stream in, appending each one's data to one buffer
-per column set (the ``columns`` bitmask): the driver's objects are let go as they come, and
-no second copy of ~0.5 GB of blocks is ever joined together. :meth:`Packs.frame` reads each
-buffer with ``numpy.frombuffer`` as one 2-D array and scatters its columns into the frame's
-(preallocated, NaN where a block has no such column), the rows no pack covered after them.
-On this project's VM a fresh page of memory costs more than the work done in it, so large
-temporaries are avoided (the rows' positions come from one in-place cumulative sum).
+The columns are made once, for the rows the blocks hold (counted first, in the read's
+snapshot) and the rows no pack covered (read before the blocks, put after them), NaN where a
+block has no such column. :class:`Packs` then takes the blocks as they stream in, a batch
+at a time: per column set (the ``columns`` bitmask) the batch's data joined and read with
+``numpy.frombuffer`` as one 2-D array, its columns scattered into the frame's. No buffer of
+all the blocks is ever made: on this project's VM a fresh page of memory costs more than the
+work done in it, and a batch's temporaries reuse the memory of the batch before (the rows'
+positions come from one in-place cumulative sum).
 """
 
 from __future__ import annotations
@@ -24,77 +25,88 @@ if TYPE_CHECKING:
 
     from collector.store_columns import IntArray
 
+BATCH = 4_096  # blocks decoded at a time
+
 
 class Packs:
-    """The blocks added so far: per block its series code, rows and column set; the data of
-    each column set appended into one buffer (rows of the blocks in the order they came)."""
+    """A frame's columns being filled: ``rows`` rows from blocks (in the order they come),
+    then the rows of ``tail`` (read from ``windows``); ``byte_order`` is the data's
+    (store_blocks.BYTE_ORDER)."""
 
-    def __init__(self) -> None:
+    def __init__(self, numeric: Sequence[str], byte_order: str, rows: int, tail: Frame) -> None:
+        import numpy as np
+
+        self._tail = tail
+        self._order = byte_order
+        self._rows = rows
+        total = rows + len(tail[1])
+        self.nums: dict[str, npt.NDArray[Any]] = {
+            name: np.zeros(total, np.int64)
+            if dtype_of(name) is np.int64
+            else np.full(total, np.nan)
+            for name in numeric
+        }
+        for name, values in self.nums.items():
+            values[rows:] = tail[2][name]
+        self.sid: IntArray = np.empty(total, dtype=np.int64)  # each row's series code
         self.ids: dict[Series, int] = {}
-        self.codes: list[int] = []
-        self.counts: list[int] = []
-        self.masks: list[int] = []
-        self.rows = 0
-        self._data: dict[int, bytearray] = {}
+        self.placed = 0  # rows of blocks in the columns so far
+        self._batch: list[tuple[int, int, int, bytes]] = []  # first row, code, column set, data
 
     def add(self, blocks: Iterable[Block]) -> Packs:
-        """Take these blocks (an iterator is consumed as it goes); return self."""
-        ids, data = self.ids, self._data
+        """Decode these blocks (an iterator is consumed as it goes); return self."""
+        ids, batch = self.ids, self._batch
+        at = self.placed
         for source, signal, kind, labels, n, mask, blob in blocks:
             key = (source, signal, kind, labels)
             code = ids.get(key)
             if code is None:
                 code = ids[key] = len(ids)
-            self.codes.append(code)
-            self.counts.append(n)
-            self.masks.append(mask)
-            self.rows += n
-            buffer = data.get(mask)
-            if buffer is None:
-                buffer = data[mask] = bytearray()
-            buffer += blob
+            batch.append((at, code, mask, blob))
+            at += n
+            if at > self._rows:
+                raise StoreError(f"packed blocks hold more than the {self._rows} rows counted")
+            if len(batch) == BATCH:
+                self._flush(at)
+        self._flush(at)
         return self
 
-    def frame(
-        self,
-        byte_order: str,
-        *,
-        numeric: Sequence[str],
-        since: float | None,
-        until: float | None,
-        tail: Frame,
-    ) -> Frame:
-        """The packed windows with since <= start < until (``byte_order``: of the data,
-        store_blocks.BYTE_ORDER), then the rows of ``tail`` (read from ``windows``): series,
-        each row's series code, and the ``numeric`` columns. The buffers are let go."""
+    def _flush(self, at: int) -> None:
+        """The batch's data scattered into the columns, a column set at a time."""
         import numpy as np
 
-        tail_series, tail_sid, tail_nums = tail
-        n_blocks = np.asarray(self.counts, dtype=np.int64)
-        packed = int(n_blocks.sum())
-        total = packed + len(tail_sid)
-        nums: dict[str, npt.NDArray[Any]] = {
-            name: np.full(total, np.nan)
-            if dtype_of(name) is np.float64
-            else np.zeros(total, np.int64)
-            for name in numeric
-        }
-        offsets = np.cumsum(n_blocks) - n_blocks  # each block's first row
-        by_mask = np.asarray(self.masks, dtype=np.int64)
-        for mask in sorted(self._data):
-            which = np.flatnonzero(by_mask == mask)
+        batch = list(self._batch)
+        self._batch.clear()  # (add appends to this list)
+        self.placed = at
+        if not batch:
+            return
+        firsts = np.asarray([b[0] for b in batch], dtype=np.int64)
+        sizes = np.diff(firsts, append=at)
+        codes = np.asarray([b[1] for b in batch], dtype=np.int64)
+        self.sid[firsts[0] : at] = np.repeat(codes, sizes)  # the batch's rows are contiguous
+        masks = np.asarray([b[2] for b in batch], dtype=np.int64)
+        for mask in np.unique(masks).tolist():
+            which = np.flatnonzero(masks == mask).tolist()
             present = [i for i in range(len(BLOCK_COLUMNS)) if mask >> i & 1]
-            data = self._data.pop(mask)
-            at = positions(offsets[which], n_blocks[which])
-            if len(data) != 8 * len(present) * at.size:
-                raise StoreError(f"packed blocks of {len(data)} bytes hold {at.size} rows of "
+            where = positions(firsts[which], sizes[which])
+            data = b"".join([batch[i][3] for i in which])
+            if len(data) != 8 * len(present) * where.size:
+                raise StoreError(f"packed blocks of {len(data)} bytes hold {where.size} rows of "
                                  f"{len(present)} float64 by their counts")  # fmt: skip
-            table = np.frombuffer(data, dtype=f"{byte_order}f8").reshape(-1, len(present))
+            table = np.frombuffer(data, dtype=f"{self._order}f8").reshape(-1, len(present))
             for j, i in enumerate(present):
-                name = BLOCK_COLUMNS[i]
-                if name in nums:
-                    nums[name][at] = table[:, j]  # to native order in the copy
-            del table, data, at
+                values = self.nums.get(BLOCK_COLUMNS[i])
+                if values is not None:
+                    values[where] = table[:, j]  # to native order in the copy
+
+    def frame(self, since: float | None, until: float | None) -> Frame:
+        """Series, each row's series code, and the columns: the packed windows with since <=
+        start < until, then the tail's rows."""
+        import numpy as np
+
+        if self.placed != self._rows:
+            raise StoreError(f"packed blocks hold {self.placed} rows, {self._rows} counted")
+        tail_series, tail_sid, _ = self._tail
         series = list(self.ids)
         ids = dict(self.ids)
         lut = np.empty(len(tail_series), dtype=np.int64)
@@ -104,10 +116,8 @@ class Packs:
                 code = ids[s] = len(series)
                 series.append(s)
             lut[j] = code
-        codes = np.asarray(self.codes, dtype=np.int64)
-        sid = np.concatenate([np.repeat(codes, n_blocks), lut[tail_sid]])
-        for name in numeric:
-            nums[name][packed:] = tail_nums[name]
+        sid, nums = self.sid, self.nums
+        sid[self._rows :] = lut[tail_sid]
         if since is not None or until is not None:
             lo = -math.inf if since is None else since
             hi = math.inf if until is None else until

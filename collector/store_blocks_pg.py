@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from sqlalchemy import Connection
@@ -211,11 +212,17 @@ def pack_existing(conn: Connection) -> int:
 
 
 def read_blocks(conn: Connection, sql: str, params: Any) -> Iterator[Block]:
-    """The blocks of ``sql`` (store_blocks.block_select), a few thousand per round trip
-    (a server-side cursor, binary: the data as sent, no hex)."""
+    """The blocks of ``sql`` (store_blocks.block_sql), a few thousand per round trip (a
+    server-side cursor, binary: the data as sent, no hex); the next few thousand are fetched
+    in a thread while these are used (the server works meanwhile)."""
     raw = conn.connection.driver_connection
-    with raw.cursor(name="kvscope_blocks", binary=True) as cursor:  # type: ignore[union-attr]
+    with (
+        raw.cursor(name="kvscope_blocks", binary=True) as cursor,  # type: ignore[union-attr]
+        ThreadPoolExecutor(max_workers=1) as fetcher,
+    ):
         cursor.itersize = _FETCH
         cursor.execute(sql, params or None)
-        while rows := cursor.fetchmany(_FETCH):
+        pending = fetcher.submit(cursor.fetchmany, _FETCH)
+        while rows := pending.result():
+            pending = fetcher.submit(cursor.fetchmany, _FETCH)
             yield from rows

@@ -363,15 +363,15 @@ def _read_packed(
     the packed hours (collector/store_frame_pg.py)."""
     wanted = store_blocks.wanted_sources(conn, sources, cluster)
     cover = store_blocks.covered(conn, wanted, since, until)
+    packed = store_blocks.block_rows(conn, wanted, signals, since, until)
     sql, params = store_blocks.block_sql(conn, wanted, signals, since, until)
     if conn.dialect.name == "postgresql":
         conn.exec_driver_sql("SET LOCAL jit = off")  # compiling costs more than it saves here
-        packs = Packs().add(store_blocks_pg.read_blocks(conn, sql, params))
-        packed = (cover, since, until, packs.rows)
-        rest = read_postgres(conn, conds, numeric, packed=packed)
+        rest = read_postgres(conn, conds, numeric, packed=(cover, since, until, packed))
+        packs = Packs(numeric, store_blocks.BYTE_ORDER["postgresql"], packed, rest)
+        packs.add(store_blocks_pg.read_blocks(conn, sql, params))
     else:
         raw = cast(sqlite3.Connection, conn.connection.driver_connection)
-        packs = Packs().add(raw.execute(sql, params))
         present = store_blocks_sqlite.sources(raw)
         if wanted is not None:
             keep = set(wanted)
@@ -380,8 +380,9 @@ def _read_packed(
             cover, present, signals=signals, since=since, until=until, numeric=numeric
         )
         rest = _read_rows(raw, statements, numeric)
-    order = store_blocks.BYTE_ORDER[conn.dialect.name]
-    return packs.frame(order, numeric=numeric, since=since, until=until, tail=rest)
+        packs = Packs(numeric, store_blocks.BYTE_ORDER["sqlite"], packed, rest)
+        packs.add(raw.execute(sql, params))
+    return packs.frame(since, until)
 
 
 def _read_rows(

@@ -18,7 +18,7 @@ import pandas as pd
 import pytest
 import sqlalchemy
 
-from collector import store_blocks_pg, store_frame_pg
+from collector import store_blocks_decode, store_blocks_pg, store_frame_pg
 from collector.errors import StoreError
 from collector.models import SCHEMA_VERSION
 from collector.records import Labels, Window
@@ -136,7 +136,10 @@ def test_packed_frame_equals_rows(db_url: str, row_path: str, filters: dict[str,
     assert _count(db_url, "packed_hours") == 2 * (HOURS - 1)
 
 
-def test_every_kind_null_columns_and_partly_packed_hours(db_url: str, row_path: str) -> None:
+def test_every_kind_null_columns_and_partly_packed_hours(
+    db_url: str, row_path: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(store_blocks_decode, "BATCH", 3)  # blocks decoded 3 at a time
     rows = every_kind()
     with Store(db_url, batch_size=97) as s:
         s.migrate()
@@ -255,12 +258,16 @@ def test_positions_of_blocks_rows_in_order() -> None:
 def test_blocks_whose_data_disagrees_with_their_counts_are_refused() -> None:
     tail: Frame = ([], np.zeros(0, dtype=np.int64), {"start": np.zeros(0)})
     good = np.array([[T0, 60.0, 4.0]], dtype="<f8").tobytes()
-    packs = Packs().add([("e1", "g", "gauge", "{}", 1, 0b111, good)])
-    frame = packs.frame("<", numeric=["start"], since=None, until=None, tail=tail)
-    assert frame[2]["start"].tolist() == [T0]
-    short = Packs().add([("e1", "g", "gauge", "{}", 2, 0b111, good)])  # 2 rows counted
+    block = ("e1", "g", "gauge", "{}", 1, 0b111, good)
+    assert Packs(["start"], "<", 1, tail).add([block]).frame(None, None)[2]["start"].tolist() == [
+        T0
+    ]
     with pytest.raises(StoreError, match="24 bytes hold 2 rows of 3 float64"):
-        short.frame("<", numeric=["start"], since=None, until=None, tail=tail)
+        Packs(["start"], "<", 2, tail).add([(*block[:4], 2, *block[5:])])
+    with pytest.raises(StoreError, match="more than the 1 rows counted"):
+        Packs(["start"], "<", 1, tail).add([block, block])
+    with pytest.raises(StoreError, match="hold 1 rows, 2 counted"):
+        Packs(["start"], "<", 2, tail).add([block]).frame(None, None)
 
 
 # ---- PostgreSQL's writes split under its lock limit (collector/store_blocks_pg.py) --------
