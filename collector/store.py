@@ -460,18 +460,12 @@ class Store(Inventory, PlanStore, FrameReader, HandoffStore, RetentionStore):
         with self._tx("listing the sources to pack") as conn:
             names = store_blocks_pg.sources(conn)
         packed = 0
-        step = store_blocks_pg.PACK_HOURS
         for source in names:
             with self._tx(f"listing the hours of {source} to pack") as conn:
-                newest = conn.execute(
-                    select(func.max(WindowRow.start)).where(WindowRow.source == source)
-                ).scalar()
-                if newest is None:
-                    continue
-                hours = store_blocks_pg.hours_to_pack(conn, source, None, float(newest))
-            for i in range(0, len(hours), step):
+                chunks = store_blocks_pg.chunks_to_pack(conn, source)
+            for hours in chunks:
                 with self._tx(f"packing the windows of {source}", write=True) as conn:
-                    packed += store_blocks_pg.pack_hours(conn, source, hours[i : i + step])
+                    packed += store_blocks_pg.pack_hours(conn, source, hours)
         return packed
 
     def _days(self, rows: Iterable[tuple[Any, ...]]) -> set[int]:

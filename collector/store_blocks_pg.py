@@ -127,7 +127,6 @@ def pack_sql(where: str) -> str:
 
 
 _PACK_HOURS = pack_sql(f"w.start >= %(lo)s AND w.start < %(hi)s AND {_HOUR} = ANY(%(h)s)")
-_PACK_RANGE = pack_sql("w.start >= %(lo)s AND w.start < %(hi)s")
 
 
 def _pairs(pairs: Sequence[tuple[str, float]]) -> dict[str, list[Any]]:
@@ -168,15 +167,27 @@ def hours_to_pack(conn: Connection, source: str, lo: float | None, before: float
     return [float(r[0]) for r in conn.exec_driver_sql(_HOURS, params)]
 
 
-def pack_hours(conn: Connection, source: str, hours: Sequence[float]) -> int:
+def chunks_to_pack(conn: Connection, source: str) -> list[list[float]]:
+    """Every complete hour of ``source`` without a pack (its newest hour stays rows), in
+    chunks of at most PACK_HOURS (a transaction's)."""
+    newest = conn.exec_driver_sql(
+        "SELECT max(start) FROM windows WHERE source = %(s)s", {"s": source}
+    ).scalar()
+    hours = [] if newest is None else hours_to_pack(conn, source, None, float(newest))
+    return [hours[i : i + PACK_HOURS] for i in range(0, len(hours), PACK_HOURS)]
+
+
+def pack_hours(conn: Connection, source: str, hours: Sequence[float], *, lock: bool = True) -> int:
     """Pack these hours of ``source`` (at most PACK_HOURS) under their exclusive locks, in the
-    caller's transaction; return the windows packed (hours packed meanwhile are skipped)."""
+    caller's transaction; return the windows packed (hours packed meanwhile are skipped).
+    ``lock=False``: the migration's, which no writer of this schema can run beside."""
     if not hours:
         return 0
     if len(hours) > PACK_HOURS:
         raise ValueError(f"{len(hours)} hours to pack in one transaction (at most {PACK_HOURS})")
-    conn.exec_driver_sql(f"SELECT pg_advisory_xact_lock_shared({PRUNE_KEY})")
-    conn.exec_driver_sql(_LOCK_EXCLUSIVE, _pairs([(source, h) for h in hours]))
+    if lock:
+        conn.exec_driver_sql(f"SELECT pg_advisory_xact_lock_shared({PRUNE_KEY})")
+        conn.exec_driver_sql(_LOCK_EXCLUSIVE, _pairs([(source, h) for h in hours]))
     conn.exec_driver_sql(f"SET LOCAL work_mem = '{_WORK_MEM}'")
     params = {"s": source, "h": list(hours), "lo": min(hours), "hi": max(hours) + BLOCK_S}
     conn.exec_driver_sql(_ORPHANS, params)
@@ -192,23 +203,13 @@ def sources(conn: Connection) -> list[str]:
 
 def pack_existing(conn: Connection) -> int:
     """Schema 6 -> 7: every complete hour of every source packed (each one's newest hour
-    stays rows), a day of a source per statement, in the migration's transaction and without
-    the locks (module docstring); the windows packed."""
-    conn.exec_driver_sql(f"SET LOCAL work_mem = '{_WORK_MEM}'")
-    packed = 0
-    for source in sources(conn):
-        lo, hi = conn.exec_driver_sql(
-            "SELECT min(start), max(start) FROM windows WHERE source = %(s)s", {"s": source}
-        ).one()
-        if lo is None:
-            continue
-        end = hour_of(float(hi))
-        day = math.floor(float(lo) / 86_400.0) * 86_400.0
-        while day < end:
-            params = {"s": source, "lo": day, "hi": min(day + 86_400.0, end)}
-            packed += int(conn.exec_driver_sql(_PACK_RANGE, params).scalar_one())
-            day += 86_400.0
-    return packed
+    stays rows) as Store.pack_windows packs them, but in the migration's transaction and
+    without the locks (module docstring); the windows packed."""
+    return sum(
+        pack_hours(conn, source, chunk, lock=False)
+        for source in sources(conn)
+        for chunk in chunks_to_pack(conn, source)
+    )
 
 
 def read_blocks(conn: Connection, sql: str, params: Any) -> Iterator[Block]:
