@@ -42,7 +42,7 @@ from collector.store_blocks import BLOCK_COLUMNS, BLOCK_S, Block, hour_of
 WRITE_HOURS = 256  # (source, hour)s a writer's transaction locks at most
 PACK_HOURS = 48  # and a packer's (LOOKBACK_S: a source's due hours in one)
 PRUNE_KEY = 0x6B7673007061636B  # pg_advisory_xact_lock key: packers (shared) vs retention
-_WORK_MEM = "64MB"  # a pack's sort of a source's day of rows, in memory
+_WORK_MEM = "64MB"  # a pack's sort of a source's PACK_HOURS of rows, in memory
 _FETCH = 4_096  # blocks per round trip of the read
 _NULLABLE = {c.name for c in WindowRow.__table__.columns if c.nullable}
 _PAIRS = "unnest(%(s)s::text[], %(h)s::float8[]) AS u(source, hour)"
@@ -90,7 +90,7 @@ def _value(column: str) -> str:
     return f"float8send(coalesce(r.{column}, 'NaN'))"
 
 
-def pack_sql(where: str) -> str:
+def _pack_sql(where: str) -> str:
     """The statement that packs the hours of source ``%(s)s``'s windows ``w`` matching
     ``where`` that have no ``packed_hours`` row: their blocks and promises inserted, the
     windows packed returned. A column's bit is set when a row of the block holds a number
@@ -126,7 +126,7 @@ def pack_sql(where: str) -> str:
     )
 
 
-_PACK_HOURS = pack_sql(f"w.start >= %(lo)s AND w.start < %(hi)s AND {_HOUR} = ANY(%(h)s)")
+_PACK_HOURS = _pack_sql(f"w.start >= %(lo)s AND w.start < %(hi)s AND {_HOUR} = ANY(%(h)s)")
 
 
 def _pairs(pairs: Sequence[tuple[str, float]]) -> dict[str, list[Any]]:
