@@ -9,29 +9,35 @@ would), then times in the same run:
 * baseline: ``Store.read_windows`` (one Window object per row) on a subset of the engines,
   extrapolated to the whole store by its rows/s;
 * ``Store.read_frame`` on the same subset (same rows, ratio against the baseline) and on the
-  whole store with the plan's columns; on SQLite also the driver alone on the same statement
-  (rows fetched and dropped: the floor of any read through Python's sqlite3);
+  whole store with the plan's columns, from the packed hours and from the rows alone
+  (``packed=False``); on SQLite also the driver alone on the same statement (rows fetched and
+  dropped: the floor of any read through Python's sqlite3);
 * ``build_plan`` on the whole store: wall and CPU time and the seconds of each stage
   (PlanDetails.seconds), against the baseline plan (read_windows extrapolated + the same
   later stages).
 
 * the whole process, ``kvscope plan --since all --json`` (benchmarks/plan_whole.py), one
-  variant after the other, ``--rounds`` times over: on SQLite with the packed hours (schema 6,
-  collector/store_blocks.py) and with every read through the rows (``read_frame(packed=False)``,
+  variant after the other, ``--rounds`` times over: on SQLite with the packed hours
+  (collector/store_blocks.py) and with every read through the rows (``read_frame(packed=False)``,
   the read path before schema 6; ``--no-rows`` skips it); with ``--postgres``, on PostgreSQL
   too (the client's CPU and the server's); with ``--baseline REV`` (or its older name
-  ``--pg-baseline``) the same command of revision REV on each backend timed. Wall and CPU
-  of each run, the best run's ratios to
-  SQLite's, and whether each plan's JSON is SQLite's (but for its own timings and store URL).
+  ``--pg-baseline``) the same command of revision REV on each backend timed (a revision of an
+  older schema is told to take the store's for its own: its plan reads ``windows``, the
+  packed hours and the inventory, which schema 7 left as they were). Wall and CPU of each
+  run, the best run's ratios to SQLite's, and whether each plan's JSON is SQLite's (but for
+  its own timings and store URL).
 
-A cached store of an older schema is migrated first (5 -> 6 packs it; the time is printed).
-``--postgres`` copies the store into a throwaway PostgreSQL 15 (tests/services.py; ``--pg-url``
-reuses one that already holds the copy) and also times read_frame and build_plan there. BLAS
-threads are pinned to one before numpy loads (the whole processes inherit it).
+A cached store of an older schema is migrated first (the time is printed; ``--db`` a copy of
+the cache when other checkouts of an older schema read it). ``--postgres`` copies the store
+into a throwaway PostgreSQL 15 (tests/services.py; ``--pg-url`` reuses one that already holds
+the copy, packed), packs the copy as a store is packed (``--pg-pack windows``:
+``Store.pack_windows``, the collectors' packer; ``--pg-pack migrate``: the migration from
+schema 6; the time is printed) and also times read_frame and build_plan there. BLAS threads
+are pinned to one before numpy loads (the whole processes inherit it).
 
     .venv/bin/python benchmarks/bench_plan.py [--engines 100] [--days 7] [--rebuild]
     .venv/bin/python benchmarks/bench_plan.py --whole-only --postgres --no-rows --rounds 3 \
-        --baseline e54d925
+        --baseline aaada7a [--pg-pack migrate] [--db /tmp/copy.db]
 """
 
 from __future__ import annotations
@@ -48,14 +54,14 @@ import time  # noqa: E402
 from collections.abc import Callable, Iterator  # noqa: E402
 from contextlib import ExitStack  # noqa: E402
 from pathlib import Path  # noqa: E402
-from typing import Any, TypeVar  # noqa: E402
+from typing import Any, TypeVar, cast  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from benchmarks import plan_whole  # noqa: E402
 from benchmarks.accuracy.fitsynth import frame_to_windows, synthetic_frame  # noqa: E402
-from collector.models import SCHEMA_VERSION  # noqa: E402
+from collector.models import SCHEMA_VERSION, WindowBlockRow  # noqa: E402
 from collector.store import Store  # noqa: E402
 from collector.store_frame import CATEGORY_COLUMNS  # noqa: E402
 from planner.frames.table import PLAN_COLUMNS  # noqa: E402
@@ -126,13 +132,13 @@ def bench(url: str, sources: list[str], total_rows: int, forecast_seconds: float
              f"{len(table):,} rows, {len(table) / wall:,.0f} rows/s = "
              f"{base_all / wall:.1f}× baseline")  # fmt: skip
         del table
+        packed_wall = wall
+        wall, cpu, table = timed(lambda: store.read_frame(
+            signals=sorted(NEEDED_SIGNALS), columns=PLAN_COLUMNS, packed=False))  # fmt: skip
+        line("read_frame (whole store, plan columns, rows)", wall, cpu,
+             f"{len(table):,} rows; packed hours {wall / packed_wall:.1f}× faster")  # fmt: skip
+        del table
         if url.startswith("sqlite:"):
-            packed_wall = wall
-            wall, cpu, table = timed(lambda: store.read_frame(
-                signals=sorted(NEEDED_SIGNALS), columns=PLAN_COLUMNS, packed=False))  # fmt: skip
-            line("read_frame (whole store, plan columns, rows)", wall, cpu,
-                 f"{len(table):,} rows; packed hours {wall / packed_wall:.1f}× faster")  # fmt: skip
-            del table
             wall, cpu, n = timed(lambda: driver_floor(url.split(":///", 1)[1]))
             line("  of it SQLite's driver alone (no conversion)", wall, cpu,
                  f"{n:,} rows, {cpu / max(n, 1) * 1e6:.2f} µs cpu a row")  # fmt: skip
@@ -177,22 +183,26 @@ def whole_process(path: Path, pg_url: str | None, args: argparse.Namespace) -> N
         if args.baseline:
             tree = stack.enter_context(plan_whole.revision_tree(args.baseline))
         if tree is not None and not args.skip_sqlite:
-            old = plan_whole.tree_cli(tree, lite)
+            old = plan_whole.tree_cli(tree, lite, schema=SCHEMA_VERSION)
             variants.append(plan_whole.Variant(f"sqlite at {args.baseline}", old, lite))
         if pg_url is not None:
             cpu = plan_whole.postgres_cpu(pg_url)
             pg = plan_whole.cli(pg_url)
             variants.append(plan_whole.Variant("postgresql", pg, pg_url, cpu))
             if tree is not None:
-                old = plan_whole.tree_cli(tree, pg_url)
+                old = plan_whole.tree_cli(tree, pg_url, schema=SCHEMA_VERSION)
                 name = f"postgresql at {args.baseline}"
                 variants.append(plan_whole.Variant(name, old, pg_url, cpu))
         runs = plan_whole.run_rounds(variants, args.rounds)
     plan_whole.summary(variants, runs)
 
 
-def copy_to_postgres(sqlite_path: Path, url: str) -> None:
-    """The SQLite store's windows and engines into a migrated PostgreSQL (COPY)."""
+def copy_to_postgres(sqlite_path: Path, url: str, pack: str) -> None:
+    """The SQLite store's windows and engines into a migrated PostgreSQL (COPY), then packed
+    the way a store is: by ``Store.pack_windows`` (``pack="windows"``: the packer the
+    collectors run, a transaction a source and 48 hours, under the hours' locks) or by the
+    migration from schema 6 (``pack="migrate"``: the copy taken back to how schema 6 left a
+    PostgreSQL store, then ``Store.migrate``)."""
     import psycopg
     import sqlalchemy
 
@@ -232,7 +242,28 @@ def copy_to_postgres(sqlite_path: Path, url: str) -> None:
         pg.execute(f"ALTER TABLE windows ADD CONSTRAINT {unique} UNIQUE {key}")
         pg.execute("CREATE INDEX ix_windows_signal_start ON windows (signal, start)")
         pg.execute("VACUUM ANALYZE windows")
+        if pack == "migrate":  # schema 6 on PostgreSQL: window_blocks one empty table
+            pg.execute("DROP TABLE window_blocks")
+            pg.execute("DROP INDEX ix_packed_hours_hour")
+            pg.execute("UPDATE schema_version SET version = 6")
     print(f"  copied into PostgreSQL in {time.perf_counter() - t0:.0f} s", file=sys.stderr)
+    t0 = time.perf_counter()
+    with Store(url) as store:
+        if pack == "migrate":
+            engine = sqlalchemy.create_engine(url)
+            with engine.begin() as conn:
+                cast(Any, WindowBlockRow.__table__).create(conn)
+            engine.dispose()
+            store.migrate()
+        else:
+            store.pack_windows()
+    with psycopg.connect(dsn, autocommit=True) as pg:
+        pg.execute("VACUUM ANALYZE window_blocks")
+        pg.execute("VACUUM ANALYZE packed_hours")
+        n, blocks = pg.execute("SELECT sum(n), count(*) FROM window_blocks").fetchone() or (0, 0)
+    how = "migration 6 -> 7" if pack == "migrate" else "Store.pack_windows"
+    print(f"  packed {int(n or 0):,} windows into {blocks:,} blocks on PostgreSQL by {how} in "
+          f"{time.perf_counter() - t0:.0f} s", file=sys.stderr)  # fmt: skip
 
 
 def _rows(con: sqlite3.Connection, sql: str) -> Iterator[Any]:
@@ -258,6 +289,9 @@ def main() -> None:
     ap.add_argument("--baseline", "--pg-baseline", metavar="REV",
                     help="also REV's kvscope plan, on each backend timed")  # fmt: skip
     ap.add_argument("--pg-url", help="a PostgreSQL already holding the copy (implies --postgres)")
+    ap.add_argument("--pg-pack", choices=("windows", "migrate"), default="windows",
+                    help="pack the PostgreSQL copy by Store.pack_windows or by migrating it "
+                    "from schema 6")  # fmt: skip
     args = ap.parse_args()
     path = args.db or Path(f"/tmp/kvscope-bench-plan-{args.engines}x{args.days:g}d-s{args.seed}.db")
     if args.rebuild or not path.exists():
@@ -279,7 +313,7 @@ def main() -> None:
             from tests.services import postgres
 
             pg_url = stack.enter_context(postgres())
-            copy_to_postgres(path, pg_url)
+            copy_to_postgres(path, pg_url, args.pg_pack)
         whole_process(path, pg_url, args)
         if args.whole_only:
             return

@@ -72,11 +72,20 @@ def rows_cli(url: str) -> list[str]:
     return [sys.executable, "-c", ROWS_PLAN, *plan_args(url)]
 
 
-def tree_cli(tree: Path, url: str) -> list[str]:
-    """``kvscope plan`` of the packages in ``tree`` (checked to be the ones imported)."""
+def tree_cli(tree: Path, url: str, schema: int | None = None) -> list[str]:
+    """``kvscope plan`` of the packages in ``tree`` (checked to be the ones imported).
+
+    ``schema``: the version that code takes the store's to be (its own by default), for a
+    revision older than the store whose plan reads only tables the newer schema left as they
+    were (``windows`` and the inventory: a store of schema 7 read by a revision of schema 6)."""
+    accept = (
+        ""
+        if schema is None
+        else (f"import collector.models as m; m.SCHEMA_VERSION = max(m.SCHEMA_VERSION, {schema}); ")
+    )
     code = (
         f"import sys; sys.path.insert(0, {str(tree)!r}); import collector, planner; "
-        f"assert collector.__file__.startswith({str(tree)!r}), collector.__file__; "
+        f"assert collector.__file__.startswith({str(tree)!r}), collector.__file__; {accept}"
         "from kvscope.cli import main; sys.argv[0] = 'kvscope'; main()"
     )
     return [sys.executable, "-c", code, *plan_args(url)]

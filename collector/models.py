@@ -4,7 +4,8 @@ Times are UTC epoch seconds in DOUBLE columns: SQLite hands back naive datetimes
 round-trips exactly on both backends. ``windows`` is the big table: it is unique on
 (source, series_key, start) so a re-run or a retry updates rows instead of duplicating them.
 On PostgreSQL it is range-partitioned by day on ``start`` (collector.partitions builds that
-table from WindowRow: same columns and indexes, a 64-bit id, primary key (id, start)).
+table from WindowRow: same columns and indexes, a 64-bit id, primary key (id, start)), and
+``window_blocks`` by day on ``hour`` the same way.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 from collector.records import Labels
 
 # Bump when the schema changes and add the step to store.MIGRATIONS.
-SCHEMA_VERSION = 6
+SCHEMA_VERSION = 7
 
 OFFLOAD_MODES = ("none", "native", "lmcache")
 TARGET_KINDS = ("vllm", "lmcache", "prometheus")
@@ -187,10 +188,14 @@ class PackedHourRow(Base):
     """One (source, UTC hour) whose windows are also kept packed in ``window_blocks``
     (collector/store_blocks.py). A row here promises that the blocks of that hour hold every
     window of the source that starts in it; a write into the hour deletes the row and the
-    blocks in the same transaction, so the promise never goes stale."""
+    blocks in the same transaction, so the promise never goes stale. Blocks without a row
+    here are never read."""
 
     __tablename__ = "packed_hours"
-    __table_args__ = (UniqueConstraint("source", "hour", name="uq_packed_hours_source_hour"),)
+    __table_args__ = (
+        UniqueConstraint("source", "hour", name="uq_packed_hours_source_hour"),
+        Index("ix_packed_hours_hour", "hour"),  # retention's batches (schema 7)
+    )
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
     source: Mapped[str] = mapped_column(String(500), nullable=False)
@@ -200,8 +205,10 @@ class PackedHourRow(Base):
 class WindowBlockRow(Base):
     """The windows of one series of one source that start in one UTC hour, packed: ``data``
     is ``n`` rows (start order) of the collector.store_blocks.BLOCK_COLUMNS whose bit is set
-    in ``columns`` (the others are NULL in every row), little-endian float64, NaN for NULL.
-    A copy of ``windows`` rows for columnar reads, never the only one."""
+    in ``columns`` (the others are NULL in every row), float64, NaN for NULL: little-endian
+    on SQLite, big-endian on PostgreSQL (``float8send``'s order; collector.store_blocks).
+    A copy of ``windows`` rows for columnar reads, never the only one. On PostgreSQL the
+    table is partitioned by day on ``hour`` (collector.partitions)."""
 
     __tablename__ = "window_blocks"
     __table_args__ = (

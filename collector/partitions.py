@@ -1,20 +1,25 @@
-"""PostgreSQL's ``windows``: range-partitioned on ``start``, one partition per UTC day.
+"""PostgreSQL's ``windows`` and ``window_blocks``: range-partitioned, one partition per UTC day.
 
-The partitioned table has the model's columns (collector.models.WindowRow) with a 64-bit
-``id`` (a sequence, no longer unique alone: PostgreSQL wants every unique key of a
-partitioned table to hold the partition key, so the primary key is (id, start) and the
-windows' key (source, start, series_key) already holds it) and the model's indexes, the BRIN
-index on ``start`` among them, made on the parent so that every partition gets them.
+``windows`` is partitioned on ``start``, ``window_blocks`` (the packed hours,
+collector/store_blocks.py) on ``hour``. Each partitioned table has its model's columns
+(collector.models.WindowRow / WindowBlockRow) with a 64-bit ``id`` (a sequence, no longer
+unique alone: PostgreSQL wants every unique key of a partitioned table to hold the partition
+key, so the primary key is (id, start) or (id, hour), and the models' unique keys already
+hold it) and the model's indexes, the BRIN index on ``windows.start`` among them, made on the
+parent so that every partition gets them. The packs' ``data`` is compressed with lz4 where
+the server has it (a read decompresses ~2× faster than pglz, for a few % more space).
 
-Partitions are named ``windows_pYYYYMMDD`` and hold [day, day + 1) in epoch seconds. The
-writer makes the days of the rows it is about to write, and the day after the newest, before
-writing them (:class:`DayPartitions`: once per day per Store, under an advisory lock so that
-collectors racing for the same day both succeed). A partition is made as a free-standing
-table then attached, which locks the parent in SHARE UPDATE EXCLUSIVE mode (reads and writes
-go on) where ``CREATE TABLE … PARTITION OF`` would lock it exclusively. There is no DEFAULT
-partition: a catch-all would hide a writer that failed to make its day, could not be dropped
-whole by retention, and would have to be scanned (and emptied of the day) before each new
-day's partition could be attached; a row without its day's partition is an error instead.
+Partitions are named ``windows_pYYYYMMDD`` (``window_blocks_pYYYYMMDD``) and hold [day, day + 1)
+in epoch seconds. The writer makes the days of the rows it is about to write, and the day
+after the newest, before writing them (:class:`DayPartitions`: once per day per Store, under an
+advisory lock so that collectors racing for the same day both succeed); each day is made for
+both tables at once, so a day's packs always have their partition. A partition is made as a
+free-standing table then attached, which locks the parent in SHARE UPDATE EXCLUSIVE mode
+(reads and writes go on) where ``CREATE TABLE … PARTITION OF`` would lock it exclusively. There
+is no DEFAULT partition: a catch-all would hide a writer that failed to make its day, could not
+be dropped whole by retention, and would have to be scanned (and emptied of the day) before
+each new day's partition could be attached; a row without its day's partition is an error
+instead.
 
 Retention (:func:`drop_partitions_before`) detaches the partitions wholly older than a
 cutoff ``CONCURRENTLY`` (PostgreSQL 14 or newer: writers and readers are never blocked, the
@@ -35,10 +40,12 @@ from sqlalchemy import BigInteger, Column, Connection, Engine, Index, MetaData, 
 from sqlalchemy import UniqueConstraint as Unique
 
 from collector.errors import StoreError
-from collector.models import WindowRow
+from collector.models import WindowBlockRow, WindowRow
 
 DAY_S = 86_400
 PARENT = "windows"
+BLOCKS = "window_blocks"
+PARENTS = (PARENT, BLOCKS)  # windows first: retention drops a day's rows before its packs
 _EPOCH = datetime.date(1970, 1, 1)
 MAX_ABS_START = 2.0**53  # |start| beyond this has no exact day bounds in a float8 range
 _PARTITION_LOCK = 0x6B76730070617274  # pg_advisory_xact_lock key: making partitions
@@ -46,13 +53,12 @@ _PRUNE_LOCK = 0x6B76730064726F70  # pg_advisory_lock key: dropping partitions
 _BOUND = re.compile(r"FOR VALUES FROM \((.+)\) TO \((.+)\)")
 
 
-def _partitioned_table() -> Table:
-    """The ``windows`` table as PostgreSQL holds it (see the module docstring)."""
-    model = cast(Table, WindowRow.__table__)
+def _partitioned_table(model: Table, key: str) -> Table:
+    """``model``'s table as PostgreSQL holds it, partitioned on ``key`` (module docstring)."""
     columns = [
         Column("id", BigInteger, primary_key=True, autoincrement=True)
         if c.name == "id"
-        else Column(c.name, c.type, nullable=c.nullable, primary_key=c.name == "start")
+        else Column(c.name, c.type, nullable=c.nullable, primary_key=c.name == key)
         for c in model.columns
     ]
     uniques = [
@@ -63,11 +69,16 @@ def _partitioned_table() -> Table:
         for ix in model.indexes
     ]
     return Table(
-        PARENT, MetaData(), *columns, *uniques, *indexes, postgresql_partition_by="RANGE (start)"
-    )
+        model.name, MetaData(), *columns, *uniques, *indexes,
+        postgresql_partition_by=f"RANGE ({key})",
+    )  # fmt: skip
 
 
-PARTITIONED = _partitioned_table()
+PARTITIONED = _partitioned_table(cast(Table, WindowRow.__table__), "start")
+PARTITIONED_BLOCKS = _partitioned_table(cast(Table, WindowBlockRow.__table__), "hour")
+_LZ4 = (  # whether the server was built with lz4 (the setting lists it only then)
+    "SELECT 'lz4' = ANY(enumvals) FROM pg_settings WHERE name = 'default_toast_compression'"
+)
 
 
 def day_of(start: float) -> int:
@@ -84,27 +95,44 @@ def check_start(start: float, what: str) -> None:
         )
 
 
-def partition_name(day: int) -> str:
-    """``windows_pYYYYMMDD`` (``windows_pdN`` / ``windows_pdmN`` outside years 1-9999)."""
+def partition_name(day: int, parent: str = PARENT) -> str:
+    """``windows_pYYYYMMDD`` (``windows_pdN`` / ``windows_pdmN`` outside years 1-9999), or
+    the same of ``parent``."""
     try:
-        return f"{PARENT}_p{_EPOCH + datetime.timedelta(days=day):%Y%m%d}"
+        return f"{parent}_p{_EPOCH + datetime.timedelta(days=day):%Y%m%d}"
     except OverflowError:
-        return f"{PARENT}_pd{day}" if day >= 0 else f"{PARENT}_pdm{-day}"
+        return f"{parent}_pd{day}" if day >= 0 else f"{parent}_pdm{-day}"
 
 
-def is_partitioned(conn: Connection) -> bool:
-    """Whether ``windows`` (as the search path finds it) is a partitioned table."""
+def is_partitioned(conn: Connection, parent: str = PARENT) -> bool:
+    """Whether ``parent`` (as the search path finds it) is a partitioned table."""
     return bool(
         conn.exec_driver_sql(
             "SELECT EXISTS (SELECT 1 FROM pg_partitioned_table WHERE partrelid = "
-            f"to_regclass('{PARENT}'))"
+            f"to_regclass('{parent}'))"
         ).scalar()
     )
 
 
-def create(conn: Connection) -> None:
-    """Create the partitioned ``windows`` (no partition yet: the writer makes them)."""
-    PARTITIONED.create(conn)
+def create(conn: Connection, parent: str = PARENT) -> None:
+    """Create the partitioned ``parent`` (no partition yet: the writer makes them)."""
+    if parent == PARENT:
+        PARTITIONED.create(conn)
+        return
+    PARTITIONED_BLOCKS.create(conn)
+    if conn.exec_driver_sql(_LZ4).scalar():
+        conn.exec_driver_sql(f"ALTER TABLE {BLOCKS} ALTER COLUMN data SET COMPRESSION lz4")
+
+
+def partition_blocks(conn: Connection) -> None:
+    """Schema 6 -> 7 on PostgreSQL: ``window_blocks`` (which schema 6 left empty there)
+    made again partitioned, any pack promised before withdrawn (the blocks were never
+    written), and its partitions of the days ``windows`` has made."""
+    if not is_partitioned(conn, BLOCKS):
+        conn.exec_driver_sql(f"DROP TABLE {BLOCKS}")
+        conn.exec_driver_sql("DELETE FROM packed_hours")
+        create(conn, BLOCKS)
+    make_days(conn, (p.day for p in partitions(conn) if p.day is not None))
 
 
 def _schema(conn: Connection) -> str:
@@ -117,28 +145,30 @@ def _schema(conn: Connection) -> str:
 
 
 def make_days(conn: Connection, days: Iterable[int]) -> list[str]:
-    """Make and attach the partitions of ``days`` that are missing, in the caller's
-    transaction, serialised with other writers by an advisory lock; the names made."""
+    """Make and attach the partitions of ``days`` that are missing, of both tables, in the
+    caller's transaction, serialised with other writers by an advisory lock; the names made."""
     conn.exec_driver_sql(f"SELECT pg_advisory_xact_lock({_PARTITION_LOCK})")
-    attached = {p.name for p in partitions(conn)}
     schema = _schema(conn)
+    wanted = sorted(set(days))
     made = []
-    for day in sorted(set(days)):
-        name = partition_name(day)
-        if name in attached:
-            continue
-        lo, hi = day * DAY_S, (day + 1) * DAY_S  # exact in float8 for any |start| < 2**53
-        # a table of that name that is not attached is what a prune interrupted between its
-        # detach and its drop left: it holds that day's rows, so it is attached again
-        conn.exec_driver_sql(
-            f'CREATE TABLE IF NOT EXISTS {schema}."{name}" (LIKE {schema}.{PARENT} '
-            "INCLUDING DEFAULTS INCLUDING STORAGE)"
-        )
-        conn.exec_driver_sql(
-            f'ALTER TABLE {schema}.{PARENT} ATTACH PARTITION {schema}."{name}" '
-            f"FOR VALUES FROM ({lo}) TO ({hi})"
-        )
-        made.append(name)
+    for parent in PARENTS:
+        attached = {p.name for p in partitions(conn, parent)}
+        for day in wanted:
+            name = partition_name(day, parent)
+            if name in attached:
+                continue
+            lo, hi = day * DAY_S, (day + 1) * DAY_S  # exact in float8 for any |start| < 2**53
+            # a table of that name that is not attached is what a prune interrupted between
+            # its detach and its drop left: it holds that day's rows, so it is attached again
+            conn.exec_driver_sql(
+                f'CREATE TABLE IF NOT EXISTS {schema}."{name}" (LIKE {schema}.{parent} '
+                "INCLUDING DEFAULTS INCLUDING STORAGE INCLUDING COMPRESSION)"
+            )
+            conn.exec_driver_sql(
+                f'ALTER TABLE {schema}.{parent} ATTACH PARTITION {schema}."{name}" '
+                f"FOR VALUES FROM ({lo}) TO ({hi})"
+            )
+            made.append(name)
     return made
 
 
@@ -182,12 +212,12 @@ def _bound(raw: str) -> float:
     return {"MINVALUE": -math.inf, "MAXVALUE": math.inf}.get(raw) or float(raw)
 
 
-def partitions(conn: Connection) -> list[Partition]:
-    """The partitions of ``windows``, oldest first (none when it is not partitioned)."""
+def partitions(conn: Connection, parent: str = PARENT) -> list[Partition]:
+    """The partitions of ``parent``, oldest first (none when it is not partitioned)."""
     rows = conn.exec_driver_sql(
         "SELECT c.relname, pg_get_expr(c.relpartbound, c.oid), i.inhdetachpending "
         "FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid "
-        f"WHERE i.inhparent = to_regclass('{PARENT}')"
+        f"WHERE i.inhparent = to_regclass('{parent}')"
     ).all()
     out = []
     for name, bound, pending in rows:
@@ -208,21 +238,23 @@ def count_rows(conn: Connection, parts: Iterable[Partition]) -> int:
     )
 
 
-def drop_partitions_before(engine: Engine, cutoff: float) -> tuple[list[Partition], int]:
-    """Detach (concurrently) and drop every partition wholly older than ``cutoff``; return
-    them and the rows they held. One prune at a time per database (an advisory lock); a
-    detach an earlier prune left pending is finished first."""
+def drop_partitions_before(
+    engine: Engine, cutoff: float, parent: str = PARENT
+) -> tuple[list[Partition], int]:
+    """Detach (concurrently) and drop every partition of ``parent`` wholly older than
+    ``cutoff``; return them and the rows they held. One prune at a time per database (an
+    advisory lock); a detach an earlier prune left pending is finished first."""
     with engine.connect() as raw:
         conn = raw.execution_options(isolation_level="AUTOCOMMIT")
         conn.exec_driver_sql(f"SELECT pg_advisory_lock({_PRUNE_LOCK})")
         try:
             schema = _schema(conn)
             dropped, rows = [], 0
-            for part in wholly_before(partitions(conn), cutoff):
+            for part in wholly_before(partitions(conn, parent), cutoff):
                 qualified = f'{schema}."{part.name}"'
                 how = "FINALIZE" if part.detach_pending else "CONCURRENTLY"
                 conn.exec_driver_sql(
-                    f"ALTER TABLE {schema}.{PARENT} DETACH PARTITION {qualified} {how}"
+                    f"ALTER TABLE {schema}.{parent} DETACH PARTITION {qualified} {how}"
                 )
                 # detached: no writer can add to it any more, so the count is exact
                 rows += int(conn.exec_driver_sql(f"SELECT count(*) FROM {qualified}").scalar_one())

@@ -20,8 +20,15 @@ cutoff are deleted in batches. The collector's hourly prune (:class:`Pruner`) pa
 older than the retention (at most one day longer) and no row is ever deleted one by one;
 ``kvscope db prune`` deletes exactly what is older than the cutoff.
 
-The packed hours of SQLite's columnar reads (collector.store_blocks) that start before the
-cutoff are dropped before the windows and again after them.
+The packed hours of the columnar reads (collector.store_blocks) that start before the cutoff
+(on PostgreSQL with ``whole_partitions``: before the day at the cutoff, whose rows stay) go
+too: their promises (``packed_hours``) first, in batches, so that those hours are read from
+their rows from then on; after the windows, the blocks: on PostgreSQL ``window_blocks`` is
+partitioned by day like ``windows`` and its old days are dropped whole, after the windows'
+(a day's packs always have their partition while its rows do); the rest in batches. The
+promises are swept once more at the end, on PostgreSQL under an advisory lock that packers
+hold in shared mode (collector.store_blocks_pg.PRUNE_KEY): a pack made meanwhile from rows
+now deleted is dropped with them.
 
 SQLite keeps the freed pages in the file and reuses them for new rows (the file does not
 shrink; ``VACUUM`` returns them to the file system, at the cost of rewriting the file).
@@ -39,7 +46,7 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from sqlalchemy import Connection, delete, func, select
+from sqlalchemy import Connection, delete, func, select, text
 from sqlalchemy.exc import SQLAlchemyError
 
 from collector import partitions
@@ -51,11 +58,13 @@ from collector.models import (
     WindowBlockRow,
     WindowRow,
 )
+from collector.store_blocks_pg import PRUNE_KEY
 
 if TYPE_CHECKING:
     from contextlib import AbstractContextManager
 
     from sqlalchemy import Engine
+    from sqlalchemy.orm import InstrumentedAttribute
 
 log = logging.getLogger(__name__)
 PRUNE_EVERY_S = 3_600.0
@@ -119,67 +128,84 @@ class RetentionStore:
             raise ConfigError(f"prune batch must be >= 1, got {batch}")
         self._require_schema()
         began = time.monotonic()
-        counts = []
+        # the packs of the hours whose rows go (whole days only, with whole_partitions)
+        pg = self.dialect == "postgresql"
+        day = float(math.floor(cutoff / partitions.DAY_S) * partitions.DAY_S)
+        packs = day if pg and whole_partitions else cutoff
         if not dry_run:
-            self._drop_packs(cutoff)
+            self._delete_before(PackedHourRow.hour, packs, batch)  # the promises first
+        counts = []
         dropped, dropped_rows = self._drop_partitions(cutoff, dry_run)
         tables = ((WindowRow, WindowRow.start), (ScrapeOutcomeRow, ScrapeOutcomeRow.started))
         for table, column in tables:
-            what = f"pruning {table.__tablename__} before {cutoff:.0f}"
             if table is WindowRow and dropped is not None and whole_partitions:
                 counts.append(dropped_rows)
-                continue
-            if dry_run:
-                with self._tx(what) as conn:
+            elif dry_run:
+                with self._tx(f"counting {table.__tablename__} before {cutoff:.0f}") as conn:
                     found = conn.execute(
                         select(func.count()).select_from(table).where(column < cutoff)
                     ).scalar_one()
                 counts.append(int(found))
-                continue
-            # on PostgreSQL the outer `start < cutoff` keeps the delete to the partitions
-            # that can hold such rows (the id alone is unique in no index there)
-            windows = table is WindowRow
-            outer = (column < cutoff,) if dropped is not None and windows else ()
-            done = dropped_rows if windows else 0
-            while True:
-                old = select(table.id).where(column < cutoff).limit(batch).scalar_subquery()
-                with self._tx(what, write=True) as conn:
-                    n = int(conn.execute(delete(table).where(*outer, table.id.in_(old))).rowcount)
-                done += n
-                if n < batch:
-                    break
-            counts.append(done)
+            else:
+                done = self._delete_before(column, cutoff, batch)
+                counts.append(done + (dropped_rows if table is WindowRow else 0))
         if not dry_run:
-            self._drop_packs(cutoff)  # again: a pack made meanwhile from rows now deleted
-        if not dry_run:  # states of targets no collector scrapes any more (collector.handoff)
+            self._drop_blocks(packs, batch)
+            # again: a pack made meanwhile from rows now deleted (packers are waited for)
+            self._delete_before(PackedHourRow.hour, packs, batch, exclusive=pg)
+            self._drop_blocks(packs, batch)
+            # states of targets no collector scrapes any more (collector.handoff)
             with self._tx(f"pruning rollup_states before {cutoff:.0f}", write=True) as conn:
                 conn.execute(delete(RollupStateRow).where(RollupStateRow.written < cutoff))
         return Pruned(
             cutoff, counts[0], counts[1], time.monotonic() - began, dry_run, len(dropped or ())
         )
 
-    def _drop_packs(self, cutoff: float) -> None:
-        """The packed hours that start before ``cutoff`` (collector.store_blocks): the hour
-        at the cutoff too, whose rows are partly deleted; it is read from its rows until
-        packed again. Dropping a pack never loses a window (the rows are the record)."""
-        with self._tx(f"pruning the packed hours before {cutoff:.0f}", write=True) as conn:
-            conn.execute(delete(PackedHourRow).where(PackedHourRow.hour < cutoff))
-            conn.execute(delete(WindowBlockRow).where(WindowBlockRow.hour < cutoff))
+    def _delete_before(
+        self, column: InstrumentedAttribute[float], cutoff: float, batch: int, *,
+        exclusive: bool = False,
+    ) -> int:  # fmt: skip
+        """Delete the rows of ``column``'s table whose ``column`` is before ``cutoff``,
+        ``batch`` per transaction; the rows deleted. ``exclusive``: each transaction first
+        waits for the packers (collector.store_blocks_pg.PRUNE_KEY)."""
+        table = column.class_
+        what = f"pruning {table.__tablename__} before {cutoff:.0f}"
+        # on PostgreSQL the outer condition keeps the delete to the partitions that can hold
+        # such rows (the id alone is unique in no index of a partitioned table)
+        outer = (column < cutoff,) if table.__tablename__ in partitions.PARENTS else ()
+        done = 0
+        while True:
+            old = select(table.id).where(column < cutoff).limit(batch).scalar_subquery()
+            with self._tx(what, write=True) as conn:
+                if exclusive:
+                    conn.execute(text(f"SELECT pg_advisory_xact_lock({PRUNE_KEY})"))
+                n = int(conn.execute(delete(table).where(*outer, table.id.in_(old))).rowcount)
+            done += n
+            if n < batch:
+                return done
+
+    def _drop_blocks(self, cutoff: float, batch: int) -> None:
+        """The packs' blocks of the hours before ``cutoff``, whose promises are gone: on
+        PostgreSQL the days of ``window_blocks`` wholly before it dropped, then the rest in
+        batches. Dropping a pack never loses a window (the rows are the record)."""
+        if self.dialect == "postgresql":
+            self._drop_partitions(cutoff, False, partitions.BLOCKS)
+        self._delete_before(WindowBlockRow.hour, cutoff, batch)
 
     def _drop_partitions(
-        self, cutoff: float, dry_run: bool
+        self, cutoff: float, dry_run: bool, parent: str = partitions.PARENT
     ) -> tuple[list[partitions.Partition] | None, int]:
-        """PostgreSQL: the windows' partitions wholly older than ``cutoff`` dropped (dry run:
-        found) and their rows; (None, 0) on SQLite."""
+        """PostgreSQL: the partitions of ``parent`` wholly older than ``cutoff`` dropped (dry
+        run: found) and their rows; (None, 0) on SQLite."""
         if self.dialect != "postgresql":
             return None, 0
-        what = f"dropping the partitions of windows before {cutoff:.0f}"
+        what = f"dropping the partitions of {parent} before {cutoff:.0f}"
         if dry_run:
             with self._tx(what) as conn:
-                old = partitions.wholly_before(partitions.partitions(conn), cutoff)
+                old = partitions.wholly_before(partitions.partitions(conn, parent), cutoff)
                 return old, partitions.count_rows(conn, old)
         try:
-            dropped, rows = partitions.drop_partitions_before(self._engine, cutoff)
+            dropped, rows = partitions.drop_partitions_before(self._engine, cutoff, parent)
         except SQLAlchemyError as exc:
             reason = str(getattr(exc, "orig", None) or exc).strip().splitlines()[0]
             raise StoreError(f"{what} failed on {self.url}: {reason}") from exc

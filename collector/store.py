@@ -37,7 +37,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import ArgumentError, SQLAlchemyError
 
-from collector import partitions, store_blocks
+from collector import partitions, store_blocks, store_blocks_pg, store_blocks_sqlite
 from collector.errors import StoreError
 from collector.handoff import HandoffStore
 from collector.inventory import Inventory
@@ -59,6 +59,15 @@ from collector.records import Labels, Window
 from collector.retention import RetentionStore
 from collector.store_frame import FrameReader, window_filters
 
+
+def _packs_7(conn: Connection) -> None:
+    """Schema 6 -> 7 (MIGRATIONS)."""
+    conn.execute(text("CREATE INDEX IF NOT EXISTS ix_packed_hours_hour ON packed_hours (hour)"))
+    if conn.dialect.name == "postgresql":
+        partitions.partition_blocks(conn)
+        store_blocks_pg.pack_existing(conn)
+
+
 # Upgrade steps: MIGRATIONS[n] turns schema version n into n + 1, inside migrate()'s one
 # transaction and after create_all() has added any new table (steps alter existing tables).
 MIGRATIONS: dict[int, Callable[[Connection], None]] = {
@@ -72,7 +81,10 @@ MIGRATIONS: dict[int, Callable[[Connection], None]] = {
     4: lambda conn: _postgresql_only(conn, lambda: partitions.partition_existing(conn)),
     # 5 -> 6: the packed_hours and window_blocks tables (create_all() added them); on SQLite
     # every complete hour of the store packed (collector.store_blocks), every row kept
-    5: lambda conn: _sqlite_only(conn, lambda: store_blocks.pack_all(_raw(conn))),
+    5: lambda conn: _sqlite_only(conn, lambda: store_blocks_sqlite.pack_all(_raw(conn))),
+    # 6 -> 7: packed_hours indexed on hour (retention); on PostgreSQL window_blocks made
+    # again partitioned by day (collector.partitions) and every complete hour packed
+    6: _packs_7,
 }
 
 
@@ -150,7 +162,7 @@ class Store(Inventory, PlanStore, FrameReader, HandoffStore, RetentionStore):
         self._labels_cache: dict[str, Labels] = {}
         self._upsert: dict[bool, str] = {}
         self._partitions = partitions.DayPartitions()  # PostgreSQL: the days made
-        self._pack_hour: dict[str, float] = {}  # SQLite: each source's newest hour written
+        self._pack_hour: dict[str, float] = {}  # each source's newest hour written
         parsed = self._parse(url)
         self.dialect = parsed.get_backend_name()
         try:
@@ -263,12 +275,15 @@ class Store(Inventory, PlanStore, FrameReader, HandoffStore, RetentionStore):
             version = self._read_version(conn)
             if version is not None and version > SCHEMA_VERSION:
                 raise StoreError(self._version_message(version))
-            if self.dialect == "postgresql":  # windows: partitioned, made by collector.partitions
-                fresh = not inspect(conn).has_table(WindowRow.__tablename__)
-                tables = [t for t in Base.metadata.sorted_tables if t is not WindowRow.__table__]
+            if self.dialect == "postgresql":  # windows, window_blocks: partitioned, made by
+                # collector.partitions (a schema 6 store's window_blocks: by its migration)
+                missing = [p for p in partitions.PARENTS if not inspect(conn).has_table(p)]
+                tables = [
+                    t for t in Base.metadata.sorted_tables if t.name not in partitions.PARENTS
+                ]
                 Base.metadata.create_all(conn, tables=tables, checkfirst=True)
-                if fresh:
-                    partitions.create(conn)
+                for parent in missing:
+                    partitions.create(conn, parent)
             else:
                 Base.metadata.create_all(conn, checkfirst=True)
             for step in range(SCHEMA_VERSION if version is None else version, SCHEMA_VERSION):
@@ -369,23 +384,31 @@ class Store(Inventory, PlanStore, FrameReader, HandoffStore, RetentionStore):
         return written
 
     def _write_batch(self, sql: str, rows: list[tuple[Any, ...]]) -> int:
+        newest: dict[str, float] = {}
+        for row in rows:
+            if newest.get(row[0], -math.inf) < row[4]:
+                newest[row[0]] = row[4]
         if self.dialect == "sqlite":
-            newest: dict[str, float] = {}
-            for row in rows:
-                if newest.get(row[0], -math.inf) < row[4]:
-                    newest[row[0]] = row[4]
             hour_of = store_blocks.hour_of
             with self._tx(f"writing {len(rows)} windows", write=True) as conn:
                 # executemany upserts row by row: a key repeated in a batch keeps its last row.
                 conn.exec_driver_sql(sql, rows)
                 # the packs of the hours written are no longer whole (collector.store_blocks)
                 unpacked = {(row[0], hour_of(row[4])) for row in rows}
-                store_blocks.unpack(_raw(conn), unpacked)
-            self._pack_reached(newest)
-            return len(rows)
-        # One statement may touch a row once: keep the last row per key.
-        unique = {(row[0], row[3], row[4]): row for row in rows}
-        days = self._days(unique.values())
+                store_blocks_sqlite.unpack(_raw(conn), unpacked)
+        else:
+            # One statement may touch a row once: keep the last row per key.
+            unique = list({(row[0], row[3], row[4]): row for row in rows}.values())
+            days = self._days(unique)
+            for part in store_blocks_pg.split(unique):  # each locks at most WRITE_HOURS hours
+                self._write_pg(sql, part, days)
+        self._pack_reached(newest)
+        return len(rows)
+
+    def _write_pg(self, sql: str, rows: list[tuple[Any, ...]], days: set[int]) -> None:
+        """One transaction of a PostgreSQL write (rows unique by key), its days' partitions
+        made first; the packs of the (source, hour)s written dropped under their locks."""
+        hour_of = store_blocks.hour_of
         for attempt in (1, 2):
             self._make_days(days)
             try:
@@ -395,42 +418,55 @@ class Store(Inventory, PlanStore, FrameReader, HandoffStore, RetentionStore):
                     with conn.connection.driver_connection.cursor() as cursor:  # type: ignore[union-attr]
                         cursor.execute(_STAGING_DDL)
                         with cursor.copy(_STAGING_COPY) as copy:
-                            for row in unique.values():
+                            for row in rows:
                                 copy.write_row(row)
                     conn.exec_driver_sql(sql)
-                return len(rows)
+                    # after the upsert: the locks are held from here to the commit only
+                    store_blocks_pg.unpack(conn, sorted({(r[0], hour_of(r[4])) for r in rows}))
+                return
             except StoreError as exc:
                 # a day another process's prune dropped after this one made it: made again
                 if attempt == 2 or not _no_partition(exc):
                     raise
                 self._partitions.forget(days)
-        raise AssertionError("unreachable")  # pragma: no cover
 
     def _pack_reached(self, newest: dict[str, float]) -> None:
-        """SQLite: pack the complete hours of the sources whose writes reached a new hour,
-        LOOKBACK_S back (collector.store_blocks): an older hour a late write unpacked too."""
-        due = {}
-        for source, start in newest.items():
-            hour = store_blocks.hour_of(start)
-            seen = self._pack_hour.get(source)
-            if seen is None or hour > seen:
-                due[source] = hour - store_blocks.LOOKBACK_S
-                self._pack_hour[source] = hour
+        """Pack the complete hours of the sources whose writes reached a new hour,
+        LOOKBACK_S back (collector.store_blocks): an older hour a late write unpacked too.
+        SQLite: one transaction; PostgreSQL: one per source, under the hours' locks."""
+        due = store_blocks.due_hours(newest, self._pack_hour)
         if not due:
             return
-        with self._tx(f"packing the windows of {len(due)} source(s)", write=True) as conn:
-            raw = _raw(conn)
-            for source, lo in sorted(due.items()):
-                store_blocks.pack_source(raw, source, lo, self._pack_hour[source])
+        what = f"packing the windows of {len(due)} source(s)"
+        if self.dialect == "sqlite":
+            with self._tx(what, write=True) as conn:
+                raw = _raw(conn)
+                for source, lo in sorted(due.items()):
+                    store_blocks_sqlite.pack_source(raw, source, lo, self._pack_hour[source])
+            return
+        for source, lo in sorted(due.items()):
+            with self._tx(what, write=True) as conn:
+                hours = store_blocks_pg.hours_to_pack(conn, source, lo, self._pack_hour[source])
+                store_blocks_pg.pack_hours(conn, source, hours[-store_blocks_pg.PACK_HOURS :])
 
     def pack_windows(self) -> int:
-        """SQLite: pack every complete hour not packed yet (each source's newest hour stays
-        rows); return the windows packed. PostgreSQL: 0 (its reads need no packs)."""
+        """Pack every complete hour not packed yet (each source's newest hour stays rows);
+        return the windows packed. SQLite: one transaction; PostgreSQL: one per source and
+        PACK_HOURS hours, under their locks (writers may go on meanwhile)."""
         self._require_schema()
-        if self.dialect != "sqlite":
-            return 0
-        with self._tx("packing windows", write=True) as conn:
-            return store_blocks.pack_all(_raw(conn))
+        if self.dialect == "sqlite":
+            with self._tx("packing windows", write=True) as conn:
+                return store_blocks_sqlite.pack_all(_raw(conn))
+        with self._tx("listing the sources to pack") as conn:
+            names = store_blocks_pg.sources(conn)
+        packed = 0
+        for source in names:
+            with self._tx(f"listing the hours of {source} to pack") as conn:
+                chunks = store_blocks_pg.chunks_to_pack(conn, source)
+            for hours in chunks:
+                with self._tx(f"packing the windows of {source}", write=True) as conn:
+                    packed += store_blocks_pg.pack_hours(conn, source, hours)
+        return packed
 
     def _days(self, rows: Iterable[tuple[Any, ...]]) -> set[int]:
         """The UTC days of the rows' starts and the day after the newest (made ahead, so the

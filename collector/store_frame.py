@@ -4,17 +4,18 @@
 ~12 M windows of 100 engines × 7 days of 1-minute windows. ``read_frame`` runs one statement
 with only the columns asked for and fills numpy arrays chunk by chunk:
 
-* SQLite, schema 6: the packed hours (collector/store_blocks.py): each complete source-hour
-  of a series is one BLOB of float64 read with ``numpy.frombuffer``, ~60× fewer objects
-  through the driver; only what no pack covers (the hours still written, or re-written
-  since) is read as rows, as below. ``packed=False`` reads every window as a row.
+* Both backends, packed hours (collector/store_blocks.py; SQLite from schema 6, PostgreSQL
+  from 7): each complete source-hour of a series is one BLOB of float64 read with
+  ``numpy.frombuffer``, ~60× fewer objects through SQLite's driver and ~60× fewer rows for
+  PostgreSQL's server to send; only what no pack covers (the hours still written, or
+  re-written since) is read as rows, as below. ``packed=False`` reads every window as a row.
 * SQLite rows: the driver's ``fetchmany``; a row names its series by one short text (series key,
   kind, source) that is factorized per chunk, and the signal and labels come from one point
   look-up per series. The driver still makes a Python object per value: that is this
   backend's floor (1.8 µs a row of the plan's columns here, before any conversion;
   benchmarks/bench_plan.py measures it). When most rows match (estimated from a few rowid
   slices), the table is scanned rather than reached through the signal or source index.
-* PostgreSQL (collector/store_frame_pg.py): ``COPY (SELECT …) TO STDOUT (FORMAT BINARY)``
+* PostgreSQL rows (collector/store_frame_pg.py): ``COPY (SELECT …) TO STDOUT (FORMAT BINARY)``
   where the server packs each column of a block of rows into one bytea of fixed-width
   values (a NULL left out, a bit per row saying so), read with ``numpy.frombuffer``: no
   Python object per window; a scan's blocks come in two COPYs at once, in one snapshot.
@@ -42,11 +43,12 @@ from typing import TYPE_CHECKING, Any, cast
 
 from sqlalchemy import ColumnElement, Connection, func, or_, select
 
-from collector import store_blocks
+from collector import store_blocks, store_blocks_pg, store_blocks_sqlite
 from collector.catalog import ENGINE_LABEL
 from collector.errors import StoreError
 from collector.models import ClusterRow, EngineRow, TargetRow, WindowRow, labels_json
 from collector.records import Window
+from collector.store_blocks_decode import Packs
 from collector.store_columns import (
     INT_COLUMNS,
     Series,
@@ -61,6 +63,7 @@ if TYPE_CHECKING:
     import numpy.typing as npt
     import pandas as pd
 
+    from collector.store_blocks import Frame
     from collector.store_columns import IntArray, RankFn
 
 CATEGORY_COLUMNS = ("source", "signal", "labels", "engine", "model_name", "kind")
@@ -150,7 +153,10 @@ def assemble(
     columns: Sequence[str],
     order: IntArray | None,
 ) -> pd.DataFrame:
-    """The frame from per-series identities, each row's series code and numeric columns."""
+    """The frame from per-series identities, each row's series code and numeric columns
+    (rows in ``order`` when given: the columns of ``nums`` are then consumed, each one's
+    memory taking the next one's rows, so that one new column is made, not one per column:
+    fresh memory is what a big read costs most on this project's VM)."""
     import numpy as np
     import pandas as pd
 
@@ -168,6 +174,7 @@ def assemble(
         for col, label in _FROM_LABELS.items():
             per_series[col] = [decoded[t].get(label) for t in texts]
     data: dict[str, Any] = {}
+    spare: npt.NDArray[Any] | None = None  # a column whose rows are all in the frame already
     for col in columns:
         if col in CATEGORY_COLUMNS:
             cats = sorted({v for v in per_series[col] if v is not None})
@@ -177,9 +184,17 @@ def assemble(
                 lut[sid] if len(sid) else np.zeros(0, dtype=np.int64),
                 categories=pd.Index(cats, dtype=object),
             )
+        elif order is None:
+            data[col] = nums[col]
         else:
             values = nums[col]
-            data[col] = values[order] if order is not None else values
+            reuse = spare is not None and spare.nbytes == values.nbytes == 8 * values.size
+            if spare is None or not reuse or np.may_share_memory(spare, values):
+                out = np.empty_like(values)
+            else:
+                out = spare.view(values.dtype)
+            data[col] = np.take(values, order, out=out)
+            spare = values if values.flags.c_contiguous else None
     # copy=False: the arrays were made for this frame; no copy into one 2-D block either.
     return pd.DataFrame(data, columns=list(columns), copy=False)
 
@@ -244,8 +259,9 @@ class FrameReader:
 
         Same filters as read_windows; ``columns`` picks frame columns (all by default);
         ``ordered=False`` skips the sort into read_windows' order (the rows are the same).
-        ``packed=False`` (SQLite) reads every window's row, never the packed hours: the same
-        frame, the read path before schema 6 (benchmarks/bench_plan.py's baseline).
+        ``packed=False`` reads every window's row, never the packed hours: the same frame,
+        the read path before schema 6 (SQLite) or 7 (PostgreSQL; benchmarks/bench_plan.py's
+        baselines).
         """
         import numpy as np
 
@@ -256,16 +272,17 @@ class FrameReader:
         )
         numeric = ["start", *(c for c in cols if c != "start" and c not in CATEGORY_COLUMNS)]
         with self._tx("reading windows as a frame") as conn:
-            if self.dialect == "postgresql":
+            ranks: RankFn = _python_ranks
+            if self.dialect == "postgresql":  # one snapshot for the packs and the rows
                 conn.exec_driver_sql("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
-                series, sid, nums = read_postgres(conn, conds, numeric)
                 ranks = pg_ranks(conn)
-            elif packed:
+            if packed:
                 series, sid, nums = _read_packed(
-                    conn, signals=signals, sources=sources, cluster=cluster, since=since,
+                    conn, conds, signals=signals, sources=sources, cluster=cluster, since=since,
                     until=until, numeric=numeric,
                 )  # fmt: skip
-                ranks = _python_ranks
+            elif self.dialect == "postgresql":
+                series, sid, nums = read_postgres(conn, conds, numeric)
             else:
                 # The index a signal or source filter would use pays only for a few rows.
                 narrow = dict(signals=signals) if signals is not None else dict(sources=sources)
@@ -274,7 +291,6 @@ class FrameReader:
                 else:
                     scan = _mostly_matches(conn, window_filters(**narrow, since=since, until=until))
                 series, sid, nums = _read_sqlite(conn, conds, numeric, scan=scan)
-                ranks = _python_ranks
             order = sort_order(series, sid, nums["start"], ranks) if ordered else None
         if order is not None and np.array_equal(order, np.arange(order.size)):
             order = None
@@ -332,6 +348,7 @@ def _read_sqlite(
 
 def _read_packed(
     conn: Connection,
+    conds: list[ColumnElement[bool]],
     *,
     signals: Sequence[str] | None,
     sources: Sequence[str] | None,
@@ -339,31 +356,33 @@ def _read_packed(
     since: float | None,
     until: float | None,
     numeric: Sequence[str],
-) -> tuple[list[Series], IntArray, dict[str, npt.NDArray[Any]]]:
-    """SQLite: the packed hours' blocks (collector/store_blocks.py), then the rows of what
-    no pack covers (the hours still written, or re-written since their pack)."""
-
-    raw = cast(sqlite3.Connection, conn.connection.driver_connection)
-    wanted: list[str] | None = None if sources is None else sorted(set(sources))
-    if cluster is not None:
-        in_cluster = select(ClusterRow.id).where(ClusterRow.name == cluster)
-        names = {
-            *conn.scalars(select(TargetRow.name).where(TargetRow.cluster_id.in_(in_cluster))),
-            *conn.scalars(select(EngineRow.source).where(EngineRow.cluster_id.in_(in_cluster))),
-        }
-        wanted = sorted(names if wanted is None else names & set(wanted))
-    cover = store_blocks.covered(raw, wanted, since, until)
-    present = store_blocks.sources(raw)
-    if wanted is not None:
-        keep = set(wanted)
-        present = [s for s in present if s in keep]
-    statements = store_blocks.row_statements(
-        cover, present, signals=signals, since=since, until=until, numeric=numeric
-    )
-    rest = _read_rows(raw, statements, numeric)
-    return store_blocks.read_blocks(
-        raw, wanted, signals=signals, since=since, until=until, numeric=numeric, tail=rest
-    )
+) -> Frame:
+    """The packed hours' blocks (collector/store_blocks.py), then the rows of what no pack
+    covers (the hours still written, or re-written since their pack): on SQLite one read by
+    the unique index per source and range, on PostgreSQL the COPY read of ``conds`` without
+    the packed hours (collector/store_frame_pg.py)."""
+    wanted = store_blocks.wanted_sources(conn, sources, cluster)
+    cover = store_blocks.covered(conn, wanted, since, until)
+    packed = store_blocks.block_rows(conn, wanted, signals, since, until)
+    sql, params = store_blocks.block_sql(conn, wanted, signals, since, until)
+    if conn.dialect.name == "postgresql":
+        conn.exec_driver_sql("SET LOCAL jit = off")  # compiling costs more than it saves here
+        rest = read_postgres(conn, conds, numeric, packed=(cover, since, until, packed))
+        packs = Packs(numeric, store_blocks.BYTE_ORDER["postgresql"], packed, rest)
+        packs.add(store_blocks_pg.read_blocks(conn, sql, params))
+    else:
+        raw = cast(sqlite3.Connection, conn.connection.driver_connection)
+        present = store_blocks_sqlite.sources(raw)
+        if wanted is not None:
+            keep = set(wanted)
+            present = [s for s in present if s in keep]
+        statements = store_blocks_sqlite.row_statements(
+            cover, present, signals=signals, since=since, until=until, numeric=numeric
+        )
+        rest = _read_rows(raw, statements, numeric)
+        packs = Packs(numeric, store_blocks.BYTE_ORDER["sqlite"], packed, rest)
+        packs.add(raw.execute(sql, params))
+    return packs.frame(since, until)
 
 
 def _read_rows(

@@ -312,7 +312,7 @@ def test_migration_4_to_5_partitions_an_existing_table_keeping_every_row(
         db_url, "SELECT 1 FROM pg_partitioned_table WHERE partrelid = 'windows'::regclass"
     )
     ids = _sql(db_url, "SELECT id, source, start, series_key FROM windows ORDER BY id")
-    # read the old table as it is (PostgreSQL's reads never touch schema 6's packed hours)
+    # read the old table as it is (no hour is packed yet: the frame is read from the rows)
     _sql(db_url, f"UPDATE schema_version SET version = {SCHEMA_VERSION}")
     with Store(db_url) as s:
         before, frame_before = s.read_windows(), s.read_frame()

@@ -182,7 +182,7 @@ def test_schema_1_without_plans_table_upgraded_keeps_windows(db_url: str) -> Non
     engine.dispose()
     _set_version(db_url, 1)
     with Store(db_url) as s:
-        assert s.migrate() == SCHEMA_VERSION == 6
+        assert s.migrate() == SCHEMA_VERSION == 7
         assert s.read_windows() == [win()] and s.plans() == [] and s.engine_changes() == {}
         assert s.take_rollup_states(["e1"]) == {}
 
