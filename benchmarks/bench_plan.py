@@ -20,11 +20,12 @@ would), then times in the same run:
   variant after the other, ``--rounds`` times over: on SQLite with the packed hours
   (collector/store_blocks.py) and with every read through the rows (``read_frame(packed=False)``,
   the read path before schema 6; ``--no-rows`` skips it); with ``--postgres``, on PostgreSQL
-  too (the client's CPU and the server's), and with ``--pg-baseline REV`` the same command of
-  revision REV on the same PostgreSQL (a revision of an older schema is told to take the
-  store's for its own: its plan reads ``windows`` and the inventory, which schema 7 left as
-  they were). Wall and CPU of each run, the best run's ratios to SQLite's, and whether each
-  plan's JSON is SQLite's (but for its own timings and store URL).
+  too (the client's CPU and the server's); with ``--baseline REV`` (or its older name
+  ``--pg-baseline``) the same command of revision REV on each backend timed (a revision of an
+  older schema is told to take the store's for its own: its plan reads ``windows``, the
+  packed hours and the inventory, which schema 7 left as they were). Wall and CPU of each
+  run, the best run's ratios to SQLite's, and whether each plan's JSON is SQLite's (but for
+  its own timings and store URL).
 
 A cached store of an older schema is migrated first (the time is printed; ``--db`` a copy of
 the cache when other checkouts of an older schema read it). ``--postgres`` copies the store
@@ -36,7 +37,7 @@ are pinned to one before numpy loads (the whole processes inherit it).
 
     .venv/bin/python benchmarks/bench_plan.py [--engines 100] [--days 7] [--rebuild]
     .venv/bin/python benchmarks/bench_plan.py --whole-only --postgres --no-rows --rounds 3 \
-        --pg-baseline aaada7a [--pg-pack migrate] [--db /tmp/copy.db]
+        --baseline aaada7a [--pg-pack migrate] [--db /tmp/copy.db]
 """
 
 from __future__ import annotations
@@ -178,14 +179,19 @@ def whole_process(path: Path, pg_url: str | None, args: argparse.Namespace) -> N
             rows = plan_whole.rows_cli(lite)
             variants.append(plan_whole.Variant("sqlite, rows (before schema 6)", rows, lite))
     with ExitStack() as stack:
+        tree = None
+        if args.baseline:
+            tree = stack.enter_context(plan_whole.revision_tree(args.baseline))
+        if tree is not None and not args.skip_sqlite:
+            old = plan_whole.tree_cli(tree, lite, schema=SCHEMA_VERSION)
+            variants.append(plan_whole.Variant(f"sqlite at {args.baseline}", old, lite))
         if pg_url is not None:
             cpu = plan_whole.postgres_cpu(pg_url)
             pg = plan_whole.cli(pg_url)
             variants.append(plan_whole.Variant("postgresql", pg, pg_url, cpu))
-            if args.pg_baseline:
-                tree = stack.enter_context(plan_whole.revision_tree(args.pg_baseline))
+            if tree is not None:
                 old = plan_whole.tree_cli(tree, pg_url, schema=SCHEMA_VERSION)
-                name = f"postgresql at {args.pg_baseline}"
+                name = f"postgresql at {args.baseline}"
                 variants.append(plan_whole.Variant(name, old, pg_url, cpu))
         runs = plan_whole.run_rounds(variants, args.rounds)
     plan_whole.summary(variants, runs)
@@ -280,7 +286,8 @@ def main() -> None:
     ap.add_argument("--whole-only", action="store_true", help="only the whole-process timing")
     ap.add_argument("--rounds", type=int, default=1, help="whole-process rounds (alternated)")
     ap.add_argument("--no-rows", action="store_true", help="no whole process reading rows")
-    ap.add_argument("--pg-baseline", metavar="REV", help="also REV's kvscope plan on PostgreSQL")
+    ap.add_argument("--baseline", "--pg-baseline", metavar="REV",
+                    help="also REV's kvscope plan, on each backend timed")  # fmt: skip
     ap.add_argument("--pg-url", help="a PostgreSQL already holding the copy (implies --postgres)")
     ap.add_argument("--pg-pack", choices=("windows", "migrate"), default="windows",
                     help="pack the PostgreSQL copy by Store.pack_windows or by migrating it "

@@ -24,11 +24,17 @@ Published figures (entries of planner/model/data/sources.yaml; `kvscope sources 
   requests with the GPU prefix cache off: throughput up to 9x with CPU hits; the DMA path
   costs ~0.5 % of throughput when nothing hits.
 
-Assumptions of the reproduction (not published): one engine with TP 8 (its KV capacity,
-~1.4 M tokens at gpu_memory_utilization 0.9, matches Test 1's "1.1-1.3 M tokens fit HBM");
-the "cache" of a test counts every KV token of the dataset, so groups = cache /
-(prefix + 20 x (256 + 512)) with cache 1.2 / 4.15 / 13.15 M; LMCache 0.3.3 runs in-process:
-L1 = the 1 TiB of host DRAM, the local SSD (5 TiB) is an L2 at the `local-nvme` tier's figures.
+The GKE reproduction: one engine with TP 8 (its KV capacity, ~1.4 M tokens at
+gpu_memory_utilization 0.9, matches Test 1's "1.1-1.3 M tokens fit HBM"); the "cache" of a
+test counts every KV token of the dataset (the study's example command, 80 groups of a
+1,000-token prompt, is 1.31 M tokens, Test 1's top), so groups = cache /
+(prefix + 20 x (256 + 512)) with cache 1.2 / 4.15 / 13.15 M; SGLang's generated-shared-prefix
+dataset shuffled once and each prompt sent once by 200 closed-loop clients
+[source: sglang-bench-serving]; LMCache 0.3.3 in-process with the study's tiers: L1 = the
+1 TiB of host DRAM, the local SSD (5 TiB) an L2 at the `local-nvme` tier's figures (the
+study published no disk bandwidth), and 0.3.3's store and retrieve
+[source: lmcache-0.3.3-source]: decode chunks and unfull chunks stored, GPU->CPU copies
+blocking the step, disk hits read through transient L1 buffers.
 """
 
 from __future__ import annotations
@@ -88,9 +94,21 @@ def _summary(raw: dict[str, Any]) -> dict[str, Any]:
     return result.summary
 
 
+# LMCache 0.3.3's in-process connector [source: lmcache-0.3.3-source]: its vLLM v1 adapter
+# stores decode chunks whatever save_decode_cache says, save_unfull_chunk defaults to true,
+# wait_for_save synchronizes the GPU->CPU copy of every stored chunk, and a retrieve reads a
+# disk chunk into a transient buffer of the CPU allocator without keeping it in L1
+LMCACHE_033: dict[str, Any] = {
+    "save_decode_cache": True,
+    "save_unfull_chunk": True,
+    "sync_store": True,
+    "l2_promote": False,
+}
+
+
 def gke_raw(prefix: int, setup: str, cache_tokens: float = 4.15e6) -> dict[str, Any]:
     offload = "none" if setup == "HBM" else "lmcache"
-    lmcache: dict[str, Any] = {}
+    lmcache: dict[str, Any] = dict(LMCACHE_033)
     if setup == "HBM+CPU+SSD":
         lmcache["l2"] = {"tier": "local-nvme", "size_gb": 5 * 1024 * GIB}
     return {

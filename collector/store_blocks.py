@@ -8,8 +8,8 @@ every complete UTC hour, one row per (source, hour, series) whose ``data`` is
 BLOCK_COLUMNS × n float64 (row-major, NaN for NULL, rows in start order; only the columns
 whose bit is set in ``columns``, the others being NULL in every row). ``numpy.frombuffer``
 reads a few thousand blocks at a time joined together as one 2-D array: ~212 k blobs
-instead of 12.75 M rows. ``windows`` stays the table of record: every other reader and every write use
-it. The values are little-endian on SQLite and big-endian on PostgreSQL, where the server
+instead of 12.75 M rows. ``windows`` stays the table of record: every other reader and every
+write use it. The values are little-endian on SQLite and big-endian on PostgreSQL, where the server
 packs them with ``float8send``: swapping them there costs ~1 µs of the server's CPU a value
 (tens of seconds a pack of the bench store) where the reader's swap, done in the copy it
 makes anyway, costs ~0.05 s a plan (:data:`BYTE_ORDER`).

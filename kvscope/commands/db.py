@@ -1,5 +1,5 @@
-"""`kvscope db migrate|stats|prune`: create or upgrade the store's schema, describe its
-contents, drop or delete old windows."""
+"""`kvscope db migrate|stats|prune|pack`: create or upgrade the store's schema, describe its
+contents, drop or delete old windows, pack complete hours for the plan's read."""
 
 from __future__ import annotations
 
@@ -83,3 +83,29 @@ def register(app: typer.Typer) -> None:
         with Store(settings.db) as store:
             pruned = store.prune(time.time() - older_s, dry_run=dry_run)
         typer.echo(json.dumps({"db": store.url, **pruned.summary()}))
+
+    @sub.command("pack")
+    def pack_cmd(
+        db: Annotated[str | None, typer.Option("--db", help=_DB_HELP)] = None,
+    ) -> None:
+        """Pack every complete source-hour not packed yet (the plan reads a packed hour as one
+        block per series instead of a row per window); JSON on stdout (windows_packed).
+
+        Collectors pack each source's hours as their writes reach a new hour, 48 hours back;
+        run this after re-writing older hours (a back-fill run again, a restored dump). Safe
+        while collectors write: PostgreSQL packs a source's hours a transaction at a time under
+        their locks; SQLite in one write transaction.
+
+        Example: kvscope db pack --db postgresql+psycopg://kvscope@db/kvscope
+        """
+        import time
+
+        from collector.store import Store
+        from kvscope.config import get_settings
+
+        settings = get_settings(db=db)
+        started = time.perf_counter()
+        with Store(settings.db) as store:
+            packed = store.pack_windows()
+        seconds = round(time.perf_counter() - started, 3)
+        typer.echo(json.dumps({"db": store.url, "windows_packed": packed, "seconds": seconds}))

@@ -104,6 +104,7 @@ def register(app: typer.Typer) -> None:
         from collector.store import Store
         from kvscope.commands.collect import parse_duration
         from kvscope.config import get_settings
+        from kvscope.heap import reuse_freed_memory
         from planner.plan import build_plan
         from planner.report.plan_text import summary_text
 
@@ -123,9 +124,11 @@ def register(app: typer.Typer) -> None:
             from kvscope.replan import run_every
 
             def make_plan(store: Store, name: str, since_at: float | None) -> Plan:
-                return build_plan(store, cluster=name, since=since_at, horizon_s=horizon_s,
-                                  gpu_price_per_hour=gpu_price, seed=seed,
-                                  forecast_seconds=forecast_seconds, group=group)  # fmt: skip
+                with reuse_freed_memory():  # the peak is handed back between rounds
+                    return build_plan(store, cluster=name, since=since_at,
+                                      horizon_s=horizon_s, gpu_price_per_hour=gpu_price,
+                                      seed=seed, forecast_seconds=forecast_seconds,
+                                      group=group)  # fmt: skip
 
             logging.basicConfig(level=logging.WARNING, format="kvscope: %(message)s")
             with Store(url) as store:
@@ -142,16 +145,17 @@ def register(app: typer.Typer) -> None:
                 from kvscope.replan import resolve_cluster
 
                 saved_as = cluster = resolve_cluster(store, cluster)
-            plan = build_plan(
-                store,
-                cluster=cluster,
-                since=since_s,
-                horizon_s=horizon_s,
-                gpu_price_per_hour=gpu_price,
-                seed=seed,
-                forecast_seconds=forecast_seconds,
-                group=group,
-            )
+            with reuse_freed_memory():
+                plan = build_plan(
+                    store,
+                    cluster=cluster,
+                    since=since_s,
+                    horizon_s=horizon_s,
+                    gpu_price_per_hour=gpu_price,
+                    seed=seed,
+                    forecast_seconds=forecast_seconds,
+                    group=group,
+                )
             if saved_as is not None:
                 from kvscope.replan import save_plan
 

@@ -19,6 +19,22 @@ SRC_NATIVE = (
 )
 SRC_CHUNK = "default: LMCache --chunk-size 256 [source: lmcache-mp-docs]"
 SRC_LOOKUP = "default: assumption, fitted so LMCache with nothing to reuse costs ~1-3 %"
+SRC_DECODE = (
+    "default: LMCache >= 0.3.4 stores no decode-phase chunks unless save_decode_cache; "
+    "0.3.3's vLLM v1 adapter stored them regardless [source: lmcache-0.3.3-source]"
+)
+SRC_UNFULL = (
+    "default: false (LMCache's default from December 2025); 0.3.x before it kept each "
+    "prompt's unfull last chunk (save_unfull_chunk true) [source: lmcache-0.3.3-source]"
+)
+SRC_SYNC_STORE = (
+    "default: stores overlap compute; LMCache 0.3.x's in-process connector copies each stored "
+    "chunk GPU->CPU and synchronizes before the step ends [source: lmcache-0.3.3-source]"
+)
+SRC_PROMOTE = (
+    "default: an L2 hit is copied into L1; LMCache 0.3.x's in-process retrieve reads it into "
+    "a transient buffer of the L1 allocator and keeps it in L2 only [source: lmcache-0.3.3-source]"
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,6 +63,10 @@ class LMCacheSpec:
     latency_s: float  # per chunk read from L1
     async_load: bool
     l2: L2Spec | None
+    save_decode_cache: bool = False  # chunks filled during decode are stored too
+    save_unfull_chunk: bool = False  # a prompt's unfull last chunk is stored (never hit)
+    l2_promote: bool = True  # an L2 hit is written into L1 (else: a transient L1 buffer)
+    sync_store: bool = False  # the GPU->CPU copy of stored chunks blocks the step
 
 
 def parse_native(sec: Section) -> NativeSpec:
@@ -79,11 +99,17 @@ def parse_lmcache(sec: Section) -> LMCacheSpec:
     async_load = sec.boolean(
         "async_load", False, source="default: in-process connector loads inside the forward"
     )
+    decode = sec.boolean("save_decode_cache", False, source=SRC_DECODE)
+    unfull = sec.boolean("save_unfull_chunk", False, source=SRC_UNFULL)
+    sync_store = sec.boolean("sync_store", False, source=SRC_SYNC_STORE)
     l2 = parse_l2(sec.section("l2")) if sec.has("l2") else None
     if l2 is None:
         sec.raw("l2")
+    promote = sec.boolean("l2_promote", True, source=SRC_PROMOTE)
     sec.finish()
-    return LMCacheSpec(chunk, lookup, store, read, lat, async_load, l2)
+    return LMCacheSpec(
+        chunk, lookup, store, read, lat, async_load, l2, decode, unfull, promote, sync_store
+    )
 
 
 def parse_l2(sec: Section) -> L2Spec:

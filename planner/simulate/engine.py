@@ -272,6 +272,10 @@ class Engine(EngineQueues):
         self.stall_s += extra
         if chunks and self.conn.store_overhead_s:
             secs += self.conn.store_overhead_s
+        if chunks and self.conn.sync_store:
+            store_s = self.conn.store_seconds(chunks)
+            secs += store_s
+            self.stall_s += store_s
         self.seg, self.seg_chunks, self.seg_k, self.seg_a = MIXED, chunks, 1, secs
         self.seg_end = now + secs
 

@@ -16,6 +16,7 @@ GPU pool accounting (vLLM v1 BlockPool semantics, counted in blocks):
 
 from __future__ import annotations
 
+import math
 from collections import OrderedDict
 from collections.abc import Iterator
 
@@ -299,7 +300,18 @@ class PrefixLRU:
     keeping per segment a leading run of units, evicting least-recently-used segments from
     their tails."""
 
-    __slots__ = ("cached", "capacity", "end", "evicted", "lru", "start", "unit", "used")
+    __slots__ = (
+        "cached",
+        "capacity",
+        "end",
+        "evicted",
+        "lru",
+        "partial",
+        "partial_seq",
+        "start",
+        "unit",
+        "used",
+    )
 
     def __init__(self, capacity_units: float, unit_tokens: int, tree: ContentTree) -> None:
         self.capacity = capacity_units
@@ -308,7 +320,11 @@ class PrefixLRU:
         self.end = tree.end
         self.cached: dict[int, int] = {}
         self.lru: OrderedDict[int, None] = OrderedDict()
-        self.used = 0
+        # objects no lookup can hit (LMCache's unfull last chunk of a prompt): negative keys
+        # in `lru`, their size in units (< 1) here
+        self.partial: dict[int, float] = {}
+        self.partial_seq = 0
+        self.used: float = 0
         self.evicted = 0
 
     def lookup(self, path: list[int], max_units: int) -> int:
@@ -319,7 +335,9 @@ class PrefixLRU:
     def nodes(self) -> Iterator[int]:
         """Every node the store has an entry for (ContentTree.prune keeps them)."""
         yield from self.cached
-        yield from self.lru
+        for n in self.lru:
+            if n >= 0:
+                yield n
 
     def touch(self, path: list[int], units: int) -> None:
         """Mark the segments covering the first `units` units as recently used."""
@@ -360,14 +378,45 @@ class PrefixLRU:
             self._evict(int(over) + (0 if over == int(over) else 1))
         return written
 
-    def _evict(self, count: int) -> None:
-        cached, lru = self.cached, self.lru
+    def store_partial(self, units: float) -> bool:
+        """Keep an object of `units` (< 1) that no lookup can hit, as LMCache keeps the unfull
+        last chunk of a prompt (`save_unfull_chunk`): it takes room and is evicted in LRU
+        order. False when the store cannot hold a unit."""
+        if units <= 0 or self.capacity < 1:
+            return False
+        self.partial_seq -= 1
+        key = self.partial_seq
+        self.partial[key] = units
+        self.lru[key] = None
+        self.used += units
+        over = self.used - self.capacity
+        if over > 0:
+            self._evict(math.ceil(over))
+        return True
+
+    def make_room(self, units: int) -> None:
+        """Free room for a transient buffer of `units` (LMCache reads an L2 chunk into a
+        buffer of its L1 allocator, evicting L1's LRU chunks when it is full, and frees the
+        buffer after the load): evicts what does not fit and inserts nothing."""
+        over = self.used + units - self.capacity
+        if over > 0:
+            self._evict(math.ceil(over))
+
+    def _evict(self, count: float) -> None:
+        cached, lru, partial = self.cached, self.lru, self.partial
         while count > 0 and lru:
             n, _ = lru.popitem(last=False)
+            if n < 0:
+                w = partial.pop(n)
+                count -= w
+                self.used -= w
+                self.evicted += 1
+                continue
             c = cached.get(n, 0)
             if c <= 0:
                 continue
-            take = min(c, count)
+            whole = math.ceil(count)  # = count unless a partial object was evicted before
+            take = c if c < whole else whole
             count -= take
             self.used -= take
             self.evicted += take

@@ -2,16 +2,25 @@
 256 tokens with LRU eviction, plus an optional L2 tier, so one engine's prefill serves
 another engine's hit.
 
-Model (LMCache 0.3-0.5 with vLLM's LMCache connector):
+Model (LMCache 0.3-0.5 with vLLM's LMCache connector; the 0.3.x in-process code is cited as
+[source: lmcache-0.3.3-source]):
 - lookup: each admitted request asks the pool for the longest chunk prefix in L1 ∪ L2
   (`lookup_overhead_s`, blocking the scheduler step); hits beyond the GPU prefix hit are loaded.
+  A lookup is an access: the chunks it finds become most recently used in the tier that has
+  them, whether or not the GPU already holds them (0.3.x pins them and `touch_cache()`s).
 - load: L1 -> GPU at `bandwidth_gbps` per GPU plus `latency_ms` per chunk; L2 -> L1 -> GPU at the
-  L2 tier's bandwidth and per-object latency (chunks promoted to L1). The in-process
+  L2 tier's bandwidth and per-object latency. `l2_promote` (default) keeps the L2 chunks in
+  L1; without it (0.3.x's retrieve) each is read into a transient buffer of the L1 allocator,
+  which evicts L1's LRU chunks when L1 is full and is freed after the load. The in-process
   connector loads inside the forward pass, so by default the load blocks the step
   (`async_load: true` makes it overlap like native offload).
-- store: the full chunks of newly prefilled prompt tokens are written to L1 (and through to
-  L2) asynchronously; `store_overhead_s` per storing step is the blocking part. Decode tokens
-  are not stored (LMCache save_decode_cache defaults to false).
+- store: the full chunks of a request's prompt from the end of LMCache's own hit are written
+  to L1 (and through to L2) asynchronously — also the chunks the GPU prefix cache supplied
+  when LMCache lacks them; `store_overhead_s` per storing step is the blocking part.
+  `save_unfull_chunk` also keeps the unfull last chunk of each prompt (an object no other
+  prompt can hit); `save_decode_cache` also stores the chunks filled during decode (0.3.3's
+  vLLM v1 adapter did so regardless of the flag), written here when the request leaves the
+  GPU.
 """
 
 from __future__ import annotations
@@ -85,6 +94,22 @@ class LMCachePool:
         self._sync_evictions()
         return written
 
+    def store_unfull(self, tokens: int) -> None:
+        """Keep a prompt's unfull last chunk of `tokens` (< chunk size) in L1 and L2."""
+        units = tokens / self.cs
+        if self.l1.store_partial(units):
+            self.tel.add("lmcache_l1_write_chunks_total", 1)
+        if self.l2 is not None and self.l2.store_partial(units):
+            self.tel.add("lmcache_l2_store_completed_chunks_total", 1)
+        self._sync_evictions()
+
+    def touch(self, path: list[int], l1_chunks: int, total_chunks: int) -> None:
+        """A lookup found `total_chunks` leading chunks, the first `l1_chunks` of them in L1."""
+        if l1_chunks:
+            self.l1.touch(path, l1_chunks)
+        if self.l2 is not None and total_chunks > l1_chunks:
+            self.l2.touch(path, total_chunks)
+
     def _sync_evictions(self) -> None:
         if self.l1.evicted != self._l1_evicted:
             self.tel.add("lmcache_l1_evicted_chunks_total", self.l1.evicted - self._l1_evicted)
@@ -126,10 +151,19 @@ class LMCacheConnector(Connector):
         self.kv_engine = spec.kv_bytes_per_token_engine
         self.link_free = 0.0
         self._l1_chunks: dict[int, int] = {}  # rid -> L1 chunks of the last lookup
+        self._hit: dict[int, int] = {}  # rid -> LMCache's hit (tokens) at its last lookup
+        self.save_decode = lmc.save_decode_cache
+        self.save_unfull = lmc.save_unfull_chunk
+        self.l2_promote = lmc.l2_promote
+        self.sync_store = lmc.sync_store
 
     def lookup(self, req: Req, p_eff: int, hit_tokens: int, count: bool = True) -> int:
-        cs, tel = self.cs, self.pool.tel
-        l1, total = self.pool.lookup(req.path, (p_eff - 1) // cs)
+        cs, pool = self.cs, self.pool
+        tel = pool.tel
+        l1, total = pool.lookup(req.path, (p_eff - 1) // cs)
+        if total:
+            pool.touch(req.path, l1, total)
+        self._hit[req.rid] = total * cs
         if count:
             tel.add("lmcache_lookups_total", 1)
             tel.add("lmcache_requested_tokens_total", p_eff)
@@ -169,7 +203,10 @@ class LMCacheConnector(Connector):
                 pool.tel.observe("lmcache_l2_load_throughput_gbps", l2_bytes / l2_secs / 1e9)
             secs += transfer_seconds(l2_tokens * self.kv_gpu, self.read_Bps)  # L1 -> GPU
             pool.tel.add("lmcache_l2_load_completed_chunks_total", chunks)
-            pool.l1.store(req.path, hit_tokens + l1_tokens, end_tokens)  # promoted to L1
+            if self.l2_promote:
+                pool.l1.store(req.path, hit_tokens + l1_tokens, end_tokens)  # promoted to L1
+            else:
+                pool.l1.make_room(chunks)  # transient buffers in L1's allocator
             pool._sync_evictions()
         pool.l1.touch(req.path, end_tokens // cs)
         if not self.is_async:
@@ -178,7 +215,41 @@ class LMCacheConnector(Connector):
         return self.link_free
 
     def store(self, req: Req, from_tokens: int, to_tokens: int, now: float) -> int:
-        return self.pool.store(req.path, from_tokens, to_tokens)
+        hit = self._hit.pop(req.rid, from_tokens)  # the first chunk stores from LMCache's hit
+        written = self.pool.store(req.path, hit if hit < from_tokens else from_tokens, to_tokens)
+        if self.save_unfull and to_tokens == req.prompt_len + req.generated:
+            tail = to_tokens % self.cs  # the last prefill step keeps the unfull chunk
+            if tail:
+                self.pool.store_unfull(tail)
+        return written
+
+    def store_seconds(self, chunks: list[tuple[Req, int]]) -> float:
+        """The blocking GPU->CPU copy of a step's stores (0.3.x): each request's stored span,
+        from LMCache's hit (first step) or its last stored chunk boundary, to the last full
+        chunk it computed (its last prefill step: its end, with `save_unfull_chunk`), at the
+        L1 bandwidth plus the per-chunk latency. Chunks already in L1 are copied too (LMCache
+        allocates and copies before it finds them present)."""
+        cs, tokens, objects = self.cs, 0, 0
+        for req, n in chunks:
+            c0 = req.computed
+            c1 = c0 + n
+            hit = self._hit.get(req.rid, c0)
+            lo = (hit if hit < c0 else c0) // cs * cs
+            last = c1 == req.prompt_len + req.generated
+            hi = c1 if last and self.save_unfull else c1 // cs * cs
+            if hi > lo:
+                tokens += hi - lo
+                objects += -(-(hi - lo) // cs)
+        if not tokens:
+            return 0.0
+        return transfer_seconds(
+            tokens * self.kv_gpu, self.read_Bps, latency_s=self.latency, objects=objects
+        )
+
+    def store_on_release(self, req: Req, computed: int, now: float) -> None:
+        self._hit.pop(req.rid, None)
+        if self.save_decode and computed > req.prompt_len:
+            self.pool.store(req.path, req.prompt_len, computed)
 
     def usage_ratio(self) -> float:
         cap = self.pool.l1.capacity

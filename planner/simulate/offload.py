@@ -29,6 +29,7 @@ class Connector:
     step_overhead = 0.0  # fraction added to every step's time
     lookup_overhead_s = 0.0  # blocking, per admitted request
     store_overhead_s = 0.0  # blocking, per step that stores something
+    sync_store = False  # the GPU->CPU copy of stored KV blocks the step (store_seconds)
 
     def lookup(self, req: Req, p_eff: int, hit_tokens: int, count: bool = True) -> int:
         """Tokens beyond the GPU hit that the connector can supply (< p_eff); `count` = record
@@ -43,6 +44,11 @@ class Connector:
     def store(self, req: Req, from_tokens: int, to_tokens: int, now: float) -> int:
         """Offer newly computed KV [from_tokens, to_tokens); returns the units written."""
         return 0
+
+    def store_seconds(self, chunks: list[tuple[Req, int]]) -> float:
+        """Seconds a step that computes `chunks` (request, tokens) spends copying what it
+        stores, when the copy blocks the step (`sync_store`)."""
+        return 0.0
 
     def store_on_release(self, req: Req, computed: int, now: float) -> None:
         """A request leaves the GPU (finished or preempted) with `computed` tokens of KV."""

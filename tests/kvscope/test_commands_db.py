@@ -1,4 +1,4 @@
-"""`kvscope db migrate|stats` on a real SQLite file: JSON on stdout, errors exit 2."""
+"""`kvscope db migrate|stats|pack` on a real SQLite file: JSON on stdout, errors exit 2."""
 
 from __future__ import annotations
 
@@ -74,3 +74,22 @@ def test_db_help_has_examples() -> None:
         result = RUNNER.invoke(app, ["db", sub, "--help"])
         assert result.exit_code == 0
         assert f"kvscope db {sub} --db" in result.stdout
+
+
+def test_db_pack_packs_the_hours_a_late_write_unpacked(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'pack.db'}"
+    _run("migrate", "--db", url)
+
+    def hour(h: int, value: float) -> list[Window]:
+        return [Window("e1", "a_ratio", (("engine", "0"),), 3600.0 * h + 60 * m, 60.0, "gauge",
+                       4, mean=value) for m in range(60)]  # fmt: skip
+
+    with Store(url) as store:
+        store.write_windows(hour(0, 0.1) + hour(1, 0.1) + hour(2, 0.1))  # hours 0, 1 packed
+        store.write_windows(hour(0, 0.9))  # a late re-write: hour 0 is rows again
+    first = _run("pack", "--db", url)
+    assert (first["db"], first["windows_packed"]) == (url, 60)
+    assert _run("pack", "--db", url)["windows_packed"] == 0  # nothing left to pack
+    with Store(url) as store:
+        frame = store.read_frame(signals=["a_ratio"], columns=["start", "mean"])
+    assert sorted(frame.loc[frame["start"] < 3600.0, "mean"].unique()) == [0.9]

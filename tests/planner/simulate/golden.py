@@ -15,6 +15,14 @@ tests/planner/simulate/fixtures/golden_sim.json holds what the implementation at
 from a `git archive 9999810` tree, so its planner/ was the one imported. Rewriting it
 (`python tests/planner/simulate/golden.py --write`) is a change of simulated behaviour,
 never a way to make the test pass.
+
+Rewritten since (from the tree of the change, `--write`), with the reason:
+- issue 14, LMCache as 0.3.x keeps its pool (planner/simulate/lmcache.py): a lookup makes the
+  chunks it finds most recently used, and a store starts at LMCache's own hit. Runs with
+  LMCache changed: mixed_async_in_place, rag_bursty and shared_prefix (which chunks L1/L2
+  keep, hence hits, loads and timings); every run's `parameters` digest changed (four new
+  `cluster.lmcache` keys, all off by default: save_decode_cache, save_unfull_chunk,
+  sync_store, and l2_promote on). The other runs' results are unchanged.
 """
 
 from __future__ import annotations

@@ -214,7 +214,12 @@ def _random_raw(r: random.Random) -> dict[str, Any]:
         "router": r.choice(["round_robin", "least_loaded", "prefix_affinity"]),
         "enable_prefix_caching": r.random() < 0.8,
     }  # fmt: skip
-    return {"cluster": cluster, "workload": wl, "duration_s": 100_000, "seed": r.randint(0, 99)}
+    seed = r.randint(0, 99)
+    # LMCache 0.3.3's behaviours (planner/simulate/lmcache.py), drawn last so the draws above
+    # give the configurations they gave before
+    for flag in ("save_decode_cache", "save_unfull_chunk", "l2_promote", "sync_store"):
+        lmcache[flag] = r.random() < 0.5
+    return {"cluster": cluster, "workload": wl, "duration_s": 100_000, "seed": seed}
 
 
 @pytest.mark.parametrize("seed", range(8))
