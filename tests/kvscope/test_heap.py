@@ -22,12 +22,17 @@ class _MallInfo2(ctypes.Structure):
     ]  # fmt: skip
 
 
-def _mapped_bytes() -> int:
-    """Bytes malloc holds in blocks mapped one by one (mallinfo2's hblkhd)."""
+def _mallinfo() -> _MallInfo2:
     libc = heap._libc()
     assert libc is not None
     libc.mallinfo2.restype = _MallInfo2
-    return int(libc.mallinfo2().hblkhd)
+    info: _MallInfo2 = libc.mallinfo2()
+    return info
+
+
+def _mapped_bytes() -> int:
+    """Bytes malloc holds in blocks mapped one by one (mallinfo2's hblkhd)."""
+    return int(_mallinfo().hblkhd)
 
 
 def _growth_while_held() -> int:
@@ -59,9 +64,6 @@ def test_freed_memory_is_handed_back_on_leaving() -> None:
     with heap.reuse_freed_memory():
         blocks = [np.ones(BIG // 8) for _ in range(3)]
         del blocks
-        libc = heap._libc()
-        assert libc is not None
-        libc.mallinfo2.restype = _MallInfo2
-        held = int(libc.mallinfo2().fordblks)  # free bytes the heap keeps
+        held = int(_mallinfo().fordblks)  # free bytes the heap keeps
         assert held >= 3 * BIG
-    assert int(libc.mallinfo2().fordblks) < held - 2 * BIG
+    assert int(_mallinfo().fordblks) < held - 2 * BIG
