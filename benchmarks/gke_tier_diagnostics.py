@@ -13,7 +13,11 @@ benchmarks/README.md, "Simulator calibration".
    1 GB/s: does any bandwidth make TTFT rise while throughput rises, as published?
 4. Batch budget: the GKE rows' throughput changes at vLLM's default 8192 and at the GKE
    set-up's 2048 [source: gke-lmcache-local-disk-tutorial].
-5. (--fragmentation) One TP rank's LMCache 0.3.3 L1 (128 GiB) under Test 3's 5k workload,
+5. Past the first token: in every HBM-only case, the preemptions that hit a decoding request
+   against those that hit one still in prefill, how many distinct prefixes HBM holds, and
+   the mean number of the 200 clients' requests past their first token, 200 x (1 - TTFT /
+   E2E), simulated and as the published pair needs it (Little's law on the closed loop).
+6. (--fragmentation) One TP rank's LMCache 0.3.3 L1 (128 GiB) under Test 3's 5k workload,
    replayed through a first-fit allocator with 512-byte alignment that evicts LRU chunks
    until an allocation fits, as LocalCPUBackend.allocate does [source: lmcache-0.3.3-source],
    against a byte-counted LRU: prefix-chunk hit rate and fill.
@@ -33,6 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.calibrate_sim import GKE_TESTS, gke_raw
 from planner.simulate.cluster import Simulation
+from planner.simulate.decode import DECODE
 from planner.simulate.scenario import parse_scenario
 
 
@@ -105,7 +110,44 @@ def budget() -> None:
         print(f"| {test} {prefix // 1000}k {best} | {tput:+.0%} | " + " | ".join(cells) + " |")
 
 
-# --- 5. fragmentation of LMCache 0.3.3's L1 allocator ------------------------------------
+# --- 5. who is preempted, and how many requests are past their first token ---------------
+def _victims(raw: dict[str, Any]) -> tuple[dict[str, Any], int, int]:
+    """(summary, preemptions of decoding requests, of requests in prefill) of one run."""
+    counts = {"decode": 0, "prefill": 0}
+    sim = Simulation(parse_scenario(raw, where="gke_tier_diagnostics"))
+    for eng in sim.engines:
+        preempt = eng._preempt_newest
+
+        def counted(now: float, eng: Any = eng, preempt: Any = preempt) -> Any:
+            newest = eng.running[next(reversed(eng.running))]
+            counts["decode" if newest.state == DECODE else "prefill"] += 1
+            return preempt(now)
+
+        eng._preempt_newest = counted  # type: ignore[method-assign]
+    return sim.run().summary, counts["decode"], counts["prefill"]
+
+
+def past_first_token() -> None:
+    print(
+        "| case | groups | prefixes in HBM | preempted decoding / in prefill | "
+        "past first token, simulated | needed by the published pair |\n|---|---|---|---|---|---|"
+    )
+    for test, cache, prefix, _, (_, ttft, e2e) in _cases():
+        raw = gke_raw(prefix, "HBM", cache)
+        summary, dec, pre = _victims(raw)
+        spec = parse_scenario(raw, where="gke_tier_diagnostics").cluster
+        hbm = spec.num_gpu_blocks * spec.block_size
+        clients = raw["workload"]["concurrency"]
+        sim_past = clients * (1 - summary["ttft_mean_s"] / summary["e2e_mean_s"])
+        bound = (1 + e2e) / (1 + ttft)
+        need = f">= {clients * (1 - bound):.0f}" if bound < 1 else "–"
+        print(
+            f"| {test} {prefix // 1000}k | {raw['workload']['groups']} | {hbm // prefix} | "
+            f"{dec} / {pre} | {sim_past:.0f} | {need} |"
+        )
+
+
+# --- 6. fragmentation of LMCache 0.3.3's L1 allocator ------------------------------------
 CAP = 128 * 1024**3  # one TP rank's L1 (8 x 128 GiB in the GKE set-up)
 TOKEN_BYTES = 40_960  # Llama-3.3-70B bf16 KV per token on one of 8 ranks
 CHUNK = 256
@@ -216,17 +258,18 @@ def fragmentation() -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--fragmentation", action="store_true", help="also run check 5 (~3 min)")
+    parser.add_argument("--fragmentation", action="store_true", help="also run check 6 (~3 min)")
     args = parser.parse_args()
     for title, fn in (
         ("1-2. absolute figures and TTFT share", absolute_and_share),
         ("3. L2 (SSD) read bandwidth", l2_bandwidth),
         ("4. vLLM batch budget", budget),
+        ("5. preemption victims and requests past their first token (HBM only)", past_first_token),
     ):
         print(f"\n## {title}\n", flush=True)
         fn()
     if args.fragmentation:
-        print("\n## 5. LMCache 0.3.3 L1 allocator, Test 3 5k, one rank\n", flush=True)
+        print("\n## 6. LMCache 0.3.3 L1 allocator, Test 3 5k, one rank\n", flush=True)
         fragmentation()
 
 

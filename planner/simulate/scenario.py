@@ -30,6 +30,23 @@ from planner.simulate.spec import Param, Section
 from planner.simulate.workload_spec import WorkloadSpec, parse_workload
 
 GB = 1e9
+# vLLM's OpenAI server takes its batch limits from the GPU it runs on (EngineArgs.
+# _set_default_args in 0.10, get_batch_defaults later) [source: vllm-engine-config]: large
+# limits from 70 GiB of device memory up, except on A100s (vLLM PR 17885 measured them slower).
+LARGE_GPU_BYTES = 70 * costmodel.GIB
+LARGE_BATCH_DEFAULTS = (1024, 8192)  # (max_num_seqs, max_num_batched_tokens)
+SMALL_BATCH_DEFAULTS = (256, 2048)
+
+
+def vllm_batch_defaults(gpu: GPU) -> tuple[int, int]:
+    """(max_num_seqs, max_num_batched_tokens) vLLM's OpenAI server picks on `gpu` when the
+    flags are not given: H100, H200 and other >= 70 GiB GPUs but the A100 get 1024 and 8192,
+    the rest 256 and 2048."""
+    if gpu.hbm_bytes >= LARGE_GPU_BYTES and "a100" not in gpu.name:
+        return LARGE_BATCH_DEFAULTS
+    return SMALL_BATCH_DEFAULTS
+
+
 OFFLOAD_MODES = ("none", "native", "lmcache")
 ROUTERS = ("round_robin", "least_loaded", "prefix_affinity", "scorer")
 SCOPES = ("engine", "node", "cluster")
@@ -68,8 +85,10 @@ CLUSTER_KEYS = frozenset(
 )
 
 # Sources of the defaults (PARAMETERS.md repeats them with the reasoning).
-SRC_VLLM_SCHED = "default: vLLM SchedulerConfig (max_num_seqs 256)"
-SRC_VLLM_BUDGET = "default: vLLM arg_utils max_num_batched_tokens for the OpenAI server (8192)"
+SRC_VLLM_BATCH = (
+    "default: vLLM's OpenAI server for this GPU (>= 70 GiB and not an A100: max_num_seqs "
+    "1024, max_num_batched_tokens 8192; else 256 and 2048) [source: vllm-engine-config]"
+)
 SRC_VLLM_CACHE = (
     "default: vLLM CacheConfig (block_size 16, gpu_memory_utilization 0.9) "
     "[source: vllm-engine-config]"
@@ -230,8 +249,9 @@ def _parse_cluster(sec: Section) -> ClusterSpec:
     num_blocks = blocks_given if blocks_given is not None else capacity // block
     if num_blocks < 1:
         raise sec.fail("gpu_memory_utilization", f"leaves no KV block for {model.name}")
-    max_seqs = sec.integer("max_num_seqs", 256, low=1, high=65536, source=SRC_VLLM_SCHED)
-    budget = sec.integer("max_num_batched_tokens", 8192, low=1, source=SRC_VLLM_BUDGET)
+    seqs_default, budget_default = vllm_batch_defaults(gpu)
+    max_seqs = sec.integer("max_num_seqs", seqs_default, low=1, high=65536, source=SRC_VLLM_BATCH)
+    budget = sec.integer("max_num_batched_tokens", budget_default, low=1, source=SRC_VLLM_BATCH)
     if budget < max_seqs:
         raise sec.fail(
             "max_num_batched_tokens",

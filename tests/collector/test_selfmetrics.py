@@ -316,8 +316,19 @@ def test_collect_direct_with_health_counts_match_the_loop(tmp_path: Path) -> Non
                            concurrency=4, max_body_bytes=1 << 24, max_ticks=4, health=h)
         )  # fmt: skip
     s = parse(h.render())
-    assert value(s, sm.COLLECTOR_SCRAPES.name, target="up0", outcome="up") == 4
-    assert value(s, sm.COLLECTOR_SCRAPES.name, target="err", outcome="http_status") == 4
+    # every tick scrapes both targets once; under a loaded machine a scrape can still miss
+    # its tick's deadline (a timeout), so the counts are checked against the loop's own
+    by: dict[tuple[str, str], float] = {
+        (lab["target"], lab["outcome"]): v for lab, v in s[sm.COLLECTOR_SCRAPES.name]
+    }
+    assert {o for (t, o), v in by.items() if t == "up0" and v} <= {"up", "timeout"}
+    assert {o for (t, o), v in by.items() if t == "err" and v} <= {"http_status", "timeout"}
+    assert sum(v for (t, _), v in by.items() if t == "up0") == 4
+    assert sum(v for (t, _), v in by.items() if t == "err") == 4
+    assert by[("up0", "up")] >= 1 and by[("err", "http_status")] >= 1
+    failed = sum(v for (_, o), v in by.items() if o != "up")
+    assert failed == sum(stats.failures.values())
+    assert sum(by.values()) == stats.scrapes == 8
     assert value(s, sm.COLLECTOR_TICKS.name) == stats.ticks == 4
     assert value(s, sm.COLLECTOR_WINDOWS_WRITTEN.name) == stats.windows_written > 0
     assert value(s, sm.COLLECTOR_TARGETS.name) == 2

@@ -23,6 +23,10 @@ Rewritten since (from the tree of the change, `--write`), with the reason:
   keep, hence hits, loads and timings); every run's `parameters` digest changed (four new
   `cluster.lmcache` keys, all off by default: save_decode_cache, save_unfull_chunk,
   sync_store, and l2_promote on). The other runs' results are unchanged.
+- issue 14, vLLM's batch defaults by GPU (planner/simulate/scenario.py `vllm_batch_defaults`:
+  max_num_seqs 1024 on H100 and H200, was 256 for every GPU; 2048 batched tokens below
+  70 GiB and on A100s): only the `parameters` digests changed; every run is on H100s with
+  fewer than 256 requests running, so every result is unchanged.
 """
 
 from __future__ import annotations

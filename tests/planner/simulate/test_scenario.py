@@ -109,8 +109,9 @@ def test_parse_scenario_defaults_recorded_with_sources() -> None:
     sc = parse_scenario(BASE)
     params = {p.key: p for p in sc.params}
     assert params["cluster.nodes"].source == "scenario"
-    assert params["cluster.max_num_seqs"].value == 256
+    assert params["cluster.max_num_seqs"].value == 1024  # vLLM's OpenAI server on an H100
     assert "vLLM" in params["cluster.max_num_seqs"].source
+    assert "[source: vllm-engine-config]" in params["cluster.max_num_seqs"].source
     assert params["cluster.max_num_batched_tokens"].value == 8192
     assert params["cluster.block_size"].value == 16
     assert params["cluster.router"].value == "round_robin"
@@ -170,3 +171,37 @@ def test_set_dotted_bare_key_goes_to_cluster_or_workload() -> None:
     raw = set_dotted(BASE, "cluster.lmcache.l2.size_gb", 10)
     assert raw["cluster"]["lmcache"]["l2"]["size_gb"] == 10
     assert "lmcache" not in BASE["cluster"]  # the original is untouched
+
+
+# vLLM's OpenAI server (EngineArgs._set_default_args, 0.10.1.1): >= 70 GiB and not an A100
+# gets 1024 sequences and 8192 batched tokens, everything else 256 and 2048
+BATCH_DEFAULTS = [
+    ("h100-80gb", 1024, 8192),
+    ("h200-141gb", 1024, 8192),
+    ("a100-80gb", 256, 2048),  # 80 GiB, but vLLM excludes A100s by name
+    ("l40s", 256, 2048),  # 48 GiB
+]
+
+
+@pytest.mark.parametrize(
+    ("gpu", "seqs", "budget"), BATCH_DEFAULTS, ids=[g for g, *_ in BATCH_DEFAULTS]
+)
+def test_parse_scenario_batch_defaults_follow_vllm_for_the_gpu(
+    gpu: str, seqs: int, budget: int
+) -> None:
+    sc = parse_scenario(_with("cluster.gpu", gpu))
+    assert (sc.cluster.max_num_seqs, sc.cluster.max_num_batched_tokens) == (seqs, budget)
+    # given flags win over the defaults, as on vLLM's command line
+    given = set_dotted(_with("cluster.gpu", gpu), "cluster.max_num_seqs", 64)
+    given = set_dotted(given, "cluster.max_num_batched_tokens", 4096)
+    sc = parse_scenario(given)
+    assert (sc.cluster.max_num_seqs, sc.cluster.max_num_batched_tokens) == (64, 4096)
+    params = {p.key: p for p in sc.params}
+    assert params["cluster.max_num_seqs"].source == "scenario"
+
+
+def test_parse_scenario_small_gpu_default_budget_below_given_seqs_is_refused() -> None:
+    # on an L40S the default budget is 2048: asking for more sequences than that is what
+    # vLLM refuses (max_num_batched_tokens < max_num_seqs), named by the key
+    with pytest.raises(ConfigError, match="max_num_batched_tokens"):
+        parse_scenario(set_dotted(_with("cluster.gpu", "l40s"), "cluster.max_num_seqs", 4096))
