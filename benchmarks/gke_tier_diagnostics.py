@@ -38,7 +38,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.calibrate_sim import GKE_TESTS, gke_raw
 from planner.simulate.cluster import Simulation
 from planner.simulate.decode import DECODE
-from planner.simulate.scenario import parse_scenario
+from planner.simulate.scenario import ClusterSpec, parse_scenario
+
+
+def _share_bound(ttft: float, e2e: float) -> float:
+    """The HBM-only TTFT / E2E a published (TTFT change, E2E change) pair allows (check 2)."""
+    return (1 + e2e) / (1 + ttft)
 
 
 def _summary(raw: dict[str, Any]) -> dict[str, Any]:
@@ -60,7 +65,7 @@ def absolute_and_share() -> None:
     print("| case | set-up | input tok/s | TTFT s | E2E s | TTFT/E2E | bound | GPU | LMCache |")
     print("|---|---|---|---|---|---|---|---|---|")  # GPU, LMCache: prefix / external hit rates
     for test, cache, prefix, best, (_, ttft, e2e) in _cases():
-        bound = (1 + e2e) / (1 + ttft)
+        bound = _share_bound(ttft, e2e)
         for setup in ("HBM", best):
             s = _summary(gke_raw(prefix, setup, cache))
             share = s["ttft_mean_s"] / s["e2e_mean_s"]
@@ -111,8 +116,9 @@ def budget() -> None:
 
 
 # --- 5. who is preempted, and how many requests are past their first token ---------------
-def _victims(raw: dict[str, Any]) -> tuple[dict[str, Any], int, int]:
-    """(summary, preemptions of decoding requests, of requests in prefill) of one run."""
+def _victims(raw: dict[str, Any]) -> tuple[dict[str, Any], ClusterSpec, int, int]:
+    """(summary, cluster, preemptions of decoding requests, of requests in prefill) of one
+    run."""
     counts = {"decode": 0, "prefill": 0}
     sim = Simulation(parse_scenario(raw, where="gke_tier_diagnostics"))
     for eng in sim.engines:
@@ -124,7 +130,8 @@ def _victims(raw: dict[str, Any]) -> tuple[dict[str, Any], int, int]:
             return preempt(now)
 
         eng._preempt_newest = counted  # type: ignore[method-assign]
-    return sim.run().summary, counts["decode"], counts["prefill"]
+    summary = sim.run().summary
+    return summary, sim.scenario.cluster, counts["decode"], counts["prefill"]
 
 
 def past_first_token() -> None:
@@ -134,12 +141,11 @@ def past_first_token() -> None:
     )
     for test, cache, prefix, _, (_, ttft, e2e) in _cases():
         raw = gke_raw(prefix, "HBM", cache)
-        summary, dec, pre = _victims(raw)
-        spec = parse_scenario(raw, where="gke_tier_diagnostics").cluster
+        summary, spec, dec, pre = _victims(raw)
         hbm = spec.num_gpu_blocks * spec.block_size
         clients = raw["workload"]["concurrency"]
         sim_past = clients * (1 - summary["ttft_mean_s"] / summary["e2e_mean_s"])
-        bound = (1 + e2e) / (1 + ttft)
+        bound = _share_bound(ttft, e2e)
         need = f">= {clients * (1 - bound):.0f}" if bound < 1 else "–"
         print(
             f"| {test} {prefix // 1000}k | {raw['workload']['groups']} | {hbm // prefix} | "
