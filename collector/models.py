@@ -33,7 +33,7 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 from collector.records import Labels
 
 # Bump when the schema changes and add the step to store.MIGRATIONS.
-SCHEMA_VERSION = 7
+SCHEMA_VERSION = 8
 
 OFFLOAD_MODES = ("none", "native", "lmcache")
 TARGET_KINDS = ("vllm", "lmcache", "prometheus")
@@ -234,8 +234,10 @@ PLAN_HEADLINE = (
     "score",
     "breakeven_native", "breakeven_native_lo", "breakeven_native_hi",
     "breakeven_lmcache", "breakeven_lmcache_lo", "breakeven_lmcache_hi",
-    "gain_native_now", "gain_native_now_lo", "gain_native_now_hi",
-    "gain_lmcache_now", "gain_lmcache_now_lo", "gain_lmcache_now_hi",
+    "capacity_native", "capacity_native_lo", "capacity_native_hi",
+    "capacity_lmcache", "capacity_lmcache_lo", "capacity_lmcache_hi",
+    "equal_kv_gain_native", "equal_kv_gain_native_lo", "equal_kv_gain_native_hi",
+    "equal_kv_gain_lmcache", "equal_kv_gain_lmcache_lo", "equal_kv_gain_lmcache_hi",
     "kv_util_now",
     "forecast_peak", "forecast_peak_lo", "forecast_peak_hi",
     "kv_capacity",
@@ -273,12 +275,21 @@ class PlanRow(Base):
     breakeven_lmcache: Mapped[float | None] = mapped_column(Double)
     breakeven_lmcache_lo: Mapped[float | None] = mapped_column(Double)
     breakeven_lmcache_hi: Mapped[float | None] = mapped_column(Double)
-    gain_native_now: Mapped[float | None] = mapped_column(Double)
-    gain_native_now_lo: Mapped[float | None] = mapped_column(Double)
-    gain_native_now_hi: Mapped[float | None] = mapped_column(Double)
-    gain_lmcache_now: Mapped[float | None] = mapped_column(Double)
-    gain_lmcache_now_lo: Mapped[float | None] = mapped_column(Double)
-    gain_lmcache_now_hi: Mapped[float | None] = mapped_column(Double)
+    # capacity at the SLO of the mode over no offload (90 % interval; hi None: a lower bound)
+    capacity_native: Mapped[float | None] = mapped_column(Double)
+    capacity_native_lo: Mapped[float | None] = mapped_column(Double)
+    capacity_native_hi: Mapped[float | None] = mapped_column(Double)
+    capacity_lmcache: Mapped[float | None] = mapped_column(Double)
+    capacity_lmcache_lo: Mapped[float | None] = mapped_column(Double)
+    capacity_lmcache_hi: Mapped[float | None] = mapped_column(Double)
+    # the diagnostic: relative tokens/s at equal KV use, at the current KV use (schema <= 7
+    # called these gain_<mode>_now and read them as a throughput gain)
+    equal_kv_gain_native: Mapped[float | None] = mapped_column(Double)
+    equal_kv_gain_native_lo: Mapped[float | None] = mapped_column(Double)
+    equal_kv_gain_native_hi: Mapped[float | None] = mapped_column(Double)
+    equal_kv_gain_lmcache: Mapped[float | None] = mapped_column(Double)
+    equal_kv_gain_lmcache_lo: Mapped[float | None] = mapped_column(Double)
+    equal_kv_gain_lmcache_hi: Mapped[float | None] = mapped_column(Double)
     kv_util_now: Mapped[float | None] = mapped_column(Double)
     forecast_peak: Mapped[float | None] = mapped_column(Double)
     forecast_peak_lo: Mapped[float | None] = mapped_column(Double)

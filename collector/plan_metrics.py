@@ -26,12 +26,15 @@ from collector.selfmetrics import (
     GAIN_MODES,
     PLAN_AGE,
     PLAN_BREAKEVEN_KV_USAGE,
+    PLAN_CAPACITY_RATIO,
     PLAN_CREATED,
     PLAN_DECISION_SCORE,
     PLAN_DEPLOYED_MODE,
+    PLAN_ENGINES_NEEDED,
     PLAN_FORECAST_COVERAGE,
     PLAN_FORECAST_HORIZON,
     PLAN_FORECAST_NOMINAL_COVERAGE,
+    PLAN_GPU_HOURS_SAVED,
     PLAN_KV_CAPACITY,
     PLAN_KV_DEMAND_PEAK,
     PLAN_KV_DEMAND_PEAK_OF_CAPACITY,
@@ -40,8 +43,9 @@ from collector.selfmetrics import (
     PLAN_MODES,
     PLAN_RECOMMENDED_MODE,
     PLAN_SATURATION_PROBABILITY,
-    PLAN_THROUGHPUT_GAIN,
     PLAN_TIME_TO_SATURATION,
+    PLAN_TODAY_PREEMPTIONS,
+    PLAN_TODAY_TTFT_RATIO,
     MetricDef,
 )
 
@@ -108,6 +112,53 @@ class _Families:
             self.add(metric, (*key, m), 1.0 if m == mode else 0.0)
 
 
+def _bounds(d: Mapping[str, Any] | None, est: str = "estimate") -> list[tuple[str, float]]:
+    """(bound, value) of an entry with ``est`` and an ``interval`` {lo, hi}."""
+    if not isinstance(d, Mapping):
+        return []
+    iv = d.get("interval")
+    if not isinstance(iv, Mapping):
+        iv = {}
+    values = (d.get(est), iv.get("lo"), iv.get("hi"))
+    pairs = zip(BOUNDS, values, strict=True)
+    return [(b, v) for b, raw in pairs if (v := _finite(raw)) is not None]
+
+
+def _add_offload(out: _Families, key: tuple[str, str], document: Mapping[str, Any]) -> None:
+    """Today's effects and the bill of each mode (the plan's ``offload`` section)."""
+    section = document.get("offload")
+    modes = section.get("modes") if isinstance(section, Mapping) else None
+    if not isinstance(modes, Mapping):
+        return
+    for mode, entry in sorted(modes.items()):
+        if not isinstance(entry, Mapping):
+            continue
+        today = entry.get("today")
+        if not isinstance(today, Mapping):
+            today = {}
+        for e in today.get("effects") or ():
+            if not isinstance(e, Mapping) or not e.get("can_tell"):
+                continue
+            name = str(e.get("outcome"))
+            if name.startswith("ttft_p") and name.endswith("_s"):
+                for bound, v in _bounds(e):
+                    out.add(PLAN_TODAY_TTFT_RATIO, (*key, mode, name[5:-2], bound), v)
+            elif name == "preemptions_per_1k":
+                for bound, v in _bounds(e):
+                    out.add(PLAN_TODAY_PREEMPTIONS, (*key, mode, bound), v)
+        bill = entry.get("bill")
+        if not isinstance(bill, Mapping) or not bill.get("can_tell"):
+            continue
+        out.add(PLAN_ENGINES_NEEDED, (*key, "none", "estimate"),
+                _finite(bill.get("engines_without_offload")))  # fmt: skip
+        span = bill.get("engines_with_mode_range") or (None, None)
+        for bound, raw in zip(BOUNDS, (bill.get("engines_with_mode"), *span), strict=False):
+            out.add(PLAN_ENGINES_NEEDED, (*key, mode, bound), _finite(raw))
+        saved = bill.get("gpu_hours_saved_range") or (None, None)
+        for bound, raw in zip(BOUNDS, (bill.get("gpu_hours_saved_per_day"), *saved), strict=False):
+            out.add(PLAN_GPU_HOURS_SAVED, (*key, mode, bound), _finite(raw))
+
+
 def _add_plan(out: _Families, plan: PlanRecord, now: float) -> None:
     h = plan.headline
     key = (plan.cluster, plan.group)
@@ -120,9 +171,10 @@ def _add_plan(out: _Families, plan: PlanRecord, now: float) -> None:
         ):
             out.add(PLAN_BREAKEVEN_KV_USAGE, (*key, mode, bound), v)
         for bound, v in _interval(
-            h, f"gain_{mode}_now", f"gain_{mode}_now_lo", f"gain_{mode}_now_hi"
+            h, f"capacity_{mode}", f"capacity_{mode}_lo", f"capacity_{mode}_hi"
         ):
-            out.add(PLAN_THROUGHPUT_GAIN, (*key, mode, bound), v)
+            out.add(PLAN_CAPACITY_RATIO, (*key, mode, bound), v)
+    _add_offload(out, key, plan.document)
     out.add(PLAN_KV_USAGE, key, _finite(h.get("kv_util_now")))
     unit = _demand_unit(plan.document)
     in_tokens = unit is not None and _TOKENS_UNIT in unit.lower()

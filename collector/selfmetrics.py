@@ -54,12 +54,15 @@ __all__ = [
     "NAMESPACE",
     "PLAN_AGE",
     "PLAN_BREAKEVEN_KV_USAGE",
+    "PLAN_CAPACITY_RATIO",
     "PLAN_CREATED",
     "PLAN_DECISION_SCORE",
     "PLAN_DEPLOYED_MODE",
+    "PLAN_ENGINES_NEEDED",
     "PLAN_FORECAST_COVERAGE",
     "PLAN_FORECAST_HORIZON",
     "PLAN_FORECAST_NOMINAL_COVERAGE",
+    "PLAN_GPU_HOURS_SAVED",
     "PLAN_KV_CAPACITY",
     "PLAN_KV_DEMAND_PEAK",
     "PLAN_KV_DEMAND_PEAK_OF_CAPACITY",
@@ -68,8 +71,9 @@ __all__ = [
     "PLAN_MODES",
     "PLAN_RECOMMENDED_MODE",
     "PLAN_SATURATION_PROBABILITY",
-    "PLAN_THROUGHPUT_GAIN",
     "PLAN_TIME_TO_SATURATION",
+    "PLAN_TODAY_PREEMPTIONS",
+    "PLAN_TODAY_TTFT_RATIO",
     "SCRAPE_DURATION_BUCKETS",
     "TABLE_BEGIN",
     "TABLE_END",
@@ -142,14 +146,39 @@ PLAN_DECISION_SCORE = MetricDef(
 )  # fmt: skip
 PLAN_BREAKEVEN_KV_USAGE = MetricDef(
     "kvscope_plan_breakeven_kv_cache_usage_ratio", "gauge", (*_PLAN, "mode", "bound"), "ratio 0–1",
-    "Fitted break-even KV-cache use of an offload mode (above it the mode raises throughput), "
-    "with its interval.",
+    "Diagnostic: KV-cache use above which an offload mode's engines serve more tokens/s than "
+    "engines without offload at the same KV use, with its interval (not a capacity gain: "
+    "offload itself lowers KV use).",
 )  # fmt: skip
-PLAN_THROUGHPUT_GAIN = MetricDef(
-    "kvscope_plan_throughput_gain_ratio", "gauge", (*_PLAN, "mode", "bound"),
-    "ratio (0.12 = +12 %)",
-    "Fitted relative throughput gain of an offload mode over no offload at the current KV use, "
-    "with its interval.",
+PLAN_CAPACITY_RATIO = MetricDef(
+    "kvscope_plan_capacity_ratio", "gauge", (*_PLAN, "mode", "bound"),
+    "ratio (1.25 = +25 %)",
+    "Capacity at the SLO of an offload mode over no offload: the load one engine sustains "
+    "within the TTFT target with the mode, divided by the load without; 90 % interval over "
+    "independent engines or pools (no upper series: only a lower bound is known).",
+)  # fmt: skip
+PLAN_TODAY_TTFT_RATIO = MetricDef(
+    "kvscope_plan_today_ttft_ratio", "gauge", (*_PLAN, "mode", "quantile", "bound"),
+    "ratio (0.8 = 20 % lower)",
+    "Today's effect of an offload mode on the per-window TTFT quantile, at the load each "
+    "engine carried, adjusted for traffic mix: mode over no offload, 90 % interval.",
+)  # fmt: skip
+PLAN_TODAY_PREEMPTIONS = MetricDef(
+    "kvscope_plan_today_preemptions_per_1k_requests_difference", "gauge",
+    (*_PLAN, "mode", "bound"), "preemptions per 1k requests",
+    "Today's effect of an offload mode on preemptions per 1k requests: mode minus no "
+    "offload, 90 % interval.",
+)  # fmt: skip
+PLAN_ENGINES_NEEDED = MetricDef(
+    "kvscope_plan_engines_needed", "gauge", (*_PLAN, "mode", "bound"), "engines",
+    "The bill: engines needed at the forecast peak with 20 % headroom, without offload "
+    "(mode=\"none\") and with each mode at its capacity ratio (lower/upper: the ratio's "
+    "upper/lower end).",
+)  # fmt: skip
+PLAN_GPU_HOURS_SAVED = MetricDef(
+    "kvscope_plan_gpu_hours_saved_per_day", "gauge", (*_PLAN, "mode", "bound"), "GPU-hours/day",
+    "The bill: GPU-hours a day an offload mode saves at the forecast peak (engines without − "
+    "with, × TP × 24 h), with the range from its capacity ratio's interval.",
 )  # fmt: skip
 PLAN_KV_USAGE = MetricDef(
     "kvscope_plan_kv_cache_usage_ratio", "gauge", _PLAN, "ratio 0–1",
@@ -207,7 +236,11 @@ PLAN_METRICS: tuple[MetricDef, ...] = (
     PLAN_DEPLOYED_MODE,
     PLAN_DECISION_SCORE,
     PLAN_BREAKEVEN_KV_USAGE,
-    PLAN_THROUGHPUT_GAIN,
+    PLAN_CAPACITY_RATIO,
+    PLAN_TODAY_TTFT_RATIO,
+    PLAN_TODAY_PREEMPTIONS,
+    PLAN_ENGINES_NEEDED,
+    PLAN_GPU_HOURS_SAVED,
     PLAN_KV_USAGE,
     PLAN_KV_DEMAND_PEAK,
     PLAN_KV_DEMAND_PEAK_OF_CAPACITY,

@@ -68,6 +68,22 @@ def _packs_7(conn: Connection) -> None:
         store_blocks_pg.pack_existing(conn)
 
 
+_MODES_8 = ("native", "lmcache")
+_ENDS_8 = ("", "_lo", "_hi")
+
+
+def _plans_8(conn: Connection) -> None:
+    """Schema 7 -> 8 (MIGRATIONS): the plans' gain_<mode>_now columns were a throughput gain
+    at equal KV use; they keep their values under that name (equal_kv_gain_<mode>), and the
+    capacity ratio at the SLO gets columns of its own (None for plans made before)."""
+    for m in _MODES_8:
+        for end in _ENDS_8:
+            conn.execute(text(
+                f"ALTER TABLE plans RENAME COLUMN gain_{m}_now{end} TO equal_kv_gain_{m}{end}"
+            ))  # fmt: skip
+            conn.execute(text(f"ALTER TABLE plans ADD COLUMN capacity_{m}{end} DOUBLE PRECISION"))
+
+
 # Upgrade steps: MIGRATIONS[n] turns schema version n into n + 1, inside migrate()'s one
 # transaction and after create_all() has added any new table (steps alter existing tables).
 MIGRATIONS: dict[int, Callable[[Connection], None]] = {
@@ -85,6 +101,8 @@ MIGRATIONS: dict[int, Callable[[Connection], None]] = {
     # 6 -> 7: packed_hours indexed on hour (retention); on PostgreSQL window_blocks made
     # again partitioned by day (collector.partitions) and every complete hour packed
     6: _packs_7,
+    # 7 -> 8: the plans' headline: capacity ratio columns, the equal-KV gain renamed
+    7: _plans_8,
 }
 
 

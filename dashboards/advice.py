@@ -14,17 +14,21 @@ from collector.selfmetrics import (
     COLLECTOR_TICK_LAG,
     PLAN_AGE,
     PLAN_BREAKEVEN_KV_USAGE,
+    PLAN_CAPACITY_RATIO,
     PLAN_DECISION_SCORE,
     PLAN_DEPLOYED_MODE,
+    PLAN_ENGINES_NEEDED,
     PLAN_FORECAST_COVERAGE,
     PLAN_FORECAST_NOMINAL_COVERAGE,
+    PLAN_GPU_HOURS_SAVED,
     PLAN_KV_CAPACITY,
     PLAN_KV_DEMAND_PEAK_OF_CAPACITY,
     PLAN_KV_USAGE,
     PLAN_RECOMMENDED_MODE,
     PLAN_SATURATION_PROBABILITY,
-    PLAN_THROUGHPUT_GAIN,
     PLAN_TIME_TO_SATURATION,
+    PLAN_TODAY_PREEMPTIONS,
+    PLAN_TODAY_TTFT_RATIO,
     MetricDef,
 )
 from dashboards.config import MixinConfig
@@ -71,17 +75,37 @@ def planner_board(cfg: MixinConfig) -> Board:
               (Query(_m(PLAN_KV_CAPACITY, cfg), _GROUP),), kind="stat", width=8),
     ))  # fmt: skip
     evidence = Row("Does offloading pay off here", (
-        Chart("KV use against the fitted break-even", "The plan's KV use (median over its "
-              "window) and the live fleet's mean, against each mode's fitted break-even KV "
-              "use and its interval: above it the mode raises throughput.", "percentunit",
+        Chart("Capacity at the SLO, mode over no offload", "Load one engine sustains within "
+              "the TTFT target with each mode, divided by the load without (1.25 = +25 %), "
+              "with its 90 % interval over independent engines or LMCache pools; no upper "
+              "series: only a lower bound is known. KvscopeOffloadNotPayingOff fires when a "
+              "deployed mode's upper end is < 1.", "none",
+              (Query(_m(PLAN_CAPACITY_RATIO, cfg), band),
+               Query("vector(1)", "no offload (1.0)")), width=8),
+        Chart("Today: TTFT, mode over no offload", "Effect of each mode on the per-window "
+              "TTFT quantile at the load each engine carried, adjusted for traffic mix "
+              "(0.8 = 20 % lower), 90 % interval.", "none",
+              (Query(_m(PLAN_TODAY_TTFT_RATIO, cfg), f"{band} {{{{quantile}}}}"),
+               Query("vector(1)", "no offload (1.0)")), width=8),
+        Chart("Today: preemptions per 1k requests, mode minus no offload", "Effect of each "
+              "mode on preemptions per 1k requests at today's load, 90 % interval.", "short",
+              (Query(_m(PLAN_TODAY_PREEMPTIONS, cfg), band),), width=8),
+        Chart("The bill: engines at the forecast peak", "Engines needed at the forecast peak "
+              "with 20 % headroom, without offload (mode none) and with each mode at its "
+              "capacity ratio (lower/upper: the ratio's upper/lower end).", "short",
+              (Query(_m(PLAN_ENGINES_NEEDED, cfg), band),), width=12),
+        Chart("The bill: GPU-hours a day saved", "GPU-hours a day each mode saves at the "
+              "forecast peak ((engines without − with) × TP × 24 h), with the range from its "
+              "capacity ratio.", "short",
+              (Query(_m(PLAN_GPU_HOURS_SAVED, cfg), band),), width=12),
+        Chart("Diagnostic: KV use against the equal-KV break-even", "The plan's KV use (median "
+              "over its window) and the live fleet's mean, against the KV use above which a "
+              "mode's engines serve more tokens/s than engines without at the same KV use. A "
+              "diagnostic, not a capacity gain: offload itself lowers KV use.", "percentunit",
               (Query(_m(PLAN_KV_USAGE, cfg), f"{_GROUP} KV use (plan)"),
                query(find("vllm_kv_cache_usage_ratio", "avg", "fleet"), cfg,
                      "{{model_name}} KV use (live)"),
                Query(_m(PLAN_BREAKEVEN_KV_USAGE, cfg), f"{band} break-even")), min=0, max=1),
-        Chart("Throughput gain at the current KV use", "Fitted relative throughput gain of "
-              "each mode over no offload, with its interval (0.12 = +12 %); "
-              "KvscopeOffloadNotPayingOff fires when a deployed mode's upper bound is < 0.",
-              "percentunit", (Query(_m(PLAN_THROUGHPUT_GAIN, cfg), band),)),
     ))  # fmt: skip
     capacity = Row("Capacity", (
         Chart("Forecast peak KV demand vs HBM capacity", "The plan's forecast peak KV demand "

@@ -24,10 +24,10 @@ from collector.selfmetrics import (
     COLLECTOR_LAST_SUCCESSFUL_TICK,
     GAIN_MODES,
     PLAN_AGE,
+    PLAN_CAPACITY_RATIO,
     PLAN_DEPLOYED_MODE,
     PLAN_FORECAST_HORIZON,
     PLAN_SATURATION_PROBABILITY,
-    PLAN_THROUGHPUT_GAIN,
     PLAN_TIME_TO_SATURATION,
 )
 from dashboards import promql as q
@@ -115,14 +115,15 @@ def _not_paying_off(c: MixinConfig) -> str:
     deployed = f"{PLAN_DEPLOYED_MODE}{{{{mode{{}},{c.planner_selector}}}}} == 1"
     single = deployed.format('!~"none|both"')
     both = deployed.format('="both"')
-    # "both" runs native and LMCache: it is judged by each one's gain (rulestate.py)
+    # "both" runs native and LMCache: it is judged by each one's capacity ratio (rulestate.py)
     split = " or ".join(f'label_replace({both}, "mode", "{m}", "", "")' for m in GAIN_MODES)
-    gain = f'{PLAN_THROUGHPUT_GAIN}{{bound="upper",{c.planner_selector}}}'
-    return f"{gain} < 0\nand on (cluster, group, mode) ({single} or {split})"
+    # the upper series exists only for a two-sided interval (a lower bound has none)
+    ratio = f'{PLAN_CAPACITY_RATIO}{{bound="upper",{c.planner_selector}}}'
+    return f"{ratio} < 1\nand on (cluster, group, mode) ({single} or {split})"
 
 
 def _not_paying_probe(c: MixinConfig) -> str:
-    return f'{PLAN_THROUGHPUT_GAIN}{{bound="upper",{c.planner_selector}}}'
+    return f'{PLAN_CAPACITY_RATIO}{{bound="upper",{c.planner_selector}}}'
 
 
 def _capacity(c: MixinConfig) -> str:
@@ -226,12 +227,13 @@ ALERTS: tuple[Alert, ...] = (
     ),
     Alert(
         "KvscopeOffloadNotPayingOff", "warning", "30m", _not_paying_off, _not_paying_probe,
-        "{{ $labels.mode }} offload costs throughput on {{ $labels.cluster }} "
+        "{{ $labels.mode }} offload costs capacity on {{ $labels.cluster }} "
         "{{ $labels.group }}.",
-        "kvscope's latest plan fitted the deployed {{ $labels.mode }} offload's throughput "
-        "gain at the current KV use, and even the upper end of its interval is below zero "
-        "({{ $value | humanizePercentage }}). The offload tier is deployed where KV fits in "
-        "HBM or prefixes do not recur; see the plan's decision.",
+        "kvscope's latest plan measured the deployed {{ $labels.mode }} offload's capacity at "
+        "the SLO against engines without offload, and even the upper end of its 90 % interval "
+        "is below 1 ({{ $value }}): engines with it carry less load within the latency target. "
+        "The offload tier is deployed where KV fits in HBM or prefixes do not recur; see the "
+        "plan's decision and its offload section.",
     ),
     Alert(
         "KvscopeKvCapacityExhaustedWithinHorizon", "warning", "5m", _capacity, _capacity_probe,

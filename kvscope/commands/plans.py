@@ -113,25 +113,34 @@ def list_text(records: Sequence[PlanRecord]) -> str:
             f"{_utc(r.window_from)} → {_utc(r.window_until)}",
             r.mode or "(per group)",
             _num(r.headline.get("score")),
-            _ci(r.headline, "breakeven_native"),
-            _ci(r.headline, "breakeven_lmcache"),
+            _ratio(r.headline, "capacity_native"),
+            _ratio(r.headline, "capacity_lmcache"),
             _peak(r.headline),
             _saturation(r.headline),
         ]
         for r in records
     ]
     header = ["created (UTC)", "cluster", "group", "window (UTC)", "mode", "score",
-              "break-even native", "break-even lmcache", "forecast peak",
+              "capacity native / none", "capacity lmcache / none", "forecast peak",
               "time to saturation"]  # fmt: skip
     return _table(header, rows)
 
 
-def _gains(o: PlanOutcome) -> str:
+def _ratio(headline: Mapping[str, Any], key: str) -> str:
+    """ "1.25 [1.10, 1.42]", "≥ 1.17" for a lower bound, "-" when unknown."""
+    est, lo, hi = (headline.get(key + k) for k in ("", "_lo", "_hi"))
+    if est is None or lo is None:
+        return "-"
+    return f"≥ {lo:.2f}" if hi is None else f"{est:.2f} [{lo:.2f}, {hi:.2f}]"
+
+
+def _capacity(o: PlanOutcome) -> str:
     parts = []
-    for g in o.gains:
-        got = "cannot tell" if g.measured is None else f"{g.measured:+.1%}"
+    for g in o.capacity:
+        got = "cannot tell" if g.measured is None else f"{g.measured:.2f}"
         mark = {None: "", True: " inside", False: " OUTSIDE"}[g.inside]
-        parts.append(f"{g.mode} {g.predicted:+.1%} [{g.lo:+.1%}, {g.hi:+.1%}] → {got}{mark}")
+        span = f"≥ {g.lo:.2f}" if g.hi is None else f"{g.predicted:.2f} [{g.lo:.2f}, {g.hi:.2f}]"
+        parts.append(f"{g.mode} {span} → {got}{mark}")
     return "; ".join(parts) or "-"
 
 
@@ -150,10 +159,10 @@ def accuracy_text(outcomes: Sequence[PlanOutcome], summary: Mapping[str, Any]) -
                 sat += f" (at {_utc(o.saturated_at)})"
         rows.append([str(o.plan_id), _utc(o.created_at), o.cluster, o.group or "-",
                      _utc(o.horizon_end), f"{o.level:.0%}", cov, sat or "-",
-                     "-" if o.pending else _gains(o)])  # fmt: skip
+                     "-" if o.pending else _capacity(o)])  # fmt: skip
     header = ["plan", "created (UTC)", "cluster", "group", "horizon end", "level",
-              "KV in interval", "saturation", "gain at current use"]  # fmt: skip
-    kv, gains = summary["kv_demand"], summary["gains"]
+              "KV in interval", "saturation", "capacity ratio at the SLO"]  # fmt: skip
+    kv, caps = summary["kv_demand"], summary["capacity"]
     lines = [f"plans: {summary['scored']} scored, {summary['pending']} pending"]
     if kv["coverage"] is None:
         lines.append("KV-demand coverage: nothing to compare yet")
@@ -168,13 +177,13 @@ def accuracy_text(outcomes: Sequence[PlanOutcome], summary: Mapping[str, Any]) -
         f"{k.replace('_', ' ')} {n}" for k, n in summary["saturation"].items() if n
     )
     lines.append(f"saturation: {verdicts or '-'}")
-    if gains["checks"]:
+    if caps["checks"]:
         lines.append(
-            f"gain at current use: {gains['inside']} inside, {gains['outside']} outside, "
-            f"{gains['cannot_tell']} cannot tell ({gains['note']})"
+            f"capacity ratio: {caps['inside']} inside, {caps['outside']} outside, "
+            f"{caps['cannot_tell']} cannot tell ({caps['note']})"
         )
     else:
-        lines.append("gain at current use: no stored plan gave an interval to check")
+        lines.append("capacity ratio: no stored plan gave an interval to check")
     return _table(header, rows) + "\n" + "\n".join(lines) + "\n"
 
 

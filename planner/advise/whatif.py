@@ -35,7 +35,7 @@ from planner.advise.sim import (
     working_set_regime,
 )
 from planner.decide.decision import Decision, decide
-from planner.decide.evidence import Evidence, GainEvidence, ValueCI
+from planner.decide.evidence import CapacityEvidence, Evidence, ValueCI
 from planner.deploy.sizing import Sizing, size
 from planner.model import costmodel
 from planner.model.breakeven import breakeven_bandwidth, breakeven_context
@@ -150,14 +150,20 @@ def evidence_from_sim(w: WhatIf, runs: dict[str, Any], sim: dict[str, Any]) -> E
     m = sim["modes"]
     nodes, gpn = layout(w.engines, w.tp)
 
-    def gain(mode: str) -> GainEvidence:
+    def gain(mode: str) -> CapacityEvidence:
         g = m[mode]["throughput_gain"]
         if g is None:
-            return GainEvidence(False, why="no simulated throughput", provenance="simulated")
+            return CapacityEvidence(
+                False, why="no simulated throughput", design="simulated", provenance="simulated"
+            )
         tol = sim_gain_tolerance(g, sim["gain_tolerance"]["regime"])
-        return GainEvidence(
-            True, ValueCI(g, g - tol, g + tol), why="simulated", provenance="simulated"
-        )
+        # the band is the simulator's largest in-sample miss, not a confidence interval: its
+        # ValueCI level is a placeholder that interval_kind tells every reader to ignore
+        band = ValueCI(1 + g, max(1 + g - tol, 1e-9), 1 + g + tol)
+        return CapacityEvidence(
+            True, band, band, units=(w.engines, w.engines), design="simulated", why="simulated",
+            provenance="simulated", interval_kind="largest_in_sample_miss",
+        )  # fmt: skip
 
     window = none["measured_window_s"] or 1.0
     prompt_total = (none["input_tokens_per_s"] or 0.0) * window
@@ -187,8 +193,8 @@ def evidence_from_sim(w: WhatIf, runs: dict[str, Any], sim: dict[str, Any]) -> E
         # What only sharing serves: LMCache's external hits beyond engine-local offload's.
         cross_engine_reuse=_clip01((ext_l or 0.0) - (ext_n or 0.0)) if w.engines > 1 else None,
         distinct_prefix_tokens=float(w.prefix_tokens or shared) if shared >= 1 else None,
-        native_gain=gain("native"),
-        lmcache_gain=gain("lmcache"),
+        native_capacity=gain("native"),
+        lmcache_capacity=gain("lmcache"),
         cpu_dram_per_node_gib=w.cpu_gb,
         demand_now=quantile(tokens, 0.5),
         demand_peak=demand,

@@ -7,7 +7,14 @@
 """
 
 from planner.decide.decision import RULE_IDS, Decision, decide, decider_doc
-from planner.decide.evidence import Evidence, GainEvidence, ValueCI
+from planner.decide.evidence import CapacityEvidence, Evidence, ValueCI
 
-__all__ = ["RULE_IDS", "Decision", "Evidence", "GainEvidence", "ValueCI", "decide",
-           "decider_doc"]  # fmt: skip
+__all__ = [
+           "RULE_IDS",
+           "CapacityEvidence",
+           "Decision",
+           "Evidence",
+           "ValueCI",
+           "decide",
+           "decider_doc",
+]  # fmt: skip

@@ -13,12 +13,9 @@ Where the fields come from (for the `kvscope plan` wiring):
   exact (Σ histogram sum / Σ count); prompt_tokens_p90 is read from the histogram buckets
   and, when its rank lies in the +Inf bucket (PromQL then returns the highest finite bound),
   is only a lower bound: prompt_tokens_p90_censored says so.
-- native_gain / lmcache_gain from planner.fit.gain's result for that mode: `gain` = the
-  `relative` gain and `relative_interval` of its grid point at the current utilization;
-  can_tell = that utilization lies in the fit's common support (the interval may then
-  straddle 0: the decider reads that as "no detectable gain"); `breakeven_util` = the fit's
-  estimate and interval when it found a crossing. This is not the fit's own can_tell, which
-  is about locating the break-even.
+- native_capacity / lmcache_capacity from planner/plan/verdict.py: the capacity ratio at the
+  SLO (planner/fit/capacity.py, or the switchback of a canary), with the number of
+  independent units behind it; "cannot tell" below 2 units per arm.
 - demand_peak / time_to_saturation_s from planner.forecast.demand.Forecast: the highest point's
   (mean, lo, hi) and (time_to_saturation_s, _lo_s, _hi_s); from the KV the request-rate
   forecast implies when that lies wholly above (planner/forecast/little.py); demand_basis
@@ -33,8 +30,8 @@ from dataclasses import dataclass, fields
 from collector.errors import ConfigError
 
 MODES = ("none", "native", "lmcache", "both")
-# Where a throughput gain came from: the cluster's own windows (planner/fit/gain.py, `kvscope
-# plan`) or what-if runs of the simulator (planner/advise/sim.py, `kvscope advise`).
+# Where a capacity ratio came from: the cluster's own windows (planner/plan/verdict.py,
+# `kvscope plan`) or what-if runs of the simulator (planner/advise/sim.py, `kvscope advise`).
 GAIN_PROVENANCES = ("measured", "simulated")
 
 
@@ -61,29 +58,73 @@ class ValueCI:
         return f"{self.estimate:+.1%} [{self.lo:+.1%}, {self.hi:+.1%}]".replace("%", " %")
 
 
-@dataclass(frozen=True, slots=True)
-class GainEvidence:
-    """The throughput-gain fit of one offload mode against no offload (planner/fit/run.py).
+# What an interval of a capacity ratio is: a confidence interval over independent units
+# (measured), or the simulator's largest in-sample miss on published A/B runs (simulated: a
+# band with no coverage claim, planner/advise/whatif.py).
+INTERVAL_KINDS = ("confidence", "largest_in_sample_miss")
 
-    gain: relative throughput gain at the current utilization (0.12 = +12 %);
-    breakeven_util: KV utilization above which the mode pays; can_tell False when the fit
-    could not separate the effect from noise (why says what was missing); provenance:
-    "measured" (fitted on the cluster's windows) or "simulated" (what-if simulator runs).
+
+@dataclass(frozen=True, slots=True)
+class CapacityEvidence:
+    """The capacity of one offload mode relative to no offload, at the SLO.
+
+    ratio: capacity(mode) / capacity(none) — the load one engine sustains within the SLO
+    (planner/fit/capacity.py), 1.25 = +25 %; its interval is the reported one (90 % for
+    measured ratios). claim: the interval a measured vote reads (95 %: a claim of either sign
+    is wrong at most 2.5 % of the time). lower_bound: the offload units never reached the
+    SLO, so the ratio is at least ``ratio.lo`` (``ratio.hi`` is then the estimate, not an
+    upper end). units: independent units (engines, or pools) in the mode's arm and in the
+    control arm. can_tell False when the data could not separate the mode from noise or
+    from the units (why says what was missing, settle what would settle it). provenance:
+    "measured" or "simulated" (what-if runs: ``interval_kind`` "largest_in_sample_miss").
     """
 
     can_tell: bool
-    gain: ValueCI | None = None
-    breakeven_util: ValueCI | None = None
+    ratio: ValueCI | None = None
+    claim: ValueCI | None = None
+    lower_bound: bool = False
+    units: tuple[int, int] = (0, 0)
+    design: str = "between engines"  # | "switchback" | "simulated"
     why: str = ""
+    settle: str = ""
     provenance: str = "measured"
+    interval_kind: str = "confidence"
 
     def __post_init__(self) -> None:
-        if self.can_tell and self.gain is None:
-            raise ConfigError("a gain fit that can tell needs its gain interval")
+        if self.can_tell and self.ratio is None:
+            raise ConfigError("a capacity ratio that can tell needs its interval")
         if self.provenance not in GAIN_PROVENANCES:
             raise ConfigError(
-                f"gain provenance must be one of {GAIN_PROVENANCES}, got {self.provenance!r}"
+                f"capacity provenance must be one of {GAIN_PROVENANCES}, got {self.provenance!r}"
             )
+        if self.interval_kind not in INTERVAL_KINDS:
+            raise ConfigError(
+                f"interval kind must be one of {INTERVAL_KINDS}, got {self.interval_kind!r}"
+            )
+
+    @property
+    def gain(self) -> ValueCI | None:
+        """The ratio as a relative gain (0.25 = +25 %), same interval kind."""
+        r = self.ratio
+        return None if r is None else ValueCI(r.estimate - 1, r.lo - 1, r.hi - 1, r.level)
+
+    def text(self) -> str:
+        """ "+25 % [+12 %, +39 %] (90 %, 2 + 4 engines)" or "at least +17 % (…)"."""
+        g = self.gain
+        if g is None:
+            return "unknown"
+        pct = f"{g.estimate:+.1%}".replace("%", " %")
+        if self.interval_kind == "largest_in_sample_miss":
+            return f"{g.pct()} (simulated; band = the simulator's largest in-sample miss)"
+        t, c = self.units
+        who = f"{t} + {c} units" if self.design != "switchback" else f"{t} + {c} blocks"
+        if self.lower_bound:
+            lo = f"{g.lo:+.1%}".replace("%", " %")
+            return (
+                f"at least {lo} ({g.level:.0%} lower bound, {who}: the engines with it never "
+                f"missed the SLO, up to {pct} more load)"
+            )
+        return f"{g.pct()} ({g.level:.0%}, {who})"
 
 
 _FRACTIONS = (
@@ -144,8 +185,8 @@ class Evidence:
     cross_engine_reuse: float | None = None
     cross_node_reuse: float | None = None
     distinct_prefix_tokens: float | None = None
-    native_gain: GainEvidence | None = None
-    lmcache_gain: GainEvidence | None = None
+    native_capacity: CapacityEvidence | None = None
+    lmcache_capacity: CapacityEvidence | None = None
     overhead_zero_hit: ValueCI | None = None
     effective_mfu: ValueCI | None = None
     l2_tier: str | None = None

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from collector.errors import ConfigError
-from planner.decide.evidence import GainEvidence
+from planner.decide.evidence import CapacityEvidence
 from planner.decide.rules_limits import r8_dram_for_both, r9_lmcache_unhealthy
 from planner.decide.rulestate import (
     LMCACHE_OVERHEAD_PRIOR,
@@ -293,55 +293,66 @@ def _r6_idle_connector(s: RuleState) -> None:
         )
 
 
-# Where R7's gain came from, for its reasons (GainEvidence.provenance).
+# Where R7's capacity ratio came from, for its reasons (CapacityEvidence.provenance).
 GAIN_SOURCES = {
-    "measured": "measured: planner/fit/gain.py on the cluster's windows",
+    "measured": "measured: planner/plan/verdict.py on the cluster's windows (capacity at the "
+    "SLO per independent unit, planner/fit/capacity.py)",
     "simulated": "simulated: planner/simulate what-if runs of the described workload "
-    "(planner/advise/sim.py; its band comes from the simulator's misses on published A/B runs, "
-    "benchmarks/calibrate_sim.py)",
+    "(planner/advise/sim.py; its band is the simulator's largest in-sample miss on published "
+    "A/B runs, benchmarks/calibrate_sim.py, not a confidence interval)",
 }
 
 
-def _r7_measured_gain(s: RuleState) -> None:
-    fits: dict[str, GainEvidence | None] = {
-        "native": s.ev.native_gain,
-        "lmcache": s.ev.lmcache_gain,
+def _r7_capacity(s: RuleState) -> None:
+    """The capacity ratio at the SLO votes when its claim interval excludes 1 (measured: a
+    95 % interval over >= 2 independent units per arm; simulated: the band)."""
+    fits: dict[str, CapacityEvidence | None] = {
+        "native": s.ev.native_capacity,
+        "lmcache": s.ev.lmcache_capacity,
     }
     for mode, fit in fits.items():
         if fit is None:
-            s.unknown(f"throughput-gain fit ({mode})")
+            s.unknown(f"capacity at the SLO ({mode})")
             continue
         prov = fit.provenance
-        what = "throughput-gain fit" if prov == "measured" else "simulated throughput gain"
-        if not fit.can_tell or fit.gain is None:
+        what = "measured capacity" if prov == "measured" else "simulated capacity"
+        if not fit.can_tell or fit.ratio is None:
             s.unknown(f"{what} ({mode}) cannot tell: {fit.why or 'no reason given'}")
             continue
-        gain = fit.gain
-        numbers: dict[str, float | str] = {"gain": gain.estimate, "lo": gain.lo, "hi": gain.hi}
-        extra = ""
-        if fit.breakeven_util is not None:
-            b = fit.breakeven_util
-            numbers |= {"breakeven_util": b.estimate, "breakeven_lo": b.lo, "breakeven_hi": b.hi}
-            extra = f"; pays above {b.estimate:.0%} KV use [{b.lo:.0%}, {b.hi:.0%}]"
-        numbers["provenance"] = prov
-        s.rest(f"{prov}: {what} ({mode}) {gain.pct()}")
-        if gain.lo > 0 or gain.hi < 0:
-            before = s.votes[mode].on
-            s.vote(mode, gain.lo > 0, prov)
-            flip = (
-                " (overrides the priors)" if before is not None and before != (gain.lo > 0) else ""
-            )
-            verb = "raises" if gain.lo > 0 else "lowers"
+        claim = fit.claim or fit.ratio
+        numbers: dict[str, float | str] = {
+            "capacity_ratio": fit.ratio.estimate,
+            "lo": fit.ratio.lo,
+            "hi": fit.ratio.hi,
+            "level": fit.ratio.level,
+            "claim_lo": claim.lo,
+            "claim_hi": claim.hi,
+            "units_treated": fit.units[0],
+            "units_control": fit.units[1],
+            "provenance": prov,
+        }
+        if fit.lower_bound:
+            numbers["lower_bound"] = "yes"
+        s.rest(f"{prov}: {what} ({mode}) {fit.text()}")
+        up, down = claim.lo > 1, claim.hi < 1 and not fit.lower_bound
+        if up or down:
+            before = s.votes[mode]
+            if prov == "simulated" and before.basis == "measured":
+                continue  # a measurement outranks a simulation of the same question
+            s.vote(mode, up, prov)
+            flip = " (overrides the priors)" if before.on is not None and before.on != up else ""
+            verb = "carries more" if up else "carries less"
             s.say(
-                f"{prov}: {mode} offload {verb} throughput by {gain.pct()}{extra}{flip}",
+                f"{prov}: an engine with {mode} offload {verb} load within the SLO: capacity "
+                f"{fit.text()}{flip}",
                 numbers,
                 GAIN_SOURCES[prov],
             )
         else:
             s.penalty *= 0.8
             s.say(
-                f"{prov}: {mode} gain {gain.pct()} is indistinguishable "
-                f"from zero{extra}; the priors stand",
+                f"{prov}: {mode} capacity {fit.text()} is indistinguishable from no offload's; "
+                "the priors stand",
                 numbers,
                 GAIN_SOURCES[prov],
             )
@@ -354,7 +365,7 @@ RULES: tuple[tuple[str, Callable[[RuleState], None]], ...] = (
     ("R4_cross_engine_reuse", _r4_cross_engine_reuse),
     ("R5_local_reuse_native", _r5_local_reuse_native),
     ("R6_idle_connector", _r6_idle_connector),
-    ("R7_measured_gain", _r7_measured_gain),
+    ("R7_capacity", _r7_capacity),
     ("R8_dram_for_both", r8_dram_for_both),
     ("R9_lmcache_unhealthy", r9_lmcache_unhealthy),
 )

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import math
 
-from planner.decide.evidence import ValueCI
+from planner.decide.evidence import CapacityEvidence, ValueCI
 from planner.decide.rulestate import (
     GIB,
     HA_ADVICE,
@@ -59,12 +59,12 @@ def r8_dram_for_both(s: RuleState) -> None:
             return
     for name in missing:
         s.unknown(f"{name} (DRAM for native + LMCache together)")
-    g_native = ev.native_gain.gain if ev.native_gain and ev.native_gain.can_tell else None
-    g_lmcache = ev.lmcache_gain.gain if ev.lmcache_gain and ev.lmcache_gain.can_tell else None
-    # Sampling noise is what a tie guards against: measured gains only. Simulated ones (advise)
-    # come from one deterministic model whose tolerance band is shared by both modes.
+    g_native, g_lmcache = _two_sided(ev.native_capacity), _two_sided(ev.lmcache_capacity)
+    # Sampling noise is what a tie guards against: measured ratios only. Simulated ones
+    # (advise) come from one deterministic model whose band is shared by both modes.
     measured = all(
-        g is not None and g.provenance == "measured" for g in (ev.native_gain, ev.lmcache_gain)
+        g is not None and g.provenance == "measured"
+        for g in (ev.native_capacity, ev.lmcache_capacity)
     )
     if g_native is not None and g_lmcache is not None:
         diff = lmcache_over_native(g_native, g_lmcache)
@@ -79,7 +79,7 @@ def r8_dram_for_both(s: RuleState) -> None:
         else:
             keep = "lmcache" if diff.estimate > 0 else "native"
             how = "measured" if measured else "simulated"
-            why = f"the larger {how} gain (LMCache over native {diff.pct()})"
+            why = f"the larger {how} capacity (LMCache over native {diff.pct()})"
     else:
         local = ev.reprefill_share if ev.reprefill_share is not None else ev.prefix_hit_ratio
         keep = "lmcache" if (ev.cross_engine_reuse or 0) >= (local or 0) else "native"
@@ -94,13 +94,21 @@ def r8_dram_for_both(s: RuleState) -> None:
     )
 
 
-def lmcache_over_native(native: ValueCI, lmcache: ValueCI) -> ValueCI:
-    """LMCache's throughput over native offload's, (1 + g_lmcache) / (1 + g_native) − 1.
+def _two_sided(fit: CapacityEvidence | None) -> ValueCI | None:
+    """The capacity gain (ratio − 1) of a fit that can tell with a two-sided interval."""
+    if fit is None or not fit.can_tell or fit.lower_bound:
+        return None
+    return fit.gain
 
-    The gains are Wald intervals on the log scale (planner.fit.gain's default), so the log
-    ratio's half-width is the two half-widths added in quadrature, as for independent
-    estimates. Both fits use the same no-offload windows, which correlates them positively:
-    the true interval is narrower, so this one calls a tie a little more often than it should.
+
+def lmcache_over_native(native: ValueCI, lmcache: ValueCI) -> ValueCI:
+    """LMCache's capacity over native offload's, (1 + g_lmcache) / (1 + g_native) − 1.
+
+    The capacity intervals are t intervals on the log scale, so the log ratio's half-width is
+    taken as the two half-widths added in quadrature, as for independent normal estimates
+    (an approximation with few units). Both use the same no-offload units, which correlates
+    them positively: the true interval is narrower, so this one calls a tie a little more
+    often than it should.
     """
     if native.level != lmcache.level:
         raise ValueError(f"gain intervals at different levels: {native.level}, {lmcache.level}")

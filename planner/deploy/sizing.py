@@ -18,7 +18,7 @@ from typing import Any
 
 from collector.errors import ConfigError
 from planner.decide.decision import Decision
-from planner.decide.evidence import Evidence
+from planner.decide.evidence import CapacityEvidence, Evidence
 from planner.deploy import configs
 from planner.model.costmodel import (
     hbm_kv_capacity_tokens,
@@ -34,6 +34,7 @@ LATEST_VLLM = "0.33.0"
 # a 1.6–2.4× ratio [source: gke-tiered-kv-2025]; NVIDIA Dynamo's KVBM guide asks for at least
 # 1× [source: nvidia-dynamo-kvbm-config].
 NATIVE_TO_HBM_KV = 2.0
+DEFAULT_HEADROOM = 0.2  # engines sized for the peak + 20 % (DECIDER.md, Sizing)
 CROSS_NODE_MIN = 0.1  # share of cross-engine reuse on other nodes that justifies a shared L2
 PLACEHOLDERS: Mapping[str, Mapping[str, object]] = {
     "fs": {"base_path": "/mnt/nvme/lmcache-l2"},
@@ -70,6 +71,13 @@ class EngineSizing:
     basis: str
     needed_with_offload: int | None = None
     demand_basis: str = ""  # which forecast the peak comes from and why (Evidence)
+    # The bill (decision's mode): engines with offload at the capacity ratio's interval ends
+    # (few engines = the ratio's upper end), the GPU-hours a day saved at the point estimate and
+    # at the ends, and what the ratio rests on. None: no capacity ratio that can tell.
+    with_offload_range: tuple[int, int] | None = None
+    gpu_hours_saved_per_day: float | None = None
+    gpu_hours_saved_range: tuple[float, float | None] | None = None
+    capacity_ratio: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,31 +115,18 @@ def _engines(
     if peak is None:
         unknown.append("demand_peak (forecast) for engine sizing")
         return None
-    capacity, basis = ev.engine_capacity, "engine_capacity (measured)"
-    if capacity is None:
-        util = ev.kv_util_p50
-        if ev.demand_now and ev.engines and util:
-            # Assumption: demand grows in proportion to KV use, so one engine at 100 % KV
-            # carries demand_now / engines / p50 KV use.
-            capacity, basis = (
-                ev.demand_now / ev.engines / util,
-                "demand_now / engines / kv_util_p50",
-            )
-        else:
-            unknown.append("engine_capacity (or demand_now, engines and kv_util_p50)")
-            return None
-
-    def count(demand: float, cap: float) -> int:
-        return max(1, math.ceil(demand * (1 + headroom) / cap - 1e-9))
-
-    with_offload = None
-    fit = {"native": ev.native_gain, "lmcache": ev.lmcache_gain}.get(decision.mode)
-    if fit is not None and fit.can_tell and fit.gain is not None and fit.gain.lo > 0:
-        with_offload = count(peak.estimate, capacity * (1 + fit.gain.estimate))
+    found = engine_capacity(ev)
+    if found is None:
+        unknown.append("engine_capacity (or demand_now, engines and kv_util_p50)")
+        return None
+    capacity, basis = found
+    needed = _count(peak.estimate, capacity, headroom)
+    fit = {"native": ev.native_capacity, "lmcache": ev.lmcache_capacity}.get(decision.mode)
+    b = engine_bill(peak.estimate, capacity, headroom, fit, ev.tp)
     return EngineSizing(
-        count(peak.estimate, capacity),
-        count(peak.lo, capacity),
-        count(peak.hi, capacity),
+        needed,
+        _count(peak.lo, capacity, headroom),
+        _count(peak.hi, capacity, headroom),
         ev.engines,
         headroom,
         peak.estimate,
@@ -140,9 +135,60 @@ def _engines(
         capacity,
         ev.demand_unit,
         basis,
-        with_offload,
+        None if b is None else b.with_offload,
         ev.demand_basis,
+        None if b is None else b.with_offload_range,
+        None if b is None else b.gpu_hours_saved_per_day,
+        None if b is None else b.gpu_hours_saved_range,
+        "" if b is None else b.rests_on,
     )
+
+
+def engine_capacity(ev: Evidence) -> tuple[float, str] | None:
+    """(demand one engine without offload carries, its basis) in the demand's unit, or None."""
+    if ev.engine_capacity is not None:
+        return ev.engine_capacity, "engine_capacity (measured)"
+    util = ev.kv_util_p50
+    if ev.demand_now and ev.engines and util:
+        # Assumption: demand grows in proportion to KV use, so one engine at 100 % KV
+        # carries demand_now / engines / p50 KV use.
+        return ev.demand_now / ev.engines / util, "demand_now / engines / kv_util_p50"
+    return None
+
+
+def _count(demand: float, cap: float, headroom: float) -> int:
+    return max(1, math.ceil(demand * (1 + headroom) / cap - 1e-9))
+
+
+@dataclass(frozen=True, slots=True)
+class Bill:
+    """Engines for a demand peak with and without one offload mode, and the GPU-hours saved."""
+
+    needed: int  # without offload
+    with_offload: int  # at the capacity ratio's estimate
+    with_offload_range: tuple[int, int]  # (fewest, most): the ratio's upper and lower ends
+    gpu_hours_saved_per_day: float
+    gpu_hours_saved_range: tuple[float, float | None]  # None: a lower-bound ratio, no upper
+    rests_on: str
+
+
+def engine_bill(
+    peak: float, capacity: float, headroom: float, fit: CapacityEvidence | None, tp: int | None
+) -> Bill | None:
+    """The bill of ``fit``'s mode at ``peak`` demand (capacity per engine without offload,
+    in the peak's unit), or None without a capacity ratio that can tell."""
+    if fit is None or not fit.can_tell or fit.ratio is None or fit.ratio.lo <= 0:
+        return None
+    r = fit.ratio
+    needed = _count(peak, capacity, headroom)
+    with_offload = _count(peak, capacity * r.estimate, headroom)
+    most = _count(peak, capacity * r.lo, headroom)  # the ratio's lower end: more engines
+    fewest = with_offload if fit.lower_bound else _count(peak, capacity * r.hi, headroom)
+    per_day = 24.0 * (tp or 1)
+    hi = None if fit.lower_bound else (needed - fewest) * per_day
+    saved = (needed - with_offload) * per_day
+    rests = f"{fit.provenance} capacity ratio {fit.text()}"
+    return Bill(needed, with_offload, (fewest, most), saved, ((needed - most) * per_day, hi), rests)
 
 
 def l1_from_curve(
@@ -229,7 +275,7 @@ def size(
     evidence: Evidence,
     decision: Decision,
     *,
-    headroom: float = 0.2,
+    headroom: float = DEFAULT_HEADROOM,
     target_hit_rate: float | None = None,
     eviction_watermark: float = configs.LMCACHE_WATERMARK,
     dram_reserve_fraction: float = 0.2,

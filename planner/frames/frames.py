@@ -27,8 +27,10 @@ kv_util, kv_util_max      mean and max of ``kv_cache_usage_ratio`` (0-1)
 running, waiting          mean of ``requests_running`` / ``requests_waiting``
 prefix_hit_ratio          local prefix-cache hits / queries (tokens)
 external_hit_ratio        external (KV connector) prefix-cache hits / queries
-ttft_mean_s, ttft_p90_s   TTFT histogram sum/count and p90 of the window
+ttft_mean_s               TTFT histogram sum / count of the window
+ttft_p50_s, _p90_s, _p99_s  TTFT quantiles of the window (from its bucket deltas)
 ttft_count                TTFT observations in the window (the weight of ``ttft_mean_s``)
+e2e_mean_s                end-to-end latency histogram sum / count of the window
 prompt_tokens_mean        mean prompt length of requests finished in the window
 requests                  finished requests (``request_success_total`` delta)
 lmcache_hit_ratio         LMCache hit tokens / requested tokens
@@ -74,9 +76,13 @@ _SIMPLE: tuple[tuple[str, str, str, str], ...] = (
     ("kv_util_max", "kv_cache_usage_ratio", "max", "max"),
     ("running", "requests_running", "mean", "mean"),
     ("waiting", "requests_waiting", "mean", "mean"),
+    ("ttft_p50_s", "ttft_seconds", "p50", "mean"),
     ("ttft_p90_s", "ttft_seconds", "p90", "mean"),
+    ("ttft_p99_s", "ttft_seconds", "p99", "mean"),
     ("ttft_count", "ttft_seconds", "delta", "sum"),
     ("_ttft_sum", "ttft_seconds", "sum_delta", "sum"),
+    ("_e2e_count", "e2e_latency_seconds", "delta", "sum"),
+    ("_e2e_sum", "e2e_latency_seconds", "sum_delta", "sum"),
     ("_prompt_count", "request_prompt_tokens", "delta", "sum"),
     ("_prompt_sum", "request_prompt_tokens", "sum_delta", "sum"),
     ("requests", "request_success_total", "delta", "sum"),
@@ -99,7 +105,7 @@ _RATIO_WEIGHT = {"lmcache_hit_ratio": "lmcache_requested_tokens"}
 SIGNALS: frozenset[str] = frozenset(
     [s for _, s, _, _ in _SIMPLE] + [x for r in _RATIOS for x in r[1:]]
 )
-_FIELDS = ("delta", "rate", "mean", "max", "p90", "sum_delta")
+_FIELDS = ("delta", "rate", "mean", "max", "p50", "p90", "p99", "sum_delta")
 # The label (and Store.read_frame column) naming the served model (collector/store_frame.py).
 MODEL_LABEL = "model_name"
 _TEXT_COLUMNS = ("source", "engine", "offload_mode", "group")
@@ -107,7 +113,8 @@ COLUMNS: tuple[str, ...] = (
     "source", "engine", "start", "window_s", "offload_mode", "group",
     "tokens_per_s", "prompt_tokens_per_s", "output_tokens_per_s", "preemptions",
     "kv_util", "kv_util_max", "running", "waiting", "prefix_hit_ratio", "external_hit_ratio",
-    "ttft_mean_s", "ttft_p90_s", "ttft_count", "prompt_tokens_mean", "requests",
+    "ttft_mean_s", "ttft_p50_s", "ttft_p90_s", "ttft_p99_s", "ttft_count", "e2e_mean_s",
+    "prompt_tokens_mean", "requests",
     "lmcache_hit_ratio", "lmcache_requested_tokens", "l1_usage_bytes", "l1_usage_ratio",
     "l1_evicted_chunks", "offload_cpu_usage_ratio",
 )  # fmt: skip
@@ -341,6 +348,8 @@ def engine_frame(
         tc, pc = frame["ttft_count"].to_numpy(), frame["_prompt_count"].to_numpy()
         frame["ttft_mean_s"] = np.where(tc > 0, frame["_ttft_sum"].to_numpy() / tc, np.nan)
         frame["prompt_tokens_mean"] = np.where(pc > 0, frame["_prompt_sum"].to_numpy() / pc, np.nan)
+        ec = frame["_e2e_count"].to_numpy()
+        frame["e2e_mean_s"] = np.where(ec > 0, frame["_e2e_sum"].to_numpy() / ec, np.nan)
     frame["offload_mode"], frame["group"] = modes_and_groups(
         src_names, eng_names, key_of_row, n_eng, engines_meta or {},
         [str(m) for m in mod_u], pair_u, pair_model, frame["start"].to_numpy(),

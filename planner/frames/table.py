@@ -31,7 +31,7 @@ if TYPE_CHECKING:
 # The frame columns the plan uses (Store.read_frame(columns=PLAN_COLUMNS)); model_name
 # gives each engine its model group (planner/frames/groups.py).
 PLAN_COLUMNS = ("source", "signal", "labels", "engine", "model_name", "kind", "start",
-                "length_s", "delta", "rate", "mean", "max", "last", "p90", "p99",
+                "length_s", "delta", "rate", "mean", "max", "last", "p50", "p90", "p99",
                 "sum_delta")  # fmt: skip
 
 

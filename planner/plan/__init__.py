@@ -11,9 +11,9 @@
 
 from planner.plan.build import build_plan
 from planner.plan.history import headline, plan_records
-from planner.plan.outcome import GainCheck, PlanOutcome, accuracy_summary, score_plans
+from planner.plan.outcome import CapacityCheck, PlanOutcome, accuracy_summary, score_plans
 from planner.plan.record import GroupPlan, NoData, Plan, PlanDetails
 
-__all__ = ["GainCheck", "GroupPlan", "NoData", "Plan", "PlanDetails", "PlanOutcome",
+__all__ = ["CapacityCheck", "GroupPlan", "NoData", "Plan", "PlanDetails", "PlanOutcome",
            "accuracy_summary", "build_plan", "headline", "plan_records",
            "score_plans"]  # fmt: skip

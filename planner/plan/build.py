@@ -23,6 +23,7 @@ from collector.errors import ConfigError
 from planner.decide.decision import decide
 from planner.decide.evidence import Evidence
 from planner.deploy.sizing import size
+from planner.fit.capacity import Slo
 from planner.frames.table import PLAN_COLUMNS, WindowTable, names
 from planner.plan.basis import (
     EVIDENCE_GAPS,
@@ -33,9 +34,9 @@ from planner.plan.basis import (
     plan_basis,
     plan_cost,
 )
-from planner.plan.experiment_entry import add_experiment
 from planner.plan.fits import (
-    gain_evidence,
+    EQUAL_KV,
+    equal_kv_at,
     hit_curve,
     mfu_evidence,
     run_fits,
@@ -51,6 +52,7 @@ from planner.plan.groups import (
 )
 from planner.plan.observe import NEEDED_SIGNALS, modes_by_source, observe
 from planner.plan.record import GroupPlan, NoData, Plan, PlanDetails
+from planner.plan.verdict import ModeVerdict, run_verdicts, verdict_section
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -108,6 +110,7 @@ class _Run:
     price: float | None
     seed: int
     forecast_seconds: float
+    slo: Slo = field(default_factory=Slo)
     lmcache_up: float | None = None
     took: dict[str, float] = field(default_factory=dict)
     clock: float = field(default_factory=time.perf_counter)
@@ -120,7 +123,8 @@ class _Run:
     def fresh(self) -> _Run:
         """The same run with its own stage timings (a group's plan)."""
         return _Run(self.store, self.cluster, self.since, self.until, self.horizon_s,
-                    self.price, self.seed, self.forecast_seconds, self.lmcache_up)  # fmt: skip
+                    self.price, self.seed, self.forecast_seconds, self.slo,
+                    self.lmcache_up)  # fmt: skip
 
 
 def build_plan(
@@ -135,6 +139,7 @@ def build_plan(
     forecast_seconds: float = 8.0,
     columnar: bool = True,
     group: str | None = None,
+    slo: Slo | None = None,
 ) -> Plan:
     """Read, fit, forecast, decide and size (module docstring). Raises NoData when the store
     has no windows for the cluster and period, ConfigError on a bad argument (an unknown
@@ -160,7 +165,7 @@ def build_plan(
     ):
         raise ConfigError(f"gpu price must be a number >= 0, got {gpu_price_per_hour!r}")
     run = _Run(store, cluster, since, until, horizon_s, gpu_price_per_hour, seed,
-               forecast_seconds)  # fmt: skip
+               forecast_seconds, slo or Slo())  # fmt: skip
     signals = sorted(NEEDED_SIGNALS)
     if columnar:
         table = store.read_frame(
@@ -247,10 +252,12 @@ def _plan(
     modes = {s: m for s, m in modes_by_source(in_window).items() if s in present}
     happening, seen = observe(frame, windows, modes)
     run.lap("observe")
+    verdicts: dict[str, ModeVerdict] = {}
     if groups:
         fits = skipped_fits(f"fitted per model group ({len(groups)} groups): see groups")
     else:
         fits = run_fits(frame, hw, seed=run.seed)
+        verdicts = run_verdicts(frame, in_window, slo=run.slo)
     run.lap("fits")
     cap = kv_capacity(windows, {e.source: e.facts for e in in_window}, hw)
     fc = run_forecasts(
@@ -258,16 +265,14 @@ def _plan(
     )
     run.lap("forecasts")
     u_now = seen.kv_util_p50
-    native, native_at = gain_evidence(fits["gain_native"], u_now)
-    lmcache, lmcache_at = gain_evidence(fits["gain_lmcache"], u_now)
-    for name, at in (("gain_native", native_at), ("gain_lmcache", lmcache_at)):
-        fits[name].entry["at_current_util"] = at
+    for mode in ("native", "lmcache"):
+        fits[EQUAL_KV + mode].entry["at_current_util"] = equal_kv_at(fits[EQUAL_KV + mode], u_now)
     measured = Evidence(
         model=hw_names["model"],
         gpu=hw_names["gpu"],
         tp=hw_names["tp"],
-        native_gain=native,
-        lmcache_gain=lmcache,
+        native_capacity=verdicts["native"].evidence if verdicts else None,
+        lmcache_capacity=verdicts["lmcache"].evidence if verdicts else None,
         effective_mfu=mfu_evidence(fits["prefill_mfu"]),
         l1_hit_curve=hit_curve(fits["lmcache_hitrate"]),
         lmcache_up_fraction=run.lmcache_up,
@@ -281,9 +286,6 @@ def _plan(
             sizing = size(evidence, decision)
         except ConfigError as exc:
             sizing_error = str(exc)
-    if decision is not None:
-        for name in ("gain_native", "gain_lmcache"):
-            add_experiment(fits[name], frame, u_now, evidence, decision)
     basis += plan_basis(evidence, fits, fc)
     first = float(table["start"].min())
     last = float((table["start"] + table["length_s"]).max())
@@ -299,19 +301,21 @@ def _plan(
         "sources": len(present),
     }
     run.lap("decide")
+    offload = verdict_section(verdicts, evidence, run.slo) if verdicts else None
     return Plan(
         run.cluster,
         window,
         happening,
         evidence,
         decision,
+        offload,
         {k: r.entry for k, r in fits.items()},
         fc.section,
         sizing,
         sizing_error,
         plan_cost(evidence, sizing, run.price),
         tuple(basis),
-        PlanDetails(frame, fits, fc, run.took),
+        PlanDetails(frame, fits, fc, run.took, verdicts),
         group,
         groups,
     )

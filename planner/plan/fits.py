@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from collector.errors import InsufficientHistory, KvscopeError
-from planner.decide.evidence import GainEvidence, ValueCI
+from planner.decide.evidence import ValueCI
 from planner.fit.common import Estimate, FitResult, Interval
 from planner.frames.table import names
 from planner.model import costmodel
@@ -31,7 +31,12 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 GIB = 1024**3
-FIT_NAMES = ("preemption_knee", "gain_native", "gain_lmcache", "prefill_mfu", "lmcache_hitrate")
+FIT_NAMES = (
+    "preemption_knee", "equal_kv_native", "equal_kv_lmcache", "prefill_mfu", "lmcache_hitrate"
+)  # fmt: skip
+# The diagnostic fit of tokens/s against KV use per mode (planner/fit/gain.py) is named for
+# what it measures: tokens/s at equal KV use, not a throughput gain (offload lowers KV use).
+EQUAL_KV = "equal_kv_"
 LEVEL = 0.95
 
 
@@ -141,8 +146,8 @@ def _flops(hw: Hardware) -> Callable[[float], float]:
 NO_HW = "model/gpu/tp unknown or not in the hardware catalogue: no FLOPs"
 _WHAT = {
     "preemption_knee": "preemption knee",
-    "gain_native": "offload gain (native vs none)",
-    "gain_lmcache": "offload gain (lmcache vs none)",
+    "equal_kv_native": "tokens/s at equal KV use (native vs none)",
+    "equal_kv_lmcache": "tokens/s at equal KV use (lmcache vs none)",
     "prefill_mfu": "prefill MFU",
     "lmcache_hitrate": "LMCache L1 hit-rate curve",
 }
@@ -173,7 +178,7 @@ def run_fits(frame: pd.DataFrame, hw: Hardware | None, *, seed: int = 0) -> dict
         "preemption_knee": report.preemption,
         "prefill_mfu": report.mfu,
         "lmcache_hitrate": report.hitrate,
-        **{f"gain_{g.offload}": g for g in report.gains},
+        **{f"{EQUAL_KV}{g.offload}": g for g in report.gains},
     }
     why: dict[str, str] = {}
     for sk in report.skipped:
@@ -181,7 +186,7 @@ def run_fits(frame: pd.DataFrame, hw: Hardware | None, *, seed: int = 0) -> dict
             "preemption": "preemption_knee",
             "mfu": "prefill_mfu",
             "hitrate": "lmcache_hitrate",
-        }.get(sk.what, sk.what.replace("/", "_"))
+        }.get(sk.what, sk.what.replace("gain/", EQUAL_KV))
         why[name] = NO_HW if name == "prefill_mfu" and hw is None else sk.reason
     modes = names(frame["offload_mode"])
     runs: dict[str, FitRun] = {}
@@ -192,12 +197,12 @@ def run_fits(frame: pd.DataFrame, hw: Hardware | None, *, seed: int = 0) -> dict
                 "preemption_knee": "preemption",
                 "prefill_mfu": "mfu",
                 "lmcache_hitrate": "hitrate",
-            }.get(name, name.replace("_", "/", 1))
+            }.get(name, name.replace(EQUAL_KV, "gain/"))
             runs[name] = FitRun(name, fit, entry_of(fit, took.get(key, math.nan)))
             continue
         reason = why.get(name)
-        if reason is None and name.startswith("gain_"):
-            mode = name.removeprefix("gain_")
+        if reason is None and name.startswith(EQUAL_KV):
+            mode = name.removeprefix(EQUAL_KV)
             reason = f"no engine ran {mode} offload" if mode not in modes else "not fitted"
         available = next(
             (
@@ -229,7 +234,7 @@ def _isolated(frame: pd.DataFrame, hw: Hardware | None, *, seed: int) -> dict[st
         )
     }
     for mode in ("native", "lmcache"):
-        name, what = f"gain_{mode}", f"offload gain ({mode} vs none)"
+        name, what = f"{EQUAL_KV}{mode}", _WHAT[f"{EQUAL_KV}{mode}"]
         if mode not in modes:
             runs[name] = FitRun(name, None, cannot_entry(what, f"no engine ran {mode} offload"))
         elif "none" not in modes:
@@ -306,43 +311,23 @@ def _extras(run: FitRun) -> None:
         }
 
 
-def gain_evidence(run: FitRun, u_now: float | None) -> tuple[GainEvidence, dict[str, Any] | None]:
-    """GainEvidence at the current utilization (evidence.py's recipe) and that grid point.
-
-    can_tell = the current utilization lies in the fit's common support; the gain is the
-    relative gain of the nearest grid point; the break-even is the fit's when it crossed.
-    """
+def equal_kv_at(run: FitRun, u_now: float | None) -> dict[str, Any] | None:
+    """The equal-KV-use diagnostic at the current KV use: its nearest grid point (relative
+    tokens/s of the mode over none at that KV use), or None. A diagnostic only: it is not the
+    effect of offload at today's load, nor its capacity gain (planner/plan/verdict.py)."""
     fit: GainFit | None = run.result  # type: ignore[assignment]
-    if fit is None or not fit.grid:
-        why = run.entry.get("why") or "no gain fit"
-        return GainEvidence(False, why=str(why)), None
-    if u_now is None:
-        return GainEvidence(False, why="current KV utilization unknown"), None
+    if fit is None or not fit.grid or u_now is None:
+        return None
     lo, hi = fit.support
     point = min(fit.grid, key=lambda p: abs(p.u - u_now))
-    at = {
+    return {
         "u": point.u,
-        "gain_tokens_per_s": finite(point.gain),
-        "gain_interval": interval_dict(point.gain_interval),
+        "in_support": lo <= u_now <= hi,
+        "tokens_per_s_difference": finite(point.gain),
+        "tokens_per_s_difference_interval": interval_dict(point.gain_interval),
         "relative": finite(point.relative),
         "relative_interval": interval_dict(point.relative_interval),
     }
-    iv = point.relative_interval
-    gain = value_ci(point.relative, iv.lo, iv.hi, iv.level)
-    breakeven = None
-    if fit.verdict == "crosses":
-        breakeven = value_ci(fit.estimate, fit.interval.lo, fit.interval.hi, fit.interval.level)
-    if not lo <= u_now <= hi:
-        return GainEvidence(
-            False,
-            None,
-            breakeven,
-            why=f"current KV utilization {u_now:.2f} outside the fit's common support "
-            f"[{lo:.2f}, {hi:.2f}]",
-        ), at
-    if gain is None:
-        return GainEvidence(False, None, breakeven, why="gain interval not finite"), at
-    return GainEvidence(True, gain, breakeven, why=fit.why), at
 
 
 def mfu_evidence(run: FitRun) -> ValueCI | None:

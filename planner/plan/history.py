@@ -11,7 +11,7 @@ from typing import Any
 
 from collector.errors import ConfigError
 from collector.models import PlanRecord
-from planner.decide.evidence import GainEvidence, ValueCI
+from planner.decide.evidence import CapacityEvidence, ValueCI
 from planner.model.values import finite
 from planner.plan.record import Plan
 
@@ -24,11 +24,31 @@ def _ci(prefix: str, v: ValueCI | None, lo: str = "_lo", hi: str = "_hi") -> dic
     return {prefix: finite(v.estimate), prefix + lo: finite(v.lo), prefix + hi: finite(v.hi)}
 
 
-def _gain(mode: str, g: GainEvidence | None) -> dict[str, Any]:
-    told = g is not None and g.can_tell
+def _capacity(mode: str, c: CapacityEvidence | None) -> dict[str, Any]:
+    """capacity_<mode> (ratio, 90 % interval); the upper end is None for a lower bound."""
+    told = c is not None and c.can_tell and c.ratio is not None
+    out = _ci(f"capacity_{mode}", c.ratio if told and c else None)
+    if told and c is not None and c.lower_bound:
+        out[f"capacity_{mode}_hi"] = None
+    return out
+
+
+def _equal_kv(plan: Plan, mode: str) -> dict[str, Any]:
+    """The equal-KV-use diagnostic's break-even and its relative tokens/s at current KV use."""
+    from planner.plan.fits import EQUAL_KV
+
+    entry = plan.fits.get(EQUAL_KV + mode) or {}
+    at = entry.get("at_current_util") or {}
+    iv = entry.get("interval") or {}
+    crossed = entry.get("verdict") == "crosses" and entry.get("can_tell")
+    riv = at.get("relative_interval") or {}
     return {
-        **_ci(f"breakeven_{mode}", g.breakeven_util if told and g else None),
-        **_ci(f"gain_{mode}_now", g.gain if told and g else None),
+        f"breakeven_{mode}": finite(entry.get("estimate")) if crossed else None,
+        f"breakeven_{mode}_lo": finite(iv.get("lo")) if crossed else None,
+        f"breakeven_{mode}_hi": finite(iv.get("hi")) if crossed else None,
+        f"equal_kv_gain_{mode}": finite(at.get("relative")) if at.get("in_support") else None,
+        f"equal_kv_gain_{mode}_lo": finite(riv.get("lo")) if at.get("in_support") else None,
+        f"equal_kv_gain_{mode}_hi": finite(riv.get("hi")) if at.get("in_support") else None,
     }
 
 
@@ -39,8 +59,10 @@ def headline(plan: Plan) -> dict[str, float | None]:
     saturation = ev.time_to_saturation_s
     return {
         "score": plan.decision.score if plan.decision else None,
-        **_gain("native", ev.native_gain),
-        **_gain("lmcache", ev.lmcache_gain),
+        **_capacity("native", ev.native_capacity),
+        **_capacity("lmcache", ev.lmcache_capacity),
+        **_equal_kv(plan, "native"),
+        **_equal_kv(plan, "lmcache"),
         "kv_util_now": finite(ev.kv_util_p50),
         **_ci("forecast_peak", ev.demand_peak),
         "kv_capacity": finite(kv.get("capacity_total")),

@@ -10,16 +10,15 @@ after its history, ``[window_until, window_until + horizon_s]``:
 - when that demand reaches the HBM KV capacity (``capacity_total``):
   ``time_to_saturation_lo_s`` (the upper bound reaches it) to ``time_to_saturation_hi_s``
   (the lower bound does), seconds after ``origin_epoch``, None = not within the horizon;
-- per offload mode, the relative throughput gain at current use (headline
-  ``gain_<mode>_now`` with ``_lo`` / ``_hi``, a 95 % interval) at the KV use it saw
-  (``kv_util_now``).
+- per offload mode, the capacity ratio at the SLO (headline ``capacity_<mode>`` with
+  ``_lo`` / ``_hi``, a 90 % interval; ``_hi`` None when only a lower bound was known).
 
 What happened is read by the plan's own path, never re-derived: :func:`build_plan` over the
 windows of ``[window_until, horizon end)`` (horizon end = the later of window_until +
 horizon_s and the end of the last forecast bucket), same cluster, same model group. Its KV
 series is the one the plan forecast, built the same way (planner/plan/forecast.py: usage
-ratio × each engine's num_gpu_blocks × block_size, summed per window start), and its gain
-fits are the plan's fits (planner.fit.fit_gain through planner/plan/fits.py) on later windows.
+ratio × each engine's num_gpu_blocks × block_size, summed per window start), and its capacity
+ratios are the plan's (planner/plan/verdict.py) on later windows.
 
 Scores of one plan (:class:`PlanOutcome`):
 
@@ -48,13 +47,12 @@ Scores of one plan (:class:`PlanOutcome`):
     later data stop before the verdict is known ("data cover" = the last realised bucket ends
     within ``tol`` of the forecast's end; gaps inside are not seen).
 
-- **Gains.** For each mode the plan gave an interval for: the later fit of that mode read at
-  the plan's ``kv_util_now`` (planner.plan.fits.gain_evidence: the nearest grid point, the
-  use inside the later fit's common support), so both estimates are of the gain at the same
-  KV use. ``measured`` = the later relative gain (None: the later data cannot tell);
-  ``inside`` = ``lo <= measured <= hi`` (None with measured). Both estimates carry noise: with
-  independent estimates of equal standard error and an unchanged truth, a 95 % interval holds
-  the later estimate with probability P(|Z| <= 1.96/√2) ≈ 83 %, not 95 %.
+- **Capacity.** For each mode the plan gave an interval for: the later plan's two-sided
+  capacity ratio of that mode. ``measured`` = its estimate (None: the later data cannot tell,
+  or give only a lower bound); ``inside`` = ``lo <= measured <= hi`` (hi +∞ for a lower
+  bound; None without measured). Both estimates carry noise: with independent estimates of
+  equal standard error and an unchanged truth, a 90 % interval holds the later estimate with
+  probability P(|Z| <= 1.645/√2) ≈ 75 %, not 90 %.
 
 A plan not yet due (``window_until + horizon_s`` after ``now``) is returned with ``pending``
 True and nothing compared.
@@ -66,7 +64,7 @@ would cover). The pooled points are serially correlated (the buckets of one fore
 its errors; successive plans overlap their horizons), so the effective sample is smaller than
 the count and the Wilson interval is too narrow: the pooled coverage is indicative, as the
 forecast's own backtest (planner/forecast/backtest.py) says of its coverage. Gain checks are
-pooled the same way (share inside, Wilson interval; see the ≈ 83 % above).
+pooled the same way (share inside, Wilson interval; see the ≈ 75 % above).
 
 Cost: one :func:`build_plan` per due plan (its fits and a minimal forecast), ≈ 1 s on a small
 store, shared by plans of the same cluster, group and later stretch; nothing is cached
@@ -86,7 +84,6 @@ from collector.models import PlanRecord
 from planner.forecast.data import rebucket
 from planner.model.values import finite, json_ready
 from planner.plan.build import build_plan
-from planner.plan.fits import gain_evidence
 from planner.plan.forecast import FORECAST_LEVEL
 from planner.plan.record import NoData, Plan
 
@@ -96,7 +93,7 @@ if TYPE_CHECKING:
 __all__ = [
     "GAIN_MODES",
     "SATURATION_VERDICTS",
-    "GainCheck",
+    "CapacityCheck",
     "PlanOutcome",
     "accuracy_summary",
     "score_plan",
@@ -117,13 +114,13 @@ _LATER_FORECAST_SECONDS = 0.05
 
 
 @dataclass(frozen=True, slots=True)
-class GainCheck:
-    """One mode's gain at current use: the plan's interval against the later measurement."""
+class CapacityCheck:
+    """One mode's capacity ratio: the plan's interval against the later plan's estimate."""
 
     mode: str
     predicted: float
     lo: float
-    hi: float
+    hi: float | None  # None: the plan knew only a lower bound
     measured: float | None  # None: the later windows cannot tell
     inside: bool | None
 
@@ -143,11 +140,11 @@ class PlanOutcome:
     coverage: float | None  # kv_covered / kv_points (None: nothing to compare)
     saturation: str  # one of SATURATION_VERDICTS
     saturated_at: float | None
-    gains: tuple[GainCheck, ...]
+    capacity: tuple[CapacityCheck, ...]
     pending: bool = False  # horizon not yet passed: nothing compared
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-ready (non-finite numbers become null; gains a list of objects)."""
+        """JSON-ready (non-finite numbers become null; capacity a list of objects)."""
         out: dict[str, Any] = json_ready(self)
         return out
 
@@ -220,22 +217,20 @@ def _saturation(  # noqa: PLR0917 - the prediction and what happened
     return ("as_predicted" if whole else "unknown"), None
 
 
-def _gains(rec: PlanRecord, later: Plan | None) -> tuple[GainCheck, ...]:
+def _capacity_checks(rec: PlanRecord, later: Plan | None) -> tuple[CapacityCheck, ...]:
     h = rec.headline
-    u = finite(h.get("kv_util_now"))
     out = []
     for mode in GAIN_MODES:
-        est, lo, hi = (finite(h.get(f"gain_{mode}_now{k}")) for k in ("", "_lo", "_hi"))
-        if est is None or lo is None or hi is None:
+        est, lo, hi = (finite(h.get(f"capacity_{mode}{k}")) for k in ("", "_lo", "_hi"))
+        if est is None or lo is None:
             continue  # the plan gave no interval for this mode: nothing to check
         measured = None
-        run = later.details.fits.get(f"gain_{mode}") if later is not None else None
-        if run is not None and u is not None:
-            ev, _ = gain_evidence(run, u)
-            if ev.can_tell and ev.gain is not None:
-                measured = finite(ev.gain.estimate)
-        inside = None if measured is None else lo <= measured <= hi
-        out.append(GainCheck(mode, est, lo, hi, measured, inside))
+        fit = getattr(later.evidence, f"{mode}_capacity") if later is not None else None
+        if fit is not None and fit.can_tell and fit.ratio is not None and not fit.lower_bound:
+            measured = finite(fit.ratio.estimate)
+        # a lower-bound ratio (hi None) is checked on its lower end only
+        inside = None if measured is None else lo <= measured <= (math.inf if hi is None else hi)
+        out.append(CapacityCheck(mode, est, lo, hi, measured, inside))
     return tuple(out)
 
 
@@ -259,7 +254,7 @@ def score_plan(rec: PlanRecord, later: Plan | None, *, now: float) -> PlanOutcom
     ident = (int(rec.id or 0), rec.cluster, rec.group, rec.created_at, horizon_end(rec), level)
     if rec.window_until + rec.horizon_s > now:
         return PlanOutcome(*ident, kv_points=0, kv_covered=0, coverage=None,
-                           saturation="unknown", saturated_at=None, gains=(),
+                           saturation="unknown", saturated_at=None, capacity=(),
                            pending=True)  # fmt: skip
     cadence = finite(kv.get("cadence_s"))
     origin = finite(kv.get("origin_epoch"))
@@ -278,7 +273,7 @@ def score_plan(rec: PlanRecord, later: Plan | None, *, now: float) -> PlanOutcom
         coverage=covered / len(matched) if matched else None,
         saturation=verdict,
         saturated_at=at,
-        gains=_gains(rec, later),
+        capacity=_capacity_checks(rec, later),
     )
 
 
@@ -370,9 +365,9 @@ def accuracy_summary(outcomes: Sequence[PlanOutcome]) -> dict[str, Any]:
     verdicts = dict.fromkeys(SATURATION_VERDICTS, 0)
     for o in scored:
         verdicts[o.saturation] = verdicts.get(o.saturation, 0) + 1
-    checks = [g for o in scored for g in o.gains]
+    checks = [g for o in scored for g in o.capacity]
 
-    def gain_counts(gs: Sequence[GainCheck]) -> dict[str, Any]:
+    def counts(gs: Sequence[CapacityCheck]) -> dict[str, Any]:
         inside = sum(g.inside is True for g in gs)
         outside = sum(g.inside is False for g in gs)
         return {"checks": len(gs), "inside": inside, "outside": outside,
@@ -397,10 +392,10 @@ def accuracy_summary(outcomes: Sequence[PlanOutcome]) -> dict[str, Any]:
             "overlapping horizons): the coverage and its interval are indicative",
         },
         "saturation": verdicts,
-        "gains": {
-            **gain_counts(checks),
-            "by_mode": {m: gain_counts([g for g in checks if g.mode == m]) for m in GAIN_MODES},
-            "note": "both estimates are noisy: with equal, independent errors a 95 % interval "
-            "holds the later estimate ≈ 83 % of the time even when the gain did not move",
+        "capacity": {
+            **counts(checks),
+            "by_mode": {m: counts([g for g in checks if g.mode == m]) for m in GAIN_MODES},
+            "note": "both estimates are noisy: with equal, independent errors a 90 % interval "
+            "holds the later estimate ≈ 75 % of the time even when the capacity did not move",
         },
     }

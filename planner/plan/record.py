@@ -17,6 +17,7 @@ from planner.deploy.sizing import Sizing
 from planner.model.values import json_ready
 from planner.plan.fits import FitRun
 from planner.plan.forecast import ForecastRun
+from planner.plan.verdict import ModeVerdict
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -44,6 +45,7 @@ class PlanDetails:
     fits: Mapping[str, FitRun]
     forecasts: ForecastRun
     seconds: Mapping[str, float] = field(default_factory=dict)
+    verdicts: Mapping[str, ModeVerdict] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -55,6 +57,9 @@ class Plan:
     happening: Mapping[str, Any]
     evidence: Evidence
     decision: Decision | None  # None: several model groups, each decided apart (groups)
+    # per offload mode: today's effects, capacity at the SLO, the bill (planner/plan/verdict.py);
+    # None with several model groups (each group's plan has its own)
+    offload: Mapping[str, Any] | None
     fits: Mapping[str, Mapping[str, Any]]
     forecast: Mapping[str, Any]
     sizing: Sizing | None
@@ -82,6 +87,7 @@ class Plan:
                 "window": dict(self.window),
                 "happening": dict(self.happening),
                 "decision": self.decision.to_dict() if self.decision else None,
+                "offload": dict(self.offload) if self.offload else None,
                 "fits": {k: dict(v) for k, v in self.fits.items()},
                 "forecast": dict(self.forecast),
                 "sizing": sizing,

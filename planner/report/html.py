@@ -29,6 +29,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from planner.report.html_loop import NO_SCORED_PLANS, Outcome, closed_loop, closed_loop_html
+from planner.report.html_offload import offload_html
 from planner.report.html_parts import (
     Html,
     _e,
@@ -68,8 +69,9 @@ CSP = (
 PLOT_CAPTIONS: Mapping[str, str] = {
     "preemptions_vs_kv_util.png": "Preemptions vs KV-cache use, with the fitted hinge curve, "
     "its band and the knee's interval",
-    "throughput_vs_kv_util.png": "Throughput vs KV-cache use per offload mode, the gain against "
-    "none with its 95 % band, and the break-even with its interval",
+    "throughput_vs_kv_util.png": "Diagnostic: tokens/s vs KV-cache use per offload mode, the "
+    "difference at equal KV use with its 95 % band, and its break-even (not a capacity gain: "
+    "offload itself lowers KV use; the offload section has the capacity at the SLO)",
     "kv_demand_forecast.png": "KV demand forecast with its interval, against HBM KV capacity",
     "lmcache_hit_rate.png": "LMCache hit rate vs L1 size: the fitted curve and its predictions",
 }
@@ -121,7 +123,7 @@ def _plot_basis(name: str, d: Mapping[str, Any]) -> list[str]:
     if name == "preemptions_vs_kv_util.png":
         return [_fit_line(fits.get("preemption_knee"))]
     if name == "throughput_vs_kv_util.png":
-        return [_fit_line(fits.get(k)) for k in ("gain_native", "gain_lmcache")]
+        return [_fit_line(fits.get(k)) for k in ("equal_kv_native", "equal_kv_lmcache")]
     if name == "lmcache_hit_rate.png":
         return [_fit_line(fits.get("lmcache_hitrate"))]
     kv = (d.get("forecast") or {}).get("kv_demand") or {}
@@ -159,6 +161,7 @@ def _plots(pngs: Mapping[str, bytes], d: Mapping[str, Any], anchor: str) -> Html
 _NAV = (
     ("plots", "Plots"),
     ("decision", "Decision"),
+    ("offload", "Offload"),
     ("happening", "What is happening"),
     ("fits", "Fits"),
     ("forecast", "Forecast"),
@@ -173,6 +176,7 @@ def _body(plan: Plan, d: Mapping[str, Any], seed: int, prefix: str) -> Html:
         [
             _plots(plot_pngs(plan, seed=seed), d, f"{prefix}plots"),
             _decision(d, f"{prefix}decision"),
+            offload_html(d, f"{prefix}offload"),
             _happening(d, f"{prefix}happening"),
             _fits(d, f"{prefix}fits"),
             _forecast(d, f"{prefix}forecast"),

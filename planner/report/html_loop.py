@@ -42,8 +42,8 @@ Outcome = Mapping[str, Any] | _HasToDict
 
 # The contract of planner.plan.outcome: PlanOutcome.to_dict() (plan_id, cluster, group,
 # created_at, horizon_end, level, kv_points, kv_covered, coverage, saturation: a verdict of
-# SATURATION_VERDICTS, saturated_at, gains: [{mode, predicted, lo, hi, measured, inside}],
-# pending) and accuracy_summary() (plans, scored, pending, kv_demand, saturation, gains).
+# SATURATION_VERDICTS, saturated_at, capacity: [{mode, predicted, lo, hi, measured, inside}],
+# pending) and accuracy_summary() (plans, scored, pending, kv_demand, saturation, capacity).
 
 _VERDICT_KEYS = ("verdict", "outcome", "status", "inside")
 
@@ -88,26 +88,31 @@ def _pct1(x: object) -> str:
     return _pct(x, 1)
 
 
-def _gain_check(g: Mapping[str, Any]) -> Html:
-    """One GainCheck: the plan's gain interval and whether the later measurement is inside."""
+def _ratio2(x: object) -> str:
+    return f"{x:.2f}" if _is_num(x) else "n/a"
+
+
+def _capacity_check(g: Mapping[str, Any]) -> Html:
+    """One CapacityCheck: the plan's capacity-ratio interval and whether the later plan's
+    estimate is inside."""
     inside = g.get("inside")
     verdict = "inside" if inside is True else "outside" if inside is False else "cannot tell"
     measured = g.get("measured")
-    later = _pct1(measured) if _is_num(measured) else "n/a (the later windows cannot tell)"
+    later = _ratio2(measured) if _is_num(measured) else "n/a (the later windows cannot tell)"
     text = _e(verdict) if inside is not False else Html(f'<span class="bad">{_e(verdict)}</span>')
     return Html(
-        f"<b>{_e(g.get('mode'))}</b>: {text}: predicted {_e(_pct1(g.get('predicted')))} "
-        f"{_e(_iv(g.get('lo'), g.get('hi'), _pct1))}, measured {_e(later)}"
+        f"<b>{_e(g.get('mode'))}</b>: {text}: predicted {_e(_ratio2(g.get('predicted')))} "
+        f"{_e(_iv(g.get('lo'), g.get('hi'), _ratio2))}, measured {_e(later)}"
     )
 
 
-def _gains_cell(gains: object) -> Html:
+def _capacity_cell(gains: object) -> Html:
     if isinstance(gains, list | tuple) and all(
         isinstance(g, Mapping) and "mode" in g for g in gains
     ):
         if not gains:
-            return _e("no gain interval in the plan")
-        return _join((_gain_check(g) for g in gains), "<br>")
+            return _e("no capacity interval in the plan")
+        return _join((_capacity_check(g) for g in gains), "<br>")
     return _brief(gains)
 
 
@@ -146,7 +151,7 @@ def _share(d: Mapping[str, Any], key: str = "share") -> tuple[str, str]:
 
 def _summary_rows(s: Mapping[str, Any]) -> list[Sequence[object]]:
     rows: list[Sequence[object]] = []
-    known = {"plans", "scored", "pending", "kv_demand", "saturation", "gains"}
+    known = {"plans", "scored", "pending", "kv_demand", "saturation", "capacity"}
     if "plans" in s:
         rows.append(("plans", f"{_num(s.get('plans'))} stored: {_num(s.get('scored'))} scored, "
                      f"{_num(s.get('pending'))} pending (horizon not passed)", "", ""))  # fmt: skip
@@ -169,7 +174,7 @@ def _summary_rows(s: Mapping[str, Any]) -> list[Sequence[object]]:
     if isinstance(sat, Mapping):
         seen = [f"{k} {v}" for k, v in sat.items() if v]
         rows.append(("saturation verdicts", ", ".join(seen) or "none scored", "", ""))
-    gains = s.get("gains")
+    gains = s.get("capacity")
     if isinstance(gains, Mapping):
         share, interval = _share(gains)
         per_mode = [
@@ -179,7 +184,7 @@ def _summary_rows(s: Mapping[str, Any]) -> list[Sequence[object]]:
         ]
         rows.append(
             (
-                "gain checks inside their intervals",
+                "capacity ratios inside their intervals",
                 f"{share}: {_num(gains.get('inside'))} inside, {_num(gains.get('outside'))} "
                 f"outside, {_num(gains.get('cannot_tell'))} cannot tell"
                 + (f" ({'; '.join(per_mode)})" if per_mode else ""),
@@ -222,12 +227,12 @@ def closed_loop_html(outcomes: Sequence[Outcome], summary: Mapping[str, Any] | N
                 *ident,
                 _coverage(o),
                 _saturation_cell(o),
-                _gains_cell(_first(o, "gains", "gain_checks")),
+                _capacity_cell(_first(o, "capacity", "gains")),
             )
         )
     kv_column = "KV demand inside the forecast interval"
     columns = ("plan", "cluster / group", "made", "horizon end", kv_column, "saturation",
-               "gain at current use")  # fmt: skip
+               "capacity ratio at the SLO")  # fmt: skip
     out.append(f"<h3>Plans</h3>{_table(columns, table_rows, (0, 2, 3))}")
     return Html("".join(out) + "</section>")
 

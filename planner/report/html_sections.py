@@ -166,14 +166,15 @@ def _fit_row(name: str, f: Mapping[str, Any]) -> Sequence[object]:
             f"h_max {_pct(h_max.get('estimate'), 1)} "
             f"{_iv(hiv.get('lo'), hiv.get('hi'), lambda x: _pct(x, 1), hiv.get('level'))}"
         )
-    if name.startswith("gain_"):
-        what = f"break-even {what}"
+    if name.startswith("equal_kv_"):
+        what = f"break-even {what} of tokens/s at equal KV use (a diagnostic)"
         extra.append(f"verdict {f.get('verdict')}")
         at = f.get("at_current_util")
         if at:
             riv = at.get("relative_interval") or {}
             extra.append(
-                f"gain at KV use {_num(at.get('u'), '{:.2f}')}: {_pct(at.get('relative'), 1)} "
+                f"tokens/s at equal KV use {_num(at.get('u'), '{:.2f}')}: "
+                f"{_pct(at.get('relative'), 1)} "
                 f"{_iv(riv.get('lo'), riv.get('hi'), lambda x: _pct(x, 1), riv.get('level'))}"
             )
     told = (
@@ -305,12 +306,13 @@ def _sizing_rows(s: Mapping[str, Any], cost: Mapping[str, Any] | None) -> list[S
             )
         )
         if e.get("needed_with_offload"):
+            span = e.get("with_offload_range") or (None, None)
             rows.append(
                 (
-                    "engines with the measured offload gain",
+                    f"engines with {s.get('mode')} at its capacity ratio",
                     _num(e["needed_with_offload"]),
-                    "",
-                    "the gain fit",
+                    _iv(span[0], span[1], _num),
+                    e.get("capacity_ratio") or "",
                 )
             )
     if s.get("native_cpu_gib"):

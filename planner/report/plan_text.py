@@ -1,7 +1,9 @@
 """The readable summary of a plan (`kvscope plan` without --json), from ``Plan.to_dict()``.
 
-Sections: what is happening; the decision with its reasons and score; the fits (the
-break-even with its interval); the forecast and time to saturation; sizing; the configs.
+Sections: what is happening; the decision with its reasons and score; per offload mode its
+effects today, capacity at the SLO and bill (planner/report/verdict_text.py); the fits (the
+equal-KV-use diagnostic with its break-even); the forecast and time to saturation; sizing;
+the configs.
 Every number keeps its interval or its basis; "n/a" marks what the data could not tell.
 A plan of several model groups shows each group's sections, then the pooled observations;
 its top level has no decision of its own ("decisions per model group below").
@@ -13,6 +15,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from planner.plan.forecast import hours
+from planner.report.verdict_text import offload_lines
 
 
 def _pct(x: object, digits: int = 0) -> str:
@@ -106,13 +109,14 @@ def _fits(d: Mapping[str, Any]) -> list[str]:
             lines.append(f"  {name:<16} cannot tell: {f['why']}")
             continue
         text = f"{f['estimate']:.3g} {_iv(f['interval'])} {f['unit'] or ''} (n={f['n']})"
-        if name.startswith("gain_"):
+        if name.startswith("equal_kv_"):
             at = f.get("at_current_util")
             text = f"break-even KV use {text}; verdict {f.get('verdict')}"
             if at:
                 text += (
-                    f"; at KV use {at['u']:.2f}: gain {_pct(at['relative'], 1)} "
-                    f"{_iv(at['relative_interval'], '{:+.1%}')}"
+                    f"; at KV use {at['u']:.2f}: tokens/s {_pct(at['relative'], 1)} "
+                    f"{_iv(at['relative_interval'], '{:+.1%}')} at equal KV use (a diagnostic, "
+                    "not a capacity gain)"
                 )
         elif name == "lmcache_hitrate":
             iv, h_max = f["interval"] or {}, f.get("h_max") or {}
@@ -259,7 +263,11 @@ def _sizing(d: Mapping[str, Any]) -> list[str]:
             f"{_big(e['capacity_per_engine'])} per engine (now {e['current']})"
         )
         if e.get("needed_with_offload"):
-            lines.append(f"  engines with the measured offload gain: {e['needed_with_offload']}")
+            fewest, most = e.get("with_offload_range") or (None, None)
+            lines.append(
+                f"  engines with {s['mode']} at its capacity ratio: {e['needed_with_offload']} "
+                f"[{fewest}, {most}] ({e.get('capacity_ratio')})"
+            )
     if s.get("native_cpu_gib"):
         lines.append(f"  native CPU buffer: {s['native_cpu_gib']:.0f} GiB per engine")
     if s.get("l1_size_gib"):
@@ -299,7 +307,8 @@ def _groups(d: Mapping[str, Any]) -> list[list[str]]:
         if len(g["engines"]) > 6:
             rule += f", … ({len(g['engines'])} engines)"
         p = g["plan"]
-        blocks += [[rule], _happening(p), decision_lines(p), _fits(p), _forecast(p), _sizing(p)]
+        blocks += [[rule], _happening(p), decision_lines(p), offload_lines(p), _fits(p),
+                   _forecast(p), _sizing(p)]  # fmt: skip
     head = "━━ all groups pooled (observations only: no fit, no decision to act on) ━━"
     return [*blocks, [head], _happening(d), _forecast(d)]
 
@@ -315,5 +324,6 @@ def summary_text(d: Mapping[str, Any]) -> str:
     if d.get("groups"):
         blocks = [[head], *_groups(d)]
     else:
-        blocks = [[head], _happening(d), decision_lines(d), _fits(d), _forecast(d), _sizing(d)]
+        blocks = [[head], _happening(d), decision_lines(d), offload_lines(d), _fits(d),
+                  _forecast(d), _sizing(d)]  # fmt: skip
     return "\n\n".join("\n".join(b) for b in blocks) + "\n"

@@ -1,0 +1,320 @@
+"""Capacity at the SLO: the load one unit sustains within the latency target, per offload mode.
+
+Estimand: the served load (prompt + generated tokens per second of one engine) above which
+an engine no longer meets the SLO — a window meets it when its TTFT quantile is at or under
+the target and its waiting queue is not growing. The ratio of the modes' capacities is the
+gain sizing, the rules and the headline use; it is the quantity offload is bought for
+(more load per GPU at the same latency), unlike throughput at equal KV use, which offload
+itself changes.
+
+Per unit (an engine, or an engine's share of a pool — see below): its windows are binned by
+load (quantile bins of at least MIN_BIN windows), the share of windows that miss the SLO is
+made non-decreasing in load (isotonic regression, scipy's PAVA), and the capacity is the
+load where that share crosses one half (linear between bin means). A unit whose windows miss
+the SLO too rarely (fewer than MIN_SIDE windows) never came near saturation: its capacity is
+only known to exceed the highest load it carried (``status`` "above"). One that misses it
+at every load has ``status`` "below".
+
+Between modes: the mean of log capacity per arm, compared with Welch's t interval on units
+(statsmodels CompareMeans, Satterthwaite df) — engines of one LMCache pool are averaged into
+one unit first, so a pool counts once. Units whose capacity is only a lower bound enter with
+that bound, and the ratio is then itself a bound (``bound`` "lower" when only the offload
+arm is censored: the true ratio is at least that). With no control unit near saturation the
+data cannot tell.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from collector.errors import ConfigError
+from planner.fit.common import Interval, check_level, nan_interval
+
+if TYPE_CHECKING:
+    import numpy as np
+    import numpy.typing as npt
+    import pandas as pd
+
+    Array = npt.NDArray[np.float64]
+
+MIN_BIN = 8  # windows per load bin
+MAX_BINS = 12
+MIN_SIDE = 5  # windows missing (and meeting) the SLO before a unit counts as near saturation
+MIN_UNITS = 2
+NO_OFFLOAD = "none"
+QUANTILE_COLUMNS = {"p50": "ttft_p50_s", "p90": "ttft_p90_s", "p99": "ttft_p99_s"}
+# A queue grows when its mean rises, window over window, by more than this share of the
+# window's finished requests: arrivals then exceed service by that much.
+QUEUE_GROWTH_SHARE = 0.05
+
+
+@dataclass(frozen=True, slots=True)
+class Slo:
+    """The latency target capacity is measured against."""
+
+    ttft_s: float = 2.0
+    quantile: str = "p90"
+
+    def __post_init__(self) -> None:
+        if not (math.isfinite(self.ttft_s) and self.ttft_s > 0):
+            raise ConfigError(
+                f"SLO TTFT target must be a positive number of seconds, got {self.ttft_s!r}"
+            )
+        if self.quantile not in QUANTILE_COLUMNS:
+            raise ConfigError(
+                f"SLO quantile must be one of {', '.join(QUANTILE_COLUMNS)} (the quantiles the "
+                f"collector keeps per window), got {self.quantile!r}"
+            )
+
+    @property
+    def column(self) -> str:
+        return QUANTILE_COLUMNS[self.quantile]
+
+    def text(self) -> str:
+        return f"TTFT {self.quantile} <= {self.ttft_s:g} s and a waiting queue that does not grow"
+
+
+@dataclass(frozen=True, slots=True)
+class UnitCapacity:
+    """One unit's capacity: ``value`` tokens/s per engine, or a bound (``status``)."""
+
+    unit: str
+    mode: str
+    engines: int
+    value: float  # capacity, or the bound when status is "above" / "below"
+    status: str  # "measured" | "above" (>= value) | "below" (<= value)
+    windows: int
+    missed: int  # windows that missed the SLO
+
+
+@dataclass(frozen=True, slots=True)
+class CapacityComparison:
+    """Capacity of ``mode`` relative to no offload, with what it rests on."""
+
+    mode: str
+    slo: Slo
+    ratio: float  # capacity(mode) / capacity(none)
+    interval: Interval
+    bound: str  # "" (two-sided) | "lower" (the ratio is at least the interval's lo)
+    claim_interval: Interval  # at claim_level: what a measured vote reads
+    df: float
+    none_capacity: float  # geometric mean tokens/s per engine
+    mode_capacity: float
+    units: tuple[UnitCapacity, ...]
+    units_treated: int
+    units_control: int
+    method: str
+    assumptions: tuple[str, ...]
+    can_tell: bool
+    why: str
+    settle: str  # what would settle it when it cannot tell
+
+
+def violations(frame: pd.DataFrame, slo: Slo) -> npt.NDArray[np.bool_]:
+    """Per row: the window missed the SLO (TTFT quantile over target, or a growing queue
+    against the same engine's previous window). Rows without a TTFT quantile count as met
+    only when their queue is not growing."""
+    import numpy as np
+
+    ttft = frame[slo.column].to_numpy(dtype=float)
+    wait = frame["waiting"].to_numpy(dtype=float)
+    req = frame["requests"].to_numpy(dtype=float)
+    key = frame["source"].astype(str).to_numpy() + "/" + frame["engine"].astype(str).to_numpy()
+    start = frame["start"].to_numpy(dtype=float)
+    order = np.lexsort((start, key))
+    grow = np.zeros(len(frame), dtype=bool)
+    k, w, r = key[order], wait[order], req[order]
+    same = np.r_[False, k[1:] == k[:-1]]
+    prev = np.r_[np.nan, w[:-1]]
+    with np.errstate(invalid="ignore"):
+        rise = np.where(same, w - prev, np.nan)
+        g = rise > np.maximum(QUEUE_GROWTH_SHARE * np.nan_to_num(r), 1.0)
+    grow[order] = g
+    with np.errstate(invalid="ignore"):
+        return (ttft > slo.ttft_s) | grow
+
+
+def unit_capacity(load: Array, missed: npt.NDArray[np.bool_]) -> tuple[float, str]:
+    """(capacity, status) of one unit from its windows' load and SLO misses (module
+    docstring)."""
+    import numpy as np
+    from scipy.optimize import isotonic_regression
+
+    ok = np.isfinite(load) & (load > 0)
+    x, m = load[ok], missed[ok].astype(float)
+    if x.size < 2 * MIN_BIN:
+        return math.nan, "too few windows"
+    n_miss = int(m.sum())
+    if n_miss < MIN_SIDE:
+        return float(np.max(x)), "above"
+    if x.size - n_miss < MIN_SIDE:
+        return float(np.min(x)), "below"
+    bins = max(2, min(MAX_BINS, x.size // MIN_BIN))
+    order = np.argsort(x, kind="stable")
+    parts = np.array_split(order, bins)
+    centre = np.array([x[p].mean() for p in parts])
+    share = np.array([m[p].mean() for p in parts])
+    size = np.array([p.size for p in parts], dtype=float)
+    fitted = isotonic_regression(share, weights=size, increasing=True).x
+    above = np.flatnonzero(fitted > 0.5)
+    if above.size == 0:
+        return float(np.max(x)), "above"
+    i = int(above[0])
+    if i == 0:
+        return float(centre[0]), "below"
+    f0, f1 = fitted[i - 1], fitted[i]
+    c0, c1 = centre[i - 1], centre[i]
+    return float(c0 + (c1 - c0) * (0.5 - f0) / (f1 - f0)), "measured"
+
+
+def fit_capacity(
+    frame: pd.DataFrame,
+    units: Sequence[object] | npt.NDArray[np.object_],
+    *,
+    mode: str,
+    slo: Slo | None = None,
+    level: float = 0.90,
+    claim_level: float = 0.95,
+) -> CapacityComparison:
+    """Capacity of ``mode`` against ``none`` at the SLO (module docstring)."""
+    import numpy as np
+
+    slo = slo or Slo()
+    check_level(level)
+    check_level(claim_level)
+    if mode == NO_OFFLOAD:
+        raise ConfigError("capacity is compared between an offload mode and 'none'")
+    if len(units) != len(frame):
+        raise ConfigError(f"units has {len(units)} entries for {len(frame)} frame rows")
+    unit = np.asarray(units, dtype=object).astype(str)
+    modes = frame["offload_mode"].astype(str).to_numpy()
+    load = frame["tokens_per_s"].to_numpy(dtype=float)
+    missed = violations(frame, slo)
+    key = frame["source"].astype(str).to_numpy() + "/" + frame["engine"].astype(str).to_numpy()
+    caps: list[UnitCapacity] = []
+    for arm in (mode, NO_OFFLOAD):
+        in_arm = modes == arm
+        for u in sorted(set(unit[in_arm].tolist())):
+            rows = in_arm & (unit == u)
+            engines = sorted(set(key[rows].tolist()))
+            # a pool's load is per engine: each engine's windows, the pool's status combined
+            values, statuses, n, n_miss = [], [], 0, 0
+            for e in engines:
+                r = rows & (key == e)
+                v, s = unit_capacity(load[r], missed[r])
+                values.append(v)
+                statuses.append(s)
+                n, n_miss = n + int(r.sum()), n_miss + int(missed[r].sum())
+            caps.append(_combine(u, arm, values, statuses, n=n, missed=n_miss))
+    method = (
+        f"per unit: load (tokens/s per engine) where the share of windows missing the SLO "
+        f"({slo.text()}) crosses 1/2, isotonic in load; between modes: Welch t interval on "
+        f"the units' log capacity (Satterthwaite df), {level:.0%}"
+    )
+    assumptions = (
+        "capacity is read from the load each engine carried: a unit that never came near "
+        "saturation gives only a lower bound",
+        "units are independent (engines sharing an LMCache pool are one unit); the traffic "
+        "mix is the one each unit served",
+    )
+    return _compare(mode, slo, caps, level, claim_level, method, assumptions)
+
+
+def _combine(
+    unit: str, mode: str, values: list[float], statuses: list[str], *, n: int, missed: int
+) -> UnitCapacity:
+    """One unit from its engines: the geometric mean of their capacities, "above" if any
+    engine's is only a lower bound (the mean is then a lower bound too)."""
+    good = [(v, s) for v, s in zip(values, statuses, strict=True) if math.isfinite(v)]
+    if not good:
+        return UnitCapacity(unit, mode, len(values), math.nan, "too few windows", n, missed)
+    kinds = {s for _, s in good}
+    status = "above" if "above" in kinds else ("below" if kinds == {"below"} else "measured")
+    if "above" in kinds and "below" in kinds:
+        status = "mixed"
+    value = math.exp(sum(math.log(v) for v, _ in good) / len(good))
+    return UnitCapacity(unit, mode, len(values), value, status, n, missed)
+
+
+def _compare(  # noqa: PLR0917 - fit_capacity's parts
+    mode: str,
+    slo: Slo,
+    caps: list[UnitCapacity],
+    level: float,
+    claim_level: float,
+    method: str,
+    assumptions: tuple[str, ...],
+) -> CapacityComparison:
+    import numpy as np
+
+    treated = [c for c in caps if c.mode == mode and c.status in ("measured", "above")]
+    control = [c for c in caps if c.mode == NO_OFFLOAD and c.status in ("measured", "above")]
+    n_t = sum(c.mode == mode for c in caps)
+    n_c = sum(c.mode == NO_OFFLOAD for c in caps)
+    nan_iv = nan_interval(level)
+
+    def out(ratio: float, iv: Interval, claim: Interval, *, bound: str = "", df: float = math.nan,
+            why: str = "", settle: str = "") -> CapacityComparison:  # fmt: skip
+        return CapacityComparison(
+            mode, slo, ratio, iv, bound, claim, df,
+            _gmean([c.value for c in control]), _gmean([c.value for c in treated]),
+            tuple(caps), n_t, n_c, method, assumptions, not why, why, settle,
+        )  # fmt: skip
+
+    near = "a window with load past the SLO"
+    settle = (
+        f"windows that miss the SLO ({slo.text()}) on at least {MIN_UNITS} units of each "
+        "arm: a busier period, or a load test that weights the router towards "
+        f"{MIN_UNITS} engines of each mode until they miss it"
+    )
+    if len(treated) < MIN_UNITS or len(control) < MIN_UNITS:
+        more = (
+            f"at least {MIN_UNITS} independent units per arm: the mode on more engines (or "
+            "LMCache pools), chosen at random, or the canary run as a switchback (the plan's "
+            "experiment)"
+        )
+        return out(math.nan, nan_iv, nan_interval(claim_level),
+                   why=f"{len(treated)} unit(s) on {mode} and {len(control)} without offload "
+                   f"have enough windows: capacity needs at least {MIN_UNITS} independent "
+                   "units per arm", settle=more)  # fmt: skip
+    if any(c.status == "above" for c in control):
+        return out(math.nan, nan_iv, nan_interval(claim_level),
+                   why=f"no {near} on the engines without offload (they never missed the "
+                   "SLO), so their capacity is unknown", settle=settle)  # fmt: skip
+    lt = np.log([c.value for c in treated])
+    lc = np.log([c.value for c in control])
+    diff, df, (lo, hi) = welch(lt, lc, level)
+    _, _, (clo, chi) = welch(lt, lc, claim_level)
+    bound = "lower" if any(c.status == "above" for c in treated) else ""
+    ratio = math.exp(diff)
+    if bound:
+        return out(
+            ratio,
+            Interval(math.exp(lo), math.inf, level),
+            Interval(math.exp(clo), math.inf, claim_level),
+            bound=bound,
+            df=df,
+        )
+    return out(ratio, Interval(math.exp(lo), math.exp(hi), level),
+               Interval(math.exp(clo), math.exp(chi), claim_level), df=df)  # fmt: skip
+
+
+def welch(a: Array, b: Array, level: float) -> tuple[float, float, tuple[float, float]]:
+    """(mean(a) − mean(b), Satterthwaite df, interval at ``level``) — statsmodels'
+    CompareMeans with unequal variances; both arms need >= 2 values."""
+    from statsmodels.stats.weightstats import CompareMeans, DescrStatsW
+
+    cm = CompareMeans(DescrStatsW(a), DescrStatsW(b))
+    lo, hi = cm.tconfint_diff(alpha=1 - level, usevar="unequal")
+    var_a, var_b = a.var(ddof=1) / a.size, b.var(ddof=1) / b.size
+    den = var_a**2 / (a.size - 1) + var_b**2 / (b.size - 1)
+    df = (var_a + var_b) ** 2 / den if den > 0 else math.inf
+    return float(a.mean() - b.mean()), float(df), (float(lo), float(hi))
+
+
+def _gmean(values: list[float]) -> float:
+    good = [v for v in values if math.isfinite(v) and v > 0]
+    return math.exp(sum(map(math.log, good)) / len(good)) if good else math.nan

@@ -1,0 +1,291 @@
+"""What each offload mode does today: latency, preemptions and re-prefill at the cluster's load.
+
+Estimand: for each outcome, the difference between windows of engines running ``mode`` and
+windows of engines without offload, over the analysis period, at the traffic each engine
+carried, adjusted for traffic mix (planner/fit/units.py TRAFFIC). Latencies are compared on
+the log scale (a ratio: 0.8 = 20 % lower), counts per 1k requests as a difference.
+
+Model: weighted least squares of the outcome on ``[1, d, traffic − its mean]`` (d = 1 on the
+mode's windows), weighted by the window's finished requests (a window quantile or mean over
+more requests is less noisy). Errors are clustered on units — engines, or the LMCache pool
+engines share — with the bias-reduced CR2 and the Bell–McCaffrey degrees of freedom of the
+mode contrast (planner/fit/cr2.py; Imbens & Kolesár 2016, Rev. Econ. Stat. 98(4)): with
+2 + 2 units ν is about 2 and the interval is as wide as two engines per arm warrant.
+
+When the data cannot tell: fewer than MIN_UNITS units in either arm (one canary engine
+cannot separate the engine from the mode: run it as a switchback, planner/fit/switchback.py),
+or too few windows. The comparison is an association between engines: an engine-level
+difference the traffic covariates do not capture (hardware, a noisy neighbour) is part of
+the interval only through the engines' spread, which is why units, not windows, count.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from collector.errors import ConfigError, InsufficientHistory
+from planner.fit.common import Interval, check_level, nan_interval, recorded_warnings, t_quantile
+from planner.fit.units import TRAFFIC, Balance, balance, balance_warnings, traffic
+
+if TYPE_CHECKING:
+    import numpy as np
+    import numpy.typing as npt
+    import pandas as pd
+
+    Array = npt.NDArray[np.float64]
+
+# A measured comparison needs at least this many independent units in each arm: with one,
+# the unit and the mode are the same contrast and no interval separates them.
+MIN_UNITS = 2
+MIN_WINDOWS_PER_ARM = 30
+NO_OFFLOAD = "none"
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """One outcome of the today estimand: a frame column (or a derived one) and its scale."""
+
+    name: str
+    label: str
+    unit: str
+    log: bool  # compared as a ratio (log scale) or as a difference
+
+
+OUTCOMES: tuple[Outcome, ...] = (
+    Outcome("ttft_p50_s", "TTFT p50 (per window)", "s", True),
+    Outcome("ttft_p90_s", "TTFT p90 (per window)", "s", True),
+    Outcome("ttft_p99_s", "TTFT p99 (per window)", "s", True),
+    Outcome("e2e_mean_s", "end-to-end latency (mean)", "s", True),
+    Outcome("preemptions_per_1k", "preemptions per 1k requests", "per 1k requests", False),
+    Outcome(
+        "reprefill_tokens_per_1k",
+        "re-prefilled prompt tokens per 1k requests (preemptions × mean prompt length)",
+        "tokens per 1k requests",
+        False,
+    ),
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Effect:
+    """One outcome's effect of the mode: a ratio (log outcomes) or a difference."""
+
+    outcome: str
+    label: str
+    unit: str
+    scale: str  # "ratio" | "difference"
+    control: float  # request-weighted mean of the control arm (in ``unit``)
+    estimate: float  # ratio (mode / none) or difference (mode − none)
+    interval: Interval
+    df: float  # Bell–McCaffrey degrees of freedom of the mode contrast
+    windows: int
+    can_tell: bool
+    why: str
+
+    @property
+    def excludes_null(self) -> bool:
+        """The interval excludes "no effect" (ratio 1, difference 0)."""
+        null = 1.0 if self.scale == "ratio" else 0.0
+        return self.can_tell and (self.interval.lo > null or self.interval.hi < null)
+
+
+@dataclass(frozen=True, slots=True)
+class TodayEffects:
+    """Every outcome's effect of one mode against no offload, and what it rests on."""
+
+    mode: str
+    units_treated: int
+    units_control: int
+    engines_treated: int
+    engines_control: int
+    effects: tuple[Effect, ...]
+    balance: tuple[Balance, ...]
+    covariates: tuple[str, ...]
+    level: float
+    method: str
+    assumptions: tuple[str, ...]
+    warnings: tuple[str, ...]
+    can_tell: bool
+    why: str
+
+
+def derived_outcomes(frame: pd.DataFrame) -> pd.DataFrame:
+    """The frame with the per-window count outcomes of OUTCOMES added."""
+    import numpy as np
+
+    req = frame["requests"].to_numpy(dtype=float)
+    pre = frame["preemptions"].to_numpy(dtype=float)
+    prompt = frame["prompt_tokens_mean"].to_numpy(dtype=float)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        per_1k = np.where(req > 0, 1000.0 * pre / req, np.nan)
+    return frame.assign(preemptions_per_1k=per_1k, reprefill_tokens_per_1k=per_1k * prompt)
+
+
+def fit_today(
+    frame: pd.DataFrame,
+    units: Sequence[object] | npt.NDArray[np.object_],
+    *,
+    mode: str,
+    level: float = 0.90,
+    outcomes: tuple[Outcome, ...] = OUTCOMES,
+    adjust: bool = True,
+) -> TodayEffects:
+    """The today estimand of ``mode`` against ``none`` (module docstring). ``units`` gives
+    each frame row its unit (planner.fit.units.unit_keys). Raises InsufficientHistory when
+    an arm has fewer than MIN_WINDOWS_PER_ARM windows with finished requests."""
+    import numpy as np
+
+    check_level(level)
+    if mode == NO_OFFLOAD:
+        raise ConfigError("the today estimand compares an offload mode with 'none'")
+    if len(units) != len(frame):
+        raise ConfigError(f"units has {len(units)} entries for {len(frame)} frame rows")
+    data = derived_outcomes(frame)
+    unit = np.asarray(units, dtype=object)
+    modes = data["offload_mode"].astype(str).to_numpy()
+    req = data["requests"].to_numpy(dtype=float)
+    use = np.isin(modes, (mode, NO_OFFLOAD)) & (req > 0)
+    treated_all = modes == mode
+    n_t, n_c = int((use & treated_all).sum()), int((use & ~treated_all).sum())
+    require_n = min(n_t, n_c)
+    if require_n < MIN_WINDOWS_PER_ARM:
+        raise InsufficientHistory(
+            f"today's effect of {mode} (windows with finished requests, fewer arm)",
+            MIN_WINDOWS_PER_ARM,
+            require_n,
+        )
+    eng = data["source"].astype(str).to_numpy() + "/" + data["engine"].astype(str).to_numpy()
+    ut, uc = _count(unit[use & treated_all]), _count(unit[use & ~treated_all])
+    et, ec = _count(eng[use & treated_all]), _count(eng[use & ~treated_all])
+    cov = traffic(data)
+    bal = balance(cov[use], treated_all[use], req[use])
+    warns = balance_warnings(bal, mode)
+    shared = ut < et
+    unit_word = "engines or LMCache pools" if shared else "engines"
+    method = (
+        "WLS of each outcome (log scale for latencies) on the mode"
+        + (" and traffic mix (" + ", ".join(TRAFFIC) + ")" if adjust else "")
+        + f", weighted by requests; CR2 errors clustered on {unit_word}, Bell–McCaffrey df; "
+        f"{level:.0%} intervals"
+    )
+    assumptions = (
+        "association between engines: what the traffic covariates do not capture "
+        "(hardware, placement) enters only through the spread between units",
+        "windows of one unit are dependent; units are independent (engines sharing an LMCache "
+        "pool are one unit)",
+        "the traffic adjustment is linear; with standardised differences above 0.25 it is "
+        "not trusted to remove them",
+    )
+    if min(ut, uc) < MIN_UNITS:
+        why = (
+            f"{ut} unit(s) ran {mode} and {uc} ran without offload: a measured effect needs "
+            f"at least {MIN_UNITS} independent {unit_word} in each arm"
+            + (" (engines sharing one LMCache pool count once)" if shared else "")
+            + "; run a switchback on the canary, or offload on more engines"
+        )
+        effects = tuple(_cannot(o, level, why) for o in outcomes)
+        return TodayEffects(mode, ut, uc, et, ec, effects, bal, (), level, method,
+                            assumptions, tuple(warns), False, why)  # fmt: skip
+    covariates = [c for c in TRAFFIC if adjust]
+    with recorded_warnings() as caught:
+        effects = tuple(
+            _effect(data, o, use, treated_all, unit, cov, covariates, req, level) for o in outcomes
+        )
+    warns += caught
+    told = any(e.can_tell for e in effects)
+    why = "" if told else "no outcome could be estimated: " + effects[0].why
+    return TodayEffects(mode, ut, uc, et, ec, effects, bal, tuple(covariates), level,
+                        method, assumptions, tuple(warns), told, why)  # fmt: skip
+
+
+def _count(values: npt.NDArray[np.object_]) -> int:
+    import numpy as np
+
+    return int(np.unique(values.astype(str)).size) if values.size else 0
+
+
+def _cannot(o: Outcome, level: float, why: str, windows: int = 0) -> Effect:
+    scale = "ratio" if o.log else "difference"
+    return Effect(o.name, o.label, o.unit, scale, math.nan, math.nan, nan_interval(level),
+                  math.nan, windows, False, why)  # fmt: skip
+
+
+def _effect(  # noqa: PLR0917 - one outcome of fit_today, its arrays passed through
+    data: pd.DataFrame,
+    o: Outcome,
+    use: npt.NDArray[np.bool_],
+    treated: npt.NDArray[np.bool_],
+    unit: npt.NDArray[np.object_],
+    cov: pd.DataFrame,
+    covariates: list[str],
+    weight: Array,
+    level: float,
+) -> Effect:
+    import numpy as np
+
+    if o.name not in data.columns:
+        return _cannot(o, level, f"the windows have no {o.label}")
+    y = data[o.name].to_numpy(dtype=float)
+    ok = use & np.isfinite(y) & (y > 0 if o.log else True)
+    for c in covariates:
+        ok &= np.isfinite(cov[c].to_numpy(dtype=float))
+    if min(int((ok & treated).sum()), int((ok & ~treated).sum())) < MIN_WINDOWS_PER_ARM:
+        return _cannot(o, level, f"fewer than {MIN_WINDOWS_PER_ARM} windows with {o.label} "
+                       "in an arm", int(ok.sum()))  # fmt: skip
+    groups = np.unique(unit[ok].astype(str), return_inverse=True)[1].astype(np.int64)
+    if min(_count(unit[ok & treated]), _count(unit[ok & ~treated])) < MIN_UNITS:
+        return _cannot(o, level, f"fewer than {MIN_UNITS} units report {o.label} in an arm",
+                       int(ok.sum()))  # fmt: skip
+    w = weight[ok]
+    control = float(np.average(y[ok & ~treated], weights=weight[ok & ~treated]))
+    yy = np.log(y[ok]) if o.log else y[ok]
+    d = treated[ok].astype(float)
+    cols = [np.ones(yy.size), d]
+    for c in covariates:
+        v = cov[c].to_numpy(dtype=float)[ok]
+        v = v - np.average(v, weights=w)
+        if np.ptp(v) > 0:
+            cols.append(v / (np.sqrt(np.average(v * v, weights=w)) or 1.0))
+    x = np.column_stack(cols)
+    while np.linalg.matrix_rank(x) < x.shape[1] and x.shape[1] > 2:
+        x = x[:, :-1]  # a covariate collinear with the mode: the mode is kept
+    b, se, df = wls_cr2(yy, x, w, groups, column=1)
+    t = t_quantile(level, df) if math.isfinite(df) and df > 0 else math.inf
+    lo, hi = b - t * se, b + t * se
+    if o.log:
+        est, iv = math.exp(b), Interval(_exp(lo), _exp(hi), level)
+    else:
+        est, iv = b, Interval(lo, hi, level)
+    told = math.isfinite(se) and se > 0 and math.isfinite(t)
+    why = "" if told else "the mode's standard error is not finite (too few units vary)"
+    return Effect(o.name, o.label, o.unit, "ratio" if o.log else "difference", control, est,
+                  iv, df, int(ok.sum()), told, why)  # fmt: skip
+
+
+def _exp(v: float) -> float:
+    return math.exp(v) if v < 700 else math.inf
+
+
+def wls_cr2(
+    y: Array, x: Array, w: Array, groups: npt.NDArray[np.int64], *, column: int
+) -> tuple[float, float, float]:
+    """(coefficient, CR2 standard error, Bell–McCaffrey ν) of ``x[:, column]`` in the WLS
+    fit of ``y`` on ``x`` with weights ``w`` and clusters ``groups`` (planner/fit/cr2.py)."""
+    import numpy as np
+
+    from planner.fit.cr2 import cr2
+
+    sw = np.sqrt(w / np.mean(w))
+    xs, ys = x * sw[:, None], y * sw
+    xtx_inv: Array = np.linalg.inv(xs.T @ xs).astype(np.float64)
+    beta = xtx_inv @ (xs.T @ ys)
+    resid = ys - xs @ beta
+    v = cr2(xs, resid, groups, xtx_inv)
+    c = np.zeros(x.shape[1])
+    c[column] = 1.0
+    var = float(v.cov[column, column])
+    df = float(v.df(c[None, :])[0])
+    return float(beta[column]), math.sqrt(var) if var > 0 else math.nan, df

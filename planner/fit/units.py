@@ -1,0 +1,142 @@
+"""Units of evidence and traffic mix: what the offload estimands compare.
+
+A *unit* is what can be assigned a mode independently of the others: an engine, or the
+LMCache pool that several engines share (their hits, misses and evictions all go through
+one L1, so one engine's traffic changes the others' outcomes). Windows of one unit are
+never independent evidence; every interval of planner/fit/effects.py and
+planner/fit/capacity.py is clustered on units.
+
+Traffic mix: prompt-aware routers (llm-d's prefix scorer, prefix affinity) and unequal
+weights send different prompt lengths and loads to different engines, so engines of two
+modes can differ in what they serve as well as in the mode. The covariates below are the
+ones offload does not change (the prefix-hit ratio is left out: offload changes it).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import numpy as np
+    import numpy.typing as npt
+    import pandas as pd
+
+    Array = npt.NDArray[np.float64]
+
+# Standardised mean difference above which arms are called unbalanced (Austin 2009,
+# Statistics in Medicine 28(25): 0.1 is "negligible"; 0.25 is the usual limit past which
+# regression adjustment is not trusted to remove the difference, Stuart 2010, Stat. Sci. 25(1)).
+SMD_WARN = 0.25
+UNKNOWN_POOL = "lmcache pool (unknown: engines not mapped to pools)"
+# Traffic covariates (name -> what it is); computed per window by traffic().
+TRAFFIC = {
+    "request_rate": "requests per second",
+    "prompt_tokens_per_request": "prompt tokens per request",
+    "output_tokens_per_request": "output tokens per request",
+}
+
+
+def engine_keys(frame: pd.DataFrame) -> npt.NDArray[np.object_]:
+    """``source`` or ``source/engine`` per row (the key engine_frame's metadata uses)."""
+    import numpy as np
+
+    src = frame["source"].astype(str).to_numpy()
+    eng = frame["engine"].fillna("").astype(str).to_numpy()
+    return np.where(eng == "", src, np.char.add(np.char.add(src.astype(str), "/"), eng.astype(str)))
+
+
+def unit_keys(
+    frame: pd.DataFrame, pools: Mapping[str, str] | None = None
+) -> npt.NDArray[np.object_]:
+    """The unit of each row: the LMCache pool of rows in ``lmcache`` mode, else the engine.
+
+    ``pools`` maps an engine (source, or ``source/engine``) to its pool; an LMCache engine
+    missing from it joins one pool with every other unmapped LMCache engine (UNKNOWN_POOL):
+    without the mapping, sharing cannot be ruled out, and counting them apart would treat
+    dependent engines as independent."""
+    import numpy as np
+
+    keys = engine_keys(frame)
+    src = frame["source"].astype(str).to_numpy()
+    mode = frame["offload_mode"].astype(str).to_numpy()
+    pools = pools or {}
+    out = keys.astype(object)
+    for i in np.flatnonzero(mode == "lmcache"):
+        pool = pools.get(str(keys[i])) or pools.get(str(src[i]))
+        out[i] = f"pool:{pool}" if pool else UNKNOWN_POOL
+    return np.asarray(out, dtype=object)
+
+
+def traffic(frame: pd.DataFrame) -> pd.DataFrame:
+    """The TRAFFIC covariates per row (NaN where a window has no finished request)."""
+    import numpy as np
+    import pandas as pd
+
+    req = frame["requests"].to_numpy(dtype=float)
+    win = frame["window_s"].to_numpy(dtype=float)
+    out_tok = frame["output_tokens_per_s"].to_numpy(dtype=float) * win
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return pd.DataFrame(
+            {
+                "request_rate": np.where(win > 0, req / win, np.nan),
+                "prompt_tokens_per_request": frame["prompt_tokens_mean"].to_numpy(dtype=float),
+                "output_tokens_per_request": np.where(req > 0, out_tok / req, np.nan),
+            },
+            index=frame.index,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Balance:
+    """Standardised mean difference of one traffic covariate between the arms."""
+
+    covariate: str
+    treated_mean: float
+    control_mean: float
+    smd: float  # (treated − control) / √((var_t + var_c) / 2), request-weighted windows
+
+    @property
+    def unbalanced(self) -> bool:
+        return abs(self.smd) > SMD_WARN
+
+
+def balance(values: pd.DataFrame, treated: Array, weights: Array) -> tuple[Balance, ...]:
+    """SMD of every column of ``values`` between treated (``treated`` true) and control rows,
+    weighted by ``weights``; a column constant in both arms has SMD 0."""
+    import numpy as np
+
+    out = []
+    t = treated.astype(bool)
+    for col in values.columns:
+        v = values[col].to_numpy(dtype=float)
+        ok = np.isfinite(v) & np.isfinite(weights) & (weights > 0)
+        a, b = ok & t, ok & ~t
+        if not a.any() or not b.any():
+            continue
+        ma, va = _wmean_var(v[a], weights[a])
+        mb, vb = _wmean_var(v[b], weights[b])
+        pooled = np.sqrt((va + vb) / 2.0)
+        smd = (ma - mb) / pooled if pooled > 0 else 0.0
+        out.append(Balance(str(col), ma, mb, float(smd)))
+    return tuple(out)
+
+
+def _wmean_var(v: Array, w: Array) -> tuple[float, float]:
+    import numpy as np
+
+    m = float(np.average(v, weights=w))
+    return m, float(np.average((v - m) ** 2, weights=w))
+
+
+def balance_warnings(rows: tuple[Balance, ...], mode: str) -> list[str]:
+    """One sentence per unbalanced covariate."""
+    return [
+        f"traffic differs between the arms: {TRAFFIC.get(b.covariate, b.covariate)} "
+        f"{b.treated_mean:.3g} on {mode} against {b.control_mean:.3g} without offload "
+        f"(standardised difference {b.smd:+.2f}, above {SMD_WARN}): the router sends them "
+        "different work, and the adjustment for it is only as good as its linear form"
+        for b in rows
+        if b.unbalanced
+    ]
