@@ -10,9 +10,9 @@ share of each prompt that is a shared prefix, how many distinct prefix tokens th
 3. the simulated figures fill an Evidence record (``evidence_from_sim``), which is decided
    (planner/decide/decision.py) and sized (planner/deploy/sizing.py) exactly like `kvscope plan`'s.
 
-Simulated gains are not measurements: they carry the simulator's calibration error (the band
-of the what-if's working-set regime, from published A/B runs: ``sim_gain_tolerance``) and one
-seed's noise.
+Simulated gains are not measurements: they carry the simulator's error (the band of the
+what-if's working-set regime: its largest in-sample miss on published A/B runs, no coverage
+level; planner/advise/sim.py ``BANDS``) and one seed's noise.
 """
 
 from __future__ import annotations
@@ -26,10 +26,11 @@ from collector.errors import ConfigError
 from planner.advise.question import WhatIf
 from planner.advise.sim import (
     ALT_MAX_REQUESTS,
+    BAND_SOURCE,
+    BANDS,
     layout,
     quantile,
     scenario_of,
-    sim_gain_tolerance,
     simulate_modes,
     simulated_section,
     working_set_regime,
@@ -44,7 +45,18 @@ from planner.model.values import json_ready
 from planner.simulate.scenario import ROUTERS
 
 GIB = 1024**3
-__all__ = ["Advice", "WhatIf", "advise", "cost_model_section", "evidence_from_sim"]
+# ValueCI requires a level; a simulated gain's band (largest in-sample miss) has none. This
+# placeholder (ValueCI's default) is what R7 and R8 receive with provenance "simulated"; it is
+# not a coverage claim, and Advice.to_dict replaces it with the band's description.
+BAND_LEVEL_PLACEHOLDER = 0.95
+__all__ = [
+    "Advice",
+    "WhatIf",
+    "advise",
+    "cost_model_section",
+    "evidence_from_sim",
+    "evidence_json",
+]
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -72,12 +84,35 @@ class Advice:
                 "cost_model": self.cost_model,
                 "sizing": self.sizing.to_dict() if self.sizing else {"error": self.sizing_error},
                 "configs": dict(self.sizing.configs) if self.sizing else {},
-                "evidence": asdict(self.evidence),
+                "evidence": evidence_json(self.evidence, self.simulated),
                 "scenario": self.scenario,
                 "notes": list(self.notes),
             }
         )
         return out
+
+
+def evidence_json(ev: Evidence, sim: dict[str, Any]) -> dict[str, Any]:
+    """The Evidence as JSON, with no confidence level on a simulated figure: a simulated
+    capacity ratio's ValueCI (its level a placeholder) is written as the estimate and its
+    band, {"estimate", "band": {"lo", "hi", "kind", "rows", ...}} (lo/hi as ratios); the
+    demand peak's lo/hi as the range of the run it is (median and maximum sampled)."""
+    out = asdict(ev)
+    peak = out.get("demand_peak")
+    if peak is not None:
+        peak.pop("level")
+        peak["kind"] = "run_range_median_max"
+    band = BANDS[sim["gain_band"]["regime"]]
+    for key in ("native_capacity", "lmcache_capacity"):
+        fit = out.get(key)
+        if fit and fit["provenance"] == "simulated" and fit["ratio"] is not None:
+            iv = fit["ratio"]
+            fit.pop("claim", None)
+            fit["ratio"] = {
+                "estimate": iv["estimate"],
+                "band": {**band.around(iv["estimate"] - 1), "lo": iv["lo"], "hi": iv["hi"]},
+            }
+    return out
 
 
 def cost_model_section(w: WhatIf) -> dict[str, Any]:
@@ -150,18 +185,24 @@ def evidence_from_sim(w: WhatIf, runs: dict[str, Any], sim: dict[str, Any]) -> E
     m = sim["modes"]
     nodes, gpn = layout(w.engines, w.tp)
 
+    band = BANDS[sim["gain_band"]["regime"]]
+    why = (
+        f"simulated; band = the simulator's largest in-sample miss over {band.rows} published "
+        f"rows ({band.row_set}; {BAND_SOURCE}), no coverage level"
+    )
+
     def gain(mode: str) -> CapacityEvidence:
         g = m[mode]["throughput_gain"]
         if g is None:
             return CapacityEvidence(
                 False, why="no simulated throughput", design="simulated", provenance="simulated"
             )
-        tol = sim_gain_tolerance(g, sim["gain_tolerance"]["regime"])
-        # the band is the simulator's largest in-sample miss, not a confidence interval: its
-        # ValueCI level is a placeholder that interval_kind tells every reader to ignore
-        band = ValueCI(1 + g, max(1 + g - tol, 1e-9), 1 + g + tol)
+        half = band.halfwidth(g)
+        # the simulated throughput gain at the described load, as a capacity ratio; its band
+        # is no confidence interval: interval_kind says so and the level is a placeholder
+        iv = ValueCI(1 + g, max(1 + g - half, 1e-9), 1 + g + half, BAND_LEVEL_PLACEHOLDER)
         return CapacityEvidence(
-            True, band, band, units=(w.engines, w.engines), design="simulated", why="simulated",
+            True, iv, iv, units=(w.engines, w.engines), design="simulated", why=why,
             provenance="simulated", interval_kind="largest_in_sample_miss",
         )  # fmt: skip
 

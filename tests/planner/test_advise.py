@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 from typing import Any
 
 import pytest
@@ -13,19 +14,19 @@ from collector.errors import ConfigError
 from planner.advise.question import parse_scorer_weights
 from planner.advise.sim import (
     ALT_MAX_REQUESTS,
+    BAND_KIND,
     BANDS,
     MAX_REQUESTS,
-    SIM_GAIN_TOLERANCE,
-    SIM_GAIN_TOLERANCE_REL,
     WARMUP_FRACTION,
+    band_halfwidth,
     layout,
     scenario_of,
-    sim_gain_tolerance,
     working_set_regime,
 )
 from planner.advise.whatif import WhatIf, advise
 from planner.model.costmodel import hbm_kv_capacity_tokens
 from planner.model.hardware import get_gpu, get_model
+from planner.report.advise_text import advice_text, band_lines
 
 SMALL = WhatIf("llama-3.1-8b", "h100", 1, 3000, 128, 4.0, 0.5, engines=2, duration_s=60.0)
 
@@ -117,8 +118,9 @@ def test_advise_small_whatif_wires_simulation_into_evidence_and_is_seeded() -> N
         assert gain is not None and gain.gain is not None
         assert gain.gain.estimate == pytest.approx(sim[mode]["throughput_gain"])
         g = gain.gain.estimate
+        fits = BANDS["fits"]
         assert gain.gain.hi - gain.gain.lo == pytest.approx(
-            2 * (SIM_GAIN_TOLERANCE + SIM_GAIN_TOLERANCE_REL * abs(g))
+            2 * (fits.absolute + fits.relative * abs(g))
         )
         assert gain.provenance == "simulated"
     capacity = hbm_kv_capacity_tokens(get_model("llama-3.1-8b"), get_gpu("h100"), 1)
@@ -157,7 +159,7 @@ def test_advise_shared_prefixes_overflowing_hbm_recommend_lmcache() -> None:
     a = advise(w)
     sim = a.simulated["modes"]
     assert a.simulated["none_keeps_up"] is False
-    assert sim["lmcache"]["throughput_gain"] > SIM_GAIN_TOLERANCE
+    assert sim["lmcache"]["throughput_gain"] > BANDS["fits"].absolute
     assert sim["lmcache"]["prefill_compute_saved"] > 0.1
     assert a.decision.mode in ("lmcache", "both")
     assert a.sizing is not None and a.sizing.l1_size_gib is not None
@@ -243,5 +245,52 @@ def test_working_set_regime_picks_the_calibration_band(
 ) -> None:
     raw, _ = scenario_of(dataclasses.replace(SMALL, **change))
     assert working_set_regime(raw) == expected
-    a, b, _ = BANDS[expected]
-    assert sim_gain_tolerance(0.5, expected) == pytest.approx(a + 0.5 * b)
+    band = BANDS[expected]
+    assert band_halfwidth(0.5, expected) == pytest.approx(band.absolute + 0.5 * band.relative)
+
+
+def _keys(x: object) -> set[str]:
+    if isinstance(x, dict):
+        return set(x) | {k for v in x.values() for k in _keys(v)}
+    if isinstance(x, list):
+        return {k for v in x for k in _keys(v)}
+    return set()
+
+
+# What would make a band read as a confidence interval: a level, "95", CI/interval wording.
+_COVERAGE_WORDS = re.compile(r"\b95 ?%|confiden|\bCI\b|interval", re.IGNORECASE)
+
+
+@pytest.mark.parametrize("regime", sorted(BANDS))
+def test_band_lines_name_the_rows_and_carry_no_confidence_level(regime: str) -> None:
+    band = BANDS[regime].to_dict()
+    text = "\n".join(band_lines(band))
+    assert not _COVERAGE_WORDS.search(text), text
+    assert f"largest in-sample miss over {band['rows']} published" in text
+    assert band["row_set"] in text and "benchmarks/calibrate_sim.py" in text
+    if band["loso_excess_pp"] is None:  # spills: every row from GKE Test 3
+        assert "out-of-source: not checked" in text
+    else:
+        assert f"by up to {band['loso_excess_pp']:.1f} pp" in text
+
+
+def test_advise_json_and_text_give_the_band_as_largest_in_sample_miss() -> None:
+    d = dataclasses.replace(SMALL, compare_routers=False)
+    out = advise(d).to_dict()
+    sim, ev = out["simulated"], out["evidence"]
+    assert "level" not in _keys(sim) and "level" not in _keys(ev)
+    assert sim["gain_band"]["kind"] == BAND_KIND and "gain_tolerance" not in sim
+    for mode in ("native", "lmcache"):
+        g = sim["modes"][mode]["throughput_gain"]
+        band = sim["modes"][mode]["throughput_gain_band"]
+        half = band_halfwidth(g, sim["gain_band"]["regime"])
+        assert (band["lo"], band["hi"]) == pytest.approx((g - half, g + half))
+        assert band["kind"] == BAND_KIND and band["rows"] == sim["gain_band"]["rows"]
+        gain = ev[f"{mode}_gain"]
+        assert gain["provenance"] == "simulated" and set(gain["gain"]) == {"estimate", "band"}
+        assert gain["gain"]["band"] == band
+    assert sim["modes"]["none"]["throughput_gain_band"] is None  # none against itself
+    text = advice_text(out)
+    block = text[text.index("Simulated (") : text.index("Cost model")]
+    assert not _COVERAGE_WORDS.search(block), block
+    assert "gain band" in block and "largest in-sample miss" in block
