@@ -41,7 +41,25 @@ ROOT = Path(__file__).resolve().parents[2]
 FIXTURE = ROOT / "tests" / "fixtures" / "metrics" / "vllm-0.33.0-metrics-default.txt"
 PROMTOOL = Path("/usr/bin/promtool")
 NOW = 1_764_000_000.0
-TOKENS_DOC = {"forecast": {"kv_demand": {"unit": "KV tokens"}}}
+# the offload section of a plan (planner/plan/verdict.py): native measured, lmcache cannot tell
+_EFFECT = {"can_tell": True, "estimate": 0.4, "interval": {"lo": 0.3, "hi": 0.55, "level": 0.9}}
+TOKENS_DOC = {
+    "forecast": {"kv_demand": {"unit": "KV tokens"}},
+    "offload": {"modes": {
+        "native": {
+            "today": {"effects": [
+                {**_EFFECT, "outcome": "ttft_p90_s"},
+                {**_EFFECT, "outcome": "preemptions_per_1k", "estimate": -80.0,
+                 "interval": {"lo": -100.0, "hi": -60.0, "level": 0.9}},
+                {**_EFFECT, "outcome": "ttft_p50_s", "can_tell": False},
+            ]},
+            "bill": {"can_tell": True, "engines_without_offload": 10, "engines_with_mode": 8,
+                     "engines_with_mode_range": [7, 9], "gpu_hours_saved_per_day": 48.0,
+                     "gpu_hours_saved_range": [24.0, None]},
+        },
+        "lmcache": {"today": {"effects": []}, "bill": {"can_tell": False}},
+    }},
+}  # fmt: skip
 ENGINES_DOC = {"forecast": {"kv_demand": {"unit": "engines of KV"}}}
 Series = dict[str, list[tuple[dict[str, str], float]]]
 
@@ -92,8 +110,10 @@ FULL = {
     "score": 0.55,
     "breakeven_native": 0.62, "breakeven_native_lo": 0.55, "breakeven_native_hi": 0.71,
     "breakeven_lmcache": 0.48, "breakeven_lmcache_lo": 0.40, "breakeven_lmcache_hi": 0.57,
-    "gain_native_now": 0.12, "gain_native_now_lo": 0.05, "gain_native_now_hi": 0.19,
-    "gain_lmcache_now": -0.02, "gain_lmcache_now_lo": -0.06, "gain_lmcache_now_hi": 0.01,
+    "capacity_native": 1.25, "capacity_native_lo": 1.1, "capacity_native_hi": 1.42,
+    "capacity_lmcache": 1.3, "capacity_lmcache_lo": 1.2, "capacity_lmcache_hi": None,
+    "equal_kv_gain_native": 0.12, "equal_kv_gain_native_lo": 0.05,
+    "equal_kv_gain_native_hi": 0.19,
     "kv_util_now": 0.83,
     "forecast_peak": 1.5e6, "forecast_peak_lo": 1.2e6, "forecast_peak_hi": 1.9e6,
     "kv_capacity": 2.0e6,
@@ -182,8 +202,22 @@ def test_render_plan_metrics_full_plan_gives_every_figure_with_bounds(two_plans:
             value(s, sm.PLAN_BREAKEVEN_KV_USAGE.name, **a, mode=mode, bound=b) for b in sm.BOUNDS
         ]
         assert got == [est, lo, hi]
-    assert value(s, sm.PLAN_THROUGHPUT_GAIN.name, **a, mode="lmcache", bound="estimate") == -0.02
-    assert value(s, sm.PLAN_THROUGHPUT_GAIN.name, **a, mode="native", bound="upper") == 0.19
+    assert value(s, sm.PLAN_CAPACITY_RATIO.name, **a, mode="native", bound="upper") == 1.42
+    assert value(s, sm.PLAN_CAPACITY_RATIO.name, **a, mode="lmcache", bound="lower") == 1.2
+    # a lower bound has no upper series
+    assert labelsets(s, sm.PLAN_CAPACITY_RATIO, **a, mode="lmcache", bound="upper") == []
+    ttft = {"mode": "native", "quantile": "p90"}
+    assert value(s, sm.PLAN_TODAY_TTFT_RATIO.name, **a, **ttft, bound="upper") == 0.55
+    assert labelsets(s, sm.PLAN_TODAY_TTFT_RATIO, **a, quantile="p50") == []  # cannot tell
+    assert value(s, sm.PLAN_TODAY_PREEMPTIONS.name, **a, mode="native", bound="lower") == -100.0
+    engines = {
+        (lab["mode"], lab["bound"]): v for lab, v in s[sm.PLAN_ENGINES_NEEDED.name]
+        if lab["cluster"] == "prod-a"
+    }  # fmt: skip
+    assert engines == {("none", "estimate"): 10, ("native", "estimate"): 8,
+                       ("native", "lower"): 7, ("native", "upper"): 9}  # fmt: skip
+    saved = labelsets(s, sm.PLAN_GPU_HOURS_SAVED, **a, mode="native")
+    assert sorted(x["bound"] for x in saved) == ["estimate", "lower"]
     assert value(s, sm.PLAN_KV_USAGE.name, **a) == 0.83
     assert value(s, sm.PLAN_KV_DEMAND_PEAK.name, **a, bound="lower") == 1.2e6
     assert value(s, sm.PLAN_KV_DEMAND_PEAK_OF_CAPACITY.name, **a, bound="upper") == 1.9e6 / 2e6
@@ -201,7 +235,8 @@ def test_render_plan_metrics_none_figures_omitted_never_nan(two_plans: Store) ->
     assert all(math.isfinite(v) for rows in s.values() for _, v in rows)
     assert [x["bound"] for x in labelsets(s, sm.PLAN_BREAKEVEN_KV_USAGE, **b)] == ["estimate"]
     assert labelsets(s, sm.PLAN_BREAKEVEN_KV_USAGE, **b, mode="native") == []
-    assert labelsets(s, sm.PLAN_THROUGHPUT_GAIN, **b) == []
+    assert labelsets(s, sm.PLAN_CAPACITY_RATIO, **b) == []
+    assert labelsets(s, sm.PLAN_ENGINES_NEEDED, **b) == []
     assert labelsets(s, sm.PLAN_TIME_TO_SATURATION, **b) == []
     assert value(s, sm.PLAN_SATURATION_PROBABILITY.name, **b) == 0.0  # 0 is a figure, kept
     # demand in engines' worth of KV: no _tokens series, the fraction of capacity instead

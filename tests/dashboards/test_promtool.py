@@ -44,11 +44,11 @@ from collector.selfmetrics import (
     COLLECTOR_LAST_SUCCESSFUL_TICK,
     COLLECTOR_SCRAPES,
     PLAN_AGE,
+    PLAN_CAPACITY_RATIO,
     PLAN_DEPLOYED_MODE,
     PLAN_FORECAST_HORIZON,
     PLAN_MODES,
     PLAN_SATURATION_PROBABILITY,
-    PLAN_THROUGHPUT_GAIN,
     PLAN_TIME_TO_SATURATION,
 )
 from dashboards.alerts import ALERTS, Alert
@@ -381,22 +381,29 @@ def _plan(metric: object, value: float, samples: int = 61, **labels: str) -> Ser
     return S(metric, {**PLAN, **labels}, flat(value, samples))
 
 
-def _gain(mode: str, estimate: float, lower: float, upper: float) -> tuple[Series, ...]:
+def _ratio(mode: str, estimate: float, lower: float, upper: float | None) -> tuple[Series, ...]:
+    """The capacity ratio's series; upper None: a lower bound (no upper series)."""
     figures = {"estimate": estimate, "lower": lower, "upper": upper}
-    return tuple(_plan(PLAN_THROUGHPUT_GAIN, v, mode=mode, bound=b) for b, v in figures.items())
+    return tuple(
+        _plan(PLAN_CAPACITY_RATIO, v, mode=mode, bound=b)
+        for b, v in figures.items()
+        if v is not None
+    )
 
 
 def _deployed(mode: str) -> tuple[Series, ...]:
     return tuple(_plan(PLAN_DEPLOYED_MODE, float(m == mode), mode=m) for m in PLAN_MODES)
 
 
-_NATIVE_LOSES = _gain("native", -0.1, -0.15, -0.05) + _gain("lmcache", 0.1, 0.05, 0.2)
-_NATIVE_LOSING = Fired({**PLAN, "mode": "native", "bound": "upper"}, -0.05)
+_NATIVE_LOSES = _ratio("native", 0.9, 0.85, 0.95) + _ratio("lmcache", 1.1, 1.05, 1.2)
+_NATIVE_LOSING = Fired({**PLAN, "mode": "native", "bound": "upper"}, 0.95)
 PAYOFF_CASES = (
-    Case("KvscopeOffloadNotPayingOff", "deployed_mode_upper_gain_below_zero", "fires",
+    Case("KvscopeOffloadNotPayingOff", "deployed_mode_upper_ratio_below_one", "fires",
          _NATIVE_LOSES + _deployed("native"), (("20m", ()), firing("40m", _NATIVE_LOSING))),
-    Case("KvscopeOffloadNotPayingOff", "upper_gain_above_zero", "quiet",
-         _gain("native", -0.03, -0.1, 0.02) + _deployed("native"), quiet("40m")),
+    Case("KvscopeOffloadNotPayingOff", "upper_ratio_above_one", "quiet",
+         _ratio("native", 0.97, 0.9, 1.02) + _deployed("native"), quiet("40m")),
+    Case("KvscopeOffloadNotPayingOff", "lower_bound_only", "quiet",
+         _ratio("native", 0.8, 0.7, None) + _deployed("native"), quiet("40m")),
     Case("KvscopeOffloadNotPayingOff", "losing_mode_not_deployed", "quiet",
          _NATIVE_LOSES + _deployed("lmcache"), quiet("40m")),
     Case("KvscopeOffloadNotPayingOff", "nothing_deployed", "quiet",
@@ -404,7 +411,7 @@ PAYOFF_CASES = (
     Case("KvscopeOffloadNotPayingOff", "deployed_mode_unknown", "absent", _NATIVE_LOSES,
          quiet("40m")),
     Case("KvscopeOffloadNotPayingOff", "no_series", "absent", (), quiet("40m")),
-    Case("KvscopeOffloadNotPayingOff", "both_deployed_native_upper_gain_below_zero", "fires",
+    Case("KvscopeOffloadNotPayingOff", "both_deployed_native_upper_ratio_below_one", "fires",
          _NATIVE_LOSES + _deployed("both"), (firing("40m", _NATIVE_LOSING),)),
 )  # fmt: skip
 
