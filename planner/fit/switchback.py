@@ -208,13 +208,16 @@ def _time_blocks(blocks: Sequence[Block]) -> Array:
 
 
 def _identified(x: Array, j: int) -> bool:
-    """Whether column ``j`` of ``x`` is not a linear combination of the others."""
+    """Whether column ``j`` of ``x`` is not a linear combination of the others: its squared
+    distance from their span (the Schur complement of X'X) is not ~0."""
     import numpy as np
 
-    others = np.delete(x, j, axis=1)
-    coef, *_ = np.linalg.lstsq(others, x[:, j], rcond=None)
-    resid = x[:, j] - others @ coef
-    return float(resid @ resid) > 1e-9 * max(float(x[:, j] @ x[:, j]), 1e-300)
+    xtx = x.T @ x
+    others = np.delete(np.arange(x.shape[1]), j)
+    cross = xtx[others, j]
+    coef, *_ = np.linalg.lstsq(xtx[np.ix_(others, others)], cross, rcond=None)
+    left = float(xtx[j, j] - cross @ coef)
+    return left > 1e-9 * max(float(xtx[j, j]), 1e-300)
 
 
 def _dummies(codes: npt.NDArray[np.int64]) -> Array:
