@@ -10,7 +10,8 @@ Blocks and time blocks
 ----------------------
 A *switching* engine is one whose rows carry two or more offload modes
 (:func:`find_switchbacks`); its *blocks* are the maximal runs of its windows, sorted by
-start, in one mode (:func:`switchback_blocks`). The block starts of every switching engine
+start, in one mode (:func:`switchback_blocks`; consecutive blocks of one mode in a schedule
+are one block here). The block starts of every switching engine
 cut the calendar into *time blocks* ``[start, next start)`` (the last ends where the last
 block ends); every engine's windows fall into them, so the controls' windows of a time block
 measure its common level. Windows outside the span of the switchback are left out.
@@ -31,10 +32,10 @@ is randomized (planner/plan/design.py's :func:`switchback_schedule`).
 Carry-over: after a switch the CPU tier fills (or empties) and the prefix cache of the
 restarted engine is cold, so the first ``washout_s`` seconds of every block but an engine's
 first are dropped from that engine (Bojinov, Simchi-Levi & Zhao 2023, "Design and analysis
-of switchback experiments", Management Science 69(7): estimators under carry-over of order m
-use only the periods whose last m assignments agree). Windows of other offload modes, with
-a missing or (log scale) non-positive outcome, or with a missing covariate are dropped too;
-``dropped`` counts each reason.
+of switchback experiments", Management Science 69(7): under carry-over of order m their
+estimator uses only the periods whose assignment agrees with the m before it). Windows of
+other offload modes, with a missing or (log scale) non-positive outcome, or with a missing
+covariate are dropped too; ``dropped`` counts each reason.
 
 Uncertainty
 -----------

@@ -10,9 +10,9 @@
 
 Block length. The mean of L windows of a series with integrated autocorrelation time τ has
 the variance of L/τ independent windows (Sokal 1997, "Monte Carlo methods in statistical
-mechanics: foundations and new algorithms", in Functional Integration, Springer, section
-3), and two adjacent block means are nearly independent once L is several τ; the washout
-after each switch (dropped by the fit) comes on top.
+mechanics: foundations and new algorithms", in Functional Integration, Springer), and two
+adjacent block means are nearly independent once L is several τ; the washout after each
+switch (dropped by the fit) comes on top.
 
 Schedule. Bojinov, Simchi-Levi & Zhao (2023, "Design and analysis of switchback
 experiments", Management Science 69(7)) randomize the assignment of every block; this is
@@ -74,7 +74,7 @@ def autocorrelation_time(
     equally spaced series (NaN: a missing window); a mean of L windows has the variance of
     L/τ independent ones. ρ: statsmodels' ``acf`` up to ``max_lag`` (missing values
     "conservative"). ``method="sokal"``: summed up to Sokal's automatic window, the smallest
-    M with M >= 5·τ(M) (``max_lag`` when none is; Sokal 1997, section 3); ``"geyer"``: the
+    M with M >= 5·τ(M) (``max_lag`` when none is; Sokal 1997); ``"geyer"``: the
     initial monotone sequence estimator (Geyer 1992, "Practical Markov chain Monte Carlo",
     Statistical Science 7(4)), which also handles negative correlation (Sokal's window
     can stop at lag 1 there and give τ ≈ 0). A series with no variation has τ = 1."""
