@@ -1,0 +1,502 @@
+"""The offload effect on one canary engine switched on and off in blocks of time (a switchback).
+
+With one engine per arm a comparison between engines cannot separate the engine from the
+mode. A *switchback* runs offload on a canary in alternating blocks of time; the frame then
+holds rows of the same engine in different modes (planner/frames/groups.py gives each row
+the mode of the engine's regime at its start), while the other engines (controls) keep
+their mode and measure what changes with time alone.
+
+Blocks and time blocks
+----------------------
+A *switching* engine is one whose rows carry two or more offload modes
+(:func:`find_switchbacks`); its *blocks* are the maximal runs of its windows, sorted by
+start, in one mode (:func:`switchback_blocks`; consecutive blocks of one mode in a schedule
+are one block here). The block starts of every switching engine
+cut the calendar into *time blocks* ``[start, next start)`` (the last ends where the last
+block ends); every engine's windows fall into them, so the controls' windows of a time block
+measure its common level. Windows outside the span of the switchback are left out.
+
+Model
+-----
+For window i of engine e in time block b, with d_i = 1 when the row's mode is ``offload``
+and 0 when it is ``none``, and z the traffic-mix covariates given (centred),
+
+    y_i = α_e + τ_b + β·d_i + z_i'γ + ε_i ,   weighted by w_i (requests, at least 1),
+
+y = log outcome by default (the effect is a ratio: ``ratio`` = exp β). β compares each
+switching engine with itself, on against off, net of what the controls saw in the same
+time blocks. Without a control (and one switching schedule) τ_b is not identified apart
+from β; the fit then drops τ_b and says so: a time trend then biases β unless the schedule
+is randomized (planner/plan/design.py's :func:`switchback_schedule`).
+
+Carry-over: after a switch the CPU tier fills (or empties) and the prefix cache of the
+restarted engine is cold, so the first ``washout_s`` seconds of every block but an engine's
+first are dropped from that engine (Bojinov, Simchi-Levi & Zhao 2023, "Design and analysis
+of switchback experiments", Management Science 69(7): under carry-over of order m their
+estimator uses only the periods whose assignment agrees with the m before it). Windows of
+other offload modes, with a missing or (log scale) non-positive outcome, or with a missing
+covariate are dropped too; ``dropped`` counts each reason.
+
+Uncertainty
+-----------
+The units are time blocks, never windows: errors are clustered by time block with the
+bias-reduced CR2 and the Bell–McCaffrey degrees of freedom of the β contrast
+(planner/fit/cr2.py, via planner.fit.common.ols_robust; few clusters need it: Imbens &
+Kolesár 2016; Pustejovsky & Tipton 2018); the interval is β ± t(ν)·se at ``level``.
+``cov="hac"``: Driscoll–Kraay (statsmodels ``cov_type="hac-groupsum"``: scores summed over
+engines per window, then Newey–West with Bartlett weights over the window series, ``maxlags``
+the median block length in windows, small-sample factor n/(n − p)) with t(G − 1), G the
+time blocks. Both assume blocks (in HAC: windows further apart than a block) independent
+once τ_b is removed; autocorrelation that outlasts a block makes both too narrow
+(planner/plan/design.py sizes blocks from the integrated autocorrelation time).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
+
+from planner.fit.common import (
+    Estimate,
+    FitResult,
+    Interval,
+    check_level,
+    fmt,
+    nan_interval,
+    ols_robust,
+    recorded_warnings,
+    require_history,
+    t_quantile,
+)
+
+if TYPE_CHECKING:
+    import numpy as np
+    import numpy.typing as npt
+    import pandas as pd
+
+    Array = npt.NDArray[np.float64]
+
+NO_OFFLOAD = "none"
+UNKNOWN_MODE = "unknown"
+DEFAULT_WASHOUT_S = 300.0
+COV_TYPES = ("cr2", "hac")
+
+__all__ = ["Block", "SwitchbackFit", "engine_keys", "find_switchbacks", "fit_switchback",
+           "switchback_blocks"]  # fmt: skip
+
+
+@dataclass(frozen=True, slots=True)
+class Block:
+    """A maximal run of one engine's windows in one offload mode: ``[start, end)`` with
+    ``start`` its first window's start and ``end`` the next block's first start (the last
+    block: its last window's end); ``windows`` rows in it."""
+
+    engine: str
+    mode: str
+    start: float
+    end: float
+    windows: int
+
+
+@dataclass(frozen=True, slots=True)
+class SwitchbackFit(FitResult):
+    """``estimate`` = β, the offload effect on ``outcome`` (log scale when ``log``) with its
+    ``interval`` at ``interval.level`` over time blocks (module docstring)."""
+
+    offload: str
+    outcome: str
+    log: bool
+    ratio: Estimate  # exp β and its interval (NaN unless ``log``)
+    se: float
+    df: float
+    cov_type: str  # "CR2" | "HAC" | "none"
+    blocks_by_arm: tuple[tuple[str, int], ...]  # switching engines' blocks with windows used
+    windows_by_arm: tuple[tuple[str, int], ...]  # switching engines' windows used
+    switching: tuple[str, ...]
+    controls: tuple[str, ...]
+    time_blocks: int
+    time_effects: bool  # τ_b in the model (False without a control)
+    dropped: tuple[tuple[str, int], ...]  # (reason, windows)
+    washout_s: float
+
+
+def engine_keys(frame: pd.DataFrame) -> npt.NDArray[np.object_]:
+    """``source/engine`` per row (``source`` when the engine label is empty), the engine
+    key planner.frames.groups.GroupSlice.engines uses."""
+    import numpy as np
+
+    src = frame["source"].astype(str).to_numpy(dtype=object)
+    if "engine" not in frame.columns:
+        return src
+    eng = frame["engine"].fillna("").astype(str).to_numpy(dtype=object)
+    out: npt.NDArray[np.object_] = np.where(eng == "", src, src + "/" + eng)
+    return out
+
+
+def _modes(frame: pd.DataFrame) -> npt.NDArray[np.object_]:
+    out: npt.NDArray[np.object_] = (
+        frame["offload_mode"].fillna(UNKNOWN_MODE).astype(str).to_numpy(dtype=object)
+    )
+    return out
+
+
+def find_switchbacks(frame: pd.DataFrame) -> tuple[str, ...]:
+    """Engine keys (sorted) whose rows carry two or more known offload modes."""
+    import pandas as pd
+
+    if not len(frame) or "offload_mode" not in frame.columns:
+        return ()
+    keys, modes = engine_keys(frame), _modes(frame)
+    known = modes != UNKNOWN_MODE
+    pairs = pd.DataFrame({"key": keys[known], "mode": modes[known]})
+    counts = pairs.groupby("key")["mode"].nunique()
+    return tuple(sorted(str(k) for k in counts.index[counts.to_numpy() >= 2]))
+
+
+def _runs(
+    starts: Array, modes: npt.NDArray[np.object_], window_s: float, engine: str
+) -> list[Block]:
+    """Blocks of one engine's rows, already sorted by start."""
+    import numpy as np
+
+    if not starts.size:
+        return []
+    cut = np.flatnonzero(modes[1:] != modes[:-1]) + 1
+    first = np.concatenate([[0], cut])
+    last = np.concatenate([cut, [starts.size]])
+    out = []
+    for a, b in zip(first.tolist(), last.tolist(), strict=True):
+        end = float(starts[b]) if b < starts.size else float(starts[b - 1]) + window_s
+        out.append(Block(engine, str(modes[a]), float(starts[a]), end, b - a))
+    return out
+
+
+def _window_s(frame: pd.DataFrame) -> float:
+    import numpy as np
+
+    if "window_s" in frame.columns:
+        w = frame["window_s"].to_numpy(dtype=float)
+        w = w[np.isfinite(w) & (w > 0)]
+        if w.size:
+            return float(np.median(w))
+    s = np.unique(frame["start"].to_numpy(dtype=float))
+    gaps = np.diff(s)
+    return float(np.median(gaps)) if gaps.size else 60.0
+
+
+def switchback_blocks(frame: pd.DataFrame, engine: str) -> tuple[Block, ...]:
+    """The blocks of ``engine`` (an engine key): maximal runs of its windows, sorted by
+    start, in one offload mode (a missing mode counts as ``unknown``)."""
+    import numpy as np
+
+    if not len(frame):
+        return ()
+    rows = np.flatnonzero(engine_keys(frame) == engine)
+    starts = frame["start"].to_numpy(dtype=float)[rows]
+    order = np.argsort(starts, kind="stable")
+    modes = _modes(frame)[rows][order]
+    return tuple(_runs(starts[order], modes, _window_s(frame), engine))
+
+
+def _time_blocks(blocks: Sequence[Block]) -> Array:
+    """Cut points of the time blocks: every block start, then the last block end."""
+    import numpy as np
+
+    cuts = sorted({b.start for b in blocks} | {max(b.end for b in blocks)})
+    return np.asarray(cuts, dtype=float)
+
+
+def _identified(x: Array, j: int) -> bool:
+    """Whether column ``j`` of ``x`` is not a linear combination of the others: its squared
+    distance from their span (the Schur complement of X'X) is not ~0."""
+    import numpy as np
+
+    xtx = x.T @ x
+    others = np.delete(np.arange(x.shape[1]), j)
+    cross = xtx[others, j]
+    coef, *_ = np.linalg.lstsq(xtx[np.ix_(others, others)], cross, rcond=None)
+    left = float(xtx[j, j] - cross @ coef)
+    return left > 1e-9 * max(float(xtx[j, j]), 1e-300)
+
+
+def _dummies(codes: npt.NDArray[np.int64]) -> Array:
+    """Indicator columns of every code but the first (the intercept carries it)."""
+    import numpy as np
+
+    levels = int(codes.max()) + 1 if codes.size else 0
+    out: Array = (codes[:, None] == np.arange(1, levels)[None, :]).astype(np.float64)
+    return out
+
+
+def fit_switchback(
+    frame: pd.DataFrame,
+    *,
+    offload: str,
+    outcome: str,
+    log: bool = True,
+    weight: str | None = "requests",
+    covariates: Sequence[str] = (),
+    level: float = 0.90,
+    min_blocks_per_arm: int = 2,
+    washout_s: float = DEFAULT_WASHOUT_S,
+    cov: str = "cr2",
+    min_windows: int = 30,
+) -> SwitchbackFit:
+    """The offload effect β of the switchback model (module docstring) of ``offload``
+    against ``none`` on ``outcome``. Raises InsufficientHistory when fewer than
+    ``min_windows`` windows of the two modes have a usable outcome."""
+    import numpy as np
+    import pandas as pd
+
+    from collector.errors import ConfigError
+    from planner.fit.gain_curve import window_weights
+
+    check_level(level)
+    if cov not in COV_TYPES:
+        raise ConfigError(f"cov must be one of {', '.join(COV_TYPES)}: {cov!r}")
+    if offload in (NO_OFFLOAD, UNKNOWN_MODE):
+        raise ConfigError(f"offload must name an offload mode, not {offload!r}")
+    if washout_s < 0:
+        raise ConfigError(f"washout_s must be >= 0: {washout_s}")
+    if min_blocks_per_arm < 1:
+        raise ConfigError(f"min_blocks_per_arm must be >= 1: {min_blocks_per_arm}")
+    missing = [c for c in covariates if c not in frame.columns]
+    if missing:
+        raise ConfigError(f"covariates not in the frame: {', '.join(missing)}")
+    what = f"offload effect on {outcome} ({offload} vs none, switchback)"
+    need = ("source", "start", "offload_mode", outcome)
+    if not len(frame) or not all(c in frame.columns for c in need):
+        require_history(what, 0, min_windows)
+    window_s = _window_s(frame)
+    keys = engine_keys(frame)
+    modes = _modes(frame)
+    starts = frame["start"].to_numpy(dtype=float)
+    y_raw = frame[outcome].to_numpy(dtype=float)
+    in_pair = (modes == NO_OFFLOAD) | (modes == offload)
+    bad_y = ~np.isfinite(y_raw) | ((y_raw <= 0.0) if log else False)
+    require_history(what, int((in_pair & ~bad_y).sum()), min_windows)
+
+    # switching engines of this comparison, their blocks, the washout after each switch
+    pair_frame = pd.DataFrame({"key": keys[in_pair], "mode": modes[in_pair]})
+    n_modes = pair_frame.groupby("key")["mode"].nunique()
+    switching = tuple(sorted(str(k) for k in n_modes.index[n_modes.to_numpy() >= 2]))
+    blocks: list[Block] = []
+    washed = np.zeros(len(frame), dtype=bool)
+    block_of = np.full(len(frame), -1, dtype=np.int64)  # index into ``blocks``
+    for key in switching:
+        rows = np.flatnonzero(keys == key)
+        rows = rows[np.argsort(starts[rows], kind="stable")]
+        runs = _runs(starts[rows], modes[rows], window_s, key)
+        pos = 0
+        for i, b in enumerate(runs):
+            these = rows[pos : pos + b.windows]
+            pos += b.windows
+            block_of[these] = len(blocks)
+            if i > 0:
+                washed[these] = starts[these] < b.start + washout_s
+            blocks.append(b)
+    controls = tuple(sorted({str(k) for k in keys[in_pair]} - set(switching)))
+
+    level_nan = nan_interval(level)
+    base = SwitchbackFit(
+        what=what, estimate=math.nan, interval=level_nan, unit=f"log {outcome}" if log
+        else outcome, n=0, method="", assumptions=(), basis=(), warnings=(), can_tell=False,
+        why="", offload=offload, outcome=outcome, log=log,
+        ratio=Estimate(math.nan, level_nan, "ratio"), se=math.nan, df=math.nan,
+        cov_type="none", blocks_by_arm=((NO_OFFLOAD, 0), (offload, 0)),
+        windows_by_arm=((NO_OFFLOAD, 0), (offload, 0)), switching=switching, controls=controls,
+        time_blocks=0, time_effects=False, dropped=(), washout_s=float(washout_s),
+    )  # fmt: skip
+    if not switching:
+        return replace(
+            base,
+            why=f"no engine ran both none and {offload}: a switchback needs an engine whose "
+            "offload is switched on and off",
+        )
+
+    # time blocks from every switching engine's blocks; windows outside them are left out
+    cuts = _time_blocks(blocks)
+    cell = np.searchsorted(cuts, starts, side="right") - 1
+    outside = (cell < 0) | (cell >= cuts.size - 1)
+    z = frame[list(covariates)].to_numpy(dtype=float) if covariates else np.zeros((len(frame), 0))
+    bad_z = ~np.isfinite(z).all(axis=1)
+    steps = (
+        ("other offload modes", ~in_pair),
+        (f"outcome missing{' or <= 0' if log else ''}", bad_y),
+        (f"washout ({fmt(washout_s)} s after a switch)", washed),
+        ("outside the switchback's time blocks", outside),
+        ("a covariate missing", bad_z),
+    )
+    keep = np.ones(len(frame), dtype=bool)
+    dropped = []
+    for reason, mask in steps:
+        dropped.append((reason, int((keep & mask).sum())))
+        keep &= ~mask
+    dropped_t = tuple(dropped)
+    rows = np.flatnonzero(keep)
+    is_off = modes[rows] == offload
+    sw_rows = block_of[rows] >= 0
+    used_blocks = np.unique(block_of[rows][sw_rows])
+    per_arm = {m: sum(1 for i in used_blocks.tolist() if blocks[i].mode == m)
+               for m in (NO_OFFLOAD, offload)}  # fmt: skip
+    per_engine = {k: len({i for i in used_blocks.tolist() if blocks[i].engine == k})
+                  for k in switching}  # fmt: skip
+    arms = ((NO_OFFLOAD, per_arm[NO_OFFLOAD]), (offload, per_arm[offload]))
+    win_arms = (
+        (NO_OFFLOAD, int((sw_rows & ~is_off).sum())),
+        (offload, int((sw_rows & is_off).sum())),
+    )
+    controls = tuple(sorted({str(k) for k in keys[rows]} - set(switching)))
+    dropped_text = ", ".join(f"{c} {r}" for r, c in dropped_t if c) or "none"
+    fit = replace(
+        base,
+        n=int(rows.size),
+        blocks_by_arm=arms,
+        windows_by_arm=win_arms,
+        controls=controls,
+        dropped=dropped_t,
+        basis=(
+            f"switching engines: {', '.join(switching)}; controls: {len(controls)}",
+            f"blocks used: none {arms[0][1]}, {offload} {arms[1][1]}; windows of the "
+            f"switching engines: none {win_arms[0][1]}, {offload} {win_arms[1][1]}",
+            f"windows used {rows.size}; dropped: {dropped_text}",
+        ),
+    )
+    require_history(what, int(rows.size), min_windows)
+
+    # design: intercept, engine and time-block effects, the mode, centred covariates
+    weights, weighting = window_weights(frame.iloc[rows], weight)
+    w = np.ones(rows.size) if weights is None else weights
+    y = y_raw[rows]
+    y = np.log(y) if log else y
+    eng_codes = pd.factorize(keys[rows], sort=True)[0].astype(np.int64)
+    cell_codes = pd.factorize(cell[rows], sort=True)[0].astype(np.int64)
+    n_cells = int(cell_codes.max()) + 1
+    d = is_off.astype(np.float64)
+    zc = z[rows] - (w @ z[rows]) / w.sum() if covariates else z[rows]
+    time_fx = _dummies(cell_codes)
+    parts = [np.ones((rows.size, 1)), _dummies(eng_codes), time_fx, d[:, None], zc]
+    x = np.hstack(parts)
+    j = 1 + (int(eng_codes.max()) if rows.size else 0) + time_fx.shape[1]
+    sw = np.sqrt(w)
+    xs, ys = x * sw[:, None], y * sw
+    time_effects = True
+    if not _identified(xs, j):  # no control: τ_b and β are confounded
+        x = np.hstack([parts[0], parts[1], parts[3], parts[4]])
+        j -= time_fx.shape[1]
+        xs = x * sw[:, None]
+        time_effects = False
+    assumptions = [
+        f"{'log ' if log else ''}{outcome} = engine + time block + mode effect"
+        + (f" + {', '.join(covariates)} (centred)" if covariates else "")
+        + (": the effect is a ratio, the same in every block" if log else ""),
+        "time blocks independent once their common level is removed (the units of the "
+        "interval); autocorrelation outlasting a block makes it too narrow",
+        f"carry-over ends within the washout ({fmt(washout_s)} s after a switch)",
+        "the schedule of the switches does not follow the load (randomized)",
+    ]
+    if covariates:
+        assumptions.append("the covariates are not themselves changed by the offload mode")
+    if not time_effects:
+        assumptions.append(
+            "no control engine: time-block effects are confounded with the mode and left "
+            "out, so a time trend that follows the schedule biases the effect"
+        )
+    fit = replace(
+        fit,
+        time_blocks=n_cells,
+        time_effects=time_effects,
+        assumptions=tuple(assumptions),
+        basis=(*fit.basis, weighting),
+    )
+    short = [k for k, c in per_engine.items() if c < 2]
+    few = [f"{c} block{'s' if c != 1 else ''} of {m}" for m, c in arms if c < min_blocks_per_arm]
+    why = ""
+    if few:
+        why = (
+            f"only {' and '.join(few)} with windows after the washout; at least "
+            f"{min_blocks_per_arm} per arm are needed (the blocks, not the windows, are the "
+            "units)"
+        )
+    elif short:
+        why = (
+            f"fewer than 2 blocks with windows after the washout on {', '.join(short)}: "
+            "it shows one mode only"
+        )
+    if not _identified(xs, j):
+        return replace(fit, why=why or "the mode is not identified apart from the engines")
+
+    c = np.zeros(x.shape[1])
+    c[j] = 1.0
+    with recorded_warnings() as caught:
+        if cov == "cr2":
+            res = ols_robust(ys, xs, cell_codes, "CR2")
+            beta, var = float(res.params[j]), float(res.cov[j, j])
+            df = float(res.df(c)[0])
+            cov_type = "CR2"
+            method = (
+                f"{'WLS' if weights is not None else 'OLS'}, engine + time-block fixed "
+                f"effects; CR2 clustered by time block ({n_cells}), t with Bell–McCaffrey ν"
+            )
+        else:
+            beta, var, lags = _hac(
+                ys, xs, j=j, starts=starts[rows], window_s=window_s, blocks=blocks
+            )
+            df = float(n_cells - 1)
+            cov_type = "HAC"
+            method = (
+                f"{'WLS' if weights is not None else 'OLS'}, engine + time-block fixed "
+                f"effects; Driscoll–Kraay HAC over windows (Bartlett, {lags} lags), "
+                f"t with G − 1 = {n_cells - 1}"
+            )
+    se = math.sqrt(var) if var > 0 else math.nan
+    if not (math.isfinite(se) and math.isfinite(df) and df > 0):
+        return replace(
+            fit,
+            estimate=beta,
+            method=method,
+            cov_type=cov_type,
+            warnings=tuple(caught),
+            why=why or f"the interval is not defined (se {fmt(se)}, ν {fmt(df)})",
+        )
+    half = t_quantile(level, df) * se
+    interval = Interval(beta - half, beta + half, level)
+    ratio = (
+        Estimate(
+            math.exp(beta), Interval(math.exp(interval.lo), math.exp(interval.hi), level), "ratio"
+        )
+        if log
+        else Estimate(math.nan, level_nan, "ratio")
+    )
+    return replace(
+        fit,
+        estimate=beta,
+        interval=interval,
+        ratio=ratio,
+        se=se,
+        df=df,
+        cov_type=cov_type,
+        method=method,
+        warnings=tuple(caught),
+        can_tell=not why,
+        why=why,
+    )
+
+
+def _hac(
+    ys: Array, xs: Array, *, j: int, starts: Array, window_s: float, blocks: Sequence[Block]
+) -> tuple[float, float, int]:
+    """β, its Driscoll–Kraay variance and the lags used (module docstring)."""
+    import numpy as np
+    from statsmodels.regression.linear_model import OLS
+
+    lags = max(1, round(float(np.median([b.windows for b in blocks]))))
+    t = np.rint((starts - starts.min()) / window_s).astype(np.int64)
+    res = OLS(ys, xs).fit(
+        cov_type="hac-groupsum",
+        cov_kwds={"time": t, "maxlags": lags, "use_correction": "hac"},
+    )
+    cov = np.asarray(res.cov_params(), dtype=np.float64)
+    return float(res.params[j]), float(cov[j, j]), lags
