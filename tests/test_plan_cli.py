@@ -69,8 +69,8 @@ def test_plan_cli_json_shape_and_plots(db: str, tmp_path: Path) -> None:
     assert 0.05 <= d["decision"]["score"] <= 0.95
     assert set(d["fits"]) == {
         "preemption_knee",
-        "gain_native",
-        "gain_lmcache",
+        "equal_kv_native",
+        "equal_kv_lmcache",
         "prefill_mfu",
         "lmcache_hitrate",
     }

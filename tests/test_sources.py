@@ -311,6 +311,6 @@ def test_advise_json_reasons_carry_source_url_and_name_no_out_of_repo_path() -> 
     w = WhatIf("llama-3.1-8b", "h100", 1, 1000, 128, 4.0, 0.5, engines=2, duration_s=30.0)
     d = advise(w).to_dict()
     assert _check_reasons(d["decision"]) >= 1  # R2: short prompts, the GKE tests
-    r7 = [r for r in d["decision"]["reasons"] if r["rule"] == "R7_measured_gain"]
+    r7 = [r for r in d["decision"]["reasons"] if r["rule"] == "R7_capacity"]
     assert r7 and all(r["source_url"] is None for r in r7)  # simulated, not published
     _no_out_of_repo_path(json.dumps(d, allow_nan=False))

@@ -315,7 +315,7 @@ def _r7_capacity(s: RuleState) -> None:
             s.unknown(f"capacity at the SLO ({mode})")
             continue
         prov = fit.provenance
-        what = "measured capacity" if prov == "measured" else "simulated capacity"
+        what = "capacity at the SLO" if prov == "measured" else "simulated capacity"
         if not fit.can_tell or fit.ratio is None:
             s.unknown(f"{what} ({mode}) cannot tell: {fit.why or 'no reason given'}")
             continue

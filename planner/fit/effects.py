@@ -186,7 +186,7 @@ def fit_today(
             + (" (engines sharing one LMCache pool count once)" if shared else "")
             + "; run a switchback on the canary, or offload on more engines"
         )
-        effects = tuple(_cannot(o, level, why) for o in outcomes)
+        effects = tuple(cannot_effect(o, level, why) for o in outcomes)
         return TodayEffects(mode, ut, uc, et, ec, effects, bal, (), level, method,
                             assumptions, tuple(warns), False, why)  # fmt: skip
     covariates = [c for c in TRAFFIC if adjust]
@@ -207,7 +207,7 @@ def _count(values: npt.NDArray[np.object_]) -> int:
     return int(np.unique(values.astype(str)).size) if values.size else 0
 
 
-def _cannot(o: Outcome, level: float, why: str, windows: int = 0) -> Effect:
+def cannot_effect(o: Outcome, level: float, why: str, windows: int = 0) -> Effect:
     scale = "ratio" if o.log else "difference"
     return Effect(o.name, o.label, o.unit, scale, math.nan, math.nan, nan_interval(level),
                   math.nan, windows, False, why)  # fmt: skip
@@ -227,17 +227,17 @@ def _effect(  # noqa: PLR0917 - one outcome of fit_today, its arrays passed thro
     import numpy as np
 
     if o.name not in data.columns:
-        return _cannot(o, level, f"the windows have no {o.label}")
+        return cannot_effect(o, level, f"the windows have no {o.label}")
     y = data[o.name].to_numpy(dtype=float)
     ok = use & np.isfinite(y) & (y > 0 if o.log else True)
     for c in covariates:
         ok &= np.isfinite(cov[c].to_numpy(dtype=float))
     if min(int((ok & treated).sum()), int((ok & ~treated).sum())) < MIN_WINDOWS_PER_ARM:
-        return _cannot(o, level, f"fewer than {MIN_WINDOWS_PER_ARM} windows with {o.label} "
+        return cannot_effect(o, level, f"fewer than {MIN_WINDOWS_PER_ARM} windows with {o.label} "
                        "in an arm", int(ok.sum()))  # fmt: skip
     groups = np.unique(unit[ok].astype(str), return_inverse=True)[1].astype(np.int64)
     if min(_count(unit[ok & treated]), _count(unit[ok & ~treated])) < MIN_UNITS:
-        return _cannot(o, level, f"fewer than {MIN_UNITS} units report {o.label} in an arm",
+        return cannot_effect(o, level, f"fewer than {MIN_UNITS} units report {o.label} in an arm",
                        int(ok.sum()))  # fmt: skip
     w = weight[ok]
     control = float(np.average(y[ok & ~treated], weights=weight[ok & ~treated]))

@@ -70,6 +70,7 @@ from planner.fit.common import (
     require_history,
     t_quantile,
 )
+from planner.fit.units import engine_keys
 
 if TYPE_CHECKING:
     import numpy as np
@@ -120,19 +121,6 @@ class SwitchbackFit(FitResult):
     time_effects: bool  # τ_b in the model (False without a control)
     dropped: tuple[tuple[str, int], ...]  # (reason, windows)
     washout_s: float
-
-
-def engine_keys(frame: pd.DataFrame) -> npt.NDArray[np.object_]:
-    """``source/engine`` per row (``source`` when the engine label is empty), the engine
-    key planner.frames.groups.GroupSlice.engines uses."""
-    import numpy as np
-
-    src = frame["source"].astype(str).to_numpy(dtype=object)
-    if "engine" not in frame.columns:
-        return src
-    eng = frame["engine"].fillna("").astype(str).to_numpy(dtype=object)
-    out: npt.NDArray[np.object_] = np.where(eng == "", src, src + "/" + eng)
-    return out
 
 
 def _modes(frame: pd.DataFrame) -> npt.NDArray[np.object_]:

@@ -39,12 +39,16 @@ TRAFFIC = {
 
 
 def engine_keys(frame: pd.DataFrame) -> npt.NDArray[np.object_]:
-    """``source`` or ``source/engine`` per row (the key engine_frame's metadata uses)."""
+    """``source/engine`` per row (``source`` when the engine label is empty), the engine
+    key planner.frames.groups.GroupSlice.engines and engine_frame's metadata use."""
     import numpy as np
 
-    src = frame["source"].astype(str).to_numpy()
-    eng = frame["engine"].fillna("").astype(str).to_numpy()
-    return np.where(eng == "", src, np.char.add(np.char.add(src.astype(str), "/"), eng.astype(str)))
+    src = frame["source"].astype(str).to_numpy(dtype=object)
+    if "engine" not in frame.columns:
+        return src
+    eng = frame["engine"].fillna("").astype(str).to_numpy(dtype=object)
+    out: npt.NDArray[np.object_] = np.where(eng == "", src, src + "/" + eng)
+    return out
 
 
 def unit_keys(

@@ -257,7 +257,7 @@ def _plan(
         fits = skipped_fits(f"fitted per model group ({len(groups)} groups): see groups")
     else:
         fits = run_fits(frame, hw, seed=run.seed)
-        verdicts = run_verdicts(frame, in_window, slo=run.slo)
+        verdicts = run_verdicts(frame, in_window, slo=run.slo, seed=run.seed)
     run.lap("fits")
     cap = kv_capacity(windows, {e.source: e.facts for e in in_window}, hw)
     fc = run_forecasts(

@@ -106,7 +106,7 @@ def _canary_series(
     import numpy as np
     import pandas as pd
 
-    from planner.fit.switchback import engine_keys
+    from planner.fit.units import engine_keys
 
     keys = engine_keys(frame)
     y = frame[outcome].to_numpy(dtype=float)
@@ -198,7 +198,7 @@ def block_sigma(
     import numpy as np
     import pandas as pd
 
-    from planner.fit.switchback import engine_keys
+    from planner.fit.units import engine_keys
 
     if block_s <= washout_s or window_s <= 0:
         raise ConfigError(f"block_s ({block_s}) must exceed washout_s ({washout_s})")

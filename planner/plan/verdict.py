@@ -21,7 +21,7 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from collector.errors import InsufficientHistory, KvscopeError
@@ -30,8 +30,10 @@ from planner.deploy.sizing import DEFAULT_HEADROOM, engine_bill, engine_capacity
 from planner.fit.capacity import CapacityComparison, Slo, fit_capacity
 from planner.fit.common import Interval
 from planner.fit.effects import TodayEffects, fit_today
-from planner.fit.units import unit_keys
+from planner.fit.units import engine_keys, unit_keys
 from planner.model.values import finite
+from planner.plan.proposal import propose
+from planner.plan.verdict_switchback import switchback_capacity, switchback_today, switching_for
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -47,13 +49,15 @@ CLAIM_LEVEL = 0.95  # the intervals a measured vote reads
 
 @dataclass(frozen=True, slots=True, eq=False)
 class ModeVerdict:
-    """One mode's estimands (None: not estimated, ``why`` says why) and its evidence."""
+    """One mode's estimands (None: not estimated, ``why`` says why), its evidence and, when
+    it cannot tell, the experiment that would settle it (planner/plan/proposal.py)."""
 
     mode: str
     today: TodayEffects | None
     capacity: CapacityComparison | None
     evidence: CapacityEvidence
     why: str = ""
+    experiment: Mapping[str, Any] | None = None
 
 
 def pools_of(engines: Sequence[EngineRecord]) -> dict[str, str]:
@@ -67,21 +71,60 @@ def pools_of(engines: Sequence[EngineRecord]) -> dict[str, str]:
 
 
 def run_verdicts(
-    frame: pd.DataFrame, engines: Sequence[EngineRecord], *, slo: Slo | None = None
+    frame: pd.DataFrame,
+    engines: Sequence[EngineRecord],
+    *,
+    slo: Slo | None = None,
+    seed: int = 0,
 ) -> dict[str, ModeVerdict]:
-    """Every mode's verdict (module docstring); a mode no engine ran is "cannot tell"."""
+    """Every mode's verdict (module docstring); a mode no engine ran is "cannot tell" with
+    the experiment that would start one (engines drawn at random with ``seed``)."""
     slo = slo or Slo()
     modes = set(frame["offload_mode"].astype(str)) if len(frame) else set()
-    units: Any = unit_keys(frame, pools_of(engines)) if len(frame) else []
+    pools = pools_of(engines)
     out = {}
     for mode in MODES:
-        if mode not in modes:
-            out[mode] = _cannot(mode, f"no engine ran {mode} offload")
-        elif "none" not in modes:
+        if "none" not in modes:
             out[mode] = _cannot(mode, "no engine ran without offload to compare with")
+            continue
+        switching = switching_for(frame, mode)
+        if switching:
+            out[mode] = _switchback(frame, switching, mode, slo, seed)
+        elif mode not in modes:
+            v = _cannot(mode, f"no engine ran {mode} offload")
+            out[mode] = replace(v, experiment=propose(frame, mode, switching=(),
+                                units_with_mode=0, pools=pools, seed=seed, why=v.why))  # fmt: skip
         else:
-            out[mode] = _verdict(frame, units, mode, slo)
+            v = _verdict(frame, unit_keys(frame, pools), mode, slo)
+            if not v.evidence.can_tell:
+                v = replace(v, experiment=propose(
+                    frame, mode, switching=(), units_with_mode=v.evidence.units[0],
+                    pools=pools, seed=seed, why=v.evidence.why))  # fmt: skip
+            out[mode] = v
     return out
+
+
+def _switchback(
+    frame: pd.DataFrame, switching: list[str], mode: str, slo: Slo, seed: int
+) -> ModeVerdict:
+    """A mode run as a switchback on ``switching[0]`` (planner/plan/verdict_switchback.py);
+    engines of other modes and the other switching engines are left out."""
+    import numpy as np
+
+    keys = engine_keys(frame)
+    modes = frame["offload_mode"].astype(str).to_numpy()
+    canary = switching[0]
+    rows = (keys == canary) | (np.isin(modes, ["none"]) & ~np.isin(keys, switching))
+    sub = frame[rows].reset_index(drop=True)
+    today = switchback_today(sub, mode, REPORT_LEVEL)
+    cap = switchback_capacity(sub, canary, mode, slo=slo, level=REPORT_LEVEL,
+                              claim_level=CLAIM_LEVEL, seed=seed)  # fmt: skip
+    ev = replace(capacity_evidence(cap), design="switchback")
+    experiment = None
+    if not ev.can_tell:
+        experiment = propose(sub, mode, switching=(canary,), units_with_mode=1, pools={},
+                             seed=seed, why=ev.why)  # fmt: skip
+    return ModeVerdict(mode, today, cap, ev, "", experiment)
 
 
 def _cannot(mode: str, why: str) -> ModeVerdict:
@@ -234,6 +277,7 @@ def verdict_section(
             "capacity_gain": v.evidence.text() if v.evidence.can_tell else None,
             "bill": None,
             "why": v.why or (v.evidence.why if not v.evidence.can_tell else ""),
+            "experiment": dict(v.experiment) if v.experiment else None,
         }
         if evidence is not None:
             entry["bill"] = _bill(evidence, v.evidence)

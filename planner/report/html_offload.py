@@ -7,7 +7,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from planner.report.html_parts import Html, _details, _e, _table
-from planner.report.verdict_text import bill_text, capacity_text, effect_text
+from planner.report.verdict_text import bill_text, capacity_text, effect_text, experiment_lines
 
 
 def _mode(mode: str, m: Mapping[str, Any]) -> Html:
@@ -28,9 +28,12 @@ def _mode(mode: str, m: Mapping[str, Any]) -> Html:
     notes = [*((t or {}).get("warnings") or []), *((t or {}).get("assumptions") or [])]
     cap = m.get("capacity") or {}
     notes += [cap.get("method"), *(cap.get("assumptions") or [])]
+    plan = experiment_lines(m.get("experiment"))
+    proposal = "".join(f"<p>{_e(line)}</p>" for line in plan)
     return Html(
         head
         + _table(("figure", "value", "basis"), rows, (1,))
+        + proposal
         + _details("method, assumptions and warnings", notes)
     )
 

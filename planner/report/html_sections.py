@@ -29,7 +29,7 @@ from planner.report.html_parts import (
     _table,
     _ul,
 )
-from planner.report.plan_text import experiment_lines, saturation_probability
+from planner.report.plan_text import saturation_probability
 
 __all__: list[str] = []
 
@@ -190,15 +190,8 @@ def _fit_row(name: str, f: Mapping[str, Any]) -> Sequence[object]:
 def _fits(d: Mapping[str, Any], anchor: str) -> Html:
     rows = [_fit_row(name, f) for name, f in (d.get("fits") or {}).items()]
     head = ("fit", "estimate", "interval", "n", "what", "can tell", "method, basis")
-    plans = "".join(
-        f"<h3>{_e(name)}: the experiment that settles it</h3><ul>"
-        + "".join(f"<li>{_e(line)}</li>" for line in experiment_lines(f["experiment"]))
-        + "</ul>"
-        for name, f in (d.get("fits") or {}).items()
-        if f.get("experiment")
-    )
     return Html(
-        f'<section id="{_e(anchor)}"><h2>Fits</h2>{_table(head, rows, (1, 2, 3))}{plans}</section>'
+        f'<section id="{_e(anchor)}"><h2>Fits</h2>{_table(head, rows, (1, 2, 3))}</section>'
     )
 
 

@@ -128,31 +128,7 @@ def _fits(d: Mapping[str, Any]) -> list[str]:
             )
         note = "" if f["can_tell"] else f"  (cannot tell: {f['why']})"
         lines.append(f"  {name:<16} {text}{note}")
-    for name, f in d["fits"].items():
-        if f.get("experiment"):
-            lines += [f"  {name} — the experiment that settles it:"]
-            lines += [f"    {line}" for line in experiment_lines(f["experiment"])]
     return lines
-
-
-def experiment_lines(x: Mapping[str, Any]) -> list[str]:
-    """A planned A/B (planner/plan/experiment.py): the design, its targets, assumptions and
-    the configs for the switched engines."""
-    out = [str(x["text"])]
-    for t in x["targets"]:
-        out.append(
-            f"target {t['what']} at KV use {t['u']:.2f}: se {t['se_now']:.3g} now → "
-            f"{t['se_planned']:.3g} planned (needed {t['se_needed']:.3g}), power "
-            f"{_pct(t['power'])}"
-        )
-    out += [f"assumes: {a}" for a in x["assumptions"]]
-    if not x["switch"]:
-        return [*out, "no engine to switch: the deployed configs stay"]
-    for key, cmd in (x.get("configs") or {}).items():
-        out.append(f"{key} (on {', '.join(x['switch'])}): {cmd}")
-    if x.get("configs_why"):
-        out.append(str(x["configs_why"]))
-    return out
 
 
 def _forecast(d: Mapping[str, Any]) -> list[str]:

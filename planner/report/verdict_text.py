@@ -140,4 +140,19 @@ def offload_lines(d: Mapping[str, Any]) -> list[str]:
             lines += [f"    warning: {w}" for w in t.get("warnings", [])]
         lines += _capacity_lines(m.get("capacity"))
         lines += _bill_lines(m.get("bill"), mode)
+        lines += [f"    {x}" for x in experiment_lines(m.get("experiment"))]
     return lines
+
+
+def experiment_lines(x: Mapping[str, Any] | None) -> list[str]:
+    """The experiment the plan proposes for a mode that cannot tell (planner/plan/proposal.py)."""
+    if not x:
+        return []
+    out = [f"the experiment that would settle it ({x['design']}): {x['text']}"]
+    if x.get("block_basis"):
+        out.append(f"  block length: {x['block_basis']}")
+    if x.get("assumes"):
+        out.append(f"  assumes: {x['assumes']}")
+    if x.get("schedule"):
+        out.append(f"  schedule: {' '.join(x['schedule'])}")
+    return out

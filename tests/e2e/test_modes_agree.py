@@ -151,10 +151,11 @@ def test_direct_and_prometheus_plans_of_one_cluster_agree(tmp_path: Path) -> Non
               v["fits"][g].get("interval"), v["fits"][g].get("can_tell"),
               (v["fits"][g].get("at_current_util") or {}).get("relative"),
               (v["fits"][g].get("at_current_util") or {}).get("u"))
-              for g in ("gain_native", "gain_lmcache")}) for k, v in plans.items()}  # fmt: skip
+              for g in ("equal_kv_native", "equal_kv_lmcache")})
+              for k, v in plans.items()}  # fmt: skip
     print(json.dumps({"stages": stages.done, "plans": report}))  # figures for the notes (-s)
     assert d["decision"]["mode"] == p["decision"]["mode"], report
-    for fit in ("gain_native", "gain_lmcache"):
+    for fit in ("equal_kv_native", "equal_kv_lmcache"):
         ra = d["fits"][fit].get("at_current_util") or {}
         rb = p["fits"][fit].get("at_current_util") or {}
         if ra.get("relative") is not None and rb.get("relative") is not None:

@@ -114,15 +114,15 @@ def test_advise_small_whatif_wires_simulation_into_evidence_and_is_seeded() -> N
     assert strip(a.simulated) == strip(b.simulated)  # same seed, same answer
     assert set(a.simulated["modes"]) == {"none", "native", "lmcache"}
     ev, sim = a.evidence, a.simulated["modes"]
-    for mode, gain in (("native", ev.native_gain), ("lmcache", ev.lmcache_gain)):
-        assert gain is not None and gain.gain is not None
-        assert gain.gain.estimate == pytest.approx(sim[mode]["throughput_gain"])
-        g = gain.gain.estimate
+    for mode, cap in (("native", ev.native_capacity), ("lmcache", ev.lmcache_capacity)):
+        assert cap is not None and cap.gain is not None
+        assert cap.gain.estimate == pytest.approx(sim[mode]["throughput_gain"])
+        g = cap.gain.estimate
         fits = BANDS["fits"]
-        assert gain.gain.hi - gain.gain.lo == pytest.approx(
+        assert cap.gain.hi - cap.gain.lo == pytest.approx(
             2 * (fits.absolute + fits.relative * abs(g))
         )
-        assert gain.provenance == "simulated"
+        assert cap.provenance == "simulated" and cap.interval_kind == "largest_in_sample_miss"
     capacity = hbm_kv_capacity_tokens(get_model("llama-3.1-8b"), get_gpu("h100"), 1)
     assert ev.engine_capacity == capacity // 16 * 16  # whole 16-token blocks
     assert ev.kv_util_p95 == pytest.approx(sim["none"]["kv_util_p95"])
@@ -134,7 +134,7 @@ def test_advise_small_whatif_wires_simulation_into_evidence_and_is_seeded() -> N
     assert d["cost_model"]["kv_bytes_per_token"] == 131_072  # [source: hf-llama-3.1-8b-config]
     assert len(d["cost_model"]["breakeven_context_by_tier"]) >= 9
     assert "simulated, not measured" in d["simulated"]["note"]
-    r7 = [r for r in d["decision"]["reasons"] if r["rule"] == "R7_measured_gain"]
+    r7 = [r for r in d["decision"]["reasons"] if r["rule"] == "R7_capacity"]
     assert len(r7) == 2  # native and lmcache: the gains came from the simulator, not a fit
     for r in r7:
         assert r["text"].startswith("simulated:") and r["source"].startswith("simulated:")

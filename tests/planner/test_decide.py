@@ -12,9 +12,9 @@ import pytest
 from collector.errors import ConfigError
 from planner.decide.decision import (
     RULE_IDS,
+    CapacityEvidence,
     Decision,
     Evidence,
-    GainEvidence,
     Thresholds,
     ValueCI,
     decide,
@@ -60,8 +60,13 @@ def reason(d: Decision, rule_id: str) -> Any:
     return next(r for r in d.reasons if r.rule_id == rule_id)
 
 
-def gain(estimate: float, lo: float, hi: float, **kw: Any) -> GainEvidence:
-    return GainEvidence(can_tell=True, gain=ValueCI(estimate, lo, hi), **kw)
+def gain(estimate: float, lo: float, hi: float, **kw: Any) -> CapacityEvidence:
+    """A capacity ratio of 1 + estimate [1 + lo, 1 + hi] (claim interval the same); a
+    simulated one carries the simulator's band (interval_kind)."""
+    iv = ValueCI(1 + estimate, 1 + lo, 1 + hi)
+    if kw.get("provenance") == "simulated":
+        kw.setdefault("interval_kind", "largest_in_sample_miss")
+    return CapacityEvidence(True, iv, iv, units=(2, 2), **kw)
 
 
 # ---- decision table -------------------------------------------------------------------------
@@ -228,56 +233,72 @@ def test_decide_unknown_tier_is_named() -> None:
 def test_decide_measured_negative_gain_overrides_prior_vote() -> None:
     prior = decide(ev(**PRESSURE))
     assert prior.mode == "native"
-    d = decide(ev(**PRESSURE, native_gain=gain(-0.06, -0.09, -0.03)))
+    d = decide(ev(**PRESSURE, native_capacity=gain(-0.06, -0.09, -0.03)))
     assert d.mode == "none"
-    assert "overrides the priors" in reason(d, "R7_measured_gain").text
+    assert "overrides the priors" in reason(d, "R7_capacity").text
     assert d.score > prior.score  # measured beats priors
 
 
 def test_decide_measured_positive_gain_overrides_short_prompt_prior() -> None:
-    d = decide(ev(prompt_tokens_p90=900, lmcache_gain=gain(0.2, 0.12, 0.28)))
+    d = decide(ev(prompt_tokens_p90=900, lmcache_capacity=gain(0.2, 0.12, 0.28)))
     assert d.mode == "lmcache"
-    assert any(s.startswith("measured: throughput-gain fit (lmcache)") for s in d.rests_on)
+    assert any(s.startswith("measured: capacity at the SLO (lmcache)") for s in d.rests_on)
 
 
 @pytest.mark.parametrize("provenance", ["measured", "simulated"])
 def test_decide_gain_reason_says_where_the_gain_came_from(provenance: str) -> None:
-    d = decide(ev(**PRESSURE, native_gain=gain(-0.06, -0.09, -0.03, provenance=provenance)))
-    r = reason(d, "R7_measured_gain")
+    d = decide(ev(**PRESSURE, native_capacity=gain(-0.06, -0.09, -0.03, provenance=provenance)))
+    r = reason(d, "R7_capacity")
     other = "simulated" if provenance == "measured" else "measured"
-    assert r.text.startswith(f"{provenance}: native offload lowers throughput")
+    assert r.text.startswith(f"{provenance}: an engine with native offload carries less load")
     assert r.source.startswith(f"{provenance}:") and other not in r.source
     assert r.numbers["provenance"] == provenance
     assert any(s.startswith(f"{provenance}: ") and "(native)" in s for s in d.rests_on)
     assert d.mode == "none"
-    # the same vote, the same score: only the wording follows the provenance
-    assert d.score == decide(ev(**PRESSURE, native_gain=gain(-0.06, -0.09, -0.03))).score
+    # the same vote; a simulated ratio weighs less than a measured one (DECIDER.md)
+    measured = decide(ev(**PRESSURE, native_capacity=gain(-0.06, -0.09, -0.03))).score
+    assert d.score == measured if provenance == "measured" else d.score < measured
 
 
 def test_gain_evidence_unknown_provenance_raises() -> None:
     with pytest.raises(ConfigError, match="provenance"):
-        GainEvidence(can_tell=False, provenance="guessed")
+        CapacityEvidence(can_tell=False, provenance="guessed")
 
 
 def test_decide_gain_straddling_zero_keeps_prior_and_lowers_score() -> None:
     sure = decide(ev(**PRESSURE))
-    unsure = decide(ev(**PRESSURE, native_gain=gain(0.01, -0.02, 0.04)))
+    unsure = decide(ev(**PRESSURE, native_capacity=gain(0.01, -0.02, 0.04)))
     assert unsure.mode == sure.mode == "native"
     assert unsure.score < sure.score
-    assert "indistinguishable" in reason(unsure, "R7_measured_gain").text
+    assert "indistinguishable" in reason(unsure, "R7_capacity").text
 
 
 def test_decide_fit_that_cannot_tell_is_named_unknown() -> None:
-    fit = GainEvidence(can_tell=False, why="only 3 windows with offload on")
-    d = decide(ev(**PRESSURE, native_gain=fit))
+    fit = CapacityEvidence(can_tell=False, why="only 3 windows with offload on")
+    d = decide(ev(**PRESSURE, native_capacity=fit))
     assert d.mode == "native"
     assert any("only 3 windows" in u for u in d.unknowns)
 
 
-def test_decide_breakeven_utilization_reported() -> None:
-    fit = gain(0.1, 0.05, 0.15, breakeven_util=ValueCI(0.82, 0.78, 0.86))
-    r = reason(decide(ev(**PRESSURE, native_gain=fit)), "R7_measured_gain")
-    assert r.numbers["breakeven_util"] == 0.82 and r.numbers["breakeven_hi"] == 0.86
+def test_decide_lower_bound_ratio_votes_on_never_off() -> None:
+    up = ValueCI(1.2, 1.1, 1.2)  # at least +10 %: the offload engines never missed the SLO
+    on = CapacityEvidence(True, up, up, lower_bound=True, units=(2, 4))
+    d = decide(ev(prompt_tokens_p90=900, native_capacity=on))
+    assert d.mode == "native" and "at least +10.0 %" in reason(d, "R7_capacity").text
+    low = ValueCI(0.9, 0.8, 0.9)  # a bound below 1 says nothing against the mode
+    off = CapacityEvidence(True, low, low, lower_bound=True, units=(2, 4))
+    d = decide(ev(**PRESSURE, native_capacity=off))
+    assert d.mode == "native" and "indistinguishable" in reason(d, "R7_capacity").text
+
+
+def test_decide_simulated_ratio_never_overrides_a_measured_one() -> None:
+    from planner.decide.rules import apply_rules
+    from planner.decide.rulestate import RuleState, Thresholds
+
+    s = RuleState(ev(**PRESSURE, native_capacity=gain(0.2, 0.1, 0.3)), Thresholds(), None,
+                  None, None, 0.5)  # fmt: skip
+    apply_rules(s)
+    assert s.votes["native"].on is True and s.votes["native"].basis == "measured"
 
 
 def test_decide_idle_deployed_connector_voted_off() -> None:
@@ -337,8 +358,8 @@ def test_decide_both_with_unknown_dram_keeps_one_and_names_it() -> None:
         # the two plans of one cluster in tests/e2e/test_modes_agree.py: a tie either way
         ((0.201, 0.115, 0.293), (0.230, 0.131, 0.338), "native", "the data cannot tell"),
         ((0.248, 0.187, 0.312), (0.234, 0.127, 0.352), "native", "the data cannot tell"),
-        ((0.10, 0.07, 0.13), (0.40, 0.35, 0.45), "lmcache", "the larger measured gain"),
-        ((0.40, 0.35, 0.45), (0.10, 0.07, 0.13), "native", "the larger measured gain"),
+        ((0.10, 0.07, 0.13), (0.40, 0.35, 0.45), "lmcache", "the larger measured capacity"),
+        ((0.40, 0.35, 0.45), (0.10, 0.07, 0.13), "native", "the larger measured capacity"),
     ],
 )
 def test_decide_unknown_dram_keeps_lmcache_only_when_it_measurably_beats_native(
@@ -349,8 +370,8 @@ def test_decide_unknown_dram_keeps_lmcache_only_when_it_measurably_beats_native(
             **PRESSURE,
             cross_engine_reuse=0.4,
             cpu_dram_per_node_gib=None,
-            native_gain=gain(*native),
-            lmcache_gain=gain(*lmcache),
+            native_capacity=gain(*native),
+            lmcache_capacity=gain(*lmcache),
         )
     )
     assert d.mode == keep
@@ -369,12 +390,12 @@ def test_decide_simulated_gains_keep_the_larger_even_inside_the_tolerance() -> N
             **PRESSURE,
             cross_engine_reuse=0.4,
             cpu_dram_per_node_gib=None,
-            native_gain=gain(0.153, 0.022, 0.283, **sim),
-            lmcache_gain=gain(0.270, 0.116, 0.424, **sim),
+            native_capacity=gain(0.153, 0.022, 0.283, **sim),
+            lmcache_capacity=gain(0.270, 0.116, 0.424, **sim),
         )
     )
     assert d.mode == "lmcache"
-    assert "keeping lmcache: the larger simulated gain" in reason(d, "R8_dram_for_both").text
+    assert "keeping lmcache: the larger simulated capacity" in reason(d, "R8_dram_for_both").text
 
 
 def test_lmcache_over_native_interval_adds_log_half_widths() -> None:
@@ -432,7 +453,11 @@ def test_decide_none_reports_no_risks() -> None:
 
 def test_decide_missing_evidence_lowers_score_and_names_fields() -> None:
     full = decide(
-        ev(**PRESSURE, native_gain=gain(0.1, 0.05, 0.15), lmcache_gain=gain(-0.02, -0.05, -0.01))
+        ev(
+            **PRESSURE,
+            native_capacity=gain(0.1, 0.05, 0.15),
+            lmcache_capacity=gain(-0.02, -0.05, -0.01),
+        )
     )
     sparse = decide(Evidence(kv_util_p95=0.97))
     assert full.score > sparse.score
@@ -441,7 +466,7 @@ def test_decide_missing_evidence_lowers_score_and_names_fields() -> None:
         "prompt_tokens_p90",
         "cross_engine_reuse",
         "model",
-        "throughput-gain fit (native)",
+        "capacity at the SLO (native)",
     ):
         assert any(u.startswith(name) for u in sparse.unknowns), name
     assert full.score_label == "high"
@@ -514,9 +539,9 @@ def test_interval_bad_values_raise(args: tuple[float, ...], match: str) -> None:
         ValueCI(*args)
 
 
-def test_gainfit_that_can_tell_needs_gain() -> None:
-    with pytest.raises(ConfigError, match="gain interval"):
-        GainEvidence(can_tell=True)
+def test_capacity_that_can_tell_needs_its_interval() -> None:
+    with pytest.raises(ConfigError, match="needs its interval"):
+        CapacityEvidence(can_tell=True)
 
 
 # ---- DECIDER.md ------------------------------------------------------------------------------

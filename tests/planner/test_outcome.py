@@ -12,15 +12,17 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator, Sequence
 from dataclasses import fields, replace
+from types import SimpleNamespace
+from typing import Any
 
 import pytest
 
 from collector.models import PlanRecord
 from collector.records import Window
 from collector.store import Store
-from planner.plan import GainCheck, PlanOutcome, accuracy_summary, score_plans
-from planner.plan.outcome import wilson
-from tests.planner.synthstore import fill_store, shifted_frame, sqlite_url
+from planner.decide.evidence import CapacityEvidence, Evidence, ValueCI
+from planner.plan import CapacityCheck, PlanOutcome, accuracy_summary, score_plans
+from planner.plan.outcome import _capacity_checks, wilson
 
 T0 = 1_764_000_000.0 // 3600 * 3600  # UTC-aligned, so 5-min buckets start on the hour
 SPLIT = T0 + 3600  # end of the plans' history, start of what they are scored on
@@ -100,7 +102,7 @@ def test_score_plans_band_holding_every_later_point_covers_all(store: Store) -> 
     assert (o.kv_points, o.kv_covered, o.coverage) == (12, 12, 1.0)
     assert o.level == 0.9 and not o.pending and o.horizon_end == END
     assert (o.saturation, o.saturated_at) == ("not_reached_as_predicted", None)
-    assert o.gains == ()
+    assert o.capacity == ()
 
 
 def test_score_plans_demand_jumping_above_the_band_covers_nothing(store: Store) -> None:
@@ -140,7 +142,7 @@ def test_score_plans_horizon_not_passed_is_pending(store: Store) -> None:
     ).values()
     assert not done.pending and done.coverage == 1.0
     assert waiting.pending and (waiting.kv_points, waiting.coverage) == (0, None)
-    assert (waiting.saturation, waiting.gains) == ("unknown", ())
+    assert (waiting.saturation, waiting.capacity) == ("unknown", ())
     summary = accuracy_summary(list(score_plans(store, now=NOW)))
     assert (summary["plans"], summary["scored"], summary["pending"]) == (2, 1, 1)
     assert summary["kv_demand"]["points"] == 12 and summary["kv_demand"]["coverage"] == 1.0
@@ -161,58 +163,64 @@ def test_score_plans_one_cluster_only(store: Store) -> None:
     assert {o.cluster for o in score_plans(store, "jump", now=NOW)} == {"jump"}
 
 
-# --------------------------------------------------------------------------- gains
+# --------------------------------------------------------------------------- capacity
 
 
-@pytest.fixture(scope="module")
-def synth(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, float]:
-    """6 engines (none / native / lmcache) × 240 windows of a known gain: gain(u) =
-    3000 × (u − break-even) tokens/s, break-even 0.7 native, 0.6 lmcache, on a base of
-    1500 + 9000 u (benchmarks/accuracy/fitsynth.py); the plans end at the middle."""
-    frame = shifted_frame(6, 240, seed=3)
-    url = sqlite_url(tmp_path_factory.mktemp("outcome") / "synth.db")
-    fill_store(url, frame)
-    return url, float(frame["start"].min()) + 120 * 60
+def capacity_plan(**headline: float | None) -> PlanRecord:
+    return PlanRecord("c", "", T0, T0 - 7200, T0, 7200.0, "test", "none", {}, headline)
 
 
-def gain_plan(until: float, key: int, **headline: float | None) -> PlanRecord:
-    return PlanRecord("synth", "", until, until - 7200 + key, until, 7200.0, "test", "none",
-                      {}, headline)  # fmt: skip
+def later_with(**capacity: CapacityEvidence) -> Any:
+    """What _capacity_checks reads of a later plan: its evidence."""
+    ev = Evidence(native_capacity=capacity.get("native_capacity"),
+                  lmcache_capacity=capacity.get("lmcache_capacity"))  # fmt: skip
+    return SimpleNamespace(evidence=ev)
 
 
-def test_score_plans_gain_measured_later_against_stored_interval(
-    synth: tuple[str, float],
+@pytest.mark.parametrize(
+    ("headline", "later", "expected"),
+    [
+        # two-sided interval, the later estimate inside
+        ({"capacity_native": 1.2, "capacity_native_lo": 1.1, "capacity_native_hi": 1.3},
+         {"native_capacity": CapacityEvidence(True, ValueCI(1.25, 1.1, 1.4))},
+         [("native", 1.25, True)]),
+        # the later estimate outside
+        ({"capacity_native": 1.2, "capacity_native_lo": 1.1, "capacity_native_hi": 1.3},
+         {"native_capacity": CapacityEvidence(True, ValueCI(1.5, 1.4, 1.6))},
+         [("native", 1.5, False)]),
+        # a lower bound (hi None) holds any later estimate above it
+        ({"capacity_lmcache": 1.2, "capacity_lmcache_lo": 1.1, "capacity_lmcache_hi": None},
+         {"lmcache_capacity": CapacityEvidence(True, ValueCI(2.0, 1.8, 2.2))},
+         [("lmcache", 2.0, True)]),
+        # the later plan gives only a bound: nothing measured
+        ({"capacity_native": 1.2, "capacity_native_lo": 1.1, "capacity_native_hi": 1.3},
+         {"native_capacity": CapacityEvidence(True, ValueCI(1.3, 1.2, 1.3), lower_bound=True)},
+         [("native", None, None)]),
+        # the later plan cannot tell
+        ({"capacity_native": 1.2, "capacity_native_lo": 1.1, "capacity_native_hi": 1.3},
+         {"native_capacity": CapacityEvidence(False, why="1 unit")},
+         [("native", None, None)]),
+        # the plan gave no interval: nothing to check
+        ({"capacity_native": None}, {}, []),
+    ],
+)  # fmt: skip
+def test_capacity_checks_later_estimate_against_stored_interval(
+    headline: dict[str, float | None],
+    later: dict[str, CapacityEvidence],
+    expected: list[tuple[str, float | None, bool | None]],
 ) -> None:
-    url, until = synth
-    u = 0.42
-    truth = 3000.0 * (u - 0.7) / (1500.0 + 9000.0 * u)  # ≈ −16 % at u = 0.42
-    with Store(url) as store:
-        wide, wrong, unknown_u = scored(
-            store,
-            gain_plan(until, 0, kv_util_now=u, gain_native_now=-0.1, gain_native_now_lo=-0.5,
-                      gain_native_now_hi=0.3),
-            gain_plan(until, 1, kv_util_now=u, gain_native_now=5.5, gain_native_now_lo=5.0,
-                      gain_native_now_hi=6.0, gain_lmcache_now=-0.1, gain_lmcache_now_lo=-0.5,
-                      gain_lmcache_now_hi=0.3),
-            gain_plan(until, 2, gain_native_now=-0.1, gain_native_now_lo=-0.5,
-                      gain_native_now_hi=0.3),
-            now=until + 7200,
-        ).values()  # fmt: skip
-    (g,) = wide.gains
-    assert g.mode == "native" and (g.predicted, g.lo, g.hi) == (-0.1, -0.5, 0.3)
-    assert g.measured is not None and abs(g.measured - truth) < 0.1 and g.inside is True
-    native, lmcache = wrong.gains
-    assert native.measured == g.measured and native.inside is False
-    assert lmcache.mode == "lmcache" and lmcache.inside is True
-    assert unknown_u.gains[0].measured is None and unknown_u.gains[0].inside is None
-    assert wide.saturation == "unknown" and wide.kv_points == 0  # no forecast in the plan
+    checks = _capacity_checks(capacity_plan(**headline), later_with(**later))
+    assert [(c.mode, c.measured, c.inside) for c in checks] == expected
 
 
 # --------------------------------------------------------------------------- the summary
 
 
 def outcome(
-    points: int, covered: int, saturation: str = "as_predicted", gains: Sequence[GainCheck] = ()
+    points: int,
+    covered: int,
+    saturation: str = "as_predicted",
+    gains: Sequence[CapacityCheck] = (),
 ) -> PlanOutcome:
     return PlanOutcome(1, "c", "", T0, END, 0.9, points, covered,
                        covered / points if points else None, saturation, None,
@@ -228,9 +236,9 @@ def test_wilson_known_values() -> None:
 
 
 def test_accuracy_summary_pools_points_verdicts_and_gains() -> None:
-    inside = GainCheck("native", 0.1, 0.0, 0.2, 0.15, True)
-    outside = GainCheck("lmcache", 0.1, 0.0, 0.2, 0.35, False)
-    blind = GainCheck("native", 0.1, 0.0, 0.2, None, None)
+    inside = CapacityCheck("native", 0.1, 0.0, 0.2, 0.15, True)
+    outside = CapacityCheck("lmcache", 0.1, 0.0, 0.2, 0.35, False)
+    blind = CapacityCheck("native", 0.1, 0.0, 0.2, None, None)
     pending = replace(outcome(0, 0, "unknown"), pending=True)
     s = accuracy_summary([outcome(30, 30, gains=[inside, blind]), outcome(20, 15, "earlier",
                           gains=[outside]), outcome(0, 0, "unknown"), pending])  # fmt: skip
@@ -242,7 +250,7 @@ def test_accuracy_summary_pools_points_verdicts_and_gains() -> None:
     assert s["saturation"] == {"as_predicted": 1, "earlier": 1, "later": 0,
                                "not_reached_as_predicted": 0, "reached_unpredicted": 0,
                                "unknown": 1}  # fmt: skip
-    g = s["gains"]
+    g = s["capacity"]
     assert (g["checks"], g["inside"], g["outside"], g["cannot_tell"]) == (3, 1, 1, 1)
     assert g["share"] == 0.5
     assert g["by_mode"]["native"]["inside"] == 1 and g["by_mode"]["lmcache"]["outside"] == 1
@@ -255,8 +263,8 @@ def test_accuracy_summary_nothing_scored_has_no_coverage() -> None:
 
 
 def test_plan_outcome_to_dict_json_ready() -> None:
-    d = outcome(10, 9, gains=[GainCheck("native", 0.1, 0.0, 0.2, math.nan, None)]).to_dict()
-    assert d["gains"] == [{"mode": "native", "predicted": 0.1, "lo": 0.0, "hi": 0.2,
+    d = outcome(10, 9, gains=[CapacityCheck("native", 0.1, 0.0, 0.2, math.nan, None)]).to_dict()
+    assert d["capacity"] == [{"mode": "native", "predicted": 0.1, "lo": 0.0, "hi": 0.2,
                            "measured": None, "inside": None}]  # fmt: skip
     assert d["coverage"] == 0.9 and d["pending"] is False
     assert set(d) >= {f.name for f in fields(PlanOutcome)}

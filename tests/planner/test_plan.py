@@ -106,10 +106,15 @@ def test_plan_synthetic_evidence_reads_fits_at_current_utilization(
     plan, _ = synth
     ev = plan.evidence
     assert (ev.model, ev.gpu, ev.tp, ev.engines) == ("llama-3.1-8b", "h100", TP, 6)
-    at = plan.fits["gain_native"]["at_current_util"]
+    at = plan.fits["equal_kv_native"]["at_current_util"]
     assert at["u"] == pytest.approx(ev.kv_util_p50, abs=0.05)  # nearest grid point
-    assert ev.native_gain is not None and ev.native_gain.gain is not None
-    assert ev.native_gain.gain.estimate == pytest.approx(at["relative"])
+    # the synthetic windows carry no TTFT or queue: capacity at the SLO cannot tell, and the
+    # equal-KV diagnostic is not read as one
+    assert ev.native_capacity is not None and not ev.native_capacity.can_tell
+    assert plan.offload is not None
+    native = plan.offload["modes"]["native"]
+    assert native["capacity"]["can_tell"] is False and native["capacity"]["why"]
+    assert native["experiment"] is not None and native["experiment"]["seed"] == 0
     assert ev.effective_mfu is not None
     assert ev.effective_mfu.estimate == pytest.approx(plan.fits["prefill_mfu"]["estimate"])
     assert ev.l1_hit_curve is not None and len(ev.l1_hit_curve) > 10
@@ -213,8 +218,11 @@ def test_plan_no_offload_unknown_model_names_what_is_missing(tmp_path: Path) -> 
     fill_store(url, frame, model="acme-13b", facts=False)
     with Store(url) as store:
         plan = build_plan(store, cluster="synth", forecast_seconds=1)
-    assert plan.fits["gain_native"]["why"] == "no engine ran native offload"
-    assert plan.fits["gain_lmcache"]["why"] == "no engine ran lmcache offload"
+    assert plan.fits["equal_kv_native"]["why"] == "no engine ran native offload"
+    assert plan.fits["equal_kv_lmcache"]["why"] == "no engine ran lmcache offload"
+    assert plan.offload is not None
+    x = plan.offload["modes"]["native"]["experiment"]
+    assert x["design"] == "random assignment" and len(x["engines"]) == 2 and "seed 0" in x["text"]
     assert plan.fits["lmcache_hitrate"]["can_tell"] is False
     assert "catalogue" in plan.fits["prefill_mfu"]["why"]
     assert plan.evidence.current_mode == "none"
@@ -344,7 +352,8 @@ def test_run_fits_one_refused_fit_leaves_the_others_standing() -> None:
     assert runs["prefill_mfu"].result is None
     assert runs["prefill_mfu"].entry["why"].startswith("fit refused: peak_flops must be")
     assert runs["preemption_knee"].result is not None
-    assert runs["gain_native"].result is not None and runs["lmcache_hitrate"].result is not None
+    assert runs["equal_kv_native"].result is not None
+    assert runs["lmcache_hitrate"].result is not None
 
 
 def _odd_windows(windows: list[Window]) -> list[Window]:
@@ -476,7 +485,7 @@ def test_plan_engine_switched_offload_counts_windows_by_regime_and_lists_assumed
                                    "num_cpu_blocks": 90_000, "provenance": prov},
                             observed_at=mid)  # fmt: skip
         plan = build_plan(store, cluster="synth", forecast_seconds=1)
-    assert plan.fits["gain_native"]["why"] != "no engine ran native offload"
+    assert plan.fits["equal_kv_native"]["why"] != "no engine ran native offload"
     changed = [b for b in plan.basis if b.startswith(f"engine {switched} changed offload")]
     assert len(changed) == 1 and "none from" in changed[0] and "→ native from" in changed[0]
     (assumed,) = [b for b in plan.basis if b.startswith("facts assumed")]

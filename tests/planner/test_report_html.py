@@ -31,7 +31,14 @@ from collector.errors import ConfigError
 from collector.store import Store
 from kvscope.cli import app
 from planner.decide.rulestate import Reason
-from planner.plan import GainCheck, Plan, PlanOutcome, accuracy_summary, build_plan, plan_records
+from planner.plan import (
+    CapacityCheck,
+    Plan,
+    PlanOutcome,
+    accuracy_summary,
+    build_plan,
+    plan_records,
+)
 from planner.report import PLOT_FILES, render_report_html, write_plots
 from planner.report.html import CSP, NO_SCORED_PLANS, closed_loop, closed_loop_html
 from planner.report.html_parts import _link
@@ -61,9 +68,9 @@ SCORED = PlanOutcome(
     coverage=26 / 30,
     saturation="earlier",
     saturated_at=1_790_300_000.0,
-    gains=(
-        GainCheck("native", -0.052, -0.081, -0.022, -0.048, True),
-        GainCheck("lmcache", -0.045, -0.078, -0.011, 0.02, False),
+    capacity=(
+        CapacityCheck("native", 1.12, 1.05, 1.2, 1.1, True),
+        CapacityCheck("lmcache", 1.3, 1.2, None, 1.1, False),
     ),
 )
 UNTOLD = replace(
@@ -75,9 +82,9 @@ UNTOLD = replace(
     coverage=None,
     saturation="unknown",
     saturated_at=None,
-    gains=(GainCheck("native", -0.05, -0.08, -0.02, None, None),),
+    capacity=(CapacityCheck("native", 1.12, 1.05, 1.2, None, None),),
 )
-PENDING = replace(SCORED, plan_id=14, horizon_end=1_791_000_000.0, pending=True, gains=())
+PENDING = replace(SCORED, plan_id=14, horizon_end=1_791_000_000.0, pending=True, capacity=())
 OUTCOMES: list[Any] = [SCORED, UNTOLD.to_dict(), PENDING]
 SUMMARY = accuracy_summary([SCORED, UNTOLD, PENDING])
 

@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 
 from collector.errors import ConfigError
-from planner.decide.decision import Decision, Evidence, GainEvidence, ValueCI, decide
-from planner.deploy.sizing import l1_from_curve, size
+from planner.decide.decision import CapacityEvidence, Decision, Evidence, ValueCI, decide
+from planner.deploy.sizing import engine_bill, l1_from_curve, size
 from planner.model.costmodel import hbm_kv_capacity_tokens, kv_bytes_per_token
 from planner.model.hardware import get_gpu, get_model
 
@@ -71,12 +71,31 @@ def test_size_engines_capacity_derived_from_current_load() -> None:
     assert "kv_util_p50" in s.engines.basis
 
 
-def test_size_engines_with_measured_gain_needs_fewer() -> None:
-    fit = GainEvidence(True, ValueCI(0.25, 0.2, 0.3))
-    e = ev(demand_peak=ValueCI(100_000, 80_000, 130_000), engine_capacity=10_000, native_gain=fit)
+def test_size_engines_with_measured_capacity_ratio_needs_fewer_and_bills_the_saving() -> None:
+    ratio = ValueCI(1.25, 1.2, 1.3)
+    fit = CapacityEvidence(True, ratio, ratio, units=(3, 3))
+    e = ev(demand_peak=ValueCI(100_000, 80_000, 130_000), engine_capacity=10_000, tp=2,
+           native_capacity=fit)  # fmt: skip
     s = size(e, dec("native"))
     assert s.engines is not None
     assert s.engines.needed == 12 and s.engines.needed_with_offload == 10  # 120k / 12.5k = 9.6
+    # 120k / 13k = 9.2 -> 10 engines at the ratio's upper end, 120k / 12k = 10 at its lower
+    assert s.engines.with_offload_range == (10, 10)
+    assert s.engines.gpu_hours_saved_per_day == (12 - 10) * 2 * 24
+
+
+def test_engine_bill_lower_bound_ratio_bounds_the_saving_from_below_only() -> None:
+    ratio = ValueCI(1.5, 1.2, 1.5)
+    fit = CapacityEvidence(True, ratio, ratio, lower_bound=True, units=(2, 4))
+    b = engine_bill(100_000, 10_000, 0.2, fit, 1)
+    assert b is not None
+    assert (b.needed, b.with_offload, b.with_offload_range) == (12, 8, (8, 10))
+    assert b.gpu_hours_saved_range == ((12 - 10) * 24, None)
+
+
+def test_engine_bill_without_a_ratio_that_can_tell_is_none() -> None:
+    assert engine_bill(100_000, 10_000, 0.2, CapacityEvidence(False, why="1 unit"), 1) is None
+    assert engine_bill(100_000, 10_000, 0.2, None, 1) is None
 
 
 def test_size_engines_unknown_capacity_named() -> None:

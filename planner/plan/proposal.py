@@ -1,0 +1,127 @@
+"""The experiment a plan proposes when a mode's verdict cannot tell.
+
+Never chosen by load (selecting the busiest engines confounds load with the mode):
+
+* one unit runs the mode (a canary), or a switchback is already under way: a *switchback*
+  of that engine — its offload switched on and off in randomized pairs of blocks; the block
+  length from the measured autocorrelation of its TTFT, the number of blocks from the
+  between-block noise of its history (planner/plan/design.py), seeded and recorded;
+* no unit, or too few: the mode on engines (or whole LMCache pools) drawn at random from
+  those without offload, seeded and recorded, until each arm has MIN_UNITS;
+* enough units but no window near the SLO: nothing to switch; the plan says which load
+  would settle it.
+
+The smallest effect worth detecting is a 20 % change of the canary's TTFT p90 (an
+assumption, stated in the entry), with 80 % power at a 95 % level.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from collector.errors import ConfigError, InsufficientHistory
+from planner.fit.effects import MIN_UNITS
+from planner.fit.units import engine_keys
+from planner.plan.design import (
+    block_sigma,
+    blocks_needed,
+    random_assignment,
+    switchback_block_s,
+    switchback_schedule,
+)
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+OUTCOME = "ttft_p90_s"
+MIN_EFFECT = math.log(1.2)  # log ratio: a 20 % change of TTFT p90
+LEVEL, POWER = 0.95, 0.80
+MAX_BLOCKS = 96
+
+
+def propose(
+    frame: pd.DataFrame,
+    mode: str,
+    *,
+    switching: Sequence[str],
+    units_with_mode: int,
+    pools: Mapping[str, str],
+    seed: int,
+    why: str,
+) -> dict[str, Any]:
+    """The proposed experiment for ``mode`` (module docstring) as a JSON-ready entry."""
+    keys = engine_keys(frame)
+    modes = frame["offload_mode"].astype(str).to_numpy()
+    with_mode = sorted(set(keys[modes == mode].tolist()) - set(switching))
+    if switching or (units_with_mode == 1 and len(with_mode) >= 1):
+        canary = switching[0] if switching else with_mode[0]
+        return _switchback(frame, canary, mode, seed=seed, running=bool(switching), why=why)
+    if units_with_mode < MIN_UNITS:
+        without = sorted(set(keys[modes == "none"].tolist()))
+        k = MIN_UNITS - units_with_mode
+        base = {"design": "random assignment", "mode": mode, "seed": seed, "why": why}
+        if len(without) < k + MIN_UNITS:
+            return base | {
+                "engines": [],
+                "text": f"too few engines without offload ({len(without)}) to put {k} more "
+                f"on {mode} and keep {MIN_UNITS} as controls: run a switchback on one engine",
+            }
+        picked = random_assignment(without, k, seed=seed, pools=dict(pools) or None)
+        return base | {
+            "engines": list(picked),
+            "text": f"turn {mode} offload on for {', '.join(picked)} (drawn at random with "
+            f"seed {seed} from the {len(without)} engines without offload, never by load), "
+            f"so that each arm has at least {MIN_UNITS} independent units; keep the rest as "
+            "they are and re-plan after a peak",
+        }
+    return {
+        "design": "load",
+        "mode": mode,
+        "seed": seed,
+        "engines": [],
+        "why": why,
+        "text": "enough engines run each mode, but too few windows came near the SLO: re-plan "
+        "after a busier period, or load-test two engines of each mode until they miss it",
+    }
+
+
+def _switchback(
+    frame: pd.DataFrame, canary: str, mode: str, *, seed: int, running: bool, why: str
+) -> dict[str, Any]:
+    window_s = float(frame["window_s"].median()) if len(frame) else 60.0
+    entry: dict[str, Any] = {"design": "switchback", "mode": mode, "engines": [canary],
+                             "seed": seed, "why": why}  # fmt: skip
+    try:
+        block_s, basis = switchback_block_s(frame, canary, OUTCOME, window_s=window_s)
+        sigma, n_hist = block_sigma(frame, canary, OUTCOME, block_s=block_s, window_s=window_s)
+    except (InsufficientHistory, ConfigError) as exc:
+        return entry | {"text": f"switch {mode} on {canary} on and off in blocks; cannot size "
+                        f"them yet: {exc}"}  # fmt: skip
+    n = blocks_needed(sigma, MIN_EFFECT, level=LEVEL, power=POWER, max_blocks=MAX_BLOCKS)
+    entry |= {
+        "block_s": block_s,
+        "block_basis": basis,
+        "sigma_block": sigma,
+        "sigma_blocks_seen": n_hist,
+        "assumes": f"smallest effect worth detecting: a 20 % change of TTFT p90 (log "
+        f"{MIN_EFFECT:.3f}); {POWER:.0%} power at {LEVEL:.0%}",
+    }
+    if n == 0:
+        return entry | {"blocks": None, "text": f"a switchback of {canary} cannot reach "
+                        f"{POWER:.0%} power within {MAX_BLOCKS} blocks of {block_s / 60:.0f} "
+                        "min: the canary's noise is too large; offload more engines at random "
+                        "instead"}  # fmt: skip
+    schedule = switchback_schedule(n, seed=seed)
+    hours = n * block_s / 3600
+    verb = "continue the switchback of" if running else "run a switchback on"
+    return entry | {
+        "blocks": n,
+        "hours": hours,
+        "schedule": list(schedule),
+        "text": f"{verb} {canary}: {mode} offload on and off in {n} blocks of "
+        f"{block_s / 60:.0f} min ({hours:.1f} h; schedule drawn with seed {seed}, randomized "
+        "pairs), each switch a restart with the new config; the plan recognises the history "
+        "and compares the canary with itself",
+    }

@@ -1,0 +1,197 @@
+"""The verdict of a mode run as a switchback on a canary (planner/fit/switchback.py).
+
+Today's effects: each outcome of planner/fit/effects.py OUTCOMES fitted with engine and
+time-block fixed effects, errors clustered on time blocks (CR2, Bell–McCaffrey ν); the units
+are the canary's blocks, not windows.
+
+Capacity at the SLO: the canary's capacity (planner/fit/capacity.py ``unit_capacity``) in its
+on-blocks over its off-blocks. Its interval comes from a seeded bootstrap of blocks within
+each arm (percentile; blocks are the independent units): with few blocks it is rough, which
+is why at least MIN_BLOCKS per arm are needed before it can tell.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+from typing import TYPE_CHECKING
+
+from collector.errors import InsufficientHistory, KvscopeError
+from planner.fit.capacity import (
+    CapacityComparison,
+    Slo,
+    UnitCapacity,
+    unit_capacity,
+    violations,
+)
+from planner.fit.common import Interval, nan_interval
+from planner.fit.effects import OUTCOMES, Effect, TodayEffects, cannot_effect, derived_outcomes
+from planner.fit.switchback import DEFAULT_WASHOUT_S, fit_switchback, switchback_blocks
+from planner.fit.units import TRAFFIC, balance, engine_keys, traffic
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+MIN_BLOCKS = 3  # per arm, before the bootstrap of the capacity ratio is read
+N_BOOT = 400
+
+
+def switching_for(frame: pd.DataFrame, mode: str) -> list[str]:
+    """Engines whose rows carry ``mode`` and ``none`` (and nothing else known)."""
+    from planner.fit.switchback import find_switchbacks
+
+    keys = engine_keys(frame)
+    modes = frame["offload_mode"].astype(str).to_numpy()
+    out = []
+    for e in find_switchbacks(frame):
+        seen = set(modes[keys == e]) - {"unknown", "nan"}
+        if seen == {mode, "none"}:
+            out.append(e)
+    return out
+
+
+def switchback_today(frame: pd.DataFrame, mode: str, level: float) -> TodayEffects:
+    """Today's effects of ``mode`` from the switchback (module docstring)."""
+    import numpy as np
+
+    data = derived_outcomes(frame)
+    cov = traffic(data)
+    data = data.assign(**{c: cov[c] for c in TRAFFIC})
+    effects: list[Effect] = []
+    blocks_on = blocks_off = 0
+    warns: list[str] = []
+    switching: tuple[str, ...] = ()
+    controls: tuple[str, ...] = ()
+    for o in OUTCOMES:
+        try:
+            fit = fit_switchback(data, offload=mode, outcome=o.name, log=o.log, level=level,
+                                 covariates=tuple(TRAFFIC))  # fmt: skip
+        except (InsufficientHistory, KvscopeError) as exc:
+            effects.append(cannot_effect(o, level, str(exc)))
+            continue
+        arms = dict(fit.blocks_by_arm)
+        blocks_on = max(blocks_on, arms.get(mode, 0))
+        blocks_off = max(blocks_off, arms.get("none", 0))
+        switching, controls = fit.switching, fit.controls
+        warns += list(fit.warnings)
+        est = fit.ratio.value if o.log else fit.estimate
+        iv = fit.ratio.interval if o.log else fit.interval
+        y = data[o.name].to_numpy(dtype=float)
+        off = (data["offload_mode"].astype(str).to_numpy() == "none") & np.isfinite(y)
+        w = data["requests"].to_numpy(dtype=float)
+        ok = off & (w > 0)
+        control = float(np.average(y[ok], weights=w[ok])) if ok.any() else math.nan
+        effects.append(Effect(o.name, o.label, o.unit, "ratio" if o.log else "difference",
+                              control, est, iv, fit.df, fit.n, fit.can_tell,
+                              fit.why))  # fmt: skip
+    treated = data["offload_mode"].astype(str).to_numpy() == mode
+    req = data["requests"].to_numpy(dtype=float)
+    bal = balance(cov, treated, req)
+    told = any(e.can_tell for e in effects)
+    why = "" if told else "no outcome could be estimated: " + (effects[0].why if effects else "")
+    method = (
+        "switchback: WLS of each outcome on the mode, engine and time-block fixed effects and "
+        "traffic mix, weighted by requests; CR2 errors clustered on time blocks, "
+        f"Bell–McCaffrey df; {level:.0%} intervals"
+    )
+    assumptions = (
+        "the canary is compared with itself, on against off, net of what the control engines "
+        "saw in the same time blocks",
+        "the first minutes after each switch are left out (washout); carry-over longer than "
+        "that biases the effect",
+        "time blocks are independent once their common level is removed",
+    )
+    return TodayEffects(mode, blocks_on, blocks_off, len(switching), len(controls),
+                        tuple(effects), bal, tuple(TRAFFIC), level, method, assumptions,
+                        tuple(warns), told, why)  # fmt: skip
+
+
+def switchback_capacity(
+    frame: pd.DataFrame,
+    engine: str,
+    mode: str,
+    *,
+    slo: Slo,
+    level: float,
+    claim_level: float,
+    seed: int,
+) -> CapacityComparison:
+    """The canary's capacity on over off, with a block bootstrap interval (module docstring)."""
+    import numpy as np
+
+    keys = engine_keys(frame)
+    rows = keys == engine
+    sub = frame[rows]
+    load = sub["tokens_per_s"].to_numpy(dtype=float)
+    missed = violations(sub, slo)
+    start = sub["start"].to_numpy(dtype=float)
+    arm = sub["offload_mode"].astype(str).to_numpy()
+    blocks = switchback_blocks(frame, engine)
+    block_of = np.full(start.size, -1)
+    for i, b in enumerate(blocks):
+        # the washout after a switch is left out, as in the effects' fit
+        first = b.start + (DEFAULT_WASHOUT_S if i else 0.0)
+        block_of[(start >= first) & (start < b.end)] = i
+    keep = block_of >= 0
+    load, missed, arm, block_of = load[keep], missed[keep], arm[keep], block_of[keep]
+    by_arm = {a: [i for i, b in enumerate(blocks) if b.mode == a] for a in (mode, "none")}
+    caps = []
+    for a in (mode, "none"):
+        m = arm == a
+        value, status = unit_capacity(load[m], missed[m])
+        caps.append(UnitCapacity(f"{engine} ({a} blocks)", a, 1, value, status, int(m.sum()),
+                                 int(missed[m].sum())))  # fmt: skip
+    method = (
+        f"switchback: the canary's capacity (load where the share of windows missing the SLO, "
+        f"{slo.text()}, crosses 1/2) in its {mode} blocks over its blocks without; interval "
+        f"from a seeded bootstrap of blocks within each arm ({N_BOOT} draws, percentile)"
+    )
+    assumptions = (
+        "the canary's load differs between its blocks only by chance (a randomized schedule)",
+        "blocks are independent; a bootstrap of few blocks is rough",
+    )
+    n_on, n_off = len(by_arm[mode]), len(by_arm["none"])
+    base = CapacityComparison(mode, slo, math.nan, nan_interval(level), "",
+                              nan_interval(claim_level), math.nan, caps[1].value, caps[0].value,
+                              tuple(caps), n_on, n_off, method, assumptions, False, "",
+                              "")  # fmt: skip
+    settle = (
+        f"at least {MIN_BLOCKS} blocks per arm with windows past the SLO: continue the "
+        "switchback through busier hours"
+    )
+    if min(n_on, n_off) < MIN_BLOCKS:
+        return replace(base, why=f"{n_on} {mode} and {n_off} off block(s): the switchback "
+                       f"needs at least {MIN_BLOCKS} per arm", settle=settle)  # fmt: skip
+    if caps[1].status != "measured" or caps[0].status not in ("measured", "above"):
+        where = "without offload" if caps[1].status != "measured" else f"with {mode}"
+        return replace(base, why=f"the canary's windows {where} did not cross the SLO at a "
+                       "load it carried, so its capacity there is unknown",
+                       settle=settle)  # fmt: skip
+    rng = np.random.default_rng(seed)
+    draws = []
+    for _ in range(N_BOOT):
+        logs = []
+        for a in (mode, "none"):
+            pick = rng.choice(by_arm[a], size=len(by_arm[a]), replace=True)
+            idx = np.concatenate([np.flatnonzero(block_of == i) for i in pick])
+            value, status = unit_capacity(load[idx], missed[idx])
+            logs.append(math.log(value) if math.isfinite(value) and value > 0 else math.nan)
+        draws.append(logs[0] - logs[1])
+    d = np.asarray(draws)
+    d = d[np.isfinite(d)]
+    if d.size < N_BOOT // 2:
+        return replace(base, why="the bootstrap of blocks gave too few finite capacities",
+                       settle=settle)  # fmt: skip
+    lower = caps[0].status == "above"
+    ratio = caps[0].value / caps[1].value
+
+    def pct(lv: float) -> Interval:
+        lo, hi = np.quantile(d, [(1 - lv) / 2, (1 + lv) / 2])
+        return Interval(math.exp(lo), math.inf if lower else math.exp(hi), lv)
+
+    iv, claim = pct(level), pct(claim_level)
+    if not iv.lo <= ratio:
+        iv = replace(iv, lo=min(iv.lo, ratio))
+        claim = replace(claim, lo=min(claim.lo, ratio))
+    return replace(base, ratio=ratio, interval=iv, claim_interval=claim,
+                   bound="lower" if lower else "", can_tell=True)  # fmt: skip
