@@ -121,7 +121,7 @@ def describe(
     """One engine's facts from every place they come from, first that says wins (module
     docstring). ``exposed``: :func:`engine_facts_of` of its series; ``model_label``: its
     ``model_name``; ``labels``: what engines.yaml rules match on; ``configured``: the
-    targets.yaml values written for it (keys model, gpu, tensor_parallel, offload)."""
+    targets.yaml values written for it (keys model, gpu, tensor_parallel, offload, pool)."""
     ruled = rules.facts_for(labels or {}) if rules is not None else {}
     given = {k: v for k, v in (configured or {}).items() if v is not None}
     prov: dict[str, str] = {}
@@ -153,6 +153,9 @@ def describe(
     dram = pick("dram_gib", *conf("dram_gib"))
     if dram is not None:
         facts["dram_gib"] = dram
+    pool = pick("pool", *conf("pool"))
+    if pool is not None:
+        facts["pool"] = pool
     facts["provenance"] = prov
     return Described(model, gpu, hbm, tp, str(offload), facts)
 

@@ -61,7 +61,7 @@ REFRESH_S = 300.0  # Prometheus' file_sd refresh_interval default
 _PATTERN = re.compile(r"^[^*]*(\*[^/]*)?\.(json|yml|yaml|JSON|YML|YAML)$")
 _LABEL_NAME = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")  # Prometheus' classic label names
 _GROUP_KEYS = ("targets", "labels")
-_ENGINE_LABELS = ("model", "gpu", "tensor_parallel", "offload")
+_ENGINE_LABELS = ("model", "gpu", "tensor_parallel", "offload", "pool")
 _PARAM = "__param_"
 _NULL = "tag:yaml.org,2002:null"
 _EXPECTED = "expected a list of target groups ({targets: [host:port, ...], labels: {...}})"
@@ -286,6 +286,7 @@ def _engine(labels: Mapping[str, str], where: str) -> EngineMeta | None:
         gpu=_text(labels, "gpu", where),
         tensor_parallel=tp,
         offload=offload,
+        pool=_text(labels, "pool", where),
     )
 
 

@@ -203,7 +203,7 @@ def configured_facts(meta: EngineMeta | None) -> dict[str, Any]:
     if meta is None:
         return {}
     return {"model": meta.model, "gpu": meta.gpu, "tensor_parallel": meta.tensor_parallel,
-            "offload": meta.offload}  # fmt: skip
+            "offload": meta.offload, "pool": meta.pool}  # fmt: skip
 
 
 def rule_labels(
@@ -215,6 +215,16 @@ def rule_labels(
     if model:
         out["model_name"] = model
     return out
+
+
+def _with_pool(store: Store, source: str, pool: str | None) -> dict[str, Any] | None:
+    """The engine's stored facts with the targets file's ``pool`` (None: leave them as they
+    are), so registering from configuration never drops facts an engine exposed."""
+    if pool is None:
+        return None
+    known = store.engines(source=source)
+    facts = dict(known[0].facts or {}) if known else {}
+    return facts | {"pool": pool}
 
 
 def register_targets(store: Store, targets: TargetSet) -> None:
@@ -232,6 +242,7 @@ def register_targets(store: Store, targets: TargetSet) -> None:
                 gpu=t.engine.gpu,
                 tensor_parallel=t.engine.tensor_parallel,
                 offload=t.engine.offload,
+                facts=_with_pool(store, t.name, t.engine.pool),
             )
 
 

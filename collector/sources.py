@@ -75,6 +75,9 @@ class EngineMeta:
     # None: not written in targets.yaml; the collector reads it from the engine's own facts
     # (collector.engine_facts) instead of assuming "none".
     offload: OffloadMode | None = None
+    # The LMCache pool (server) the engine shares with others, e.g. its node: engines of one
+    # pool are one unit of evidence for the planner (planner/fit/units.py).
+    pool: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,7 +123,7 @@ class ScrapeResult:
 
 _TOP_KEYS = {"cluster", "targets"}
 _TARGET_KEYS = {"name", "url", "kind", "engine"}
-_ENGINE_KEYS = {"model", "gpu", "tensor_parallel", "offload"}
+_ENGINE_KEYS = {"model", "gpu", "tensor_parallel", "offload", "pool"}
 
 
 def load_targets(path: str | Path, *, cluster: str | None = None) -> TargetSet:
@@ -211,7 +214,8 @@ def _parse_engine(raw: object, where: str) -> EngineMeta:
             f"{where}: 'offload' must be one of {', '.join(OFFLOAD_MODES)}, got {offload!r}"
         )
     mode = cast(OffloadMode, offload) if offload is not None else None
-    return EngineMeta(model=model, gpu=gpu, tensor_parallel=tp, offload=mode)
+    pool = _optional_str(raw, "pool", where)
+    return EngineMeta(model=model, gpu=gpu, tensor_parallel=tp, offload=mode, pool=pool)
 
 
 def _no_unknown_keys(doc: Mapping[object, object], allowed: set[str], where: str) -> None:

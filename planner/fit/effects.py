@@ -247,11 +247,17 @@ def _effect(  # noqa: PLR0917 - one outcome of fit_today, its arrays passed thro
     for c in covariates:
         v = cov[c].to_numpy(dtype=float)[ok]
         v = v - np.average(v, weights=w)
-        if np.ptp(v) > 0:
-            cols.append(v / (np.sqrt(np.average(v * v, weights=w)) or 1.0))
+        if np.ptp(v) == 0:
+            continue  # constant: nothing to adjust for
+        v = v / np.sqrt(np.average(v * v, weights=w))
+        if np.linalg.matrix_rank(np.column_stack([cols[0], d, v])) < 3:
+            return cannot_effect(o, level, f"{TRAFFIC[c]} differs only between the arms, "
+                                 "never within one: the mode cannot be told from it",
+                                 int(ok.sum()))  # fmt: skip
+        cols.append(v)
     x = np.column_stack(cols)
     while np.linalg.matrix_rank(x) < x.shape[1] and x.shape[1] > 2:
-        x = x[:, :-1]  # a covariate collinear with the mode: the mode is kept
+        x = x[:, :-1]  # covariates collinear among themselves: the last is left out
     b, se, df = wls_cr2(yy, x, w, groups, column=1)
     t = t_quantile(level, df) if math.isfinite(df) and df > 0 else math.inf
     lo, hi = b - t * se, b + t * se

@@ -14,6 +14,7 @@ ones offload does not change (the prefix-hit ratio is left out: offload changes 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -122,7 +123,10 @@ def balance(values: pd.DataFrame, treated: Array, weights: Array) -> tuple[Balan
         ma, va = _wmean_var(v[a], weights[a])
         mb, vb = _wmean_var(v[b], weights[b])
         pooled = np.sqrt((va + vb) / 2.0)
-        smd = (ma - mb) / pooled if pooled > 0 else 0.0
+        if pooled > 0:
+            smd = (ma - mb) / pooled
+        else:  # constant in each arm: no overlap at all when the constants differ
+            smd = 0.0 if ma == mb else math.copysign(math.inf, ma - mb)
         out.append(Balance(str(col), ma, mb, float(smd)))
     return tuple(out)
 

@@ -298,12 +298,15 @@ def file_sd(doc: dict[str, Any]) -> list[dict[str, Any]]:
 
 def targets_document(doc: dict[str, Any], scenario: Scenario) -> dict[str, Any]:
     """The endpoints as a ``kvscope collect --targets`` file (collector/sources.py format),
-    with each engine's model, GPU, TP and offload mode as the planner's metadata."""
+    with each engine's model, GPU, TP, offload mode and LMCache pool as the planner's
+    metadata."""
     spec = scenario.cluster
+    pool_of = {e: f"sim-lmcache-{p['pool']}" for p in doc["lmcache"] for e in p["engines"]}
     targets: list[dict[str, Any]] = [
         {"name": f"sim-engine-{e['engine']}", "url": e["url"], "kind": "vllm",
          "engine": {"model": spec.model.name, "gpu": spec.gpu.name,
-                    "tensor_parallel": spec.tensor_parallel, "offload": e["offload"]}}
+                    "tensor_parallel": spec.tensor_parallel, "offload": e["offload"]}
+         | ({"pool": pool_of[e["engine"]]} if e["engine"] in pool_of else {})}
         for e in doc["engines"]
     ]  # fmt: skip
     targets += [
