@@ -5,6 +5,11 @@ they were created and a run is a pure function of the scenario and its seed. Eng
 the end of their current segment (one mixed step or a jump of k decode steps); an arrival
 that an engine could admit earlier cuts its jump at the next step boundary.
 
+With `cluster.switchback` a SWITCH event at each block whose state differs from the last
+restarts the canaries with their new connector (Engine.restart) and sends the requests they
+held again through the router (switchback.py; PARAMETERS.md, "Switchback"); `switches` holds
+every regime with its time.
+
 `Simulation.advance_to(t)` processes every event up to simulated time t and can be called
 repeatedly (a server renders telemetry between calls); `run()` goes to the end and returns
 the summary.
@@ -25,6 +30,7 @@ import heapq
 import itertools
 import math
 import time as _time
+from collections import deque
 from collections.abc import Mapping
 from typing import Any, cast
 
@@ -37,6 +43,7 @@ from planner.simulate.request import Req
 from planner.simulate.results import SimResult, summarize
 from planner.simulate.router import Router
 from planner.simulate.scenario import Scenario
+from planner.simulate.switchback import Schedule, Switch
 from planner.simulate.telemetry import (
     SERVED_BUFFER,
     EngineSnapshot,
@@ -47,7 +54,9 @@ from planner.simulate.telemetry import (
 from planner.simulate.workload import Workload
 from planner.simulate.workload_spec import min_request_tokens
 
-ARRIVAL, ENGINE, LOOP = 0, 1, 2
+ARRIVAL, ENGINE, LOOP, SWITCH = 0, 1, 2, 3
+# a served (looping) run keeps its last switches only (a switch a block; a batch run: all)
+MAX_SWITCHES = 4096
 # A sparse content tree is pruned once this many nodes (or as many as the last pruning kept,
 # if more) were created since: amortised O(1) per node, held <= 2 x live + this.
 PRUNE_MIN_NODES = 16_384
@@ -98,19 +107,13 @@ class Simulation:
         cost = StepCost(spec)
         self.engines: list[Engine] = []
         bounds = default_buckets(spec.max_model_len) if buckets is None else buckets
+        self._pool_of = pool_of
         for i, mode in enumerate(spec.engines_offload):
             tel = (
                 EngineTelemetry(bounds)
                 if retain_requests
                 else EngineTelemetry(bounds, buffer=SERVED_BUFFER, bounded=True)
             )
-            conn: Connector
-            if mode == "native":
-                conn = NativeOffload(spec, self.tree, tel)
-            elif mode == "lmcache":
-                conn = LMCacheConnector(spec, self.pools[pool_of[i]])
-            else:
-                conn = Connector()
             node = i // spec.engines_per_node
             self.engines.append(
                 Engine(
@@ -118,7 +121,7 @@ class Simulation:
                     node,
                     spec,
                     self.tree,
-                    connector=conn,
+                    connector=self._connector(i, mode, tel),
                     tel=tel,
                     cost=cost,
                     on_finish=self._on_finish,
@@ -138,14 +141,33 @@ class Simulation:
             self._push(req.arrival, ARRIVAL, req, 0)
         if loop:
             self._push(self.workload.loop_end, LOOP, None, 0)
+        # switchback (switchback.py): the canaries' regimes, and the first switch
+        self.schedule = Schedule(spec.switchback) if spec.switchback is not None else None
+        self.switches: deque[Switch] = deque(maxlen=None if retain_requests else MAX_SWITCHES)
+        if self.schedule is not None:
+            sb = self.schedule.spec
+            self.switches.extend(Switch(0.0, i, spec.engines_offload[i]) for i in sb.engines)
+            self._push_switch(0)
         self._prune_at = math.inf if retain_requests else float(PRUNE_MIN_NODES)
         self.prunes = 0  # content-tree prunings so far
 
+    def _connector(self, i: int, mode: str, tel: EngineTelemetry) -> Connector:
+        """Engine i's KV connector for offload `mode` (a new one: empty engine-local state)."""
+        spec = self.scenario.cluster
+        if mode == "native":
+            return NativeOffload(spec, self.tree, tel)
+        if mode == "lmcache":
+            return LMCacheConnector(spec, self.pools[self._pool_of[i]])
+        return Connector()
+
     def _build_pools(self) -> dict[int, int]:
         spec = self.scenario.cluster
+        sb = spec.switchback
+        # a switchback canary on LMCache belongs to its pool whether on or off at the start
+        canaries = sb.engines if sb is not None and sb.mode == "lmcache" else ()
         members: dict[int, list[int]] = {}
         for i, mode in enumerate(spec.engines_offload):
-            if mode != "lmcache":
+            if mode != "lmcache" and i not in canaries:
                 continue
             scope = spec.lmcache_scope
             key = i if scope == "engine" else (i // spec.engines_per_node if scope == "node" else 0)
@@ -180,14 +202,49 @@ class Simulation:
             eng = self.router.pick(req)
             if eng.on_arrival(req, t):
                 self._schedule(eng)
-        if req.engine < 0:  # refused (too long, or longer than the engine's KV capacity):
-            self.outstanding -= 1  # the client gets its error at once and goes on
-            again = self.workload.after_completion(req, t + 1e-3)  # the error's round trip
-            if again is not None:
-                self._push(again.arrival, ARRIVAL, again, 0)
+        if req.engine < 0:
+            self._refused(req, t)
         nxt = self.workload.after_arrival(req)
         if nxt is not None:
             self._push(nxt.arrival, ARRIVAL, nxt, 0)
+
+    def _refused(self, req: Req, t: float) -> None:
+        """req was refused (too long, or longer than the engine's KV capacity): the client
+        gets its error at once and goes on."""
+        self.outstanding -= 1
+        again = self.workload.after_completion(req, t + 1e-3)  # the error's round trip
+        if again is not None:
+            self._push(again.arrival, ARRIVAL, again, 0)
+
+    # --- switchback -------------------------------------------------------------------------
+    def _push_switch(self, block: int) -> None:
+        assert self.schedule is not None
+        nxt = self.schedule.next_switch(block)
+        if nxt is not None:
+            self._push(nxt * self.schedule.spec.block_s, SWITCH, nxt, 0)
+
+    def _switch(self, block: int, t: float) -> None:
+        """Block `block` starts at t with another state: restart every canary with its new
+        connector (Engine.restart), then send the requests they aborted again, through the
+        router, oldest first (the clients retry; a retry may reach a restarted canary)."""
+        assert self.schedule is not None
+        mode = self.schedule.mode(block)
+        aborted: list[Req] = []
+        for i in self.schedule.spec.engines:
+            eng = self.engines[i]
+            held = eng.restart(t, self._connector(i, mode, eng.tel))
+            self._schedule(eng)  # invalidates the event of the step it lost
+            self.router.refresh(i)
+            self.switches.append(Switch(t, i, mode, len(held)))
+            aborted += held
+        for req in sorted(aborted, key=lambda r: (r.arrival, r.rid)):
+            req.retry(t)
+            eng = self.router.pick(req)
+            if eng.on_arrival(req, t):
+                self._schedule(eng)
+            if req.engine < 0:
+                self._refused(req, t)
+        self._push_switch(block)
 
     def _on_finish(self, req: Req, t: float) -> None:
         self.outstanding -= 1
@@ -226,11 +283,13 @@ class Simulation:
         heap, engines, version, tree = self.heap, self.engines, self.version, self.tree
         pop, push = heapq.heappop, heapq.heappush
         events, last = self.events, self.last_event
-        payload: Any  # an engine's index (ENGINE) or a Req (ARRIVAL)
+        payload: Any  # an engine's index (ENGINE), a Req (ARRIVAL) or a block (SWITCH)
         try:
             while True:
                 while heap and heap[0][0] <= t:
                     when, _, kind, payload, ver = pop(heap)
+                    if kind == SWITCH and not heap:
+                        continue  # nothing else left to happen: the run is over, no restart
                     events += 1
                     last = when
                     if kind == ENGINE:
@@ -248,8 +307,10 @@ class Simulation:
                         self._arrive(payload, when)
                         if tree.created >= self._prune_at:  # never in a batch run
                             self._prune()
-                    else:
+                    elif kind == LOOP:
                         self._next_loop()
+                    else:
+                        self._switch(payload, when)
                 if not settle:
                     break
                 settle = False

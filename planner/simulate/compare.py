@@ -162,6 +162,8 @@ def compare(
             for mode in modes:
                 run = set_dotted(base, "cluster.offload", mode)
                 run = set_dotted(run, "cluster.engines_offload", None)
+                if isinstance(run.get("cluster"), dict) and "switchback" in run["cluster"]:
+                    run = set_dotted(run, "cluster.switchback", None)  # one mode throughout
                 say(f"kvscope simulate: {label}offload={mode} …")
                 res = run_raw(run, where, base_dir)
                 rows[mode] = {k: res.summary[k] for k in FIGURES}

@@ -210,6 +210,51 @@ class Engine(EngineQueues):
         """Cut a decode jump at its last step boundary <= t (telemetry between advances)."""
         return self.seg == JUMP and self._truncate(t, after=False)
 
+    def restart(self, now: float, connector: Connector) -> list[Req]:
+        """Restart the engine at `now` with `connector` (a new offload configuration): the
+        steps done by `now` are committed (the decode steps of a jump that ended by then, a
+        step that ended at `now`), the step in flight is lost, the HBM prefix cache and the
+        connector's engine-local state (native offload's CPU pool) are gone with the process.
+        Returns the requests it held (waiting, loading, running), aborted, oldest first: the
+        caller sends them again. Run statistics and telemetry go on (PARAMETERS.md,
+        "Switchback")."""
+        seg, lost_from = self.seg, self.seg_start
+        if seg == JUMP:
+            m = self._steps_by(now - self.seg_start)
+            if m >= 1:
+                self.seg_k = m
+                lost_from = self.seg_start + self._cum(m)
+                self._commit_jump(lost_from)
+        elif seg == MIXED and self.seg_end <= now:
+            lost_from = self.seg_end
+            self._commit_mixed(lost_from)
+        elif seg == WAIT:
+            self._end_wait(now)
+        if seg in (JUMP, MIXED) and now > lost_from:  # the step the restart cut short
+            pool = self.pool
+            self.kv_integral += (
+                (pool.pinned_total + pool.private_total) / pool.total * (now - lost_from)
+            )
+            self.busy_time += now - lost_from
+        held = [*self.waiting, *self.loading, *self.running.values()]
+        spec = self.spec
+        self.pool = BlockPool(
+            spec.num_gpu_blocks, spec.block_size, self.tree, spec.enable_prefix_caching
+        )
+        self.dec = DecodeBatch(spec.block_size)
+        self.waiting = deque()
+        self.loading = []
+        self.running = {}
+        self.prefilling = {}
+        self.conn = connector
+        self.factor = 1.0 + connector.step_overhead
+        self.has_conn = connector.mode != "none"
+        self._step0 = False
+        self.seg = IDLE
+        self.seg_chunks = []
+        self.seg_start = self.seg_end = now
+        return sorted(held, key=lambda r: (r.arrival, r.rid))
+
     # --- planning ---------------------------------------------------------------------------
     def _plan(self, now: float) -> None:
         if self.loading:

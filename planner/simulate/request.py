@@ -78,6 +78,32 @@ class Req:
         self.num_preemptions = 0
         self.looked = False  # connector lookup already charged for this queueing
 
+    def retry(self, t: float) -> None:
+        """Start over at `t`, as sent again by its client: its engine restarted and aborted it
+        (vLLM's default shutdown aborts in-flight requests), so nothing of its progress is
+        kept; the engine it reaches sees a new request arriving at `t`."""
+        self.arrival = t
+        self.engine = -1
+        self.state = 0
+        self.computed = 0
+        self.generated = 0
+        self.hold_idx = 0
+        self.hold_blocks = 0
+        self.private = 0
+        self.dec_c = 0
+        self.dec_d = 0
+        self.end_d = 0
+        self.seq = 0
+        self.ext_tokens = 0
+        self.ready_at = 0.0
+        self.load_t = -1.0
+        self.first_scheduled = -1.0
+        self.cached_prompt = -1
+        self.first_token = -1.0
+        self.last_token_t = -1.0
+        self.num_preemptions = 0
+        self.looked = False
+
     @property
     def total_len(self) -> int:
         return self.prompt_len + self.output_len

@@ -4,11 +4,13 @@ engine and in total, with every parameter used and where it came from."""
 from __future__ import annotations
 
 import math
+from collections import deque
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from planner.simulate.engine import Engine
 from planner.simulate.scenario import Scenario
+from planner.simulate.switchback import Switch
 from planner.simulate.telemetry import LMCacheSnapshot
 from planner.simulate.workload import Workload
 
@@ -25,6 +27,7 @@ class FinishedRun(Protocol):
     engines: list[Engine]
     too_long: int
     events: int
+    switches: deque[Switch]
     wall_s: float
 
     def lmcache_snapshots(self) -> list[LMCacheSnapshot]: ...
@@ -145,6 +148,8 @@ def summarize(sim: FinishedRun) -> SimResult:
     }
     if sc.workload.stages:
         summary["stages"] = _stage_rows(sim)
+    if sc.cluster.switchback is not None:
+        summary["switchback"] = _switchback(sim, t1)
     per_engine = tuple(_engine_row(e, done, window, t1) for e in engines)
     pools = tuple(
         {
@@ -214,6 +219,30 @@ def _stage_rows(sim: FinishedRun) -> list[dict[str, Any]]:
             }
         )
     return rows
+
+
+def _switchback(sim: FinishedRun, t1: float) -> dict[str, Any]:
+    """The canaries' schedule as run: every regime (t = 0 included) with the requests its
+    restart aborted and sent again, and the seconds each state held up to t1."""
+    sb = sim.scenario.cluster.switchback
+    assert sb is not None
+    changes = [s for s in sim.switches if s.engine == sb.engines[0] and s.t <= t1]
+    seconds = {"on": 0.0, "off": 0.0}
+    for k, s in enumerate(changes):
+        end = changes[k + 1].t if k + 1 < len(changes) else t1
+        seconds["off" if s.offload == "none" else "on"] += end - s.t
+    return {
+        "engines": list(sb.engines),
+        "mode": sb.mode,
+        "block_s": sb.block_s,
+        "seed": sb.seed,
+        "on_s": _clean(seconds["on"]),
+        "off_s": _clean(seconds["off"]),
+        "changes": [
+            {"t": s.t, "engine": s.engine, "offload": s.offload, "aborted_requests": s.aborted}
+            for s in sim.switches
+        ],
+    }
 
 
 def _offload_label(modes: tuple[str, ...]) -> str:

@@ -1,5 +1,9 @@
 """Which engine a request goes to: round_robin, least_loaded, prefix_affinity, scorer.
 
+`round_robin` with `cluster.load_shares` is a weighted split (nginx's smooth weighted round
+robin: each engine gains its weight per request, the one with the most credit is picked and
+pays the total), so a canary can take a smaller or larger share than the others.
+
 `scorer` is llm-d's endpoint picker (llm-d-inference-scheduler; weights and indexes in
 router_spec.py): every engine gets
 
@@ -57,36 +61,69 @@ class Router:
         # engines by when they last got a no-hit request: never first (index order), then oldest
         self._cold_order: list[int] = list(range(self.n))
         self._lru_rank = [1.0 - r / (self.n - 1) for r in range(self.n)] if self.n > 1 else [1.0]
+        self.prefix_caching = spec.enable_prefix_caching
         for e in engines:
-            gpu: Any = e.pool.cached if spec.enable_prefix_caching else None
-            cpu: Any = None
-            unit = self.bs
             if self.routed:
-                idx = PrefixLRU(spec.num_gpu_blocks, self.bs, e.tree)
-                self._gpu_index.append(idx)
-                gpu = idx.cached
+                self._gpu_index.append(PrefixLRU(spec.num_gpu_blocks, self.bs, e.tree))
                 if sc.cpu_prefix:
-                    cap = sc.cpu_index_blocks or _cpu_tier_blocks(e, self.bs)
-                    cidx = PrefixLRU(cap, self.bs, e.tree)
-                    self._cpu_index.append(cidx)
-                    cpu = cidx.cached
-            elif isinstance(e.conn, NativeOffload):
-                cpu = e.conn.pool.cached
-            elif isinstance(e.conn, LMCacheConnector) and len(e.conn.pool.engines) == 1:
-                cpu, unit = e.conn.pool.l1.cached, e.conn.cs
-            self._stores.append((e.pool, gpu, cpu, unit))
+                    cap = sc.cpu_index_blocks or _cpu_tier_blocks(e, self.bs, spec)
+                    self._cpu_index.append(PrefixLRU(cap, self.bs, e.tree))
+            self._stores.append(self._store_of(e))
+        # load_shares: smooth weighted round robin (nginx's), deterministic, the engines'
+        # turns interleaved in proportion to their weights
+        self.shares = spec.load_shares
+        self._total_share = sum(spec.load_shares) if spec.load_shares is not None else 0.0
+        self._credit = [0.0] * self.n
+        if self.shares is not None and policy == "round_robin":
+            self.policy = "weighted"
+
+    def _store_of(self, e: Engine) -> tuple[Any, Any, Any, int]:
+        """(its block pool, GPU store, CPU store, CPU store's unit) the scorer reads."""
+        gpu: Any = e.pool.cached if self.prefix_caching else None
+        cpu: Any = None
+        unit = self.bs
+        if self.routed:
+            gpu = self._gpu_index[e.idx].cached
+            if self._cpu_index:
+                cpu = self._cpu_index[e.idx].cached
+        elif isinstance(e.conn, NativeOffload):
+            cpu = e.conn.pool.cached
+        elif isinstance(e.conn, LMCacheConnector) and len(e.conn.pool.engines) == 1:
+            cpu, unit = e.conn.pool.l1.cached, e.conn.cs
+        return (e.pool, gpu, cpu, unit)
+
+    def refresh(self, i: int) -> None:
+        """Engine i restarted (new block pool and connector): read its new stores. The routed
+        indexes are the picker's own memory and stay (llm-d's approximate producer does not
+        see a restart either)."""
+        self._stores[i] = self._store_of(self.engines[i])
 
     def pick(self, req: Req) -> Engine:
         if self.policy == "round_robin":
             eng = self.engines[self._next]
             self._next = (self._next + 1) % self.n
             return eng
+        if self.policy == "weighted":
+            return self._weighted()
         if self.policy == "least_loaded":
             return min(self.engines, key=lambda e: (e.load_estimate(), e.idx))
         if self.policy == "scorer":
             return self._score(req)
         key = (req.affinity * 2654435761) & 0xFFFFFFFF  # Knuth multiplicative hash
         return self.engines[key % self.n]
+
+    def _weighted(self) -> Engine:
+        """Smooth weighted round robin: every engine gains its weight, the richest (first on
+        ties) is picked and pays the total."""
+        shares, credit = self.shares, self._credit
+        assert shares is not None
+        best = 0
+        for i, w in enumerate(shares):
+            credit[i] += w
+            if credit[i] > credit[best]:
+                best = i
+        credit[best] -= self._total_share
+        return self.engines[best]
 
     def _score(self, req: Req) -> Engine:
         sc, bs = self.sc, self.bs
@@ -158,11 +195,19 @@ class Router:
                 self._cpu_index[i].store(req.path, 0, upto)
 
 
-def _cpu_tier_blocks(eng: Engine, bs: int) -> int:
-    """The capacity, in GPU blocks, of the engine's own CPU tier (0 without one)."""
+def _cpu_tier_blocks(eng: Engine, bs: int, spec: ClusterSpec) -> int:
+    """The capacity, in GPU blocks, of the engine's own CPU tier (0 without one); a switchback
+    canary off at the start: the tier it has when on."""
     conn = eng.conn
     if isinstance(conn, NativeOffload):
         return int(conn.pool.capacity)
     if isinstance(conn, LMCacheConnector):
         return int(conn.pool.l1.capacity * conn.cs // bs)
+    sb = spec.switchback
+    if sb is not None and eng.idx in sb.engines:
+        per_token = spec.kv_bytes_per_token_engine
+        if sb.mode == "native":  # as NativeOffload's pool
+            return int(spec.cpu_cache_bytes / (spec.block_size * per_token))
+        cs = spec.lmcache.chunk_size  # as LMCachePool's L1
+        return int(spec.cpu_cache_bytes / (cs * per_token) * cs // bs)
     return 0

@@ -9,8 +9,9 @@ planner/simulate/PARAMETERS.md; `Scenario.params` lists each value used and its 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +28,7 @@ from planner.simulate.connector_spec import (
 )
 from planner.simulate.router_spec import ScorerSpec, parse_scorer
 from planner.simulate.spec import Param, Section
+from planner.simulate.switchback import Schedule, SwitchbackSpec, parse_switchback
 from planner.simulate.workload_spec import WorkloadSpec, parse_workload
 
 GB = 1e9
@@ -81,6 +83,8 @@ CLUSTER_KEYS = frozenset(
         "enable_prefix_caching",
         "native",
         "lmcache",
+        "switchback",
+        "load_shares",
     }
 )
 
@@ -139,6 +143,11 @@ class ClusterSpec:
     resume_after_load: str = "append"
     # router "scorer": its weights and prefix indexes (router_spec.py)
     scorer: ScorerSpec = field(default_factory=ScorerSpec)
+    # canary engines whose offload is switched on and off in blocks (switchback.py); their
+    # engines_offload entries are the mode of block 0
+    switchback: SwitchbackSpec | None = None
+    # router round_robin: a weighted split, one weight per engine (None: equal turns)
+    load_shares: tuple[float, ...] | None = None
 
     @property
     def engines_per_node(self) -> int:
@@ -197,6 +206,8 @@ def parse_scenario(raw: object, where: str = "scenario", base_dir: Path | None =
     name = top.string("name", Path(where).stem if where != "scenario" else "scenario")
     top.finish()
     assert isinstance(raw, Mapping)
+    if cluster.switchback is not None:
+        cluster = _start_switchback(cluster, seed, params)
     return Scenario(cluster, workload, duration, warmup, seed, name, raw, tuple(params))
 
 
@@ -287,13 +298,15 @@ def _parse_cluster(sec: Section) -> ClusterSpec:
     offload = sec.choice("offload", "none", OFFLOAD_MODES, source="default: no offload")
     n_engines = nodes * (gpn // tp)
     per_engine = _engines_offload(sec, offload, n_engines)
-    any_offload = any(m != "none" for m in per_engine)
+    switchback = parse_switchback(sec, per_engine, lmcache_scope_given=sec.has("lmcache_scope"))
+    any_offload = any(m != "none" for m in per_engine) or switchback is not None
     cpu_gb = sec.number("cpu_cache_gb", 100.0 if any_offload else 0.0, low=0.0, source=SRC_CPU)
     if any_offload and cpu_gb <= 0:
         raise sec.fail("cpu_cache_gb", "must be > 0 when an engine offloads")
     scope = sec.choice("lmcache_scope", "node", SCOPES, source=SRC_SCOPE)
     native = parse_native(sec.section("native"))
     lmc = parse_lmcache(sec.section("lmcache"))
+    shares = _load_shares(sec, router, n_engines)
     sec.finish()
     return ClusterSpec(
         nodes=nodes,
@@ -323,6 +336,8 @@ def _parse_cluster(sec: Section) -> ClusterSpec:
         max_model_len=max_len,
         resume_after_load=resume,
         scorer=scorer,
+        switchback=switchback,
+        load_shares=shares,
     )
 
 
@@ -359,6 +374,38 @@ def _engines_offload(sec: Section, offload: str, n_engines: int) -> tuple[str, .
             )
         out.append(mode.lower())
     sec.params.append(Param(sec.key("engines_offload"), list(out), "scenario"))
+    return tuple(out)
+
+
+def _start_switchback(cluster: ClusterSpec, seed: int, params: list[Param]) -> ClusterSpec:
+    """The switchback's seed (default: the scenario's) and the canaries' mode at t = 0."""
+    sb = cluster.switchback
+    assert sb is not None
+    if sb.seed is None:
+        sb = replace(sb, seed=seed)
+        params.append(Param("cluster.switchback.seed", seed, "default: the scenario's seed"))
+    first = Schedule(sb).mode(0)
+    modes = tuple(first if i in sb.engines else m for i, m in enumerate(cluster.engines_offload))
+    return replace(cluster, switchback=sb, engines_offload=modes)
+
+
+def _load_shares(sec: Section, router: str, n_engines: int) -> tuple[float, ...] | None:
+    """cluster.load_shares: a weight per engine for round_robin (recorded only when given)."""
+    value = sec.raw("load_shares")
+    if value is None:
+        return None
+    if router != "round_robin":
+        raise sec.fail("load_shares", f"applies only with router: round_robin (router is {router})")
+    if not isinstance(value, list) or len(value) != n_engines:
+        raise sec.fail("load_shares", f"must be a list of {n_engines} weights (one per engine)")
+    out: list[float] = []
+    for i, w in enumerate(value):
+        if isinstance(w, bool) or not isinstance(w, int | float) or not math.isfinite(w) or w < 0:
+            raise sec.fail(f"load_shares[{i}]", f"must be a finite number >= 0, got {w!r}")
+        out.append(float(w))
+    if not sum(out) > 0:
+        raise sec.fail("load_shares", "the weights are all 0: no engine would get a request")
+    sec.params.append(Param(sec.key("load_shares"), list(out), "scenario"))
     return tuple(out)
 
 

@@ -21,6 +21,14 @@ The endpoints are announced as one JSON line on stdout (and written to ``ports_f
      "model_name": "llama-3.1-8b", "speed": 30.0, "scenario": "…", "duration_s": 600.0,
      "loop": false}
 
+A scenario with ``cluster.switchback`` marks its canaries ``"switching": true`` (their
+``offload`` is the mode they start with) and adds ``"switchback": {"engines": […], "mode":
+"native", "block_s": 1800.0, "seed": 1}``. A canary's restart changes what its ``/metrics``
+says about itself (``cache_config_info``'s ``kv_offloading_size``, ``kv_offload_config_info``),
+so a collector records each change by itself (engine_changes, at the first scrape that shows
+it); the targets and file_sd files leave a canary's offload out, since a configured mode
+would win over the exposed one.
+
 ``targets_file`` gets the same endpoints as a ``kvscope collect --targets`` file and
 ``file_sd(doc)`` gives Prometheus ``file_sd_configs`` targets.
 
@@ -74,6 +82,7 @@ class Endpoint:
     pool: int | None = None  # engines: their LMCache pool
     scope: str = ""  # pools: engine | node | cluster
     engines: tuple[int, ...] = ()  # pools: member engines
+    switching: bool = False  # engines: a switchback canary (its offload changes over time)
 
 
 class LiveCluster:
@@ -206,12 +215,15 @@ class ClusterServer:
         self._threads: list[threading.Thread] = []
         sim = live.sim
         pool_of = {e: p.idx for p in sim.pools for e in p.engines}
+        sb = live.scenario.cluster.switchback
+        canaries = sb.engines if sb is not None else ()
         try:
             for i, eng in enumerate(sim.engines):
                 srv = self._bind(host, port, i, functools.partial(live.engine_body, i))
                 self.endpoints.append(Endpoint("engine", i, _url(host, srv.server_address[1]),
                                                node=eng.node, offload=eng.conn.mode,
-                                               pool=pool_of.get(i)))  # fmt: skip
+                                               pool=pool_of.get(i),
+                                               switching=i in canaries))  # fmt: skip
             for j, pool in enumerate(sim.pools):
                 offset = len(sim.engines) + j
                 srv = self._bind(host, port, offset, functools.partial(live.pool_body, j))
@@ -264,10 +276,11 @@ class ClusterServer:
     def document(self) -> dict[str, Any]:
         """The endpoints announcement (see the module docstring)."""
         live = self.live
-        return {
+        sb = live.scenario.cluster.switchback
+        doc: dict[str, Any] = {
             "engines": [
                 {"engine": e.index, "node": e.node, "offload": e.offload, "lmcache": e.pool,
-                 "url": e.url}
+                 "url": e.url} | ({"switching": True} if e.switching else {})
                 for e in self.endpoints if e.kind == "engine"
             ],
             "lmcache": [
@@ -281,17 +294,24 @@ class ClusterServer:
             "duration_s": live.scenario.duration_s,
             "loop": live.loop,
         }  # fmt: skip
+        if sb is not None:
+            doc["switchback"] = {"engines": list(sb.engines), "mode": sb.mode,
+                                 "block_s": sb.block_s, "seed": sb.seed}  # fmt: skip
+        return doc
 
 
 def file_sd(doc: dict[str, Any]) -> list[dict[str, Any]]:
     """The endpoints as a Prometheus ``file_sd_configs`` document (job label per kind)."""
     out: list[dict[str, Any]] = []
+    pool_of = {e: f"sim-lmcache-{p['pool']}" for p in doc["lmcache"] for e in p["engines"]}
     for kind, job in (("engines", "vllm"), ("lmcache", "lmcache")):
         for entry in doc[kind]:
             hostport = entry["url"].split("://", 1)[1].split("/", 1)[0]
             labels = {"job": job, "node": str(entry["node"])}
-            if kind == "engines":
+            if kind == "engines" and not entry.get("switching"):  # a canary's says itself
                 labels["offload"] = entry["offload"]
+            if kind == "engines" and entry["engine"] in pool_of:
+                labels["pool"] = pool_of[entry["engine"]]
             out.append({"targets": [hostport], "labels": labels})
     return out
 
@@ -299,14 +319,18 @@ def file_sd(doc: dict[str, Any]) -> list[dict[str, Any]]:
 def targets_document(doc: dict[str, Any], scenario: Scenario) -> dict[str, Any]:
     """The endpoints as a ``kvscope collect --targets`` file (collector/sources.py format),
     with each engine's model, GPU, TP, offload mode and LMCache pool as the planner's
-    metadata."""
+    metadata. A switchback canary's offload is left out: a configured mode wins over the
+    exposed one (collector.engine_facts.describe), and the canary's changes with its
+    restarts, so the collector reads it from the engine's cache_config_info at every scrape
+    and records each change in the store's engine_changes at the scrape that first shows it."""
     spec = scenario.cluster
     pool_of = {e: f"sim-lmcache-{p['pool']}" for p in doc["lmcache"] for e in p["engines"]}
     targets: list[dict[str, Any]] = [
         {"name": f"sim-engine-{e['engine']}", "url": e["url"], "kind": "vllm",
          "engine": {"model": spec.model.name, "gpu": spec.gpu.name,
-                    "tensor_parallel": spec.tensor_parallel, "offload": e["offload"]}
-         | ({"pool": pool_of[e["engine"]]} if e["engine"] in pool_of else {})}
+                    "tensor_parallel": spec.tensor_parallel}
+                   | ({} if e.get("switching") else {"offload": e["offload"]})
+                   | ({"pool": pool_of[e["engine"]]} if e["engine"] in pool_of else {})}
         for e in doc["engines"]
     ]  # fmt: skip
     targets += [

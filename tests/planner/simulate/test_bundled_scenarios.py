@@ -17,6 +17,7 @@ from planner.simulate.scenarios import bundled_directory, bundled_name, bundled_
 from tests.clirun import assert_one_line_error
 
 EXPECTED = {
+    "canary_switchback",
     "demo",
     "diurnal_mixed_offload",
     "multi_turn",
@@ -117,7 +118,11 @@ def test_cli_simulate_compare_re_reads_the_bundled_trace(tmp_path: Path) -> None
     ("args", "message"),
     [
         (["simulate", "nosuch"], "kvscope: error: nosuch: no such scenario file nor bundled"),
-        (["simulate"], "kvscope: error: missing SCENARIO: a scenario YAML file or one of demo,"),
+        (
+            ["simulate"],
+            "kvscope: error: missing SCENARIO: a scenario YAML file or one of canary_switchback, "
+            "demo,",
+        ),
     ],
 )
 def test_cli_simulate_bad_scenario_one_line_exit_2(

@@ -1,0 +1,174 @@
+"""`cluster.switchback`: canary engines whose offload is switched on and off in blocks of time,
+as an operator evaluates offload on one engine (a switchback experiment).
+
+Time is cut into blocks of `block_s` from t = 0; in an "on" block the listed engines run the
+section's `mode` (native or lmcache), in an "off" block no offload. Which blocks are on:
+- `schedule: [on, off, ...]`: block b is ``schedule[b mod len(schedule)]`` (cycled, so a run
+  longer than the list, or a looping server, goes on with it);
+- otherwise randomized pairs: blocks 2p and 2p + 1 are (on, off) or (off, on), each with
+  probability 1/2, drawn pair after pair from ``random.Random(seed)`` (seed: the section's,
+  by default the scenario's); `start` fixes the order of pair 0 only (every later pair is the
+  same whatever `start` says). Every complete pair has one block of each, so on and off
+  time differ by at most one block, and no block's state follows from the time of day.
+
+A block whose state differs from the previous block's is a switch: each listed engine is
+restarted with the new configuration at the block's start (Engine.restart; cluster.py
+Simulation._switch; PARAMETERS.md, "Switchback"). Equal neighbours (off, off) are no switch.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+from planner.simulate.spec import Param, Section
+
+SWITCH_MODES = ("native", "lmcache")
+SRC_BLOCK = "default: assumption (30-minute blocks)"
+SRC_MODE = "default: native (vLLM's CPU offload; lmcache needs the scenario's LMCache pool)"
+
+
+@dataclass(frozen=True, slots=True)
+class SwitchbackSpec:
+    """The canary engines, their offload when on, the blocks and how their order is chosen."""
+
+    engines: tuple[int, ...]
+    mode: str  # native | lmcache, during "on" blocks ("off" blocks: none)
+    block_s: float
+    start: str | None = None  # "on" | "off": pair 0 starts so; None: drawn like the others
+    schedule: tuple[bool, ...] | None = None  # explicit on (True) / off per block, cycled
+    seed: int | None = None  # None until parse_scenario fills in the scenario's seed
+
+
+@dataclass(frozen=True, slots=True)
+class Switch:
+    """A regime of one engine: from simulated time `t` it runs `offload`; `aborted` requests
+    were in flight at the restart and sent again (0 for the regime the run starts with)."""
+
+    t: float
+    engine: int
+    offload: str
+    aborted: int = 0
+
+
+class Schedule:
+    """Whether each block is on (lazily drawn, so a looping server never runs out)."""
+
+    def __init__(self, spec: SwitchbackSpec) -> None:
+        self.spec = spec
+        self._rng = random.Random(spec.seed if spec.seed is not None else 0)
+        self._pairs: list[bool] = []  # pair p: True = (on, off), False = (off, on)
+
+    def on(self, block: int) -> bool:
+        """True when block `block` (0, 1, ...) runs the offload."""
+        spec = self.spec
+        if spec.schedule is not None:
+            return spec.schedule[block % len(spec.schedule)]
+        pair = block // 2
+        while len(self._pairs) <= pair:
+            self._pairs.append(self._rng.random() < 0.5)
+        first_on = self._pairs[pair]
+        if pair == 0 and spec.start is not None:
+            first_on = spec.start == "on"
+        return first_on if block % 2 == 0 else not first_on
+
+    def mode(self, block: int) -> str:
+        """The listed engines' offload mode during `block`."""
+        return self.spec.mode if self.on(block) else "none"
+
+    def next_switch(self, block: int) -> int | None:
+        """The first block after `block` whose state differs from its predecessor's (None: an
+        explicit schedule of one state never switches)."""
+        now = self.on(block)
+        # random pairs switch within 2 blocks; a cycled schedule repeats within its length
+        horizon = len(self.spec.schedule) if self.spec.schedule is not None else 3
+        for b in range(block + 1, block + horizon + 1):
+            if self.on(b) != now:
+                return b
+        return None
+
+    def regimes(self, until: float) -> list[tuple[float, str]]:
+        """(start time, mode) of every regime that starts before `until`, the first at 0."""
+        out = [(0.0, self.mode(0))]
+        block = 0
+        while True:
+            nxt = self.next_switch(block)
+            if nxt is None or nxt * self.spec.block_s >= until:
+                return out
+            out.append((nxt * self.spec.block_s, self.mode(nxt)))
+            block = nxt
+
+
+def parse_switchback(
+    sec: Section, engines_offload: tuple[str, ...], *, lmcache_scope_given: bool
+) -> SwitchbackSpec | None:
+    """`cluster.switchback` (None when absent; its keys are recorded only when present, so
+    other scenarios' parameter lists are unchanged). The listed engines' own offload (the
+    cluster's `offload` / `engines_offload`) must be none: that is their "off" state."""
+    if not sec.has("switchback"):
+        sec.raw("switchback")
+        return None
+    s = sec.section("switchback")
+    engines = _engines(s, len(engines_offload))
+    for i in engines:
+        if engines_offload[i] != "none":
+            raise s.fail(
+                "engines",
+                f"engine {i} runs {engines_offload[i]} offload in cluster.engines_offload; a "
+                "switchback engine's own offload must be none (its off state)",
+            )
+    mode = s.choice("mode", "native", SWITCH_MODES, source=SRC_MODE)
+    if mode == "lmcache" and not lmcache_scope_given:
+        raise s.fail(
+            "mode",
+            "lmcache needs the LMCache server the canary connects to: set cluster.lmcache_scope "
+            "(engine, node or cluster)",
+        )
+    block = s.number("block_s", 1800.0, low=0.0, low_open=True, source=SRC_BLOCK)
+    start = _on_off(s, "start", s.raw("start")) if s.has("start") else None
+    schedule = _schedule(s)
+    if schedule is not None and start is not None:
+        raise s.fail("start", "applies only without an explicit schedule (its first entry)")
+    seed = s.integer("seed", low=0) if s.has("seed") else None
+    s.raw("seed")
+    s.finish()
+    s.params.append(Param(s.key("engines"), list(engines), "scenario"))
+    if start is not None:
+        s.params.append(Param(s.key("start"), start, "scenario"))
+    if schedule is not None:
+        s.params.append(
+            Param(s.key("schedule"), ["on" if b else "off" for b in schedule], "scenario")
+        )
+    return SwitchbackSpec(engines, mode, block, start, schedule, seed)
+
+
+def _engines(s: Section, n_engines: int) -> tuple[int, ...]:
+    value = s.raw("engines")
+    if not isinstance(value, list) or not value:
+        raise s.fail("engines", f"must be a non-empty list of engine indices, got {value!r}")
+    out: list[int] = []
+    for i, e in enumerate(value):
+        if isinstance(e, bool) or not isinstance(e, int) or not 0 <= e < n_engines:
+            raise s.fail(f"engines[{i}]", f"must be an engine index 0..{n_engines - 1}, got {e!r}")
+        if e in out:
+            raise s.fail(f"engines[{i}]", f"engine {e} is listed twice")
+        out.append(e)
+    return tuple(sorted(out))
+
+
+def _on_off(s: Section, key: str, value: object) -> str:
+    """ "on" / "off" (YAML 1.1 reads a bare on / off as true / false: both are accepted)."""
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    if isinstance(value, str) and value.strip().lower() in ("on", "off"):
+        return value.strip().lower()
+    raise s.fail(key, f"must be on or off, got {value!r}")
+
+
+def _schedule(s: Section) -> tuple[bool, ...] | None:
+    value = s.raw("schedule")
+    if value is None:
+        return None
+    if not isinstance(value, list) or not value:
+        raise s.fail("schedule", f"must be a non-empty list of on / off, got {value!r}")
+    return tuple(_on_off(s, f"schedule[{i}]", v) == "on" for i, v in enumerate(value))
