@@ -145,6 +145,7 @@ def switchback_block_s(
     *,
     window_s: float,
     min_block_s: float = 900.0,
+    max_block_s: float = 7200.0,
     washout_s: float = 300.0,
     log: bool = True,
     detrend: bool = True,
@@ -153,8 +154,11 @@ def switchback_block_s(
     how it was derived: ``washout_s`` + 5 integrated autocorrelation times (at least one
     window) of the canary's (log) ``outcome`` — net of the controls' common level when
     ``detrend`` and the frame has other engines, since the fit removes it — rounded up to
-    a multiple of 5 minutes, at least ``min_block_s``. Raises InsufficientHistory below 30
-    windows of the canary."""
+    a multiple of 5 minutes, at least ``min_block_s`` and at most ``max_block_s``: a drift
+    slower than that (the canary's TTFT following its own load through the day) is what the
+    randomized pairs and the fit's time blocks absorb, and blocks longer than a few hours
+    would stretch the experiment over days. Raises InsufficientHistory below 30 windows of
+    the canary."""
     import numpy as np
 
     if window_s <= 0:
@@ -167,6 +171,8 @@ def switchback_block_s(
     tau = autocorrelation_time(series, max_lag=max_lag)
     raw = washout_s + TAU_MULTIPLE * max(tau, 1.0) * window_s
     block = max(float(min_block_s), math.ceil(raw / ROUND_S - 1e-9) * ROUND_S)
+    capped = block > max_block_s
+    block = min(block, float(max_block_s))
     what = f"{'log ' if log else ''}{outcome} of {engine_key}" + (
         ", net of the controls' common level" if netted else ""
     )
@@ -176,6 +182,11 @@ def switchback_block_s(
         f"a multiple of {ROUND_S / 60:.0f} min, at least {min_block_s:.0f} s; τ_int of {what} "
         f"over {int(np.isfinite(series).sum())} windows (Sokal's window, lags <= {max_lag})"
     )
+    if capped:
+        text += (
+            f"; capped at {max_block_s / 60:.0f} min: a drift that slow is left to the "
+            "randomized pairs and the fit's time blocks"
+        )
     return block, text
 
 

@@ -97,8 +97,8 @@ def _switchback(
         block_s, basis = switchback_block_s(frame, canary, OUTCOME, window_s=window_s)
         sigma, n_hist = block_sigma(frame, canary, OUTCOME, block_s=block_s, window_s=window_s)
     except (InsufficientHistory, ConfigError) as exc:
-        return entry | {"text": f"switch {mode} on {canary} on and off in blocks; cannot size "
-                        f"them yet: {exc}"}  # fmt: skip
+        return entry | {"text": f"switch {mode} on {canary} on and off in blocks; too little "
+                        f"history to size them yet ({exc})"}  # fmt: skip
     n = blocks_needed(sigma, MIN_EFFECT, level=LEVEL, power=POWER, max_blocks=MAX_BLOCKS)
     entry |= {
         "block_s": block_s,
