@@ -269,7 +269,7 @@ class SignalsOut(_Model):
 
 # ------------------------------------------------------------------------------- plans
 
-_HEADLINE_EXAMPLE = {"score": 0.55, "breakeven_native": 0.71, "p_saturation": 0.2}
+_HEADLINE_EXAMPLE = {"score": 0.55, "capacity_native": 1.2, "p_saturation": 0.2}
 
 
 class PlanSummary(_Model):
@@ -309,6 +309,23 @@ class ForecastOut(_Model):
     forecast: JsonObject = Field(
         examples=[{"kv_demand": {"method": "naive @60s"}}],
         description="the plan's forecast section",
+    )
+
+
+class OffloadOut(_Model):
+    cluster: str = Field(examples=["prod-a"])
+    group: str = Field(examples=[""])
+    plan_id: int = Field(examples=[12])
+    created_at: float = Field(examples=[1764000000.0])
+    age_s: float = Field(examples=[600.0])
+    offload: JsonObject = Field(
+        examples=[
+            {
+                "slo": {"ttft_s": 2.0, "quantile": "p90"},
+                "modes": {"native": {"capacity": {"ratio": 1.2, "lower_bound": False}}},
+            }
+        ],
+        description="the plan's offload section: per mode today / capacity / bill / experiment",
     )
 
 

@@ -17,7 +17,14 @@ from fastapi.responses import Response
 from api.deps import Cluster, State, StoreDep, cached_heavy, duration_s, require_read
 from api.errors import ApiError, responses
 from api.respond import dumps, json_ok
-from api.schemas import DURATION_PATTERN, AccuracyOut, ForecastOut, PlanOut, PlansOut
+from api.schemas import (
+    DURATION_PATTERN,
+    AccuracyOut,
+    ForecastOut,
+    OffloadOut,
+    PlanOut,
+    PlansOut,
+)
 from collector.models import PlanRecord
 from collector.store import Store
 
@@ -117,11 +124,10 @@ def plans(
     )
 
 
-@router.get("/clusters/{cluster}/forecast", response_model=ForecastOut, responses=_ERRORS)
-def forecast(cluster: Cluster, store: StoreDep, group: GroupQuery = None) -> Response:
-    """The latest plan's forecast: KV demand against HBM capacity, time to saturation."""
+def _section(store: Store, cluster: str, group: str | None, name: str) -> Response:
+    """One section of the latest plan's document, with the plan's identity and age."""
     record = latest(store, cluster, group)
-    section = record.document.get("forecast")
+    section = record.document.get(name)
     return json_ok(
         {
             "cluster": cluster,
@@ -129,9 +135,25 @@ def forecast(cluster: Cluster, store: StoreDep, group: GroupQuery = None) -> Res
             "plan_id": record.id,
             "created_at": record.created_at,
             "age_s": max(0.0, time.time() - record.created_at),
-            "forecast": dict(section) if isinstance(section, dict) else {},
+            name: dict(section) if isinstance(section, dict) else {},
         }
     )
+
+
+@router.get("/clusters/{cluster}/forecast", response_model=ForecastOut, responses=_ERRORS)
+def forecast(cluster: Cluster, store: StoreDep, group: GroupQuery = None) -> Response:
+    """The latest plan's forecast: KV demand against HBM capacity, time to saturation."""
+    return _section(store, cluster, group, "forecast")
+
+
+@router.get("/clusters/{cluster}/offload", response_model=OffloadOut, responses=_ERRORS)
+def offload(cluster: Cluster, store: StoreDep, group: GroupQuery = None) -> Response:
+    """The latest plan's offload verdict per mode: today's effects (TTFT, E2E, preemptions
+    at the load each engine carried), capacity at the SLO against no offload, the bill
+    (engines and GPU-hours a day at the forecast peak), each with its interval and the
+    engines or LMCache pools behind it; the experiment that would settle a mode that cannot
+    tell. Empty for a plan made per model group: ask for a group."""
+    return _section(store, cluster, group, "offload")
 
 
 def coverage_of(outcomes: Sequence[Any]) -> dict[tuple[str, str], tuple[float, float]]:
@@ -155,7 +177,7 @@ def coverage_of(outcomes: Sequence[Any]) -> dict[tuple[str, str], tuple[float, f
 )
 async def accuracy(cluster: Cluster, store: StoreDep, state: State) -> Response:
     """The closed loop: each past plan whose horizon has passed, scored against the windows
-    that came after it (forecast coverage, saturation, gains), and their summary. Scoring
+    that came after it (forecast coverage, saturation, capacity ratios), and their summary. Scoring
     re-plans the later windows, so it runs on the heavy-work pool (the same answer for
     cache_ttl_s)."""
     from planner.plan import accuracy_summary, score_plans

@@ -75,6 +75,22 @@ def register(app: typer.Typer) -> None:
                 "--cluster or the store's only one",
             ),
         ] = False,
+        slo_ttft: Annotated[
+            str,
+            typer.Option(
+                "--slo-ttft",
+                help="the TTFT target capacity is measured against (per window quantile "
+                "--slo-quantile), e.g. 2s or 500ms",
+            ),
+        ] = "2s",
+        slo_quantile: Annotated[
+            str,
+            typer.Option(
+                "--slo-quantile",
+                help="the TTFT quantile of the SLO: p50, p90 or p99 (the quantiles the "
+                "collector keeps per window)",
+            ),
+        ] = "p90",
         every: Annotated[
             str | None,
             typer.Option(
@@ -97,6 +113,8 @@ def register(app: typer.Typer) -> None:
 
         Example: kvscope plan --db sqlite:///kvscope.db --cluster prod --save
 
+        Example: kvscope plan --slo-ttft 1s --slo-quantile p99 --json
+
         Example: kvscope plan --every 15m --db postgresql+psycopg://kvscope@db/kvscope
         """
         from pydantic import ValidationError
@@ -105,6 +123,7 @@ def register(app: typer.Typer) -> None:
         from kvscope.commands.collect import parse_duration
         from kvscope.config import get_settings
         from kvscope.heap import reuse_freed_memory
+        from planner.fit.capacity import Slo
         from planner.plan import build_plan
         from planner.report.plan_text import summary_text
 
@@ -115,6 +134,10 @@ def register(app: typer.Typer) -> None:
         since_d = None if since.strip() == "all" else parse_duration(since, "--since")
         since_s = None if since_d is None else time.time() - since_d
         horizon_s = parse_duration(horizon, "--horizon")
+        try:
+            slo = Slo(parse_duration(slo_ttft, "--slo-ttft"), slo_quantile)
+        except ConfigError as exc:
+            raise ConfigError(f"--slo-quantile: {exc}") from None
         if every is not None:
             every_s = parse_duration(every, "--every")
             if plots is not None:
@@ -128,7 +151,7 @@ def register(app: typer.Typer) -> None:
                     return build_plan(store, cluster=name, since=since_at,
                                       horizon_s=horizon_s, gpu_price_per_hour=gpu_price,
                                       seed=seed, forecast_seconds=forecast_seconds,
-                                      group=group)  # fmt: skip
+                                      group=group, slo=slo)  # fmt: skip
 
             logging.basicConfig(level=logging.WARNING, format="kvscope: %(message)s")
             with Store(url) as store:
@@ -155,6 +178,7 @@ def register(app: typer.Typer) -> None:
                     seed=seed,
                     forecast_seconds=forecast_seconds,
                     group=group,
+                    slo=slo,
                 )
             if saved_as is not None:
                 from kvscope.replan import save_plan

@@ -122,6 +122,21 @@ def test_forecast_latest_plan_section_returned(client: TestClient) -> None:
     assert body["forecast"]["kv_demand"]["points"]
 
 
+def test_offload_latest_plan_section_returned_with_units_per_mode(client: TestClient) -> None:
+    plan = client.get(f"/v1/clusters/{CLUSTER}/plan").json()
+    resp = client.get(f"/v1/clusters/{CLUSTER}/offload")
+    assert resp.status_code == 200
+    body = resp.json()
+    assert body["plan_id"] == plan["id"]
+    assert body["offload"] == plan["document"]["offload"]
+    for mode in ("native", "lmcache"):
+        entry = body["offload"]["modes"][mode]
+        assert {"units", "today", "capacity", "bill", "experiment", "design"} <= set(entry)
+        assert entry["units"]["unit"] == "engine, or the LMCache pool engines share"
+    assert body["offload"]["slo"]["quantile"] == "p90"
+    assert client.get("/v1/clusters/nope/offload").status_code == 404
+
+
 def test_accuracy_old_plan_scored_latest_pending(
     client: TestClient, filled_app: tuple[object, Filled]
 ) -> None:
