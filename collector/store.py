@@ -75,13 +75,18 @@ _ENDS_8 = ("", "_lo", "_hi")
 def _plans_8(conn: Connection) -> None:
     """Schema 7 -> 8 (MIGRATIONS): the plans' gain_<mode>_now columns were a throughput gain
     at equal KV use; they keep their values under that name (equal_kv_gain_<mode>), and the
-    capacity ratio at the SLO gets columns of its own (None for plans made before)."""
+    capacity ratio at the SLO gets columns of its own (None for plans made before). A plans
+    table that create_all() has just made (a store older than schema 2) has them already."""
+    from sqlalchemy import inspect
+
+    have = {c["name"] for c in inspect(conn).get_columns("plans")}
     for m in _MODES_8:
         for end in _ENDS_8:
-            conn.execute(text(
-                f"ALTER TABLE plans RENAME COLUMN gain_{m}_now{end} TO equal_kv_gain_{m}{end}"
-            ))  # fmt: skip
-            conn.execute(text(f"ALTER TABLE plans ADD COLUMN capacity_{m}{end} DOUBLE PRECISION"))
+            old, new, cap = f"gain_{m}_now{end}", f"equal_kv_gain_{m}{end}", f"capacity_{m}{end}"
+            if old in have and new not in have:
+                conn.execute(text(f"ALTER TABLE plans RENAME COLUMN {old} TO {new}"))
+            if cap not in have:
+                conn.execute(text(f"ALTER TABLE plans ADD COLUMN {cap} DOUBLE PRECISION"))
 
 
 # Upgrade steps: MIGRATIONS[n] turns schema version n into n + 1, inside migrate()'s one

@@ -131,8 +131,9 @@ def test_plans_list_history_newest_first_text_and_json(db_url: str) -> None:
         store.migrate()
         old = store.save_plan(record("east", now - 10 * 86400, now - 12 * 86400))
         new = store.save_plan(
-            record("west", now - 60, now - 7200, score=0.55, breakeven_native=0.62,
-                   breakeven_native_lo=0.55, breakeven_native_hi=0.7, forecast_peak=9e5,
+            record("west", now - 60, now - 7200, score=0.55, capacity_native=1.25,
+                   capacity_native_lo=1.1, capacity_native_hi=1.42, capacity_lmcache=1.3,
+                   capacity_lmcache_lo=1.17, capacity_lmcache_hi=None, forecast_peak=9e5,
                    forecast_peak_lo=8e5, forecast_peak_hi=1e6, kv_capacity=1e6,
                    saturation_s=7200.0, saturation_lo_s=3600.0, saturation_hi_s=None,
                    p_saturation=0.4)
@@ -142,7 +143,8 @@ def test_plans_list_history_newest_first_text_and_json(db_url: str) -> None:
     lines = r.stdout.splitlines()
     assert lines[0].split()[:4] == ["created", "(UTC)", "cluster", "group"]
     assert "west" in lines[1] and "east" in lines[2] and len(lines) == 3
-    assert "0.62 [0.55, 0.70]" in lines[1] and "90% [80%, 100%] of HBM" in lines[1]
+    assert "1.25 [1.10, 1.42]" in lines[1] and "90% [80%, 100%] of HBM" in lines[1]
+    assert "≥ 1.17" in lines[1]  # a lower bound: no upper end
     assert "2.0 h [1.0 h, n/a], P 40%" in lines[1] and "not within the horizon" in lines[2]
     r = RUNNER.invoke(app, ["plans", "list", "--db", db_url, "--json", "--since", "7d"])
     assert r.exit_code == 0, r.exception

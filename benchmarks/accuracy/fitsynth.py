@@ -134,8 +134,11 @@ def synthetic_frame(
             "prefix_hit_ratio": prefix_hit,
             "external_hit_ratio": nan,
             "ttft_mean_s": ttft,
+            "ttft_p50_s": ttft * 0.8,
             "ttft_p90_s": ttft * 1.5,
+            "ttft_p99_s": ttft * 2.5,
             "ttft_count": requests,
+            "e2e_mean_s": ttft + 4.0,
             "prompt_tokens_mean": prompt_mean,
             "requests": requests,
             "lmcache_hit_ratio": np.where(is_lm, np.clip(hit, 0, 1), nan),
@@ -204,8 +207,9 @@ def frame_to_windows(frame: pd.DataFrame) -> list[Window]:
         w("prefix_cache_hit_ratio", "ratio", lab, mean=c("prefix_hit_ratio"), delta=1000.0)
         tc = c("ttft_count")
         w("ttft_seconds", "histogram", lab, delta=tc, sum_delta=c("ttft_mean_s") * tc,
-          p90=c("ttft_p90_s"))  # fmt: skip
+          p50=c("ttft_p50_s"), p90=c("ttft_p90_s"), p99=c("ttft_p99_s"))  # fmt: skip
         req = c("requests")
+        w("e2e_latency_seconds", "histogram", lab, delta=req, sum_delta=c("e2e_mean_s") * req)
         w("request_prompt_tokens", "histogram", lab, delta=req,
           sum_delta=c("prompt_tokens_mean") * req)  # fmt: skip
         half = float(np.floor(req / 2))

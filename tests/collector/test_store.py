@@ -182,9 +182,51 @@ def test_schema_1_without_plans_table_upgraded_keeps_windows(db_url: str) -> Non
     engine.dispose()
     _set_version(db_url, 1)
     with Store(db_url) as s:
-        assert s.migrate() == SCHEMA_VERSION == 7
+        assert s.migrate() == SCHEMA_VERSION == 8
         assert s.read_windows() == [win()] and s.plans() == [] and s.engine_changes() == {}
         assert s.take_rollup_states(["e1"]) == {}
+
+
+def test_schema_7_plans_keep_their_gain_under_its_name_and_gain_capacity_columns(
+    db_url: str,
+) -> None:
+    """7 -> 8: a plan stored by schema 7 keeps its equal-KV gain (renamed, the values kept)
+    and its new capacity columns are empty (None: the plan never measured them)."""
+    with Store(db_url) as s:
+        s.migrate()
+    engine = sqlalchemy.create_engine(db_url)
+    ends = ("", "_lo", "_hi")
+    with engine.begin() as conn:  # the plans table as schema 7 had it
+        for m in ("native", "lmcache"):
+            for end in ends:
+                conn.execute(sqlalchemy.text(f"ALTER TABLE plans DROP COLUMN capacity_{m}{end}"))
+                conn.execute(sqlalchemy.text(
+                    f"ALTER TABLE plans RENAME COLUMN equal_kv_gain_{m}{end} TO gain_{m}_now{end}"
+                ))  # fmt: skip
+    engine.dispose()
+    _set_version(db_url, 7)
+    old = {f"gain_native_now{e}": v for e, v in zip(ends, (0.2, 0.1, 0.3), strict=True)}
+    engine = sqlalchemy.create_engine(db_url)
+    with engine.begin() as conn:
+        conn.execute(sqlalchemy.text("INSERT INTO clusters (name) VALUES ('c')"))
+        cid = conn.execute(sqlalchemy.text("SELECT id FROM clusters WHERE name = 'c'")).scalar()
+        cols = ", ".join(old)
+        conn.execute(
+            sqlalchemy.text(
+                "INSERT INTO plans (cluster_id, group_name, created_at, window_from, window_until,"
+                f" horizon_s, version, mode, document, {cols}) VALUES (:c, '', 1.0, 0.0, 1.0, "
+                f"60.0, 'v', 'native', '{{}}', {', '.join(map(str, old.values()))})"
+            ),
+            {"c": cid},
+        )
+    engine.dispose()
+    with Store(db_url) as s:
+        assert s.migrate() == SCHEMA_VERSION == 8
+        (plan,) = s.latest_plans("c")
+    h = plan.headline
+    assert (h["equal_kv_gain_native"], h["equal_kv_gain_native_lo"]) == (0.2, 0.1)
+    assert h["equal_kv_gain_native_hi"] == 0.3
+    assert h["capacity_native"] is None and h["capacity_lmcache_hi"] is None
 
 
 def test_engine_change_recorded_only_when_regime_changes(db_url: str) -> None:

@@ -286,9 +286,14 @@ def test_advise_json_and_text_give_the_band_as_largest_in_sample_miss() -> None:
         half = band_halfwidth(g, sim["gain_band"]["regime"])
         assert (band["lo"], band["hi"]) == pytest.approx((g - half, g + half))
         assert band["kind"] == BAND_KIND and band["rows"] == sim["gain_band"]["rows"]
-        gain = ev[f"{mode}_gain"]
-        assert gain["provenance"] == "simulated" and set(gain["gain"]) == {"estimate", "band"}
-        assert gain["gain"]["band"] == band
+        cap = ev[f"{mode}_capacity"]
+        assert cap["provenance"] == "simulated" and set(cap["ratio"]) == {"estimate", "band"}
+        assert cap["interval_kind"] == "largest_in_sample_miss" and "claim" not in cap
+        ratio_band = cap["ratio"]["band"]
+        assert (ratio_band["lo"], ratio_band["hi"]) == pytest.approx(
+            (1 + band["lo"], 1 + band["hi"])
+        )
+        assert ratio_band["kind"] == BAND_KIND and cap["ratio"]["estimate"] == pytest.approx(1 + g)
     assert sim["modes"]["none"]["throughput_gain_band"] is None  # none against itself
     text = advice_text(out)
     block = text[text.index("Simulated (") : text.index("Cost model")]

@@ -38,7 +38,7 @@ def win(
 def as_table(windows: list[Window]) -> pd.DataFrame:
     """The columnar form a store can hand over instead of Window objects."""
     fields = ["source", "signal", "labels", "start", "length_s", "delta", "rate", "mean",
-              "max", "p90", "sum_delta"]  # fmt: skip
+              "max", "p50", "p90", "p99", "sum_delta"]  # fmt: skip
     return pd.DataFrame([{f: getattr(w, f) for f in fields} for w in windows])
 
 

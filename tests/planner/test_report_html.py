@@ -248,8 +248,8 @@ def test_report_html_closed_loop_rows_from_outcomes_and_their_dicts(page: str) -
     assert "#12" in section and "#13" in section and "#14" in section
     assert '<span class="bad">86.7 %</span> (26 of 30 points inside; nominal 90 %)' in section
     assert '<span class="bad">earlier</span> (saturated 2026-09-25 01:33:20Z)' in section
-    assert "<b>native</b>: inside: predicted -5.2 % [-8.1 %, -2.2 %], measured -4.8 %" in section
-    assert '<b>lmcache</b>: <span class="bad">outside</span>: predicted -4.5 %' in section
+    assert "<b>native</b>: inside: predicted 1.12 [1.05, 1.20], measured 1.10" in section
+    assert '<b>lmcache</b>: <span class="bad">outside</span>: predicted 1.30' in section
     assert "measured n/a (the later windows cannot tell)" in section  # UNTOLD, from its dict
     assert "n/a: no realised point to compare" in section
     assert "pending: the horizon ends 2026-10-03 04:00:00Z" in section

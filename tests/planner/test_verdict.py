@@ -53,9 +53,10 @@ def test_run_verdicts_random_assignment_is_seeded_and_blind_to_load() -> None:
     # the busiest engines are not preferred: load does not enter the draw
     busy = frame.copy()
     busy.loc[busy["source"] == picked["engines"][0], "tokens_per_s"] *= 10
-    assert run_verdicts(busy, engines(busy), seed=7)["native"].experiment["engines"] == picked[
-        "engines"
-    ]
+    assert (
+        run_verdicts(busy, engines(busy), seed=7)["native"].experiment["engines"]
+        == picked["engines"]
+    )
     others = {tuple(run_verdicts(frame, engines(frame), seed=s)["native"].experiment["engines"])
               for s in range(8)}  # fmt: skip
     assert len(others) > 1  # the seed, not a rule, picks
