@@ -61,6 +61,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from planner.fit.common import (
+    MIN_CLUSTERS,
     Estimate,
     FitResult,
     Interval,
@@ -158,8 +159,8 @@ def fit_hitrate(
     ``weight``: the looked-up tokens behind each hit ratio (windows without a positive
     count are left out; every window counts 1 when the column is absent). ``sizes``: L1
     sizes (bytes) to predict at (default: quartiles of the observed sizes and 2× / 4× the
-    largest, the last two extrapolated). ``spline_df``: at most this many spline basis
-    functions (fewer with few pools or few distinct sizes). Raises InsufficientHistory
+    largest, the last two extrapolated). ``spline_df``: spline basis functions (fewer only
+    when the sizes seen have fewer distinct quantiles). Raises InsufficientHistory
     below ``min_windows`` windows.
     """
     import numpy as np
@@ -192,9 +193,10 @@ def fit_hitrate(
     c_lo, c_hi = float(c.min()), float(c.max())
     if cov_type == "cluster":
         errors = f"CR1 by LMCache pool ({pools} pools), t({pools - 1})"
+        few = f"; below {MIN_CLUSTERS} pools CR1 is biased down" if pools < MIN_CLUSTERS else ""
         independence = (
             f"errors clustered by LMCache pool ({pools} sources: independent across pools, "
-            "any correlation within one); with few pools CR1 is biased down"
+            f"any correlation within one){few}"
         )
     else:
         errors = f"HC0 per window ({pools} LMCache pool{'s' if pools != 1 else ''}), t(n − {k})"
