@@ -4,7 +4,7 @@
 - ``gain``: throughput gain per offload mode vs KV use, and its break-even (``gain_curve``,
   ``gain_crossings``);
 - ``mfu``: prefill MFU from TTFT on low-load windows;
-- ``hitrate``: the LMCache L1 hit-rate curve vs L1 size (:func:`hit_ratio` is the curve);
+- ``hitrate``: the LMCache L1 hit-rate curve vs L1 size (``HitRateFit.curve`` evaluates it);
 - ``common``: estimates, intervals, weights and covariance pieces the fits share;
 - ``run``: :func:`fit_all`, every fit the data supports.
 """

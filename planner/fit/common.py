@@ -187,28 +187,23 @@ def sandwich(
 ) -> Array:
     """Sandwich covariance of a (weighted) least-squares fit with Jacobian ``jac``.
 
-    ``bread = (J'WJ)^-1``, ``meat = Σ_g s_g s_g'`` with scores ``s = J' W r`` summed per
-    cluster ``g`` (``groups``) or per observation (HC0) — with the finite-sample factor
-    ``G/(G-1)·(n-1)/(n-p)`` (clusters) or ``n/(n-p)`` (HC1) that statsmodels also uses.
+    ``bread = (J'WJ)^-1``, scores ``s = J' W r`` per observation; statsmodels'
+    ``cov_cluster`` sums them per cluster ``g`` (``groups``, CR1) and ``cov_white_simple``
+    takes them per observation (HC1), each with its finite-sample factor
+    ``G/(G-1)·(n-1)/(n-p)`` or ``n/(n-p)``.
     """
     import numpy as np
+    from statsmodels.stats import sandwich_covariance as sw
 
-    n, p = jac.shape
     jw = jac * weights[:, None]
     bread = np.linalg.pinv(jw.T @ jac)
     scores = jw * resid[:, None]
     if groups is None:
-        meat = scores.T @ scores
-        factor = n / max(n - p, 1)
+        cov = sw.cov_white_simple((scores, bread), use_correction=True)
     else:
-        codes, inv = np.unique(groups, return_inverse=True)
-        g = codes.size
-        summed = np.zeros((g, p))
-        np.add.at(summed, inv, scores)
-        meat = summed.T @ summed
-        factor = g / max(g - 1, 1) * (n - 1) / max(n - p, 1)
-    cov: Array = bread @ meat @ bread * factor
-    return cov
+        cov = sw.cov_cluster((scores, bread), np.asarray(groups), use_correction=True)
+    out: Array = np.asarray(cov, dtype=np.float64)
+    return out
 
 
 @dataclass(frozen=True, slots=True)

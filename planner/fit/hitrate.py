@@ -3,34 +3,54 @@ reaches a target?
 
 Model
 -----
-For window i with L1 bytes in use C_i and token hit ratio h_i (hit / requested tokens),
+For window i with L1 bytes in use C_i, requested (looked-up) tokens n_i and hit tokens
+y_i = h_i·n_i (h_i the window's token hit ratio),
 
-    h_i = h_max · (1 − exp(−C_i / C0)) + ε_i ,
+    E[y_i] = n_i · p(C_i),   logit p(C) = s(ln C),
 
-a saturating curve: h_max is the hit ratio an unbounded L1 would reach for this workload,
-C0 the size scale (63 % of h_max at C0). The size that reaches a fraction q of h_max is
-C_q = C0 · (−ln(1 − q)); the size for an absolute target h* < h_max is −C0·ln(1 − h*/h_max).
+a binomial GLM with the logit link whose linear predictor s is a natural cubic regression
+spline in ln C (patsy's ``cr``: k basis functions, knots at quantiles of ln C, linear
+beyond the boundary knots). No shape is imposed: the curve is what the sizes seen support,
+and outside them it is an extrapolation (the predictions say so).
 
 Estimator and uncertainty
 -------------------------
-Weighted nonlinear least squares (scipy ``least_squares``, trust-region, at most
-``max_nfev`` evaluations) in θ = (logit h_max, log C0), weights = requested tokens of the
-window (normalised), started from the best of a grid of C0 with h_max solved in closed form.
-Covariance: sandwich (robust to the binomial-type heteroscedasticity and overdispersion of
-token hits) — clustered by engine with ≥ 10 engines, HC1 per window otherwise. Intervals:
-Wald on θ (so h_max stays in (0, 1) and C0 > 0), predictions by the delta method on the
-logit scale; C_q's interval is exactly the rescaled interval of C0.
+statsmodels ``GLM`` (Binomial, logit; endog = [hit tokens, missed tokens]) by IRLS. The
+binomial variance is far too small for token hits (a request hits or misses a whole
+prefix of tokens at once), so only the mean model is taken from it: the covariance is
+cluster-robust (``cov_type="cluster"``, CR1) by LMCache pool — the frame's ``source``,
+whose LMCache server the L1 series come from (engines of one source share it) — with a
+Student t on G − 1 degrees of freedom. A cluster-robust covariance from G pools has rank
+at most G − 1 (the scores sum to zero), so it can carry a spline of k basis functions
+only from G ≥ k + 1 pools (k = ``spline_df``, default 6, fewer only when the sizes seen
+have fewer distinct quantiles). Capping k at G − 1 instead made the curve too stiff to
+follow a saturating one (3 df from 4 pools: the size estimate's 95 % interval covered
+the truth in 1 of 12 seeded synthetic clusters). With fewer pools the covariance is HC0
+per window with t(n − k), and ``assumptions`` says the intervals treat windows as
+independent. Pointwise intervals are Wald on the logit scale (delta method: b(C)'Vb(C)),
+mapped through the logistic, so they stay in (0, 1). The spline's shape error is not in
+them: on seeded synthetic clusters without pool effects (so intervals far narrower than
+real pools give; benchmarks/accuracy/fitsynth.py, 12 seeds) it is up to 0.003 in hit
+ratio with 6 df, and the pointwise 95 % intervals at 2, 8 and 30 GB covered the true
+curve 77 % of the time from 12 pools (CR1), 84 % from 4 (HC0).
+
+``estimate``: the smallest size in the observed range at which the curve reaches
+``target_fraction`` of its hit ratio at the largest size seen (``hit_at_largest``), i.e.
+the size past which the sizes seen add less than 1 − q of their hit ratio. Its interval is
+the delta method on ln C for the root of p(C) = q·p(C_max); ``size_for_target_hit`` is the
+same for an absolute hit ratio. Neither is looked for outside the sizes seen.
 
 Assumptions
 -----------
 L1 *usage* stands in for the L1 *size*: it equals the capacity only when the cache is full
 (windows with evictions; ``only_evicting=True`` keeps just those). While a cache warms up,
 usage and hit rate rise together in time, so workload drift can masquerade as a size
-effect. One curve for every engine pooled; windows independent unless clustered.
+effect. One curve for every pool; pools independent of one another.
 
-The data cannot tell when sizes barely vary, when C0 is not pinned down (its interval
-spans more than a factor of 100: the cache is past saturation or the curve is flat), or
-when the requested size lies far beyond the largest size observed (> 4×).
+The data cannot tell when sizes barely vary, when the hit ratio does not rise detectably
+from the smallest to the largest size seen (past saturation or independent of size), when
+the target fraction is already reached at the smallest size seen, or when the size's
+interval spans more than a factor of 100.
 """
 
 from __future__ import annotations
@@ -51,7 +71,6 @@ from planner.fit.common import (
     nan_interval,
     recorded_warnings,
     require_history,
-    sandwich,
     t_quantile,
 )
 
@@ -63,6 +82,8 @@ if TYPE_CHECKING:
     Array = npt.NDArray[np.float64]
 
 WHAT = "LMCache L1 hit-rate curve"
+# grid of ln C on which the roots are bracketed before refining
+_ROOT_GRID = 512
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,16 +98,46 @@ class HitPrediction:
 
 @dataclass(frozen=True, slots=True)
 class HitRateFit(FitResult):
-    """``estimate`` = L1 bytes reaching ``target_fraction`` of h_max."""
+    """``estimate`` = L1 bytes at which the curve reaches ``target_fraction`` of its hit
+    ratio at the largest size seen. ``curve`` / ``curve_interval`` evaluate the fit."""
 
-    h_max: Estimate
-    c0_bytes: Estimate
+    hit_at_largest: Estimate  # fitted hit ratio at size_range[1]
     target_fraction: float
     size_for_target_hit: Estimate | None  # for an absolute target hit ratio, when asked
     predictions: tuple[HitPrediction, ...]
     size_range: tuple[float, float]
     evicting_share: float  # share of windows with L1 evictions (usage = capacity)
-    cov_type: str
+    cov_type: str  # "cluster" (CR1 by LMCache pool) | "HC0" (windows independent) | "none"
+    clusters: int  # LMCache pools (sources) in the data
+    spline_df: int  # basis functions of the spline in ln C (0 when not fitted)
+    knots_ln_bytes: tuple[float, ...]  # the spline's knots (ln bytes), boundary ones included
+    coef: tuple[float, ...]
+    coef_cov: tuple[tuple[float, ...], ...]
+    t_crit: float  # the t quantile of the pointwise intervals
+
+    def curve(self, sizes_bytes: Sequence[float] | Array) -> Array:
+        """Fitted hit ratio at L1 sizes (bytes); linear in ln C on the logit scale outside
+        ``size_range`` (an extrapolation). NaN everywhere when the fit has no curve."""
+        import numpy as np
+
+        sizes = np.asarray(sizes_bytes, dtype=float)
+        if not self.coef:
+            return np.full(sizes.shape, math.nan)
+        out: Array = _expit(_basis(np.log(sizes), self.knots_ln_bytes) @ np.asarray(self.coef))
+        return out
+
+    def curve_interval(self, sizes_bytes: Sequence[float] | Array) -> tuple[Array, Array]:
+        """Pointwise (lo, hi) of the hit ratio at ``level`` (Wald on the logit scale)."""
+        import numpy as np
+
+        sizes = np.asarray(sizes_bytes, dtype=float)
+        if not self.coef:
+            nan = np.full(sizes.shape, math.nan)
+            return nan, nan.copy()
+        b = _basis(np.log(sizes), self.knots_ln_bytes)
+        eta = b @ np.asarray(self.coef)
+        se = np.sqrt(np.maximum(np.einsum("ij,jk,ik->i", b, np.asarray(self.coef_cov), b), 0))
+        return _expit(eta - self.t_crit * se), _expit(eta + self.t_crit * se)
 
 
 def fit_hitrate(
@@ -101,12 +152,16 @@ def fit_hitrate(
     level: float = 0.95,
     only_evicting: bool = False,
     min_windows: int = 30,
-    max_nfev: int = 200,
+    spline_df: int = 6,
 ) -> HitRateFit:
-    """Fit the saturating hit-rate curve (module docstring).
+    """Fit the hit-rate curve (module docstring).
 
-    ``sizes``: L1 sizes (bytes) to predict at (default: quartiles of the observed sizes
-    and 2× / 4× the largest). Raises InsufficientHistory below ``min_windows`` windows.
+    ``weight``: the looked-up tokens behind each hit ratio (windows without a positive
+    count are left out; every window counts 1 when the column is absent). ``sizes``: L1
+    sizes (bytes) to predict at (default: quartiles of the observed sizes and 2× / 4× the
+    largest, the last two extrapolated). ``spline_df``: spline basis functions (fewer only
+    when the sizes seen have fewer distinct quantiles). Raises InsufficientHistory
+    below ``min_windows`` windows.
     """
     import numpy as np
 
@@ -117,7 +172,9 @@ def fit_hitrate(
         raise ConfigError(f"target_fraction must be in (0, 1), got {target_fraction}")
     if target_hit is not None and not 0.0 < target_hit < 1.0:
         raise ConfigError(f"target_hit must be in (0, 1), got {target_hit}")
-    data = _usable(frame, size, hit)
+    if spline_df < 2:
+        raise ConfigError(f"spline_df must be at least 2, got {spline_df}")
+    data = _usable(frame, size, hit, weight)
     ev = data["l1_evicted_chunks"] if "l1_evicted_chunks" in data.columns else None
     evicting = (ev > 0).to_numpy() if ev is not None else np.zeros(len(data), dtype=bool)
     if only_evicting:
@@ -125,190 +182,271 @@ def fit_hitrate(
     require_history(WHAT, len(data), min_windows)
     c = data[size].to_numpy(dtype=float)
     h = data[hit].to_numpy(dtype=float)
-    w = data[weight].to_numpy(dtype=float) if weight in data.columns else np.ones(len(data))
-    w = np.where(np.isfinite(w) & (w > 0), w, 1.0)
-    w = w / w.mean()
-    groups = engine_groups(data)
-    n_eng = int(np.unique(groups).size)
-    cov_type = "cluster" if n_eng >= MIN_CLUSTERS else "HC1"
+    trials = data[weight].to_numpy(dtype=float) if weight in data.columns else np.ones(len(data))
+    groups = _pools(data)
+    pools = int(np.unique(groups).size)
     n = len(data)
-    c_max = float(c.max())
+    lc = np.log(c)
+    knots = _knots(lc, spline_df)
+    k = len(knots) if len(knots) >= 3 else 2
+    cov_type = "cluster" if pools >= k + 1 else "HC0"
+    c_lo, c_hi = float(c.min()), float(c.max())
+    if cov_type == "cluster":
+        errors = f"CR1 by LMCache pool ({pools} pools), t({pools - 1})"
+        few = f"; below {MIN_CLUSTERS} pools CR1 is biased down" if pools < MIN_CLUSTERS else ""
+        independence = (
+            f"errors clustered by LMCache pool ({pools} sources: independent across pools, "
+            f"any correlation within one){few}"
+        )
+    else:
+        errors = f"HC0 per window ({pools} LMCache pool{'s' if pools != 1 else ''}), t(n − {k})"
+        independence = (
+            f"{pools} LMCache pool{'s' if pools != 1 else ''}: too few for cluster-robust "
+            f"errors on a {k}-df curve (needs {k + 1}), so the intervals treat windows as "
+            "independent (too narrow if a pool's windows are correlated)"
+        )
     out: dict[str, Any] = {
-        "what": WHAT, "unit": "bytes", "n": n, "cov_type": cov_type,
-        "method": f"weighted NLS h = h_max(1 − exp(−C/C0)), weights = requested tokens; "
-                  f"{cov_type} sandwich, Wald on (logit h_max, log C0)",
+        "what": WHAT, "unit": "bytes", "n": n, "cov_type": cov_type, "clusters": pools,
+        "method": f"binomial GLM (logit) of hit / looked-up tokens on a natural cubic "
+                  f"spline in ln L1 usage ({k} df), weights = looked-up tokens; {errors}; "
+                  "Wald on the logit scale",
         "assumptions": (
             "L1 usage stands in for L1 size (equal only while evicting)",
             "cache warm-up can confound size with time",
-            "one curve for all engines pooled",
+            "one curve for all pools",
+            f"the natural spline with {k} df follows the true curve (its shape error is "
+            "not in the intervals)",
+            independence,
         ),
         "basis": (
-            f"{n} windows from {n_eng} engines; L1 usage [{fmt(c.min())}, {fmt(c_max)}] bytes",
+            f"{n} windows from {pools} LMCache pools (sources); L1 usage [{fmt(c_lo)}, "
+            f"{fmt(c_hi)}] bytes",
             f"hit ratio [{fmt(h.min())}, {fmt(h.max())}]; {float(evicting.mean()):.0%} of "
             "windows evicting",
         ),
-        "target_fraction": target_fraction, "size_range": (float(c.min()), c_max),
+        "target_fraction": target_fraction, "size_range": (c_lo, c_hi),
         "evicting_share": float(evicting.mean()), "size_for_target_hit": None,
     }  # fmt: skip
     nan_est = Estimate(math.nan, nan_interval(level))
+    empty: dict[str, Any] = {
+        "estimate": math.nan, "interval": nan_interval(level), "hit_at_largest": nan_est,
+        "predictions": (), "spline_df": 0, "knots_ln_bytes": (), "coef": (), "coef_cov": (),
+        "t_crit": math.nan,
+    }  # fmt: skip
     if float(np.std(c) / max(np.mean(c), 1e-300)) < 0.05:
         return HitRateFit(
-            **out, estimate=math.nan, interval=nan_interval(level), warnings=(),
-            can_tell=False, why="L1 usage barely varies (CV < 0.05): no curve can be fitted",
-            h_max=nan_est, c0_bytes=nan_est, predictions=(),
+            **out, **empty, warnings=(), can_tell=False,
+            why="L1 usage barely varies (CV < 0.05): no curve can be fitted",
         )  # fmt: skip
     with recorded_warnings() as caught:
-        theta, jac_fn = _fit(c, h, w, max_nfev)
-        f, jac = jac_fn(theta, c)
-        cov = sandwich(jac, h - f, w, groups if cov_type == "cluster" else None)
-        eig = np.linalg.eigvalsh((jac * w[:, None]).T @ jac)
-    if not eig.min() > 1e-9 * max(eig.max(), 1e-300):
-        # A (near-)zero direction of the information: the curve is flat in C0 (or h_max).
-        return HitRateFit(
-            **out, estimate=math.nan, interval=nan_interval(level), warnings=tuple(caught),
-            can_tell=False, why="the size scale C0 is not pinned down: the hit ratio is flat "
-            f"over the L1 usage seen ([{fmt(c.min())}, {fmt(c_max)}] bytes, past saturation "
-            "or independent of size)", h_max=nan_est, c0_bytes=nan_est, predictions=(),
-        )  # fmt: skip
-    tq = t_quantile(level, n_eng - 1 if cov_type == "cluster" else n - 2)
-    se = np.sqrt(np.maximum(np.diag(cov), 0.0))
-    eta, lam = float(theta[0]), float(theta[1])
-    h_max = Estimate(_expit(eta), Interval(_expit(eta - tq * se[0]), _expit(eta + tq * se[0]),
-                                           level))  # fmt: skip
-    c0 = Estimate(_exp(lam), Interval(_exp(lam - tq * se[1]),
-                                          _exp(lam + tq * se[1]), level), "bytes")  # fmt: skip
-    q = -math.log(1.0 - target_fraction)
+        coef, cov = _glm(h, trials, _basis(lc, knots), groups, cov_type)
+    tq = t_quantile(level, pools - 1 if cov_type == "cluster" else n - k)
+    fit = HitRateFit(
+        **out, estimate=math.nan, interval=nan_interval(level), warnings=(), can_tell=False,
+        why="", hit_at_largest=nan_est, predictions=(), spline_df=k,
+        knots_ln_bytes=tuple(float(x) for x in knots), coef=tuple(float(x) for x in coef),
+        coef_cov=tuple(tuple(float(x) for x in row) for row in cov), t_crit=tq,
+    )  # fmt: skip
+    lo_hi = fit.curve_interval([c_hi])
+    top = Estimate(float(fit.curve([c_hi])[0]), Interval(float(lo_hi[0][0]),
+                                                         float(lo_hi[1][0]), level))  # fmt: skip
     grid = sorted(set(sizes)) if sizes is not None else [
-        *np.quantile(c, [0.25, 0.5, 0.75]).tolist(), 2 * c_max, 4 * c_max]  # fmt: skip
+        *np.quantile(c, [0.25, 0.5, 0.75]).tolist(), 2 * c_hi, 4 * c_hi]  # fmt: skip
     with recorded_warnings() as more:
-        preds = _predict(
-            np.asarray(grid, dtype=float), theta, cov, tq=tq, level=level, lo=c.min(), hi=c_max
-        )
-        if target_hit is not None:
-            out["size_for_target_hit"] = _size_for(target_hit, theta, cov, tq, level)
+        preds = _predict(fit, np.asarray(grid, dtype=float), level)
+        for_hit = _size_for(fit, target_hit, None, level) if target_hit is not None else None
+        size_q = _size_for(fit, target_fraction * top.value, target_fraction, level)
+        rise_lo = _rise_lower_bound(fit, c_lo, c_hi)
     caught.extend(more)
     why = ""
-    if c0.interval.hi / c0.interval.lo > 100:
-        why = (f"the size scale C0 is not pinned down ({level:.0%} interval "
-               f"[{fmt(c0.interval.lo)}, {fmt(c0.interval.hi)}] bytes): the sizes seen are "
-               "past saturation or the hit rate does not depend on them")  # fmt: skip
-    elif c0.value * q > 4 * c_max:
-        why = (f"the size for {target_fraction:.0%} of h_max ({fmt(c0.value * q)} bytes) "
-               f"is beyond 4× the largest L1 usage seen ({fmt(c_max)})")  # fmt: skip
+    if not rise_lo > 0:
+        why = (
+            f"the hit ratio does not rise detectably over the L1 usage seen ([{fmt(c_lo)}, "
+            f"{fmt(c_hi)}] bytes, past saturation or independent of size): the size for "
+            f"{target_fraction:.0%} of it is not pinned down"
+        )
+    elif math.isnan(size_q.value):
+        why = (
+            f"the hit ratio at the smallest L1 usage seen ({fmt(c_lo)} bytes) is already "
+            f"{target_fraction:.0%} of that at the largest: the size for it lies below the "
+            "sizes seen, not pinned down"
+        )
+    elif not size_q.interval.hi / size_q.interval.lo <= 100:
+        why = (
+            f"the size for {target_fraction:.0%} of the hit ratio at the largest L1 seen is "
+            f"not pinned down ({level:.0%} interval [{fmt(size_q.interval.lo)}, "
+            f"{fmt(size_q.interval.hi)}] bytes)"
+        )
     return HitRateFit(
-        **out,
-        estimate=c0.value * q,
-        interval=Interval(c0.interval.lo * q, c0.interval.hi * q, level),
+        **(out | {"size_for_target_hit": for_hit}),
+        estimate=size_q.value,
+        interval=size_q.interval,
         warnings=tuple(caught),
         can_tell=not why,
         why=why,
-        h_max=h_max,
-        c0_bytes=c0,
+        hit_at_largest=top,
         predictions=preds,
+        spline_df=k,
+        knots_ln_bytes=fit.knots_ln_bytes,
+        coef=fit.coef,
+        coef_cov=fit.coef_cov,
+        t_crit=tq,
     )
 
 
-def _usable(frame: pd.DataFrame, size: str, hit: str) -> pd.DataFrame:
+def _usable(frame: pd.DataFrame, size: str, hit: str, weight: str) -> pd.DataFrame:
     if not {size, hit} <= set(frame.columns):
         return frame.iloc[0:0]
     data = frame.dropna(subset=[size, hit])
-    return data[(data[size] > 0) & (data[hit] >= 0) & (data[hit] <= 1)]
+    keep = (data[size] > 0) & (data[hit] >= 0) & (data[hit] <= 1)
+    if weight in data.columns:
+        keep &= data[weight] > 0  # NaN fails too: a hit ratio without its lookups
+    return data[keep]
 
 
-def _exp(x: float) -> float:
-    """exp that saturates to inf instead of raising OverflowError."""
-    return math.exp(x) if x < 709.0 else math.inf
+def _pools(data: pd.DataFrame) -> npt.NDArray[np.int64]:
+    """LMCache pool per row: the source (an LMCache server's series carry no engine and
+    join their source's engine, planner.frames.frames), else the engine."""
+    import numpy as np
+    import pandas as pd
+
+    if "source" not in data.columns:
+        return engine_groups(data)
+    codes, _ = pd.factorize(data["source"])
+    return codes.astype(np.int64)
 
 
-def _expit(x: float) -> float:
-    return 1.0 / (1.0 + math.exp(-x)) if x > -700 else 0.0
-
-
-def hit_ratio(size_bytes: Array, h_max: float, c0_bytes: float) -> Array:
-    """The curve h(C) = h_max · (1 − exp(−C / C0)) at L1 sizes C (bytes): the one place it
-    is written (the fit, the plan's curve and the plot evaluate it here)."""
+def _knots(lc: Array, k: int) -> Array:
+    """k knots at equally spaced quantiles of ln C, fewer when quantiles coincide; fewer
+    than 3 means a line (no interior knot)."""
     import numpy as np
 
-    return h_max * (1.0 - np.exp(-size_bytes / c0_bytes))
+    knots: Array = np.unique(np.quantile(lc, np.linspace(0.0, 1.0, max(k, 2))))
+    return knots if knots.size >= 3 else knots[[0, -1]] if knots.size >= 2 else knots
 
 
-def _model(theta: Array, c: Array) -> tuple[Array, Array]:
-    """Curve values and Jacobian wrt (logit h_max, log C0)."""
+def _basis(lc: Array, knots: Sequence[float] | Array) -> Array:
+    """The natural cubic regression spline basis (patsy ``cr``; its columns sum to 1, so no
+    intercept) at ln C, or [1, ln C − first knot] for a line (2 knots)."""
     import numpy as np
+    import patsy  # type: ignore[import-untyped]
 
-    hm = 1.0 / (1.0 + np.exp(-theta[0]))
-    c0 = np.exp(theta[1])
-    f = hit_ratio(c, hm, c0)
-    e = np.exp(-c / c0)
-    jac = np.column_stack([hm * (1.0 - hm) * (1.0 - e), -hm * e * c / c0])
-    return f, jac
+    kn = np.asarray(knots, dtype=float)
+    lc = np.atleast_1d(lc)
+    if kn.size < 3:
+        out: Array = np.column_stack([np.ones_like(lc), lc - kn[0]])
+        return out
+    out = np.asarray(patsy.cr(lc, knots=kn[1:-1], lower_bound=kn[0], upper_bound=kn[-1]))
+    return out
 
 
-def _fit(c: Array, h: Array, w: Array, max_nfev: int) -> tuple[Array, Any]:
+def _glm(
+    h: Array, trials: Array, basis: Array, groups: npt.NDArray[np.int64], cov_type: str
+) -> tuple[Array, Array]:
+    """Binomial logit GLM of [hits, misses] (statsmodels): coefficients and their robust
+    covariance (CR1 by ``groups``, or HC0)."""
     import numpy as np
-    from scipy.optimize import least_squares
+    from statsmodels.genmod import families
+    from statsmodels.genmod.generalized_linear_model import GLM
 
-    sw = np.sqrt(w)
-    best: tuple[float, float, float] | None = None
-    for c0 in np.quantile(c, [0.05, 0.25, 0.5, 0.75, 0.95])[:, None] * [0.1, 0.3, 1.0, 3.0]:
-        for cc in c0:
-            s = 1.0 - np.exp(-c / cc)
-            hm = float(np.clip(np.sum(w * h * s) / max(np.sum(w * s * s), 1e-300), 1e-4, 0.9999))
-            sse = float(np.sum(w * (h - hm * s) ** 2))
-            if best is None or sse < best[0]:
-                best = (sse, hm, float(cc))
-    assert best is not None
-    start = np.array([math.log(best[1] / (1 - best[1])), math.log(best[2])])
-    res = least_squares(
-        lambda th: sw * (h - _model(th, c)[0]),
-        start,
-        jac=lambda th: -sw[:, None] * _model(th, c)[1],
-        method="trf",
-        max_nfev=max_nfev,
-        x_scale="jac",
+    endog = np.column_stack([h * trials, (1.0 - h) * trials])
+    model = GLM(endog, basis, family=families.Binomial())
+    if cov_type == "cluster":
+        res = model.fit(cov_type="cluster", cov_kwds={"groups": groups})
+    else:
+        res = model.fit(cov_type="HC0")
+    return (
+        np.asarray(res.params, dtype=np.float64),
+        np.asarray(res.cov_params(), dtype=np.float64),
     )
-    return np.asarray(res.x, dtype=float), _model
 
 
-def _predict(
-    sizes: Array, theta: Array, cov: Array, *, tq: float, level: float, lo: float, hi: float
-) -> tuple[HitPrediction, ...]:
-    import numpy as np
+def _expit(x: Array) -> Array:
+    from scipy.special import expit
 
-    f, jac = _model(theta, sizes)
-    f = np.clip(f, 1e-12, 1 - 1e-12)
-    g = jac / (f * (1.0 - f))[:, None]  # gradient of logit(f)
-    se = np.sqrt(np.maximum(np.einsum("ij,jk,ik->i", g, cov, g), 0.0))
-    lg = np.log(f / (1.0 - f))
+    out: Array = expit(x)
+    return out
+
+
+def _predict(fit: HitRateFit, sizes: Array, level: float) -> tuple[HitPrediction, ...]:
+    lo, hi = fit.curve_interval(sizes)
+    f = fit.curve(sizes)
+    c_lo, c_hi = fit.size_range
     return tuple(
         HitPrediction(
             size_bytes=float(sizes[i]),
             hit_ratio=float(f[i]),
-            interval=Interval(
-                _expit(float(lg[i] - tq * se[i])), _expit(float(lg[i] + tq * se[i])), level
-            ),
-            extrapolated=bool(sizes[i] < lo or sizes[i] > hi),
+            interval=Interval(float(lo[i]), float(hi[i]), level),
+            extrapolated=bool(sizes[i] < c_lo or sizes[i] > c_hi),
         )
         for i in range(sizes.size)
     )
 
 
-def _size_for(target: float, theta: Array, cov: Array, tq: float, level: float) -> Estimate:
-    """Size for an absolute hit ratio: −C0·ln(1 − h*/h_max); delta method on its log."""
+def _eta_and_slope(fit: HitRateFit, lc: float) -> tuple[Array, float]:
+    """Basis row b(ln C) and the slope dη/d ln C there (central difference of the
+    piecewise cubic, exact to O(h²))."""
     import numpy as np
 
-    hm = _expit(float(theta[0]))
-    if target >= hm:
+    step = 1e-5 * max(1.0, abs(lc))
+    rows = _basis(np.array([lc - step, lc, lc + step]), fit.knots_ln_bytes)
+    beta = np.asarray(fit.coef)
+    b: Array = rows[1]
+    return b, float((rows[2] - rows[0]) @ beta / (2 * step))
+
+
+def _size_for(fit: HitRateFit, goal: float, fraction: float | None, level: float) -> Estimate:
+    """The smallest size in the observed range where the curve reaches ``goal``: an
+    absolute hit ratio (``fraction`` None) or ``fraction`` × the hit ratio at the largest
+    size seen (then the goal moves with the coefficients too). Delta method on ln C for the
+    root of p(C) − goal = 0.
+
+    Reached already at the smallest size seen: NaN with ``hi`` = that size; not reached
+    within the sizes seen: inf with ``hi`` = inf.
+    """
+    import numpy as np
+    from scipy.optimize import brentq
+
+    c_lo, c_hi = fit.size_range
+    grid = np.linspace(math.log(c_lo), math.log(c_hi), _ROOT_GRID)
+    p = fit.curve(np.exp(grid))
+    above = np.flatnonzero(p >= goal)
+    if above.size == 0:
         return Estimate(math.inf, Interval(math.nan, math.inf, level), "bytes")
-    r = target / hm
-    ln = -math.log(1.0 - r)
-    log_size = float(theta[1]) + math.log(ln)
-    # d log(size)/d eta = d/d eta log(-ln(1 - t/hm)); dhm/deta = hm(1-hm).
-    d_eta = (-(r / (1.0 - r)) / ln) * (1.0 - hm)
-    grad = np.array([d_eta, 1.0])
-    se = math.sqrt(max(float(grad @ cov @ grad), 0.0))
+    i = int(above[0])
+    if i == 0:
+        return Estimate(math.nan, Interval(math.nan, c_lo, level), "bytes")
+    lc = float(brentq(lambda x: float(fit.curve([math.exp(x)])[0]) - goal, grid[i - 1], grid[i],
+                      xtol=1e-12))  # fmt: skip
+    b, slope = _eta_and_slope(fit, lc)
+    ps = float(fit.curve([math.exp(lc)])[0])
+    grad = ps * (1 - ps) * b
+    if fraction is not None:
+        bm, _ = _eta_and_slope(fit, math.log(c_hi))
+        pm = float(fit.curve([c_hi])[0])
+        grad = grad - fraction * pm * (1 - pm) * bm
+    dfdl = ps * (1 - ps) * slope
+    if not dfdl > 0:
+        return Estimate(math.exp(lc), Interval(0.0, math.inf, level), "bytes")
+    se = math.sqrt(max(float(grad @ np.asarray(fit.coef_cov) @ grad), 0.0)) / dfdl
     return Estimate(
-        _exp(log_size),
-        Interval(_exp(log_size - tq * se), _exp(log_size + tq * se), level),
+        math.exp(lc),
+        Interval(math.exp(lc - fit.t_crit * se), _exp(lc + fit.t_crit * se), level),
         "bytes",
     )
+
+
+def _rise_lower_bound(fit: HitRateFit, c_lo: float, c_hi: float) -> float:
+    """Lower end of the interval of logit p(C_max) − logit p(C_min): > 0 when the hit ratio
+    rises detectably across the sizes seen."""
+    import numpy as np
+
+    d = _basis(np.log(np.array([c_hi])), fit.knots_ln_bytes)[0]
+    d = d - _basis(np.log(np.array([c_lo])), fit.knots_ln_bytes)[0]
+    se = math.sqrt(max(float(d @ np.asarray(fit.coef_cov) @ d), 0.0))
+    return float(d @ np.asarray(fit.coef)) - fit.t_crit * se
+
+
+def _exp(x: float) -> float:
+    """exp that saturates to inf instead of raising OverflowError."""
+    return math.exp(x) if x < 709.0 else math.inf

@@ -29,13 +29,19 @@ offload); scenario variants with other load curves gave 0.494 [0.490, 0.497] and
 
 Estimator and uncertainty
 -------------------------
-WLS (statsmodels) with weights = TTFT observations per window (a window mean of m requests
-has variance ∝ 1/m), robust errors: cluster-robust by engine with ≥ 10 engines, HC3
-otherwise. The interval of θ maps to MFU through the monotone 1/(θ·peak), so the MFU
-interval is exact given θ's. A shape check refits with an extra linear term δ·P(1 − h); a
-robust test of δ = 0 asks whether the cost model's linear/quadratic mix fits the data
-(``shape_p``; small = the MFU is an average over the prompt lengths seen). Also reported:
-the prefill rate (tokens/s) at the median prompt without hits, P/(θ·F(P)).
+WLS with weights = TTFT observations per window (a window mean of m requests has variance
+∝ 1/m), fitted as OLS on rows scaled by √weight (statsmodels). Errors are clustered by
+engine — the independent unit, since one engine's windows share its load and drift —
+with the bias-reduced CR2 covariance and a Student t with the Bell–McCaffrey degrees of
+freedom of each coefficient (planner.fit.cr2; CR1 with t(G − 1) is too narrow with few
+engines), from 2 engines on. With one engine there is nothing to cluster on: HC3 with
+t(n − 2), and ``assumptions`` says the interval treats its windows as independent. The
+interval of θ maps to MFU through the monotone 1/(θ·peak), so the MFU interval is exact
+given θ's. A shape check refits with an extra linear term δ·P(1 − h); a robust test of
+δ = 0 (same covariance, same df rule) asks whether the cost model's linear/quadratic mix
+fits the data (``shape_p``; small = the MFU is an average over the prompt lengths seen).
+Also reported: the prefill rate (tokens/s) at the median prompt without hits,
+P/(θ·F(P)).
 
 Assumptions
 -----------
@@ -60,14 +66,15 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from planner.fit.common import (
-    MIN_CLUSTERS,
     Estimate,
     FitResult,
     Interval,
+    RobustOLS,
     check_level,
     engine_groups,
     fmt,
     nan_interval,
+    ols_robust,
     recorded_warnings,
     require_history,
     t_quantile,
@@ -92,7 +99,7 @@ class MfuFit(FitResult):
     prefill_tokens_per_s: Estimate  # at the median prompt length
     reference_prompt_tokens: float
     shape_p: float  # robust p-value of the extra linear term (cost-model shape check)
-    cov_type: str
+    cov_type: str  # "CR2" (by engine, Bell–McCaffrey df) | "HC3" (one engine)
     prompt_range: tuple[float, float]
 
 
@@ -137,7 +144,7 @@ def fit_mfu(
     flops = _flops_after_cache(prefill_flops, prompt, prompt * hit)  # ... but are attended to
     groups = engine_groups(data)
     n_eng = int(np.unique(groups).size)
-    cov_type = "cluster" if n_eng >= MIN_CLUSTERS else "HC3"
+    cov_type = "CR2" if n_eng >= 2 else "HC3"
     n = len(data)
     ref = float(np.median(prompt))
     basis = (
@@ -149,13 +156,26 @@ def fit_mfu(
         f"prompt tokens (window means) in [{fmt(prompt.min())}, {fmt(prompt.max())}], "
         f"peak {fmt(peak_flops)} FLOP/s",
     )
+    independence = (
+        f"errors clustered by engine ({n_eng} engines: independent across engines, any "
+        "correlation within one)"
+        if cov_type == "CR2"
+        else "one engine: the interval treats its windows as independent (too narrow if "
+        "its windows are correlated, e.g. by drift)"
+    )
     assumptions = (
         "low load: no queueing or decode interference in the windows used",
         "window-mean prompt length and hit ratio stand in for each request's "
         "(Jensen bias if a window mixes hits and misses)",
         "one MFU for all engines given",
+        independence,
     )
-    method = f"WLS ttft ~ t0 + θ·[F(prompt) − F(cached)], weights = TTFT count; {cov_type} errors"
+    errors = (
+        "CR2 errors by engine, t with Bell–McCaffrey df"
+        if cov_type == "CR2"
+        else "HC3 errors (one engine), t(n − 2)"
+    )
+    method = f"WLS ttft ~ t0 + θ·[F(prompt) − F(cached)], weights = TTFT count; {errors}"
     nan_est = Estimate(math.nan, nan_interval(level))
     # the answer when the data cannot tell; the fitted one replaces what it learns
     fit = MfuFit(
@@ -174,20 +194,23 @@ def fit_mfu(
         )
     scale = float(np.mean(flops))  # work in units of the mean prompt's FLOPs
     with recorded_warnings() as caught:
-        params, cov = _wls(ttft, np.column_stack([np.ones(n), flops / scale]), w, groups, cov_type)
+        fit1 = _wls(ttft, np.column_stack([np.ones(n), flops / scale]), w, groups, cov_type)
+        params = fit1.params
         lin = new_tokens / max(float(np.mean(new_tokens)), 1e-12)
         x2 = np.column_stack([np.ones(n), flops / scale, lin])
         shape_p = math.nan
         if np.linalg.matrix_rank(x2) == 3 and abs(np.corrcoef(flops, lin)[0, 1]) < 0.99999:
-            p2, c2 = _wls(ttft, x2, w, groups, cov_type)
-            shape_p = _two_sided_p(float(p2[2]) / math.sqrt(max(float(c2[2, 2]), 1e-300)),
-                                   n_eng - 1 if cov_type == "cluster" else n - 3)  # fmt: skip
-    tq = t_quantile(level, n_eng - 1 if cov_type == "cluster" else n - 2)
-    se = np.sqrt(np.maximum(np.diag(cov), 0.0))
-    t0_iv = Interval(float(params[0] - tq * se[0]), float(params[0] + tq * se[0]), level)
+            fit2 = _wls(ttft, x2, w, groups, cov_type)
+            se2 = math.sqrt(max(float(fit2.cov[2, 2]), 1e-300))
+            df2 = float(fit2.df(np.array([0.0, 0.0, 1.0]))[0])
+            shape_p = _two_sided_p(float(fit2.params[2]) / se2, df2)
+        df1 = fit1.df(np.eye(2))  # per coefficient: Bell–McCaffrey (CR2) or n − 2 (HC3)
+    tq0, tq1 = (t_quantile(level, float(d)) for d in df1)
+    se = np.sqrt(np.maximum(np.diag(fit1.cov), 0.0))
+    t0_iv = Interval(float(params[0] - tq0 * se[0]), float(params[0] + tq0 * se[0]), level)
     theta = float(params[1]) / scale
-    th_lo = float(params[1] - tq * se[1]) / scale
-    th_hi = float(params[1] + tq * se[1]) / scale
+    th_lo = float(params[1] - tq1 * se[1]) / scale
+    th_hi = float(params[1] + tq1 * se[1]) / scale
     f_ref = float(prefill_flops(ref))
 
     def inv(x: float, k: float) -> float:
@@ -257,18 +280,12 @@ def _low_load(
     return data[keep]
 
 
-def _wls(
-    y: Array, x: Array, w: Array, groups: npt.NDArray[np.int64], cov_type: str
-) -> tuple[Array, Array]:
+def _wls(y: Array, x: Array, w: Array, groups: npt.NDArray[np.int64], cov_type: str) -> RobustOLS:
+    """WLS as OLS on rows scaled by √w (planner.fit.common.ols_robust): CR2 by engine or HC3."""
     import numpy as np
-    from statsmodels.regression.linear_model import WLS
 
-    model = WLS(y, x, weights=w)
-    if cov_type == "cluster":
-        res = model.fit(cov_type="cluster", cov_kwds={"groups": groups}, use_t=True)
-    else:
-        res = model.fit(cov_type="HC3", use_t=True)
-    return np.asarray(res.params, dtype=float), np.asarray(res.cov_params(), dtype=float)
+    root = np.sqrt(w)
+    return ols_robust(y * root, x * root[:, None], groups if cov_type == "CR2" else None, cov_type)
 
 
 def _two_sided_p(t: float, df: float) -> float:

@@ -26,20 +26,25 @@ Estimator
   ((y−μ̂)² − y)/μ̂ = α μ̂ + ε at the Poisson fit; one-sided test of α = 0. When it rejects at
   ``dispersion_alpha`` the profile is recomputed with NegBin2, α fixed at that moment
   estimate (treated as known). ``family`` says which was used.
-* Fits and sandwiches are statsmodels' (GLM; ``stats.sandwich_covariance`` fed the cells'
-  scores and the GLM's observed information); what is computed here is only the
-  aggregation to cells. tests/planner/test_fit_preempt.py checks the result on cells
-  against statsmodels' GLM on the windows themselves.
+* Fits and covariances are statsmodels' (``GLM``; ``fit(cov_type="cluster")`` on the
+  (bin, t, engine) cells, or ``stats.sandwich_covariance`` fed the per-window score sums
+  for HC0); what is computed here is only the aggregation to cells.
+  tests/planner/test_fit_preempt.py checks the result on cells against statsmodels' GLM on
+  the windows themselves.
 
 Uncertainty
 -----------
 * Knee: profile-likelihood interval {k : 2(ℓ_p(k̂) − ℓ_p(k)) ≤ χ²₁(level)}, interpolated
   between grid points. The hinge is continuous in k, so the χ²₁ calibration holds
   asymptotically (Feder 1975, Ann. Statist. 3, continuous segmented regression).
-* Slope b and base rate exp(a): robust Wald intervals — cluster-robust by engine with
-  ≥ 10 engines (Student t, G−1 df), HC0 sandwich otherwise — computed at every knee inside
-  the knee interval and *united* (a projection interval), so the knee's uncertainty is
-  carried into them (conservative rather than conditional on k̂).
+* Slope b and base rate exp(a): robust Wald intervals — cluster-robust by engine (CR1,
+  Student t with G−1 df) from 2 engines on, since one engine's windows share its workload
+  and drift; with one engine the HC0 sandwich per window, and ``assumptions`` says the
+  windows are then treated as independent — computed at every knee inside the knee
+  interval and *united* (a projection interval), so the knee's uncertainty is carried into
+  them (conservative rather than conditional on k̂). ``cov_type`` and ``clusters`` record
+  which. CR1 is biased down with few clusters (Cameron & Miller 2015, J. Human Resources
+  50(2), section VI); below 10 engines ``assumptions`` says so.
 
 Which utilization: the window mean (``kv_util``, default)
 --------------------------------------------------------
@@ -77,6 +82,7 @@ contains 0 (no detectable rise).
 from __future__ import annotations
 
 import math
+import warnings
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -114,7 +120,8 @@ class PreemptionFit(FitResult):
     family: str  # "poisson" | "negative_binomial"
     dispersion_alpha: float  # NB2 α used (0 for Poisson)
     dispersion_p: float  # one-sided p-value of the Cameron–Trivedi test
-    cov_type: str  # "cluster" | "HC0"
+    cov_type: str  # "cluster" (CR1 by engine) | "HC0" (one engine: windows independent)
+    clusters: int  # engines the cluster-robust covariance sums over (1 with HC0)
     profile: tuple[tuple[float, float], ...]  # (k, 2·(ℓ_max − ℓ_p(k))) on the grid
     util_column: str
 
@@ -170,10 +177,25 @@ def fit_preemption(
         "hinge log-linear count GLM (statsmodels IRLS on exact binned statistics); "
         "knee by profile LR"
     )
+    cov_type = "cluster" if n_eng >= 2 else "HC0"
+    if cov_type == "HC0":
+        errors = (
+            "one engine: the slope and base-rate intervals treat its windows as independent "
+            "(HC0; too narrow if its windows are correlated)"
+        )
+    elif n_eng < MIN_CLUSTERS:
+        errors = (
+            f"slope and base-rate errors clustered by engine ({n_eng} engines; with fewer "
+            f"than {MIN_CLUSTERS} the cluster-robust errors are biased down, intervals "
+            "may be too narrow)"
+        )
+    else:
+        errors = f"slope and base-rate errors clustered by engine ({n_eng} engines)"
     assumptions = (
         "windows independent given utilization for the knee interval",
         "one knee and one slope for all engines pooled",
         f"{util} binned into {bins} bins (their mean values) before fitting",
+        errors,
     )
 
     def cannot(why: str) -> PreemptionFit:
@@ -182,7 +204,7 @@ def fit_preemption(
             what=WHAT, estimate=math.nan, interval=nan_interval(level), unit=util, n=n,
             method=method, assumptions=assumptions, basis=basis, warnings=(), can_tell=False,
             why=why, slope=nan, base_rate=nan, family="none", dispersion_alpha=math.nan,
-            dispersion_p=math.nan, cov_type="none", profile=(), util_column=util,
+            dispersion_p=math.nan, cov_type="none", clusters=0, profile=(), util_column=util,
         )  # fmt: skip
 
     if y.sum() == 0:
@@ -219,13 +241,12 @@ def fit_preemption(
         lr = 2.0 * (prof.max() - prof)
         k_lo, k_hi, open_lo, open_hi = _interval_from_profile(grid, lr, cut)
         i_hat = int(np.argmin(lr))
-        cov_type = "cluster" if n_eng >= MIN_CLUSTERS else "HC0"
         tq = t_quantile(level, n_eng - 1 if cov_type == "cluster" else math.inf)
         inside = np.flatnonzero(lr <= cut)
         a_iv, b_iv = [math.inf, -math.inf], [math.inf, -math.inf]
         for i in inside:
             beta = betas[i]
-            cov = _sandwich(cells, float(grid[i]), beta, a_nb, cov_type == "cluster")
+            cov = _robust_cov(cells, float(grid[i]), beta, a_nb, cov_type == "cluster")
             for j, iv in ((0, a_iv), (1, b_iv)):
                 se = math.sqrt(max(float(cov[j, j]), 0.0))
                 iv[0] = min(iv[0], float(beta[j]) - tq * se)
@@ -249,13 +270,14 @@ def fit_preemption(
     elif slope.interval.lo <= 0:
         why = "no detectable rise of the preemption rate above the knee (slope CI includes 0)"
     family = "negative_binomial" if nb else "poisson"
+    how = f"CR1 by engine ({n_eng} engines), t({n_eng - 1})" if cov_type == "cluster" else "HC0"
     return PreemptionFit(
         what=WHAT,
         estimate=k_hat,
         interval=Interval(k_lo, k_hi, level),
         unit=util,
         n=n,
-        method=f"{method}; {family}; slope/base rate: {cov_type} Wald, united over knee CI",
+        method=f"{method}; {family}; slope/base rate: {how} Wald, united over knee CI",
         assumptions=assumptions,
         basis=basis,
         warnings=tuple(caught),
@@ -267,6 +289,7 @@ def fit_preemption(
         dispersion_alpha=float(a_nb),
         dispersion_p=float(p_disp),
         cov_type=cov_type,
+        clusters=n_eng if cov_type == "cluster" else 1,
         profile=tuple(zip(grid.tolist(), lr.tolist(), strict=True)),
         util_column=util,
     )
@@ -378,28 +401,43 @@ def _profile(cells: _Cells, grid: Array, alpha: float, maxiter: int) -> tuple[Ar
     return prof, betas
 
 
-def _sandwich(cells: _Cells, k: float, beta: Array, alpha: float, cluster: bool) -> Array:
-    """Robust covariance of β at knee k from statsmodels' sandwich (bread: the inverse
-    observed information of the GLM on cells): engine clusters (CR1) or per window (HC0).
+def _robust_cov(cells: _Cells, k: float, beta: Array, alpha: float, cluster: bool) -> Array:
+    """Robust covariance of β at knee k: statsmodels' GLM on the (bin, t, engine) cells with
+    ``cov_type="cluster"`` by engine (CR1), or the HC0 sandwich per window.
 
-    β is the MLE on the (bin, t) cells, which is the MLE on the finer (bin, t, engine) cells
-    as well (the same sufficient statistics), so no refit. CR1 sums the cells' scores per
-    engine with statsmodels' factor ``G/(G-1)·(n-1)/(n-p)``, n counting windows (a cell
-    stands for c windows) as statsmodels' GLM on the windows does. HC0 needs
+    β is the MLE on the (bin, t) cells, which is the MLE on the finer cells as well (the
+    same sufficient statistics), so statsmodels' GLM results are built at β, no refit. A
+    cell's score is the sum of its windows' scores, so summed per engine they are the
+    engine's. CR1's factor ``G/(G-1)·(n-1)/(n-p)`` is applied here with n counting windows,
+    as statsmodels' GLM on the windows does (statsmodels' own would count cells). HC0 needs
     Σ_i s_i² x x' over windows; within a cell it is x x'·Σ_i (y_i − μ)²/(1 + αμ)² =
-    x x'·(Σy² − 2μΣy + cμ²)/(1 + αμ)², passed to statsmodels as score rows x·√(that).
+    x x'·(Σy² − 2μΣy + cμ²)/(1 + αμ)², passed to statsmodels' sandwich as score rows
+    x·√(that) with the inverse observed information of the GLM on cells as bread.
     """
     import numpy as np
+    from statsmodels.genmod.generalized_linear_model import GLMResults
     from statsmodels.stats import sandwich_covariance as sw
 
     model = _glm(cells, k, alpha)
-    bread = np.linalg.pinv(model.hessian(beta, observed=True))
     if cluster:
-        ng = int(cells.g.max()) + 1
+        ng = int(np.unique(cells.g).size)
         n = float(cells.c.sum())
-        cov = sw.cov_cluster((model.score_obs(beta), bread), cells.g, use_correction=False)
-        out: Array = np.asarray(cov) * (ng / max(ng - 1, 1) * (n - 1) / max(n - 2, 1))
-        return out
+        with warnings.catch_warnings():
+            # statsmodels cautions that robust covariances with var_weights are not general;
+            # here a cell's weighted score is exactly the sum of its windows' scores, which
+            # tests/planner/test_fit_preempt.py checks against the GLM on the windows
+            warnings.filterwarnings("ignore", "cov_type not fully supported with var_weights")
+            res = GLMResults(
+                model,
+                beta,
+                np.linalg.pinv(-model.hessian(beta, observed=True)),
+                1.0,
+                cov_type="cluster",
+                cov_kwds={"groups": cells.g, "use_correction": False},
+            )
+        out: Array = np.asarray(res.cov_params(), dtype=np.float64)
+        return out * (ng / (ng - 1) * (n - 1) / max(n - 2, 1))
+    bread = np.linalg.pinv(model.hessian(beta, observed=True))
     x = _design(cells.u, k)
     mu = cells.t * np.exp(np.minimum(x @ beta, 50.0))
     ss = (cells.y2 - 2 * mu * cells.y + cells.c * mu * mu) / (1.0 + alpha * mu) ** 2

@@ -296,8 +296,10 @@ def _extras(run: FitRun) -> None:
         }
     elif isinstance(fit, HitRateFit):
         e |= {
-            "h_max": estimate_dict(fit.h_max),
-            "c0_bytes": estimate_dict(fit.c0_bytes),
+            "hit_at_largest_l1": estimate_dict(fit.hit_at_largest),
+            "largest_l1_gib": finite(fit.size_range[1] / GIB),
+            "spline_df": fit.spline_df,
+            "cov_type": fit.cov_type,
             "evicting_share": finite(fit.evicting_share),
             "predictions": [
                 {
@@ -339,22 +341,18 @@ def mfu_evidence(run: FitRun) -> ValueCI | None:
 
 
 def hit_curve(run: FitRun, points: int = 24) -> tuple[tuple[float, float], ...] | None:
-    """(L1 GiB, hit ratio) along the fitted curve, from the smallest size seen to 4× the
-    largest (the fit's own extrapolation limit), when the fit can tell."""
+    """(L1 GiB, hit ratio) along the fitted curve over the sizes seen (log-spaced, smallest
+    to largest), when the fit can tell: the spline is not extrapolated for sizing."""
     fit: HitRateFit | None = run.result  # type: ignore[assignment]
     if fit is None or not fit.can_tell:
         return None
-    h, c0 = fit.h_max.value, fit.c0_bytes.value
     lo, hi = fit.size_range
-    if not all(finite(v) for v in (h, c0, lo, hi)) or lo <= 0:
+    if not all(finite(v) for v in (lo, hi)) or lo <= 0:
         return None
-    import numpy as np
-
-    from planner.fit.hitrate import hit_ratio
-
-    ratio = (4 * hi / lo) ** (1 / (points - 1))
-    sizes = [lo * ratio**i for i in range(points)]
-    rates = hit_ratio(np.array(sizes), h, c0).tolist()
+    sizes = [lo * (hi / lo) ** (i / (points - 1)) for i in range(points)]
+    rates = fit.curve(sizes).tolist()
+    if not all(finite(r) is not None for r in rates):
+        return None
     return tuple((s / GIB, min(max(r, 0.0), 1.0)) for s, r in zip(sizes, rates, strict=True))
 
 

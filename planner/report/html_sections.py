@@ -154,17 +154,20 @@ def _fit_row(name: str, f: Mapping[str, Any]) -> Sequence[object]:
     value, interval = _g3(f.get("estimate")), _iv(iv.get("lo"), iv.get("hi"), _g3, iv.get("level"))
     extra: list[str] = []
     if name == "lmcache_hitrate":
-        value, what = _big(f.get("estimate"), "B"), "L1 size for 90 % of h_max"
+        value, what = (
+            _big(f.get("estimate"), "B"),
+            "L1 size for 90 % of the hit at the largest L1 seen",
+        )
 
         def gib(x: object) -> str:
             return _big(x, "B")
 
         interval = _iv(iv.get("lo"), iv.get("hi"), gib, iv.get("level"))
-        h_max = f.get("h_max") or {}
-        hiv = h_max.get("interval") or {}
+        top = f.get("hit_at_largest_l1") or {}
+        tiv = top.get("interval") or {}
         extra.append(
-            f"h_max {_pct(h_max.get('estimate'), 1)} "
-            f"{_iv(hiv.get('lo'), hiv.get('hi'), lambda x: _pct(x, 1), hiv.get('level'))}"
+            f"hit at the largest L1 seen {_pct(top.get('estimate'), 1)} "
+            f"{_iv(tiv.get('lo'), tiv.get('hi'), lambda x: _pct(x, 1), tiv.get('level'))}"
         )
     if name.startswith("equal_kv_"):
         what = f"break-even {what} of tokens/s at equal KV use (a diagnostic)"

@@ -119,12 +119,12 @@ def _fits(d: Mapping[str, Any]) -> list[str]:
                     "not a capacity gain)"
                 )
         elif name == "lmcache_hitrate":
-            iv, h_max = f["interval"] or {}, f.get("h_max") or {}
+            iv, top = f["interval"] or {}, f.get("hit_at_largest_l1") or {}
             text = (
-                f"L1 for 90 % of h_max {_big(f['estimate'])}B "
+                f"L1 for 90 % of the hit at the largest L1 seen {_big(f['estimate'])}B "
                 f"[{_big(iv.get('lo'))}B, {_big(iv.get('hi'))}B] (n={f['n']}); "
-                f"h_max {_pct(h_max.get('estimate'), 1)} "
-                f"{_iv(h_max.get('interval'), '{:.1%}')}"
+                f"hit at the largest L1 seen {_pct(top.get('estimate'), 1)} "
+                f"{_iv(top.get('interval'), '{:.1%}')}"
             )
         note = "" if f["can_tell"] else f"  (cannot tell: {f['why']})"
         lines.append(f"  {name:<16} {text}{note}")

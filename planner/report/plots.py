@@ -293,10 +293,10 @@ def _hitrate(plan: Plan, seed: int) -> Any:
     import matplotlib.pyplot as plt
     import numpy as np
 
-    from planner.fit.hitrate import HitRateFit, hit_ratio
+    from planner.fit.hitrate import HitRateFit
 
     fit = plan.details.fits["lmcache_hitrate"].result
-    if not isinstance(fit, HitRateFit) or not math.isfinite(fit.h_max.value):
+    if not isinstance(fit, HitRateFit) or not fit.coef:
         return None
     data = plan.details.frame.dropna(subset=["l1_usage_bytes", "lmcache_hit_ratio"])
     fig, ax = plt.subplots(figsize=(8, 5))
@@ -309,15 +309,20 @@ def _hitrate(plan: Plan, seed: int) -> Any:
         color="tab:gray",
         label="windows",
     )
-    grid = np.linspace(0, 4 * fit.size_range[1], 300)
-    h, c0 = fit.h_max.value, fit.c0_bytes.value
+    lo, hi = fit.size_range
+    seen = np.geomspace(lo, hi, 300)
+    beyond = np.geomspace(hi, 4 * hi, 100)
+    band = fit.curve_interval(seen)
+    ax.fill_between(seen / GIB, band[0], band[1], color="tab:orange", alpha=0.2, lw=0)
     ax.plot(
-        grid / GIB,
-        hit_ratio(grid, h, c0),
+        seen / GIB,
+        fit.curve(seen),
         color="tab:orange",
         lw=2,
-        label="h_max·(1 − exp(−C/C0))",
+        label=f"binomial GLM, {fit.spline_df}-df spline in ln L1",
     )
+    ax.plot(beyond / GIB, fit.curve(beyond), color="tab:orange", lw=1, ls="--",
+            label="extrapolated")  # fmt: skip
     for p in fit.predictions:
         ax.errorbar(
             p.size_bytes / GIB,
@@ -328,7 +333,6 @@ def _hitrate(plan: Plan, seed: int) -> Any:
             ms=4,
             capsize=3,
         )
-    ax.axhline(h, color="black", ls=":", label=f"h_max {h:.2f}")
     ax.set_xlabel("LMCache L1 in use (GiB)")
     ax.set_ylabel("LMCache hit ratio (tokens)")
     ax.set_title(_title("LMCache hit rate vs L1 size", fit.can_tell))

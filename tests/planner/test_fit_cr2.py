@@ -72,6 +72,52 @@ def test_bell_mccaffrey_df_equals_the_dense_computation(seed: int) -> None:
     assert np.all(got <= 5.0 + 1e-9)  # never more than G − 1
 
 
+def _brute_cr2(x: Any, e: Any, g: npt.NDArray[np.int64], c: Any) -> tuple[Any, float]:
+    """CR2 and the Bell–McCaffrey ν of c'β from their definitions, every matrix n × n:
+    H = X M X', A_g = (I − H_gg)^(−1/2) by eigh, G = [(I − H)_g' A_g X_g M c]_g."""
+    n = x.shape[0]
+    m = np.linalg.inv(x.T @ x)
+    ih = np.eye(n) - x @ m @ x.T
+    meat = np.zeros((x.shape[1],) * 2)
+    cols = []
+    for k in np.unique(g):
+        rows = np.flatnonzero(g == k)
+        lam, vec = np.linalg.eigh(ih[np.ix_(rows, rows)])
+        a = vec @ np.diag(lam**-0.5) @ vec.T
+        s = x[rows].T @ a @ e[rows]
+        meat += np.outer(s, s)
+        cols.append(ih[rows].T @ (a @ x[rows] @ m @ c))
+    gmat = np.column_stack(cols)
+    gtg = gmat.T @ gmat
+    return m @ meat @ m, float(np.trace(gtg) ** 2 / np.sum(gtg * gtg))
+
+
+@pytest.mark.parametrize("seed", [5, 6, 7, 8])
+def test_cr2_and_df_with_weights_and_unequal_clusters_equal_the_brute_force(seed: int) -> None:
+    # a weighted fit is OLS on rows scaled by √w (planner.fit.cr2); clusters of 1 to 40 rows
+    rng = np.random.default_rng(seed)
+    sizes = np.concatenate([[1, 2, 40], rng.integers(3, 25, 4)])
+    g = rng.permutation(np.repeat(np.arange(sizes.size), sizes))  # rows not sorted by cluster
+    n = g.size
+    d = (g % 2 == 0).astype(float)
+    x = np.column_stack([np.ones(n), rng.normal(size=n), d, rng.uniform(size=n) * d])
+    y = x @ np.array([1.0, -0.5, 2.0, 0.3]) + rng.normal(size=sizes.size)[g] + rng.normal(size=n)
+    rw = np.sqrt(rng.uniform(0.1, 5.0, n))
+    xw, yw = x * rw[:, None], y * rw
+    m = np.linalg.inv(xw.T @ xw)
+    e = yw - xw @ (m @ xw.T @ yw)
+    got = cr2(xw, e, g, m)
+    contrasts = np.vstack([np.eye(4), rng.normal(size=(2, 4))])
+    nus = got.df(contrasts)
+    for c, nu in zip(contrasts, nus, strict=True):
+        cov, want_nu = _brute_cr2(xw, e, g, c)
+        np.testing.assert_allclose(got.cov, cov, rtol=1e-8, atol=0)
+        assert nu == pytest.approx(want_nu, rel=1e-8)
+    fit = ols_robust(yw, xw, g, "CR2")
+    np.testing.assert_allclose(fit.cov, got.cov, rtol=1e-8)
+    np.testing.assert_allclose(fit.df(contrasts), nus, rtol=1e-10)
+
+
 def test_bell_mccaffrey_df_hand_worked_cases() -> None:
     # intercept only, 5 equal clusters: G'G = a(I − J/G), so ν = G − 1 exactly
     g = np.repeat(np.arange(5), 4)

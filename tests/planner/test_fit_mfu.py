@@ -7,6 +7,7 @@ import math
 import numpy as np
 import pandas as pd
 import pytest
+from scipy import stats
 
 from benchmarks.accuracy.fitsynth import (
     H100_BF16_FLOPS,
@@ -15,6 +16,7 @@ from benchmarks.accuracy.fitsynth import (
     synthetic_frame,
 )
 from collector.errors import ConfigError, InsufficientHistory
+from planner.fit.cr2 import cr2
 from planner.fit.mfu import fit_mfu
 
 TRUTH = Truth()
@@ -54,6 +56,43 @@ def test_fit_mfu_synthetic_interval_covers_true_mfu_and_overhead() -> None:
     true_rate = p / (llama8b_prefill_flops(p) / (TRUTH.mfu * H100_BF16_FLOPS))
     assert fit.prefill_tokens_per_s.interval.covers(true_rate)
     assert fit.warnings == ()
+
+
+def test_fit_mfu_interval_is_cr2_by_engine_with_bell_mccaffrey_df() -> None:
+    # 4 engines, 3 with low-load windows: θ's interval is CR2 by engine on the
+    # √weight-scaled rows with the Bell–McCaffrey ν of θ (planner.fit.cr2), through 1/(θ·peak)
+    frame = synthetic_frame(4, 720, seed=3)
+    fit = fit_mfu(frame, llama8b_prefill_flops, H100_BF16_FLOPS)
+    low = frame[(frame["running"] <= 2) & (frame["waiting"] <= 0.1)]
+    engines = low["source"].nunique()
+    assert fit.cov_type == "CR2"
+    assert any(f"clustered by engine ({engines} engines" in a for a in fit.assumptions)
+    p, h = low["prompt_tokens_mean"].to_numpy(), low["prefix_hit_ratio"].to_numpy()
+    flops = np.array([llama8b_prefill_flops(x) for x in p]) - np.array(
+        [llama8b_prefill_flops(x) if x >= 1 else 0.0 for x in p * h]
+    )
+    count = low["ttft_count"].to_numpy()
+    root = np.sqrt(np.where(count > 0, count, 1.0))  # a window without a count weighs 1
+    x = np.column_stack([np.ones(len(low)), flops]) * root[:, None]
+    y = low["ttft_mean_s"].to_numpy() * root
+    m = np.linalg.inv(x.T @ x)
+    beta = m @ x.T @ y
+    g = pd.factorize(low["source"])[0]
+    v = cr2(x, y - x @ beta, g, m)
+    nu = float(v.df(np.array([0.0, 1.0]))[0])
+    half = stats.t.ppf(0.975, nu) * math.sqrt(v.cov[1, 1])
+    want = (1 / ((beta[1] + half) * H100_BF16_FLOPS), 1 / ((beta[1] - half) * H100_BF16_FLOPS))
+    assert (fit.interval.lo, fit.interval.hi) == pytest.approx(want, rel=1e-8)
+    assert fit.estimate == pytest.approx(1 / (beta[1] * H100_BF16_FLOPS), rel=1e-10)
+    assert nu < engines - 1  # below G − 1: the few-engine correction is in the interval
+
+
+def test_fit_mfu_one_engine_says_windows_are_treated_as_independent() -> None:
+    frame = synthetic_frame(1, 1500, seed=3)
+    fit = fit_mfu(frame, llama8b_prefill_flops, H100_BF16_FLOPS)
+    assert fit.cov_type == "HC3" and "HC3" in fit.method
+    assert any("treats its windows as independent" in a for a in fit.assumptions)
+    assert fit.interval.covers(TRUTH.mfu)
 
 
 def test_fit_mfu_uses_only_low_load_windows() -> None:

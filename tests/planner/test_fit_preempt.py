@@ -12,7 +12,7 @@ import statsmodels.api as sm
 from benchmarks.accuracy.fitsynth import Truth, synthetic_frame
 from collector.errors import InsufficientHistory
 from planner.fit.common import engine_groups
-from planner.fit.preempt import _bin, _collapse, _design, _fit_glm, _sandwich, fit_preemption
+from planner.fit.preempt import _bin, _collapse, _design, _fit_glm, _robust_cov, fit_preemption
 
 TRUTH = Truth()
 
@@ -38,10 +38,26 @@ def test_fit_preemption_synthetic_knee_interval_covers_truth_and_is_narrow() -> 
     assert fit.slope.interval.covers(TRUTH.slope)
     assert fit.base_rate.interval.covers(TRUTH.base_rate_per_s)
     assert fit.family == "poisson"
-    assert fit.cov_type == "cluster"  # 12 engines
+    assert (fit.cov_type, fit.clusters) == ("cluster", 12)
+    assert "CR1 by engine (12 engines), t(11)" in fit.method
     assert fit.n == 12 * 720
     assert fit.warnings == ()
     assert min(lr for _, lr in fit.profile) == 0.0
+
+
+def test_fit_preemption_few_engines_cluster_and_say_the_bias() -> None:
+    fit = fit_preemption(synthetic_frame(4, 720, seed=3))
+    assert (fit.cov_type, fit.clusters) == ("cluster", 4)
+    assert any("clustered by engine (4 engines" in a and "biased down" in a
+               for a in fit.assumptions)  # fmt: skip
+    assert fit.slope.interval.covers(TRUTH.slope)
+
+
+def test_fit_preemption_one_engine_treats_windows_as_independent() -> None:
+    fit = fit_preemption(synthetic_frame(1, 3000, seed=3))
+    assert (fit.cov_type, fit.clusters) == ("HC0", 1)
+    assert any("treat its windows as independent" in a for a in fit.assumptions)
+    assert "HC0 Wald" in fit.method
 
 
 def peak_driven(frame: pd.DataFrame, seed: int) -> pd.DataFrame:
@@ -135,7 +151,7 @@ def test_fit_preemption_short_history_raises_insufficient_history(
 
 @pytest.mark.parametrize("alpha", [0.0, 0.5])
 @pytest.mark.parametrize("cluster", [True, False])
-def test_glm_and_sandwich_on_cells_equal_statsmodels_glm_on_the_windows(
+def test_glm_and_robust_cov_on_cells_equal_statsmodels_glm_on_the_windows(
     alpha: float, cluster: bool
 ) -> None:
     # the binned cells are exact sufficient statistics: the fit on a few hundred cells is
@@ -145,7 +161,7 @@ def test_glm_and_sandwich_on_cells_equal_statsmodels_glm_on_the_windows(
     y, t = frame["preemptions"].to_numpy(), frame["window_s"].to_numpy()
     g = engine_groups(frame)
     beta, _ = _fit_glm(_collapse(u, t, y, g, by_engine=False), 0.85, alpha, None, 100)
-    cov = _sandwich(_collapse(u, t, y, g, by_engine=True), 0.85, beta, alpha, cluster)
+    cov = _robust_cov(_collapse(u, t, y, g, by_engine=True), 0.85, beta, alpha, cluster)
     family = sm.families.Poisson() if alpha == 0 else sm.families.NegativeBinomial(alpha=alpha)
     model = sm.GLM(y, _design(u, 0.85), family=family, offset=np.log(t))
     ref = (model.fit(cov_type="cluster", cov_kwds={"groups": g}) if cluster

@@ -95,7 +95,9 @@ def test_plan_synthetic_fits_equal_direct_fits_and_recover_truth(synth: tuple[Pl
     assert mfu["can_tell"] is True
     assert mfu["interval"]["lo"] - 0.05 < TRUTH.mfu < mfu["interval"]["hi"] + 0.05
     hit = plan.fits["lmcache_hitrate"]
-    assert hit["h_max"]["estimate"] == pytest.approx(TRUTH.h_max, abs=0.05)
+    largest = hit["largest_l1_gib"] * 1024**3
+    on_curve = TRUTH.h_max * (1 - math.exp(-largest / TRUTH.c0_bytes))
+    assert hit["hit_at_largest_l1"]["estimate"] == pytest.approx(on_curve, abs=0.05)
     for entry in plan.fits.values():
         assert set(entry) >= {"estimate", "interval", "n", "method", "can_tell", "why", "warnings"}
 

@@ -102,8 +102,13 @@ def test_plan_text_hitrate_line_gives_size_and_interval_in_one_unit(
         "interval": {"lo": 25.8e9, "hi": 90.9e9, "level": 0.95},
         "n": 233,
         "can_tell": True,
-        "h_max": {"estimate": 0.963, "interval": {"lo": 0.927, "hi": 0.982}, "unit": None},
+        "hit_at_largest_l1": {
+            "estimate": 0.963,
+            "interval": {"lo": 0.927, "hi": 0.982},
+            "unit": None,
+        },
     }
     (line,) = [x for x in summary_text(d).splitlines() if x.startswith("  lmcache_hitrate")]
-    assert "L1 for 90 % of h_max 48.5 GB [25.8 GB, 90.9 GB] (n=233)" in line
-    assert "h_max 96.3 % [92.7%, 98.2%]" in line
+    assert "of the hit at the largest L1 seen 48.5 GB [25.8 GB, 90.9 GB] (n=233)" in line
+    assert line.split()[1:5] == ["L1", "for", "90", "%"]
+    assert "hit at the largest L1 seen 96.3 % [92.7%, 98.2%]" in line
