@@ -25,14 +25,15 @@ at most G − 1 (the scores sum to zero), so it can carry a spline of k basis fu
 only from G ≥ k + 1 pools (k = ``spline_df``, default 6, fewer only when the sizes seen
 have fewer distinct quantiles). Capping k at G − 1 instead made the curve too stiff to
 follow a saturating one (3 df from 4 pools: the size estimate's 95 % interval covered
-the truth in 1 of 12 seeded synthetic clusters). With fewer pools the covariance is HC0
-per window with t(n − k), and ``assumptions`` says the intervals treat windows as
-independent. Pointwise intervals are Wald on the logit scale (delta method: b(C)'Vb(C)),
-mapped through the logistic, so they stay in (0, 1). The spline's shape error is not in
-them: on seeded synthetic clusters without pool effects (so intervals far narrower than
-real pools give; benchmarks/accuracy/fitsynth.py, 12 seeds) it is up to 0.003 in hit
+the truth in 1 of 12 seeded synthetic clusters). With fewer pools the covariance is
+Newey–West HAC within each pool's window series (statsmodels ``hac-panel``, lags by
+Newey & West's rule, factor n / (n − k)) with t(n − k), and ``assumptions`` says so.
+Pointwise intervals are Wald on the logit scale (delta method: b(C)'Vb(C)), mapped
+through the logistic, so they stay in (0, 1). The spline's shape error is not in them:
+on seeded synthetic clusters without pool effects (so intervals far narrower than real
+pools give; benchmarks/accuracy/fitsynth.py, 12 seeds) it is up to 0.003 in hit
 ratio with 6 df, and the pointwise 95 % intervals at 2, 8 and 30 GB covered the true
-curve 77 % of the time from 12 pools (CR1), 84 % from 4 (HC0).
+curve 77 % of the time from 12 pools (CR1), 84 % from 4 (then HC0, per window).
 
 ``estimate``: the smallest size in the observed range at which the curve reaches
 ``target_fraction`` of its hit ratio at the largest size seen (``hit_at_largest``), i.e.
@@ -107,7 +108,7 @@ class HitRateFit(FitResult):
     predictions: tuple[HitPrediction, ...]
     size_range: tuple[float, float]
     evicting_share: float  # share of windows with L1 evictions (usage = capacity)
-    cov_type: str  # "cluster" (CR1 by LMCache pool) | "HC0" (windows independent) | "none"
+    cov_type: str  # "cluster" (CR1 by LMCache pool) | "HAC" (within each pool) | "none"
     clusters: int  # LMCache pools (sources) in the data
     spline_df: int  # basis functions of the spline in ln C (0 when not fitted)
     knots_ln_bytes: tuple[float, ...]  # the spline's knots (ln bytes), boundary ones included
@@ -189,7 +190,7 @@ def fit_hitrate(
     lc = np.log(c)
     knots = _knots(lc, spline_df)
     k = len(knots) if len(knots) >= 3 else 2
-    cov_type = "cluster" if pools >= k + 1 else "HC0"
+    cov_type = "cluster" if pools >= k + 1 else "HAC"
     c_lo, c_hi = float(c.min()), float(c.max())
     if cov_type == "cluster":
         errors = f"CR1 by LMCache pool ({pools} pools), t({pools - 1})"
@@ -199,11 +200,15 @@ def fit_hitrate(
             f"any correlation within one){few}"
         )
     else:
-        errors = f"HC0 per window ({pools} LMCache pool{'s' if pools != 1 else ''}), t(n − {k})"
+        errors = (
+            f"Newey–West HAC within each pool's window series ({pools} LMCache "
+            f"pool{'s' if pools != 1 else ''}, {hac_lags(n)} lags), t(n − {k})"
+        )
         independence = (
             f"{pools} LMCache pool{'s' if pools != 1 else ''}: too few for cluster-robust "
-            f"errors on a {k}-df curve (needs {k + 1}), so the intervals treat windows as "
-            "independent (too narrow if a pool's windows are correlated)"
+            f"errors on a {k}-df curve (needs {k + 1}); the intervals allow correlation between "
+            f"a pool's windows up to {hac_lags(n)} windows apart (HAC) and describe these "
+            "pools, not pools in general"
         )
     out: dict[str, Any] = {
         "what": WHAT, "unit": "bytes", "n": n, "cov_type": cov_type, "clusters": pools,
@@ -301,7 +306,9 @@ def _usable(frame: pd.DataFrame, size: str, hit: str, weight: str) -> pd.DataFra
     keep = (data[size] > 0) & (data[hit] >= 0) & (data[hit] <= 1)
     if weight in data.columns:
         keep &= data[weight] > 0  # NaN fails too: a hit ratio without its lookups
-    return data[keep]
+    data = data[keep]
+    order = [c for c in ("source", "start") if c in data.columns]  # time order per pool (HAC)
+    return data.sort_values(order, kind="stable") if order else data
 
 
 def _pools(data: pd.DataFrame) -> npt.NDArray[np.int64]:
@@ -340,11 +347,17 @@ def _basis(lc: Array, knots: Sequence[float] | Array) -> Array:
     return out
 
 
+def hac_lags(n: int) -> int:
+    """Newey–West's rule for the lags of a HAC covariance: floor(4 (n / 100)^(2/9))
+    (Newey & West 1994, Rev. Econ. Stud. 61(4))."""
+    return max(1, int(4 * (n / 100) ** (2 / 9)))
+
+
 def _glm(
     h: Array, trials: Array, basis: Array, groups: npt.NDArray[np.int64], cov_type: str
 ) -> tuple[Array, Array]:
     """Binomial logit GLM of [hits, misses] (statsmodels): coefficients and their robust
-    covariance (CR1 by ``groups``, or HC0)."""
+    covariance (CR1 by ``groups``, or HAC within each group's series)."""
     import numpy as np
     from statsmodels.genmod import families
     from statsmodels.genmod.generalized_linear_model import GLM
@@ -353,8 +366,9 @@ def _glm(
     model = GLM(endog, basis, family=families.Binomial())
     if cov_type == "cluster":
         res = model.fit(cov_type="cluster", cov_kwds={"groups": groups})
-    else:
-        res = model.fit(cov_type="HC0")
+    else:  # rows in time order within each pool (_usable): Newey–West per pool series
+        lags = hac_lags(len(h))
+        res = model.fit(cov_type="hac-panel", cov_kwds={"groups": groups, "maxlags": lags})
     return (
         np.asarray(res.params, dtype=np.float64),
         np.asarray(res.cov_params(), dtype=np.float64),

@@ -15,7 +15,7 @@ from scipy.special import expit
 
 from benchmarks.accuracy.fitsynth import Truth, synthetic_frame
 from collector.errors import ConfigError, InsufficientHistory
-from planner.fit.hitrate import HitRateFit, fit_hitrate
+from planner.fit.hitrate import HitRateFit, fit_hitrate, hac_lags
 
 TRUTH = Truth()
 
@@ -46,12 +46,12 @@ def test_fit_hitrate_many_pools_cluster_and_recover_curve_and_sizes() -> None:
     assert fit.warnings == ()
 
 
-def test_fit_hitrate_few_pools_treat_windows_as_independent() -> None:
+def test_fit_hitrate_few_pools_allow_correlation_within_each_pool() -> None:
     # 4 pools cannot carry a cluster-robust covariance of 6 coefficients (rank <= 3)
     fit = fit_hitrate(synthetic_frame(12, 720, seed=3), target_hit=0.5)
     assert fit.can_tell, fit.why
-    assert (fit.cov_type, fit.clusters, fit.spline_df) == ("HC0", 4, 6)
-    assert any("intervals treat windows as independent" in a and "needs 7" in a
+    assert (fit.cov_type, fit.clusters, fit.spline_df) == ("HAC", 4, 6)
+    assert any("allow correlation between a pool's windows" in a and "needs 7" in a
                for a in fit.assumptions)  # fmt: skip
     assert fit.size_for_target_hit is not None
     assert fit.size_for_target_hit.interval.covers(true_size_for(0.5))
@@ -60,10 +60,12 @@ def test_fit_hitrate_few_pools_treat_windows_as_independent() -> None:
 
 
 def _brute_cov(fit: HitRateFit, frame: pd.DataFrame) -> np.ndarray:
-    """CR1 / HC0 of the binomial GLM from its definition: B from patsy's own
-    ``cr(x, df=k) - 1``, scores n_i(h_i − p_i)b_i summed per pool (or not), bread
-    (Σ n_i p_i(1 − p_i) b_i b_i')^-1 and CR1's small-sample factor (a GLM's HC0 has none)."""
+    """CR1 / HAC of the binomial GLM from its definition: B from patsy's own
+    ``cr(x, df=k) - 1``, scores n_i(h_i − p_i)b_i summed per pool (CR1) or Newey–West with
+    Bartlett weights over each pool's time-ordered series (HAC), bread
+    (Σ n_i p_i(1 − p_i) b_i b_i')^-1 and the small-sample factor."""
     d = frame.dropna(subset=["l1_usage_bytes", "lmcache_hit_ratio"])
+    d = d.sort_values(["source", "start"], kind="stable")
     lc = np.log(d["l1_usage_bytes"].to_numpy())
     b = np.asarray(patsy.dmatrix(f"cr(lc, df={fit.spline_df}) - 1", {"lc": lc}))
     n_tok, h = d["lmcache_requested_tokens"].to_numpy(), d["lmcache_hit_ratio"].to_numpy()
@@ -78,12 +80,21 @@ def _brute_cov(fit: HitRateFit, frame: pd.DataFrame) -> np.ndarray:
         g = summed.shape[0]
         meat, factor = summed.T @ summed, g / (g - 1) * (n - 1) / (n - k)
     else:
-        meat, factor = scores.T @ scores, 1.0  # statsmodels: HC0 for GLMs
+        lags = hac_lags(n)
+        pools = pd.factorize(d["source"])[0]
+        meat = np.zeros((k, k))
+        for g in range(pools.max() + 1):
+            sg = scores[pools == g]
+            meat += sg.T @ sg
+            for lag in range(1, lags + 1):
+                gamma = sg[lag:].T @ sg[:-lag]
+                meat += (1 - lag / (lags + 1)) * (gamma + gamma.T)
+        factor = n / (n - k)  # statsmodels' small-sample correction of hac-panel
     out: np.ndarray = bread @ meat @ bread * factor
     return out
 
 
-@pytest.mark.parametrize(("engines", "kind"), [(36, "cluster"), (12, "HC0")])
+@pytest.mark.parametrize(("engines", "kind"), [(36, "cluster"), (12, "HAC")])
 def test_fit_hitrate_covariance_equals_the_brute_force_sandwich(engines: int, kind: str) -> None:
     frame = synthetic_frame(engines, 240, seed=5)
     fit = fit_hitrate(frame)
