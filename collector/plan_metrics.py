@@ -34,7 +34,7 @@ from collector.selfmetrics import (
     PLAN_FORECAST_COVERAGE,
     PLAN_FORECAST_HORIZON,
     PLAN_FORECAST_NOMINAL_COVERAGE,
-    PLAN_GPU_HOURS_SAVED,
+    PLAN_GPUS_SAVED,
     PLAN_KV_CAPACITY,
     PLAN_KV_DEMAND_PEAK,
     PLAN_KV_DEMAND_PEAK_OF_CAPACITY,
@@ -156,7 +156,8 @@ def _add_offload(out: _Families, key: tuple[str, str], document: Mapping[str, An
             out.add(PLAN_ENGINES_NEEDED, (*key, mode, bound), _finite(raw))
         saved = bill.get("gpu_hours_saved_range") or (None, None)
         for bound, raw in zip(BOUNDS, (bill.get("gpu_hours_saved_per_day"), *saved), strict=False):
-            out.add(PLAN_GPU_HOURS_SAVED, (*key, mode, bound), _finite(raw))
+            hours = _finite(raw)
+            out.add(PLAN_GPUS_SAVED, (*key, mode, bound), None if hours is None else hours / 24)
 
 
 def _add_plan(out: _Families, plan: PlanRecord, now: float) -> None:

@@ -62,7 +62,7 @@ __all__ = [
     "PLAN_FORECAST_COVERAGE",
     "PLAN_FORECAST_HORIZON",
     "PLAN_FORECAST_NOMINAL_COVERAGE",
-    "PLAN_GPU_HOURS_SAVED",
+    "PLAN_GPUS_SAVED",
     "PLAN_KV_CAPACITY",
     "PLAN_KV_DEMAND_PEAK",
     "PLAN_KV_DEMAND_PEAK_OF_CAPACITY",
@@ -158,7 +158,7 @@ PLAN_CAPACITY_RATIO = MetricDef(
     "independent engines or pools (no upper series: only a lower bound is known).",
 )  # fmt: skip
 PLAN_TODAY_TTFT_RATIO = MetricDef(
-    "kvscope_plan_today_ttft_ratio", "gauge", (*_PLAN, "mode", "quantile", "bound"),
+    "kvscope_plan_today_ttft_ratio", "gauge", (*_PLAN, "mode", "ttft_quantile", "bound"),
     "ratio (0.8 = 20 % lower)",
     "Today's effect of an offload mode on the per-window TTFT quantile, at the load each "
     "engine carried, adjusted for traffic mix: mode over no offload, 90 % interval.",
@@ -175,10 +175,10 @@ PLAN_ENGINES_NEEDED = MetricDef(
     "(mode=\"none\") and with each mode at its capacity ratio (lower/upper: the ratio's "
     "upper/lower end).",
 )  # fmt: skip
-PLAN_GPU_HOURS_SAVED = MetricDef(
-    "kvscope_plan_gpu_hours_saved_per_day", "gauge", (*_PLAN, "mode", "bound"), "GPU-hours/day",
-    "The bill: GPU-hours a day an offload mode saves at the forecast peak (engines without − "
-    "with, × TP × 24 h), with the range from its capacity ratio's interval.",
+PLAN_GPUS_SAVED = MetricDef(
+    "kvscope_plan_gpus_saved", "gauge", (*_PLAN, "mode", "bound"), "GPUs",
+    "The bill: GPUs an offload mode saves at the forecast peak (engines without − with, × TP; "
+    "× 24 = GPU-hours a day), with the range from its capacity ratio's interval.",
 )  # fmt: skip
 PLAN_KV_USAGE = MetricDef(
     "kvscope_plan_kv_cache_usage_ratio", "gauge", _PLAN, "ratio 0–1",
@@ -240,7 +240,7 @@ PLAN_METRICS: tuple[MetricDef, ...] = (
     PLAN_TODAY_TTFT_RATIO,
     PLAN_TODAY_PREEMPTIONS,
     PLAN_ENGINES_NEEDED,
-    PLAN_GPU_HOURS_SAVED,
+    PLAN_GPUS_SAVED,
     PLAN_KV_USAGE,
     PLAN_KV_DEMAND_PEAK,
     PLAN_KV_DEMAND_PEAK_OF_CAPACITY,

@@ -20,7 +20,7 @@ from collector.selfmetrics import (
     PLAN_ENGINES_NEEDED,
     PLAN_FORECAST_COVERAGE,
     PLAN_FORECAST_NOMINAL_COVERAGE,
-    PLAN_GPU_HOURS_SAVED,
+    PLAN_GPUS_SAVED,
     PLAN_KV_CAPACITY,
     PLAN_KV_DEMAND_PEAK_OF_CAPACITY,
     PLAN_KV_USAGE,
@@ -85,7 +85,7 @@ def planner_board(cfg: MixinConfig) -> Board:
         Chart("Today: TTFT, mode over no offload", "Effect of each mode on the per-window "
               "TTFT quantile at the load each engine carried, adjusted for traffic mix "
               "(0.8 = 20 % lower), 90 % interval.", "none",
-              (Query(_m(PLAN_TODAY_TTFT_RATIO, cfg), f"{band} {{{{quantile}}}}"),
+              (Query(_m(PLAN_TODAY_TTFT_RATIO, cfg), f"{band} {{{{ttft_quantile}}}}"),
                Query("vector(1)", "no offload (1.0)")), width=8),
         Chart("Today: preemptions per 1k requests, mode minus no offload", "Effect of each "
               "mode on preemptions per 1k requests at today's load, 90 % interval.", "short",
@@ -94,10 +94,10 @@ def planner_board(cfg: MixinConfig) -> Board:
               "with 20 % headroom, without offload (mode none) and with each mode at its "
               "capacity ratio (lower/upper: the ratio's upper/lower end).", "short",
               (Query(_m(PLAN_ENGINES_NEEDED, cfg), band),), width=12),
-        Chart("The bill: GPU-hours a day saved", "GPU-hours a day each mode saves at the "
-              "forecast peak ((engines without − with) × TP × 24 h), with the range from its "
-              "capacity ratio.", "short",
-              (Query(_m(PLAN_GPU_HOURS_SAVED, cfg), band),), width=12),
+        Chart("The bill: GPUs saved at the forecast peak", "GPUs each mode saves at the "
+              "forecast peak ((engines without − with) × TP; × 24 = GPU-hours a day), with the "
+              "range from its capacity ratio.", "short",
+              (Query(_m(PLAN_GPUS_SAVED, cfg), band),), width=12),
         Chart("Diagnostic: KV use against the equal-KV break-even", "The plan's KV use (median "
               "over its window) and the live fleet's mean, against the KV use above which a "
               "mode's engines serve more tokens/s than engines without at the same KV use. A "

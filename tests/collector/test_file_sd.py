@@ -199,7 +199,7 @@ def test_parse_file_sd_simulator_document_gives_engines_and_lmcache() -> None:
         ("127.0.0.1:9100", "vllm"), ("127.0.0.1:9101", "vllm"), ("127.0.0.1:9102", "lmcache"),
     ]  # fmt: skip
     assert [d.target.url for d in got] == [e["url"] for e in doc["engines"] + doc["lmcache"]]
-    assert got[0].target.engine == EngineMeta(offload="native")
+    assert got[0].target.engine == EngineMeta(offload="native", pool="sim-lmcache-0")
 
 
 def test_load_file_sd_not_utf8_raises_config_error(tmp_path: Path) -> None:

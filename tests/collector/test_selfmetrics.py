@@ -206,9 +206,9 @@ def test_render_plan_metrics_full_plan_gives_every_figure_with_bounds(two_plans:
     assert value(s, sm.PLAN_CAPACITY_RATIO.name, **a, mode="lmcache", bound="lower") == 1.2
     # a lower bound has no upper series
     assert labelsets(s, sm.PLAN_CAPACITY_RATIO, **a, mode="lmcache", bound="upper") == []
-    ttft = {"mode": "native", "quantile": "p90"}
+    ttft = {"mode": "native", "ttft_quantile": "p90"}
     assert value(s, sm.PLAN_TODAY_TTFT_RATIO.name, **a, **ttft, bound="upper") == 0.55
-    assert labelsets(s, sm.PLAN_TODAY_TTFT_RATIO, **a, quantile="p50") == []  # cannot tell
+    assert labelsets(s, sm.PLAN_TODAY_TTFT_RATIO, **a, ttft_quantile="p50") == []  # cannot tell
     assert value(s, sm.PLAN_TODAY_PREEMPTIONS.name, **a, mode="native", bound="lower") == -100.0
     engines = {
         (lab["mode"], lab["bound"]): v for lab, v in s[sm.PLAN_ENGINES_NEEDED.name]
@@ -216,8 +216,9 @@ def test_render_plan_metrics_full_plan_gives_every_figure_with_bounds(two_plans:
     }  # fmt: skip
     assert engines == {("none", "estimate"): 10, ("native", "estimate"): 8,
                        ("native", "lower"): 7, ("native", "upper"): 9}  # fmt: skip
-    saved = labelsets(s, sm.PLAN_GPU_HOURS_SAVED, **a, mode="native")
-    assert sorted(x["bound"] for x in saved) == ["estimate", "lower"]
+    saved = labelsets(s, sm.PLAN_GPUS_SAVED, **a, mode="native")
+    assert sorted(x["bound"] for x in saved) == ["estimate", "lower"]  # a bound: no upper
+    assert value(s, sm.PLAN_GPUS_SAVED.name, **a, mode="native", bound="estimate") == 2.0
     assert value(s, sm.PLAN_KV_USAGE.name, **a) == 0.83
     assert value(s, sm.PLAN_KV_DEMAND_PEAK.name, **a, bound="lower") == 1.2e6
     assert value(s, sm.PLAN_KV_DEMAND_PEAK_OF_CAPACITY.name, **a, bound="upper") == 1.9e6 / 2e6

@@ -118,7 +118,18 @@ def plan_record(now: float, group: str = "") -> PlanRecord:
     document = {
         "happening": {"current_mode": {"mode": "native", "basis": "test"}},
         "forecast": {"kv_demand": {"unit": "KV tokens"}},
-    }
+        "offload": {"modes": {"native": {
+            "today": {"effects": [
+                {"outcome": "ttft_p90_s", "can_tell": True, "estimate": 0.6,
+                 "interval": {"lo": 0.5, "hi": 0.7, "level": 0.9}},
+                {"outcome": "preemptions_per_1k", "can_tell": True, "estimate": -50.0,
+                 "interval": {"lo": -70.0, "hi": -30.0, "level": 0.9}},
+            ]},
+            "bill": {"can_tell": True, "engines_without_offload": 8, "engines_with_mode": 6,
+                     "engines_with_mode_range": [5, 7], "gpu_hours_saved_per_day": 48.0,
+                     "gpu_hours_saved_range": [24.0, 72.0]},
+        }}},
+    }  # fmt: skip
     return PlanRecord(PLAN_CLUSTER, group, now - 60, now - 7200, now - 60, 86400.0, "test",
                       "lmcache", document, headline)  # fmt: skip
 
