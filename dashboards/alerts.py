@@ -230,10 +230,10 @@ ALERTS: tuple[Alert, ...] = (
         "{{ $labels.mode }} offload costs capacity on {{ $labels.cluster }} "
         "{{ $labels.group }}.",
         "kvscope's latest plan measured the deployed {{ $labels.mode }} offload's capacity at "
-        "the SLO against engines without offload, and even the upper end of its 90 % interval "
-        "is below 1 ({{ $value | humanize }}): engines with it carry less load within the "
-        "latency target. The offload tier is deployed where KV fits in HBM or prefixes do not recur; see the "
-        "plan's decision and its offload section.",
+        "the SLO against engines without offload, and even the upper end of its 90 % "
+        "interval is below 1 ({{ $value | humanize }}): engines with it carry less load "
+        "within the latency target. The offload tier is deployed where KV fits in HBM or "
+        "prefixes do not recur; see the plan's decision and its offload section.",
     ),
     Alert(
         "KvscopeKvCapacityExhaustedWithinHorizon", "warning", "5m", _capacity, _capacity_probe,

@@ -55,7 +55,9 @@ def propose(
     keys = engine_keys(frame)
     modes = frame["offload_mode"].astype(str).to_numpy()
     with_mode = sorted(set(keys[modes == mode].tolist()) - set(switching))
-    if switching or (units_with_mode == 1 and len(with_mode) >= 1):
+    # one engine with the mode: switch it; one pool of several engines is no canary (the
+    # pool's other engines keep filling the shared L1): a second pool is needed instead
+    if switching or (units_with_mode == 1 and len(with_mode) == 1):
         canary = switching[0] if switching else with_mode[0]
         return _switchback(frame, canary, mode, seed=seed, running=bool(switching), why=why)
     if units_with_mode < MIN_UNITS:
@@ -69,10 +71,17 @@ def propose(
                 f"on {mode} and keep {MIN_UNITS} as controls: run a switchback on one engine",
             }
         picked = random_assignment(without, k, seed=seed, pools=dict(pools) or None)
+        pooled = len(with_mode) > units_with_mode  # the mode's engines share pools
+        where = (
+            f" (on a node of their own, with its own LMCache server: engines sharing "
+            f"{with_mode[0]}'s pool are one unit with it)"
+            if pooled
+            else ""
+        )
         return base | {
             "engines": list(picked),
-            "text": f"turn {mode} offload on for {', '.join(picked)} (drawn at random with "
-            f"seed {seed} from the {len(without)} engines without offload, never by load), "
+            "text": f"turn {mode} offload on for {', '.join(picked)}{where} (drawn at random "
+            f"with seed {seed} from the {len(without)} engines without offload, never by load), "
             f"so that each arm has at least {MIN_UNITS} independent units; keep the rest as "
             "they are and re-plan after a peak",
         }

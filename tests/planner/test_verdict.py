@@ -78,11 +78,14 @@ def test_run_verdicts_single_canary_proposes_a_seeded_switchback() -> None:
 
 
 def test_run_verdicts_shared_pool_counts_once() -> None:
-    modes = ["none"] * 3 + ["lmcache"] * 2
-    frame = cluster_frame(modes, ratio={"lmcache": 1.3}, seed=4, peak=2.0, pools={3: "p", 4: "p"})
-    v = run_verdicts(frame, engines(frame, {"e3": "p", "e4": "p"}))["lmcache"]
+    modes = ["none"] * 4 + ["lmcache"] * 2
+    frame = cluster_frame(modes, ratio={"lmcache": 1.3}, seed=4, peak=2.0, pools={4: "p", 5: "p"})
+    v = run_verdicts(frame, engines(frame, {"e4": "p", "e5": "p"}))["lmcache"]
     assert v.evidence.units[0] == 1 and not v.evidence.can_tell
     assert v.today is not None and (v.today.units_treated, v.today.engines_treated) == (1, 2)
+    # a pool is no canary: the proposal is a second pool, not a switchback of one engine
+    assert v.experiment is not None and v.experiment["design"] == "random assignment"
+    assert v.experiment["engines"] and "its own LMCache server" in v.experiment["text"]
 
 
 def _switching_frame(effect: float, seed: int) -> pd.DataFrame:
