@@ -1,8 +1,10 @@
 """The statistical fits on an analysis frame, each with intervals and a "cannot tell" reason.
 
 - ``preempt``: preemptions vs KV use (a GLM with a hinge knee, profile-likelihood interval);
-- ``gain``: throughput gain per offload mode vs KV use, and its break-even (``gain_curve``,
-  ``gain_crossings``);
+- ``gain``: tokens/s per offload mode at equal KV use, and its break-even (``gain_curve``,
+  ``gain_crossings``): a diagnostic, not the effect of offload (offload changes KV use);
+- ``units``, ``effects``, ``capacity``, ``switchback``: the verdict's units of evidence (engines
+  or LMCache pools), today's effects, capacity at the SLO, and a canary run as a switchback;
 - ``mfu``: prefill MFU from TTFT on low-load windows;
 - ``hitrate``: the LMCache L1 hit-rate curve vs L1 size (``HitRateFit.curve`` evaluates it);
 - ``common``: estimates, intervals, weights and covariance pieces the fits share;

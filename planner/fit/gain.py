@@ -1,4 +1,9 @@
-"""Throughput vs utilization × offload mode: does KV offload pay off, and from which load?
+"""Tokens/s vs KV utilization × offload mode: the equal-KV-use diagnostic of `kvscope plan`.
+
+This is not the effect of offload nor its capacity gain — offload itself lowers KV use, so
+comparing engines at equal KV use compares them at different loads; planner/fit/effects.py
+and planner/fit/capacity.py estimate those. It stays as a diagnostic under its own name
+("tokens/s at equal KV use") and its break-even KV use.
 
 Model
 -----
