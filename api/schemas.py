@@ -300,24 +300,24 @@ class PlansOut(_Model):
     plans: list[PlanSummary] = Field(examples=[[]], description="newest first")
 
 
-class ForecastOut(_Model):
+class _PlanSection(_Model):
+    """A section of the latest stored plan, with the plan's identity and age."""
+
     cluster: str = Field(examples=["prod-a"])
     group: str = Field(examples=[""])
     plan_id: int = Field(examples=[12])
     created_at: float = Field(examples=[1764000000.0])
     age_s: float = Field(examples=[600.0])
+
+
+class ForecastOut(_PlanSection):
     forecast: JsonObject = Field(
         examples=[{"kv_demand": {"method": "naive @60s"}}],
         description="the plan's forecast section",
     )
 
 
-class OffloadOut(_Model):
-    cluster: str = Field(examples=["prod-a"])
-    group: str = Field(examples=[""])
-    plan_id: int = Field(examples=[12])
-    created_at: float = Field(examples=[1764000000.0])
-    age_s: float = Field(examples=[600.0])
+class OffloadOut(_PlanSection):
     offload: JsonObject = Field(
         examples=[
             {

@@ -97,6 +97,20 @@ def autocorrelation_time(
     return _tau_window(rho, SOKAL_C)[0] if method == "sokal" else _tau_geyer(rho)
 
 
+def _outcome_rows(
+    frame: pd.DataFrame, outcome: str, *, log: bool
+) -> tuple[npt.NDArray[np.object_], Array, npt.NDArray[np.bool_], Array]:
+    """(engine key, (log) outcome or NaN, usable, window start) per row."""
+    import numpy as np
+
+    from planner.fit.units import engine_keys
+
+    y = frame[outcome].to_numpy(dtype=float)
+    ok = np.isfinite(y) & ((y > 0) if log else True)
+    v = np.where(ok, np.log(np.where(ok, y, 1.0)) if log else y, np.nan)
+    return engine_keys(frame), v, ok, frame["start"].to_numpy(dtype=float)
+
+
 def _canary_series(
     frame: pd.DataFrame, engine_key: str, outcome: str, *, log: bool, detrend: bool
 ) -> tuple[Array, Array, bool]:
@@ -106,13 +120,7 @@ def _canary_series(
     import numpy as np
     import pandas as pd
 
-    from planner.fit.units import engine_keys
-
-    keys = engine_keys(frame)
-    y = frame[outcome].to_numpy(dtype=float)
-    ok = np.isfinite(y) & ((y > 0) if log else True)
-    v = np.where(ok, np.log(np.where(ok, y, 1.0)) if log else y, np.nan)
-    starts = frame["start"].to_numpy(dtype=float)
+    keys, v, ok, starts = _outcome_rows(frame, outcome, log=log)
     mine = (keys == engine_key) & ok
     s, val = starts[mine], v[mine]
     order = np.argsort(s, kind="stable")
@@ -209,15 +217,9 @@ def block_sigma(
     import numpy as np
     import pandas as pd
 
-    from planner.fit.units import engine_keys
-
     if block_s <= washout_s or window_s <= 0:
         raise ConfigError(f"block_s ({block_s}) must exceed washout_s ({washout_s})")
-    keys = engine_keys(frame)
-    y = frame[outcome].to_numpy(dtype=float)
-    ok = np.isfinite(y) & ((y > 0) if log else True)
-    v = np.where(ok, np.log(np.where(ok, y, 1.0)) if log else y, np.nan)
-    starts = frame["start"].to_numpy(dtype=float)
+    keys, v, ok, starts = _outcome_rows(frame, outcome, log=log)
     mine = (keys == engine_key) & ok
     what = f"block noise of {engine_key}"
     if not mine.any():

@@ -28,10 +28,10 @@ from collector.errors import InsufficientHistory, KvscopeError
 from planner.decide.evidence import CapacityEvidence, ValueCI
 from planner.deploy.sizing import DEFAULT_HEADROOM, engine_bill, engine_capacity
 from planner.fit.capacity import CapacityComparison, Slo, fit_capacity
-from planner.fit.common import Interval
 from planner.fit.effects import TodayEffects, fit_today
 from planner.fit.units import engine_keys, unit_keys
 from planner.model.values import finite
+from planner.plan.fits import interval_dict
 from planner.plan.proposal import propose
 from planner.plan.verdict_switchback import switchback_capacity, switchback_today, switching_for
 
@@ -180,13 +180,6 @@ def _vci(est: float, lo: float, hi: float, level: float) -> ValueCI | None:
 # ----------------------------------------------------------------------------- JSON
 
 
-def _iv(iv: Interval) -> dict[str, Any] | None:
-    lo, hi = finite(iv.lo), finite(iv.hi)
-    if lo is None and hi is None:
-        return None
-    return {"lo": lo, "hi": hi, "level": finite(iv.level)}
-
-
 def today_dict(t: TodayEffects) -> dict[str, Any]:
     return {
         "can_tell": t.can_tell,
@@ -200,7 +193,7 @@ def today_dict(t: TodayEffects) -> dict[str, Any]:
                 "scale": e.scale,
                 "without_offload": finite(e.control),
                 "estimate": finite(e.estimate),
-                "interval": _iv(e.interval),
+                "interval": interval_dict(e.interval),
                 "df": finite(e.df),
                 "windows": e.windows,
                 "can_tell": e.can_tell,
@@ -232,8 +225,8 @@ def capacity_dict(c: CapacityComparison) -> dict[str, Any]:
         "settle": c.settle or None,
         "slo": {"ttft_s": c.slo.ttft_s, "quantile": c.slo.quantile, "text": c.slo.text()},
         "ratio": finite(c.ratio),
-        "interval": _iv(c.interval),
-        "claim_interval": _iv(c.claim_interval),
+        "interval": interval_dict(c.interval),
+        "claim_interval": interval_dict(c.claim_interval),
         "lower_bound": c.bound == "lower",
         "df": finite(c.df),
         "unit": "tokens/s per engine (prompt + generated) within the SLO",
