@@ -264,7 +264,6 @@ def _compare(  # noqa: PLR0917 - fit_capacity's parts
             tuple(caps), n_t, n_c, method, assumptions, not why, why, settle,
         )  # fmt: skip
 
-    near = "a window with load past the SLO"
     settle = (
         f"windows that miss the SLO ({slo.text()}) on at least {MIN_UNITS} units of each "
         "arm: a busier period, or a load test that weights the router towards "
@@ -282,8 +281,8 @@ def _compare(  # noqa: PLR0917 - fit_capacity's parts
                    "units per arm", settle=more)  # fmt: skip
     if any(c.status == "above" for c in control):
         return out(math.nan, nan_iv, nan_interval(claim_level),
-                   why=f"no {near} on the engines without offload (they never missed the "
-                   "SLO), so their capacity is unknown", settle=settle)  # fmt: skip
+                   why="no window past the SLO on the engines without offload (they never "
+                   "missed it), so their capacity is unknown", settle=settle)  # fmt: skip
     lt = np.log([c.value for c in treated])
     lc = np.log([c.value for c in control])
     diff, df, (lo, hi) = welch(lt, lc, level)
