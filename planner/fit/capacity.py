@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from collector.errors import ConfigError
-from planner.fit.common import Interval, check_level, nan_interval
+from planner.fit.common import Interval, check_level, exp_or_inf, nan_interval
 
 if TYPE_CHECKING:
     import numpy as np
@@ -288,17 +288,17 @@ def _compare(  # noqa: PLR0917 - fit_capacity's parts
     diff, df, (lo, hi) = welch(lt, lc, level)
     _, _, (clo, chi) = welch(lt, lc, claim_level)
     bound = "lower" if any(c.status == "above" for c in treated) else ""
-    ratio = math.exp(diff)
+    ratio = exp_or_inf(diff)
     if bound:
         return out(
             ratio,
-            Interval(math.exp(lo), math.inf, level),
-            Interval(math.exp(clo), math.inf, claim_level),
+            Interval(exp_or_inf(lo), math.inf, level),
+            Interval(exp_or_inf(clo), math.inf, claim_level),
             bound=bound,
             df=df,
         )
-    return out(ratio, Interval(math.exp(lo), math.exp(hi), level),
-               Interval(math.exp(clo), math.exp(chi), claim_level), df=df)  # fmt: skip
+    return out(ratio, Interval(exp_or_inf(lo), exp_or_inf(hi), level),
+               Interval(exp_or_inf(clo), exp_or_inf(chi), claim_level), df=df)  # fmt: skip
 
 
 def welch(a: Array, b: Array, level: float) -> tuple[float, float, tuple[float, float]]:

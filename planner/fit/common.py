@@ -87,6 +87,11 @@ class FitResult:
     why: str
 
 
+def exp_or_inf(x: float) -> float:
+    """exp(x), +inf past the largest finite double (a t quantile on a tiny ν overflows it)."""
+    return math.exp(x) if x < 709.0 else math.inf
+
+
 def nan_interval(level: float) -> Interval:
     """The interval of a quantity the data cannot estimate."""
     return Interval(math.nan, math.nan, level)

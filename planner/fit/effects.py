@@ -27,7 +27,14 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from collector.errors import ConfigError, InsufficientHistory
-from planner.fit.common import Interval, check_level, nan_interval, recorded_warnings, t_quantile
+from planner.fit.common import (
+    Interval,
+    check_level,
+    exp_or_inf,
+    nan_interval,
+    recorded_warnings,
+    t_quantile,
+)
 from planner.fit.units import TRAFFIC, Balance, balance, balance_warnings, traffic
 
 if TYPE_CHECKING:
@@ -262,17 +269,13 @@ def _effect(  # noqa: PLR0917 - one outcome of fit_today, its arrays passed thro
     t = t_quantile(level, df) if math.isfinite(df) and df > 0 else math.inf
     lo, hi = b - t * se, b + t * se
     if o.log:
-        est, iv = math.exp(b), Interval(_exp(lo), _exp(hi), level)
+        est, iv = math.exp(b), Interval(exp_or_inf(lo), exp_or_inf(hi), level)
     else:
         est, iv = b, Interval(lo, hi, level)
     told = math.isfinite(se) and se > 0 and math.isfinite(t)
     why = "" if told else "the mode's standard error is not finite (too few units vary)"
     return Effect(o.name, o.label, o.unit, "ratio" if o.log else "difference", control, est,
                   iv, df, int(ok.sum()), told, why)  # fmt: skip
-
-
-def _exp(v: float) -> float:
-    return math.exp(v) if v < 700 else math.inf
 
 
 def wls_cr2(

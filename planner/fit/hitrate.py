@@ -68,6 +68,7 @@ from planner.fit.common import (
     Interval,
     check_level,
     engine_groups,
+    exp_or_inf,
     fmt,
     nan_interval,
     recorded_warnings,
@@ -445,7 +446,7 @@ def _size_for(fit: HitRateFit, goal: float, fraction: float | None, level: float
     se = math.sqrt(max(float(grad @ np.asarray(fit.coef_cov) @ grad), 0.0)) / dfdl
     return Estimate(
         math.exp(lc),
-        Interval(math.exp(lc - fit.t_crit * se), _exp(lc + fit.t_crit * se), level),
+        Interval(math.exp(lc - fit.t_crit * se), exp_or_inf(lc + fit.t_crit * se), level),
         "bytes",
     )
 
@@ -459,8 +460,3 @@ def _rise_lower_bound(fit: HitRateFit, c_lo: float, c_hi: float) -> float:
     d = d - _basis(np.log(np.array([c_lo])), fit.knots_ln_bytes)[0]
     se = math.sqrt(max(float(d @ np.asarray(fit.coef_cov) @ d), 0.0))
     return float(d @ np.asarray(fit.coef)) - fit.t_crit * se
-
-
-def _exp(x: float) -> float:
-    """exp that saturates to inf instead of raising OverflowError."""
-    return math.exp(x) if x < 709.0 else math.inf

@@ -63,6 +63,7 @@ from planner.fit.common import (
     FitResult,
     Interval,
     check_level,
+    exp_or_inf,
     fmt,
     nan_interval,
     ols_robust,
@@ -453,7 +454,9 @@ def fit_switchback(
     interval = Interval(beta - half, beta + half, level)
     ratio = (
         Estimate(
-            math.exp(beta), Interval(math.exp(interval.lo), math.exp(interval.hi), level), "ratio"
+            exp_or_inf(beta),
+            Interval(exp_or_inf(interval.lo), exp_or_inf(interval.hi), level),
+            "ratio",
         )
         if log
         else Estimate(math.nan, level_nan, "ratio")

@@ -89,7 +89,11 @@ def run_verdicts(
             continue
         switching = switching_for(frame, mode)
         if switching:
-            out[mode] = _switchback(frame, switching, mode, slo, seed)
+            try:
+                out[mode] = _switchback(frame, switching, mode, slo, seed)
+            except Exception as exc:  # loop boundary: one estimand must not sink the plan
+                log.warning("plan: switchback of %s failed: %s", mode, exc, exc_info=True)
+                out[mode] = _cannot(mode, f"switchback failed: {type(exc).__name__}: {exc}")
         elif mode not in modes:
             v = _cannot(mode, f"no engine ran {mode} offload")
             out[mode] = replace(v, experiment=propose(frame, mode, switching=(),

@@ -24,7 +24,7 @@ from planner.fit.capacity import (
     unit_capacity,
     violations,
 )
-from planner.fit.common import Interval, nan_interval
+from planner.fit.common import Interval, exp_or_inf, nan_interval
 from planner.fit.effects import OUTCOMES, Effect, TodayEffects, cannot_effect, derived_outcomes
 from planner.fit.switchback import DEFAULT_WASHOUT_S, fit_switchback, switchback_blocks
 from planner.fit.units import TRAFFIC, balance, engine_keys, traffic
@@ -187,7 +187,7 @@ def switchback_capacity(
 
     def pct(lv: float) -> Interval:
         lo, hi = np.quantile(d, [(1 - lv) / 2, (1 + lv) / 2])
-        return Interval(math.exp(lo), math.inf if lower else math.exp(hi), lv)
+        return Interval(exp_or_inf(lo), math.inf if lower else exp_or_inf(hi), lv)
 
     iv, claim = pct(level), pct(claim_level)
     if not iv.lo <= ratio:

@@ -135,3 +135,22 @@ def test_run_verdicts_without_engines_off_offload_cannot_compare(mode: str) -> N
     frame = cluster_frame(["native"] * 2 + ["lmcache"] * 2, ratio={}, seed=7)
     v = run_verdicts(frame, engines(frame))[mode]
     assert not v.evidence.can_tell and "without offload" in v.why
+
+
+@pytest.mark.parametrize("n_blocks", [4, 6])
+def test_run_verdicts_short_switchback_never_raises(n_blocks: int) -> None:
+    # a few blocks give a tiny Bell–McCaffrey ν: a t quantile whose exp overflows a double
+    # (the verdict study's 2 h switchbacks raised OverflowError before exp_or_inf)
+    f = switchback_frame(9, effect=-math.log(0.7), n_blocks=n_blocks, block_windows=12)
+    ttft = 0.5 * np.exp(np.log(3000.0) - np.log(f["tokens_per_s"]))
+    frame = f.assign(group="g", ttft_p50_s=ttft, ttft_p90_s=ttft, ttft_p99_s=ttft,
+                     e2e_mean_s=ttft, preemptions=0.0, waiting=0.0, running=1.0,
+                     output_tokens_per_s=f["requests"] * 5.0)  # fmt: skip
+    v = run_verdicts(frame, engines(frame))["native"]
+    json.dumps(verdict_section({"native": v}, None, Slo()), allow_nan=False)
+
+
+def test_exp_or_inf_saturates() -> None:
+    from planner.fit.common import exp_or_inf
+
+    assert exp_or_inf(800.0) == math.inf and exp_or_inf(0.0) == 1.0
