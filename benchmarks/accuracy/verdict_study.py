@@ -232,6 +232,23 @@ def score_mode(v: ModeVerdict, truth: Any, v_default: ModeVerdict | None) -> dic
     return out
 
 
+def crashed(mode: str, truth: Any, exc: Exception) -> dict[str, Any]:
+    """The record of a mode whose verdict raised: it counts as "error", never as coverage."""
+    return {
+        "mode": mode,
+        "truth": {"sat_ratio": truth.sat_ratio, "sat_bound": truth.sat_bound,
+                  "label": truth.label, "slo_ratio": truth.slo_ratio,
+                  "slo_bound": truth.slo_bound,
+                  "ttft_p90_ratio_at_mean_load": truth.ttft_p90_ratio,
+                  "ttft_mean_ratio_at_mean_load": truth.ttft_mean_ratio},
+        "can_tell": False, "why": f"run_verdicts raised {type(exc).__name__}: {exc}",
+        "units": [], "design": "", "ratio": None, "interval": [None, None],
+        "claim_interval": [None, None], "bound": "", "unit_status": [], "covers": None,
+        "covers_slo_truth": None, "claim": "", "call": "error", "experiment": None,
+        "today_ttft_p90": None,
+    }  # fmt: skip
+
+
 def _today(v: ModeVerdict, outcome: str, truth: float) -> dict[str, Any] | None:
     if v.today is None:
         return None
@@ -260,6 +277,8 @@ def decision_call(decision: str | None, modes: Mapping[str, Mapping[str, Any]]) 
         if not helps:
             return "right"
         return "wrong (none on a measured claim)" if claimed & helps else "none (cannot tell)"
+    if decision not in modes:  # "both", or a mode no engine of the case ran: no truth for it
+        return f"unscored ({decision}: no engine ran it)"
     return "right" if decision in helps else "wrong"
 
 
@@ -345,9 +364,22 @@ def run_case(case: Case, say: Callable[[str], None], *, plan: bool = True) -> di
     for h in horizons:
         until = None if h is None else tel.epoch0 + h * 3600.0
         frame = full if until is None else _restrict(full, until)
-        vs = run_verdicts(frame, list(records.values()), slo=slo, seed=case.seed)
-        vd = run_verdicts(frame, list(records.values()), slo=Slo(), seed=case.seed)
-        modes = {m: score_mode(vs[m], truth.modes[m], vd[m]) for m in case.modes}
+        engines = list(records.values())
+        try:
+            vs = run_verdicts(frame, engines, slo=slo, seed=case.seed)
+        except Exception as exc:  # a planner crash is an outcome the study records
+            say(f"{case.name} @{h} h: run_verdicts raised {type(exc).__name__}: {exc}")
+            modes = {m: crashed(m, truth.modes[m], exc) for m in case.modes}
+        else:
+            try:
+                vd: Mapping[str, ModeVerdict] | None = run_verdicts(
+                    frame, engines, slo=Slo(), seed=case.seed
+                )
+            except Exception:  # the default SLO is secondary: recorded as not evaluated
+                vd = None
+            modes = {
+                m: score_mode(vs[m], truth.modes[m], vd[m] if vd else None) for m in case.modes
+            }
         for m in case.expect_cannot_tell:
             modes[m]["expected_cannot_tell"] = True
             modes[m]["cannot_tell_with_experiment"] = (
@@ -612,9 +644,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=RESULTS / "verdict_study")
     ap.add_argument("--resume", action="store_true", help="skip cases in the partial file")
     ap.add_argument("--table", type=Path, help="re-print the markdown of a JSON result")
+    ap.add_argument("--rescore", type=Path, help="re-score a JSON result in place")
     a = ap.parse_args(argv)
     if a.table:
         print(markdown(json.loads(a.table.read_text())), end="")
+        return 0
+    if a.rescore:
+        doc = json.loads(a.rescore.read_text())
+        for r in doc["results"]:
+            for e in r["evaluations"]:
+                if "plan" in e:
+                    e["decision_call"] = decision_call(e["plan"].get("decision"), e["modes"])
+        doc["summary"] = summarize(doc["results"])
+        a.rescore.write_text(json.dumps(doc, indent=1, default=str) + "\n")
+        a.rescore.with_suffix(".md").write_text(markdown(doc))
+        print(markdown(doc), end="")
         return 0
     todo = [c for c in cases(a.split) if not a.only or c.name in a.only or c.cls in a.only]
     partial = a.out.with_suffix(".partial.jsonl")

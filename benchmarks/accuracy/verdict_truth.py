@@ -110,7 +110,7 @@ def label_of(ratio: float) -> str:
         return "unknown"
     if ratio > HELPS_ABOVE:
         return "helps"
-    if abs(ratio - 1.0) <= NULL_WITHIN:
+    if abs(ratio - 1.0) <= NULL_WITHIN + 1e-12:  # the edge itself is null
         return "null"
     return "small" if ratio > 1.0 else "hurts"
 
