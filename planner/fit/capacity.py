@@ -7,13 +7,19 @@ gain sizing, the rules and the headline use; it is the quantity offload is bough
 (more load per GPU at the same latency), unlike throughput at equal KV use, which offload
 itself changes.
 
-Per unit (an engine, or an engine's share of a pool — see below): its windows are binned by
-load (quantile bins of at least MIN_BIN windows), the share of windows that miss the SLO is
-made non-decreasing in load (isotonic regression, scipy's PAVA), and the capacity is the
-load where that share crosses one half (linear between bin means). A unit whose windows miss
-the SLO too rarely (fewer than MIN_SIDE windows) never came near saturation: its capacity is
-only known to exceed the highest load it carried (``status`` "above"). One that misses it
-at every load has ``status`` "below".
+Per unit (an engine, or an engine's share of a pool — see below): whether each window missed
+the SLO is made non-decreasing in its load (isotonic regression of the windows one by one,
+scipy's PAVA: the monotone maximum-likelihood estimate of the miss probability), and the
+capacity is the load where that estimate first exceeds one half (midway between the two
+windows it falls between). Windows are not binned first: a diurnal load leaves few windows
+at middle loads, and interpolating between the means of wide bins put the crossing as much
+as a fifth too low (the switchback study's dev split, docs/accuracy.md). A unit whose windows
+miss the SLO too rarely (fewer than MIN_SIDE windows) never came near saturation: its
+capacity is only known to exceed a load it carried (``status`` "above"). That bound is the
+MIN_BIN-th highest window load, not the highest: one minute's served load scatters around
+the offered load, and the single highest window overstated the sustained load by ~15 % in
+the dev split. One that misses the SLO at every load has ``status`` "below", the bound
+being the MIN_BIN-th lowest window load.
 
 Between modes: the mean of log capacity per arm, compared with Welch's t interval on units
 (statsmodels CompareMeans, Satterthwaite df) — engines of one LMCache pool are averaged into
@@ -40,8 +46,7 @@ if TYPE_CHECKING:
 
     Array = npt.NDArray[np.float64]
 
-MIN_BIN = 8  # windows per load bin
-MAX_BINS = 12
+MIN_BIN = 8  # windows a bound rests on ("above": the MIN_BIN-th highest load)
 MIN_SIDE = 5  # windows missing (and meeting) the SLO before a unit counts as near saturation
 MIN_UNITS = 2
 NO_OFFLOAD = "none"
@@ -147,27 +152,21 @@ def unit_capacity(load: Array, missed: npt.NDArray[np.bool_]) -> tuple[float, st
     x, m = load[ok], missed[ok].astype(float)
     if x.size < 2 * MIN_BIN:
         return math.nan, "too few windows"
+    order = np.argsort(x, kind="stable")
+    x, m = x[order], m[order]
     n_miss = int(m.sum())
     if n_miss < MIN_SIDE:
-        return float(np.max(x)), "above"
+        return float(x[-MIN_BIN]), "above"
     if x.size - n_miss < MIN_SIDE:
-        return float(np.min(x)), "below"
-    bins = max(2, min(MAX_BINS, x.size // MIN_BIN))
-    order = np.argsort(x, kind="stable")
-    parts = np.array_split(order, bins)
-    centre = np.array([x[p].mean() for p in parts])
-    share = np.array([m[p].mean() for p in parts])
-    size = np.array([p.size for p in parts], dtype=float)
-    fitted = isotonic_regression(share, weights=size, increasing=True).x
+        return float(x[MIN_BIN - 1]), "below"
+    fitted = isotonic_regression(m, increasing=True).x
     above = np.flatnonzero(fitted > 0.5)
     if above.size == 0:
-        return float(np.max(x)), "above"
+        return float(x[-MIN_BIN]), "above"
     i = int(above[0])
     if i == 0:
-        return float(centre[0]), "below"
-    f0, f1 = fitted[i - 1], fitted[i]
-    c0, c1 = centre[i - 1], centre[i]
-    return float(c0 + (c1 - c0) * (0.5 - f0) / (f1 - f0)), "measured"
+        return float(x[MIN_BIN - 1]), "below"
+    return float((x[i - 1] + x[i]) / 2), "measured"
 
 
 def fit_capacity(

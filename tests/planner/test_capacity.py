@@ -10,7 +10,7 @@ import pytest
 from scipy import stats
 
 from collector.errors import ConfigError
-from planner.fit.capacity import Slo, fit_capacity, unit_capacity, violations, welch
+from planner.fit.capacity import MIN_BIN, Slo, fit_capacity, unit_capacity, violations, welch
 from planner.fit.units import unit_keys
 from tests.planner.verdictsynth import TRUE_SLO_MULTIPLE, cluster_frame
 
@@ -19,26 +19,63 @@ def _fit(frame: pd.DataFrame, mode: str = "native", **kw: object) -> object:
     return fit_capacity(frame, unit_keys(frame, kw.pop("pools", None)), mode=mode, **kw)  # type: ignore[arg-type]
 
 
-def test_unit_capacity_step_in_misses_is_found_within_a_bin() -> None:
+def test_unit_capacity_step_in_misses_is_found_between_two_windows() -> None:
     load = np.linspace(1000, 20000, 240)
     missed = load > 12_000
     value, status = unit_capacity(load, missed)
     assert status == "measured"
-    assert abs(value - 12_000) < (20_000 - 1000) / 12  # one load bin
+    assert abs(value - 12_000) <= (20_000 - 1000) / 239  # within one window's load step
+
+
+def test_unit_capacity_sparse_middle_loads_do_not_pull_the_crossing() -> None:
+    # a diurnal load: many windows at low and at high load, few in between; the misses start
+    # at 6,500. Binned interpolation put this near the middle of the gap (~5,000).
+    rng = np.random.default_rng(7)
+    load = np.r_[rng.uniform(500, 4000, 120), rng.uniform(6000, 9000, 120)]
+    missed = load > 6500
+    value, status = unit_capacity(load, missed)
+    below, above = load[load <= 6500].max(), load[load > 6500].min()
+    assert status == "measured" and value == pytest.approx((below + above) / 2)
+
+
+def _brute_crossing(x: np.ndarray, m: np.ndarray) -> float:
+    """The monotone (non-decreasing) least-squares fit by enumeration of its level sets:
+    PAVA's answer for 0/1 data is the max-min formula f_i = max_{a<=i} min_{b>=i} mean(m[a..b])."""
+    o = np.argsort(x, kind="stable")
+    xs, ms = x[o], m[o].astype(float)
+    n = xs.size
+    cum = np.r_[0.0, np.cumsum(ms)]
+    f = np.array([max(min((cum[b + 1] - cum[a]) / (b + 1 - a) for b in range(i, n))
+                      for a in range(i + 1)) for i in range(n)])  # fmt: skip
+    i = int(np.flatnonzero(f > 0.5)[0])
+    return float((xs[i - 1] + xs[i]) / 2)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_unit_capacity_matches_a_brute_force_monotone_fit(seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    load = rng.uniform(1000, 20000, 60)
+    missed = rng.random(60) < 1 / (1 + np.exp(-(load - 11_000) / 2500))
+    value, status = unit_capacity(load, missed)
+    assert status == "measured"
+    assert value == pytest.approx(_brute_crossing(load, missed))
 
 
 @pytest.mark.parametrize(
-    ("missed", "status", "value"),
+    ("missed", "status", "rank"),
     [
-        (np.zeros(240, bool), "above", 20_000.0),  # never missed: a lower bound at the top
-        (np.ones(240, bool), "below", 1_000.0),  # always missed: an upper bound at the bottom
+        # never missed: a lower bound at the MIN_BIN-th highest load, not the single highest
+        (np.zeros(240, bool), "above", -MIN_BIN),
+        # always missed: an upper bound at the MIN_BIN-th lowest load
+        (np.ones(240, bool), "below", MIN_BIN - 1),
     ],
 )
 def test_unit_capacity_without_a_crossing_is_a_bound(
-    missed: np.ndarray, status: str, value: float
+    missed: np.ndarray, status: str, rank: int
 ) -> None:
-    got, kind = unit_capacity(np.linspace(1000, 20000, 240), missed)
-    assert (kind, got) == (status, value)
+    load = np.linspace(1000, 20000, 240)
+    got, kind = unit_capacity(load, missed)
+    assert (kind, got) == (status, load[rank])
 
 
 def test_unit_capacity_noisy_misses_are_made_monotone_in_load() -> None:
