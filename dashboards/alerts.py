@@ -75,6 +75,22 @@ def _kv_saturated(c: MixinConfig) -> str:
     )
 
 
+def _deferred(c: MixinConfig) -> str:
+    """Deferred waiting requests, the least over the rules' window (vLLM 0.20+ only: an
+    older engine has no such series, so the alert stays silent there, with no absent()
+    guard, which would fire for every pre-0.20 engine forever)."""
+    return find("vllm_requests_waiting_by_reason", "min_over_time").selector(c, 'reason="deferred"')
+
+
+def _scheduler_stuck(c: MixinConfig) -> str:
+    finished = find("vllm_requests_finished", "rate").selector(c)
+    # `== 0` on the finished rate, not `unless … > 0`: it takes a counter that is there
+    # and flat (vLLM creates every finished_reason series at start-up), so an engine whose
+    # counter is not scraped never looks stuck. Running requests are not a condition:
+    # vllm-project/vllm#53130's engine showed 3-4 running while nothing finished.
+    return f"{_deferred(c)} > 0\nand on (job, instance, engine) {finished} == 0"
+
+
 def _lmcache_down(c: MixinConfig) -> str:
     healthy = q.gauge("lmcache_healthy", q.rule_scope(c))
     return f"{_up(c.lmcache_selector)} == 0\nor ({healthy}) == 0"
@@ -190,6 +206,17 @@ ALERTS: tuple[Alert, ...] = (
         "Engine {{ $labels.instance }} averaged {{ $value | humanizePercentage }} KV-cache use "
         "over 5 minutes with requests waiting. High KV use alone is normal for vLLM; with a "
         "queue it means new requests wait for KV blocks (queue time, TTFT).",
+    ),
+    Alert(
+        "KvscopeVllmSchedulerStuck", "critical", "10m", _scheduler_stuck, _deferred,
+        "vLLM engine {{ $labels.instance }} engine {{ $labels.engine }} holds {{ $value | "
+        "humanize }} deferred requests and has finished none for 15 minutes.",
+        "Engine {{ $labels.instance }} engine {{ $labels.engine }} (model "
+        "{{ $labels.model_name }}) has had requests in the deferred part of its waiting "
+        "queue at every scrape, and finished no request, for at least 15 minutes. Its "
+        "scheduler has stopped admitting work while /health still answers 200, so it keeps "
+        "receiving requests it will never serve; vllm-project/vllm#53130 reports this state "
+        "lasting until the engine was restarted. Drain the engine and restart it.",
     ),
     Alert(
         "KvscopeLmcacheDown", "critical", "2m", _lmcache_down, _lmcache_down_probe,

@@ -180,6 +180,14 @@ RECORDS: tuple[Record, ...] = (
        "Requests waiting, mean over the window."),
     Record("engine", "vllm_requests_running", "", _gauge("requests_running"), "short",
        "Requests running.", windowed=False),
+    Record("engine", "vllm_requests_waiting_by_reason", "",
+       _gauge("requests_waiting_by_reason"), "short",
+       "Requests waiting by reason (vLLM 0.20+): capacity = no room to schedule them; "
+       "deferred = held by a transient constraint (LoRA slot, KV transfer, blocked status).",
+       windowed=False),
+    Record("engine", "vllm_requests_waiting_by_reason", "min_over_time",
+       lambda s, fl: q.over_time("min", "requests_waiting_by_reason", s), "short",
+       "Requests waiting by reason, the least over the window (above 0: never empty in it)."),
     Record("engine", "vllm_offload_cpu_usage_ratio", "", _gauge("offload_cpu_usage_ratio"),
        "percentunit", "CPU-tier space pinned by active offload transfers.", windowed=False),
     # ---- per fleet group (model_name by default) -----------------------------------------

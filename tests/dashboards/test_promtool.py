@@ -270,6 +270,78 @@ KV_CASES = (
          (S(KV, ENGINE, flat(0.98, 41)),), quiet("25m")),
 )  # fmt: skip
 
+RUNNING, BY_REASON = "requests_running", "requests_waiting_by_reason"
+DEFERRED, CAPACITY = {**ENGINE, "reason": "deferred"}, {**ENGINE, "reason": "capacity"}
+
+
+def _queue(deferred: str, finished: str, running: str, capacity: str | None = None,
+           **pin: bool) -> tuple[Series, ...]:  # fmt: skip
+    """An engine's scheduler queue: deferred (and capacity) waiting requests, the running
+    gauge (which the alert does not read: a stuck engine may still show some) and the
+    finished counter."""
+    out = (S(BY_REASON, DEFERRED, deferred, **pin), S(RUNNING, ENGINE, running, **pin),
+           S(FIN, FINISHED, finished, **pin))  # fmt: skip
+    return out if capacity is None else (*out, S(BY_REASON, CAPACITY, capacity, **pin))
+
+
+# vllm-project/vllm#53130's engine: 2 requests/s finish with a few deferred, then at minute
+# 11 completions stop, the deferred queue climbs by 5 a minute from 227 and 4 requests stay
+# "running"
+_COLLAPSE_AT = 11
+_WEDGED = _queue(
+    f"{flat(2, _COLLAPSE_AT)} 227+5x{60 - _COLLAPSE_AT}",
+    ramp((_COLLAPSE_AT, 120), (61 - _COLLAPSE_AT, 0)),
+    f"{flat(29, _COLLAPSE_AT)} {flat(4, 61 - _COLLAPSE_AT)}",
+    flat(19, 61),
+)
+_SERVING = ramp((61, 120))  # 2 requests/s finish
+STUCK_CASES = (
+    # the finished rate is 0 from minute 15 (its 5-minute window all after the collapse);
+    # `for: 10m` fires at 25; $value is the least deferred count in [25m, 30m]
+    Case("KvscopeVllmSchedulerStuck", "issue_53130_deferred_climb_nothing_finishes", "fires",
+         _WEDGED, (("10m", ()), ("22m", ()),
+                   firing("30m", Fired(DEFERRED, 227 + 5 * (25 - _COLLAPSE_AT), {
+                       "runbook_url": "docs/runbooks.md#kvscopevllmschedulerstuck"})))),
+    Case("KvscopeVllmSchedulerStuck", "deferred_held_nothing_running_nothing_finishes", "fires",
+         _queue(flat(5, 41), flat(0, 41), flat(0, 41)),
+         (("5m", ()), firing("15m", Fired(DEFERRED, 5)), firing("40m", Fired(DEFERRED, 5)))),
+    Case("KvscopeVllmSchedulerStuck", "burst_defers_requests_while_others_finish", "quiet",
+         _queue(f"{flat(0, 6)} 10+10x4 {flat(50, 10)} 40-10x4 {flat(0, 35)}", _SERVING,
+                f"{flat(8, 6)} {flat(64, 19)} {flat(8, 36)}", flat(0, 61)),
+         quiet("15m", "23m", "30m", "45m")),
+    Case("KvscopeVllmSchedulerStuck", "deferred_for_an_hour_while_requests_finish", "quiet",
+         _queue(flat(12, 61), _SERVING, flat(64, 61)), quiet("20m", "40m", "60m")),
+    # completions pause from minute 10 to 23: the rate reads 0 at minutes 15-22, 8 minutes
+    # of pending, short of `for: 10m`
+    Case("KvscopeVllmSchedulerStuck", "completions_pause_for_twelve_minutes", "quiet",
+         _queue(flat(3, 61), ramp((11, 120), (12, 0), (38, 120)), flat(64, 61)),
+         quiet("20m", "23m", "26m", "40m")),
+    Case("KvscopeVllmSchedulerStuck", "idle_nothing_waiting", "quiet",
+         _queue(flat(0, 41), flat(500, 41), flat(0, 41), flat(0, 41)), quiet("20m", "40m")),
+    Case("KvscopeVllmSchedulerStuck", "capacity_queue_only", "quiet",
+         _queue(flat(0, 41), _SERVING, flat(64, 41), flat(30, 41)), quiet("20m", "40m")),
+    # the restart: one missed scrape at minute 31, then the counters start again from 0 and
+    # the queue is empty; the alert resolves at the first empty read
+    Case("KvscopeVllmSchedulerStuck", "restart_clears_the_wedged_engine", "reset",
+         _queue(f"{flat(300, 31)} {_RESTART} {flat(0, 29)}",
+                f"{flat(1200, 31)} {_RESTART} {ramp((29, 120))}",
+                f"{flat(4, 31)} {_RESTART} {flat(8, 29)}"),
+         (firing("20m", Fired(DEFERRED, 300)), firing("30m", Fired(DEFERRED, 300)),
+          *quiet("32m", "35m", "45m", "55m"))),
+    Case("KvscopeVllmSchedulerStuck", "restart_under_traffic_with_deferred_requests", "reset",
+         _queue(f"{flat(3, 31)} {_RESTART} {flat(3, 29)}",
+                f"{ramp((31, 120))} {_RESTART} {ramp((29, 120))}",
+                f"{flat(64, 31)} {_RESTART} {flat(64, 29)}"),
+         quiet("25m", "32m", "33m", "35m", "45m", "55m")),
+    Case("KvscopeVllmSchedulerStuck", "no_series", "absent", (), quiet("20m")),
+    # vLLM before 0.20: the same stuck engine without the by-reason gauge
+    Case("KvscopeVllmSchedulerStuck", "vllm_before_0_20_no_by_reason_gauge", "absent",
+         (S(WAITING, ENGINE, flat(300, 41)), S(RUNNING, ENGINE, flat(0, 41)),
+          S(FIN, FINISHED, flat(1200, 41))), quiet("20m", "40m")),
+    Case("KvscopeVllmSchedulerStuck", "no_finished_counter", "absent",
+         (S(BY_REASON, DEFERRED, flat(300, 41)),), quiet("20m", "40m")),
+)  # fmt: skip
+
 LMCACHE_DOWN_CASES = (
     Case("KvscopeLmcacheDown", "target_down", "fires",
          (S(UP, LMCACHE, flat(0, 21)),), (("1m", ()), firing("5m", Fired(LMCACHE)))),
@@ -525,8 +597,9 @@ PLAN_CASES = (
 )  # fmt: skip
 
 CASES: tuple[Case, ...] = (
-    STORM_CASES + KV_CASES + LMCACHE_DOWN_CASES + TARGETS_CASES + HIT_CASES + OFFLOAD_CASES
-    + PAYOFF_CASES + CAPACITY_CASES + SCRAPE_CASES + STALL_CASES + DOWN_CASES + PLAN_CASES
+    STORM_CASES + KV_CASES + STUCK_CASES + LMCACHE_DOWN_CASES + TARGETS_CASES + HIT_CASES
+    + OFFLOAD_CASES + PAYOFF_CASES + CAPACITY_CASES + SCRAPE_CASES + STALL_CASES + DOWN_CASES
+    + PLAN_CASES
 )  # fmt: skip
 
 
@@ -865,7 +938,8 @@ def test_case_table_every_alert_fires_stays_quiet_and_meets_absent_inputs() -> N
 def test_case_table_counter_alerts_have_reset_cases_both_ways() -> None:
     counters = [a.name for a in ALERTS if _reads_counters(a.name)]
     assert counters == [
-        "KvscopeVllmPreemptionStorm", "KvscopeLmcacheHitRateCollapsed",
+        "KvscopeVllmPreemptionStorm", "KvscopeVllmSchedulerStuck",
+        "KvscopeLmcacheHitRateCollapsed",
         "KvscopeOffloadStoresWithoutLoads", "KvscopeCollectorScrapesFailing",
     ]  # fmt: skip
     for name in counters:
