@@ -274,6 +274,7 @@ class CurvePoint:
     hit_ratio: Estimate  # model-based interval
     eviction_time_s: float  # point estimate, measured anchor
     extrapolated: bool  # needs F past T_hbm
+    beyond_histogram: bool  # needs reuse gaps past the top finite bucket
     can_tell: bool
     why: str
 
@@ -679,7 +680,8 @@ class ReuseFit:
             beyond = t_pt > self.top_bound_s
             base = self.hit_ratio
             ok, why = _tell(self, (spread[0] - base, spread[1] - base), est.value, extrap, beyond)
-            out.append(CurvePoint(float(c), _clip(est, 0.0, 1.0), t_pt, extrap, ok, why))
+            point = CurvePoint(float(c), _clip(est, 0.0, 1.0), t_pt, extrap, beyond, ok, why)
+            out.append(point)
         return tuple(out)
 
 
@@ -972,7 +974,9 @@ def _tier_gain(
         if ok and extrap:
             why = "extrapolated past the HBM eviction time"
         elif ok and est.value <= 0:
-            why = "no larger than HBM: an inclusive LRU adds nothing"
+            why = "holds no block HBM would not: an inclusive LRU adds nothing"
+        if mode == "lmcache":
+            why = "lower bound (cross-engine reuse not seen)" + (f"; {why}" if why else "")
         points.append(
             TierPoint(
                 size_gib=float(sizes[j]),
