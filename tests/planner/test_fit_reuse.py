@@ -346,3 +346,50 @@ def test_bad_tier_arguments_are_clear_errors() -> None:
     with pytest.raises(ConfigError, match="n_boot"):
         fit_reuse(_inputs(), n_boot=-1)
     assert math.isfinite(fit.reproduction.hit_ratio)
+
+
+def _long_residency(hbm_blocks: int) -> ReuseFit:
+    """Gaps from 20 s to 600 s, evictions in (600, 1200] s: T_hbm = 900 s, 7 accesses/s."""
+    gap, idle = [0.0] * N, [0.0] * N
+    gap[14:19] = [40.0, 60.0, 80.0, 90.0, 70.0]
+    idle[19] = 300.0
+    inp = _inputs(
+        reuse_gap=_hist(gap),
+        idle_before_evict=_hist(idle),
+        lifetime=_hist(idle),
+        hbm_blocks=hbm_blocks,
+        lookups_per_s=7.0,
+    )
+    return fit_reuse(inp, n_boot=20)
+
+
+def test_tail_past_the_top_bucket_is_cannot_tell_with_the_bounds() -> None:
+    fit = _long_residency(4000)
+    assert fit.t_hbm == pytest.approx(900.0)
+    assert fit.can_tell
+    near, far = fit.curve([6000, 16000])
+    assert near.can_tell and not near.beyond_histogram
+    assert far.beyond_histogram and far.eviction_time_s > 1800.0
+    assert not far.can_tell
+    assert "top finite bucket (1800 s)" in far.why and "families give" in far.why
+    assert far.hit_ratio.interval.lo < far.hit_ratio.interval.hi
+
+
+def test_an_inconsistent_capacity_fails_the_reproduction_check() -> None:
+    fit = _long_residency(100)  # 100 blocks cannot hold 900 s of 7 accesses/s
+    assert fit.reproduction.error < -0.5
+    assert not fit.can_tell and "does not reproduce" in fit.why
+    (point,) = fit.curve([150])
+    assert not point.can_tell and point.why == fit.why
+
+
+def test_no_gap_below_the_eviction_time_leaves_no_tail() -> None:
+    gap, idle = [0.0] * N, [0.0] * N
+    gap[13] = 40.0  # all in (10, 20], the bucket holding T_hbm = 15 s
+    idle[13] = 300.0
+    fit = fit_reuse(_inputs(reuse_gap=_hist(gap), idle_before_evict=_hist(idle)), n_boot=5)
+    assert fit.families == () and not fit.can_tell
+    (point,) = fit.curve([200])
+    assert math.isnan(point.hit_ratio.value) and not point.can_tell
+    gain = native_offload_gain(fit, [1.0], bytes_per_block=1.0)
+    assert gain.knee.size_gib is None and "no tail" in gain.knee.why
