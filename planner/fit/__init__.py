@@ -7,6 +7,8 @@
   or LMCache pools), today's effects, capacity at the SLO, and a canary run as a switchback;
 - ``mfu``: prefill MFU from TTFT on low-load windows;
 - ``hitrate``: the LMCache L1 hit-rate curve vs L1 size (``HitRateFit.curve`` evaluates it);
+- ``reuse``: the LRU hit ratio vs KV capacity from vLLM's sampled block-residency
+  histograms (AET), and what a native CPU offload or an LMCache pool of X GiB would add;
 - ``common``: estimates, intervals, weights and covariance pieces the fits share;
 - ``run``: :func:`fit_all`, every fit the data supports.
 """
@@ -16,8 +18,18 @@ from planner.fit.gain import GainFit, GainPoint, fit_gain
 from planner.fit.hitrate import HitRateFit, fit_hitrate
 from planner.fit.mfu import MfuFit, fit_mfu
 from planner.fit.preempt import PreemptionFit, fit_preemption
+from planner.fit.reuse import (
+    Histogram,
+    ReuseFit,
+    ReuseInputs,
+    TierGain,
+    fit_reuse,
+    lmcache_pool_gain,
+    native_offload_gain,
+)
 from planner.fit.run import FitReport, Skipped, fit_all
 
-__all__ = ["Estimate", "FitReport", "FitResult", "GainFit", "GainPoint", "HitRateFit",
-           "Interval", "MfuFit", "PreemptionFit", "Skipped", "fit_all", "fit_gain",
-           "fit_hitrate", "fit_mfu", "fit_preemption"]  # fmt: skip
+__all__ = ["Estimate", "FitReport", "FitResult", "GainFit", "GainPoint", "Histogram",
+           "HitRateFit", "Interval", "MfuFit", "PreemptionFit", "ReuseFit", "ReuseInputs",
+           "Skipped", "TierGain", "fit_all", "fit_gain", "fit_hitrate", "fit_mfu",
+           "fit_preemption", "fit_reuse", "lmcache_pool_gain", "native_offload_gain"]  # fmt: skip
