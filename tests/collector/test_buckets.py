@@ -9,7 +9,9 @@ import json
 import marshal
 import math
 import random
+import re
 import sqlite3
+import time
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -24,6 +26,7 @@ from collector.catalog import BUCKET_SIGNALS, KV_RESIDENCY_BUCKETS, SIGNALS, Sig
 from collector.errors import StoreError
 from collector.models import SCHEMA_VERSION
 from collector.parse import read_exposition
+from collector.promsource import PrometheusSource, _buckets, signal_query
 from collector.records import SignalSample, Snapshot, Window
 from collector.rollup import Rollup, per_bucket
 from collector.run import collect_direct
@@ -31,6 +34,7 @@ from collector.sources import Target, TargetSet
 from collector.spool import _decode, _encode
 from collector.store import Store
 from collector.store_buckets import F64, U8, U16, U32, ZERO, decode_buckets, encode_buckets
+from tests import services
 from tests.collector.bucketexpo import (
     ENGINE,
     INF,
@@ -435,3 +439,76 @@ def test_collect_direct_writes_bucket_counts_of_real_scrapes(tmp_path: Path) -> 
         assert pairs >= 1 and w.delta == sum(w.bucket_counts)
         assert w.bucket_counts == tuple(pairs * (i + 1) for i in range(len(w.bucket_counts)))
         assert w.bucket_bounds == catalogue_bounds(w.signal)
+
+
+# ---- Prometheus mode ------------------------------------------------------------------------
+
+PROM_CONFIG = """
+global:
+  scrape_interval: 1s
+  scrape_timeout: 900ms
+scrape_configs:
+  - job_name: vllm
+    metrics_path: /e1
+    static_configs:
+      - targets: ['{hostport}']
+  - job_name: lmcache
+    metrics_path: /l
+    static_configs:
+      - targets: ['{hostport}']
+"""
+
+
+def test_prometheus_query_asks_for_bucket_increases_of_flagged_histograms_only() -> None:
+    def stats(signal: str) -> list[str]:
+        return re.findall(r'"kvscope_stat", "([a-z0-9_]+)"', signal_query(signal, 60))
+
+    assert "bucket" in stats(GAP) and "bucket" in stats(L1_FAMILY)
+    assert "bucket" not in stats("ttft_seconds")
+    assert len(stats(GAP)) == len(stats("ttft_seconds")) + 1
+
+
+@pytest.mark.parametrize(
+    ("cell", "want"),
+    [({"le=0.1": 2.0, "le=inf": 5.0, "le=1.0": 4.0, "delta": 5.0}, ((0.1, 1.0), (2.0, 2.0, 1.0))),
+     ({"le=0.1": 2.0, "le=1.0": 4.0}, ((), ())),  # no +Inf bucket: no counts
+     ({"delta": 3.0}, ((), ()))],
+)  # fmt: skip
+def test_prometheus_cell_buckets_need_the_inf_bucket(
+    cell: dict[str, float], want: tuple[tuple[float, ...], tuple[float, ...]]
+) -> None:
+    assert _buckets(cell) == want
+
+
+@pytest.mark.prometheus
+def test_prometheus_mode_reads_bucket_increases_per_le(tmp_path: Path) -> None:
+    """A real Prometheus scrapes the two families every second; its windows carry bucket
+    counts in the catalogue's layout, proportional to what the exporter added (each bucket's
+    increase extrapolated by the same factor), summing to the count's increase; the store
+    keeps them."""
+    with expo_server() as srv:
+        srv.add("/e1", _steps(GAP, ENGINE))
+        srv.add("/l", _steps(L1_FAMILY, POOL))
+        hostport = srv.base.removeprefix("http://")
+        with services.prometheus(PROM_CONFIG.replace("{hostport}", hostport)) as url:
+            t0 = time.time()
+            while min(srv.route(p).hits for p in ("/e1", "/l")) < 7 and time.time() < t0 + 20:
+                time.sleep(0.1)
+            time.sleep(0.3)  # the last scrape ingested
+            with PrometheusSource(url, source_from="job/instance") as prom:
+                got = prom.windows(t0 - 10, time.time(), 2, signals=[GAP, L1_FAMILY])
+    kept = [w for w in got if w.bucket_counts]
+    jobs = {(w.source.split("/")[0], w.signal) for w in kept}
+    assert jobs == {("vllm", GAP), ("lmcache", L1_FAMILY)}
+    for w in kept:
+        assert w.bucket_bounds == catalogue_bounds(w.signal)
+        first = w.bucket_counts[0]
+        assert first > 0
+        assert w.bucket_counts == pytest.approx(
+            [first * (i + 1) for i in range(len(w.bucket_counts))], rel=1e-9
+        )
+        assert sum(w.bucket_counts) == pytest.approx(w.delta, rel=1e-9)
+    with Store(f"sqlite:///{tmp_path / 'k.db'}") as store:
+        store.migrate()
+        store.write_windows(got)
+        assert store.read_buckets() == sorted(kept, key=lambda w: (w.source, w.signal, w.start))
