@@ -161,3 +161,22 @@ class Window:
     sum_delta: float | None = None
     bucket_bounds: tuple[float, ...] = ()
     bucket_counts: tuple[float, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class BucketSum:
+    """The bucket counts of one series' windows in one bucket layout, summed (Store.sum_buckets).
+
+    ``bounds``: the finite upper bounds; ``counts``: observations per bucket (not cumulative,
+    the +Inf bucket last) over ``windows`` windows, the first starting at ``first``, the last
+    at ``last``. A series whose layout changed has one BucketSum per layout.
+    """
+
+    source: str
+    signal: str
+    labels: Labels
+    bounds: tuple[float, ...]
+    counts: tuple[float, ...]
+    windows: int
+    first: float
+    last: float

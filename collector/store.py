@@ -57,9 +57,9 @@ from collector.models import (
     series_key,
 )
 from collector.plans import PlanStore
-from collector.records import Labels, Window
+from collector.records import BucketSum, Labels, Window
 from collector.retention import RetentionStore
-from collector.store_buckets import decode_buckets, encode_buckets
+from collector.store_buckets import BucketSummer, decode_buckets, encode_buckets
 from collector.store_frame import FrameReader, window_filters
 
 
@@ -572,6 +572,51 @@ class Store(Inventory, PlanStore, FrameReader, HandoffStore, RetentionStore):
 
             signals = sorted(BUCKET_SIGNALS)
         return self._read_windows(signals, sources, cluster, since, until, buckets_only=True)
+
+    def sum_buckets(
+        self,
+        *,
+        signals: Sequence[str] | None = None,
+        sources: Sequence[str] | None = None,
+        cluster: str | None = None,
+        since: float | None = None,
+        until: float | None = None,
+    ) -> list[BucketSum]:
+        """The bucket counts of the windows :meth:`read_buckets` would return, summed per
+        series and bucket layout (a series whose layout changed has one BucketSum per
+        layout), sorted by source, signal, labels and last window; without a Window object
+        per window (collector/store_buckets.py)."""
+        self._require_schema()
+        if signals is None:
+            from collector.catalog import BUCKET_SIGNALS
+
+            signals = sorted(BUCKET_SIGNALS)
+        w = WindowRow
+        query = (
+            select(w.source, w.signal, w.labels, w.start, w.buckets)
+            .where(
+                w.buckets.is_not(None),
+                *window_filters(
+                    signals=signals, sources=sources, cluster=cluster, since=since, until=until
+                ),
+            )
+            .order_by(w.source, w.signal, w.start, w.labels)
+        )
+        summer = BucketSummer()
+        with self._tx("reading bucket counts") as conn:
+            for source, signal, labels, start, blob in conn.execute(query):
+                try:
+                    summer.add(source, signal, labels, start, bytes(blob or b""))
+                except ValueError as exc:
+                    raise StoreError(
+                        f"{self.url}: window {source} {signal} at {start}: unreadable buckets: "
+                        f"{exc}"
+                    ) from exc
+        out = [
+            BucketSum(source, signal, self._labels(labels), bounds, counts, n, first, last)
+            for source, signal, labels, bounds, counts, n, first, last in summer.sums()
+        ]
+        return sorted(out, key=lambda b: (b.source, b.signal, b.labels, b.last))
 
     def _read_windows(
         self,

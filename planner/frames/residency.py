@@ -20,9 +20,10 @@ them) plus ``sources``, e.g. a model group's (planner.frames.groups.GroupSlice.s
 Bucket layouts: counts of two layouts cannot be added bucket by bucket (an exporter
 upgraded between windows with other bounds; a window in which the layout changed has no
 counts at all, as it has no quantiles: collector.rollup). Per key and signal only the windows
-of the *latest* layout — the newest window's, in the store's (start, labels) order — are
-summed; the others are counted in :attr:`BucketCounts.dropped`. Sums run left to right in
-that order, so they equal a plain loop over the windows.
+of the *latest* layout — the newest window's (ties: the last series by labels) — are summed;
+the others are counted in :attr:`BucketCounts.dropped`. Each series' windows are added in
+start order, then the series of a key in labels order: integer counts (a direct collector's)
+are exact; Prometheus mode's fractional ones as exact as float64 additions are.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from typing import TYPE_CHECKING
 
 from collector.catalog import BUCKET_SIGNALS, ENGINE_LABEL
 from collector.errors import ConfigError
-from collector.records import Window
+from collector.records import BucketSum, Labels
 
 if TYPE_CHECKING:
     from collector.store import Store
@@ -67,30 +68,29 @@ class BucketCounts:
         return sum(self.counts, 0.0)
 
 
-def key_of(window: Window) -> str:
+def key_of(source: str, labels: Labels) -> str:
     """The engine (``source/engine``) or, for a series without an engine label (an LMCache
-    server's L1 family), the source a window's counts are summed under."""
-    engine = dict(window.labels).get(ENGINE_LABEL, "")
-    return f"{window.source}/{engine}" if engine else window.source
+    server's L1 family), the source a series' counts are summed under."""
+    engine = dict(labels).get(ENGINE_LABEL, "")
+    return f"{source}/{engine}" if engine else source
 
 
-def sum_buckets(windows: Iterable[Window]) -> dict[str, dict[str, BucketCounts]]:
-    """key -> signal -> the summed counts of the windows that kept theirs (module
-    docstring); windows are taken in the order given (the store's: source, signal, start,
-    labels), those without bucket counts are ignored."""
-    groups: dict[tuple[str, str], list[Window]] = {}
-    for w in windows:
-        if w.bucket_counts:
-            groups.setdefault((key_of(w), w.signal), []).append(w)
+def combine(sums: Iterable[BucketSum]) -> dict[str, dict[str, BucketCounts]]:
+    """key -> signal -> the counts of the series' BucketSums (``Store.sum_buckets``) of the
+    latest layout added up, the others' windows counted as dropped (module docstring)."""
+    groups: dict[tuple[str, str], list[BucketSum]] = {}
+    for b in sums:
+        groups.setdefault((key_of(b.source, b.labels), b.signal), []).append(b)
     out: dict[str, dict[str, BucketCounts]] = {}
-    for (key, signal), ws in groups.items():
-        latest = max(ws, key=lambda w: (w.start, w.labels)).bucket_bounds
-        same = [w for w in ws if w.bucket_bounds == latest]
+    for (key, signal), parts in groups.items():
+        latest = max(parts, key=lambda b: (b.last, b.labels)).bounds
+        same = sorted((b for b in parts if b.bounds == latest), key=lambda b: b.labels)
         counts = [0.0] * (len(latest) + 1)
-        for w in same:
-            counts = [a + b for a, b in zip(counts, w.bucket_counts, strict=True)]
+        for b in same:
+            counts = [x + y for x, y in zip(counts, b.counts, strict=True)]
+        windows = sum(b.windows for b in same)
         out.setdefault(key, {})[signal] = BucketCounts(
-            latest, tuple(counts), windows=len(same), dropped=len(ws) - len(same)
+            latest, tuple(counts), windows=windows, dropped=sum(b.windows for b in parts) - windows
         )
     return {key: dict(sorted(by.items())) for key, by in sorted(out.items())}
 
@@ -114,7 +114,7 @@ def residency_histograms(
             f"no bucket counts are kept for {', '.join(unknown)} (the histograms that keep "
             f"them: {', '.join(RESIDENCY_SIGNALS)}; collector.catalog keep_buckets)"
         )
-    windows = store.read_buckets(
+    sums = store.sum_buckets(
         signals=list(signals), sources=sources, cluster=cluster, since=since, until=until
     )
-    return sum_buckets(windows)
+    return combine(sums)

@@ -13,15 +13,15 @@ import pytest
 
 from collector.errors import ConfigError
 from collector.parse import read_exposition
-from collector.records import Labels, Window
+from collector.records import BucketSum, Labels, Window
 from collector.rollup import Rollup
 from collector.store import Store
 from planner.frames.residency import (
     RESIDENCY_SIGNALS,
     BucketCounts,
+    combine,
     key_of,
     residency_histograms,
-    sum_buckets,
 )
 from tests.collector.bucketexpo import (
     L1_FAMILY,
@@ -151,35 +151,60 @@ def _w(start: float, bounds: tuple[float, ...], counts: tuple[float, ...],
                   bucket_bounds=bounds, bucket_counts=counts)  # fmt: skip
 
 
-def test_only_the_latest_layout_is_summed_and_the_others_counted() -> None:
+def test_only_the_latest_layout_is_summed_and_the_others_counted(store: Store) -> None:
     old, new = (0.1, 1.0), (0.1, 0.5, 1.0)
     windows = [
-        _w(0.0, old, (1.0, 2.0, 3.0)),
-        _w(60.0, old, (1.0, 1.0, 1.0)),
-        Window("e1", GAP, (("engine", "0"),), 120.0, 60.0, "histogram", 4, delta=9.0),  # mixed
-        _w(180.0, new, (1.0, 0.0, 2.0, 5.0)),
-        _w(240.0, new, (0.0, 1.0, 0.0, 1.0)),
-        _w(0.0, old, (4.0, 0.0, 0.0), labels=(("engine", "1"),)),  # another engine: its own
+        _w(T0, old, (1.0, 2.0, 3.0)),
+        _w(T0 + 60.0, old, (1.0, 1.0, 1.0)),
+        Window("e1", GAP, (("engine", "0"),), T0 + 120.0, 60.0, "histogram", 4, delta=9.0),
+        _w(T0 + 180.0, new, (1.0, 0.0, 2.0, 5.0)),
+        _w(T0 + 240.0, new, (0.0, 1.0, 0.0, 1.0)),
+        _w(T0, old, (4.0, 0.0, 0.0), labels=(("engine", "1"),)),  # another engine: its own
     ]
-    got = sum_buckets(windows)
+    store.write_windows(windows)
+    got = residency_histograms(store)
+    # the window whose layout changed inside it has no counts: neither summed nor dropped
     assert got["e1/0"][GAP] == BucketCounts(new, (1.0, 1.0, 2.0, 6.0), windows=2, dropped=2)
     assert got["e1/1"][GAP] == BucketCounts(old, (4.0, 0.0, 0.0), windows=1, dropped=0)
-    # back to the old layout at the end: the old one is the latest
-    back = sum_buckets([*windows[:5], _w(300.0, old, (0.0, 0.0, 1.0))])
-    assert back["e1/0"][GAP] == BucketCounts(old, (2.0, 3.0, 5.0), windows=3, dropped=2)
+    # back to the old layout at the end: the old one is the latest, with all its windows
+    store.write_windows([_w(T0 + 300.0, old, (0.0, 0.0, 1.0))])
+    back = residency_histograms(store, sources=["e1"])["e1/0"][GAP]
+    assert back == BucketCounts(old, (2.0, 3.0, 5.0), windows=3, dropped=2)
+    since = residency_histograms(store, since=T0 + 150.0)["e1/0"][GAP]
+    assert since == BucketCounts(old, (0.0, 0.0, 1.0), windows=1, dropped=2)
+
+
+def test_store_sums_per_series_and_layout_equal_the_windows_summed(store: Store) -> None:
+    """Store.sum_buckets against a loop over read_buckets' Window records, counts of every
+    BLOB type (zero, 8/16/32-bit, float64) mixed in one series."""
+    rng = random.Random(5)
+    bounds = catalogue_bounds(GAP)
+    windows = []
+    for i in range(300):
+        top = rng.choice((0.0, 3.0, 300.0, 70_000.0, 2.0**33, 0.375))
+        counts = tuple(rng.choice((0.0, 1.0, top)) for _ in range(len(bounds) + 1))
+        windows.append(_w(T0 + 60.0 * i, bounds, counts, labels=(("engine", str(i % 3)),)))
+    store.write_windows(windows)
+    loop: dict[tuple[str, Labels], list[float]] = {}
+    for w in store.read_buckets():
+        acc = loop.setdefault((w.source, w.labels), [0.0] * len(w.bucket_counts))
+        acc[:] = [a + c for a, c in zip(acc, w.bucket_counts, strict=True)]
+    sums = store.sum_buckets()
+    assert {(b.source, b.labels): list(b.counts) for b in sums} == loop
+    assert [(b.windows, b.first, b.last) for b in sums] == [
+        (100, T0 + 60.0 * e, T0 + 60.0 * (297 + e)) for e in range(3)
+    ]
 
 
 def test_pool_key_sums_the_servers_tags_and_engine_key_follows_engine_keys() -> None:
-    tags = [
-        Window("lmc", L1_FAMILY, (("l1_tag", t),), 0.0, 60.0, "histogram", 2, delta=3.0,
-               bucket_bounds=(1.0,), bucket_counts=(1.0, 2.0))
-        for t in ("_default", "hot")
-    ]  # fmt: skip
-    assert sum_buckets(tags) == {
+    tags = [BucketSum("lmc", L1_FAMILY, (("l1_tag", t),), (1.0,), (1.0, 2.0), 1, 0.0, 0.0)
+            for t in ("_default", "hot")]  # fmt: skip
+    assert combine(tags) == {
         "lmc": {L1_FAMILY: BucketCounts((1.0,), (2.0, 4.0), windows=2, dropped=0)}
     }
-    assert key_of(_w(0.0, (1.0,), (1.0, 1.0), labels=(("engine", ""),))) == "e1"
-    assert key_of(_w(0.0, (1.0,), (1.0, 1.0), labels=())) == "e1"
+    assert key_of("e1", (("engine", ""),)) == "e1"
+    assert key_of("e1", ()) == "e1"
+    assert key_of("e1", (("engine", "3"), ("model_name", "m"))) == "e1/3"
 
 
 @pytest.mark.parametrize(
