@@ -138,18 +138,25 @@ def report(backend: str, sizes: dict[str, int], engines: int, blobs: dict[str, f
               f"(mean BLOB {blobs[name]:.1f} B)")  # fmt: skip
 
 
+_GAUGE_COLUMNS = ("source, signal, labels, series_key, start, length_s, kind, samples, delta, "
+                  "rate, resets, mean, min, max, last, p50, p90, p99, sum_delta")  # fmt: skip
+
+
+def _gauge_rows(rows: int) -> list[tuple[object, ...]]:
+    from collector.models import labels_json, series_key
+
+    labels: Labels = (("engine", "0"),)
+    text, key = labels_json(labels), series_key("kv_cache_usage_ratio", labels)
+    return [(f"engine-{i % 50:03d}", "kv_cache_usage_ratio", text, key, DAY0 + 60.0 * (i // 50),
+             60.0, "gauge", 4, None, None, 0, 0.5, 0.1, 0.9, 0.5, None, None, None, None)
+            for i in range(rows)]  # fmt: skip
+
+
 def null_column_cost(rows: int) -> float:
     """Bytes a row without counts pays for the NULL column on SQLite: the same gauge rows
     inserted into the windows table of schema 9 and into schema 8's (the column dropped)."""
-    from collector.models import labels_json, series_key
-
     tmp = Path(tempfile.mkdtemp(prefix="kvscope-bucketcost-"))
-    cols = ("source, signal, labels, series_key, start, length_s, kind, samples, delta, rate, "
-            "resets, mean, min, max, last, p50, p90, p99, sum_delta")  # fmt: skip
-    gauges = [(f"engine-{i % 50:03d}", "kv_cache_usage_ratio", labels_json((("engine", "0"),)),
-               series_key("kv_cache_usage_ratio", (("engine", "0"),)),
-               DAY0 + 60.0 * (i // 50), 60.0, "gauge", 4, None, None, 0, 0.5, 0.1, 0.9, 0.5,
-               None, None, None, None) for i in range(rows)]  # fmt: skip
+    gauges = _gauge_rows(rows)
     sizes = []
     for drop in (False, True):
         path = tmp / f"g{int(drop)}.db"
@@ -158,10 +165,37 @@ def null_column_cost(rows: int) -> float:
         con = sqlite3.connect(path)
         if drop:
             con.execute("ALTER TABLE windows DROP COLUMN buckets")  # schema 8's table
-        con.executemany(f"INSERT INTO windows ({cols}) VALUES ({', '.join('?' * 19)})", gauges)
+        con.executemany(
+            f"INSERT INTO windows ({_GAUGE_COLUMNS}) VALUES ({', '.join('?' * 19)})", gauges
+        )
         con.commit()
         con.close()
         sizes.append(sqlite_bytes(path))
+    return (sizes[0] - sizes[1]) / rows
+
+
+def null_column_cost_pg(base: str, rows: int) -> float:
+    """The same on PostgreSQL (the windows partitions' total size)."""
+    from collector import partitions
+
+    gauges = _gauge_rows(rows)
+    days = {int(float(str(g[4])) // partitions.DAY_S) for g in gauges}
+    sizes = []
+    for drop in (False, True):
+        url = f"{base}/b_null{int(drop)}"
+        with Store(url) as store:
+            store.migrate()
+        engine = sqlalchemy.create_engine(url)
+        with engine.begin() as conn:
+            if drop:
+                conn.execute(sqlalchemy.text("ALTER TABLE windows DROP COLUMN buckets"))
+            partitions.make_days(conn, days)
+            conn.exec_driver_sql(
+                f"INSERT INTO windows ({_GAUGE_COLUMNS}) VALUES ({', '.join(['%s'] * 19)})",
+                gauges,
+            )
+        engine.dispose()
+        sizes.append(pg_bytes(url))
     return (sizes[0] - sizes[1]) / rows
 
 
@@ -219,7 +253,8 @@ def main() -> None:
     with services.postgres() as server:
         engine = sqlalchemy.create_engine(server, isolation_level="AUTOCOMMIT")
         with engine.connect() as conn:
-            for name in (*sets, *(f"w{r}{n}" for r in range(args.reps) for n in ("kept", "none"))):
+            reps = (f"w{r}{n}" for r in range(args.reps) for n in ("kept", "none"))
+            for name in (*sets, *reps, "null0", "null1"):
                 conn.execute(sqlalchemy.text(f"CREATE DATABASE b_{name}"))
         engine.dispose()
         base = server.rsplit("/", 1)[0]
@@ -230,6 +265,8 @@ def main() -> None:
             pg[name] = pg_bytes(url)
             print(f"  postgresql {name:10s} written and packed in {took:.1f} s")
         report("PostgreSQL 15", pg, args.engines, blobs)
+        print(f"  NULL column on a row without counts (PostgreSQL): "
+              f"{null_column_cost_pg(base, 100_000):+.2f} B")  # fmt: skip
         ratio = write_ratio(windows[:50_000], args.reps, lambda n: f"{base}/b_{n}")
         print(f"  write time with counts ÷ without, 50,000 windows: {ratio:.2f}")
 
