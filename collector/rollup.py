@@ -20,9 +20,10 @@ the collector stops (``flush``). Semantics, chosen so the planner can trust ever
   layout, is a reset. Quantiles are None when the layout changed inside the window (ambiguous).
   For the catalogue's ``keep_buckets`` signals (collector.catalog BUCKET_SIGNALS) the window
   also keeps its bucket deltas, per bucket (``bucket_bounds`` / ``bucket_counts``, the +Inf
-  bucket last): what summing them over windows must give, with the same reset rule (the
-  increase across a reset is the new counts) and the same gaps: none where the quantiles are
-  None for want of deltas (a series' first sample) or for a layout change inside the window.
+  bucket last), so that adding up consecutive windows gives each bucket's increase over their
+  span: the same reset rule (the increase across a reset is the new counts) and the same gaps
+  as the quantiles (none for want of deltas, a series' first sample, or for a layout change
+  inside the window).
 * ratios (derived): ``mean`` = Δnumerator / Δdenominator (None when Δdenominator is 0 or
   unknown), ``delta`` = Δdenominator (its weight), for each label set present in both.
 * non-finite values: NaN and ±Inf samples are SKIPPED for every kind and counted in
