@@ -286,7 +286,7 @@ def _make_schema_4(db_url: str, windows: list[Window]) -> None:
         cast(sqlalchemy.Table, WindowRow.__table__).create(conn)
         # without the columns later schemas added (buckets: schema 9)
         conn.execute(sqlalchemy.text("ALTER TABLE windows DROP COLUMN buckets"))
-        conn.execute(sqlalchemy.insert(WindowRow.__table__), [
+        conn.execute(sqlalchemy.insert(cast(sqlalchemy.Table, WindowRow.__table__)), [
             {"source": w.source, "signal": w.signal, "labels": labels_json(w.labels),
              "series_key": series_key(w.signal, w.labels), "start": w.start,
              "length_s": w.length_s, "kind": w.kind, "samples": w.samples, "delta": w.delta,
