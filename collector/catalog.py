@@ -96,11 +96,14 @@ class SignalDef:
     source: Source
     spellings: tuple[Spelling, ...]
     buckets: tuple[float, ...] = ()
+    keep_buckets: bool = False
     exported: str = field(init=False)
     aliases: tuple[str, ...] = field(init=False)
     labels: tuple[str, ...] = field(init=False)
 
     def __post_init__(self) -> None:
+        if self.keep_buckets and self.kind != "histogram":
+            raise ValueError(f"signal {self.name!r}: keep_buckets is for histograms only")
         first = self.spellings[0]
         names = tuple(dict.fromkeys(s.family for s in self.spellings))
         canon = {dict(first.rename).get(n, n) for n in first.labels}
@@ -214,8 +217,9 @@ def _s(
     *spellings: Spelling,
     source: Source = "vllm",
     buckets: tuple[float, ...] = (),
+    keep_buckets: bool = False,
 ) -> SignalDef:
-    return SignalDef(name, kind, unit, help_, source, spellings, buckets)
+    return SignalDef(name, kind, unit, help_, source, spellings, buckets, keep_buckets)
 
 
 _C: SignalKind = "counter"
@@ -291,12 +295,15 @@ _TABLE: tuple[SignalDef, ...] = (
        _sp("vllm:request_num_preemptions"), buckets=PREEMPTION_COUNT_BUCKETS),
     _s("iteration_tokens", _H, "tokens", "Tokens per engine step ('_total' is part of the name).",
        _sp("vllm:iteration_tokens_total"), buckets=ITERATION_TOKENS_BUCKETS),
+    # the KV residency families keep their bucket counts per window (keep_buckets): the
+    # planner's hit-ratio-vs-capacity curve reads the reuse-gap distribution, not quantiles
     _s("kv_block_lifetime_seconds", _H, "seconds", "KV block lifetime (--kv-cache-metrics).",
-       _sp("vllm:kv_block_lifetime_seconds"), buckets=KV_RESIDENCY_BUCKETS),
+       _sp("vllm:kv_block_lifetime_seconds"), buckets=KV_RESIDENCY_BUCKETS, keep_buckets=True),
     _s("kv_block_idle_before_evict_seconds", _H, "seconds", "KV block idle time before eviction.",
-       _sp("vllm:kv_block_idle_before_evict_seconds"), buckets=KV_RESIDENCY_BUCKETS),
+       _sp("vllm:kv_block_idle_before_evict_seconds"), buckets=KV_RESIDENCY_BUCKETS,
+       keep_buckets=True),
     _s("kv_block_reuse_gap_seconds", _H, "seconds", "Gap between accesses of a KV block.",
-       _sp("vllm:kv_block_reuse_gap_seconds"), buckets=KV_RESIDENCY_BUCKETS),
+       _sp("vllm:kv_block_reuse_gap_seconds"), buckets=KV_RESIDENCY_BUCKETS, keep_buckets=True),
     # ---- vLLM native KV offloading (OffloadingConnector, 0.16+/0.24+) -----------------------
     _s("offload_bytes_total", _C, "bytes", "Bytes moved by KV offload; direction load=CPU->GPU.",
        _load("vllm:kv_offload_load_bytes"), _store("vllm:kv_offload_store_bytes"),
@@ -351,7 +358,7 @@ _TABLE: tuple[SignalDef, ...] = (
        _sp("lmcache_mp_l1_allocation_failure_chunks", ("during", "model_name")), source="lmcache"),
     _s("lmcache_l1_chunk_reuse_gap_seconds", _H, "seconds", "Gap between touches of an L1 chunk.",
        _sp("lmcache_mp_l1_chunk_reuse_gap_seconds", ("l1_tag",)),
-       source="lmcache", buckets=LMCACHE_L1_LIFECYCLE_BUCKETS),
+       source="lmcache", buckets=LMCACHE_L1_LIFECYCLE_BUCKETS, keep_buckets=True),
     _s("lmcache_l2_store_completed_chunks_total", _C, "chunks", "Chunks stored to L2.",
        _sp("lmcache_mp_l2_store_completed_objects_chunks", ()), source="lmcache"),
     _s("lmcache_l2_load_completed_chunks_total", _C, "chunks", "Chunks loaded from L2.",
@@ -393,6 +400,8 @@ _TABLE: tuple[SignalDef, ...] = (
 )  # fmt: skip
 
 SIGNALS: Mapping[str, SignalDef] = {s.name: s for s in _TABLE}
+# The histograms whose windows keep their bucket counts (SignalDef.keep_buckets).
+BUCKET_SIGNALS: frozenset[str] = frozenset(s.name for s in _TABLE if s.keep_buckets)
 
 # (ratio_signal, numerator_signal, denominator_signal); the rollup derives these per window.
 DERIVED_RATIOS: tuple[tuple[str, str, str], ...] = (

@@ -33,7 +33,7 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 from collector.records import Labels
 
 # Bump when the schema changes and add the step to store.MIGRATIONS.
-SCHEMA_VERSION = 8
+SCHEMA_VERSION = 9
 
 OFFLOAD_MODES = ("none", "native", "lmcache")
 TARGET_KINDS = ("vllm", "lmcache", "prometheus")
@@ -182,6 +182,9 @@ class WindowRow(Base):
     p90: Mapped[float | None] = mapped_column(Double)
     p99: Mapped[float | None] = mapped_column(Double)
     sum_delta: Mapped[float | None] = mapped_column(Double)
+    # the bucket counts of a catalogue keep_buckets histogram (collector/store_buckets.py's
+    # BLOB), NULL for every other row (schema 9); not packed in window_blocks
+    buckets: Mapped[bytes | None] = mapped_column(LargeBinary)
 
 
 class PackedHourRow(Base):
@@ -301,7 +304,8 @@ class PlanRow(Base):
     p_saturation: Mapped[float | None] = mapped_column(Double)
 
 
-# The Window fields written as-is (everything but the identity columns).
+# The windows columns written from a Window (everything but the identity columns; buckets:
+# its bucket_bounds / bucket_counts encoded, collector/store_buckets.py).
 WINDOW_VALUE_COLUMNS = (
     "signal",
     "labels",
@@ -319,6 +323,7 @@ WINDOW_VALUE_COLUMNS = (
     "p90",
     "p99",
     "sum_delta",
+    "buckets",
 )
 
 

@@ -298,7 +298,15 @@ def partition_existing(conn: Connection) -> None:
             "them (DELETE FROM windows WHERE abs(start) >= 2^53), then migrate again"
         )
     make_days(conn, (int(day) for day, _ in found))
-    names = ", ".join(c.name for c in PARTITIONED.columns)
+    # the columns the old table has: a later schema's (windows.buckets, schema 9) are added
+    # by their own step, which runs after this one; here they stay NULL
+    have = set(
+        conn.exec_driver_sql(
+            "SELECT attname FROM pg_attribute WHERE attnum > 0 AND NOT attisdropped AND "
+            f"attrelid = '{schema}.{old}'::regclass"
+        ).scalars()
+    )
+    names = ", ".join(c.name for c in PARTITIONED.columns if c.name in have)
     conn.exec_driver_sql(
         f"INSERT INTO {schema}.{PARENT} ({names}) SELECT {names} FROM {schema}.{old}"
     )

@@ -9,7 +9,12 @@ joins its statistics with ``or``, each term tagged by a ``kvscope_stat`` label:
   → samples, ``last_over_time`` → last;
 * gauge: ``avg_over_time`` / ``min_over_time`` / ``max_over_time`` / ``last_over_time``;
 * histogram: ``histogram_quantile(q, rate(bucket[w]))`` for p50/p90/p99, increases of the
-  count and the sum (delta, sum_delta, mean = sum_delta / delta).
+  count and the sum (delta, sum_delta, mean = sum_delta / delta); for the catalogue's
+  ``keep_buckets`` signals also ``increase(bucket[w])`` per ``le`` → the window's bucket
+  counts (``bucket_bounds`` / ``bucket_counts``, as the rollup keeps them), only when the
+  +Inf bucket is among them. Each bucket's increase is extrapolated to the window edges as
+  the count's is (fractional counts); a bucket layout that changes inside a window shows as
+  the union of both layouts, a layout of its own (the planner sums one layout: no mix).
 
 Derived ratios (collector.catalog.DERIVED_RATIOS) are computed from the counter windows as the
 rollup does. PromQL comes from the catalogue (``promql_expr``), so no vendor name is spelled
@@ -54,11 +59,12 @@ from collector.catalog import (
 )
 from collector.errors import ConfigError, ScrapeError
 from collector.records import Kind, Labels, Window
-from collector.rollup import ratio_window
+from collector.rollup import per_bucket, ratio_window
 
 log = logging.getLogger(__name__)
 
 STAT_LABEL = "kvscope_stat"
+BUCKET_STAT = "le="  # a cell's per-bucket increases: stat "le=<bound>" (keep_buckets signals)
 # the DCGM labels collector.dcgm joins on (grouped by, so a GPU is one series whatever
 # else the exporter labels it with)
 GPU_LABELS = ("modelName", "gpu", "UUID", "Hostname", "instance", "pod", "namespace",
@@ -117,6 +123,8 @@ def signal_query(signal: str, window_s: int, matchers: str = "") -> str:
         terms = [(stat, e(f"{stat}_over_time")) for stat in ("avg", "min", "max", "last", "count")]
     else:
         terms = [(name, f"histogram_quantile({q}, {e('rate')})") for name, q in QUANTILES]
+        if sig.keep_buckets:
+            terms.append(("bucket", e("increase")))  # one series per le
         terms += [
             ("delta", e("increase", "count")),
             ("sum_delta", e("increase", "sum")),
@@ -396,7 +404,14 @@ class PrometheusSource:
         if stat is None:
             return
         source = self._source(metric)
-        labels: Labels = tuple(sorted((k, v) for k, v in metric.items() if k not in DROPPED_LABELS))
+        if stat == "bucket":  # the cell of the series' other statistics, the bound as stat
+            try:
+                stat = f"{BUCKET_STAT}{float(metric['le'])!r}"
+            except (KeyError, ValueError):
+                return  # no numeric le: skipped, as histogram_quantile skips it
+        labels: Labels = tuple(
+            sorted((k, v) for k, v in metric.items() if k not in DROPPED_LABELS and k != "le")
+        )
         for ts, raw in series.get("values", []):
             value = float(raw)
             if math.isnan(value) or math.isinf(value):
@@ -411,6 +426,7 @@ class PrometheusSource:
         statistic cost 2.4 s of 4.9 CPU-s for 103 k windows in benchmarks/
         bench_prometheus_mode.py)."""
         kind: Kind = SIGNALS[signal].kind
+        keep = SIGNALS[signal].keep_buckets
         length = float(w)
         out = []
         for (source, labels, start), st in cells.items():
@@ -433,13 +449,27 @@ class PrometheusSource:
                 ))  # fmt: skip
                 continue
             sum_delta = st.get("sum_delta")
+            bounds, counts = _buckets(st) if keep else ((), ())
             out.append(Window(
                 source, signal, labels, start, length, kind, samples, delta=delta, rate=rate,
                 last=last, sum_delta=sum_delta,
                 mean=sum_delta / delta if sum_delta is not None and delta else None,
                 p50=st.get("p50"), p90=st.get("p90"), p99=st.get("p99"),
+                bucket_bounds=bounds, bucket_counts=counts,
             ))  # fmt: skip
         return out
+
+
+def _buckets(stats: dict[str, float]) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """(finite bounds, counts per bucket) of a cell's per-``le`` increases, ((), ()) without
+    a +Inf bucket (a histogram without it is no histogram: the rollup skips it too)."""
+    cumulative = sorted(
+        (float(k[len(BUCKET_STAT) :]), v) for k, v in stats.items() if k.startswith(BUCKET_STAT)
+    )
+    if not cumulative or cumulative[-1][0] != math.inf:
+        return (), ()
+    bounds = tuple(b for b, _ in cumulative[:-1])
+    return bounds, per_bucket([c for _, c in cumulative])
 
 
 def derive_ratios(

@@ -132,6 +132,13 @@ class Window:
     from bucket deltas (linear interpolation inside a bucket, as PromQL's histogram_quantile).
     ratio (derived, e.g. prefix-cache hit ratio): ``mean`` = numerator delta / denominator
     delta, ``delta`` = denominator delta (the weight).
+
+    ``bucket_bounds`` / ``bucket_counts``: the histogram's observations per bucket in the
+    window, kept only for the catalogue's ``keep_buckets`` signals (collector.catalog
+    BUCKET_SIGNALS) and only when the window's bucket deltas are known in one layout:
+    ``bucket_bounds`` the finite upper bounds (increasing), ``bucket_counts`` one count per
+    bucket (NOT cumulative), ``len(bucket_bounds) + 1`` of them, the last one the +Inf
+    bucket's. ``bucket_counts == ()``: not kept.
     """
 
     source: str
@@ -152,3 +159,24 @@ class Window:
     p90: float | None = None
     p99: float | None = None
     sum_delta: float | None = None
+    bucket_bounds: tuple[float, ...] = ()
+    bucket_counts: tuple[float, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class BucketSum:
+    """The bucket counts of one series' windows in one bucket layout, summed (Store.sum_buckets).
+
+    ``bounds``: the finite upper bounds; ``counts``: observations per bucket (not cumulative,
+    the +Inf bucket last) over ``windows`` windows, the first starting at ``first``, the last
+    at ``last``. A series whose layout changed has one BucketSum per layout.
+    """
+
+    source: str
+    signal: str
+    labels: Labels
+    bounds: tuple[float, ...]
+    counts: tuple[float, ...]
+    windows: int
+    first: float
+    last: float

@@ -18,6 +18,12 @@ the collector stops (``flush``). Semantics, chosen so the planner can trust ever
   sum_delta / delta, quantiles from the bucket deltas exactly as PromQL's histogram_quantile
   (``histogram_quantile`` below). A drop of the count or of any bucket, or a change of bucket
   layout, is a reset. Quantiles are None when the layout changed inside the window (ambiguous).
+  For the catalogue's ``keep_buckets`` signals (collector.catalog BUCKET_SIGNALS) the window
+  also keeps its bucket deltas, per bucket (``bucket_bounds`` / ``bucket_counts``, the +Inf
+  bucket last), so that adding up consecutive windows gives each bucket's increase over their
+  span: the same reset rule (the increase across a reset is the new counts) and the same gaps
+  as the quantiles (none for want of deltas, a series' first sample, or for a layout change
+  inside the window).
 * ratios (derived): ``mean`` = Δnumerator / Δdenominator (None when Δdenominator is 0 or
   unknown), ``delta`` = Δdenominator (its weight), for each label set present in both.
 * non-finite values: NaN and ±Inf samples are SKIPPED for every kind and counted in
@@ -37,7 +43,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import pairwise
 from operator import add, sub
@@ -156,19 +162,25 @@ class Rollup:
         window_s: float = 60.0,
         ratios: Sequence[tuple[str, str, str]] | None = None,
         stale_windows: int = 5,
+        keep_buckets: Collection[str] | None = None,
     ) -> None:
+        """``ratios``: the derived ratios (default: the catalogue's DERIVED_RATIOS);
+        ``keep_buckets``: the histogram signals whose windows keep their bucket counts
+        (default: the catalogue's BUCKET_SIGNALS)."""
         if not (math.isfinite(window_s) and window_s > 0):
             raise ConfigError(f"rollup window_s must be a positive number of seconds: {window_s}")
         if stale_windows < 1:
             raise ConfigError(f"rollup stale_windows must be >= 1: {stale_windows}")
-        if ratios is None:
-            from collector.catalog import DERIVED_RATIOS
+        if ratios is None or keep_buckets is None:
+            from collector.catalog import BUCKET_SIGNALS, DERIVED_RATIOS
 
-            ratios = DERIVED_RATIOS
+            ratios = DERIVED_RATIOS if ratios is None else ratios
+            keep_buckets = BUCKET_SIGNALS if keep_buckets is None else keep_buckets
         self.source = source
         self.window_s = float(window_s)
         self.ratios: tuple[tuple[str, str, str], ...] = tuple(ratios)
         self.stale_windows = stale_windows
+        self.keep_buckets: frozenset[str] = frozenset(keep_buckets)
         self.skipped: Counter[str] = Counter()
         self._state: dict[SeriesKey, _Point] = {}
         self._accs: dict[SeriesKey, _Acc] = {}
@@ -395,6 +407,8 @@ class Rollup:
         rate = None if acc.delta is None or span <= 0 else acc.delta / span
         mean = lo = hi = sum_delta = None
         quantiles: list[float | None] = [None, None, None]
+        bucket_bounds: tuple[float, ...] = ()
+        bucket_counts: tuple[float, ...] = ()
         if acc.kind == "counter":
             pass
         elif acc.kind == "gauge":
@@ -408,6 +422,9 @@ class Rollup:
                 quantiles = histogram_quantiles(
                     QUANTILES, tuple(zip(acc.bounds, acc.bucket_delta, strict=True))
                 )
+                if signal in self.keep_buckets:
+                    bucket_bounds = acc.bounds[:-1]  # the last is +Inf (_add_histogram)
+                    bucket_counts = per_bucket(acc.bucket_delta)
         return Window(
             source=self.source,
             signal=signal,
@@ -427,6 +444,8 @@ class Rollup:
             p90=quantiles[1],
             p99=quantiles[2],
             sum_delta=sum_delta,
+            bucket_bounds=bucket_bounds,
+            bucket_counts=bucket_counts,
         )
 
     def _ratios(self, counters: dict[SeriesKey, Window], start: float) -> list[Window]:
@@ -439,6 +458,13 @@ class Rollup:
                 if num is not None:
                     out.append(ratio_window(ratio, num, den))
         return out
+
+
+def per_bucket(cumulative: Sequence[float]) -> tuple[float, ...]:
+    """The count of each bucket from cumulative bucket counts (``le`` order): the first as
+    it is, then each one's difference from the one before (negative only where the
+    cumulative counts decrease, an exporter that is not cumulative: kept as exposed)."""
+    return tuple(b - a for a, b in pairwise((0.0, *cumulative)))
 
 
 def ratio_window(ratio: str, num: Window, den: Window) -> Window:

@@ -67,6 +67,11 @@ TMP_MAX_AGE_S = 60.0
 # <time ns>-<pid>-<seq>-<store tag>-w<windows>-o<outcomes>.seg: sorted by name = by time.
 _NAME = re.compile(r"^\d{20}-\d+-\d{6}-([0-9a-f]{12})-w(\d+)-o(\d+)\.seg$")
 _WINDOW_FIELDS = tuple(f.name for f in fields(Window))
+# A window without bucket counts is written without its last two fields (bucket_bounds,
+# bucket_counts): the lines of the windows of nearly every signal stay as an earlier kvscope
+# wrote them, and its segments are read as they are.
+_BUCKET_FIELDS = ("bucket_bounds", "bucket_counts")
+_PLAIN_FIELDS = tuple(f for f in _WINDOW_FIELDS if f not in _BUCKET_FIELDS)
 _OUTCOME_FIELDS = tuple(f.name for f in fields(ScrapeOutcome))
 _TRANSIENT = ("OperationalError", "InterfaceError", "DisconnectionError", "TimeoutError")
 
@@ -466,7 +471,11 @@ def _encode(store: str, windows: Sequence[Window], outcomes: Sequence[ScrapeOutc
             "outcomes": len(outcomes), "created": time.time()}  # fmt: skip
     lines = [json.dumps(head)]
     lines += (json.dumps(["o", *(getattr(o, f) for f in _OUTCOME_FIELDS)]) for o in outcomes)
-    lines += (json.dumps(["w", *(getattr(w, f) for f in _WINDOW_FIELDS)]) for w in windows)
+    lines += (
+        json.dumps(["w", *(getattr(w, f) for f in (_WINDOW_FIELDS if w.bucket_counts
+                                                     else _PLAIN_FIELDS))])
+        for w in windows
+    )  # fmt: skip
     body = ("\n".join(lines) + "\n").encode()
     trailer = {"end": len(windows) + len(outcomes), "sha256": hashlib.sha256(body).hexdigest()}
     return body + json.dumps(trailer).encode() + b"\n"
@@ -492,8 +501,11 @@ def _decode(data: bytes) -> tuple[str, list[Window], list[ScrapeOutcome]]:
     for row in map(json.loads, rows):
         tag, *values = row
         if tag == "w":
-            w: dict[str, Any] = dict(zip(_WINDOW_FIELDS, values, strict=True))
+            names = _PLAIN_FIELDS if len(values) == len(_PLAIN_FIELDS) else _WINDOW_FIELDS
+            w: dict[str, Any] = dict(zip(names, values, strict=True))
             w["labels"] = tuple((str(k), str(v)) for k, v in w["labels"])
+            for name in _BUCKET_FIELDS:
+                w[name] = tuple(map(float, w.get(name, ())))
             windows.append(Window(**w))
         elif tag == "o":
             outcomes.append(ScrapeOutcome(**dict(zip(_OUTCOME_FIELDS, values, strict=True))))

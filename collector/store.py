@@ -3,7 +3,9 @@
 ``Store(url)`` connects at once (a bad URL or an unreachable database is a StoreError naming the
 URL, password redacted). ``migrate()`` creates or upgrades the schema; every other operation
 refuses a database whose schema version differs from the code's. Window writes are idempotent
-upserts on (source, series_key, start), batched with one transaction per batch.
+upserts on (source, series_key, start), batched with one transaction per batch. The bucket
+counts a window of a keep_buckets histogram carries go in its row (``buckets``, schema 9:
+collector/store_buckets.py), so they are written, replaced, kept or pruned with it.
 """
 
 from __future__ import annotations
@@ -55,8 +57,9 @@ from collector.models import (
     series_key,
 )
 from collector.plans import PlanStore
-from collector.records import Labels, Window
+from collector.records import BucketSum, Labels, Window
 from collector.retention import RetentionStore
+from collector.store_buckets import BucketSummer, decode_buckets, encode_buckets
 from collector.store_frame import FrameReader, window_filters
 
 
@@ -89,6 +92,19 @@ def _plans_8(conn: Connection) -> None:
                 conn.execute(text(f"ALTER TABLE plans ADD COLUMN {cap} DOUBLE PRECISION"))
 
 
+def _buckets_9(conn: Connection) -> None:
+    """Schema 8 -> 9 (MIGRATIONS): windows get the nullable ``buckets`` column (the bucket
+    counts of the catalogue's keep_buckets histograms, collector/store_buckets.py); every
+    existing row keeps its values, NULL there. On PostgreSQL the partitioned parent passes
+    the column on to every partition; both backends add a nullable column without
+    rewriting the table."""
+    from sqlalchemy import inspect
+
+    if "buckets" not in {c["name"] for c in inspect(conn).get_columns("windows")}:
+        kind = "BYTEA" if conn.dialect.name == "postgresql" else "BLOB"
+        conn.execute(text(f"ALTER TABLE windows ADD COLUMN buckets {kind}"))
+
+
 # Upgrade steps: MIGRATIONS[n] turns schema version n into n + 1, inside migrate()'s one
 # transaction and after create_all() has added any new table (steps alter existing tables).
 MIGRATIONS: dict[int, Callable[[Connection], None]] = {
@@ -108,6 +124,8 @@ MIGRATIONS: dict[int, Callable[[Connection], None]] = {
     6: _packs_7,
     # 7 -> 8: the plans' headline: capacity ratio columns, the equal-KV gain renamed
     7: _plans_8,
+    # 8 -> 9: windows.buckets, the bucket counts of the keep_buckets histograms
+    8: _buckets_9,
 }
 
 
@@ -394,7 +412,7 @@ class Store(Inventory, PlanStore, FrameReader, HandoffStore, RetentionStore):
             row: tuple[Any, ...] = (
                 w.source, w.signal, ident[0], ident[1], w.start, w.length_s, w.kind, w.samples,
                 w.delta, w.rate, w.resets, w.mean, w.min, w.max, w.last, w.p50, w.p90, w.p99,
-                w.sum_delta,
+                w.sum_delta, _buckets_blob(w) if w.bucket_counts else None,
             )  # fmt: skip
             if fix_nan:
                 row = tuple(None if isinstance(x, float) and math.isnan(x) else x for x in row)
@@ -535,24 +553,121 @@ class Store(Inventory, PlanStore, FrameReader, HandoffStore, RetentionStore):
         ``cluster`` keeps the sources registered in that cluster as a target or an engine.
         One Window object per row: for millions of windows use :meth:`read_frame`.
         """
+        return self._read_windows(signals, sources, cluster, since, until, buckets_only=False)
+
+    def read_buckets(
+        self,
+        *,
+        signals: Sequence[str] | None = None,
+        sources: Sequence[str] | None = None,
+        cluster: str | None = None,
+        since: float | None = None,
+        until: float | None = None,
+    ) -> list[Window]:
+        """The windows that kept their bucket counts (``bucket_counts`` not empty: the
+        catalogue's keep_buckets histograms, collector.catalog BUCKET_SIGNALS, the default
+        ``signals``), filtered and ordered as :meth:`read_windows`."""
+        if signals is None:
+            from collector.catalog import BUCKET_SIGNALS
+
+            signals = sorted(BUCKET_SIGNALS)
+        return self._read_windows(signals, sources, cluster, since, until, buckets_only=True)
+
+    def sum_buckets(
+        self,
+        *,
+        signals: Sequence[str] | None = None,
+        sources: Sequence[str] | None = None,
+        cluster: str | None = None,
+        since: float | None = None,
+        until: float | None = None,
+    ) -> list[BucketSum]:
+        """The bucket counts of the windows :meth:`read_buckets` would return, summed per
+        series and bucket layout (a series whose layout changed has one BucketSum per
+        layout), sorted by source, signal, labels and last window; without a Window object
+        per window (collector/store_buckets.py)."""
+        self._require_schema()
+        if signals is None:
+            from collector.catalog import BUCKET_SIGNALS
+
+            signals = sorted(BUCKET_SIGNALS)
+        w = WindowRow
+        query = (
+            select(w.source, w.signal, w.labels, w.start, w.buckets)
+            .where(
+                w.buckets.is_not(None),
+                *window_filters(
+                    signals=signals, sources=sources, cluster=cluster, since=since, until=until
+                ),
+            )
+            .order_by(w.source, w.signal, w.start, w.labels)
+        )
+        summer = BucketSummer()
+        with self._tx("reading bucket counts") as conn:
+            for source, signal, labels, start, blob in conn.execute(query):
+                try:
+                    summer.add(source, signal, labels, start, bytes(blob or b""))
+                except ValueError as exc:
+                    raise StoreError(
+                        f"{self.url}: window {source} {signal} at {start}: unreadable buckets: "
+                        f"{exc}"
+                    ) from exc
+        out = [
+            BucketSum(source, signal, self._labels(labels), bounds, counts, n, first, last)
+            for source, signal, labels, bounds, counts, n, first, last in summer.sums()
+        ]
+        return sorted(out, key=lambda b: (b.source, b.signal, b.labels, b.last))
+
+    def _read_windows(
+        self,
+        signals: Sequence[str] | None,
+        sources: Sequence[str] | None,
+        cluster: str | None,
+        since: float | None,
+        until: float | None,
+        *,
+        buckets_only: bool,
+    ) -> list[Window]:
         self._require_schema()
         w = WindowRow
         query = select(
             w.source, w.signal, w.labels, w.start, w.length_s, w.kind, w.samples, w.delta,
             w.rate, w.resets, w.mean, w.min, w.max, w.last, w.p50, w.p90, w.p99, w.sum_delta,
+            w.buckets,
         ).where(
             *window_filters(
                 signals=signals, sources=sources, cluster=cluster, since=since, until=until
             )
         )  # fmt: skip
+        if buckets_only:
+            query = query.where(w.buckets.is_not(None))
         query = query.order_by(w.source, w.signal, w.start, w.labels)
         with self._tx("reading windows") as conn:
             rows = conn.execute(query).all()
         cache = self._labels_cache
-        return [
-            Window(r[0], r[1], cache.get(r[2]) or self._labels(r[2]), *r[3:])  # type: ignore[arg-type]
-            for r in rows
-        ]
+        out = []
+        for r in rows:
+            labels = cache.get(r[2]) or self._labels(r[2])
+            blob = r[18]
+            if blob is None:
+                out.append(Window(r[0], r[1], labels, *r[3:18]))  # type: ignore[arg-type]
+                continue
+            try:
+                bounds, counts = decode_buckets(bytes(blob))
+            except ValueError as exc:
+                raise StoreError(
+                    f"{self.url}: window {r[0]} {r[1]} at {r[3]}: unreadable buckets: {exc}"
+                ) from exc
+            out.append(Window(r[0], r[1], labels, *r[3:18], bounds, counts))  # type: ignore[arg-type,call-arg]
+        return out
+
+
+def _buckets_blob(w: Window) -> bytes:
+    """The ``buckets`` column of a window that kept its bucket counts."""
+    try:
+        return encode_buckets(w.bucket_bounds, w.bucket_counts)
+    except ValueError as exc:
+        raise StoreError(f"window {w.source} {w.signal} at {w.start}: {exc}") from exc
 
 
 def _no_partition(exc: StoreError) -> bool:

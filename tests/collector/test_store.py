@@ -182,7 +182,7 @@ def test_schema_1_without_plans_table_upgraded_keeps_windows(db_url: str) -> Non
     engine.dispose()
     _set_version(db_url, 1)
     with Store(db_url) as s:
-        assert s.migrate() == SCHEMA_VERSION == 8
+        assert s.migrate() == SCHEMA_VERSION == 9
         assert s.read_windows() == [win()] and s.plans() == [] and s.engine_changes() == {}
         assert s.take_rollup_states(["e1"]) == {}
 
@@ -221,7 +221,7 @@ def test_schema_7_plans_keep_their_gain_under_its_name_and_gain_capacity_columns
         )
     engine.dispose()
     with Store(db_url) as s:
-        assert s.migrate() == SCHEMA_VERSION == 8
+        assert s.migrate() == SCHEMA_VERSION == 9
         (plan,) = s.latest_plans("c")
     h = plan.headline
     assert (h["equal_kv_gain_native"], h["equal_kv_gain_native_lo"]) == (0.2, 0.1)

@@ -220,8 +220,8 @@ def test_migration_to_7_keeps_every_row_and_packs(db_url: str) -> None:
         conn.execute(sqlalchemy.text("UPDATE schema_version SET version = 5"))
     engine.dispose()
     with Store(db_url) as s:
-        assert s.migrate() == SCHEMA_VERSION == 8
-        assert s.migrate() == 8  # idempotent
+        assert s.migrate() == SCHEMA_VERSION == 9
+        assert s.migrate() == 9  # idempotent
         assert s.read_windows() == rows
         _same(s)
     assert _count(db_url, "packed_hours") == 2 * (HOURS - 1)

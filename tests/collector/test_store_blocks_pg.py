@@ -236,7 +236,7 @@ def test_migration_6_to_7_partitions_the_blocks_and_packs(db_url: str, store: St
     engine.dispose()
     assert not _blocks_partitioned(db_url)
     with Store(db_url) as s:
-        assert s.migrate() == 8
+        assert s.migrate() == 9
         assert s.read_windows() == rows
         pd.testing.assert_frame_equal(s.read_frame(), s.read_frame(packed=False))
     assert _blocks_partitioned(db_url)
