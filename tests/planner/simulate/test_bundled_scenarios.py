@@ -18,6 +18,7 @@ from tests.clirun import assert_one_line_error
 
 EXPECTED = {
     "canary_switchback",
+    "cpu_tier",
     "demo",
     "diurnal_mixed_offload",
     "multi_turn",
