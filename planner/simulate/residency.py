@@ -22,9 +22,9 @@ c59cb7941357443da7c5eef75cfa8697d683d228, vllm/config/observability.py, vllm/v1/
   evict_blocks. The state is popped and one KVCacheEvictionEvent recorded: lifetime = now -
   birth, idle = now - last_access, reuse gaps = differences of consecutive times in the
   history (at most 3; the allocation is not in it, so a block hit once gives none). The
-  PrometheusStatLogger observes ``vllm:kv_block_lifetime_seconds`` and
-  ``vllm:kv_block_idle_before_evict_seconds`` once per event and
-  ``vllm:kv_block_reuse_gap_seconds`` once per gap, buckets 0.001 … 1800 s
+  PrometheusStatLogger observes the lifetime and idle histograms (catalogue signals
+  kv_block_lifetime_seconds, kv_block_idle_before_evict_seconds) once per event and the
+  reuse-gap one (kv_block_reuse_gap_seconds) once per gap, buckets 0.001 … 1800 s
   (catalog.KV_RESIDENCY_BUCKETS).
 * Hence: a block still resident is never observed, and with prefix caching off nothing is
   (get_new_blocks then never calls _maybe_evict_cached_block). BlockPool.free_blocks puts
@@ -58,10 +58,11 @@ L1LifecycleSubscriber whenever its metrics are on, with ``--metrics-sample-rate`
 always gets the same decision). L1_WRITE_FINISHED (also _AND_READ_RESERVED, an L2 prefetch
 landing in L1): a key not tracked and sampled starts being tracked (last access = now); a
 tracked key written again observes a gap and starts over. L1_READ_FINISHED: a tracked key
-observes ``lmcache_mp_l1_chunk_reuse_gap_seconds`` = now - last access, then last access =
-now. L1_KEYS_EVICTED: the key stops being tracked. In the simulator a key is (segment,
-chunk index); writes are the chunks a store writes to L1 (chunks present are skipped, as
-LMCache skips them), reads the L1 chunks a load brings to the GPU, evictions PrefixLRU's.
+observes the reuse gap (catalogue signal lmcache_l1_chunk_reuse_gap_seconds) = now - last
+access, then last access = now. L1_KEYS_EVICTED: the key stops being tracked. In the
+simulator a key is (segment, chunk index); writes are the chunks a store writes to L1
+(chunks present are skipped, as LMCache skips them), reads the L1 chunks a load brings to
+the GPU, evictions PrefixLRU's.
 """
 
 from __future__ import annotations
