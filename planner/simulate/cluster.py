@@ -29,6 +29,7 @@ import gc
 import heapq
 import itertools
 import math
+import random
 import time as _time
 from collections import deque
 from collections.abc import Mapping
@@ -40,6 +41,7 @@ from planner.simulate.engine import IDLE, Engine, StepCost
 from planner.simulate.lmcache import LMCacheConnector, LMCachePool
 from planner.simulate.offload import Connector, NativeOffload
 from planner.simulate.request import Req
+from planner.simulate.residency import RESIDENCY_HISTOGRAMS, KVResidency, Sampler
 from planner.simulate.results import SimResult, summarize
 from planner.simulate.router import Router
 from planner.simulate.scenario import Scenario
@@ -109,10 +111,11 @@ class Simulation:
         bounds = default_buckets(spec.max_model_len) if buckets is None else buckets
         self._pool_of = pool_of
         for i, mode in enumerate(spec.engines_offload):
+            kvm = spec.kv_cache_metrics
             tel = (
-                EngineTelemetry(bounds)
+                EngineTelemetry(bounds, kv_residency=kvm)
                 if retain_requests
-                else EngineTelemetry(bounds, buffer=SERVED_BUFFER, bounded=True)
+                else EngineTelemetry(bounds, buffer=SERVED_BUFFER, bounded=True, kv_residency=kvm)
             )
             node = i // spec.engines_per_node
             self.engines.append(
@@ -126,6 +129,7 @@ class Simulation:
                     cost=cost,
                     on_finish=self._on_finish,
                     horizon=self.end_time,
+                    residency=self._residency(i, tel) if kvm else None,
                 )
             )
             if max_jump is not None:
@@ -150,6 +154,16 @@ class Simulation:
             self._push_switch(0)
         self._prune_at = math.inf if retain_requests else float(PRUNE_MIN_NODES)
         self.prunes = 0  # content-tree prunings so far
+
+    def _residency(self, i: int, tel: EngineTelemetry) -> KVResidency:
+        """Engine i's --kv-cache-metrics collector: its block sampling draws from a stream of
+        its own (seeded by the scenario seed and the engine), so every other draw of the run
+        is what it is without the metrics."""
+        spec = self.scenario.cluster
+        rng = random.Random(f"kv-cache-metrics/{self.scenario.seed}/{i}")
+        hists = {name: tel.hist[name] for name in RESIDENCY_HISTOGRAMS}
+        sampler = Sampler(spec.kv_cache_metrics_sample, rng)
+        return KVResidency(sampler, hists, spec.block_size, self.tree.start)
 
     def _connector(self, i: int, mode: str, tel: EngineTelemetry) -> Connector:
         """Engine i's KV connector for offload `mode` (a new one: empty engine-local state)."""

@@ -15,6 +15,7 @@ from planner.simulate.decode import DECODE, DecodeBatch
 from planner.simulate.kvcache import BlockPool
 from planner.simulate.offload import Connector
 from planner.simulate.request import Req
+from planner.simulate.residency import KVResidency
 from planner.simulate.telemetry import EngineSnapshot, EngineTelemetry
 
 # Req.state values (DECODE = 3 lives in decode.py)
@@ -30,6 +31,7 @@ class EngineCommit:
     has_conn: bool
     tel: EngineTelemetry
     pool: BlockPool
+    res: KVResidency | None
     dec: DecodeBatch
     waiting: deque[Req]
     loading: list[Req]
@@ -57,6 +59,11 @@ class EngineCommit:
         r = dec.r
         dec.d += 1  # dec.advance(1)
         dec.s += r
+        res = self.res
+        if res is not None:
+            res.now = now
+            if r:
+                res.log_steps(dec.d - 1, self.seg_start, now - self.seg_start, 0.0)
         tokens = r
         if r:
             tel.counters["generation_tokens_total"] += r
@@ -91,9 +98,19 @@ class EngineCommit:
 
     def _commit_jump(self, now: float) -> None:
         dec, pool, k = self.dec, self.pool, self.seg_k
+        res = self.res
+        if res is not None:
+            res.now = now
+            res.log_steps(dec.d, self.seg_start, self.seg_a, self.seg_b)
         if k > 1:
             new, filled = dec.blocks(k - 1, 1)
+            if res is not None:
+                free = pool.total - pool.cached_total - pool.private_total
+                res.jump = (self.seg_start, self.seg_a, self.seg_b, k, free)
+                res.allocated(new)
             pool.decode_advance(new, filled)
+            if res is not None:
+                res.jump = None
         r = dec.r
         dec.d += k  # dec.advance(k)
         dec.s += r * k

@@ -27,11 +27,13 @@ from collections.abc import Callable
 from planner.model import costmodel
 from planner.simulate.commit import LOADED, LOADING, PREFILL, WAITING
 from planner.simulate.content import ContentTree
-from planner.simulate.decode import DecodeBatch
+from planner.simulate.decode import DECODE, DecodeBatch
 from planner.simulate.kvcache import BlockPool, leading_cached
 from planner.simulate.offload import Connector
 from planner.simulate.queues import EngineQueues
 from planner.simulate.request import Req
+from planner.simulate.residency import KVResidency
+from planner.simulate.residency_pool import TrackedBlockPool
 from planner.simulate.scenario import ClusterSpec
 from planner.simulate.telemetry import EngineTelemetry
 
@@ -87,6 +89,7 @@ class Engine(EngineQueues):
         "prefilling",
         "rejected",
         "reprefill_tokens",
+        "res",
         "resume_in_place",
         "running",
         "seg",
@@ -117,7 +120,10 @@ class Engine(EngineQueues):
         cost: StepCost,
         on_finish: Callable[[Req, float], None],
         horizon: float,
+        residency: KVResidency | None = None,
     ) -> None:
+        """`residency`: vLLM's --kv-cache-metrics collector for this engine (None: off;
+        ignored without prefix caching, where vLLM observes nothing)."""
         self.idx, self.node, self.spec = idx, node, spec
         self.tree = tree
         self.conn = connector
@@ -126,10 +132,9 @@ class Engine(EngineQueues):
         self.on_finish = on_finish
         self.horizon = horizon  # decode jumps stop at the first step boundary past it
         self.bs = spec.block_size
-        self.pool = BlockPool(
-            spec.num_gpu_blocks, spec.block_size, tree, spec.enable_prefix_caching
-        )
+        self.res = residency if spec.enable_prefix_caching else None
         self.dec = DecodeBatch(spec.block_size)
+        self.pool = self._new_pool()
         self.waiting: deque[Req] = deque()
         self.loading: list[Req] = []
         self.running: dict[int, Req] = {}  # admission seq -> request (prefill and decode)
@@ -238,10 +243,8 @@ class Engine(EngineQueues):
             self.busy_time += now - lost_from
         held = [*self.waiting, *self.loading, *self.running.values()]
         spec = self.spec
-        self.pool = BlockPool(
-            spec.num_gpu_blocks, spec.block_size, self.tree, spec.enable_prefix_caching
-        )
         self.dec = DecodeBatch(spec.block_size)
+        self.pool = self._new_pool()
         self.waiting = deque()
         self.loading = []
         self.running = {}
@@ -255,11 +258,32 @@ class Engine(EngineQueues):
         self.seg_start = self.seg_end = now
         return sorted(held, key=lambda r: (r.arrival, r.rid))
 
+    def _new_pool(self) -> BlockPool:
+        """An empty HBM block pool (a tracked one with --kv-cache-metrics)."""
+        spec, res = self.spec, self.res
+        if res is None:
+            return BlockPool(
+                spec.num_gpu_blocks, spec.block_size, self.tree, spec.enable_prefix_caching
+            )
+        res.reset()
+        res.dec = self.dec
+        res.oldest = self._oldest_decode
+        return TrackedBlockPool(spec.num_gpu_blocks, spec.block_size, self.tree, res)
+
+    def _oldest_decode(self) -> int:
+        """The first decode step of the longest-decoding running request (its blocks' births
+        are read from the step log when it leaves)."""
+        return min(
+            (r.dec_d for r in self.running.values() if r.state == DECODE), default=self.dec.d
+        )
+
     # --- planning ---------------------------------------------------------------------------
     def _plan(self, now: float) -> None:
         if self.loading:
             self._promote_loaded(now)
-        dec, pool = self.dec, self.pool
+        dec, pool, res = self.dec, self.pool, self.res
+        if res is not None:
+            res.now = now
         budget = self.max_tokens
         preempted = False
         self._step0 = False
@@ -275,6 +299,8 @@ class Engine(EngineQueues):
             pool.private_total = private = pool.private_total + need - filled
             pool.cached_total = cached = pool.cached_total + filled
             pool.pinned_total += filled
+            if res is not None and need:
+                res.allocated(need)
             if cached + private > pool.total:
                 pool.evict(cached + private - pool.total)
             self._step0 = True
@@ -358,6 +384,8 @@ class Engine(EngineQueues):
                         if not self.running and not chunks and self._unblock(chunks):
                             continue
                         break
+                    if self.res is not None and hit:
+                        self.res.accessed(req.path, hit // bs)
                     self._count_lookup(req, p_eff, hit, ext)
                     waiting.popleft()
                     req.computed = hit + ext
@@ -377,6 +405,8 @@ class Engine(EngineQueues):
                     if not self.running and not chunks and self._unblock(chunks):
                         continue
                     break
+                if self.res is not None and hit:
+                    self.res.accessed(req.path, hit // bs)
                 self._count_lookup(req, p_eff, hit, ext)
                 if ext:
                     extra += conn.load(req, hit, ext, now)

@@ -310,11 +310,14 @@ def pool_view(snap: LMCacheSnapshot, model_name: str, l2_name: str = "") -> Endp
         elif name in _L2_NAMED:
             own = [("l2_name", l2_name or "l2")]
         series.append(Series(name, tuple(own), value))
-    series += [
-        Series(name, (("l2_name", l2_name or "l2"),), h)
-        for name, h in snap.histograms.items()
-        if name in catalog.SIGNALS
-    ]
+    for name, h in snap.histograms.items():
+        if name not in catalog.SIGNALS:
+            continue
+        if name in _L1_SIGNALS:  # the L1 chunk reuse gap: l1_tag, as the MP server labels it
+            labels = catalog.export_spelling(name).labels
+            series.append(Series(name, tuple((k, v) for k, v in L1_LABELS if k in labels), h))
+        else:
+            series.append(Series(name, (("l2_name", l2_name or "l2"),), h))
     resource = (("service_instance_id", f"kvscope-sim-lmcache-{snap.pool}"), *OTEL_RESOURCE)
     return EndpointView(
         tuple(series),

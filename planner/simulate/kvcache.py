@@ -19,9 +19,18 @@ from __future__ import annotations
 import math
 from collections import OrderedDict
 from collections.abc import Iterator
+from typing import Protocol
 
 from planner.simulate.content import ContentTree, NodeTable
 from planner.simulate.request import Req
+
+
+class ChunkWatch(Protocol):
+    """Sees the units a PrefixLRU writes and evicts (LMCache's L1 lifecycle metrics)."""
+
+    def written(self, n: int, lo: int, hi: int) -> None: ...
+
+    def evicted(self, n: int, lo: int, hi: int) -> None: ...
 
 
 def leading_cached(
@@ -311,6 +320,7 @@ class PrefixLRU:
         "start",
         "unit",
         "used",
+        "watch",
     )
 
     def __init__(self, capacity_units: float, unit_tokens: int, tree: ContentTree) -> None:
@@ -326,6 +336,7 @@ class PrefixLRU:
         self.partial_seq = 0
         self.used: float = 0
         self.evicted = 0
+        self.watch: ChunkWatch | None = None  # told of every unit written and evicted
 
     def lookup(self, path: list[int], max_units: int) -> int:
         return leading_cached(
@@ -368,6 +379,8 @@ class PrefixLRU:
             if e > c:
                 cached[n] = e
                 written += e - c
+                if self.watch is not None:
+                    self.watch.written(n, n0 + c, n0 + e)
             touched.append(n)
         for n in reversed(touched):
             lru[n] = None
@@ -417,6 +430,9 @@ class PrefixLRU:
                 continue
             whole = math.ceil(count)  # = count unless a partial object was evicted before
             take = c if c < whole else whole
+            if self.watch is not None:
+                n0 = self.start[n] // self.unit
+                self.watch.evicted(n, n0 + c - take, n0 + c)
             count -= take
             self.used -= take
             self.evicted += take

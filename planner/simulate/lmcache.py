@@ -21,6 +21,8 @@ Model (LMCache 0.3-0.5 with vLLM's LMCache connector; the 0.3.x in-process code 
   prompt can hit); `save_decode_cache` also stores the chunks filled during decode (0.3.3's
   vLLM v1 adapter did so regardless of the flag), written here when the request leaves the
   GPU.
+- metrics: the MP server's L1 chunk reuse-gap histogram, LMCache's default sampling of 1 % of
+  the chunks (`--metrics-sample-rate`), observed on L1 writes and reads (residency.py).
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from planner.simulate.content import ContentTree
 from planner.simulate.kvcache import PrefixLRU
 from planner.simulate.offload import Connector
 from planner.simulate.request import Req
+from planner.simulate.residency import L1_REUSE_GAP, LMCACHE_METRICS_SAMPLE_RATE, L1Lifecycle
 from planner.simulate.scenario import ClusterSpec
 from planner.simulate.telemetry import PoolTelemetry
 
@@ -41,7 +44,14 @@ class LMCachePool:
     """One LMCache server: L1 (CPU DRAM) and optionally L2, shared by `engines`."""
 
     def __init__(
-        self, idx: int, scope: str, engines: tuple[int, ...], spec: ClusterSpec, tree: ContentTree
+        self,
+        idx: int,
+        scope: str,
+        engines: tuple[int, ...],
+        spec: ClusterSpec,
+        tree: ContentTree,
+        *,
+        l1_sample_rate: float = LMCACHE_METRICS_SAMPLE_RATE,
     ) -> None:
         self.idx = idx
         self.scope = scope
@@ -57,6 +67,11 @@ class LMCachePool:
         )
         self.l2_spec = lmc.l2
         self.tel = PoolTelemetry()
+        # L1LifecycleSubscriber (the MP server registers it with its metrics)
+        self.lifecycle = L1Lifecycle(
+            l1_sample_rate, self.tel.hist[L1_REUSE_GAP], tree.start, tree.end, self.cs
+        )
+        self.l1.watch = self.lifecycle
         self._l1_evicted = 0
         self._l2_evicted = 0
 
@@ -179,6 +194,7 @@ class LMCacheConnector(Connector):
 
     def load(self, req: Req, hit_tokens: int, ext_tokens: int, now: float) -> float:
         pool, cs = self.pool, self.cs
+        pool.lifecycle.now = now
         l1 = self._l1_chunks.pop(req.rid, 0)
         end_tokens = hit_tokens + ext_tokens
         l1_tokens = max(0, min(ext_tokens, l1 * cs - hit_tokens))
@@ -209,6 +225,8 @@ class LMCacheConnector(Connector):
                 pool.l1.make_room(chunks)  # transient buffers in L1's allocator
             pool._sync_evictions()
         pool.l1.touch(req.path, end_tokens // cs)
+        # the chunks read from L1 (with l2_promote, those just promoted too)
+        pool.lifecycle.read(req.path, hit_tokens // cs, -(-end_tokens // cs))
         if not self.is_async:
             return secs
         self.link_free = max(now, self.link_free) + secs
@@ -216,6 +234,7 @@ class LMCacheConnector(Connector):
 
     def store(self, req: Req, from_tokens: int, to_tokens: int, now: float) -> int:
         hit = self._hit.pop(req.rid, from_tokens)  # the first chunk stores from LMCache's hit
+        self.pool.lifecycle.now = now
         written = self.pool.store(req.path, hit if hit < from_tokens else from_tokens, to_tokens)
         if self.save_unfull and to_tokens == req.prompt_len + req.generated:
             tail = to_tokens % self.cs  # the last prefill step keeps the unfull chunk
@@ -249,6 +268,7 @@ class LMCacheConnector(Connector):
     def store_on_release(self, req: Req, computed: int, now: float) -> None:
         self._hit.pop(req.rid, None)
         if self.save_decode and computed > req.prompt_len:
+            self.pool.lifecycle.now = now
             self.pool.store(req.path, req.prompt_len, computed)
 
     def usage_ratio(self) -> float:

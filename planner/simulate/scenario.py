@@ -53,7 +53,11 @@ OFFLOAD_MODES = ("none", "native", "lmcache")
 ROUTERS = ("round_robin", "least_loaded", "prefix_affinity", "scorer")
 SCOPES = ("engine", "node", "cluster")
 # The scenario's top-level keys; a bare sweep key outside them names a cluster or workload key.
-TOP_LEVEL_KEYS = frozenset({"cluster", "workload", "duration_s", "seed", "warmup_s", "name"})
+TOP_LEVEL_KEYS = frozenset(
+    {"cluster", "engine", "workload", "duration_s", "seed", "warmup_s", "name"}
+)
+# `engine`: options of every engine's vLLM server that do not shape the cluster
+ENGINE_KEYS = frozenset({"kv_cache_metrics", "kv_cache_metrics_sample"})
 CLUSTER_KEYS = frozenset(
     {
         "nodes",
@@ -102,6 +106,10 @@ SRC_HBM = "default: costmodel.DEFAULT_HBM_EFFICIENCY (assumption: decode at ~0.7
 SRC_OVERHEAD = "default: costmodel.DEFAULT_STEP_OVERHEAD_S (assumption: fit from ITL)"
 SRC_RESERVE = "default: costmodel.DEFAULT_ACTIVATION_RESERVE_BYTES (assumption, 2 GiB)"
 SRC_SCOPE = "default: one LMCache server per node (K8s DaemonSet) [source: lmcache-mp-docs]"
+SRC_KV_METRICS = (
+    "default: vLLM --kv-cache-metrics off, --kv-cache-metrics-sample 0.01 (0 < rate <= 1) "
+    "[source: vllm-kv-cache-metrics]"
+)
 SRC_CPU = "default: assumption (100 GB host DRAM per engine / pool)"
 SRC_RESUME = (
     "default: vLLM v1 Scheduler.schedule() appends a request whose async KV load finished "
@@ -148,6 +156,10 @@ class ClusterSpec:
     switchback: SwitchbackSpec | None = None
     # router round_robin: a weighted split, one weight per engine (None: equal turns)
     load_shares: tuple[float, ...] | None = None
+    # vLLM --kv-cache-metrics / --kv-cache-metrics-sample (scenario key `engine`): the KV
+    # residency histograms, a sampled fraction of the allocated blocks (residency.py)
+    kv_cache_metrics: bool = False
+    kv_cache_metrics_sample: float = 0.01
 
     @property
     def engines_per_node(self) -> int:
@@ -197,6 +209,7 @@ def parse_scenario(raw: object, where: str = "scenario", base_dir: Path | None =
     params: list[Param] = []
     top = Section(raw, "", where, params)
     cluster = _parse_cluster(top.section("cluster"))
+    cluster = _parse_engine(top.section("engine"), cluster)
     workload = parse_workload(top.section("workload"), base_dir)
     duration = top.number("duration_s", 600.0, low=0.0, low_open=True, source="default: 600 s")
     warmup = top.number("warmup_s", 0.0, low=0.0, source="default: no warm-up")
@@ -341,6 +354,17 @@ def _parse_cluster(sec: Section) -> ClusterSpec:
     )
 
 
+def _parse_engine(sec: Section, cluster: ClusterSpec) -> ClusterSpec:
+    """`engine`: vLLM server options every engine shares (the KV residency metrics)."""
+    metrics = sec.boolean("kv_cache_metrics", False, source=SRC_KV_METRICS)
+    # vLLM's ObservabilityConfig: Field(default=0.01, gt=0, le=1)
+    sample = sec.number(
+        "kv_cache_metrics_sample", 0.01, low=0.0, low_open=True, high=1.0, source=SRC_KV_METRICS
+    )
+    sec.finish()
+    return replace(cluster, kv_cache_metrics=metrics, kv_cache_metrics_sample=sample)
+
+
 def _max_model_len(sec: Section, model: Model, kv_tokens: int) -> int:
     """vLLM's --max-model-len: by default the model's context length (config.json
     max_position_embeddings); a larger value is refused (vLLM wants
@@ -422,8 +446,7 @@ def set_dotted(raw: Mapping[str, Any], dotted: str, value: Any) -> dict[str, Any
     if not parts:
         raise ConfigError(f"sweep key {dotted!r} is empty")
     if parts[0] not in TOP_LEVEL_KEYS:
-        section = "cluster" if parts[0] in CLUSTER_KEYS else "workload"
-        parts = [section, *parts]
+        parts = [_section_of(parts[0]), *parts]
     node: dict[str, Any] = out
     for part in parts[:-1]:
         child = node.get(part)
@@ -441,5 +464,12 @@ def resolve_dotted(dotted: str) -> str:
     """The full dotted key a (possibly bare) sweep key refers to."""
     parts = [p for p in dotted.split(".") if p]
     if parts and parts[0] not in TOP_LEVEL_KEYS:
-        return ("cluster." if parts[0] in CLUSTER_KEYS else "workload.") + ".".join(parts)
+        return f"{_section_of(parts[0])}." + ".".join(parts)
     return ".".join(parts)
+
+
+def _section_of(key: str) -> str:
+    """The section a bare key belongs to: cluster, engine, or else workload."""
+    if key in CLUSTER_KEYS:
+        return "cluster"
+    return "engine" if key in ENGINE_KEYS else "workload"

@@ -29,6 +29,12 @@ ENGINE_HISTOGRAMS = (
     "request_num_preemptions",
     "iteration_tokens",
 )
+# vLLM --kv-cache-metrics: registered only when it is on (planner/simulate/residency.py)
+KV_RESIDENCY_HISTOGRAMS = (
+    "kv_block_lifetime_seconds",
+    "kv_block_idle_before_evict_seconds",
+    "kv_block_reuse_gap_seconds",
+)
 ENGINE_COUNTERS = (
     "preemptions_total",
     "prompt_tokens_total",
@@ -55,8 +61,9 @@ LMCACHE_COUNTERS = (
 )
 
 # Per-task L2 -> L1 load throughput, GB/s (the MP server's histogram; L2 stores are modelled
-# as free write-through, so they have no throughput to report).
-LMCACHE_HISTOGRAMS = ("lmcache_l2_load_throughput_gbps",)
+# as free write-through, so they have no throughput to report), and the gap between touches
+# of a sampled L1 chunk (L1LifecycleSubscriber, planner/simulate/residency.py).
+LMCACHE_HISTOGRAMS = ("lmcache_l2_load_throughput_gbps", "lmcache_l1_chunk_reuse_gap_seconds")
 
 
 # Request-token histograms: vLLM renders them with build_1_2_5_buckets(max_model_len).
@@ -198,7 +205,9 @@ class EngineTelemetry:
 
     `buffer`: per-request records held before they are moved into the histograms; with
     `bounded`, a histogram is also bucketed as soon as `buffer` observations wait in it
-    (otherwise only when read, which a batch run never does before its end)."""
+    (otherwise only when read, which a batch run never does before its end).
+    `kv_residency`: the engine runs with vLLM's --kv-cache-metrics, so it has the three KV
+    residency histograms too (catalogue buckets unless `buckets` names them)."""
 
     __slots__ = (
         "bounded",
@@ -218,6 +227,7 @@ class EngineTelemetry:
         *,
         buffer: int = BUFFER,
         bounded: bool = False,
+        kv_residency: bool = False,
     ) -> None:
         bounds = dict(buckets) if buckets is not None else default_buckets()
         self.buffer, self.bounded = buffer, bounded
@@ -228,6 +238,12 @@ class EngineTelemetry:
         self.hist = {
             name: Histogram(tuple(bounds.get(name, ())), buffer) for name in ENGINE_HISTOGRAMS
         }
+        if kv_residency:
+            from collector import catalog
+
+            for name in KV_RESIDENCY_HISTOGRAMS:
+                bound = bounds.get(name) or catalog.SIGNALS[name].buckets
+                self.hist[name] = Histogram(tuple(bound), buffer)
         # per-request observations, bucketed in bulk when read (see flush)
         self.requests: list[tuple[float, float, float, float, int, int, int]] = []
         self.firsts: list[tuple[float, int]] = []

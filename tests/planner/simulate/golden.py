@@ -27,6 +27,12 @@ Rewritten since (from the tree of the change, `--write`), with the reason:
   max_num_seqs 1024 on H100 and H200, was 256 for every GPU; 2048 batched tokens below
   70 GiB and on A100s): only the `parameters` digests changed; every run is on H100s with
   fewer than 256 requests running, so every result is unchanged.
+- KV residency metrics (planner/simulate/residency.py): every run's `parameters` digest
+  changed (two new `engine` keys, kv_cache_metrics off by default); the runs with LMCache
+  (demo, demo_served, mixed_async_in_place, rag_bursty, shared_prefix) have a new pool
+  histogram, lmcache_l1_chunk_reuse_gap_seconds, so their `lmcache_pools` digests changed;
+  new run cpu_tier (the new bundled scenario, with --kv-cache-metrics on). Checked before
+  rewriting: `golden(digests=False)` of the tree before and after differs in nothing else.
 """
 
 from __future__ import annotations
@@ -75,6 +81,7 @@ BATCH: dict[str, float] = {
     "multi_turn": 150.0,  # native offload, prefix affinity, sessions
     "shared_prefix": 120.0,  # LMCache per node, TP2, preemption under pressure
     "trace_replay": 300.0,
+    "cpu_tier": 300.0,  # no offload, vLLM --kv-cache-metrics on (residency histograms)
 }
 NAIVE_S = 20.0  # saturated_16x_h100 stepped one decode step per event (the bench's baseline)
 SERVED_S, SERVED_SLICE = 150.0, 7.5  # demo looping and pruned, advanced in slices, settled

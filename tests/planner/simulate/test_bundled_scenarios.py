@@ -18,6 +18,7 @@ from tests.clirun import assert_one_line_error
 
 EXPECTED = {
     "canary_switchback",
+    "cpu_tier",
     "demo",
     "diurnal_mixed_offload",
     "multi_turn",
@@ -121,7 +122,7 @@ def test_cli_simulate_compare_re_reads_the_bundled_trace(tmp_path: Path) -> None
         (
             ["simulate"],
             "kvscope: error: missing SCENARIO: a scenario YAML file or one of canary_switchback, "
-            "demo,",
+            "cpu_tier, demo,",
         ),
     ],
 )

@@ -1,0 +1,385 @@
+"""KV residency metrics of simulated engines and LMCache pools: vLLM's ``--kv-cache-metrics``
+block histograms and LMCache's L1 chunk reuse gaps, observed when and as the real exporters
+observe them.
+
+vLLM [source: vllm-kv-cache-metrics] — vllm/v1/core/kv_cache_metrics.py at commit
+0ad8e2ada595a691f570b3a75718843b1a0b8e19, vllm/v1/core/block_pool.py at commit
+c59cb7941357443da7c5eef75cfa8697d683d228, vllm/config/observability.py, vllm/v1/metrics/loggers.py:
+
+* ``--kv-cache-metrics`` (ObservabilityConfig.kv_cache_metrics, default False) gives the
+  scheduler's BlockPool a KVCacheMetricsCollector(sample_rate=``--kv-cache-metrics-sample``,
+  default 0.01, validated 0 < rate <= 1) and registers the three histograms below.
+* Allocation: BlockPool.get_new_blocks calls ``on_block_allocated`` for every block it hands
+  out, prefix caching on or off. The block is sampled iff ``random.random() < sample_rate``;
+  a sampled block gets BlockMetricsState: birth = last_access = now, access_history =
+  deque(maxlen=4), keyed by block id.
+* Access: BlockPool.touch, i.e. a prefix-cache hit (the computed blocks a request is given
+  when the scheduler allocates its slots), calls ``on_block_accessed``: last_access = now and
+  now is appended to the history. Nothing is observed at an access.
+* Eviction: BlockPool._maybe_evict_cached_block calls ``on_block_evicted`` first thing, for
+  every block get_new_blocks pops off the free queue while prefix caching is on (hashed or
+  not: a request's unfilled last block freed without a hash too) and for connector-driven
+  evict_blocks. The state is popped and one KVCacheEvictionEvent recorded: lifetime = now -
+  birth, idle = now - last_access, reuse gaps = differences of consecutive times in the
+  history (at most 3; the allocation is not in it, so a block hit once gives none). The
+  PrometheusStatLogger observes the lifetime and idle histograms (catalogue signals
+  kv_block_lifetime_seconds, kv_block_idle_before_evict_seconds) once per event and the
+  reuse-gap one (kv_block_reuse_gap_seconds) once per gap, buckets 0.001 … 1800 s
+  (catalog.KV_RESIDENCY_BUCKETS).
+* Hence: a block still resident is never observed, and with prefix caching off nothing is
+  (get_new_blocks then never calls _maybe_evict_cached_block). BlockPool.free_blocks puts
+  freed blocks without a hash at the front of the free queue (reused first), hashed ones at
+  the back (LRU). reset_prefix_cache clears the collector.
+
+The simulator (kvcache.py works on content segments, not block objects) tracks a sampled
+block as (segment, absolute block index):
+
+* born when the engine plans the step that allocates it: a prefill chunk's blocks at that
+  step's start; a decode block at the start of the decode step whose token opens it (decode
+  jumps are replayed from a per-engine step log); a block first allocated unfilled (a chunk
+  boundary, a prompt's last block) keeps the time it was allocated then;
+* accessed at each admission whose prefix-cache hit covers it (the hit is capped so the last
+  token is recomputed, as in vLLM), at the step's planning time;
+* evicted when BlockPool.evict takes it (the simulator evicts lazily at allocation, LRU,
+  tail blocks first, as vLLM does), at the step whose allocation needed it (inside a decode
+  jump: the step at which the jump's allocations have used up the free blocks);
+* a request's unfilled last block, freed, is observed when an allocation reuses it (free
+  unhashed blocks first, the last freed first);
+* sampling: Bernoulli(rate) per allocated block, drawn as geometric skips from a
+  ``random.Random`` stream of the tracker's own, so no other draw of a run moves.
+* Not simulated: vLLM's duplicate blocks (two requests computing the same block at once, the
+  recomputed last block of a fully cached prompt): the simulator shares their content, so
+  they are never born.
+
+LMCache [source: lmcache-mp-l1-lifecycle] — lmcache/v1/mp_observability/subscribers/metrics/
+l1_lifecycle.py at commit e04d10d358e720fe8032bc403d584f8c55d66aeb: the MP server registers
+L1LifecycleSubscriber whenever its metrics are on, with ``--metrics-sample-rate`` (default
+0.01). A key is sampled iff ``hash(key) % 1_000_003 < int(rate * 1_000_003)`` (the same key
+always gets the same decision). L1_WRITE_FINISHED (also _AND_READ_RESERVED, an L2 prefetch
+landing in L1): a key not tracked and sampled starts being tracked (last access = now); a
+tracked key written again observes a gap and starts over. L1_READ_FINISHED: a tracked key
+observes the reuse gap (catalogue signal lmcache_l1_chunk_reuse_gap_seconds) = now - last
+access, then last access = now. L1_KEYS_EVICTED: the key stops being tracked. In the
+simulator a key is (segment, chunk index); writes are the chunks a store writes to L1
+(chunks present are skipped, as LMCache skips them), reads the L1 chunks a load brings to
+the GPU, evictions PrefixLRU's.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from bisect import bisect_right
+from collections.abc import Callable
+from typing import Protocol
+
+from planner.simulate.content import NodeTable
+from planner.simulate.request import Req
+from planner.simulate.telemetry import Histogram
+
+HISTORY = 4  # BlockMetricsState.access_history maxlen [source: vllm-kv-cache-metrics]
+DEFAULT_SAMPLE = 0.01  # --kv-cache-metrics-sample default [source: vllm-kv-cache-metrics]
+# LMCache MP server: --metrics-sample-rate default and the sampling prime of
+# L1LifecycleSubscriber [source: lmcache-mp-l1-lifecycle]
+LMCACHE_METRICS_SAMPLE_RATE = 0.01
+LMCACHE_SAMPLE_PRIME = 1_000_003
+# decode steps kept in an engine's step log before the ones no decoding request needs go
+STEP_LOG_TRIM = 4096
+
+LIFETIME = "kv_block_lifetime_seconds"
+IDLE = "kv_block_idle_before_evict_seconds"
+REUSE_GAP = "kv_block_reuse_gap_seconds"
+RESIDENCY_HISTOGRAMS = (LIFETIME, IDLE, REUSE_GAP)
+L1_REUSE_GAP = "lmcache_l1_chunk_reuse_gap_seconds"
+
+
+class Sampler:
+    """Bernoulli(rate) per allocation, drawn as geometric skips (one draw per sampled block,
+    not one per block): ``take(m)`` says which of the next m allocations are sampled."""
+
+    __slots__ = ("log_q", "rate", "rng", "skip")
+
+    def __init__(self, rate: float, rng: random.Random) -> None:
+        if not 0.0 <= rate <= 1.0 or math.isnan(rate):
+            raise ValueError(f"sample rate must be in [0, 1], got {rate!r}")
+        self.rate = rate
+        self.rng = rng
+        self.log_q = math.log1p(-rate) if 0.0 < rate < 1.0 else 0.0
+        self.skip = self._draw()
+
+    def _draw(self) -> int:
+        """Allocations not sampled before the next sampled one (geometric, P(k) = q^k p)."""
+        if self.rate >= 1.0:
+            return 0
+        if self.rate <= 0.0:
+            return 1 << 62
+        return int(math.log1p(-self.rng.random()) / self.log_q)
+
+    def take(self, m: int) -> list[int]:
+        """Offsets in [0, m) of the sampled allocations among the next m."""
+        out: list[int] = []
+        if m <= 0:
+            return out
+        pos, skip = 0, self.skip
+        while pos + skip < m:
+            pos += skip
+            out.append(pos)
+            pos += 1
+            skip = self._draw()
+        self.skip = skip - (m - pos)
+        return out
+
+
+class BlockState:
+    """vLLM's BlockMetricsState of one sampled block (times in simulated seconds)."""
+
+    __slots__ = ("birth", "hist", "last")
+
+    def __init__(self, t: float) -> None:
+        self.birth = t
+        self.last = t
+        self.hist: list[float] = []
+
+    def access(self, t: float) -> None:
+        self.last = t
+        hist = self.hist
+        hist.append(t)
+        if len(hist) > HISTORY:
+            del hist[0]
+
+
+class _Decode(Protocol):
+    d: int
+
+    def blocks(self, k: int, offset: int = 0) -> tuple[int, int]: ...
+
+
+class KVResidency:
+    """The KVCacheMetricsCollector of one simulated engine (see the module docstring).
+
+    The engine sets ``now`` to the time of the step it plans or commits; ``jump`` is set
+    while a decode jump's aggregated allocations are applied, so an allocation's ordinal maps
+    to the step that made it.
+    """
+
+    __slots__ = (
+        "blocks",
+        "bs",
+        "dec",
+        "fresh",
+        "h_gap",
+        "h_idle",
+        "h_life",
+        "jump",
+        "log_d",
+        "log_s",
+        "now",
+        "oldest",
+        "part",
+        "sampler",
+        "start",
+    )
+
+    def __init__(
+        self,
+        sampler: Sampler,
+        hists: dict[str, Histogram],
+        block_size: int,
+        start: NodeTable,
+    ) -> None:
+        self.sampler = sampler
+        self.h_life, self.h_idle, self.h_gap = (hists[n] for n in RESIDENCY_HISTOGRAMS)
+        self.bs = block_size
+        self.start = start
+        self.now = 0.0
+        self.dec: _Decode | None = None
+        self.oldest: Callable[[], int] | None = None  # lowest decode start of running requests
+        self.jump: tuple[float, float, float, int, int] | None = None
+        self.blocks: dict[int, dict[int, BlockState]] = {}  # node -> absolute block -> state
+        self.part: dict[int, tuple[int, BlockState | None]] = {}  # rid -> its unfilled block
+        self.fresh: list[BlockState | None] = []  # freed unfilled blocks, last freed on top
+        self.log_d: list[int] = []  # decode step log: first step index of each segment
+        self.log_s: list[tuple[float, float, float]] = []  # its (start, a, b): step j at a+b·j
+
+    def reset(self) -> None:
+        """A new BlockPool (the engine restarted): every tracked block is gone unobserved."""
+        self.blocks = {}
+        self.part = {}
+        self.fresh = []
+        self.log_d = []
+        self.log_s = []
+        self.jump = None
+
+    # --- time ---------------------------------------------------------------------------------
+    def log_steps(self, d0: int, t0: float, a: float, b: float) -> None:
+        """Decode steps d0, d0+1, … committed, step d0+j starting at t0 + j·a + b·j(j-1)/2."""
+        self.log_d.append(d0)
+        self.log_s.append((t0, a, b))
+        if len(self.log_d) > STEP_LOG_TRIM and self.oldest is not None:
+            keep = bisect_right(self.log_d, self.oldest()) - 1
+            if keep > 0:
+                del self.log_d[:keep]
+                del self.log_s[:keep]
+
+    def step_time(self, d: int) -> float:
+        """Start of decode step d (the one being planned now if not committed yet)."""
+        dec = self.dec
+        if dec is not None and d >= dec.d:
+            return self.now
+        i = bisect_right(self.log_d, d) - 1
+        if i < 0:
+            return self.now
+        t0, a, b = self.log_s[i]
+        j = d - self.log_d[i]
+        return t0 + j * a + b * j * (j - 1) / 2.0
+
+    def at(self, ordinal: int, evicting: bool) -> float:
+        """Time of the allocation that takes the ordinal-th block (0-based): of the free
+        blocks (fresh first) when not `evicting`, of the cached ones after every free block
+        when `evicting`. Without a jump in progress, now."""
+        jump = self.jump
+        if jump is None or self.dec is None:
+            return self.now
+        t0, a, b, k, free = jump
+        need = ordinal + 1 + (free if evicting else 0)
+        blocks = self.dec.blocks
+        lo, hi = 1, max(1, k - 1)
+        while lo < hi:  # the first of steps 1 … k-1 by which `need` blocks were allocated
+            mid = (lo + hi) // 2
+            if blocks(mid, 1)[0] >= need:
+                hi = mid
+            else:
+                lo = mid + 1
+        return t0 + lo * a + b * lo * (lo - 1) / 2.0
+
+    # --- events -------------------------------------------------------------------------------
+    def _observe(self, st: BlockState, t: float) -> None:
+        self.h_life.observe(t - st.birth)
+        self.h_idle.observe(t - st.last)
+        hist = st.hist
+        for i in range(1, len(hist)):
+            self.h_gap.observe(hist[i] - hist[i - 1])
+
+    def allocated(self, m: int) -> None:
+        """m blocks allocated: the freed unfilled blocks are reused first (evicted now)."""
+        fresh = self.fresh
+        if not fresh or m <= 0:
+            return
+        for j in range(min(m, len(fresh))):
+            st = fresh.pop()
+            if st is not None:
+                self._observe(st, self.at(j, False))
+
+    def born(self, ranges: list[tuple[int, int, int]], times: Callable[[int], float]) -> None:
+        """Sample the new full blocks (node, first, end) (absolute block indices); `times`
+        gives a block's birth from its index."""
+        total = sum(hi - lo for _, lo, hi in ranges)
+        picks = self.sampler.take(total)
+        if not picks:
+            return
+        it = iter(picks)
+        nxt = next(it, -1)
+        base = 0
+        for n, lo, hi in ranges:
+            while 0 <= nxt < base + hi - lo:
+                b = lo + nxt - base
+                self.blocks.setdefault(n, {})[b] = BlockState(times(b))
+                nxt = next(it, -1)
+            base += hi - lo
+            if nxt < 0:
+                break
+
+    def adopt(self, n: int, b: int, st: BlockState | None) -> None:
+        if st is not None:
+            self.blocks.setdefault(n, {})[b] = st
+
+    def new_part(self, rid: int, b: int, t: float) -> None:
+        """Req rid allocated unfilled block b at t."""
+        self.part[rid] = (b, BlockState(t) if self.sampler.take(1) else None)
+
+    def accessed(self, path: list[int], nblocks: int) -> None:
+        """A prefix-cache hit on the first `nblocks` blocks of `path` (BlockPool.touch)."""
+        blocks = self.blocks
+        if not blocks or nblocks <= 0:
+            return
+        t, start, bs = self.now, self.start, self.bs
+        for n in path:
+            if start[n] // bs >= nblocks:
+                break
+            states = blocks.get(n)
+            if states:
+                for b, st in states.items():
+                    if b < nblocks:
+                        st.access(t)
+
+    def evicted(self, n: int, lo: int, hi: int, ordinal: int) -> None:
+        """Blocks [lo, hi) of node n evicted, the tail first, the first of them the
+        ordinal-th block this eviction takes."""
+        states = self.blocks.get(n)
+        if not states:
+            return
+        for b in [b for b in states if lo <= b < hi]:
+            self._observe(states.pop(b), self.at(ordinal + hi - 1 - b, True))
+        if not states:
+            del self.blocks[n]
+
+    def released(self, req: Req) -> None:
+        """req's references dropped: its unfilled block goes to the front of the free queue."""
+        p = self.part.pop(req.rid, None)
+        if p is not None:
+            self.fresh.append(p[1])
+
+
+class L1Lifecycle:
+    """LMCache's L1LifecycleSubscriber as far as the reuse-gap histogram goes (module
+    docstring): tracked chunks (node, chunk index) -> last access."""
+
+    __slots__ = ("end", "hist", "last", "now", "start", "threshold", "unit")
+
+    def __init__(
+        self, rate: float, hist: Histogram, start: NodeTable, end: NodeTable, unit: int
+    ) -> None:
+        if not 0.0 < rate <= 1.0:
+            raise ValueError(f"LMCache metrics sample rate must be in (0, 1], got {rate!r}")
+        self.threshold = int(rate * LMCACHE_SAMPLE_PRIME)
+        self.hist = hist
+        self.start = start
+        self.end = end
+        self.unit = unit
+        self.now = 0.0
+        self.last: dict[tuple[int, int], float] = {}
+
+    def written(self, n: int, lo: int, hi: int) -> None:
+        """Chunks [lo, hi) of node n written to L1."""
+        t, last, threshold = self.now, self.last, self.threshold
+        for c in range(lo, hi):
+            key = (n, c)
+            prev = last.get(key)
+            if prev is not None:
+                self.hist.observe(t - prev)
+                last[key] = t
+            elif hash(key) % LMCACHE_SAMPLE_PRIME < threshold:
+                last[key] = t
+
+    def read(self, path: list[int], lo: int, hi: int) -> None:
+        """Chunks lo … hi-1 of `path` read from L1."""
+        last = self.last
+        if not last or hi <= lo:
+            return
+        t, start, end, u = self.now, self.start, self.end, self.unit
+        for n in path:
+            n0 = start[n] // u
+            if n0 >= hi:
+                break
+            for c in range(max(lo, n0), min(hi, end[n] // u)):
+                key = (n, c)
+                prev = last.get(key)
+                if prev is not None:
+                    self.hist.observe(t - prev)
+                    last[key] = t
+
+    def evicted(self, n: int, lo: int, hi: int) -> None:
+        last = self.last
+        if last:
+            for c in range(lo, hi):
+                last.pop((n, c), None)
