@@ -26,6 +26,7 @@ preemptions               preemptions in the window (counter delta)
 kv_util, kv_util_max      mean and max of ``kv_cache_usage_ratio`` (0-1)
 running, waiting          mean of ``requests_running`` / ``requests_waiting``
 prefix_hit_ratio          local prefix-cache hits / queries (tokens)
+prefix_queries            prefix-cache queries in the window, tokens (``prefix_hit_ratio``'s weight)
 external_hit_ratio        external (KV connector) prefix-cache hits / queries
 ttft_mean_s               TTFT histogram sum / count of the window
 ttft_p50_s, _p90_s, _p99_s  TTFT quantiles of the window (from its bucket deltas)
@@ -100,7 +101,10 @@ _RATIOS: tuple[tuple[str, str, str, str], ...] = (
     ("lmcache_hit_ratio", "lmcache_hit_ratio", "lmcache_hit_tokens_total",
      "lmcache_requested_tokens_total"),
 )  # fmt: skip
-_RATIO_WEIGHT = {"lmcache_hit_ratio": "lmcache_requested_tokens"}
+_RATIO_WEIGHT = {
+    "prefix_hit_ratio": "prefix_queries",
+    "lmcache_hit_ratio": "lmcache_requested_tokens",
+}
 
 SIGNALS: frozenset[str] = frozenset(
     [s for _, s, _, _ in _SIMPLE] + [x for r in _RATIOS for x in r[1:]]
@@ -112,9 +116,9 @@ _TEXT_COLUMNS = ("source", "engine", "offload_mode", "group")
 COLUMNS: tuple[str, ...] = (
     "source", "engine", "start", "window_s", "offload_mode", "group",
     "tokens_per_s", "prompt_tokens_per_s", "output_tokens_per_s", "preemptions",
-    "kv_util", "kv_util_max", "running", "waiting", "prefix_hit_ratio", "external_hit_ratio",
-    "ttft_mean_s", "ttft_p50_s", "ttft_p90_s", "ttft_p99_s", "ttft_count", "e2e_mean_s",
-    "prompt_tokens_mean", "requests",
+    "kv_util", "kv_util_max", "running", "waiting", "prefix_hit_ratio", "prefix_queries",
+    "external_hit_ratio", "ttft_mean_s", "ttft_p50_s", "ttft_p90_s", "ttft_p99_s", "ttft_count",
+    "e2e_mean_s", "prompt_tokens_mean", "requests",
     "lmcache_hit_ratio", "lmcache_requested_tokens", "l1_usage_bytes", "l1_usage_ratio",
     "l1_evicted_chunks", "offload_cpu_usage_ratio",
 )  # fmt: skip

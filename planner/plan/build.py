@@ -24,6 +24,7 @@ from planner.decide.decision import decide
 from planner.decide.evidence import Evidence
 from planner.deploy.sizing import size
 from planner.fit.capacity import Slo
+from planner.frames.residency import residency_histograms
 from planner.frames.table import PLAN_COLUMNS, WindowTable, names
 from planner.plan.basis import (
     EVIDENCE_GAPS,
@@ -36,6 +37,8 @@ from planner.plan.basis import (
 )
 from planner.plan.fits import (
     EQUAL_KV,
+    FitRun,
+    Hardware,
     equal_kv_at,
     hit_curve,
     mfu_evidence,
@@ -52,9 +55,13 @@ from planner.plan.groups import (
 )
 from planner.plan.observe import NEEDED_SIGNALS, modes_by_source, observe
 from planner.plan.record import GroupPlan, NoData, Plan, PlanDetails
+from planner.plan.tier import tier_section
 from planner.plan.verdict import ModeVerdict, run_verdicts, verdict_section
 
 if TYPE_CHECKING:
+    from collections.abc import Mapping
+    from typing import Any
+
     import pandas as pd
 
     from collector.models import EngineRecord
@@ -210,6 +217,33 @@ def _group_plan(  # noqa: PLR0917 - the parts of one plan
     return _plan(run, restrict_table(table, g.sources), sub, engines, [note], group=g.name)
 
 
+def _cpu_tier(  # noqa: PLR0917 - the parts of one plan the section reads
+    run: _Run,
+    frame: pd.DataFrame,
+    engines: list[EngineRecord],
+    hw: Hardware | None,
+    fits: Mapping[str, FitRun],
+    evidence: Evidence,
+    sources: set[str],
+) -> dict[str, Any]:
+    """The plan's "What a CPU tier would buy" (planner/plan/tier.py) from the engines' KV
+    residency histograms over the plan's period."""
+    hists = residency_histograms(
+        run.store, cluster=run.cluster, sources=sorted(sources), since=run.since, until=run.until
+    )
+    mfu = mfu_evidence(fits["prefill_mfu"])
+    return tier_section(
+        frame,
+        engines,
+        hists,
+        hw,
+        slo=run.slo,
+        mfu=mfu.estimate if mfu else None,
+        engines_per_node=evidence.engines_per_node,
+        seed=run.seed,
+    )
+
+
 def _plan(
     run: _Run,
     table: pd.DataFrame,
@@ -302,6 +336,8 @@ def _plan(
     }
     run.lap("decide")
     offload = verdict_section(verdicts, evidence, run.slo) if verdicts else None
+    cpu_tier = None if groups else _cpu_tier(run, frame, in_window, hw, fits, evidence, present)
+    run.lap("cpu_tier")
     return Plan(
         run.cluster,
         window,
@@ -309,6 +345,7 @@ def _plan(
         evidence,
         decision,
         offload,
+        cpu_tier,
         {k: r.entry for k, r in fits.items()},
         fc.section,
         sizing,

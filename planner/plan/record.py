@@ -60,6 +60,8 @@ class Plan:
     # per offload mode: today's effects, capacity at the SLO, the bill (planner/plan/verdict.py);
     # None with several model groups (each group's plan has its own)
     offload: Mapping[str, Any] | None
+    # "What a CPU tier would buy" (planner/plan/tier.py); None with several model groups
+    cpu_tier: Mapping[str, Any] | None
     fits: Mapping[str, Mapping[str, Any]]
     forecast: Mapping[str, Any]
     sizing: Sizing | None
@@ -88,6 +90,7 @@ class Plan:
                 "happening": dict(self.happening),
                 "decision": self.decision.to_dict() if self.decision else None,
                 "offload": dict(self.offload) if self.offload else None,
+                "cpu_tier": dict(self.cpu_tier) if self.cpu_tier else None,
                 "fits": {k: dict(v) for k, v in self.fits.items()},
                 "forecast": dict(self.forecast),
                 "sizing": sizing,

@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from planner.plan.forecast import hours
+from planner.report.tier_text import tier_lines
 from planner.report.verdict_text import offload_lines
 
 
@@ -283,8 +284,9 @@ def _groups(d: Mapping[str, Any]) -> list[list[str]]:
         if len(g["engines"]) > 6:
             rule += f", … ({len(g['engines'])} engines)"
         p = g["plan"]
-        blocks += [[rule], _happening(p), decision_lines(p), offload_lines(p), _fits(p),
-                   _forecast(p), _sizing(p)]  # fmt: skip
+        parts = [[rule], _happening(p), decision_lines(p), offload_lines(p), tier_lines(p),
+                 _fits(p), _forecast(p), _sizing(p)]  # fmt: skip
+        blocks += [b for b in parts if b]
     head = "━━ all groups pooled (observations only: no fit, no decision to act on) ━━"
     return [*blocks, [head], _happening(d), _forecast(d)]
 
@@ -300,6 +302,7 @@ def summary_text(d: Mapping[str, Any]) -> str:
     if d.get("groups"):
         blocks = [[head], *_groups(d)]
     else:
-        blocks = [[head], _happening(d), decision_lines(d), offload_lines(d), _fits(d),
-                  _forecast(d), _sizing(d)]  # fmt: skip
+        blocks = [[head], _happening(d), decision_lines(d), offload_lines(d), tier_lines(d),
+                  _fits(d), _forecast(d), _sizing(d)]  # fmt: skip
+        blocks = [b for b in blocks if b]
     return "\n\n".join("\n".join(b) for b in blocks) + "\n"

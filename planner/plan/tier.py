@@ -1,0 +1,489 @@
+"""The plan's "What a CPU tier would buy": from each engine's own reuse, before anything is
+deployed.
+
+Per engine, vLLM's sampled KV residency histograms (``--kv-cache-metrics``; the store keeps
+their bucket counts: planner/frames/residency.py) and the engine's prefix-cache lookups and
+hits give an LRU hit-ratio curve by the average-eviction-time model (planner/fit/reuse.py,
+[source: hu-aet-2016]). From it, for a CPU tier of 0.5×, 1×, 2× and 4× the engine's HBM KV
+size:
+
+* the prefix-cache hit ratio with the tier, and the extra over today's;
+* the re-prefill tokens/s it avoids (extra block hits × block size) and the prefill
+  GPU-seconds an hour they cost today (at the cluster's measured prefill MFU when the fit has
+  one, through planner/model/costmodel.py ``prefill_tokens_per_second``);
+* the capacity at the SLO it would give, modelled: the share of an engine's GPU time at its
+  measured capacity (planner/fit/capacity.py, the verdict's estimand) that prefilling the
+  avoided tokens takes, ratio = 1 / (1 − that share). Without a window near saturation the
+  capacity cannot be told;
+* a recommended size: the knee past which each GiB adds less than a tenth of the first
+  GiB's hits.
+
+Two tiers: vLLM's native CPU offload (per engine; inclusive with HBM, so a tier no larger
+than HBM adds nothing) and an LMCache L1 pool shared by a node's engines (their streams
+merged; a lower bound, as one engine's reuse of another's blocks is invisible per engine).
+
+Every interval is model-based — the Poisson bootstrap of the sampled counts, the tail
+families past the HBM eviction time and the HBM reproduction error — not a confidence interval
+over engines; cluster totals add the engines' ends (an envelope). Numbers past the HBM
+eviction time are extrapolated and say so.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from collector.errors import ConfigError, KvscopeError
+from planner.fit.capacity import Slo, unit_capacity, violations
+from planner.fit.common import Estimate
+from planner.fit.reuse import (
+    GIB,
+    Histogram,
+    ReuseFit,
+    ReuseInputs,
+    TierGain,
+    bytes_per_block,
+    fit_reuse,
+    lmcache_pool_gain,
+    native_offload_gain,
+)
+from planner.fit.units import engine_keys
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+    from collector.models import EngineRecord
+    from planner.frames.residency import BucketCounts
+    from planner.plan.fits import Hardware
+
+MULTIPLES = (0.5, 1.0, 2.0, 4.0)
+CURVE_POINTS = 25  # the plot's curve: 0 … CURVE_TOP × HBM
+CURVE_TOP = 4.0
+LEVEL = 0.9
+N_BOOT = 100
+REUSE = "kv_block_reuse_gap_seconds"
+IDLE = "kv_block_idle_before_evict_seconds"
+LIFETIME = "kv_block_lifetime_seconds"
+NEEDED = (REUSE, IDLE, LIFETIME)
+ENABLE = (
+    "start each vLLM engine with --kv-cache-metrics (vLLM 0.12 and later): it samples a share "
+    "of KV blocks at allocation (--kv-cache-metrics-sample, default 0.01) and exports their "
+    "reuse gaps, idle time before eviction and lifetime as histograms; the cost is a few "
+    "timestamps per sampled block and an observation at each sampled eviction, nothing when "
+    "off [source: vllm-kv-cache-metrics]"
+)
+INTERVAL = (
+    "model-based {level:.0%} interval: Poisson bootstrap of the sampled histogram counts ∪ the "
+    "tail families past the HBM eviction time ∪ the HBM reproduction error; not a confidence "
+    "interval over engines (cluster totals add the engines' ends)"
+)
+
+
+@dataclass(frozen=True, slots=True)
+class _Pricing:
+    """What turns avoided tokens into GPU-seconds and capacity."""
+
+    prefill_tok_s: float | None  # prefill tokens/s of one engine (cost model at the MFU)
+    tp: int
+    capacity: float | None  # tokens/s an engine carries at the SLO (measured), None: unknown
+    capacity_why: str
+
+
+@dataclass(frozen=True, slots=True)
+class _Engine:
+    key: str
+    fit: ReuseFit
+    tokens_per_s: float
+    requests_per_s: float
+
+
+def _hist(b: BucketCounts) -> Histogram:
+    # Prometheus mode's increase() per bucket can dip below 0 by extrapolation noise
+    return Histogram(tuple(float(x) for x in b.bounds), tuple(max(float(x), 0.0) for x in b.counts))
+
+
+def _inputs(
+    key: str, hists: Mapping[str, BucketCounts], rows: pd.DataFrame, facts: Mapping[str, Any]
+) -> tuple[ReuseInputs, float, float]:
+    """One engine's ReuseInputs, its served tokens/s and requests/s (ConfigError: why not)."""
+    import numpy as np
+
+    missing = [s for s in NEEDED if s not in hists or hists[s].total() <= 0]
+    if missing:
+        raise ConfigError(f"no {', '.join(missing)} observations")
+    blocks, bsize = facts.get("num_gpu_blocks"), facts.get("block_size")
+    if not blocks or not bsize:
+        raise ConfigError("num_gpu_blocks / block_size unknown (vLLM's cache_config_info)")
+    secs = rows["window_s"].to_numpy(dtype=float)
+    queries = rows["prefix_queries"].to_numpy(dtype=float)
+    ratio = rows["prefix_hit_ratio"].to_numpy(dtype=float)
+    ok = np.isfinite(secs) & np.isfinite(queries) & np.isfinite(ratio)
+    span = float(secs[ok].sum())
+    if span <= 0 or queries[ok].sum() <= 0:
+        raise ConfigError("no prefix-cache lookups in the period")
+    lookups = float(queries[ok].sum()) / span / int(bsize)
+    hits = float((queries[ok] * ratio[ok]).sum()) / span / int(bsize)
+    out_tok = rows["output_tokens_per_s"].to_numpy(dtype=float)
+    good_out = np.isfinite(out_tok) & np.isfinite(secs)
+    decode_blocks = float((out_tok[good_out] * secs[good_out]).sum()) / span / int(bsize)
+    req = rows["requests"].to_numpy(dtype=float)
+    requests_per_s = float(np.nansum(req)) / span
+    tok = rows["tokens_per_s"].to_numpy(dtype=float)
+    good_tok = np.isfinite(tok) & np.isfinite(secs)
+    tokens_per_s = float((tok[good_tok] * secs[good_tok]).sum()) / span
+    # the histograms cover the windows they were summed over, of this engine's length
+    window_s = hists[LIFETIME].windows * float(np.median(secs[ok])) or span
+    allocations = max(lookups - hits, 0.0) + decode_blocks
+    evictions = hists[LIFETIME].total()
+    # vLLM does not export its sample rate: the sampled evictions over the allocations
+    sample = min(1.0, evictions / (allocations * window_s)) if allocations > 0 else 1.0
+    inputs = ReuseInputs(
+        reuse_gap=_hist(hists[REUSE]),
+        idle_before_evict=_hist(hists[IDLE]),
+        lifetime=_hist(hists[LIFETIME]),
+        window_s=window_s,
+        lookups_per_s=lookups,
+        hits_per_s=min(hits, lookups),
+        hbm_blocks=int(blocks),
+        block_size=int(bsize),
+        sample_rate=sample,
+        allocations_per_s=allocations if allocations > 0 else None,
+        unhittable_per_s=requests_per_s,
+        name=key,
+    )
+    return inputs, tokens_per_s, requests_per_s
+
+
+def _est(
+    e: Estimate | None, scale: float = 1.0, add: float = 0.0, top: float = math.inf
+) -> dict[str, float | None]:
+    """{"estimate", "lo", "hi"} of ``e × scale + add``, capped at ``top`` (a hit ratio at 1)."""
+    if e is None:
+        return {"estimate": None, "lo": None, "hi": None}
+
+    def f(x: float) -> float | None:
+        return min(x * scale + add, top) if math.isfinite(x) else None
+
+    return {"estimate": f(e.value), "lo": f(e.interval.lo), "hi": f(e.interval.hi)}
+
+
+def _sum(parts: Sequence[dict[str, float | None]]) -> dict[str, float | None]:
+    out: dict[str, float | None] = {}
+    for k in ("estimate", "lo", "hi"):
+        vals = [p[k] for p in parts]
+        out[k] = None if any(v is None for v in vals) else float(sum(v for v in vals if v))
+    return out
+
+
+def _capacity_share(
+    frame: pd.DataFrame, keys: Any, engines: Sequence[str], slo: Slo
+) -> tuple[float | None, str]:
+    """Geometric mean capacity at the SLO (tokens/s per engine) of ``engines`` with a
+    measured one, or None and why (planner/fit/capacity.py)."""
+    import numpy as np
+
+    caps = []
+    for key in engines:
+        rows = frame[keys == key]
+        value, status = unit_capacity(
+            rows["tokens_per_s"].to_numpy(dtype=float), violations(rows, slo)
+        )
+        if status == "measured" and math.isfinite(value) and value > 0:
+            caps.append(value)
+    if not caps:
+        return None, (
+            f"no engine has windows on both sides of the SLO ({slo.text()}): its capacity, "
+            "which the gain is a share of, is unknown"
+        )
+    return float(np.exp(np.mean(np.log(caps)))), f"{len(caps)} engine(s) with a measured capacity"
+
+
+def _rows(
+    gain: TierGain,
+    engines: Sequence[_Engine],
+    hbm_gib: float,
+    *,
+    today: float,
+    price: _Pricing,
+) -> list[dict[str, Any]]:
+    """The JSON rows of one engine's (native) or one pool's (LMCache) tier points."""
+    served = sum(e.tokens_per_s for e in engines)
+    prefill_tok_s, tp, capacity = price.prefill_tok_s, price.tp, price.capacity
+    rows = []
+    for p in gain.points:
+        multiple = p.size_gib / hbm_gib if hbm_gib > 0 else math.nan
+        label = f"{multiple:g}× HBM"
+        tokens = _est(p.avoided_prefill_tokens_per_s)
+        gpu_h: dict[str, float | None] = {"estimate": None, "lo": None, "hi": None}
+        cap: dict[str, float | None] | None = None
+        if prefill_tok_s:
+            gpu_h = {k: (v * 3600.0 * tp / prefill_tok_s if v is not None else None)
+                     for k, v in tokens.items()}  # fmt: skip
+            if capacity is not None and served > 0:
+                cap = {}
+                for k, v in tokens.items():
+                    # engine-seconds saved per served token × tokens/s an engine carries at
+                    # its capacity = the share of its time at capacity the tier frees
+                    share = (v / prefill_tok_s) / served * capacity if v is not None else None
+                    cap[k] = 1.0 / (1.0 - share) if share is not None and share < 1 else None
+        rows.append({
+            "label": label,
+            "multiple": multiple,
+            "gib": p.size_gib,
+            "hit_ratio": _est(p.extra_hit_ratio, add=today, top=1.0),
+            "extra_hit_ratio": _est(p.extra_hit_ratio),
+            "avoided_prefill_tokens_per_s": tokens,
+            "prefill_gpu_seconds_saved_per_hour": gpu_h,
+            "capacity_ratio": cap,
+            "capacity_why": "" if cap is not None else price.capacity_why,
+            "extrapolated": p.extrapolated,
+            "can_tell": p.can_tell,
+            "why": p.why,
+        })  # fmt: skip
+    return rows
+
+
+def _tier(
+    mode: str,
+    gains: Sequence[tuple[TierGain, Sequence[_Engine]]],
+    hbm_gib: float,
+    today: float,
+    *,
+    price: _Pricing,
+    scope: str,
+) -> dict[str, Any]:
+    """One tier's JSON: rows at the multiples, the recommended size, the curve."""
+    parts = [_rows(g, engs, hbm_gib, today=today, price=price) for g, engs in gains]
+    rows = _merge(parts)
+    knees = [g.knee for g, _ in gains if g.knee.size_gib is not None]
+    recommended: dict[str, Any] | None = None
+    if knees:
+        sizes = [k.size_gib.value for k in knees if k.size_gib is not None]
+        gib = float(math.ceil(max(sizes)))
+        recommended = {
+            "gib": gib,
+            "multiple": gib / hbm_gib if hbm_gib > 0 else None,
+            "why": (
+                f"the knee: past it each GiB adds less than {knees[0].fraction:.0%} of the "
+                "hits the first GiB past HBM adds"
+            ),
+            "extrapolated": any(k.extrapolated for k in knees),
+            "interval_gib": _est(
+                max((k.size_gib for k in knees if k.size_gib is not None), key=lambda e: e.value)
+            ),
+        }
+    else:
+        why = "; ".join(sorted({g.knee.why for g, _ in gains if g.knee.why})) or "no gain"
+        recommended = {"gib": None, "multiple": None, "why": why, "extrapolated": False,
+                       "interval_gib": _est(None)}  # fmt: skip
+    return {
+        "scope": scope,
+        "lower_bound": mode == "lmcache",
+        "rows": rows,
+        "recommended": recommended,
+        "assumptions": list(gains[0][0].assumptions) if gains else [],
+    }
+
+
+def _merge(parts: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
+    """Rows of several engines (native) or pools (LMCache) at the same sizes: totals add
+    (interval ends too: an envelope), ratios are the plain mean (the engines of one model
+    group carry similar loads)."""
+    if len(parts) == 1:
+        return parts[0]
+    out = []
+    for same in zip(*parts, strict=True):
+        first = dict(same[0])
+        for k in ("avoided_prefill_tokens_per_s", "prefill_gpu_seconds_saved_per_hour"):
+            first[k] = _sum([r[k] for r in same])
+        for k in ("hit_ratio", "extra_hit_ratio"):
+            first[k] = {
+                b: (None if any(r[k][b] is None for r in same)
+                    else sum(r[k][b] for r in same) / len(same))
+                for b in ("estimate", "lo", "hi")
+            }  # fmt: skip
+        caps = [r["capacity_ratio"] for r in same]
+        first["capacity_ratio"] = (
+            None if any(c is None for c in caps)
+            else {b: (None if any(c[b] is None for c in caps)
+                      else sum(c[b] for c in caps) / len(caps)) for b in ("estimate", "lo", "hi")}
+        )  # fmt: skip
+        first["extrapolated"] = any(r["extrapolated"] for r in same)
+        first["can_tell"] = all(r["can_tell"] for r in same)
+        first["why"] = "; ".join(
+            dict.fromkeys(part for r in same for part in str(r["why"]).split("; ") if part)
+        )
+        out.append(first)
+    return out
+
+
+def cannot(why: str, engines_without: Sequence[str] = ()) -> dict[str, Any]:
+    """The section when no engine's curve can be fitted."""
+    return {
+        "can_tell": False,
+        "why": why,
+        "enable": ENABLE,
+        "engines": 0,
+        "engines_without": list(engines_without),
+        "level": LEVEL,
+        "interval": INTERVAL.format(level=LEVEL),
+        "method": "",
+        "assumptions": [],
+        "hbm": None,
+        "native": None,
+        "lmcache": None,
+    }
+
+
+def tier_section(
+    frame: pd.DataFrame,
+    engines: Sequence[EngineRecord],
+    hists: Mapping[str, Mapping[str, BucketCounts]],
+    hw: Hardware | None,
+    *,
+    slo: Slo,
+    mfu: float | None,
+    engines_per_node: int | None,
+    seed: int,
+) -> dict[str, Any]:
+    """The ``cpu_tier`` section of a plan (module docstring)."""
+    import numpy as np
+
+    from planner.model.costmodel import DEFAULT_MFU, prefill_tokens_per_second
+
+    keys = engine_keys(frame)
+    facts = {e.source: dict(e.facts or {}) for e in engines}
+    present = sorted(set(keys.tolist()))
+    fitted: list[_Engine] = []
+    without: list[str] = []
+    reasons: dict[str, str] = {}
+    for key in present:
+        source = key.split("/", 1)[0]
+        try:
+            inputs, tok, req = _inputs(key, hists.get(key, {}), frame[keys == key],
+                                       facts.get(source, {}))  # fmt: skip
+            fit = fit_reuse(inputs, level=LEVEL, n_boot=N_BOOT, seed=seed)
+        except (ConfigError, KvscopeError) as exc:
+            without.append(key)
+            reasons[key] = str(exc)
+            continue
+        if not fit.can_tell:
+            without.append(key)
+            reasons[key] = fit.why
+            continue
+        fitted.append(_Engine(key, fit, tok, req))
+    if not fitted:
+        if not any(hists.get(k) for k in present):
+            why = (
+                "no engine exports vLLM's KV residency histograms (kv_block_reuse_gap_seconds "
+                "and its siblings): turn --kv-cache-metrics on"
+            )
+        else:
+            first = next(iter(reasons.items()), ("", "no engine"))
+            why = f"no engine's reuse curve could be fitted ({first[0]}: {first[1]})"
+        return cannot(why, without)
+    if hw is None:
+        return cannot("model/GPU/TP unknown: a GiB of CPU tier cannot be turned into KV blocks",
+                      without)  # fmt: skip
+    bsize = fitted[0].fit.inputs.block_size
+    per_block = bytes_per_block(hw.model, bsize)
+    hbm_blocks = float(np.median([e.fit.inputs.hbm_blocks for e in fitted]))
+    hbm_gib = hbm_blocks * per_block / GIB
+    sizes = [m * hbm_gib for m in MULTIPLES]
+    prefill_tok_s = prefill_tokens_per_second(hw.model, hw.gpu, hw.tp, mfu=mfu or DEFAULT_MFU)
+    capacity, capacity_why = _capacity_share(frame, keys, [e.key for e in fitted], slo)
+    lookups = sum(e.fit.inputs.lookups_per_s for e in fitted)
+    today = sum(e.fit.inputs.hits_per_s for e in fitted) / lookups
+    model_hit = float(np.mean([e.fit.reproduction.hit_ratio for e in fitted]))
+    measured = float(np.mean([e.fit.hit_ratio for e in fitted]))
+    price = _Pricing(prefill_tok_s, hw.tp, capacity, capacity_why)
+    native = [(native_offload_gain(e.fit, sizes, bytes_per_block=per_block), [e])
+              for e in fitted]  # fmt: skip
+    per_node = max(1, engines_per_node or 1)
+    pools = [fitted[i : i + per_node] for i in range(0, len(fitted), per_node)]
+    pool_sizes = [m * hbm_gib * len(pools[0]) for m in MULTIPLES]
+    lm = [(lmcache_pool_gain([e.fit for e in p], pool_sizes, bytes_per_block=per_block), p)
+          for p in pools]  # fmt: skip
+    scope = (
+        f"per node pool of {per_node} engine(s)"
+        if engines_per_node
+        else "per engine (node topology unknown: a pool of one engine, the smallest merge)"
+    )
+    return {
+        "can_tell": True,
+        "why": "",
+        "enable": ENABLE,
+        "engines": len(fitted),
+        "engines_without": without,
+        "engines_without_why": {k: reasons[k] for k in without},
+        "level": LEVEL,
+        "interval": INTERVAL.format(level=LEVEL),
+        "method": _METHOD,
+        "assumptions": list(native[0][0].assumptions),
+        "hbm": {
+            "gib_per_engine": hbm_gib,
+            "blocks_per_engine": int(hbm_blocks),
+            "block_size": bsize,
+            "hit_ratio_measured": measured,
+            "hit_ratio_model": model_hit,
+            "reproduction_error": model_hit - measured,
+            "eviction_time_s": float(np.median([e.fit.t_hbm for e in fitted])),
+            "sample_rate": float(np.median([e.fit.inputs.sample_rate for e in fitted])),
+        },
+        "capacity_basis": capacity_why
+        + (f": {capacity:,.0f} tokens/s per engine at the SLO" if capacity else ""),
+        "native": {
+            **_tier("native", native, hbm_gib, today, scope="per engine", price=price),
+            "curve": _curve(native, hbm_gib, today, per_block),
+        },
+        "lmcache": {
+            **_tier("lmcache", lm, hbm_gib * len(pools[0]), today, scope=scope, price=price),
+            "curve": _curve(lm, hbm_gib * len(pools[0]), today, per_block),
+        },
+    }
+
+
+_METHOD = (
+    "per engine: AET hit-ratio curve (planner/fit/reuse.py) from vLLM's sampled reuse-gap, "
+    "idle-before-evict and lifetime histograms and the prefix-cache lookups and hits; "
+    "native: an inclusive CPU LRU over the engine's stream; LMCache: one LRU over a pool's "
+    "merged streams; avoided prefill priced at the prefill MFU; capacity as the share of an "
+    "engine's GPU time at its measured capacity the avoided prefill frees"
+)
+
+
+def _curve(
+    gains: Sequence[tuple[TierGain, Sequence[_Engine]]],
+    hbm_gib: float,
+    today: float,
+    per_block: float,
+) -> list[dict[str, float | None]]:
+    """The hit ratio with a tier from 0 to CURVE_TOP × HBM (the plot), averaged over
+    engines / pools."""
+    grid = [CURVE_TOP * hbm_gib * i / (CURVE_POINTS - 1) for i in range(CURVE_POINTS)]
+    out: list[list[dict[str, float | None]]] = []
+    for g, engs in gains:
+        fits = [e.fit for e in engs]
+        full = (
+            native_offload_gain(fits[0], grid, bytes_per_block=per_block)
+            if g.mode == "native"
+            else lmcache_pool_gain(fits, grid, bytes_per_block=per_block)
+        )
+        out.append([
+            {"gib": p.size_gib, **_est(p.extra_hit_ratio, add=today, top=1.0),
+             "extrapolated": float(p.extrapolated)}
+            for p in full.points
+        ])  # fmt: skip
+    merged = []
+    for same in zip(*out, strict=True):
+        row: dict[str, float | None] = {"gib": same[0]["gib"]}
+        for b in ("estimate", "lo", "hi"):
+            vals = [r[b] for r in same]
+            row["hit_ratio" if b == "estimate" else b] = (
+                None if any(v is None for v in vals) else sum(v for v in vals if v) / len(vals)
+            )
+        row["extrapolated"] = max(float(r["extrapolated"] or 0.0) for r in same)
+        merged.append(row)
+    return merged
