@@ -132,6 +132,7 @@ def synthetic_frame(
             "running": running,
             "waiting": waiting,
             "prefix_hit_ratio": prefix_hit,
+            "prefix_queries": tok * prompt_share * window_s,
             "external_hit_ratio": nan,
             "ttft_mean_s": ttft,
             "ttft_p50_s": ttft * 0.8,
@@ -204,7 +205,8 @@ def frame_to_windows(frame: pd.DataFrame) -> list[Window]:
         w("kv_cache_usage_ratio", "gauge", lab, mean=c("kv_util"), max=c("kv_util_max"))
         w("requests_running", "gauge", lab, mean=c("running"))
         w("requests_waiting", "gauge", lab, mean=c("waiting"))
-        w("prefix_cache_hit_ratio", "ratio", lab, mean=c("prefix_hit_ratio"), delta=1000.0)
+        w("prefix_cache_hit_ratio", "ratio", lab, mean=c("prefix_hit_ratio"),
+          delta=c("prefix_queries"))  # fmt: skip
         tc = c("ttft_count")
         w("ttft_seconds", "histogram", lab, delta=tc, sum_delta=c("ttft_mean_s") * tc,
           p50=c("ttft_p50_s"), p90=c("ttft_p90_s"), p99=c("ttft_p99_s"))  # fmt: skip

@@ -143,6 +143,8 @@ _NON_NEGATIVE = (
     "prompt_tokens_mean",
     "prompt_tokens_p90",
     "distinct_prefix_tokens",
+    "cpu_tier_native_gib",
+    "cpu_tier_pool_gib",
     "cpu_dram_per_node_gib",
     "demand_now",
     "engine_capacity",
@@ -194,6 +196,10 @@ class Evidence:
     lmcache_healthy: bool | None = None
     cpu_dram_per_node_gib: float | None = None
     l1_hit_curve: tuple[tuple[float, float], ...] | None = None
+    # the recommended CPU tier from the engines' own reuse (planner/plan/tier.py): native GiB
+    # per engine, LMCache L1 GiB per pool; None when the plan's cpu_tier cannot tell
+    cpu_tier_native_gib: float | None = None
+    cpu_tier_pool_gib: float | None = None
     demand_now: float | None = None
     demand_peak: ValueCI | None = None
     demand_unit: str = "tokens/s"

@@ -318,9 +318,18 @@ def size(
     if mode in ("native", "both"):
         if kv_gib is None:
             return _without_hardware(mode, engines, notes, unknown)
-        need = max(
-            kv_gib, working_gib / eviction_watermark if working_gib else NATIVE_TO_HBM_KV * kv_gib
-        )
+        if ev.cpu_tier_native_gib:
+            # the knee of the engines' own reuse curve (planner/plan/tier.py)
+            need = ev.cpu_tier_native_gib
+            notes.append(
+                f"native CPU buffer from the engines' reuse curve: {need:.0f} GiB, the size past "
+                "which more CPU adds little (the plan's 'What a CPU tier would buy')"
+            )
+        else:
+            need = max(
+                kv_gib,
+                working_gib / eviction_watermark if working_gib else NATIVE_TO_HBM_KV * kv_gib,
+            )
         share = usable / per_node / (2 if mode == "both" else 1) if usable is not None else None
         native_gib = float(math.floor(min(need, share) if share is not None else need))
         if share is not None and share < kv_gib:
@@ -334,6 +343,9 @@ def size(
         if ev.l1_hit_curve:
             curve_gib, goal = l1_from_curve(ev.l1_hit_curve, target_hit_rate)
             need, basis = curve_gib, f"hit-rate curve: {goal:.0%} hit rate"
+        elif ev.cpu_tier_pool_gib:
+            need = ev.cpu_tier_pool_gib * safety
+            basis = f"the engines' reuse curve: {ev.cpu_tier_pool_gib:.0f} GiB / watermark"
         elif working_gib is not None:
             need, basis = working_gib * safety, f"working set {working_gib:.1f} GiB / watermark"
         elif kv_gib is not None:

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 from collector.errors import ConfigError
@@ -55,7 +55,7 @@ from planner.plan.groups import (
 )
 from planner.plan.observe import NEEDED_SIGNALS, modes_by_source, observe
 from planner.plan.record import GroupPlan, NoData, Plan, PlanDetails
-from planner.plan.tier import tier_section
+from planner.plan.tier import recommended_gib, tier_section
 from planner.plan.verdict import ModeVerdict, run_verdicts, verdict_section
 
 if TYPE_CHECKING:
@@ -313,6 +313,14 @@ def _plan(
         cpu_dram_per_node_gib=dram_of(in_window),
     )
     evidence = fc.evidence.apply(seen.apply(measured))
+    cpu_tier = None if groups else _cpu_tier(run, frame, in_window, hw, fits, evidence, present)
+    if cpu_tier is not None:
+        evidence = replace(
+            evidence,
+            cpu_tier_native_gib=recommended_gib(cpu_tier, "native"),
+            cpu_tier_pool_gib=recommended_gib(cpu_tier, "lmcache"),
+        )
+    run.lap("cpu_tier")
     decision = None if groups else decide(evidence)
     sizing, sizing_error = None, None
     if decision is not None:
@@ -336,8 +344,6 @@ def _plan(
     }
     run.lap("decide")
     offload = verdict_section(verdicts, evidence, run.slo) if verdicts else None
-    cpu_tier = None if groups else _cpu_tier(run, frame, in_window, hw, fits, evidence, present)
-    run.lap("cpu_tier")
     return Plan(
         run.cluster,
         window,

@@ -319,6 +319,14 @@ def _merge(parts: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
     return out
 
 
+def recommended_gib(section: Mapping[str, Any], mode: str) -> float | None:
+    """The recommended size of ``mode``'s tier (GiB per engine for native, per pool for
+    LMCache) of a ``cpu_tier`` section, None when it recommends none."""
+    tier = section.get(mode) or {}
+    gib = (tier.get("recommended") or {}).get("gib")
+    return float(gib) if isinstance(gib, int | float) and gib > 0 else None
+
+
 def cannot(why: str, engines_without: Sequence[str] = ()) -> dict[str, Any]:
     """The section when no engine's curve can be fitted."""
     return {
