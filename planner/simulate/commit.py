@@ -107,6 +107,7 @@ class EngineCommit:
             if res is not None:
                 free = pool.total - pool.cached_total - pool.private_total
                 res.jump = (self.seg_start, self.seg_a, self.seg_b, k, free)
+                res.memo.clear()
                 res.allocated(new)
             pool.decode_advance(new, filled)
             if res is not None:

@@ -117,9 +117,10 @@ class Sampler:
 
     def take(self, m: int) -> list[int]:
         """Offsets in [0, m) of the sampled allocations among the next m."""
+        if self.skip >= m:  # the common case at small rates: none of them
+            self.skip -= m if m > 0 else 0
+            return []
         out: list[int] = []
-        if m <= 0:
-            return out
         pos, skip = 0, self.skip
         while pos + skip < m:
             pos += skip
@@ -131,11 +132,13 @@ class Sampler:
 
 
 class BlockState:
-    """vLLM's BlockMetricsState of one sampled block (times in simulated seconds)."""
+    """vLLM's BlockMetricsState of one sampled block (times in simulated seconds); `idx` is
+    the block's absolute index in its segment's sequence once it is full."""
 
-    __slots__ = ("birth", "hist", "last")
+    __slots__ = ("birth", "hist", "idx", "last")
 
-    def __init__(self, t: float) -> None:
+    def __init__(self, t: float, idx: int = -1) -> None:
+        self.idx = idx
         self.birth = t
         self.last = t
         self.hist: list[float] = []
@@ -173,11 +176,13 @@ class KVResidency:
         "jump",
         "log_d",
         "log_s",
+        "memo",
         "now",
         "oldest",
         "part",
         "sampler",
         "start",
+        "trim_at",
     )
 
     def __init__(
@@ -195,11 +200,15 @@ class KVResidency:
         self.dec: _Decode | None = None
         self.oldest: Callable[[], int] | None = None  # lowest decode start of running requests
         self.jump: tuple[float, float, float, int, int] | None = None
-        self.blocks: dict[int, dict[int, BlockState]] = {}  # node -> absolute block -> state
+        self.memo: dict[int, int] = {}  # steps -> blocks they allocate, in the current jump
+        # node -> its tracked blocks by absolute index, ascending (a segment grows and is
+        # evicted at its tail, so births append and evictions pop)
+        self.blocks: dict[int, list[BlockState]] = {}
         self.part: dict[int, tuple[int, BlockState | None]] = {}  # rid -> its unfilled block
         self.fresh: list[BlockState | None] = []  # freed unfilled blocks, last freed on top
         self.log_d: list[int] = []  # decode step log: first step index of each segment
         self.log_s: list[tuple[float, float, float]] = []  # its (start, a, b): step j at a+b·j
+        self.trim_at = STEP_LOG_TRIM
 
     def reset(self) -> None:
         """A new BlockPool (the engine restarted): every tracked block is gone unobserved."""
@@ -215,11 +224,12 @@ class KVResidency:
         """Decode steps d0, d0+1, … committed, step d0+j starting at t0 + j·a + b·j(j-1)/2."""
         self.log_d.append(d0)
         self.log_s.append((t0, a, b))
-        if len(self.log_d) > STEP_LOG_TRIM and self.oldest is not None:
-            keep = bisect_right(self.log_d, self.oldest()) - 1
-            if keep > 0:
-                del self.log_d[:keep]
-                del self.log_s[:keep]
+        if len(self.log_d) > self.trim_at and self.oldest is not None:
+            drop = bisect_right(self.log_d, self.oldest()) - 1
+            if drop > 0:
+                del self.log_d[:drop]
+                del self.log_s[:drop]
+            self.trim_at = max(STEP_LOG_TRIM, 2 * len(self.log_d))  # amortised O(1) a step
 
     def step_time(self, d: int) -> float:
         """Start of decode step d (the one being planned now if not committed yet)."""
@@ -242,11 +252,14 @@ class KVResidency:
             return self.now
         t0, a, b, k, free = jump
         need = ordinal + 1 + (free if evicting else 0)
-        blocks = self.dec.blocks
+        blocks, memo = self.dec.blocks, self.memo
         lo, hi = 1, max(1, k - 1)
         while lo < hi:  # the first of steps 1 … k-1 by which `need` blocks were allocated
             mid = (lo + hi) // 2
-            if blocks(mid, 1)[0] >= need:
+            got = memo.get(mid)
+            if got is None:
+                got = memo[mid] = blocks(mid, 1)[0]
+            if got >= need:
                 hi = mid
             else:
                 lo = mid + 1
@@ -254,11 +267,19 @@ class KVResidency:
 
     # --- events -------------------------------------------------------------------------------
     def _observe(self, st: BlockState, t: float) -> None:
-        self.h_life.observe(t - st.birth)
-        self.h_idle.observe(t - st.last)
+        # Histogram.observe(x) for each, written out: one of these per evicted sampled block
+        for h, x in ((self.h_life, t - st.birth), (self.h_idle, t - st.last)):
+            pending = h.pending
+            pending.append(x)
+            if len(pending) >= h.limit:
+                h.flush()
         hist = st.hist
-        for i in range(1, len(hist)):
-            self.h_gap.observe(hist[i] - hist[i - 1])
+        if len(hist) > 1:
+            h = self.h_gap
+            pending = h.pending
+            pending.extend([hist[i] - hist[i - 1] for i in range(1, len(hist))])
+            if len(pending) >= h.limit:
+                h.flush()
 
     def allocated(self, m: int) -> None:
         """m blocks allocated: the freed unfilled blocks are reused first (evicted now)."""
@@ -273,25 +294,42 @@ class KVResidency:
     def born(self, ranges: list[tuple[int, int, int]], times: Callable[[int], float]) -> None:
         """Sample the new full blocks (node, first, end) (absolute block indices); `times`
         gives a block's birth from its index."""
-        total = sum(hi - lo for _, lo, hi in ranges)
-        picks = self.sampler.take(total)
+        picks = self.sampler.take(sum(hi - lo for _, lo, hi in ranges))
         if not picks:
             return
         it = iter(picks)
         nxt = next(it, -1)
         base = 0
+        blocks = self.blocks
         for n, lo, hi in ranges:
             while 0 <= nxt < base + hi - lo:
                 b = lo + nxt - base
-                self.blocks.setdefault(n, {})[b] = BlockState(times(b))
+                st = BlockState(times(b), b)
+                lst = blocks.get(n)
+                if lst is not None and lst[-1].idx < b:
+                    lst.append(st)
+                else:
+                    self._track(n, st)
                 nxt = next(it, -1)
             base += hi - lo
             if nxt < 0:
                 break
 
+    def _track(self, n: int, st: BlockState) -> None:
+        lst = self.blocks.get(n)
+        if lst is None:
+            self.blocks[n] = [st]
+        elif lst[-1].idx < st.idx:
+            lst.append(st)
+        else:  # not at the tail (no path of the pool does this; kept sorted regardless)
+            lst.append(st)
+            lst.sort(key=lambda x: x.idx)
+
     def adopt(self, n: int, b: int, st: BlockState | None) -> None:
+        """Block b of node n, req's unfilled block until now, is full: tracked if sampled."""
         if st is not None:
-            self.blocks.setdefault(n, {})[b] = st
+            st.idx = b
+            self._track(n, st)
 
     def new_part(self, rid: int, b: int, t: float) -> None:
         """Req rid allocated unfilled block b at t."""
@@ -308,9 +346,10 @@ class KVResidency:
                 break
             states = blocks.get(n)
             if states:
-                for b, st in states.items():
-                    if b < nblocks:
-                        st.access(t)
+                for st in states:
+                    if st.idx >= nblocks:
+                        break
+                    st.access(t)
 
     def evicted(self, n: int, lo: int, hi: int, ordinal: int) -> None:
         """Blocks [lo, hi) of node n evicted, the tail first, the first of them the
@@ -318,8 +357,9 @@ class KVResidency:
         states = self.blocks.get(n)
         if not states:
             return
-        for b in [b for b in states if lo <= b < hi]:
-            self._observe(states.pop(b), self.at(ordinal + hi - 1 - b, True))
+        while states and states[-1].idx >= lo:
+            st = states.pop()
+            self._observe(st, self.at(ordinal + hi - 1 - st.idx, True))
         if not states:
             del self.blocks[n]
 

@@ -65,8 +65,13 @@ class TrackedBlockPool(BlockPool):
                 res.adopt(self._node_of(ranges, b), b, st)
             _cut(ranges, b)
             p = None
-        m = sum(hi - lo for _, lo, hi in ranges)
-        if ranges:
+        m = 0
+        for _, lo, hi in ranges:
+            m += hi - lo
+        sampler = res.sampler
+        if sampler.skip >= m:  # none of them sampled (the common case)
+            sampler.skip -= m
+        else:
             res.born(ranges, lambda _b: t)
         if target_tokens % bs and p is None:  # a new unfilled block
             res.new_part(req.rid, full, t)
@@ -121,7 +126,8 @@ class TrackedBlockPool(BlockPool):
                 del lru[n]
                 continue
             take = e if e < count else count
-            if n in tracked:
+            states = tracked.get(n)
+            if states and states[-1].idx >= start[n] // bs + c - take:
                 n0 = start[n] // bs
                 res.evicted(n, n0 + c - take, n0 + c, ordinal)
             ordinal += take
