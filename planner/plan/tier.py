@@ -68,7 +68,8 @@ IDLE = "kv_block_idle_before_evict_seconds"
 LIFETIME = "kv_block_lifetime_seconds"
 NEEDED = (REUSE, IDLE, LIFETIME)
 ENABLE = (
-    "start each vLLM engine with --kv-cache-metrics (vLLM 0.12 and later): it samples a share "
+    "start each vLLM engine with --kv-cache-metrics (added by vLLM pull request 27793; 0.33 has "
+    "it): it samples a share "
     "of KV blocks at allocation (--kv-cache-metrics-sample, default 0.01) and exports their "
     "reuse gaps, idle time before eviction and lifetime as histograms; the cost is a few "
     "timestamps per sampled block and an observation at each sampled eviction, nothing when "
