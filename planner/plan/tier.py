@@ -62,7 +62,11 @@ MULTIPLES = (0.5, 1.0, 2.0, 4.0)
 CURVE_POINTS = 25  # the plot's curve: 0 … CURVE_TOP × HBM
 CURVE_TOP = 4.0
 LEVEL = 0.9
-N_BOOT = 100
+# Each engine's fit bootstraps its histograms N_BOOT times and every tier size and the knee
+# are read on each replicate (~0.3 s an engine here); MAX_FITTED engines spread over the
+# load stand for the rest, which keeps a 1,000-engine plan's section within seconds.
+N_BOOT = 50
+MAX_FITTED = 8
 REUSE = "kv_block_reuse_gap_seconds"
 IDLE = "kv_block_idle_before_evict_seconds"
 LIFETIME = "kv_block_lifetime_seconds"
@@ -213,7 +217,7 @@ def _rows(
     served = sum(e.tokens_per_s for e in engines)
     prefill_tok_s, tp, capacity = price.prefill_tok_s, price.tp, price.capacity
     rows = []
-    for p in gain.points:
+    for p in gain.points[: len(MULTIPLES)]:
         multiple = p.size_gib / hbm_gib if hbm_gib > 0 else math.nan
         label = f"{multiple:g}× HBM"
         tokens = _est(p.avoided_prefill_tokens_per_s)
@@ -254,10 +258,15 @@ def _tier(
     *,
     price: _Pricing,
     scope: str,
+    scale: float = 1.0,
 ) -> dict[str, Any]:
-    """One tier's JSON: rows at the multiples, the recommended size, the curve."""
+    """One tier's JSON: rows at the multiples, the recommended size. ``scale``: engines
+    represented per engine fitted (MAX_FITTED), applied to the cluster totals."""
     parts = [_rows(g, engs, hbm_gib, today=today, price=price) for g, engs in gains]
     rows = _merge(parts)
+    for r in rows:
+        for k in ("avoided_prefill_tokens_per_s", "prefill_gpu_seconds_saved_per_hour"):
+            r[k] = {b: (v * scale if v is not None else None) for b, v in r[k].items()}
     knees = [g.knee for g, _ in gains if g.knee.size_gib is not None]
     recommended: dict[str, Any] | None = None
     if knees:
@@ -365,7 +374,7 @@ def tier_section(
     keys = engine_keys(frame)
     facts = {e.source: dict(e.facts or {}) for e in engines}
     present = sorted(set(keys.tolist()))
-    fitted: list[_Engine] = []
+    ready: list[tuple[str, ReuseInputs, float, float]] = []
     without: list[str] = []
     reasons: dict[str, str] = {}
     for key in present:
@@ -373,6 +382,15 @@ def tier_section(
         try:
             inputs, tok, req = _inputs(key, hists.get(key, {}), frame[keys == key],
                                        facts.get(source, {}))  # fmt: skip
+        except ConfigError as exc:
+            without.append(key)
+            reasons[key] = str(exc)
+            continue
+        ready.append((key, inputs, tok, req))
+    fitted: list[_Engine] = []
+    chosen = _spread(ready)
+    for key, inputs, tok, req in chosen:
+        try:
             fit = fit_reuse(inputs, level=LEVEL, n_boot=N_BOOT, seed=seed)
         except (ConfigError, KvscopeError) as exc:
             without.append(key)
@@ -408,13 +426,23 @@ def tier_section(
     model_hit = float(np.mean([e.fit.reproduction.hit_ratio for e in fitted]))
     measured = float(np.mean([e.fit.hit_ratio for e in fitted]))
     price = _Pricing(prefill_tok_s, hw.tp, capacity, capacity_why)
-    native = [(native_offload_gain(e.fit, sizes, bytes_per_block=per_block), [e])
+    grid = [CURVE_TOP * hbm_gib * i / (CURVE_POINTS - 1) for i in range(CURVE_POINTS)]
+    # engines with histograms each engine tried stands for (MAX_FITTED; 1 below it)
+    scale = len(ready) / len(chosen)
+    native = [(native_offload_gain(e.fit, [*sizes, *grid], bytes_per_block=per_block), [e])
               for e in fitted]  # fmt: skip
     per_node = max(1, engines_per_node or 1)
     pools = [fitted[i : i + per_node] for i in range(0, len(fitted), per_node)]
-    pool_sizes = [m * hbm_gib * len(pools[0]) for m in MULTIPLES]
-    lm = [(lmcache_pool_gain([e.fit for e in p], pool_sizes, bytes_per_block=per_block), p)
-          for p in pools]  # fmt: skip
+    if per_node == 1:
+        # a pool of one engine is one LRU over that engine's stream, as native offload
+        lm = [(_as_pool(g), engs) for g, engs in native]
+    else:
+        pool_gib = hbm_gib * len(pools[0])
+        pool_sizes = [m * pool_gib for m in MULTIPLES]
+        pool_grid = [CURVE_TOP * pool_gib * i / (CURVE_POINTS - 1) for i in range(CURVE_POINTS)]
+        lm = [(lmcache_pool_gain([e.fit for e in p], [*pool_sizes, *pool_grid],
+                                 bytes_per_block=per_block), p)
+              for p in pools]  # fmt: skip
     scope = (
         f"per node pool of {per_node} engine(s)"
         if engines_per_node
@@ -425,6 +453,13 @@ def tier_section(
         "why": "",
         "enable": ENABLE,
         "engines": len(fitted),
+        "engines_with_histograms": len(ready),
+        "engines_fitted_of": (
+            f"{len(chosen)} of {len(ready)} engines with histograms fitted, spread over their "
+            "load; cluster totals scaled to all of them"
+            if len(chosen) < len(ready)
+            else ""
+        ),
         "engines_without": without,
         "engines_without_why": {k: reasons[k] for k in without},
         "level": LEVEL,
@@ -444,12 +479,14 @@ def tier_section(
         "capacity_basis": capacity_why
         + (f": {capacity:,.0f} tokens/s per engine at the SLO" if capacity else ""),
         "native": {
-            **_tier("native", native, hbm_gib, today, scope="per engine", price=price),
-            "curve": _curve(native, hbm_gib, today, per_block),
+            **_tier("native", native, hbm_gib, today, scope="per engine", price=price, scale=scale),
+            "curve": _curve(native, today),
         },
         "lmcache": {
-            **_tier("lmcache", lm, hbm_gib * len(pools[0]), today, scope=scope, price=price),
-            "curve": _curve(lm, hbm_gib * len(pools[0]), today, per_block),
+            **_tier(
+                "lmcache", lm, hbm_gib * len(pools[0]), today, scope=scope, price=price, scale=scale
+            ),
+            "curve": _curve(lm, today),
         },
     }
 
@@ -464,27 +501,18 @@ _METHOD = (
 
 
 def _curve(
-    gains: Sequence[tuple[TierGain, Sequence[_Engine]]],
-    hbm_gib: float,
-    today: float,
-    per_block: float,
+    gains: Sequence[tuple[TierGain, Sequence[_Engine]]], today: float
 ) -> list[dict[str, float | None]]:
     """The hit ratio with a tier from 0 to CURVE_TOP × HBM (the plot), averaged over
-    engines / pools."""
-    grid = [CURVE_TOP * hbm_gib * i / (CURVE_POINTS - 1) for i in range(CURVE_POINTS)]
-    out: list[list[dict[str, float | None]]] = []
-    for g, engs in gains:
-        fits = [e.fit for e in engs]
-        full = (
-            native_offload_gain(fits[0], grid, bytes_per_block=per_block)
-            if g.mode == "native"
-            else lmcache_pool_gain(fits, grid, bytes_per_block=per_block)
-        )
-        out.append([
+    engines / pools: the gains' points past the rows'."""
+    out = [
+        [
             {"gib": p.size_gib, **_est(p.extra_hit_ratio, add=today, top=1.0),
              "extrapolated": float(p.extrapolated)}
-            for p in full.points
-        ])  # fmt: skip
+            for p in g.points[len(MULTIPLES) :]
+        ]
+        for g, _ in gains
+    ]  # fmt: skip
     merged = []
     for same in zip(*out, strict=True):
         row: dict[str, float | None] = {"gib": same[0]["gib"]}
@@ -496,3 +524,27 @@ def _curve(
         row["extrapolated"] = max(float(r["extrapolated"] or 0.0) for r in same)
         merged.append(row)
     return merged
+
+
+def _as_pool(g: TierGain) -> TierGain:
+    """A native gain read as an LMCache pool of that one engine: the same LRU, a lower bound."""
+    from dataclasses import replace
+
+    bound = "lower bound (cross-engine reuse not seen)"
+    points = tuple(replace(p, why=f"{bound}; {p.why}" if p.why else bound) for p in g.points)
+    return replace(
+        g, mode="lmcache", points=points, lower_bound=True,
+        assumptions=(*g.assumptions, "no cross-engine reuse (a lower bound)"),
+    )  # fmt: skip
+
+
+def _spread(
+    ready: Sequence[tuple[str, ReuseInputs, float, float]],
+) -> list[tuple[str, ReuseInputs, float, float]]:
+    """At most MAX_FITTED engines, spread evenly over the engines ranked by load (each fit
+    costs a bootstrap); the section's totals are per engine fitted × engines."""
+    if len(ready) <= MAX_FITTED:
+        return list(ready)
+    ranked = sorted(ready, key=lambda r: (r[2], r[0]))
+    step = (len(ranked) - 1) / (MAX_FITTED - 1)
+    return [ranked[round(i * step)] for i in range(MAX_FITTED)]

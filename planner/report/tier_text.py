@@ -82,8 +82,11 @@ def tier_lines(d: Mapping[str, Any]) -> list[str]:
         f"{_num((h.get('reproduction_error') or 0) * 100, '{:+.1f}')} pp is part of every "
         f"range); HBM eviction time {_num(h.get('eviction_time_s'), '{:,.0f}')} s",
     ]
-    if t.get("capacity_basis"):
-        out.append(f"  capacity: modelled from {t['capacity_basis']}")
+    basis = str(t.get("capacity_basis") or "")
+    if basis.startswith("no engine"):
+        out.append(f"  capacity with a tier: cannot tell — {basis}")
+    elif basis:
+        out.append(f"  capacity with a tier: modelled on {basis}")
     out += _tier_lines("native CPU offload", t.get("native"))
     out += _tier_lines("LMCache L1 pool", t.get("lmcache"))
     if t.get("engines_without"):
