@@ -121,7 +121,7 @@ LMCACHE: dict[str, Any] = {
              why=f"{LOWER}; tail families disagree widely: 0.06 to 0.21 (15 pp apart)"),
     ],
     "recommended": None,
-    "curve": _curve(4 * POOL * HBM_GIB, 0.5 * POOL * HBM_GIB, 0.13, 0.17),
+    "curve": _curve(4 * POOL * HBM_GIB, POOL * HBM_GIB, 0.13, 0.17),
 }  # fmt: skip
 SECTION: dict[str, Any] = {
     "can_tell": True,
