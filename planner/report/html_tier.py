@@ -31,19 +31,20 @@ def _times(x: object) -> str:
     return f"{x:.2f}×" if _is_num(x) else "n/a"
 
 
-def _est(e: object, fmt: Callable[[object], str], tell: bool = True) -> str:
-    """ "0.08 [0.05, 0.11]"; a figure that cannot tell shows its range only."""
+def _est(e: object, fmt: Callable[[object], str], tell: bool = True) -> Html:
+    """The figure over its interval "[0.05, 0.11]"; one that cannot tell shows its range
+    only."""
     if not isinstance(e, Mapping):
-        return "n/a"
+        return _e("n/a")
     lo, hi = e.get("lo"), e.get("hi")
     span = f"[{fmt(lo)}, {fmt(hi)}]" if _is_num(lo) and _is_num(hi) else ""
-    if not tell:
-        return f"range {span}" if span else "n/a"
-    head = fmt(e.get("estimate"))
-    return f"{head} {span}" if span else head
+    head = fmt(e.get("estimate")) if tell else "range"
+    if not span:
+        return _e(head if tell else "n/a")
+    return Html(f'{_e(head)}<br><span class="small">{_e(span)}</span>')
 
 
-def _row(r: Mapping[str, Any]) -> Sequence[object]:
+def _row(r: Mapping[str, Any], capacity_basis: str) -> Sequence[object]:
     tell = r.get("can_tell") is not False
     cap = r.get("capacity_ratio")
     notes = [str(r.get("why") or "")] if r.get("why") else []
@@ -51,8 +52,9 @@ def _row(r: Mapping[str, Any]) -> Sequence[object]:
         notes.append("extrapolated past the HBM eviction time")
     if not tell:
         notes.insert(0, "cannot tell")
-    if cap is None:
-        notes.append(str(r.get("capacity_why") or "capacity at the SLO: cannot tell"))
+    why_cap = str(r.get("capacity_why") or "")
+    if cap is None and not (why_cap and why_cap in capacity_basis):  # said once above
+        notes.append(f"capacity: {why_cap or 'cannot tell'}")
     return (
         r.get("label"),
         _num(r.get("gib"), "{:,.1f}"),
@@ -77,11 +79,11 @@ _HEAD = (
 )
 
 
-def _tier(name: str, t: Mapping[str, Any]) -> Html:
+def _tier(name: str, t: Mapping[str, Any], capacity_basis: str) -> Html:
     bound = "; a lower bound (reuse across engines is not seen)" if t.get("lower_bound") else ""
     out = [f"<h3>{_e(name)}: sizes {_e(t.get('scope') or '')}{_e(bound)}</h3>"]
     rows = [r for r in t.get("rows") or () if isinstance(r, Mapping)]
-    out.append(_table(_HEAD, [_row(r) for r in rows], (0, 1)))
+    out.append(_table(_HEAD, [_row(r, capacity_basis) for r in rows], range(7)))
     rec = t.get("recommended")
     if isinstance(rec, Mapping) and _is_num(rec.get("gib")):
         extra = " (extrapolated)" if rec.get("extrapolated") else ""
@@ -126,12 +128,13 @@ def cpu_tier_html(d: Mapping[str, Any], anchor: str) -> Html:
         "extrapolated.</p>"
     )
     out.append(f'<p class="small">{_e(t.get("interval") or "")}</p>')
-    if t.get("capacity_basis"):
-        out.append(f'<p class="small">Capacity: modelled from {_e(t["capacity_basis"])}.</p>')
+    basis = str(t.get("capacity_basis") or "")
+    if basis:
+        out.append(f'<p class="small">Capacity at the SLO (modelled): {_e(basis)}.</p>')
     for key, name in _TIERS:
         tier = t.get(key)
         if isinstance(tier, Mapping):
-            out.append(_tier(name, tier))
+            out.append(_tier(name, tier, basis))
     if t.get("engines_without"):
         out.append(
             f'<p class="small">Engines without a curve: {_e(", ".join(t["engines_without"]))}. '

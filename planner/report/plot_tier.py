@@ -12,16 +12,18 @@ the other plots; matplotlib is imported inside the function only.
 from __future__ import annotations
 
 import math
+import textwrap
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 __all__ = ["TIER_MODES", "TierCurve", "tier_curves", "tier_figure"]
 
-# (section key, panel title, x label)
+# (section key, panel title, what the x axis is in GiB of)
 TIER_MODES = (
-    ("native", "vLLM native CPU offload", "CPU tier, GiB per engine"),
-    ("lmcache", "LMCache L1 pool", "LMCache L1, GiB per node pool"),
+    ("native", "vLLM native CPU offload", "CPU tier"),
+    ("lmcache", "LMCache L1 pool", "LMCache L1"),
 )
+TITLE_CHARS = 60  # a panel title's line length (the scope can be long)
 COLOURS = {"native": "tab:blue", "lmcache": "tab:orange"}
 
 
@@ -137,8 +139,11 @@ def _panel(
         ax.axvline(rec, color="tab:red", lw=1.5, label=f"recommended {rec:,.0f} GiB{extra}")
     scope = str(curve.tier.get("scope") or "")
     bound = "; a lower bound" if curve.tier.get("lower_bound") else ""
-    ax.set_title(f"{title} ({scope}{bound})" if scope else title, fontsize=10)
-    ax.set_xlabel(xlabel)
+    head = f"{title} ({scope}{bound})" if scope else title
+    ax.set_title(textwrap.fill(head, TITLE_CHARS), fontsize=9)
+    # "per engine (node topology unknown: …)" -> "GiB per engine"
+    per = scope.split(" (", 1)[0] if scope.startswith("per ") else "per engine or pool"
+    ax.set_xlabel(f"{xlabel}, GiB {per}")
     ax.set_xlim(left=-0.02 * max(curve.gib[-1], 1.0))  # today's point at 0 stays inside
     ax.legend(fontsize=7, loc="upper left")
     notes = [
@@ -149,6 +154,11 @@ def _panel(
     rec_entry = curve.tier.get("recommended")
     if rec is None and isinstance(rec_entry, Mapping) and rec_entry.get("why"):
         notes.append(f"{title}: no recommended size ({rec_entry['why']})")
+    if rec is not None and rec > curve.gib[-1]:
+        notes.append(
+            f"{title}: the recommended {rec:,.0f} GiB lies past the curve's end "
+            f"({curve.gib[-1]:,.1f} GiB)"
+        )
     return notes
 
 
@@ -171,7 +181,7 @@ def tier_figure(section: Mapping[str, Any] | None) -> tuple[Any, list[str]] | No
     for ax, (key, title, xlabel) in zip(axes[0], panels, strict=True):
         notes += _panel(ax, key, curves[key], title=title, xlabel=xlabel, today=today, level=level)
     axes[0][0].set_ylabel("prefix-cache hit ratio, HBM + tier")
-    fig.suptitle("What a CPU tier would buy: prefix hit ratio vs CPU tier size (modelled)")
+    fig.suptitle("What a CPU tier would buy: prefix hit ratio vs CPU tier size (modelled)", y=1.04)
     if section.get("interval"):
         notes.append(str(section["interval"]))
     if section.get("engines_without"):

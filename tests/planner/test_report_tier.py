@@ -149,3 +149,23 @@ def test_cpu_tier_html_data_with_markup_renders_escaped() -> None:
     assert "<img" not in out and "<script" not in out
     assert out.count(html.escape(evil)) == 3
     assert 'id="a&quot;&gt;&lt;script&gt;"' in out
+
+
+def test_tier_figure_recommended_past_the_curves_end_says_so(figures: list[Any]) -> None:
+    sec = section()
+    sec["native"]["recommended"]["gib"] = 90.0  # the curve ends at 4× HBM = 82 GiB
+    _, notes = _draw(sec, figures)
+    assert "vLLM native CPU offload: the recommended 90 GiB lies past the curve's end " \
+        "(82.0 GiB)" in notes  # fmt: skip
+
+
+def test_cpu_tier_html_capacity_that_cannot_tell_is_said_once_not_per_row() -> None:
+    sec = section()
+    why = "no engine has windows on both sides of the SLO"
+    sec["capacity_basis"] = why + ": its capacity is unknown"
+    for r in sec["native"]["rows"]:
+        r["capacity_ratio"], r["capacity_why"] = None, why
+    sec["native"]["rows"][0]["capacity_why"] = "another <reason>"
+    out = cpu_tier_html({"cpu_tier": sec}, "cpu-tier")
+    assert out.count(why) == 1 and f"Capacity at the SLO (modelled): {why}" in out
+    assert "capacity: another &lt;reason&gt;" in out
