@@ -329,6 +329,218 @@ class OffloadOut(_PlanSection):
     )
 
 
+# The cpu_tier section ("What a CPU tier would buy", planner/plan/tier.py). Its parts keep
+# keys they do not name (the planner may add figures) and default every field, so the empty
+# section of a plan made before it existed is valid too.
+_MODEL_BASED = (
+    "model-based interval (a bootstrap of vLLM's sampled histogram counts, the tail families "
+    "past the HBM eviction time and the HBM reproduction error): not a confidence interval"
+)
+
+
+def _est(estimate: float, lo: float, hi: float) -> JsonObject:
+    return {"estimate": estimate, "lo": lo, "hi": hi}
+
+
+class _SectionPart(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+
+class TierEstimate(_SectionPart):
+    """A modelled figure with its model-based interval (at the section's ``level``)."""
+
+    estimate: float | None = Field(
+        None, examples=[0.08], description="the model's figure; null: unknown"
+    )
+    lo: float | None = Field(None, examples=[0.05], description=f"lower end of the {_MODEL_BASED}")
+    hi: float | None = Field(None, examples=[0.11], description=f"upper end of the {_MODEL_BASED}")
+
+
+class TierRow(_SectionPart):
+    """One CPU tier size: what it would buy."""
+
+    label: str = Field(
+        "",
+        examples=["2× HBM"],
+        description='"0.5× HBM", "1× HBM", "2× HBM", "4× HBM" or "recommended"',
+    )
+    multiple: float | None = Field(
+        None, examples=[2.0], description="tier size over the HBM KV size it sits behind"
+    )
+    gib: float | None = Field(
+        None,
+        examples=[41.0],
+        description="tier size, GiB per engine (native) or per LMCache node pool (lmcache)",
+    )
+    hit_ratio: TierEstimate | None = Field(
+        None,
+        examples=[_est(0.49, 0.46, 0.52)],
+        description="prefix-cache hit ratio (0–1) of HBM and the tier together",
+    )
+    extra_hit_ratio: TierEstimate | None = Field(
+        None,
+        examples=[_est(0.08, 0.05, 0.11)],
+        description="hit ratio the tier adds to today's (0.08 = +8 points)",
+    )
+    avoided_prefill_tokens_per_s: TierEstimate | None = Field(
+        None,
+        examples=[_est(3100.0, 1950.0, 4300.0)],
+        description="prompt tokens/s the cluster's engines would no longer re-prefill "
+        "(cluster total)",
+    )
+    prefill_gpu_seconds_saved_per_hour: TierEstimate | None = Field(
+        None,
+        examples=[_est(1476.0, 929.0, 2048.0)],
+        description="GPU-seconds of prefill those tokens take each hour (cluster total)",
+    )
+    capacity_ratio: TierEstimate | None = Field(
+        None,
+        examples=[_est(1.05, 1.03, 1.07)],
+        description="modelled capacity at the SLO with the tier over without (1.05 = +5 %): "
+        "the share of an engine's GPU time at its measured capacity the avoided prefill frees; "
+        "null when no engine's capacity was measured",
+    )
+    extrapolated: bool | None = Field(
+        None,
+        examples=[True],
+        description="true: rests on reuse past the HBM eviction time, which the histograms "
+        "do not see (the tail families extrapolate it)",
+    )
+    can_tell: bool | None = Field(
+        None,
+        examples=[True],
+        description="false: the model cannot tell (why); the interval still bounds the figure",
+    )
+    why: str = Field("", examples=["extrapolated past the HBM eviction time"])
+
+
+class TierRecommended(_SectionPart):
+    """The recommended size: the knee of the curve."""
+
+    gib: float | None = Field(
+        None,
+        examples=[62.0],
+        description="GiB per engine (native) or per pool (lmcache); null: none",
+    )
+    multiple: float | None = Field(None, examples=[3.0], description="that over the HBM KV size")
+    why: str = Field("", examples=["the knee: past it each GiB adds less than 10 % of ..."])
+    extrapolated: bool | None = Field(None, examples=[True])
+
+
+class TierCurvePoint(_SectionPart):
+    """A point of the hit-ratio curve (the report's plot): tier size -> hit ratio."""
+
+    gib: float | None = Field(None, examples=[41.0], description="tier size, GiB (its scope's)")
+    hit_ratio: float | None = Field(None, examples=[0.49], description="HBM + tier, 0–1")
+    lo: float | None = Field(None, examples=[0.46], description=f"lower end of the {_MODEL_BASED}")
+    hi: float | None = Field(None, examples=[0.52], description=f"upper end of the {_MODEL_BASED}")
+
+
+class TierMode(_SectionPart):
+    """One kind of CPU tier: vLLM native offload (per engine) or an LMCache L1 pool."""
+
+    scope: str = Field(
+        "",
+        examples=["per engine"],
+        description="what a size is of: per engine, or per node pool of N engines",
+    )
+    lower_bound: bool | None = Field(
+        None,
+        examples=[False],
+        description="true for LMCache pools: reuse across engines is not seen per engine, so "
+        "the gains are at least these",
+    )
+    rows: list[TierRow] = Field(
+        default_factory=list,
+        examples=[[{"label": "2× HBM", "gib": 41.0}]],
+        description="0.5×–4× HBM, then the recommended size when there is one",
+    )
+    recommended: TierRecommended | None = Field(
+        None, examples=[{"gib": 62.0, "multiple": 3.0}], description="null: none"
+    )
+    curve: list[TierCurvePoint] = Field(
+        default_factory=list,
+        examples=[[{"gib": 0.0, "hit_ratio": 0.41, "lo": 0.41, "hi": 0.41}]],
+        description="the hit ratio from no tier (today) to 4× HBM",
+    )
+
+
+class TierHbm(_SectionPart):
+    """Today: HBM only, per engine."""
+
+    gib_per_engine: float | None = Field(None, examples=[20.5], description="HBM KV, GiB")
+    blocks_per_engine: int | None = Field(None, examples=[10496], description="HBM KV blocks")
+    block_size: int | None = Field(None, examples=[16], description="tokens per KV block")
+    hit_ratio_measured: float | None = Field(
+        None, examples=[0.41], description="prefix-cache hit ratio vLLM counted"
+    )
+    hit_ratio_model: float | None = Field(
+        None, examples=[0.43], description="the same reproduced by the model from the histograms"
+    )
+    reproduction_error: float | None = Field(
+        None, examples=[0.02], description="model − measured; part of every interval"
+    )
+    eviction_time_s: float | None = Field(
+        None,
+        examples=[95.0],
+        description="how long an unused block survives in HBM; figures past it are extrapolated",
+    )
+
+
+class CpuTierSection(_SectionPart):
+    """What a CPU tier would buy, modelled from vLLM's KV residency histograms
+    (``--kv-cache-metrics``) before anything is deployed."""
+
+    can_tell: bool | None = Field(
+        None,
+        examples=[True],
+        description="false: no engine's curve could be fitted (why); absent in the empty "
+        "section of a plan made before it existed",
+    )
+    why: str = Field("", examples=[""], description="why it cannot tell")
+    enable: str = Field(
+        "",
+        examples=["start each vLLM engine with --kv-cache-metrics ..."],
+        description="how to get the histograms and what they cost",
+    )
+    engines: int | None = Field(None, examples=[4], description="engines whose curve was fitted")
+    engines_without: list[str] = Field(
+        default_factory=list,
+        examples=[["engine-4"]],
+        description="engines without the histograms, or whose fit failed",
+    )
+    level: float | None = Field(None, examples=[0.9], description="the intervals' level")
+    interval: str = Field(
+        "", examples=["model-based 90 % interval: ..."], description="what the intervals are"
+    )
+    method: str = Field("", examples=["per engine: AET hit-ratio curve ..."])
+    assumptions: list[str] = Field(default_factory=list, examples=[["LRU eviction ..."]])
+    hbm: TierHbm | None = Field(
+        None,
+        examples=[{"gib_per_engine": 20.5, "hit_ratio_measured": 0.41}],
+        description="today, HBM only; null when it cannot tell",
+    )
+    native: TierMode | None = Field(
+        None,
+        examples=[{"scope": "per engine", "lower_bound": False}],
+        description="vLLM's native CPU offload, per engine",
+    )
+    lmcache: TierMode | None = Field(
+        None,
+        examples=[{"scope": "per node pool of 2 engines", "lower_bound": True}],
+        description="an LMCache L1 pool per node (a lower bound)",
+    )
+
+
+class CpuTierOut(_PlanSection):
+    cpu_tier: CpuTierSection = Field(
+        examples=[{"can_tell": True, "native": {"recommended": {"gib": 62.0}}}],
+        description=f"the plan's cpu_tier section; every interval is a {_MODEL_BASED}. Empty "
+        "({}) for a plan made before the section existed, or for a plan made per model group: "
+        "ask for a group",
+    )
+
+
 class AccuracyOut(_Model):
     cluster: str = Field(examples=["prod-a"])
     summary: JsonObject = Field(examples=[{"plans_scored": 3}])

@@ -27,6 +27,11 @@ from collector.selfmetrics import (
     PLAN_AGE,
     PLAN_BREAKEVEN_KV_USAGE,
     PLAN_CAPACITY_RATIO,
+    PLAN_CPU_TIER_AVOIDED_PREFILL,
+    PLAN_CPU_TIER_CAPACITY_RATIO,
+    PLAN_CPU_TIER_EXTRA_HIT_RATIO,
+    PLAN_CPU_TIER_EXTRAPOLATED,
+    PLAN_CPU_TIER_RECOMMENDED,
     PLAN_CREATED,
     PLAN_DECISION_SCORE,
     PLAN_DEPLOYED_MODE,
@@ -54,6 +59,13 @@ __all__ = ["Coverage", "PlanCollector", "PlanSource", "plan_families", "render_p
 # (cluster, group) -> (realised coverage, nominal coverage), from planner.plan.outcome.
 Coverage = Mapping[tuple[str, str], tuple[float, float]]
 _TOKENS_UNIT = "token"  # the plan's KV demand unit ("KV tokens", or "engines of KV")
+_GIB = 1024**3
+_TIER_MODES = ("native", "lmcache")  # the cpu_tier section's tiers
+_TIER_FIGURES = (
+    ("extra_hit_ratio", PLAN_CPU_TIER_EXTRA_HIT_RATIO),
+    ("avoided_prefill_tokens_per_s", PLAN_CPU_TIER_AVOIDED_PREFILL),
+    ("capacity_ratio", PLAN_CPU_TIER_CAPACITY_RATIO),
+)
 
 
 class PlanSource(Protocol):
@@ -160,6 +172,53 @@ def _add_offload(out: _Families, key: tuple[str, str], document: Mapping[str, An
             out.add(PLAN_GPUS_SAVED, (*key, mode, bound), None if hours is None else hours / 24)
 
 
+def _tier_size(row: Mapping[str, Any]) -> str | None:
+    """A cpu_tier row's ``size`` label: "recommended", or its multiple of HBM ("0.5x")."""
+    if row.get("label") == "recommended":
+        return "recommended"
+    multiple = _finite(row.get("multiple"))
+    return None if multiple is None else f"{multiple:g}x"
+
+
+def _tier_bounds(e: Any, can_tell: bool) -> list[tuple[str, float]]:
+    """(bound, value) of a cpu_tier estimate ``{estimate, lo, hi}``; a row that cannot tell
+    keeps its range and loses its estimate."""
+    if not isinstance(e, Mapping):
+        return []
+    values = (e.get("estimate") if can_tell else None, e.get("lo"), e.get("hi"))
+    pairs = zip(BOUNDS, values, strict=True)
+    return [(b, v) for b, raw in pairs if (v := _finite(raw)) is not None]
+
+
+def _add_cpu_tier(out: _Families, key: tuple[str, str], document: Mapping[str, Any]) -> None:
+    """What a CPU tier would buy, per tier and size (the plan's ``cpu_tier`` section; a plan
+    older than the section, or one that cannot tell, gives no series)."""
+    section = document.get("cpu_tier")
+    if not isinstance(section, Mapping) or not section.get("can_tell"):
+        return
+    for mode in _TIER_MODES:
+        tier = section.get(mode)
+        if not isinstance(tier, Mapping):
+            continue
+        seen: set[str] = set()
+        for row in tier.get("rows") or ():
+            size = _tier_size(row) if isinstance(row, Mapping) else None
+            if size is None or size in seen:
+                continue
+            seen.add(size)
+            labels = (*key, mode, size)
+            can_tell = bool(row.get("can_tell"))
+            for field, metric in _TIER_FIGURES:
+                for bound, v in _tier_bounds(row.get(field), can_tell):
+                    out.add(metric, (*labels, bound), v)
+            if isinstance(row.get("extrapolated"), bool):
+                out.add(PLAN_CPU_TIER_EXTRAPOLATED, labels, float(row["extrapolated"]))
+        rec = tier.get("recommended")
+        gib = _finite(rec.get("gib")) if isinstance(rec, Mapping) else None
+        if gib is not None and gib >= 0:
+            out.add(PLAN_CPU_TIER_RECOMMENDED, (*key, mode), gib * _GIB)
+
+
 def _add_plan(out: _Families, plan: PlanRecord, now: float) -> None:
     h = plan.headline
     key = (plan.cluster, plan.group)
@@ -176,6 +235,7 @@ def _add_plan(out: _Families, plan: PlanRecord, now: float) -> None:
         ):
             out.add(PLAN_CAPACITY_RATIO, (*key, mode, bound), v)
     _add_offload(out, key, plan.document)
+    _add_cpu_tier(out, key, plan.document)
     out.add(PLAN_KV_USAGE, key, _finite(h.get("kv_util_now")))
     unit = _demand_unit(plan.document)
     in_tokens = unit is not None and _TOKENS_UNIT in unit.lower()

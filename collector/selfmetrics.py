@@ -55,6 +55,11 @@ __all__ = [
     "PLAN_AGE",
     "PLAN_BREAKEVEN_KV_USAGE",
     "PLAN_CAPACITY_RATIO",
+    "PLAN_CPU_TIER_AVOIDED_PREFILL",
+    "PLAN_CPU_TIER_CAPACITY_RATIO",
+    "PLAN_CPU_TIER_EXTRAPOLATED",
+    "PLAN_CPU_TIER_EXTRA_HIT_RATIO",
+    "PLAN_CPU_TIER_RECOMMENDED",
     "PLAN_CREATED",
     "PLAN_DECISION_SCORE",
     "PLAN_DEPLOYED_MODE",
@@ -126,6 +131,17 @@ class MetricDef:
 
 
 _PLAN = ("cluster", "group")
+_TIER = (*_PLAN, "mode", "size")
+_TIER_WHAT = (
+    "per tier (mode native: vLLM's CPU offload, per engine; lmcache: an LMCache L1 pool per "
+    "node) and size (0.5x–4x the HBM KV size, or recommended), modelled from vLLM's KV "
+    "residency histograms (--kv-cache-metrics)"
+)
+_TIER_BAND = (
+    "lower/upper: the model-based 90 % interval (bootstrap of the sampled counts, tail "
+    "families, HBM reproduction error), not a confidence interval; no estimate series where "
+    "the model cannot tell (its range only)"
+)
 
 # --------------------------------------------------------------------------- planner gauges
 
@@ -231,6 +247,36 @@ PLAN_FORECAST_NOMINAL_COVERAGE = MetricDef(
     "Closed loop: the coverage the forecast intervals claimed (their nominal level, e.g. 0.9).",
 )  # fmt: skip
 
+PLAN_CPU_TIER_EXTRA_HIT_RATIO = MetricDef(
+    "kvscope_plan_cpu_tier_extra_hit_ratio", "gauge", (*_TIER, "bound"),
+    "ratio 0–1 (0.08 = +8 points)",
+    f"What a CPU tier would buy: the prefix-cache hit ratio it adds to today's HBM-only one, "
+    f"{_TIER_WHAT}; {_TIER_BAND}.",
+)  # fmt: skip
+PLAN_CPU_TIER_AVOIDED_PREFILL = MetricDef(
+    "kvscope_plan_cpu_tier_avoided_prefill_tokens_per_second", "gauge", (*_TIER, "bound"),
+    "prompt tokens/s",
+    f"What a CPU tier would buy: prompt tokens per second the cluster's engines would no longer "
+    f"re-prefill (cluster total), {_TIER_WHAT}; {_TIER_BAND}.",
+)  # fmt: skip
+PLAN_CPU_TIER_CAPACITY_RATIO = MetricDef(
+    "kvscope_plan_cpu_tier_capacity_ratio", "gauge", (*_TIER, "bound"), "ratio (1.05 = +5 %)",
+    f"What a CPU tier would buy: modelled capacity at the SLO with the tier over without (the "
+    f"share of an engine's GPU time at its measured capacity the avoided prefill frees), "
+    f"{_TIER_WHAT}; absent without a measured capacity; {_TIER_BAND}.",
+)  # fmt: skip
+PLAN_CPU_TIER_EXTRAPOLATED = MetricDef(
+    "kvscope_plan_cpu_tier_extrapolated", "gauge", _TIER, "1 or 0",
+    "What a CPU tier would buy: 1 when the size's figures rest on reuse past the HBM eviction "
+    "time (extrapolated by the tail families), 0 when within what the histograms saw.",
+)  # fmt: skip
+PLAN_CPU_TIER_RECOMMENDED = MetricDef(
+    "kvscope_plan_cpu_tier_recommended_bytes", "gauge", (*_PLAN, "mode"), "bytes",
+    "What a CPU tier would buy: the recommended CPU tier size (the knee past which each GiB adds "
+    "less than a tenth of the first GiB's hits), per engine (mode native) or per LMCache node "
+    "pool (lmcache); absent when there is none.",
+)  # fmt: skip
+
 PLAN_METRICS: tuple[MetricDef, ...] = (
     PLAN_RECOMMENDED_MODE,
     PLAN_DEPLOYED_MODE,
@@ -241,6 +287,11 @@ PLAN_METRICS: tuple[MetricDef, ...] = (
     PLAN_TODAY_PREEMPTIONS,
     PLAN_ENGINES_NEEDED,
     PLAN_GPUS_SAVED,
+    PLAN_CPU_TIER_EXTRA_HIT_RATIO,
+    PLAN_CPU_TIER_AVOIDED_PREFILL,
+    PLAN_CPU_TIER_CAPACITY_RATIO,
+    PLAN_CPU_TIER_EXTRAPOLATED,
+    PLAN_CPU_TIER_RECOMMENDED,
     PLAN_KV_USAGE,
     PLAN_KV_DEMAND_PEAK,
     PLAN_KV_DEMAND_PEAK_OF_CAPACITY,

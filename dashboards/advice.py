@@ -1,5 +1,6 @@
-"""The Planner board: kvscope's verdict, its evidence, the capacity forecast and whether the
-advice can be trusted (closed-loop coverage, collector health).
+"""The Planner board: kvscope's verdict, its evidence, what a CPU tier would buy, the
+capacity forecast and whether the advice can be trusted (closed-loop coverage, collector
+health).
 
 Reads the ``kvscope_plan_*`` gauges the API serves on ``/metrics`` (the latest stored plan of
 every cluster and group) and the collector's ``--metrics-addr`` gauges, against the live
@@ -15,6 +16,11 @@ from collector.selfmetrics import (
     PLAN_AGE,
     PLAN_BREAKEVEN_KV_USAGE,
     PLAN_CAPACITY_RATIO,
+    PLAN_CPU_TIER_AVOIDED_PREFILL,
+    PLAN_CPU_TIER_CAPACITY_RATIO,
+    PLAN_CPU_TIER_EXTRA_HIT_RATIO,
+    PLAN_CPU_TIER_EXTRAPOLATED,
+    PLAN_CPU_TIER_RECOMMENDED,
     PLAN_DECISION_SCORE,
     PLAN_DEPLOYED_MODE,
     PLAN_ENGINES_NEEDED,
@@ -32,7 +38,7 @@ from collector.selfmetrics import (
     MetricDef,
 )
 from dashboards.config import MixinConfig
-from dashboards.grafana import Board, Chart, Query, Row
+from dashboards.grafana import Board, Chart, Column, Query, Row
 from dashboards.records import COLLECTOR_FAILED, WINDOWS_WRITTEN, find
 from dashboards.variables import PLAN_MATCHERS, PLAN_VARIABLES, query
 
@@ -41,6 +47,15 @@ __all__ = ["UID", "planner_board"]
 UID = "kvscope-planner"
 _GROUP = "{{cluster}} {{group}}"
 _MODES = (("1", "yes"), ("0", "no"))
+_TIER_KEYS = ("cluster", "group", "mode", "size")  # a table row: a tier of one size
+_TIER_ABOUT = (
+    "Modelled by `kvscope plan` from vLLM's KV residency histograms (start engines with "
+    "--kv-cache-metrics) before any tier is deployed; mode native = vLLM's CPU offload, its "
+    "size per engine; lmcache = an LMCache L1 pool, its size per node pool (a lower bound: "
+    "reuse across engines is not seen). Ranges are model-based 90 % intervals (a bootstrap of "
+    "the sampled histogram counts, the tail families past the HBM eviction time and the HBM "
+    "reproduction error), not confidence intervals."
+)
 
 
 def _m(metric: MetricDef, cfg: MixinConfig, extra: str = "") -> str:
@@ -51,6 +66,44 @@ def _m(metric: MetricDef, cfg: MixinConfig, extra: str = "") -> str:
 def _c(metric: MetricDef, cfg: MixinConfig, extra: str = "") -> str:
     inner = ",".join(x for x in (cfg.collector_selector, extra) if x)
     return f"{metric}{{{inner}}}"
+
+
+def _tier_column(metric: MetricDef, cfg: MixinConfig, bound: str) -> Query:
+    """One value per tier and size: the other labels (bound, the scrape's) dropped."""
+    keys = ", ".join(_TIER_KEYS)
+    extra = f'bound="{bound}"' if "bound" in metric.labels else ""
+    return Query(f"max by ({keys}) ({_m(metric, cfg, extra)})", instant=True)
+
+
+def _cpu_tier(cfg: MixinConfig) -> Row:
+    extra, tokens, capacity = (PLAN_CPU_TIER_EXTRA_HIT_RATIO, PLAN_CPU_TIER_AVOIDED_PREFILL,
+                               PLAN_CPU_TIER_CAPACITY_RATIO)  # fmt: skip
+    columns = (
+        (Column("extra hit ratio", "percentunit"), _tier_column(extra, cfg, "estimate")),
+        (Column("extra hit ratio, lower", "percentunit"), _tier_column(extra, cfg, "lower")),
+        (Column("extra hit ratio, upper", "percentunit"), _tier_column(extra, cfg, "upper")),
+        (Column("avoided re-prefill tokens/s", "short"), _tier_column(tokens, cfg, "estimate")),
+        (Column("capacity ratio", "none"), _tier_column(capacity, cfg, "estimate")),
+        (Column("extrapolated", "none", (("1", "yes"), ("0", "no"))),
+         _tier_column(PLAN_CPU_TIER_EXTRAPOLATED, cfg, "")),
+    )  # fmt: skip
+    return Row("CPU tier, before deploying one (modelled)", (
+        Chart("What a CPU tier would buy", "Per tier (mode) and size (0.5x–4x the HBM KV size, "
+              "and the recommended size): the prefix-cache hit ratio the tier adds to today's "
+              "HBM-only one (0.08 = +8 points) with its lower and upper ends, the prompt tokens/s "
+              "the cluster would no longer re-prefill, and the modelled capacity at the SLO with "
+              "the tier over without (blank without a measured capacity). No estimate, only the "
+              "range: the model cannot tell. extrapolated = yes: the figures rest on reuse past "
+              f"the HBM eviction time, which the histograms do not see. {_TIER_ABOUT}", "none",
+              tuple(q for _, q in columns), kind="table", width=18, height=10,
+              keys=_TIER_KEYS, columns=tuple(c for c, _ in columns)),
+        Chart("Recommended CPU tier size", "The knee of the modelled hit-ratio curve: past it "
+              "each GiB adds less than a tenth of the hits the first GiB past HBM adds; per "
+              "engine (native) or per node pool (lmcache); absent when there is none. "
+              + _TIER_ABOUT,
+              "bytes", (Query(_m(PLAN_CPU_TIER_RECOMMENDED, cfg), f"{_GROUP} {{{{mode}}}}"),),
+              kind="stat", width=6, height=10),
+    ))  # fmt: skip
 
 
 def planner_board(cfg: MixinConfig) -> Board:
@@ -146,8 +199,9 @@ def planner_board(cfg: MixinConfig) -> Board:
     ))  # fmt: skip
     return Board(
         UID, "kvscope / Planner",
-        "kvscope's advice: recommended offload mode and its evidence, the KV capacity "
-        "forecast, and how far to trust them. Generated by `kvscope dashboards build`; do not "
-        "edit.",
-        (verdict, evidence, capacity, trust), PLAN_VARIABLES, tuple(cfg.dashboard_tags),
+        "kvscope's advice: recommended offload mode and its evidence, what a CPU tier would "
+        "buy, the KV capacity forecast, and how far to trust them. Generated by `kvscope "
+        "dashboards build`; do not edit.",
+        (verdict, evidence, _cpu_tier(cfg), capacity, trust), PLAN_VARIABLES,
+        tuple(cfg.dashboard_tags),
     )  # fmt: skip

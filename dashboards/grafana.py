@@ -1,9 +1,10 @@
 """Dashboards as plain data, rendered with grafanalib and normalised to current Grafana JSON.
 
 A dashboard is a :class:`Board` of :class:`Row`\\ s of :class:`Chart`\\ s (each with its
-:class:`Query`\\ s); :func:`render` lays them out on Grafana's 24-column grid, builds the
-grafanalib objects and hands their JSON to :func:`normalise`, the one place that turns
-grafanalib's schema-12 output into what Grafana 11.6+/12 stores:
+:class:`Query`\\ s; a table may join its queries into :class:`Column`\\ s); :func:`render`
+lays them out on Grafana's 24-column grid, builds the grafanalib objects and hands their
+JSON to :func:`normalise`, the one place that turns grafanalib's schema-12 output into what
+Grafana 11.6+/12 stores:
 
 - ``schemaVersion`` 41, ``id`` null, a stable ``uid`` per dashboard;
 - every datasource is the ``${datasource}`` variable as an object (``type`` + ``uid``), never
@@ -28,6 +29,7 @@ __all__ = [
     "SCHEMA_VERSION",
     "Board",
     "Chart",
+    "Column",
     "Query",
     "Row",
     "Variable",
@@ -52,6 +54,16 @@ class Query:
 
 
 @dataclass(frozen=True, slots=True)
+class Column:
+    """A table column: the value of one of the chart's queries (in query order), titled,
+    with its own unit and value mappings."""
+
+    title: str
+    unit: str
+    mappings: tuple[tuple[str, str], ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
 class Chart:
     """One panel. ``description`` says what the number is and where it comes from."""
 
@@ -66,6 +78,14 @@ class Chart:
     max: float | None = None
     stack: bool = False
     mappings: tuple[tuple[str, str], ...] = ()  # (value, text) for stat / state panels
+    # a table of instant queries joined on the labels ``keys`` (shown first, in order), one
+    # column per query; each query must keep exactly those labels (``max by (keys) (…)``)
+    keys: tuple[str, ...] = ()
+    columns: tuple[Column, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.columns and (self.kind != "table" or len(self.columns) != len(self.queries)):
+            raise ValueError(f"{self.title}: columns need a table with one query per column")
 
 
 @dataclass(frozen=True, slots=True)
@@ -194,6 +214,32 @@ def _target(t: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def _mappings(pairs: tuple[tuple[str, str], ...]) -> list[dict[str, Any]]:
+    return [{"type": "value", "options": {v: {"text": text, "index": i}
+                                          for i, (v, text) in enumerate(pairs)}}]  # fmt: skip
+
+
+def _joined(panel: dict[str, Any], chart: Chart) -> None:
+    """A table of columns: its queries merged on their labels, the time dropped, the values
+    renamed and ordered after ``keys``, each column with its unit (overrides by name)."""
+    values = {f"Value #{chr(ord('A') + i)}": c.title for i, c in enumerate(chart.columns)}
+    panel["transformations"] = [
+        {"id": "merge", "options": {}},
+        {"id": "organize", "options": {
+            "excludeByName": {"Time": True},
+            "renameByName": values,
+            "indexByName": {name: i for i, name in enumerate([*chart.keys, *values])},
+        }},
+    ]  # fmt: skip
+    overrides = []
+    for c in chart.columns:
+        props: list[dict[str, Any]] = [{"id": "unit", "value": c.unit}]
+        if c.mappings:
+            props.append({"id": "mappings", "value": _mappings(c.mappings)})
+        overrides.append({"matcher": {"id": "byName", "options": c.title}, "properties": props})
+    panel["fieldConfig"]["overrides"] = overrides
+
+
 def _field_config(panel: dict[str, Any], chart: Chart | None) -> None:
     fc = panel.setdefault("fieldConfig", {"defaults": {}, "overrides": []})
     defaults = fc.setdefault("defaults", {})
@@ -207,10 +253,9 @@ def _field_config(panel: dict[str, Any], chart: Chart | None) -> None:
             defaults[key] = value
     defaults["thresholds"] = {"mode": "absolute", "steps": [{"color": "green", "value": None}]}
     if chart.mappings:
-        defaults["mappings"] = [
-            {"type": "value", "options": {v: {"text": text, "index": i}
-                                          for i, (v, text) in enumerate(chart.mappings)}}
-        ]  # fmt: skip
+        defaults["mappings"] = _mappings(chart.mappings)
+    if chart.columns:
+        _joined(panel, chart)
 
 
 def _panel_json(panel: dict[str, Any], chart: Chart | None, pid: int) -> dict[str, Any]:

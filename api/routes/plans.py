@@ -20,6 +20,7 @@ from api.respond import dumps, json_ok
 from api.schemas import (
     DURATION_PATTERN,
     AccuracyOut,
+    CpuTierOut,
     ForecastOut,
     OffloadOut,
     PlanOut,
@@ -154,6 +155,17 @@ def offload(cluster: Cluster, store: StoreDep, group: GroupQuery = None) -> Resp
     engines or LMCache pools behind it; the experiment that would settle a mode that cannot
     tell. Empty for a plan made per model group: ask for a group."""
     return _section(store, cluster, group, "offload")
+
+
+@router.get("/clusters/{cluster}/cpu-tier", response_model=CpuTierOut, responses=_ERRORS)
+def cpu_tier(cluster: Cluster, store: StoreDep, group: GroupQuery = None) -> Response:
+    """What a CPU tier would buy, from the latest plan: per tier (vLLM native offload per
+    engine, an LMCache L1 pool per node) and size (0.5×–4× the HBM KV size, and the
+    recommended one) the prefix-cache hit ratio, the re-prefill it avoids and the modelled
+    capacity at the SLO, each with a model-based interval (not a confidence interval), and the
+    hit-ratio curve; modelled from vLLM's KV residency histograms (``--kv-cache-metrics``).
+    Empty for a plan older than the section, or made per model group: ask for a group."""
+    return _section(store, cluster, group, "cpu_tier")
 
 
 def coverage_of(outcomes: Sequence[Any]) -> dict[tuple[str, str], tuple[float, float]]:

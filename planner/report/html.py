@@ -1,11 +1,11 @@
 """The HTML report (`kvscope report`, and the API's report page): one self-contained page.
 
 For people who would rather look than read: the decision with its decision score (a rule
-score, not a probability), the four plots of planner/report/plots.py inlined as
+score, not a probability), the plots of planner/report/plots.py inlined as
 ``data:image/png;base64`` images, the decision's reasons with their sources linked, the
-observations, fits, forecast and sizing with their intervals and where each number comes from
-(the fit's method and basis, the plan's basis lines), and the closed-loop table (stored plans
-scored against what happened since).
+observations, what a CPU tier would buy, fits, forecast and sizing with their intervals and
+where each number comes from (the fit's method and basis, the plan's basis lines), and the
+closed-loop table (stored plans scored against what happened since).
 
 The page loads nothing: CSS is inline, images are data URIs, there is no script, and its
 Content-Security-Policy (``default-src 'none'``) tells the browser to refuse anything else.
@@ -17,7 +17,8 @@ string from data is HTML-escaped.
 
 This module is the page's skeleton (head, style, navigation, the plots, the order of the
 sections); the rest is in html_parts (escaping, formatters, the headline's cards),
-html_sections (decision, observations, fits, forecast, sizing, basis) and html_loop (the
+html_sections (decision, observations, fits, forecast, sizing, basis), html_offload and
+html_tier (the offload verdict, what a CPU tier would buy) and html_loop (the
 closed-loop table: :func:`closed_loop`, :func:`closed_loop_html`, re-exported here).
 """
 
@@ -45,6 +46,7 @@ from planner.report.html_parts import (
     _utc,
 )
 from planner.report.html_sections import _basis, _decision, _fits, _forecast, _happening, _sizing
+from planner.report.html_tier import cpu_tier_html
 from planner.report.plots import PLOT_FILES, plot_pngs
 
 if TYPE_CHECKING:
@@ -74,6 +76,14 @@ PLOT_CAPTIONS: Mapping[str, str] = {
     "offload itself lowers KV use; the offload section has the capacity at the SLO)",
     "kv_demand_forecast.png": "KV demand forecast with its interval, against HBM KV capacity",
     "lmcache_hit_rate.png": "LMCache hit rate vs L1 size: the fitted curve and its predictions",
+    "cpu_tier_hit_ratio.png": "What a CPU tier would buy: prefix hit ratio vs CPU tier size "
+    "(native per engine, LMCache per node pool), its model-based interval (not a confidence "
+    "interval), today's hit ratio at 0 GiB and the recommended size; dashed: extrapolated past "
+    "the HBM eviction time",
+}
+# Why a plot is missing, when it is not that its fit or forecast did not run.
+NOT_DRAWN: Mapping[str, str] = {
+    "cpu_tier_hit_ratio.png": "no reuse curve: see What a CPU tier would buy",
 }
 _STYLE = """
 body{font-family:system-ui,-apple-system,"Segoe UI",sans-serif;margin:0 auto;max-width:1100px;
@@ -126,6 +136,9 @@ def _plot_basis(name: str, d: Mapping[str, Any]) -> list[str]:
         return [_fit_line(fits.get(k)) for k in ("equal_kv_native", "equal_kv_lmcache")]
     if name == "lmcache_hit_rate.png":
         return [_fit_line(fits.get("lmcache_hitrate"))]
+    if name == "cpu_tier_hit_ratio.png":
+        tier = d.get("cpu_tier") or {}
+        return [str(tier.get("method") or ""), str(tier.get("interval") or "")]
     kv = (d.get("forecast") or {}).get("kv_demand") or {}
     return [
         f"{kv.get('method')}, {_level_text(kv.get('level'))} interval; backtest coverage "
@@ -142,9 +155,8 @@ def _plots(pngs: Mapping[str, bytes], d: Mapping[str, Any], anchor: str) -> Html
         caption = PLOT_CAPTIONS[name]
         png = pngs.get(name)
         if png is None:
-            out.append(
-                f'<p class="small">{_e(caption)}: not drawn (its fit or forecast did not run).</p>'
-            )
+            why = NOT_DRAWN.get(name, "its fit or forecast did not run")
+            out.append(f'<p class="small">{_e(caption)}: not drawn ({_e(why)}).</p>')
             continue
         data = base64.b64encode(png).decode("ascii")
         lines = [x for x in _plot_basis(name, d) if x]
@@ -162,6 +174,7 @@ _NAV = (
     ("plots", "Plots"),
     ("decision", "Decision"),
     ("offload", "Offload"),
+    ("cpu-tier", "CPU tier"),
     ("happening", "What is happening"),
     ("fits", "Fits"),
     ("forecast", "Forecast"),
@@ -177,6 +190,7 @@ def _body(plan: Plan, d: Mapping[str, Any], seed: int, prefix: str) -> Html:
             _plots(plot_pngs(plan, seed=seed), d, f"{prefix}plots"),
             _decision(d, f"{prefix}decision"),
             offload_html(d, f"{prefix}offload"),
+            cpu_tier_html(d, f"{prefix}cpu-tier"),
             _happening(d, f"{prefix}happening"),
             _fits(d, f"{prefix}fits"),
             _forecast(d, f"{prefix}forecast"),

@@ -3,7 +3,9 @@
 One file per fit that ran: preemptions vs KV utilization with the fitted hinge curve, its
 band and the knee interval; throughput vs utilization per offload mode with the fitted
 curves, and the gain with its pointwise band and the break-even interval; the KV demand
-forecast with its interval and the capacity line; the LMCache hit-rate curve when fitted.
+forecast with its interval and the capacity line; the LMCache hit-rate curve when fitted;
+what a CPU tier would buy (planner/report/plot_tier.py) when the plan's ``cpu_tier`` section
+has a curve.
 :func:`write_plots` writes them as files, :func:`plot_pngs` renders the same figures to PNG
 bytes in memory (the HTML report inlines them). matplotlib (Agg backend) is imported inside
 the functions only.
@@ -31,6 +33,7 @@ PLOT_FILES = (
     "throughput_vs_kv_util.png",
     "kv_demand_forecast.png",
     "lmcache_hit_rate.png",
+    "cpu_tier_hit_ratio.png",
 )
 MODE_COLOURS = {"none": "tab:gray", "native": "tab:blue", "lmcache": "tab:orange"}
 MAX_POINTS = 4000  # scatter points per series (a seeded subsample beyond)
@@ -78,7 +81,7 @@ def _figures(plan: Plan, seed: int) -> Generator[tuple[str, Any], None, None]:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    makers = (_preemptions, _throughput, _forecast, _hitrate)
+    makers = (_preemptions, _throughput, _forecast, _hitrate, _cpu_tier)
     for name, make in zip(PLOT_FILES, makers, strict=True):
         fig = make(plan, seed)
         if fig is None:
@@ -338,4 +341,15 @@ def _hitrate(plan: Plan, seed: int) -> Any:
     ax.set_title(_title("LMCache hit rate vs L1 size", fit.can_tell))
     ax.legend(fontsize=8, loc="lower right")
     _note(fig, [] if fit.can_tell else [f"Hit-rate curve: cannot tell: {fit.why}"])
+    return fig
+
+
+def _cpu_tier(plan: Plan, seed: int) -> Any:
+    from planner.report.plot_tier import tier_figure
+
+    drawn = tier_figure(plan.to_dict().get("cpu_tier"))
+    if drawn is None:
+        return None
+    fig, notes = drawn
+    _note(fig, notes)
     return fig

@@ -163,7 +163,7 @@ def test_openapi_every_operation_declares_error_body_responses() -> None:
     doc = create_app(settings_for("sqlite:///unused.db")).openapi()
     assert "HTTPValidationError" not in doc["components"]["schemas"]
     ops = _operations(doc)
-    assert len(ops) == 18
+    assert len(ops) == 19
     for method, path, op in ops:
         codes = {c for c in op["responses"] if c.startswith(("4", "5"))}
         assert {"400"} <= codes, (method, path)

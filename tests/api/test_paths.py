@@ -10,10 +10,12 @@ from collections.abc import Callable
 import pytest
 from fastapi.testclient import TestClient
 
+from api.schemas import CpuTierOut
 from collector import selfmetrics as sm
-from collector.models import SCHEMA_VERSION
+from collector.models import SCHEMA_VERSION, PlanRecord
 from collector.store import Store
 from tests.api.conftest import AUTH, CHEAP_WHATIF, CLUSTER, Filled, assert_error
+from tests.tierdoc import CANNOT, SECTION
 
 
 def test_healthz_up_answers_ok(client: TestClient) -> None:
@@ -135,6 +137,74 @@ def test_offload_latest_plan_section_returned_with_units_per_mode(client: TestCl
         assert entry["units"]["unit"] == "engine, or the LMCache pool engines share"
     assert body["offload"]["slo"]["quantile"] == "p90"
     assert client.get("/v1/clusters/nope/offload").status_code == 404
+
+
+def test_cpu_tier_latest_plan_section_returned_with_plan_identity(client: TestClient) -> None:
+    plan = client.get(f"/v1/clusters/{CLUSTER}/plan").json()
+    resp = client.get(f"/v1/clusters/{CLUSTER}/cpu-tier")
+    assert resp.status_code == 200, resp.text
+    body = resp.json()
+    assert (body["plan_id"], body["group"]) == (plan["id"], "")
+    assert body["cpu_tier"] == (plan["document"].get("cpu_tier") or {})
+    CpuTierOut.model_validate(body)
+    assert_error(client.get("/v1/clusters/nope/cpu-tier"), 404, "cluster")
+
+
+def _tier_plan(group: str, created: float, document: dict[str, object]) -> PlanRecord:
+    return PlanRecord("tiers", group, created, created - 3600, created - 60, 86_400.0, "0.1.0",
+                      "none", document)  # fmt: skip
+
+
+def test_cpu_tier_saved_sections_served_per_group_older_plan_empty(
+    sqlite_url: str, make_client: Callable[..., TestClient]
+) -> None:
+    now = time.time()
+    group, other = "llama-3.1-8b@h100:tp1", "qwen3-8b@h100:tp1"
+    with Store(sqlite_url) as store:
+        # the cluster's plan is older than the section; its groups' plans carry one each
+        store.save_plan(_tier_plan("", now - 120, {"offload": None, "forecast": {}}))
+        store.save_plan(_tier_plan(group, now - 60, {"cpu_tier": SECTION}))
+        store.save_plan(_tier_plan(other, now - 60, {"cpu_tier": CANNOT}))
+    c = make_client(sqlite_url)
+    url = "/v1/clusters/tiers/cpu-tier"
+    whole = c.get(url)
+    assert whole.status_code == 200, whole.text
+    assert whole.json()["cpu_tier"] == {} and whole.json()["group"] == ""
+    body = c.get(url, params={"group": group}).json()
+    assert body["group"] == group and body["cpu_tier"] == SECTION
+    assert 55 <= body["age_s"] < 3600
+    out = CpuTierOut.model_validate(body)  # the published schema holds the contract's section
+    native = out.cpu_tier.native
+    assert native is not None and native.recommended is not None
+    assert native.recommended.gib == 62.0 and native.rows[2].extra_hit_ratio is not None
+    assert native.rows[2].extra_hit_ratio.lo == 0.05
+    cannot = c.get(url, params={"group": other}).json()["cpu_tier"]
+    assert cannot["can_tell"] is False and cannot["native"] is None and cannot["enable"]
+    CpuTierOut.model_validate(c.get(url, params={"group": other}).json())
+    assert_error(c.get(url, params={"group": "nope@h100:tp1"}), 404, "group")
+
+
+def test_cpu_tier_schema_documents_numbers_and_model_based_intervals() -> None:
+    from api.app import create_app
+    from tests.api.conftest import settings_for
+
+    doc = create_app(settings_for("sqlite:///unused.db")).openapi()
+    op = doc["paths"]["/v1/clusters/{cluster}/cpu-tier"]["get"]
+    assert op["responses"]["200"]["content"]["application/json"]["schema"] == {
+        "$ref": "#/components/schemas/CpuTierOut"
+    }
+    schemas = doc["components"]["schemas"]
+    row = schemas["TierRow"]["properties"]
+    for name in ("hit_ratio", "extra_hit_ratio", "avoided_prefill_tokens_per_s",
+                 "prefill_gpu_seconds_saved_per_hour", "capacity_ratio"):  # fmt: skip
+        assert row[name].get("description"), name
+    for bound in ("lo", "hi"):
+        text = schemas["TierEstimate"]["properties"][bound]["description"]
+        assert "model-based" in text and "not a confidence interval" in text
+    assert (
+        "not a confidence interval"
+        in schemas["CpuTierOut"]["properties"]["cpu_tier"]["description"]
+    )
 
 
 def test_accuracy_old_plan_scored_latest_pending(

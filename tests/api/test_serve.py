@@ -75,6 +75,7 @@ def test_serve_every_path_answers_over_http_then_stops_on_sigterm(
         ("GET", f"{c}/plans", {}, 200),
         ("GET", f"{c}/forecast", {}, 200),
         ("GET", f"{c}/offload", {}, 200),
+        ("GET", f"{c}/cpu-tier", {}, 200),
         ("GET", f"{c}/accuracy", {}, 200),
         ("GET", f"{c}/report", {}, 200),
         ("POST", "/v1/advise", {"json": CHEAP_WHATIF}, 200),

@@ -36,6 +36,7 @@ from collector.store import Store
 from tests.collector.conftest import LiveProm
 from tests.collector.exposerver import expo_server
 from tests.services import free_port
+from tests.tierdoc import CANNOT, SECTION, section
 
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURE = ROOT / "tests" / "fixtures" / "metrics" / "vllm-0.33.0-metrics-default.txt"
@@ -59,8 +60,9 @@ TOKENS_DOC = {
         },
         "lmcache": {"today": {"effects": []}, "bill": {"can_tell": False}},
     }},
+    "cpu_tier": SECTION,  # tests/tierdoc.py
 }  # fmt: skip
-ENGINES_DOC = {"forecast": {"kv_demand": {"unit": "engines of KV"}}}
+ENGINES_DOC = {"forecast": {"kv_demand": {"unit": "engines of KV"}}, "cpu_tier": CANNOT}
 Series = dict[str, list[tuple[dict[str, str], float]]]
 
 
@@ -247,6 +249,75 @@ def test_render_plan_metrics_none_figures_omitted_never_nan(two_plans: Store) ->
     assert value(s, sm.PLAN_AGE.name, **b) == 1_800.0
     # no closed-loop figures unless the caller passes them
     assert sm.PLAN_FORECAST_COVERAGE.name not in s
+
+
+def _tier(s: Series, metric: sm.MetricDef, **labels: str) -> dict[tuple[str, ...], float]:
+    """(mode, size[, bound]) -> value of one cpu_tier gauge of prod-a's plan."""
+    rest = [k for k in ("mode", "size", "bound") if k in metric.labels and k not in labels]
+    return {
+        tuple(lab[k] for k in rest): v
+        for lab, v in s.get(metric.name, [])
+        if lab["cluster"] == "prod-a" and all(lab.get(k) == w for k, w in labels.items())
+    }
+
+
+def test_render_plan_metrics_cpu_tier_gives_each_size_with_its_model_based_range(
+    two_plans: Store,
+) -> None:
+    s = parse(render_plan_metrics(two_plans, now=NOW))
+    extra = _tier(s, sm.PLAN_CPU_TIER_EXTRA_HIT_RATIO)
+    sizes = {"0.5x", "1x", "2x", "4x"}
+    assert {size for mode, size, _ in extra if mode == "native"} == sizes | {"recommended"}
+    assert {size for mode, size, _ in extra if mode == "lmcache"} == sizes  # none recommended
+    assert [extra["native", "2x", b] for b in sm.BOUNDS] == [0.08, 0.05, 0.11]
+    assert [extra["native", "1x", b] for b in sm.BOUNDS] == [0.0, 0.0, 0.0]  # 0 is a figure
+    # lmcache 4x cannot tell: its range, no estimate
+    assert ("lmcache", "4x", "estimate") not in extra
+    assert (extra["lmcache", "4x", "lower"], extra["lmcache", "4x", "upper"]) == (0.05, 0.22)
+    assert len(extra) == 5 * 3 + 3 * 3 + 2
+    tokens = _tier(s, sm.PLAN_CPU_TIER_AVOIDED_PREFILL, bound="estimate")
+    assert tokens["native", "4x"] == 4650.0 and tokens["lmcache", "2x"] == 2700.0
+    capacity = _tier(s, sm.PLAN_CPU_TIER_CAPACITY_RATIO)
+    assert capacity["native", "recommended", "upper"] == 1.11
+    assert not [k for k in capacity if k[:2] == ("lmcache", "4x")]  # null: no series
+    assert _tier(s, sm.PLAN_CPU_TIER_EXTRAPOLATED) == {
+        ("native", "0.5x"): 0.0, ("native", "1x"): 0.0, ("native", "2x"): 1.0,
+        ("native", "4x"): 1.0, ("native", "recommended"): 1.0,
+        ("lmcache", "0.5x"): 0.0, ("lmcache", "1x"): 0.0, ("lmcache", "2x"): 1.0,
+        ("lmcache", "4x"): 1.0,
+    }  # fmt: skip
+    assert _tier(s, sm.PLAN_CPU_TIER_RECOMMENDED) == {("native",): 62.0 * 1024**3}
+    # prod-b's plan cannot tell (no engine exports the histograms): no series at all
+    for metric in (sm.PLAN_CPU_TIER_EXTRA_HIT_RATIO, sm.PLAN_CPU_TIER_EXTRAPOLATED):
+        assert labelsets(s, metric, cluster="prod-b") == []
+
+
+def test_render_plan_metrics_cpu_tier_older_or_partial_sections_give_what_they_hold(
+    store: Store,
+) -> None:
+    odd = section()
+    rows = odd["native"]["rows"]
+    rows[2]["extra_hit_ratio"] = {"estimate": None, "lo": None, "hi": None}
+    rows[3]["multiple"] = 2.0  # a second "2x": the first one's series only
+    del rows[0]["extrapolated"]
+    odd["native"]["recommended"] = {"gib": None, "multiple": None, "why": "no knee"}
+    odd["lmcache"] = None
+    store.save_plan(plan("old", "", NOW - 10, "none", {"offload": None}))  # before cpu_tier
+    store.save_plan(plan("odd", "", NOW - 10, "none", {"cpu_tier": odd}))
+    s = parse(render_plan_metrics(store, now=NOW))
+    for metric in (sm.PLAN_CPU_TIER_EXTRA_HIT_RATIO, sm.PLAN_CPU_TIER_RECOMMENDED):
+        assert labelsets(s, metric, cluster="old") == []
+    assert labelsets(s, sm.PLAN_CPU_TIER_RECOMMENDED, cluster="odd") == []
+    assert labelsets(s, sm.PLAN_CPU_TIER_EXTRA_HIT_RATIO, cluster="odd", mode="lmcache") == []
+    got = {(x["size"], x["bound"]) for x in labelsets(s, sm.PLAN_CPU_TIER_EXTRA_HIT_RATIO,
+                                                      cluster="odd")}  # fmt: skip
+    assert {size for size, _ in got} == {"0.5x", "1x", "recommended"}  # 2x: nulls, then a dup
+    tokens = labelsets(s, sm.PLAN_CPU_TIER_AVOIDED_PREFILL, cluster="odd", size="2x")
+    assert len(tokens) == 3  # the first 2x row's, not the duplicate's
+    assert value(s, sm.PLAN_CPU_TIER_AVOIDED_PREFILL.name, cluster="odd", size="2x",
+                 bound="estimate") == 3100.0  # fmt: skip
+    flags = {x["size"] for x in labelsets(s, sm.PLAN_CPU_TIER_EXTRAPOLATED, cluster="odd")}
+    assert flags == {"1x", "2x", "recommended"}  # 0.5x has no flag
 
 
 def test_render_plan_metrics_coverage_given_adds_realised_and_nominal(two_plans: Store) -> None:

@@ -35,6 +35,7 @@ from collector.store import Store
 from dashboards.build import RULES_DIR, artifacts
 from tests import services
 from tests.collector.exposerver import ExpoServer, expo_server
+from tests.tierdoc import SECTION as CPU_TIER
 
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURES = ROOT / "tests" / "fixtures" / "metrics"
@@ -102,7 +103,7 @@ def colon_trap(text: str) -> str:
 
 def plan_record(now: float, group: str = "") -> PlanRecord:
     """A stored plan with every headline figure, deployed native offload, a recommended
-    LMCache, and saturation within its horizon."""
+    LMCache, saturation within its horizon, and what a CPU tier would buy."""
     headline = {
         "score": 0.72,
         "breakeven_native": 0.62, "breakeven_native_lo": 0.55, "breakeven_native_hi": 0.7,
@@ -129,6 +130,7 @@ def plan_record(now: float, group: str = "") -> PlanRecord:
                      "engines_with_mode_range": [5, 7], "gpu_hours_saved_per_day": 48.0,
                      "gpu_hours_saved_range": [24.0, 72.0]},
         }}},
+        "cpu_tier": CPU_TIER,
     }  # fmt: skip
     return PlanRecord(PLAN_CLUSTER, group, now - 60, now - 7200, now - 60, 86400.0, "test",
                       "lmcache", document, headline)  # fmt: skip

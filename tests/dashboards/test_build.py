@@ -173,3 +173,37 @@ def test_every_panel_rate_and_ratio_is_a_recording_rule_expression() -> None:
         if ("rate(" in t["expr"] or " / " in t["expr"]) and t["expr"] not in recorded
     ]  # fmt: skip
     assert not loose, "panel rates/ratios without a recording rule:\n" + "\n".join(loose)
+
+
+def test_planner_cpu_tier_table_joins_one_column_per_query_on_tier_and_size() -> None:
+    panels = {p["title"]: p for p in _dashboards()["kvscope-planner"]["panels"]}
+    table = panels["What a CPU tier would buy"]
+    assert table["type"] == "table"
+    assert "model-based" in table["description"]
+    assert "not confidence intervals" in table["description"]
+    assert "--kv-cache-metrics" in table["description"]
+    targets = table["targets"]
+    assert all(t["instant"] and t["format"] == "table" for t in targets)
+    keys = "cluster, group, mode, size"
+    assert all(t["expr"].startswith(f"max by ({keys}) (") for t in targets)
+    merge, organize = table["transformations"]
+    assert merge["id"] == "merge" and organize["id"] == "organize"
+    renamed = organize["options"]["renameByName"]
+    assert list(renamed) == [f"Value #{t['refId']}" for t in targets]
+    overrides = [o["matcher"]["options"] for o in table["fieldConfig"]["overrides"]]
+    assert overrides == list(renamed.values())  # each column's unit reaches its column
+    order = organize["options"]["indexByName"]
+    assert sorted(order, key=order.__getitem__) == [*keys.split(", "), *renamed]
+    assert 'bound="lower"' in targets[1]["expr"] and 'bound="upper"' in targets[2]["expr"]
+    stat = panels["Recommended CPU tier size"]
+    assert stat["type"] == "stat" and stat["fieldConfig"]["defaults"]["unit"] == "bytes"
+
+
+def test_chart_columns_without_one_query_each_are_refused() -> None:
+    from dashboards.grafana import Chart, Column, Query
+
+    with pytest.raises(ValueError, match="one query per column"):
+        Chart("t", "d", "none", (Query("up"),), kind="table",
+              columns=(Column("a", "none"), Column("b", "none")))  # fmt: skip
+    with pytest.raises(ValueError, match="one query per column"):
+        Chart("t", "d", "none", (Query("up"),), columns=(Column("a", "none"),))

@@ -16,6 +16,7 @@ import io
 import shutil
 import threading
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import replace
 from html.parser import HTMLParser
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -42,9 +43,11 @@ from planner.plan import (
 from planner.report import PLOT_FILES, render_report_html, write_plots
 from planner.report.html import CSP, NO_SCORED_PLANS, closed_loop, closed_loop_html
 from planner.report.html_parts import _link
+from planner.report.plot_tier import tier_curves
 from tests.chromium import CHROMIUM, chromium
 from tests.planner.groupstore import fill_two_models
 from tests.planner.synthstore import fill_store, shifted_frame, sqlite_url
+from tests.tierdoc import SECTION
 
 EVIL = 'prod<script>alert("x")</script>&co'
 EVIL_REASON = Reason(
@@ -52,6 +55,14 @@ EVIL_REASON = Reason(
 )
 RUNNER = CliRunner()
 PNG = b"\x89PNG\r\n\x1a\n"
+CPU_TIER_PNG = "cpu_tier_hit_ratio.png"
+
+
+def drawn(d: dict[str, Any]) -> list[str]:
+    """The plots of a plan's JSON: the synthetic plan runs every fit and forecast; the CPU-tier
+    plot needs a reuse curve in its ``cpu_tier`` section (the synthetic store has no residency
+    histograms)."""
+    return [n for n in PLOT_FILES if n != CPU_TIER_PNG or tier_curves(d.get("cpu_tier"))]
 
 
 # Scored plans as planner.plan.outcome makes them: a real PlanOutcome, its to_dict() as the
@@ -189,9 +200,9 @@ def test_report_html_links_out_only_to_reason_sources(page: str, plan: Plan) -> 
     assert f'content="{html.escape(CSP)}"' in page and "default-src 'none'" in CSP
 
 
-def test_report_html_images_are_the_plots_as_decodable_pngs(page: str) -> None:
+def test_report_html_images_are_the_plots_as_decodable_pngs(page: str, plan: Plan) -> None:
     srcs = links(page).srcs
-    assert len(srcs) == len(PLOT_FILES)  # the synthetic plan runs every fit and forecast
+    assert len(srcs) == len(drawn(plan.to_dict())) >= len(PLOT_FILES) - 1
     for src in srcs:
         raw = base64.b64decode(src.split(",", 1)[1], validate=True)
         assert raw.startswith(PNG)
@@ -204,7 +215,7 @@ def test_report_html_inlines_the_same_pngs_write_plots_writes(
     page: str, plan: Plan, tmp_path: Path
 ) -> None:
     written = write_plots(plan, tmp_path)
-    assert [p.name for p in written] == list(PLOT_FILES)
+    assert [p.name for p in written] == drawn(plan.to_dict())
     inline = [base64.b64decode(s.split(",", 1)[1]) for s in links(page).srcs]
     assert inline == [p.read_bytes() for p in written]
 
@@ -319,7 +330,7 @@ def test_report_html_plan_of_two_model_groups_shows_each_groups_decision(
     assert "not drawn (its fit or forecast did not run)" in page  # 60 windows: some fits skip
 
 
-def test_report_cli_writes_page_and_prints_its_path(cli_run: tuple[Path, str]) -> None:
+def test_report_cli_writes_page_and_prints_its_path(cli_run: tuple[Path, str], plan: Plan) -> None:
     out, stderr = cli_run
     assert f"kvscope report: wrote {out}" in stderr
     page = out.read_text(encoding="utf-8")
@@ -327,7 +338,7 @@ def test_report_cli_writes_page_and_prints_its_path(cli_run: tuple[Path, str]) -
     assert html.escape(EVIL) in page and "<script" not in page.lower()
     assert NO_SCORED_PLANS in page  # no plan saved in this store
     found = links(page)
-    assert len(found.srcs) == len(PLOT_FILES)
+    assert len(found.srcs) == len(drawn(plan.to_dict()))
     assert all(h.startswith(("#", "https://", "data:,")) for h in found.hrefs)
 
 
@@ -356,10 +367,9 @@ IMAGES_JS = """(async () => {
 })()"""
 
 
-@pytest.fixture
-def served(cli_run: tuple[Path, str]) -> Iterator[tuple[str, list[str]]]:
-    """The CLI's page at http://127.0.0.1:<port>/report.html; the paths requested."""
-    body = cli_run[0].read_bytes()
+@contextmanager
+def serving(body: bytes) -> Iterator[tuple[str, list[str]]]:
+    """``body`` at http://127.0.0.1:<port>/report.html; the paths requested."""
     requested: list[str] = []
 
     class Handler(BaseHTTPRequestHandler):
@@ -387,15 +397,17 @@ def served(cli_run: tuple[Path, str]) -> Iterator[tuple[str, list[str]]]:
         thread.join(timeout=5)
 
 
-@pytest.mark.skipif(
-    not CHROMIUM.exists(),
-    reason=f"Debian's chromium is not installed ({CHROMIUM}): `make test` installs it",
-)
-def test_report_html_loads_in_headless_chromium_and_every_image_decodes(
-    served: tuple[str, list[str]], tmp_path: Path
-) -> None:
-    url, requested = served
-    with chromium(tmp_path / "profile") as cdp:
+@pytest.fixture
+def served(cli_run: tuple[Path, str]) -> Iterator[tuple[str, list[str]]]:
+    """The CLI's page at http://127.0.0.1:<port>/report.html; the paths requested."""
+    with serving(cli_run[0].read_bytes()) as got:
+        yield got
+
+
+def load_in_chromium(url: str, profile: Path) -> tuple[dict[str, Any], str, list[Any]]:
+    """The page's images and counts (IMAGES_JS), a 1200×1600 screenshot (base64 PNG) and the
+    DevTools events seen."""
+    with chromium(profile) as cdp:
         target = cdp.call("Target.createTarget", {"url": "about:blank"})["targetId"]
         session = cdp.call("Target.attachToTarget", {"targetId": target, "flatten": True})[
             "sessionId"
@@ -416,15 +428,30 @@ def test_report_html_loads_in_headless_chromium_and_every_image_decodes(
             session=session,
         )["result"]["value"]
         shot = cdp.call("Page.captureScreenshot", {"format": "png"}, session=session)["data"]
-    assert got["total"] == len(PLOT_FILES) and got["decoded"] == got["total"], got
+    return got, shot, list(cdp.events)
+
+
+NEEDS_CHROMIUM = pytest.mark.skipif(
+    not CHROMIUM.exists(),
+    reason=f"Debian's chromium is not installed ({CHROMIUM}): `make test` installs it",
+)
+
+
+@NEEDS_CHROMIUM
+def test_report_html_loads_in_headless_chromium_and_every_image_decodes(
+    served: tuple[str, list[str]], tmp_path: Path, plan: Plan
+) -> None:
+    url, requested = served
+    got, shot, events = load_in_chromium(url, tmp_path / "profile")
+    assert got["total"] == len(drawn(plan.to_dict())) and got["decoded"] == got["total"], got
     assert all(w > 300 for w in got["widths"]), got
     assert EVIL in got["title"] and got["scripts"] == 0 and got["links"] > 0
     # nothing but the page itself was fetched: no image, style, font or favicon from elsewhere
-    fetched = {e["params"]["request"]["url"] for e in cdp.events
+    fetched = {e["params"]["request"]["url"] for e in events
                if e["method"] == "Network.requestWillBeSent"}  # fmt: skip
     assert {u for u in fetched if not u.startswith("data:")} == {url}
     assert requested == ["/report.html"]
-    refused = [e["params"]["entry"]["text"] for e in cdp.events if e["method"] == "Log.entryAdded"]
+    refused = [e["params"]["entry"]["text"] for e in events if e["method"] == "Log.entryAdded"]
     assert not [t for t in refused if "Content Security Policy" in t], refused
     with Image.open(io.BytesIO(base64.b64decode(shot))) as img:
         assert img.size == (1200, 1600)
@@ -433,3 +460,89 @@ def test_report_html_loads_in_headless_chromium_and_every_image_decodes(
     dark = int((grey < 128).sum())
     assert int(grey.max()) - int(grey.min()) > 100 and len(colours) > 50, "a blank screenshot"
     assert dark > 0.005 * 1200 * 1600  # text and plots drawn, not an empty page
+
+
+# ── what a CPU tier would buy (tests/tierdoc.py's section on the synthetic plan) ──────────
+
+
+@pytest.fixture(scope="module")
+def tier_pages(plan: Plan, tmp_path_factory: pytest.TempPathFactory) -> tuple[str, list[Path]]:
+    """The page and the written plots of the synthetic plan carrying tests/tierdoc.py's
+    cpu_tier section (its JSON, as planner/plan/tier.py makes it)."""
+    real = Plan.to_dict
+
+    def with_tier(self: Plan) -> dict[str, Any]:
+        return {**real(self), "cpu_tier": SECTION}
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(Plan, "to_dict", with_tier)
+        page = render_report_html(plan, OUTCOMES, SUMMARY, generated_at=1_790_800_000.0)
+        written = write_plots(plan, tmp_path_factory.mktemp("tier-plots"))
+    return page, written
+
+
+def _tier_section(page: str) -> str:
+    start = page.index('<section id="cpu-tier">')
+    return page[start : page.index("</section>", start)]
+
+
+def test_report_html_cpu_tier_section_gives_each_size_with_its_model_based_range(
+    tier_pages: tuple[str, list[Path]],
+) -> None:
+    page, _ = tier_pages
+    assert '<a href="#cpu-tier">CPU tier</a>' in page
+    section = _tier_section(page)
+    assert "<h2>What a CPU tier would buy</h2>" in section
+    assert "<b>41.0 %</b> measured, 43.0 % by the model" in section
+    assert "not a confidence interval" in section
+    # native 2× HBM: hit ratio, extra, re-prefill avoided, GPU time, capacity, each with range
+    row = section[section.index(">2× HBM</td>") :].split("</tr>", 1)[0]
+    for head, span in (("49.0 %", "46.0 %, 52.0 %"), ("+8.0 pp", "+5.0 pp, +11.0 pp"),
+                       ("3,100", "1,950, 4,300"), ("1.05×", "1.03×, 1.07×")):  # fmt: skip
+        assert f'>{head}<br><span class="small">[{span}]</span>' in row, head
+    assert "extrapolated past the HBM eviction time" in row
+    assert "Recommended: <b>62 GiB</b> (3.02× HBM) (extrapolated)" in section
+    # LMCache 4× cannot tell: its range, no estimate
+    lm = section[section.index("LMCache L1 pool: sizes per node pool of 2 engines") :]
+    row4 = lm[lm.index(">4× HBM</td>") :].split("</tr>", 1)[0]
+    assert '>range<br><span class="small">[+5.0 pp, +22.0 pp]</span>' in row4
+    assert "cannot tell" in row4
+    assert "+13.0 pp" not in row4
+    assert "a lower bound (reuse across engines is not seen)" in lm
+    assert "No recommended size." in lm
+    assert "Engines without a curve: engine-4" in section
+
+
+def test_report_html_cpu_tier_plot_inlined_and_written_like_the_others(
+    tier_pages: tuple[str, list[Path]],
+) -> None:
+    page, written = tier_pages
+    assert [p.name for p in written] == list(PLOT_FILES)  # every fit, and the tier's curve
+    inline = [base64.b64decode(s.split(",", 1)[1]) for s in links(page).srcs]
+    assert inline == [p.read_bytes() for p in written]
+    with Image.open(written[-1]) as img:
+        assert written[-1].name == CPU_TIER_PNG and img.width > 800 and img.height > 300
+    assert "What a CPU tier would buy: prefix hit ratio vs CPU tier size" in page
+    assert "dashed: extrapolated past the HBM eviction time" in page
+
+
+def test_report_html_without_a_reuse_curve_says_why_the_tier_plot_is_missing(
+    page: str, plan: Plan
+) -> None:
+    if tier_curves(plan.to_dict().get("cpu_tier")):
+        pytest.skip("the synthetic plan has a reuse curve")
+    assert "not drawn (no reuse curve: see What a CPU tier would buy)" in page
+    assert 'id="cpu-tier"' in page and "<h2>What a CPU tier would buy</h2>" in page
+
+
+@NEEDS_CHROMIUM
+def test_report_html_with_cpu_tier_loads_in_headless_chromium_and_every_image_decodes(
+    tier_pages: tuple[str, list[Path]], tmp_path: Path
+) -> None:
+    with serving(tier_pages[0].encode("utf-8")) as (url, requested):
+        got, _, events = load_in_chromium(url, tmp_path / "profile")
+    assert got["total"] == len(PLOT_FILES) and got["decoded"] == got["total"], got
+    assert all(w > 300 for w in got["widths"]), got
+    assert got["scripts"] == 0 and requested == ["/report.html"]
+    refused = [e["params"]["entry"]["text"] for e in events if e["method"] == "Log.entryAdded"]
+    assert not [t for t in refused if "Content Security Policy" in t], refused
