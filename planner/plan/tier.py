@@ -80,7 +80,7 @@ ENABLE = (
     "off [source: vllm-kv-cache-metrics]"
 )
 INTERVAL = (
-    "model-based {level:.0%} interval: Poisson bootstrap of the sampled histogram counts ∪ the "
+    "model-based {level:.0f} % interval: Poisson bootstrap of the sampled histogram counts ∪ the "
     "tail families past the HBM eviction time ∪ the HBM reproduction error; not a confidence "
     "interval over engines (cluster totals add the engines' ends)"
 )
@@ -272,12 +272,20 @@ def _tier(
     if knees:
         sizes = [k.size_gib.value for k in knees if k.size_gib is not None]
         gib = float(math.ceil(max(sizes)))
+        told = [r["gib"] for r in rows if r["can_tell"]]
+        within = bool(told) and gib <= max(told) * (1 + 1e-9)
         recommended = {
             "gib": gib,
             "multiple": gib / hbm_gib if hbm_gib > 0 else None,
+            "can_tell": within,
             "why": (
-                f"the knee: past it each GiB adds less than {knees[0].fraction:.0%} of the "
-                "hits the first GiB past HBM adds"
+                f"the knee: past it each GiB adds less than {knees[0].fraction * 100:.0f} % of "
+                "the hits the first GiB past HBM adds"
+                + (
+                    ""
+                    if within
+                    else "; past the largest size the model can tell, so sizing does not use it"
+                )
             ),
             "extrapolated": any(k.extrapolated for k in knees),
             "interval_gib": _est(
@@ -286,8 +294,8 @@ def _tier(
         }
     else:
         why = "; ".join(sorted({g.knee.why for g, _ in gains if g.knee.why})) or "no gain"
-        recommended = {"gib": None, "multiple": None, "why": why, "extrapolated": False,
-                       "interval_gib": _est(None)}  # fmt: skip
+        recommended = {"gib": None, "multiple": None, "can_tell": False, "why": why,
+                       "extrapolated": False, "interval_gib": _est(None)}  # fmt: skip
     return {
         "scope": scope,
         "lower_bound": mode == "lmcache",
@@ -331,10 +339,13 @@ def _merge(parts: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
 
 def recommended_gib(section: Mapping[str, Any], mode: str) -> float | None:
     """The recommended size of ``mode``'s tier (GiB per engine for native, per pool for
-    LMCache) of a ``cpu_tier`` section, None when it recommends none."""
-    tier = section.get(mode) or {}
-    gib = (tier.get("recommended") or {}).get("gib")
-    return float(gib) if isinstance(gib, int | float) and gib > 0 else None
+    LMCache) of a ``cpu_tier`` section, for sizing: None when it recommends none or when
+    the size lies past what the model can tell."""
+    rec = (section.get(mode) or {}).get("recommended") or {}
+    gib = rec.get("gib")
+    if not rec.get("can_tell") or not isinstance(gib, int | float) or gib <= 0:
+        return None
+    return float(gib)
 
 
 def cannot(why: str, engines_without: Sequence[str] = ()) -> dict[str, Any]:
@@ -346,7 +357,7 @@ def cannot(why: str, engines_without: Sequence[str] = ()) -> dict[str, Any]:
         "engines": 0,
         "engines_without": list(engines_without),
         "level": LEVEL,
-        "interval": INTERVAL.format(level=LEVEL),
+        "interval": INTERVAL.format(level=LEVEL * 100),
         "method": "",
         "assumptions": [],
         "hbm": None,
@@ -463,7 +474,7 @@ def tier_section(
         "engines_without": without,
         "engines_without_why": {k: reasons[k] for k in without},
         "level": LEVEL,
-        "interval": INTERVAL.format(level=LEVEL),
+        "interval": INTERVAL.format(level=LEVEL * 100),
         "method": _METHOD,
         "assumptions": list(native[0][0].assumptions),
         "hbm": {

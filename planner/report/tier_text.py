@@ -55,6 +55,8 @@ def _tier_lines(name: str, t: Mapping[str, Any] | None) -> list[str]:
     rec = t.get("recommended") or {}
     if isinstance(rec.get("gib"), int | float):
         extra = " (extrapolated)" if rec.get("extrapolated") else ""
+        if rec.get("can_tell") is False:
+            extra += " — cannot tell"
         out.append(
             f"    recommended: {rec['gib']:,.0f} GiB ({rec.get('multiple', 0):.1f}× HBM KV)"
             f"{extra}: {rec.get('why')}; range "

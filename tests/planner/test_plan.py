@@ -110,13 +110,21 @@ def test_plan_synthetic_evidence_reads_fits_at_current_utilization(
     assert (ev.model, ev.gpu, ev.tp, ev.engines) == ("llama-3.1-8b", "h100", TP, 6)
     at = plan.fits["equal_kv_native"]["at_current_util"]
     assert at["u"] == pytest.approx(ev.kv_util_p50, abs=0.05)  # nearest grid point
-    # the synthetic windows carry no TTFT or queue: capacity at the SLO cannot tell, and the
-    # equal-KV diagnostic is not read as one
-    assert ev.native_capacity is not None and not ev.native_capacity.can_tell
+    # the synthetic windows' TTFT and queue follow KV use, not an offload effect on capacity:
+    # capacity at the SLO is the capacity fit's (no claim either way), never the equal-KV
+    # diagnostic's +20 % read as one
+    cap = ev.native_capacity
+    assert cap is not None and cap.provenance == "measured"
     assert plan.offload is not None
     native = plan.offload["modes"]["native"]
-    assert native["capacity"]["can_tell"] is False and native["capacity"]["why"]
-    assert native["experiment"] is not None and native["experiment"]["seed"] == 0
+    if cap.can_tell:
+        assert cap.ratio is not None and cap.claim is not None
+        assert cap.claim.lo < 1 < cap.claim.hi
+        equal_kv = plan.fits["equal_kv_native"]["at_current_util"]
+        assert abs(cap.ratio.estimate - (1 + equal_kv["relative"])) > 0.05
+    else:
+        assert native["capacity"]["why"]
+        assert native["experiment"] is not None and native["experiment"]["seed"] == 0
     assert ev.effective_mfu is not None
     assert ev.effective_mfu.estimate == pytest.approx(plan.fits["prefill_mfu"]["estimate"])
     assert ev.l1_hit_curve is not None and len(ev.l1_hit_curve) > 10
@@ -462,7 +470,7 @@ def test_plan_columnar_read_equals_window_read_exactly(tmp_path: Path) -> None:
         assert h["reprefill_share"]["value"] is not None
         assert plans[0].window["first"] == windows[0].start + 600
         assert set(plans[0].details.seconds) == {"read", "frame", "observe", "fits",
-                                                 "forecasts", "decide"}  # fmt: skip
+                                                 "forecasts", "cpu_tier", "decide"}  # fmt: skip
 
 
 def test_plan_engine_switched_offload_counts_windows_by_regime_and_lists_assumed(

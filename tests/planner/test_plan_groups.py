@@ -110,8 +110,8 @@ def test_plan_two_models_json_lists_groups_each_with_its_plan(two: Any) -> None:
     assert "all groups pooled" in text
 
 
-TOP_KEYS = {"cluster", "window", "happening", "decision", "offload", "fits", "forecast",
-            "sizing", "configs", "cost", "evidence", "basis"}  # fmt: skip
+TOP_KEYS = {"cluster", "window", "happening", "decision", "offload", "cpu_tier", "fits",
+            "forecast", "sizing", "configs", "cost", "evidence", "basis"}  # fmt: skip
 MODES = ("none", "native", "lmcache", "both")
 
 

@@ -117,22 +117,34 @@ def test_native_rows_match_a_brute_force_two_tier_lru(irm: tuple[object, Recorde
     )
 
 
-def test_recommended_size_feeds_sizing(irm: tuple[object, Recorded]) -> None:
+def test_recommended_size_feeds_sizing_only_where_the_model_can_tell(
+    irm: tuple[object, Recorded],
+) -> None:
     _, rec = irm
     sec = _section(rec)
-    gib = recommended_gib(sec, "native")
-    assert gib is not None and gib > sec["hbm"]["gib_per_engine"]  # type: ignore[index]
+    native = sec["native"]
+    assert isinstance(native, dict)
+    r = native["recommended"]
+    told = [row["gib"] for row in native["rows"] if row["can_tell"]]
+    # the knee is reported with its range either way; sizing reads it only inside the sizes
+    # the model can tell
+    assert r["gib"] is not None and r["interval_gib"]["lo"] <= r["interval_gib"]["hi"]
+    assert r["can_tell"] == (r["gib"] <= max(told))
+    assert (recommended_gib(sec, "native") is not None) == r["can_tell"]
+    doctored = {"native": {"recommended": {**r, "can_tell": True}}}
+    gib = recommended_gib(doctored, "native")
+    assert gib == r["gib"]
     from planner.decide.evidence import Evidence
 
     ev = Evidence(model="llama-3.1-8b", gpu="h100-80gb", tp=1, engines=2, kv_util_p95=0.97,
                   preemptions_per_1k=80.0, prompt_tokens_p90=9000, prefix_hit_ratio=0.3,
                   cpu_tier_native_gib=gib)  # fmt: skip
-    decision = decide(ev)
-    if decision.mode != "native":
-        decision = replace(decision, mode="native")
+    decision = replace(decide(ev), mode="native")
     sizing = size(ev, decision)
     assert sizing.native_cpu_gib == pytest.approx(float(int(gib)))
     assert any("reuse curve" in n for n in sizing.notes)
+    fallback = size(replace(ev, cpu_tier_native_gib=None), decision)
+    assert fallback.native_cpu_gib != sizing.native_cpu_gib
 
 
 def test_two_engines_add_their_avoided_tokens(irm: tuple[object, Recorded]) -> None:
@@ -147,9 +159,7 @@ def test_two_engines_add_their_avoided_tokens(irm: tuple[object, Recorded]) -> N
     assert row2["avoided_prefill_tokens_per_s"]["estimate"] == pytest.approx(
         2 * row1["avoided_prefill_tokens_per_s"]["estimate"]
     )
-    assert row2["extra_hit_ratio"]["estimate"] == pytest.approx(
-        row1["extra_hit_ratio"]["estimate"]
-    )
+    assert row2["extra_hit_ratio"]["estimate"] == pytest.approx(row1["extra_hit_ratio"]["estimate"])
     assert both["lmcache"]["scope"] == "per node pool of 2 engine(s)"
     assert both["lmcache"]["lower_bound"] is True
 
