@@ -32,7 +32,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from benchmarks.accuracy.tier_cases import (
     AVOIDED_REL,
@@ -46,7 +46,10 @@ from benchmarks.accuracy.tier_cases import (
     Case,
     cases,
 )
-from benchmarks.accuracy.tier_truth import CaseTruth, Size, measure
+from benchmarks.accuracy.tier_truth import CaseTruth, Size, engines_truth, measure
+
+if TYPE_CHECKING:
+    from benchmarks.accuracy.telemetry_gen import Telemetry
 
 RESULTS = Path(__file__).resolve().parents[1] / "results"
 
@@ -54,10 +57,20 @@ RESULTS = Path(__file__).resolve().parents[1] / "results"
 # ----------------------------------------------------------------------------- the section
 
 
-def section_of(raw: Mapping[str, Any], seed: int) -> tuple[dict[str, Any], dict[str, Any]]:
-    """The telemetry of ``raw`` (no offload) and the plan's cpu_tier section over it, with
-    the per-engine diagnostics; returns (section, extras)."""
-    from benchmarks.accuracy.telemetry_gen import bucket_sums, generate
+def telemetry_of(raw: Mapping[str, Any]) -> Telemetry:
+    """The telemetry of ``raw`` (the case's scenario, no offload) through the collector path."""
+    from benchmarks.accuracy.telemetry_gen import generate
+    from planner.simulate.scenario import parse_scenario
+
+    return generate(parse_scenario(raw, where=f"tier study {raw.get('name', '')}"))
+
+
+def section_of(
+    raw: Mapping[str, Any], tel: Telemetry, seed: int
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The plan's cpu_tier section over ``tel`` (the telemetry of ``raw``) and the per-engine
+    diagnostics; returns (section, extras)."""
+    from benchmarks.accuracy.telemetry_gen import bucket_sums
     from benchmarks.accuracy.verdict_study import engine_records
     from planner.fit.capacity import Slo
     from planner.frames.frames import engine_frame
@@ -66,10 +79,7 @@ def section_of(raw: Mapping[str, Any], seed: int) -> tuple[dict[str, Any], dict[
     from planner.plan.tier import tier_section
     from planner.simulate.scenario import parse_scenario
 
-    t0 = time.perf_counter()
     sc = parse_scenario(raw, where=f"tier study {raw.get('name', '')}")
-    tel = generate(sc)
-    tel_s = time.perf_counter() - t0
     records, _ = engine_records(raw, tel)
     frame = engine_frame(list(tel.windows), records)
     hists = combine(bucket_sums(tel.windows))
@@ -94,8 +104,9 @@ def section_of(raw: Mapping[str, Any], seed: int) -> tuple[dict[str, Any], dict[
             for key, by in hists.items()
         },
         "engines": diagnostics(frame, records, hists, hw, seed),
-        "seconds": {"telemetry": round(tel_s, 1), "section": round(sec_s, 1)},
-    }
+        "seconds": {"telemetry": round(tel.sim_wall_s + tel.collect_wall_s, 1),
+                    "section": round(sec_s, 1)},
+    }  # fmt: skip
     return section, extras
 
 
@@ -231,8 +242,12 @@ def score_row(row: Mapping[str, Any] | None, truth: Size, section_can_tell: bool
     return out
 
 
-def score(section: Mapping[str, Any], truth: CaseTruth) -> list[dict[str, Any]]:
-    """Every size of the case: the section's native row against the truth."""
+def score(
+    section: Mapping[str, Any], truth: CaseTruth, engines: Sequence[str] = ()
+) -> list[dict[str, Any]]:
+    """Every size of the case: the section's native row against the truth. ``engines``: every
+    engine key of the frame; when the section left some out, each row also carries
+    ``section_engines``: its score against the truth of the engines it covers."""
     rows: list[Mapping[str, Any] | None] = [None] * len(truth.sizes)
     if section.get("can_tell") and section.get("native"):
         got = section["native"]["rows"]
@@ -243,7 +258,22 @@ def score(section: Mapping[str, Any], truth: CaseTruth) -> list[dict[str, Any]]:
                 raise ValueError(f"section row {r['label']} is {r['gib']} GiB, the truth's {s.gib}")
         rows = list(got)
     told = bool(section.get("can_tell"))
-    return [score_row(r, s, told) for r, s in zip(rows, truth.sizes, strict=True)]
+    out = [score_row(r, s, told) for r, s in zip(rows, truth.sizes, strict=True)]
+    left_out = section.get("engines_without") or []
+    if told and left_out:
+        # the section covers only its fitted engines: beside the frozen (whole-cluster)
+        # score, the score against those engines' own truth
+        keys = sorted({_engine_index(k) for k in engines if k not in left_out})
+        if keys:
+            part = engines_truth(truth, keys)
+            for o, r, s in zip(out, rows, part, strict=True):
+                o["section_engines"] = score_row(r, s, told)
+    return out
+
+
+def _engine_index(key: str) -> int:
+    """``engine-3/0`` -> 3 (telemetry_gen's source names)."""
+    return int(key.split("/", 1)[0].rsplit("-", 1)[1])
 
 
 # ----------------------------------------------------------------------------- one case
@@ -253,8 +283,8 @@ def run_case(case: Case, say: Callable[[str], None]) -> dict[str, Any]:
     """Truth, telemetry, section and scores of one case (module docstring)."""
     t0 = time.perf_counter()
     truth, raw = measure(case, say)
-    section, extras = section_of(raw, case.seed)
-    sizes = score(section, truth)
+    section, extras = section_of(raw, telemetry_of(raw), case.seed)
+    sizes = score(section, truth, list(extras["engines"]))
     for s in sizes:
         t = s["truth"]
         got = s["hit_ratio"][0]
@@ -429,6 +459,28 @@ def markdown(doc: Mapping[str, Any]) -> str:
                 f"[{_pct(lo)}, {_pct(hi)}] | {'–' if err is None else f'{err:+.1f}'} | "
                 f"{_tok(t['avoided_tokens_per_s'])} | {_tok(te)} [{_tok(tl)}, {_tok(th)}] | "
                 f"{'–' if terr is None else f'{terr:+.0f}'} | {cov} | {ct} |"
+            )
+    part = [(r, z) for r in doc["results"] for z in r["sizes"] if "section_engines" in z]
+    if part:
+        lines += [
+            "",
+            "Sections that left engines out (their reproduction failed) cover only the others: "
+            "the same rows against the truth of the engines they cover.",
+            "",
+            "| case | engines left out | size | truth hit ratio % (those engines) | section % | "
+            "error pp | truth avoided tok/s | section tok/s | error % |",
+            "|---|---|---|---|---|---|---|---|---|",
+        ]
+        for r, z in part:
+            e = z["section_engines"]
+            t = e["truth"]
+            err, terr = e["hit_error_pp"], e["avoided_error_pct"]
+            terr_s = "–" if terr is None else f"{terr:+.0f}"
+            lines.append(
+                f"| {r['case']} | {', '.join(r['section']['engines_without'])} | "
+                f"{z['multiple']:g}× | {_pct(t['hit_ratio'])} | {_pct(e['hit_ratio'][0])} | "
+                f"{'–' if err is None else f'{err:+.1f}'} | {_tok(t['avoided_tokens_per_s'])} | "
+                f"{_tok(e['avoided_tokens_per_s'][0])} | {terr_s} |"
             )
     return "\n".join(lines) + "\n"
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 import copy
 import math
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -61,6 +61,7 @@ class Run:
     hit_ratio: float  # (hits + external_hits) / queries
     hit_tokens_per_s: float  # (hits + external_hits) / seconds
     engine_hit_ratios: tuple[float, ...]
+    engine_counts: tuple[tuple[float, float, float], ...]  # per engine: queries, hits, external
     compare: dict[str, Any]  # the compare table's figures of this run (whole run)
     wall_s: float
 
@@ -193,9 +194,33 @@ def measure_run(raw: Mapping[str, Any], multiple: float, gib: float) -> Run:
         hit_ratio=(h + x) / q,
         hit_tokens_per_s=(h + x) / seconds,
         engine_hit_ratios=tuple((d[1] + d[2]) / d[0] if d[0] else math.nan for d in delta),
+        engine_counts=tuple((d[0], d[1], d[2]) for d in delta),
         compare={k: summary[k] for k in COMPARE},
         wall_s=time.perf_counter() - t0,
     )
+
+
+def engines_truth(truth: CaseTruth, engines: Sequence[int]) -> tuple[Size, ...]:
+    """The truth over some engines only (those a section covers): per size, the same figures
+    from those engines' counters."""
+    if not engines:
+        raise ConfigError("tier truth: no engine to restrict the truth to")
+
+    def part(run: Run) -> tuple[float, float]:
+        q = sum(run.engine_counts[i][0] for i in engines)
+        h = sum(run.engine_counts[i][1] + run.engine_counts[i][2] for i in engines)
+        return q, h
+
+    q0, h0 = part(truth.none)
+    out = []
+    for r in truth.runs:
+        q, h = part(r)
+        out.append(
+            Size(multiple=r.multiple, gib=r.gib, hit_ratio=h / q, none_hit_ratio=h0 / q0,
+                 avoided_tokens_per_s=(h - h0) / r.seconds, connector_tokens_per_s=math.nan,
+                 lookup_tokens_per_s=q / r.seconds)
+        )  # fmt: skip
+    return tuple(out)
 
 
 def measure(
