@@ -26,12 +26,12 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from collector.errors import ConfigError
-from collector.records import Window
+from collector.records import BucketSum, Labels, Window
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -199,3 +199,26 @@ def merge(parts: list[Telemetry], name: str = "") -> Telemetry:
         collect_wall_s=sum(p.collect_wall_s for p in parts),
         skipped=skipped,
     )
+
+
+def bucket_sums(windows: Iterable[Window]) -> list[BucketSum]:
+    """The bucket counts of ``windows`` summed per series and bucket layout, as
+    ``Store.sum_buckets`` sums the same windows once written (each series' windows added in
+    start order; windows without bucket counts left out): feed them to
+    :func:`planner.frames.residency.combine` for the per-engine residency histograms the plan
+    reads, without a store."""
+    groups: dict[tuple[str, str, Labels, tuple[float, ...]], list[Window]] = {}
+    for w in windows:
+        if w.bucket_counts:
+            groups.setdefault((w.source, w.signal, w.labels, w.bucket_bounds), []).append(w)
+    out = []
+    for (source, signal, labels, bounds), ws in groups.items():
+        ws.sort(key=lambda w: w.start)
+        counts = [0.0] * (len(bounds) + 1)
+        for w in ws:
+            counts = [a + float(b) for a, b in zip(counts, w.bucket_counts, strict=True)]
+        out.append(
+            BucketSum(source, signal, labels, bounds, tuple(counts), len(ws), ws[0].start,
+                      ws[-1].start)
+        )  # fmt: skip
+    return sorted(out, key=lambda b: (b.source, b.signal, b.labels, b.last))

@@ -56,8 +56,10 @@ buckets just below it (the bucket holding T_hbm is left out: its censoring is kn
 as a straight line across the bucket): ``exponential`` (decay time T_hbm/max(−β, 1), β the
 log-log slope over [T_hbm/8, T_hbm]), ``power`` (f ∝ t^β) and ``lognormal`` (a quadratic
 in ln t over [T_hbm/64, T_hbm], when it bends down). Every tail is capped by
-today's miss ratio minus a floor of accesses that can never hit (``unhittable_per_s``: e.g.
-one partial, never-hashed block per request), so no family adds more than 1 − H − floor.
+what today's lookups miss minus a floor of accesses that can never hit (``unhittable_per_s``:
+e.g. one partial, never-hashed block per request): only lookups can hit, so the accesses
+past the prompt misses (decode-time blocks) never do, and no family adds more than
+(lookups − hits − floor) / λ of the accesses (≤ 1 − H − floor).
 Every number past T_hbm is *extrapolated* (flagged); when the capacity asked for needs the
 reuse-time distribution past the top finite bucket of vLLM's histogram (1800 s) or the
 families disagree widely (spread > max(1 pp, half the largest)), the answer is "cannot
@@ -356,7 +358,7 @@ class _Body:
     hit: float  # H over the AET stream (hits / (hits + allocations))
     lam: float  # AET accesses per second
     cap: float  # HBM blocks
-    avail: float  # 1 − H − floor: the most any tail may add
+    avail: float  # (lookups − hits − floor) / λ: the most any tail may add
     edges: Array  # finite gap bucket edges, from 0
     dens: Array  # density per finite bucket, scaled so that F(T_hbm) = H
     kappa: float
@@ -528,7 +530,10 @@ def _body(
     n_hits = s * win * inp.hits_per_s  # hits the sampled blocks carry
     n_acc = s * win * lam
     floor = min(inp.unhittable_per_s / lam, 1.0)
-    avail = max(0.0, 1.0 - hit - floor)
+    # only lookups can hit: the accesses past today's prompt misses (decode-time blocks)
+    # and the floor never do, so a tail adds at most (lookups − hits − floor) / λ
+    lookable = (inp.lookups_per_s - inp.hits_per_s - inp.unhittable_per_s) / lam
+    avail = max(0.0, min(1.0 - hit - floor, lookable))
 
     g_edges = _bucket_edges(inp.reuse_gap.bounds)
     fin = gap[:-1]

@@ -393,3 +393,23 @@ def test_no_gap_below_the_eviction_time_leaves_no_tail() -> None:
     assert math.isnan(point.hit_ratio.value) and not point.can_tell
     gain = native_offload_gain(fit, [1.0], bytes_per_block=1.0)
     assert gain.knee.size_gib is None and "no tail" in gain.knee.why
+
+
+def test_decode_time_allocations_never_count_as_hits(irm: tuple[Trace, ReuseFit]) -> None:
+    """Only lookups can hit: when most allocations are decode-time blocks (no lookup asks
+    for them), no CPU tier, however large, adds more hits than today's lookups miss."""
+    _, fit = irm
+    inp = fit.inputs
+    misses = inp.lookups_per_s - inp.hits_per_s
+    decode = dataclasses.replace(
+        inp, lookups_per_s=inp.hits_per_s + misses / 4, allocations_per_s=misses
+    )  # 3/4 of the allocations are decode-time blocks
+    capped = fit_reuse(decode, n_boot=20)
+    room = 1.0 - capped.hit_ratio
+    gain = native_offload_gain(capped, [1000 * IRM_CAP / GIB], bytes_per_block=1.0)
+    (point,) = gain.points
+    assert point.extra_hit_ratio.interval.hi <= room + 1e-9
+    assert point.extra_hit_ratio.value > 0.5 * room  # a large tier still catches most
+    assert point.avoided_prefill_tokens_per_s.interval.hi <= misses * inp.block_size + 1e-9
+    (far,) = capped.curve([1000 * IRM_CAP])
+    assert far.hit_ratio.interval.hi <= 1.0 + 1e-9

@@ -100,3 +100,22 @@ def test_merge_keeps_every_source_and_refuses_duplicates() -> None:
         merge([a, generate(short, prefix="c-", window_s=30.0)])
     with pytest.raises(ConfigError, match="at least one"):
         merge([])
+
+
+def test_bucket_sums_combine_to_what_the_store_sums(tmp_path: Any) -> None:
+    """The residency histograms of generated windows, summed without a store, equal the ones
+    the plan reads back from a store holding the same windows."""
+    from benchmarks.accuracy.telemetry_gen import bucket_sums
+    from collector.store import Store
+    from planner.frames.residency import combine, residency_histograms
+
+    raw = {**RAW, "engine": {"kv_cache_metrics": True, "kv_cache_metrics_sample": 1.0},
+           "cluster": {**RAW["cluster"], "gpu_memory_utilization": 0.3}}  # fmt: skip
+    tel = generate(parse_scenario(raw))
+    got = combine(bucket_sums(tel.windows))
+    assert set(got) == {"engine-0/0", "engine-1/0"}
+    assert got["engine-0/0"]["kv_block_lifetime_seconds"].total() > 0
+    with Store(f"sqlite:///{tmp_path}/t.db") as store:
+        store.migrate()
+        store.write_windows(tel.windows)
+        assert residency_histograms(store) == got
