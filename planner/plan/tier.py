@@ -101,7 +101,6 @@ class _Engine:
     key: str
     fit: ReuseFit
     tokens_per_s: float
-    requests_per_s: float
 
 
 def _hist(b: BucketCounts) -> Histogram:
@@ -111,8 +110,8 @@ def _hist(b: BucketCounts) -> Histogram:
 
 def _inputs(
     key: str, hists: Mapping[str, BucketCounts], rows: pd.DataFrame, facts: Mapping[str, Any]
-) -> tuple[ReuseInputs, float, float]:
-    """One engine's ReuseInputs, its served tokens/s and requests/s (ConfigError: why not)."""
+) -> tuple[ReuseInputs, float]:
+    """One engine's ReuseInputs and its served tokens/s (ConfigError: why not)."""
     import numpy as np
 
     missing = [s for s in NEEDED if s not in hists or hists[s].total() <= 0]
@@ -158,18 +157,16 @@ def _inputs(
         unhittable_per_s=requests_per_s,
         name=key,
     )
-    return inputs, tokens_per_s, requests_per_s
+    return inputs, tokens_per_s
 
 
-def _est(
-    e: Estimate | None, scale: float = 1.0, add: float = 0.0, top: float = math.inf
-) -> dict[str, float | None]:
-    """{"estimate", "lo", "hi"} of ``e × scale + add``, capped at ``top`` (a hit ratio at 1)."""
+def _est(e: Estimate | None, add: float = 0.0, top: float = math.inf) -> dict[str, float | None]:
+    """{"estimate", "lo", "hi"} of ``e + add``, capped at ``top`` (a hit ratio at 1)."""
     if e is None:
         return {"estimate": None, "lo": None, "hi": None}
 
     def f(x: float) -> float | None:
-        return min(x * scale + add, top) if math.isfinite(x) else None
+        return min(x + add, top) if math.isfinite(x) else None
 
     return {"estimate": f(e.value), "lo": f(e.interval.lo), "hi": f(e.interval.hi)}
 
@@ -179,6 +176,18 @@ def _sum(parts: Sequence[dict[str, float | None]]) -> dict[str, float | None]:
     for k in ("estimate", "lo", "hi"):
         vals = [p[k] for p in parts]
         out[k] = None if any(v is None for v in vals) else float(sum(v for v in vals if v))
+    return out
+
+
+def _mean(parts: Sequence[dict[str, float | None] | None]) -> dict[str, float | None] | None:
+    """The plain mean of several engines' (or pools') estimates, bound by bound; None when
+    one of them has none."""
+    if any(p is None for p in parts):
+        return None
+    out: dict[str, float | None] = {}
+    for k in ("estimate", "lo", "hi"):
+        vals = [p[k] for p in parts if p is not None]
+        out[k] = None if any(v is None for v in vals) else sum(v for v in vals if v) / len(vals)
     return out
 
 
@@ -316,18 +325,8 @@ def _merge(parts: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
         first = dict(same[0])
         for k in ("avoided_prefill_tokens_per_s", "prefill_gpu_seconds_saved_per_hour"):
             first[k] = _sum([r[k] for r in same])
-        for k in ("hit_ratio", "extra_hit_ratio"):
-            first[k] = {
-                b: (None if any(r[k][b] is None for r in same)
-                    else sum(r[k][b] for r in same) / len(same))
-                for b in ("estimate", "lo", "hi")
-            }  # fmt: skip
-        caps = [r["capacity_ratio"] for r in same]
-        first["capacity_ratio"] = (
-            None if any(c is None for c in caps)
-            else {b: (None if any(c[b] is None for c in caps)
-                      else sum(c[b] for c in caps) / len(caps)) for b in ("estimate", "lo", "hi")}
-        )  # fmt: skip
+        for k in ("hit_ratio", "extra_hit_ratio", "capacity_ratio"):
+            first[k] = _mean([r[k] for r in same])
         first["extrapolated"] = any(r["extrapolated"] for r in same)
         first["can_tell"] = all(r["can_tell"] for r in same)
         first["why"] = "; ".join(
@@ -385,22 +384,22 @@ def tier_section(
     keys = engine_keys(frame)
     facts = {e.source: dict(e.facts or {}) for e in engines}
     present = sorted(set(keys.tolist()))
-    ready: list[tuple[str, ReuseInputs, float, float]] = []
+    ready: list[tuple[str, ReuseInputs, float]] = []
     without: list[str] = []
     reasons: dict[str, str] = {}
     for key in present:
         source = key.split("/", 1)[0]
         try:
-            inputs, tok, req = _inputs(key, hists.get(key, {}), frame[keys == key],
+            inputs, tok = _inputs(key, hists.get(key, {}), frame[keys == key],
                                        facts.get(source, {}))  # fmt: skip
         except ConfigError as exc:
             without.append(key)
             reasons[key] = str(exc)
             continue
-        ready.append((key, inputs, tok, req))
+        ready.append((key, inputs, tok))
     fitted: list[_Engine] = []
     chosen = _spread(ready)
-    for key, inputs, tok, req in chosen:
+    for key, inputs, tok in chosen:
         try:
             fit = fit_reuse(inputs, level=LEVEL, n_boot=N_BOOT, seed=seed)
         except (ConfigError, KvscopeError) as exc:
@@ -411,7 +410,7 @@ def tier_section(
             without.append(key)
             reasons[key] = fit.why
             continue
-        fitted.append(_Engine(key, fit, tok, req))
+        fitted.append(_Engine(key, fit, tok))
     if not fitted:
         if not any(hists.get(k) for k in present):
             why = (
@@ -526,12 +525,9 @@ def _curve(
     ]  # fmt: skip
     merged = []
     for same in zip(*out, strict=True):
-        row: dict[str, float | None] = {"gib": same[0]["gib"]}
-        for b in ("estimate", "lo", "hi"):
-            vals = [r[b] for r in same]
-            row["hit_ratio" if b == "estimate" else b] = (
-                None if any(v is None for v in vals) else sum(v for v in vals if v) / len(vals)
-            )
+        mean = _mean(same) or {}
+        row: dict[str, float | None] = {"gib": same[0]["gib"], "hit_ratio": mean["estimate"],
+                                        "lo": mean["lo"], "hi": mean["hi"]}  # fmt: skip
         row["extrapolated"] = max(float(r["extrapolated"] or 0.0) for r in same)
         merged.append(row)
     return merged
@@ -550,8 +546,8 @@ def _as_pool(g: TierGain) -> TierGain:
 
 
 def _spread(
-    ready: Sequence[tuple[str, ReuseInputs, float, float]],
-) -> list[tuple[str, ReuseInputs, float, float]]:
+    ready: Sequence[tuple[str, ReuseInputs, float]],
+) -> list[tuple[str, ReuseInputs, float]]:
     """At most MAX_FITTED engines, spread evenly over the engines ranked by load (each fit
     costs a bootstrap); the section's totals are per engine fitted × engines."""
     if len(ready) <= MAX_FITTED:
