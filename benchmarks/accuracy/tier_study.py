@@ -34,6 +34,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from benchmarks.accuracy.runner import git_revision, run_cases
 from benchmarks.accuracy.tier_cases import (
     AVOIDED_REL,
     DEV_SEED,
@@ -124,7 +125,7 @@ def diagnostics(
     for key in sorted(set(keys.tolist())):
         source = key.split("/", 1)[0]
         try:
-            inputs, tok_s, req_s = tier._inputs(  # the section's own inputs
+            inputs, tok_s = tier._inputs(  # the section's own inputs
                 key, hists.get(key, {}), frame[keys == key], dict(records[source].facts or {})
             )
             fit = fit_reuse(inputs, level=tier.LEVEL, n_boot=tier.N_BOOT, seed=seed)
@@ -162,7 +163,7 @@ def diagnostics(
                 for m, p in zip(MULTIPLES, gain.points, strict=True)
             ],
             "tokens_per_s": tok_s,
-            "requests_per_s": req_s,
+            "requests_per_s": inputs.unhittable_per_s,  # the section's floor: one a request
         }
     return out
 
@@ -514,18 +515,6 @@ def _worker(case: Case) -> dict[str, Any]:
     return out
 
 
-def _git() -> str:
-    import subprocess
-
-    try:
-        return subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True,
-            cwd=Path(__file__).parent,
-        ).stdout.strip()  # fmt: skip
-    except (OSError, subprocess.CalledProcessError):
-        return "?"
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     ap.add_argument("--split", default="study", choices=("study", "dev"))
@@ -539,49 +528,25 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(markdown(json.loads(a.table.read_text())), end="")
         return 0
     todo = [c for c in cases(a.split) if not a.only or c.name in a.only]
-    partial = a.out.with_suffix(".partial.jsonl")
-    done: dict[str, dict[str, Any]] = {}
-    if a.resume and partial.exists():
-        for line in partial.read_text().splitlines():
-            r = json.loads(line)
-            if "error" not in r:
-                done[r["case"]] = r
-    elif partial.exists():
-        partial.unlink()
-    run = [c for c in todo if c.name not in done]
-    print(f"tier study: {len(todo)} cases ({len(done)} done), {a.jobs} worker(s)",
-          file=sys.stderr, flush=True)  # fmt: skip
-    t0 = time.perf_counter()
-    partial.parent.mkdir(parents=True, exist_ok=True)
-    results = list(done.values())
-    with partial.open("a") as fh:
-        if a.jobs > 1:
-            from multiprocessing import get_context
-
-            with get_context("fork").Pool(a.jobs) as pool:
-                for r in pool.imap_unordered(_worker, run):
-                    fh.write(json.dumps(r) + "\n")
-                    fh.flush()
-                    results.append(r)
-        else:
-            for c in run:
-                r = _worker(c)
-                fh.write(json.dumps(r) + "\n")
-                fh.flush()
-                results.append(r)
-    order = {c.name: i for i, c in enumerate(todo)}
-    results.sort(key=lambda r: order.get(r["case"], 1 << 30))
+    results, wall_s = run_cases(
+        [c.name for c in todo],
+        todo,
+        _worker,
+        out=a.out,
+        jobs=a.jobs,
+        resume=a.resume,
+        label="tier study",
+    )
     good = [r for r in results if "error" not in r]
-    resumed_s = sum(r.get("wall_s", 0.0) for r in done.values()) / max(a.jobs, 1)
     doc = {
         "split": a.split,
         "master_seed": MASTER_SEED if a.split == "study" else DEV_SEED,
-        "git": _git(),
+        "git": git_revision(),
         "jobs": a.jobs,
         "cases": len(good),
         "failed": [r["case"] for r in results if "error" in r],
         "errors": {r["case"]: r["error"] for r in results if "error" in r},
-        "wall_s": time.perf_counter() - t0 + resumed_s,
+        "wall_s": wall_s,
         "rules": {
             "multiples": list(MULTIPLES),
             "sample_rate": SAMPLE_RATE,

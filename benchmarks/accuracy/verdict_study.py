@@ -45,6 +45,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from benchmarks.accuracy.runner import git_revision, run_cases
 from benchmarks.accuracy.verdict_cases import (
     DEV_SEED,
     DIURNAL_AMPLITUDE,
@@ -623,18 +624,6 @@ def _worker(args: tuple[Case, bool]) -> dict[str, Any]:
     return out
 
 
-def _git() -> str:
-    import subprocess
-
-    try:
-        return subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True,
-            cwd=Path(__file__).parent,
-        ).stdout.strip()  # fmt: skip
-    except (OSError, subprocess.CalledProcessError):
-        return "?"
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--split", default="study", choices=("study", "dev"))
@@ -661,48 +650,24 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(markdown(doc), end="")
         return 0
     todo = [c for c in cases(a.split) if not a.only or c.name in a.only or c.cls in a.only]
-    partial = a.out.with_suffix(".partial.jsonl")
-    done: dict[str, dict[str, Any]] = {}
-    if a.resume and partial.exists():
-        for line in partial.read_text().splitlines():
-            r = json.loads(line)
-            if "error" not in r:
-                done[r["case"]] = r
-    elif partial.exists():
-        partial.unlink()
-    run = [c for c in todo if c.name not in done]
-    print(f"verdict study: {len(todo)} cases ({len(done)} done), {a.jobs} worker(s)",
-          file=sys.stderr, flush=True)  # fmt: skip
-    t0 = time.perf_counter()
-    partial.parent.mkdir(parents=True, exist_ok=True)
-    results = list(done.values())
-    with partial.open("a") as fh:
-        if a.jobs > 1:
-            from multiprocessing import get_context
-
-            with get_context("fork").Pool(a.jobs) as pool:
-                for r in pool.imap_unordered(_worker, [(c, not a.no_plan) for c in run]):
-                    fh.write(json.dumps(r) + "\n")
-                    fh.flush()
-                    results.append(r)
-        else:
-            for c in run:
-                r = _worker((c, not a.no_plan))
-                fh.write(json.dumps(r) + "\n")
-                fh.flush()
-                results.append(r)
-    order = {c.name: i for i, c in enumerate(todo)}
-    results.sort(key=lambda r: order.get(r["case"], 1 << 30))
+    results, wall_s = run_cases(
+        [c.name for c in todo],
+        [(c, not a.no_plan) for c in todo],
+        _worker,
+        out=a.out,
+        jobs=a.jobs,
+        resume=a.resume,
+        label="verdict study",
+    )
     good = [r for r in results if "error" not in r]
-    resumed_s = sum(r.get("wall_s", 0.0) for r in done.values()) / max(a.jobs, 1)
     doc = {
         "split": a.split,
         "master_seed": MASTER_SEED if a.split == "study" else DEV_SEED,
-        "git": _git(),
+        "git": git_revision(),
         "jobs": a.jobs,
         "cases": len(good),
         "failed": [r["case"] for r in results if "error" in r],
-        "wall_s": time.perf_counter() - t0 + resumed_s,
+        "wall_s": wall_s,
         "rules": {
             "overload": OVERLOAD,
             "slo_low_load": SLO_LOW_LOAD,
