@@ -37,7 +37,6 @@ from planner.plan.basis import (
 )
 from planner.plan.fits import (
     EQUAL_KV,
-    FitRun,
     Hardware,
     equal_kv_at,
     hit_curve,
@@ -59,7 +58,6 @@ from planner.plan.tier import recommended_gib, tier_section
 from planner.plan.verdict import ModeVerdict, run_verdicts, verdict_section
 
 if TYPE_CHECKING:
-    from collections.abc import Mapping
     from typing import Any
 
     import pandas as pd
@@ -222,7 +220,6 @@ def _cpu_tier(  # noqa: PLR0917 - the parts of one plan the section reads
     frame: pd.DataFrame,
     engines: list[EngineRecord],
     hw: Hardware | None,
-    fits: Mapping[str, FitRun],
     evidence: Evidence,
     sources: set[str],
 ) -> dict[str, Any]:
@@ -231,7 +228,7 @@ def _cpu_tier(  # noqa: PLR0917 - the parts of one plan the section reads
     hists = residency_histograms(
         run.store, cluster=run.cluster, sources=sorted(sources), since=run.since, until=run.until
     )
-    mfu = mfu_evidence(fits["prefill_mfu"])
+    mfu = evidence.effective_mfu  # the prefill MFU fit's, when it can tell
     return tier_section(
         frame,
         engines,
@@ -313,7 +310,7 @@ def _plan(
         cpu_dram_per_node_gib=dram_of(in_window),
     )
     evidence = fc.evidence.apply(seen.apply(measured))
-    cpu_tier = None if groups else _cpu_tier(run, frame, in_window, hw, fits, evidence, present)
+    cpu_tier = None if groups else _cpu_tier(run, frame, in_window, hw, evidence, present)
     if cpu_tier is not None:
         evidence = replace(
             evidence,
