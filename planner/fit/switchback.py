@@ -33,7 +33,10 @@ Carry-over: after a switch the CPU tier fills (or empties) and the prefix cache 
 restarted engine is cold, so the first ``washout_s`` seconds of every block but an engine's
 first are dropped from that engine (Bojinov, Simchi-Levi & Zhao 2023, "Design and analysis
 of switchback experiments", Management Science 69(7): under carry-over of order m their
-estimator uses only the periods whose assignment agrees with the m before it). Windows of
+estimator uses only the periods whose assignment agrees with the m before it). The waiting
+queue carries over too: a block that inherits a backlog spends its first minutes serving
+the other mode's overload, so the washout lasts, past ``washout_s``, while the queue keeps
+falling window over window (:func:`carried_over`). Windows of
 other offload modes, with a missing or (log scale) non-positive outcome, or with a missing
 covariate are dropped too; ``dropped`` counts each reason.
 
@@ -58,6 +61,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
+from planner.fit.capacity import QUEUE_GROWTH_SHARE
 from planner.fit.common import (
     Estimate,
     FitResult,
@@ -85,8 +89,8 @@ UNKNOWN_MODE = "unknown"
 DEFAULT_WASHOUT_S = 300.0
 COV_TYPES = ("cr2", "hac")
 
-__all__ = ["Block", "SwitchbackFit", "engine_keys", "find_switchbacks", "fit_switchback",
-           "switchback_blocks"]  # fmt: skip
+__all__ = ["Block", "SwitchbackFit", "carried_over", "engine_keys", "find_switchbacks",
+           "fit_switchback", "switchback_blocks"]  # fmt: skip
 
 
 @dataclass(frozen=True, slots=True)
@@ -189,6 +193,39 @@ def switchback_blocks(frame: pd.DataFrame, engine: str) -> tuple[Block, ...]:
     return tuple(_runs(starts[order], modes, _window_s(frame), engine))
 
 
+def _queue(frame: pd.DataFrame) -> tuple[Array, Array]:
+    """Per row: the mean waiting queue and the finished requests (NaN where not collected)."""
+    import numpy as np
+
+    nan = np.full(len(frame), np.nan)
+    cols = [frame[c].to_numpy(dtype=float) if c in frame.columns else nan
+            for c in ("waiting", "requests")]  # fmt: skip
+    return cols[0], cols[1]
+
+
+def carried_over(
+    starts: Array, waiting: Array, finished: Array, switch_at: float, washout_s: float
+) -> npt.NDArray[np.bool_]:
+    """Which windows of one block (any order) the switch at ``switch_at`` still shapes: those
+    starting within ``washout_s`` of it, then each following window while the waiting queue
+    falls from the one before by more than QUEUE_GROWTH_SHARE of its finished requests (at
+    least 1) — the backlog the other mode left is still being served. A missing queue ends
+    the washout at ``washout_s``."""
+    import numpy as np
+
+    out = starts < switch_at + washout_s
+    order = np.argsort(starts, kind="stable")
+    prev = math.nan
+    for j in order.tolist():
+        if not out[j]:
+            fall = prev - waiting[j] > max(QUEUE_GROWTH_SHARE * np.nan_to_num(finished[j]), 1.0)
+            if not fall:
+                break
+            out[j] = True
+        prev = float(waiting[j])
+    return out
+
+
 def _time_blocks(blocks: Sequence[Block]) -> Array:
     """Cut points of the time blocks: every block start, then the last block end."""
     import numpy as np
@@ -265,6 +302,7 @@ def fit_switchback(
     y_raw = frame[outcome].to_numpy(dtype=float)
     in_pair = (modes == NO_OFFLOAD) | (modes == offload)
     bad_y = ~np.isfinite(y_raw) | ((y_raw <= 0.0) if log else False)
+    waiting, finished = _queue(frame)
     require_history(what, int((in_pair & ~bad_y).sum()), min_windows)
 
     # switching engines of this comparison, their blocks, the washout after each switch
@@ -284,7 +322,8 @@ def fit_switchback(
             pos += b.windows
             block_of[these] = len(blocks)
             if i > 0:
-                washed[these] = starts[these] < b.start + washout_s
+                washed[these] = carried_over(starts[these], waiting[these], finished[these],
+                                             b.start, washout_s)  # fmt: skip
             blocks.append(b)
     controls = tuple(sorted({str(k) for k in keys[in_pair]} - set(switching)))
 
@@ -314,7 +353,10 @@ def fit_switchback(
     steps = (
         ("other offload modes", ~in_pair),
         (f"outcome missing{' or <= 0' if log else ''}", bad_y),
-        (f"washout ({fmt(washout_s)} s after a switch)", washed),
+        (
+            f"washout ({fmt(washout_s)} s after a switch, then while an inherited queue drains)",
+            washed,
+        ),
         ("outside the switchback's time blocks", outside),
         ("a covariate missing", bad_z),
     )

@@ -26,14 +26,19 @@ from planner.fit.capacity import (
 )
 from planner.fit.common import Interval, exp_or_inf, nan_interval
 from planner.fit.effects import OUTCOMES, Effect, TodayEffects, cannot_effect, derived_outcomes
-from planner.fit.switchback import DEFAULT_WASHOUT_S, fit_switchback, switchback_blocks
+from planner.fit.switchback import (
+    DEFAULT_WASHOUT_S,
+    carried_over,
+    fit_switchback,
+    switchback_blocks,
+)
 from planner.fit.units import TRAFFIC, balance, engine_keys, traffic
 
 if TYPE_CHECKING:
     import pandas as pd
 
 MIN_BLOCKS = 3  # per arm, before the bootstrap of the capacity ratio is read
-N_BOOT = 400
+N_BOOT = 2000
 
 
 def switching_for(frame: pd.DataFrame, mode: str) -> list[str]:
@@ -97,8 +102,9 @@ def switchback_today(frame: pd.DataFrame, mode: str, level: float) -> TodayEffec
     assumptions = (
         "the canary is compared with itself, on against off, net of what the control engines "
         "saw in the same time blocks",
-        "the first minutes after each switch are left out (washout); carry-over longer than "
-        "that biases the effect",
+        "the first minutes after each switch, and the windows after them while a queue "
+        "inherited from the other mode drains, are left out (washout); carry-over longer "
+        "than that biases the effect",
         "time blocks are independent once their common level is removed",
     )
     return TodayEffects(mode, blocks_on, blocks_off, len(switching), len(controls),
@@ -126,12 +132,17 @@ def switchback_capacity(
     missed = violations(sub, slo)
     start = sub["start"].to_numpy(dtype=float)
     arm = sub["offload_mode"].astype(str).to_numpy()
+    wait = sub["waiting"].to_numpy(dtype=float)
+    done = sub["requests"].to_numpy(dtype=float)
     blocks = switchback_blocks(frame, engine)
     block_of = np.full(start.size, -1)
     for i, b in enumerate(blocks):
         # the washout after a switch is left out, as in the effects' fit
-        first = b.start + (DEFAULT_WASHOUT_S if i else 0.0)
-        block_of[(start >= first) & (start < b.end)] = i
+        inside = np.flatnonzero((start >= b.start) & (start < b.end))
+        if i:
+            inside = inside[~carried_over(start[inside], wait[inside], done[inside], b.start,
+                                          DEFAULT_WASHOUT_S)]  # fmt: skip
+        block_of[inside] = i
     keep = block_of >= 0
     load, missed, arm, block_of = load[keep], missed[keep], arm[keep], block_of[keep]
     by_arm = {a: [i for i, b in enumerate(blocks) if b.mode == a] for a in (mode, "none")}

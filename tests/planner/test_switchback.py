@@ -12,6 +12,8 @@ import pytest
 
 from collector.errors import ConfigError, InsufficientHistory
 from planner.fit.switchback import (
+    carried_over,
+    engine_keys,
     find_switchbacks,
     fit_switchback,
     switchback_blocks,
@@ -93,7 +95,8 @@ def test_fit_switchback_washout_drops_first_windows_after_each_switch(
     frame = switchback_frame(4, effect=0.1, schedule=schedule, controls=2)
     fit = _fit(frame, washout_s=washout_s)
     dropped = dict(fit.dropped)
-    assert dropped[f"washout ({washout_s:g} s after a switch)"] == 3 * per_switch
+    reason = f"washout ({washout_s:g} s after a switch, then while an inherited queue drains)"
+    assert dropped[reason] == 3 * per_switch
     assert fit.n == len(frame) - 3 * per_switch
     assert fit.windows_by_arm == (("none", 40 - per_switch), ("native", 40 - 2 * per_switch))
 
@@ -224,3 +227,58 @@ def test_fit_switchback_linear_scale_has_no_ratio() -> None:
     logged = _fit(switchback_frame(9, effect=0.1, controls=2))
     assert logged.ratio.value == pytest.approx(np.exp(logged.estimate))
     assert logged.ratio.interval.lo == pytest.approx(np.exp(logged.interval.lo))
+
+
+# carried_over: 1-minute windows from the switch at t=0, washout 180 s (3 windows); the
+# queue's fall must exceed max(5 % of finished, 1) window over window to extend it.
+_W = float("nan")
+
+
+@pytest.mark.parametrize(
+    ("waiting", "finished", "expected"),
+    [
+        # no queue: the fixed washout only
+        ([0, 0, 0, 0, 0, 0], [100] * 6, [1, 1, 1, 0, 0, 0]),
+        # a backlog drained by 30 a window until window 5
+        ([300, 270, 240, 210, 180, 150, 150], [100] * 7, [1, 1, 1, 1, 1, 1, 0]),
+        # a fall of 5 with 100 finished is not more than 5 % of them: ends
+        ([300, 270, 240, 235, 200], [100] * 5, [1, 1, 1, 0, 0]),
+        # a growing queue after the washout: the new mode's own overload, kept
+        ([10, 20, 30, 40, 50], [100] * 5, [1, 1, 1, 0, 0]),
+        # the drain ends at the first window that does not fall, later falls are kept
+        ([300, 270, 240, 210, 215, 150], [100] * 6, [1, 1, 1, 1, 0, 0]),
+        # a queue that was not collected: the fixed washout only
+        ([_W] * 5, [100] * 5, [1, 1, 1, 0, 0]),
+        # finished unknown: the floor of 1 request
+        ([30, 20, 10, 8, 8], [_W] * 5, [1, 1, 1, 1, 0]),
+    ],
+)
+def test_carried_over_extends_the_washout_while_an_inherited_queue_drains(
+    waiting: list[float], finished: list[float], expected: list[int]
+) -> None:
+    n = len(waiting)
+    starts = np.arange(n) * 60.0
+    got = carried_over(starts, np.asarray(waiting, float), np.asarray(finished, float), 0.0, 180.0)
+    assert got.astype(int).tolist() == expected
+    # the windows' order does not matter
+    perm = np.random.default_rng(n).permutation(n)
+    shuffled = carried_over(starts[perm], np.asarray(waiting, float)[perm],
+                            np.asarray(finished, float)[perm], 0.0, 180.0)  # fmt: skip
+    assert shuffled.astype(int).tolist() == [expected[i] for i in perm]
+
+
+def test_fit_switchback_drops_the_windows_that_drain_an_inherited_backlog() -> None:
+    schedule = ("off", "on", "off", "on")
+    frame = switchback_frame(4, effect=0.1, schedule=schedule, controls=2)
+    base = _fit(frame, washout_s=300.0)
+    # the canary's second block (on) inherits 400 waiting requests, drained 40 a window
+    canary = engine_keys(frame) == CANARY
+    b = switchback_blocks(frame, CANARY)[1]
+    rows = np.flatnonzero(canary & (frame["start"].to_numpy(float) >= b.start)
+                          & (frame["start"].to_numpy(float) < b.end))  # fmt: skip
+    rows = rows[np.argsort(frame["start"].to_numpy(float)[rows])]
+    waiting = np.zeros(len(frame))
+    waiting[rows[:10]] = 400.0 - 40.0 * np.arange(10)  # 400 … 40, then 0 from window 10
+    frame = frame.assign(waiting=waiting)
+    fit = _fit(frame, washout_s=300.0)
+    assert fit.n == base.n - 6  # windows 5..10 still drain it, past the 300 s washout
