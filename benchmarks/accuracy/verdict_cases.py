@@ -3,7 +3,10 @@
 This module — the classes, the cases, their seeds, the truth thresholds and the SLO and load
 rules — was committed on its own, before the study's first run on the ``study`` split;
 changing any of it makes a new study. The ``dev`` split (other seeds) was used to try the
-harness out while the rules were written.
+harness out while the rules were written. The ``replica`` split draws every case again with
+its own seeds (the same specs, rules and truth; committed before its first run): ten null
+comparisons cannot tell a 5 % claim rate from 10 %, nor ten helps cases 85 % coverage from
+80 %, so the study's rates are read over both splits.
 
 Each case is one simulated cluster (planner/simulate): its engines, their offload (a mix,
 as an operator trying offload runs it), its router, a workload with nothing fixed but the
@@ -40,7 +43,9 @@ from collector.errors import ConfigError
 
 MASTER_SEED = 2026120123  # the study split's seeds; fixed before its first run
 DEV_SEED = 2026120100  # the dev split's (harness shake-out only)
-SPLITS = ("study", "dev")
+REPLICA_SEED = 2026120404  # the replica split's; fixed before its first run
+SPLITS = ("study", "dev", "replica")
+SEEDS = {"study": MASTER_SEED, "dev": DEV_SEED, "replica": REPLICA_SEED}
 CLASSES = ("null", "helps", "canary", "switchback")
 
 # -- the truth's rules (verdict_truth.py) ------------------------------------------------
@@ -197,7 +202,7 @@ _SPECS: tuple[_Spec, ...] = (
 
 
 def _case(split: str, index: int, spec: _Spec) -> Case:
-    base = MASTER_SEED if split == "study" else DEV_SEED
+    base = SEEDS[split]
     name = f"{spec.cls}-{index:02d}-{spec.kind}"
     rng = random.Random(f"{base}:{split}:{name}")
     model, tp, gpu, (lo, hi) = rng.choice(_HARDWARE_FITS if spec.kind == "fits" else _HARDWARE)

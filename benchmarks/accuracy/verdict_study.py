@@ -47,15 +47,15 @@ from typing import TYPE_CHECKING, Any
 
 from benchmarks.accuracy.runner import git_revision, run_cases
 from benchmarks.accuracy.verdict_cases import (
-    DEV_SEED,
     DIURNAL_AMPLITUDE,
     HELPS_ABOVE,
-    MASTER_SEED,
     NULL_WITHIN,
     OVERLOAD,
     PEAK_RANGE,
+    SEEDS,
     SLO_LOW_LOAD,
     SLO_MULTIPLE,
+    SPLITS,
     SWITCHBACK_EVAL_HOURS,
     WARMUP_S,
     Case,
@@ -626,7 +626,7 @@ def _worker(args: tuple[Case, bool]) -> dict[str, Any]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--split", default="study", choices=("study", "dev"))
+    ap.add_argument("--split", default="study", choices=SPLITS)
     ap.add_argument("--jobs", type=int, default=1)
     ap.add_argument("--only", nargs="*", default=None, help="case names or classes")
     ap.add_argument("--no-plan", action="store_true", help="skip build_plan's decision")
@@ -662,7 +662,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     good = [r for r in results if "error" not in r]
     doc = {
         "split": a.split,
-        "master_seed": MASTER_SEED if a.split == "study" else DEV_SEED,
+        "master_seed": SEEDS[a.split],
         "git": git_revision(),
         "jobs": a.jobs,
         "cases": len(good),

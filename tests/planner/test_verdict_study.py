@@ -24,11 +24,23 @@ from collector.errors import ConfigError
 # sha256 of the study split as committed before its first run (ba50cd3): changing a case,
 # a seed or a rule of verdict_cases.py makes a new study, not a re-run of this one
 STUDY_DIGEST = "d6edb4e3e56179d9b0870e885ad76a65d851e421d9267314cc6689ee24fdd734"
+# the replica split, as committed before its first run
+REPLICA_DIGEST = "9eea994edba627e3567834d46cd21a9ed6f9aa806f8fee72bf308dba63a3e18d"
 
 
-def test_verdict_cases_study_split_unchanged_since_frozen() -> None:
-    blob = json.dumps([asdict(c) for c in cases("study")], sort_keys=True).encode()
-    assert hashlib.sha256(blob).hexdigest() == STUDY_DIGEST
+@pytest.mark.parametrize(("split", "digest"), [("study", STUDY_DIGEST),
+                                                ("replica", REPLICA_DIGEST)])  # fmt: skip
+def test_verdict_cases_split_unchanged_since_frozen(split: str, digest: str) -> None:
+    blob = json.dumps([asdict(c) for c in cases(split)], sort_keys=True).encode()
+    assert hashlib.sha256(blob).hexdigest() == digest
+
+
+def test_verdict_cases_replica_draws_the_same_specs_with_other_seeds() -> None:
+    study, replica = cases("study"), cases("replica")
+    assert [(c.name, c.cls, c.design) for c in study] == [
+        (c.name, c.cls, c.design) for c in replica
+    ]
+    assert not {c.seed for c in study} & {c.seed for c in replica}
 
 
 def test_verdict_cases_single_unit_arms_expect_cannot_tell() -> None:
