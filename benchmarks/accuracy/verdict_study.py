@@ -605,6 +605,24 @@ def _short(text: str, n: int = 60) -> str:
 # ----------------------------------------------------------------------------- CLI
 
 
+def merged(base: Mapping[str, Any], rerun: Mapping[str, Any]) -> dict[str, Any]:
+    """``base`` with the cases ``rerun`` holds replaced by its results, re-summarized."""
+    if base["split"] != rerun["split"]:
+        raise ValueError(f"cannot merge split {rerun['split']!r} into {base['split']!r}")
+    new = {r["case"]: {**r, "git": rerun["git"]} for r in rerun["results"]}
+    missing = sorted(set(new) - {r["case"] for r in base["results"]})
+    if missing:
+        raise ValueError(f"re-run cases not in the base result: {', '.join(missing)}")
+    results = [new.get(r["case"], {**r, "git": r.get("git", base["git"])})
+               for r in base["results"]]  # fmt: skip
+    doc = dict(base)
+    doc["git"] = f"{base['git']}; re-run at {rerun['git']}: {', '.join(sorted(new))}"
+    doc["wall_s"] = base["wall_s"] + rerun["wall_s"]
+    doc["summary"] = summarize(results)
+    doc["results"] = results
+    return doc
+
+
 def _worker(args: tuple[Case, bool]) -> dict[str, Any]:
     case, plan = args
     t0 = time.perf_counter()
@@ -634,6 +652,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--resume", action="store_true", help="skip cases in the partial file")
     ap.add_argument("--table", type=Path, help="re-print the markdown of a JSON result")
     ap.add_argument("--rescore", type=Path, help="re-score a JSON result in place")
+    ap.add_argument("--merge", type=Path, nargs=2, metavar=("BASE", "RERUN"),
+                    help="BASE's cases with those RERUN re-ran (a later revision) put in their "
+                    "place, written to --out; each case keeps the revision it ran at")  # fmt: skip
     a = ap.parse_args(argv)
     if a.table:
         print(markdown(json.loads(a.table.read_text())), end="")
@@ -647,6 +668,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         doc["summary"] = summarize(doc["results"])
         a.rescore.write_text(json.dumps(doc, indent=1, default=str) + "\n")
         a.rescore.with_suffix(".md").write_text(markdown(doc))
+        print(markdown(doc), end="")
+        return 0
+    if a.merge:
+        doc = merged(*(json.loads(p.read_text()) for p in a.merge))
+        a.out.with_suffix(".json").write_text(json.dumps(doc, indent=1, default=str) + "\n")
+        a.out.with_suffix(".md").write_text(markdown(doc))
         print(markdown(doc), end="")
         return 0
     todo = [c for c in cases(a.split) if not a.only or c.name in a.only or c.cls in a.only]

@@ -161,3 +161,29 @@ def test_verdict_study_helps_case_measured_claim_right_sign() -> None:
     assert native["truth"]["label"] == "helps"
     assert native["can_tell"] and native["claim"] in ("helps", "")
     assert native["call"] in ("right", "no claim")
+
+
+def test_merged_puts_rerun_cases_in_place_and_keeps_each_revision() -> None:
+    from pathlib import Path
+
+    from benchmarks.accuracy.verdict_study import merged
+
+    base = json.loads(Path("benchmarks/results/verdict_study.json").read_text())
+    one = json.loads(json.dumps(base["results"][-1]))
+    one["evaluations"][-1]["modes"]["native"]["covers"] = not one["evaluations"][-1]["modes"][
+        "native"
+    ]["covers"]
+    rerun = {**base, "git": "abc1234", "results": [one], "wall_s": 60.0}
+    doc = merged(base, rerun)
+    assert [r["case"] for r in doc["results"]] == [r["case"] for r in base["results"]]
+    assert doc["results"][-1]["git"] == "abc1234"
+    assert doc["results"][0]["git"] == base["git"]
+    assert (
+        doc["results"][-1]["evaluations"][-1]["modes"]["native"]["covers"]
+        == one["evaluations"][-1]["modes"]["native"]["covers"]
+    )
+    assert doc["wall_s"] == base["wall_s"] + 60.0
+    with pytest.raises(ValueError, match="split"):
+        merged(base, {**rerun, "split": "dev"})
+    with pytest.raises(ValueError, match="not in the base"):
+        merged(base, {**rerun, "results": [{**one, "case": "nope-99"}]})
