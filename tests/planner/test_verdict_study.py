@@ -177,7 +177,7 @@ def test_merged_puts_rerun_cases_in_place_and_keeps_each_revision() -> None:
     doc = merged(base, rerun)
     assert [r["case"] for r in doc["results"]] == [r["case"] for r in base["results"]]
     assert doc["results"][-1]["git"] == "abc1234"
-    assert doc["results"][0]["git"] == base["git"]
+    assert doc["results"][0]["git"] == base["results"][0].get("git", base["git"])
     assert (
         doc["results"][-1]["evaluations"][-1]["modes"]["native"]["covers"]
         == one["evaluations"][-1]["modes"]["native"]["covers"]
