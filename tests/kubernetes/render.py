@@ -34,7 +34,11 @@ def render(rel: str) -> tuple[Obj, ...]:
     if kubectl is None:  # CI and the dev machine have it; say so rather than pass silently
         pytest.skip("kubectl not on PATH (kustomize 5 is built into kubectl >= 1.27)")
     proc = subprocess.run(
-        [kubectl, "kustomize", str(K8S / rel)], capture_output=True, text=True, timeout=120
+        [kubectl, "kustomize", str(K8S / rel)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
     )
     assert proc.returncode == 0, proc.stderr
     return tuple(d for d in yaml.safe_load_all(proc.stdout) if d)

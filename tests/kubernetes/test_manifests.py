@@ -68,7 +68,7 @@ def _pruned(value: Any, schema: Obj, path: str) -> list[str]:
                 out += _pruned(v, props[k], f"{path}.{k}")
             elif isinstance(extra, dict):
                 out += _pruned(v, extra, f"{path}.{k}")
-            elif props is not None and path != "" or (path == "" and k not in props or {}):
+            elif props is not None:
                 out.append(f"{path}.{k}")
         return out
     if isinstance(value, list) and isinstance(schema.get("items"), dict):
@@ -107,7 +107,9 @@ def test_a_broken_object_fails_validation() -> None:
     monitor["spec"]["endpoints"][0]["interval"] = "30 seconds"  # not a Prometheus duration
     monitor["spec"]["endpoints"][1]["prot"] = "http"  # a typo the API server would drop
     errors = crd_errors(monitor)
-    assert any("30 seconds" in e for e in errors) and "unknown field .spec.endpoints[1].prot" in errors
+    assert (
+        any("30 seconds" in e for e in errors) and "unknown field .spec.endpoints[1].prot" in errors
+    )
 
 
 def _find(rel: str, kind: str, name: str) -> Obj:
@@ -164,10 +166,15 @@ MUTATIONS = [
 
 
 @pytest.mark.parametrize(("path", "value", "expected"), MUTATIONS)
-def test_the_hygiene_check_catches_each_missing_field(path: str, value: Any, expected: str | None) -> None:
+def test_the_hygiene_check_catches_each_missing_field(
+    path: str, value: Any, expected: str | None
+) -> None:
     deploy = copy.deepcopy(_find("overlays/prometheus-mode-postgres", "Deployment", "kvscope-api"))
     if path == "volumes[0].emptyDir":
-        deploy["spec"]["template"]["spec"]["volumes"][0] = {"name": "tmp", "hostPath": {"path": "/tmp"}}
+        deploy["spec"]["template"]["spec"]["volumes"][0] = {
+            "name": "tmp",
+            "hostPath": {"path": "/tmp"},
+        }
     else:
         _set(path, value)(deploy)
     problems = hygiene_problems(deploy)
@@ -191,7 +198,9 @@ def test_no_credential_is_written_in_any_object(rel: str, obj: Obj) -> None:
     ],
 )
 def test_the_credential_scan_catches_a_literal(literal: str) -> None:
-    deploy = copy.deepcopy(_find("overlays/prometheus-mode-postgres", "Deployment", "kvscope-planner"))
+    deploy = copy.deepcopy(
+        _find("overlays/prometheus-mode-postgres", "Deployment", "kvscope-planner")
+    )
     deploy["spec"]["template"]["spec"]["containers"][0]["env"].append(
         {"name": "KVSCOPE_DB", "value": literal}
     )
