@@ -4,7 +4,9 @@
 :func:`write` or :func:`check`. The files, relative to DIR (the repository root by default):
 
 - dashboards/generated/<uid>.json — the Grafana dashboards;
-- deploy/prometheus/rules/kvscope-records.yml and kvscope-alerts.yml — the rule files.
+- deploy/prometheus/rules/kvscope-records.yml and kvscope-alerts.yml — the rule files;
+- deploy/kubernetes/base/generated/*.yaml — the same rules as a PrometheusRule and the
+  dashboards as ConfigMaps for Grafana's sidecar (dashboards.kubernetes).
 
 Output is deterministic (no timestamps, stable key order), so ``--check`` is a byte
 comparison and a stale or hand-edited file fails CI with its path.
@@ -21,10 +23,20 @@ from dashboards.advice import planner_board
 from dashboards.config import DEFAULT, MixinConfig
 from dashboards.fleet import fleet_board
 from dashboards.grafana import Board, render
+from dashboards.kubernetes import K8S_DIR, k8s_files
 from dashboards.rules import alert_rules, dump_rules, recording_rules
 from dashboards.tiers import tiers_board
 
-__all__ = ["DASHBOARD_DIR", "RULES_DIR", "Stale", "artifacts", "boards", "check", "write"]
+__all__ = [
+    "DASHBOARD_DIR",
+    "K8S_DIR",
+    "RULES_DIR",
+    "Stale",
+    "artifacts",
+    "boards",
+    "check",
+    "write",
+]
 
 DASHBOARD_DIR = Path("dashboards/generated")
 RULES_DIR = Path("deploy/prometheus/rules")
@@ -54,8 +66,11 @@ def artifacts(cfg: MixinConfig = DEFAULT) -> dict[Path, str]:
         DASHBOARD_DIR / f"{uid}.json": json.dumps(doc, indent=2, ensure_ascii=False) + "\n"
         for uid, doc in dashboards_json(cfg).items()
     }
-    files[RULES_DIR / "kvscope-records.yml"] = dump_rules(recording_rules(cfg), _HEADER)
-    files[RULES_DIR / "kvscope-alerts.yml"] = dump_rules(alert_rules(cfg), _HEADER)
+    records, alerts = recording_rules(cfg), alert_rules(cfg)
+    files[RULES_DIR / "kvscope-records.yml"] = dump_rules(records, _HEADER)
+    files[RULES_DIR / "kvscope-alerts.yml"] = dump_rules(alerts, _HEADER)
+    texts = {rel.stem: text for rel, text in files.items() if rel.parent == DASHBOARD_DIR}
+    files.update(k8s_files(records, alerts, texts, _HEADER))
     return files
 
 
@@ -87,7 +102,7 @@ def check(out: Path, cfg: MixinConfig = DEFAULT) -> list[Stale]:
             stale.append(Stale(path, "missing"))
         elif path.read_text(encoding="utf-8") != text:
             stale.append(Stale(path, "differs"))
-    for folder, pattern in ((DASHBOARD_DIR, "*.json"), (RULES_DIR, "*.yml")):
+    for folder, pattern in ((DASHBOARD_DIR, "*.json"), (RULES_DIR, "*.yml"), (K8S_DIR, "*")):
         for path in sorted((out / folder).glob(pattern)):
             if path.relative_to(out) not in files:
                 stale.append(Stale(path, "not generated"))

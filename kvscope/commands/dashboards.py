@@ -25,7 +25,7 @@ def register(app: typer.Typer) -> None:
             typer.Option(
                 "--out",
                 help="root to write under (dashboards/generated/*.json, "
-                "deploy/prometheus/rules/*.yml)",
+                "deploy/prometheus/rules/*.yml, deploy/kubernetes/base/generated/*.yaml)",
             ),
         ] = Path("."),
         check: Annotated[

@@ -69,7 +69,7 @@ def test_build_runbook_base_option_changes_only_the_alerts(tmp_path: Path) -> No
                        "--runbook-base", "https://wiki.example/runbooks")  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     stale = {s.path.name for s in check(tmp_path)}
-    assert stale == {"kvscope-alerts.yml"}
+    assert stale == {"kvscope-alerts.yml", "kvscope-rules.yaml"}  # the PrometheusRule holds them
     assert (
         "https://wiki.example/runbooks#kvscopevllmpreemptionstorm"
         in (tmp_path / RULES_DIR / "kvscope-alerts.yml").read_text()
