@@ -6,23 +6,28 @@
   :meth:`~CollectorHealth.scraped` per scrape (and :meth:`~CollectorHealth.anomalies` with the
   value anomalies of a scrape that was up), :meth:`~CollectorHealth.ticked` after each tick;
 - :func:`serve_metrics` serves a registry on HOST:PORT from a daemon thread
-  (:func:`parse_listen_addr` checks the address first).
+  (:func:`parse_listen_addr` checks the address first), and ``GET /healthz`` from a check
+  such as :meth:`~CollectorHealth.alive`: 200 while the loop scrapes or ticks, 503 once it
+  has done neither for ``stale_after_s`` (a liveness probe restarts a hung loop; a store or
+  target outage does not stop the ticks, so it does not restart the collector).
 """
 
 from __future__ import annotations
 
 import contextlib
 import math
+import socket
 import threading
 import time
 from collections import Counter as Tally
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from socketserver import ThreadingMixIn
 from types import TracebackType
-from typing import Protocol, Self
-from wsgiref.simple_server import WSGIServer
+from typing import TYPE_CHECKING, Any, Protocol, Self
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-from prometheus_client.exposition import start_http_server
+from prometheus_client.exposition import make_wsgi_app
 
 from collector.errors import ConfigError
 from collector.records import Anomaly
@@ -45,6 +50,11 @@ from collector.selfmetrics import (
     COLLECTOR_WINDOWS_WRITTEN,
     SCRAPE_DURATION_BUCKETS,
 )
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator
+
+HealthCheck = Callable[[], tuple[bool, str]]  # (alive, one line saying why)
 
 __all__ = [
     "CollectorHealth",
@@ -96,7 +106,11 @@ class CollectorHealth:
         mode: str,
         targets: Iterable[str] = (),
         shard: str = "0/1",
+        stale_after_s: float | None = None,
     ) -> None:
+        self.stale_after_s = stale_after_s
+        self._started = time.monotonic()
+        self._last_beat: float | None = None  # monotonic: the last scrape or tick, any outcome
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
         self._scrapes = Counter(
@@ -179,6 +193,7 @@ class CollectorHealth:
         """One scrape of ``target``: ``outcome`` is "up" or its error kind."""
         with self._lock:
             self._outcomes.setdefault(target, set()).add(outcome)
+        self._last_beat = time.monotonic()
         self._scrapes.labels(target=target, outcome=outcome).inc()
         if math.isfinite(duration_s) and duration_s >= 0:
             self._duration.labels(target=target).observe(duration_s)
@@ -214,8 +229,22 @@ class CollectorHealth:
         self._windows.inc(delta["windows"])
         self._store_errors.inc(delta["store_errors"])
         self._lag.set(max(0.0, stats.last_lag_s))
+        if delta["ticks"]:
+            self._last_beat = time.monotonic()
         if delta["ticks"] and not delta["store_errors"] and not delta["loop_errors"]:
             self._last_ok.set(time.time() if at is None else at)
+
+    def alive(self, now: float | None = None) -> tuple[bool, str]:
+        """Whether the loop scraped or ticked (or started) within ``stale_after_s`` (monotonic
+        ``now``); without a bound it is alive while the process serves."""
+        now = time.monotonic() if now is None else now
+        if self._last_beat is None:
+            since, what = now - self._started, "nothing scraped yet, started"
+        else:
+            since, what = now - self._last_beat, "last scrape or tick"
+        if self.stale_after_s is not None and since > self.stale_after_s:
+            return False, f"stale: {what} {since:.0f} s ago (limit {self.stale_after_s:.0f} s)"
+        return True, f"ok: {what} {since:.0f} s ago"
 
     def spooled(self, spool: SpoolTotals) -> None:
         """After a tick: the spool's windows waiting, and its replayed and dropped totals
@@ -274,13 +303,45 @@ class MetricsServer:
         self.close()
 
 
+class _Quiet(WSGIRequestHandler):
+    def log_message(self, format: str, *args: Any) -> None:
+        """No access log (prometheus_client's server keeps none either)."""
+
+
+def _app(registry: CollectorRegistry, check: HealthCheck | None) -> Callable[..., Any]:
+    """``GET /healthz`` answered by ``check``; every other path: the registry's exposition."""
+    metrics = make_wsgi_app(registry)
+
+    def app(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterator[bytes]:
+        if check is not None and environ.get("PATH_INFO") == "/healthz":
+            ok, text = check()
+            status = "200 OK" if ok else "503 Service Unavailable"
+            start_response(status, [("Content-Type", "text/plain; charset=utf-8")])
+            return iter([text.encode() + b"\n"])
+        return iter(metrics(environ, start_response))
+
+    return app
+
+
 def serve_metrics(
-    addr: str, registry: CollectorRegistry, *, what: str = "metrics address"
+    addr: str,
+    registry: CollectorRegistry,
+    *,
+    what: str = "metrics address",
+    check: HealthCheck | None = None,
 ) -> MetricsServer:
-    """Serve ``registry`` on ``addr`` (HOST:PORT) until the returned server is closed."""
+    """Serve ``registry`` on ``addr`` (HOST:PORT), and ``/healthz`` from ``check`` when given,
+    until the returned server is closed (threads per request, as prometheus_client's)."""
     host, port = parse_listen_addr(addr, what)
     try:
-        server, thread = start_http_server(port, addr=host, registry=registry)
+        family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
+        server_cls = type("_Server", (ThreadingMixIn, WSGIServer),
+                          {"daemon_threads": True, "address_family": family})  # fmt: skip
+        server: WSGIServer = make_server(
+            host, port, _app(registry, check), server_cls, handler_class=_Quiet
+        )
     except OSError as exc:
         raise ConfigError(f"{what} {addr}: cannot listen: {exc.strerror or exc}") from exc
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
     return MetricsServer(server, thread)

@@ -84,6 +84,8 @@ def test_collect_metrics_addr_serves_health_and_sigterm_releases_port(tmp_path: 
                     break
                 time.sleep(0.1)
             assert series is not None, "the metrics endpoint never answered"
+            with urllib.request.urlopen(url.removesuffix("/metrics") + "/healthz", timeout=2) as r:
+                assert r.status == 200 and r.read().decode().startswith("ok: last scrape or tick")
             proc.send_signal(signal.SIGTERM)
             out, err = proc.communicate(timeout=15)
         finally:

@@ -30,6 +30,10 @@ if TYPE_CHECKING:
 _UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, "w": 604800.0}
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d|w)?\s*$")
 PROGRESS_EVERY_S = 10.0
+# /healthz fails after this many intervals without a scrape or tick, and never sooner than
+# STALE_MIN_S: a slow Prometheus query or a long tick is not a hung loop
+STALE_TICKS = 10
+STALE_MIN_S = 300.0
 _FLAGS = {
     "db": "--db",
     "cluster": "--cluster",
@@ -405,7 +409,7 @@ def run_collect(
             own = sharding.select(target_set) if sharding is not None else list(target_set)
             health = _health(
                 metrics_addr, target_set.cluster, "direct", [t.name for t in own],
-                shard=str(sharding or "0/1"),
+                shard=str(sharding or "0/1"), interval_s=settings.scrape_interval_s,
             )  # fmt: skip
             state = _state_dir(settings.state_dir, settings.db)
             spool, checkpoints = _local_state(state, store.url, settings)
@@ -447,7 +451,8 @@ def run_collect(
                 timeout_s=settings.scrape_timeout_s,
                 source_from="job/instance" if source_label == "job/instance" else "instance",
             ) as source:
-                health = _health(metrics_addr, settings.cluster, "prometheus", [source.url])
+                health = _health(metrics_addr, settings.cluster, "prometheus", [source.url],
+                                 interval_s=settings.scrape_interval_s)  # fmt: skip
                 with _serving(metrics_addr, health, quiet):
                     tune_heap()
                     stats = run.run_until_signalled(
@@ -523,16 +528,24 @@ def _closing(checkpoints: Checkpoints | None) -> Iterator[None]:
 
 
 def _health(
-    addr: str | None, cluster: str, mode: str, targets: Sequence[str], shard: str = "0/1"
+    addr: str | None,
+    cluster: str,
+    mode: str,
+    targets: Sequence[str],
+    shard: str = "0/1",
+    *,
+    interval_s: float,
 ) -> CollectorHealth | None:
-    """The collector's own metrics when --metrics-addr is given (None: nothing kept)."""
+    """The collector's own metrics when --metrics-addr is given (None: nothing kept); its
+    /healthz fails after STALE_TICKS intervals without a tick (at least STALE_MIN_S)."""
     if addr is None:
         return None
     from collector.health import CollectorHealth
 
     return CollectorHealth(
-        version=kvscope_version(), cluster=cluster, mode=mode, targets=targets, shard=shard
-    )
+        version=kvscope_version(), cluster=cluster, mode=mode, targets=targets, shard=shard,
+        stale_after_s=max(STALE_TICKS * interval_s, STALE_MIN_S),
+    )  # fmt: skip
 
 
 def _serving(
@@ -543,7 +556,7 @@ def _serving(
         return contextlib.nullcontext()
     from collector.health import serve_metrics
 
-    server = serve_metrics(addr, health.registry, what="--metrics-addr")
+    server = serve_metrics(addr, health.registry, what="--metrics-addr", check=health.alive)
     if not quiet:
         print(f"kvscope: collector metrics on {server.url}", file=sys.stderr, flush=True)
     return server

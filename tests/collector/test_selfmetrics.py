@@ -504,6 +504,74 @@ def test_serve_metrics_real_http_serves_registry_then_releases_port() -> None:
         sock.listen()
 
 
+def _status(url: str) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(url, timeout=5) as resp:
+            return resp.status, resp.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()
+
+
+def test_serve_metrics_healthz_follows_the_check_and_metrics_stay_served() -> None:
+    h = CollectorHealth(version="1", cluster="c", mode="direct", targets=["a"])
+    verdict = [(True, "ok: fine")]
+    with serve_metrics(f"127.0.0.1:{free_port()}", h.registry, check=lambda: verdict[0]) as srv:
+        base = srv.url.removesuffix("/metrics")
+        assert _status(base + "/healthz") == (200, "ok: fine\n")
+        verdict[0] = (False, "stale: no")
+        assert _status(base + "/healthz") == (503, "stale: no\n")
+        status, body = _status(srv.url)  # the exposition is unaffected
+        assert status == 200 and sm.COLLECTOR_TARGETS.name in body
+    # without a check /healthz is just another path of the exposition, as before
+    with serve_metrics(f"127.0.0.1:{free_port()}", h.registry) as srv:
+        status, body = _status(srv.url.removesuffix("/metrics") + "/healthz")
+        assert status == 200 and sm.COLLECTOR_TARGETS.name in body
+
+
+def test_serve_metrics_ipv6_loopback_serves_healthz() -> None:
+    if not socket.has_ipv6:
+        pytest.skip("no IPv6 on this machine")
+    h = CollectorHealth(version="1", cluster="c", mode="direct", stale_after_s=60.0)
+    try:
+        srv = serve_metrics(f"[::1]:{free_port()}", h.registry, check=h.alive)
+    except ConfigError as exc:
+        pytest.skip(f"::1 not bindable here: {exc}")
+    with srv:
+        assert srv.url.startswith("http://[::1]:")
+        assert _status(srv.url.removesuffix("/metrics") + "/healthz")[0] == 200
+
+
+@pytest.mark.parametrize(
+    ("beats", "now", "alive", "text"),
+    [
+        ([], 100.0, True, "ok: nothing scraped yet, started 100 s ago"),
+        ([], 301.0, False, "stale: nothing scraped yet, started 301 s ago (limit 300 s)"),
+        (["scrape@250"], 500.0, True, "ok: last scrape or tick 250 s ago"),
+        (["tick@100"], 401.0, False, "stale: last scrape or tick 301 s ago (limit 300 s)"),
+        (["tick@100", "scrape@390"], 401.0, True, "ok: last scrape or tick 11 s ago"),
+    ],
+)
+def test_collector_health_alive_after_stale_after_s_without_a_scrape_or_tick(
+    beats: list[str], now: float, alive: bool, text: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from collector import health as health_mod
+
+    clock = [0.0]
+    monkeypatch.setattr(health_mod.time, "monotonic", lambda: clock[0])
+    h = CollectorHealth(version="1", cluster="c", mode="direct", stale_after_s=300.0)
+    ticks = 0
+    for beat in beats:
+        kind, at = beat.split("@")
+        clock[0] = float(at)
+        if kind == "scrape":
+            h.scraped("a", "connection_refused", 0.1)  # a failed scrape still proves the loop
+        else:
+            ticks += 1
+            h.ticked(_Stats(ticks=ticks, store_errors=ticks))  # a tick with a store error too
+    assert h.alive(now) == (alive, text)
+    assert CollectorHealth(version="1", cluster="c", mode="d").alive(1e9)[0]  # no bound
+
+
 def test_serve_metrics_port_in_use_raises_config_error() -> None:
     with socket.socket() as busy:
         busy.bind(("127.0.0.1", 0))
