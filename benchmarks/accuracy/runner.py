@@ -14,14 +14,21 @@ from typing import Any
 
 
 def git_revision() -> str:
-    """The short commit of this checkout, or "?"."""
+    """The short commit of this checkout, "+dirty" when tracked files differ from it, or "?".
+    Read it before a run starts: a commit made while it runs is not the code it ran."""
+    here = Path(__file__).parent
     try:
-        return subprocess.run(
+        rev = subprocess.run(
             ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True,
-            cwd=Path(__file__).parent,
+            cwd=here,
+        ).stdout.strip()  # fmt: skip
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True,
+            text=True, check=True, cwd=here,
         ).stdout.strip()  # fmt: skip
     except (OSError, subprocess.CalledProcessError):
         return "?"
+    return f"{rev}+dirty" if dirty else rev
 
 
 def run_cases(

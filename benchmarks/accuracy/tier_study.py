@@ -528,6 +528,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(markdown(json.loads(a.table.read_text())), end="")
         return 0
     todo = [c for c in cases(a.split) if not a.only or c.name in a.only]
+    revision = git_revision()  # the code this run runs
     results, wall_s = run_cases(
         [c.name for c in todo],
         todo,
@@ -541,7 +542,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     doc = {
         "split": a.split,
         "master_seed": MASTER_SEED if a.split == "study" else DEV_SEED,
-        "git": git_revision(),
+        "git": revision,
         "jobs": a.jobs,
         "cases": len(good),
         "failed": [r["case"] for r in results if "error" in r],

@@ -677,6 +677,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(markdown(doc), end="")
         return 0
     todo = [c for c in cases(a.split) if not a.only or c.name in a.only or c.cls in a.only]
+    revision = git_revision()  # the code this run runs
     results, wall_s = run_cases(
         [c.name for c in todo],
         [(c, not a.no_plan) for c in todo],
@@ -690,7 +691,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     doc = {
         "split": a.split,
         "master_seed": SEEDS[a.split],
-        "git": git_revision(),
+        "git": revision,
         "jobs": a.jobs,
         "cases": len(good),
         "failed": [r["case"] for r in results if "error" in r],
