@@ -554,10 +554,8 @@ def test_serve_metrics_ipv6_loopback_serves_healthz() -> None:
 def test_collector_health_alive_after_stale_after_s_without_a_scrape_or_tick(
     beats: list[str], now: float, alive: bool, text: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from collector import health as health_mod
-
     clock = [0.0]
-    monkeypatch.setattr(health_mod.time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr("collector.health.time.monotonic", lambda: clock[0])
     h = CollectorHealth(version="1", cluster="c", mode="direct", stale_after_s=300.0)
     ticks = 0
     for beat in beats:

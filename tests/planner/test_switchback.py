@@ -257,7 +257,7 @@ def test_carried_over_extends_the_washout_while_an_inherited_queue_drains(
     waiting: list[float], finished: list[float], expected: list[int]
 ) -> None:
     n = len(waiting)
-    starts = np.arange(n) * 60.0
+    starts = np.arange(n, dtype=np.float64) * 60.0
     got = carried_over(starts, np.asarray(waiting, float), np.asarray(finished, float), 0.0, 180.0)
     assert got.astype(int).tolist() == expected
     # the windows' order does not matter
