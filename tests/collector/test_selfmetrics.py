@@ -33,6 +33,7 @@ from collector.run import collect_direct
 from collector.run_prometheus import collect_prometheus
 from collector.sources import Target, TargetSet
 from collector.store import Store
+from dashboards.build import DASHBOARD_DIR, K8S_DIR, RULES_DIR
 from tests.collector.conftest import LiveProm
 from tests.collector.exposerver import expo_server
 from tests.services import free_port
@@ -630,9 +631,10 @@ def _metric_like(token: str) -> bool:
     return token in ours or token.startswith(tuple(families)) or token.endswith(suffixes)
 
 
-# Files generated from collector/selfmetrics.py (dashboards, rules): they spell the names it
-# gave them; their generators import the constants and their --check keeps them in step.
-GENERATED = ("dashboards/generated/", "deploy/prometheus/rules/")
+# Files generated from collector/selfmetrics.py (dashboards, rules, and both as Kubernetes
+# objects): they spell the names it gave them; their generators import the constants and
+# their --check keeps them in step.
+GENERATED = tuple(f"{d.as_posix()}/" for d in (DASHBOARD_DIR, RULES_DIR, K8S_DIR))
 SKIP_DIRS = {"__pycache__", "node_modules", "build", "dist"}
 TOKEN = re.compile(rf"(?<![A-Za-z0-9_]){sm.NAMESPACE}_[a-z_]+")
 BLOCK = re.compile(re.escape(sm.TABLE_BEGIN) + ".*?" + re.escape(sm.TABLE_END), re.DOTALL)
