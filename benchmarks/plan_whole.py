@@ -11,6 +11,7 @@ the plan's own timings and the store URL it names.
 from __future__ import annotations
 
 import json
+import math
 import os
 import resource
 import statistics
@@ -18,6 +19,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -52,6 +54,7 @@ class Runs:
 
     samples: list[tuple[float, float, float, float]] = field(default_factory=list)
     json: str = ""
+    peak_rss_mb: list[float] = field(default_factory=list)  # each run's, the process's own
 
     def best(self) -> tuple[float, float, float, float]:
         """The run with the least wall time."""
@@ -133,6 +136,19 @@ def _stat(pid: int, *, with_children: bool = False) -> tuple[int, int]:
     return int(fields[1]), ticks
 
 
+def _run(cmd: list[str], env: dict[str, str]) -> tuple[int, str, str, resource.struct_rusage]:
+    """(exit code, stdout, stderr, the child's own rusage: CPU and peak RSS) of one run."""
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)  # fmt: skip
+    assert proc.stdout is not None and proc.stderr is not None
+    with ThreadPoolExecutor(2) as pool:
+        out, err = pool.submit(proc.stdout.read), pool.submit(proc.stderr.read)
+        _, status, usage = os.wait4(proc.pid, 0)
+        stdout, stderr = out.result(), err.result()
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    return proc.returncode, stdout, stderr, usage
+
+
 def run_rounds(variants: list[Variant], rounds: int) -> dict[str, Runs]:
     """Every variant ``rounds`` times, alternated; each run printed as it ends."""
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
@@ -141,20 +157,20 @@ def run_rounds(variants: list[Variant], rounds: int) -> dict[str, Runs]:
         for v in variants:
             load = os.getloadavg()[0]
             s0 = v.server_cpu() if v.server_cpu else 0.0
-            c0 = resource.getrusage(resource.RUSAGE_CHILDREN)
             t0 = time.perf_counter()
-            done = subprocess.run(v.cmd, env=env, capture_output=True, text=True, check=False)
+            code, stdout, stderr, usage = _run(v.cmd, env)
             wall = time.perf_counter() - t0
-            c1 = resource.getrusage(resource.RUSAGE_CHILDREN)
-            if done.returncode != 0:
-                raise SystemExit(f"bench_plan: {v.name} failed:\n{done.stderr[-3000:]}")
-            cpu = (c1.ru_utime - c0.ru_utime) + (c1.ru_stime - c0.ru_stime)
+            if code != 0:
+                raise SystemExit(f"bench_plan: {v.name} failed:\n{stderr[-3000:]}")
+            cpu = usage.ru_utime + usage.ru_stime
+            rss_mb = usage.ru_maxrss / 1024  # Linux: kB
             server = v.server_cpu() - s0 if v.server_cpu else 0.0
             out[v.name].samples.append((wall, cpu, server, load))
-            out[v.name].json = done.stdout.replace(_redacted(v.url), "<store>")
+            out[v.name].peak_rss_mb.append(rss_mb)
+            out[v.name].json = stdout.replace(_redacted(v.url), "<store>")
             extra = f" + server {server:6.2f} s cpu" if v.server_cpu else ""
             print(f"  round {i + 1}: {v.name:<40s} {wall:7.2f} s wall {cpu:7.2f} s cpu{extra}"
-                  f"  (load {load:.2f})", flush=True)  # fmt: skip
+                  f"  peak RSS {rss_mb:,.0f} MB  (load {load:.2f})", flush=True)  # fmt: skip
     return out
 
 
@@ -167,11 +183,12 @@ def summary(variants: list[Variant], runs: dict[str, Runs]) -> None:
         r = runs[v.name]
         wall, cpu, server, load = r.best()
         med = statistics.median(s[0] for s in r.samples)
+        rss = max(r.peak_rss_mb) if r.peak_rss_mb else math.nan
         differs = differs_at(first.json, r.json)
         same = f"JSON DIFFERENT at {differs}" if differs else "JSON identical"
         total = f", +{server:.1f} s server = {cpu + server:.1f} s" if v.server_cpu else ""
         print(f"WHOLE {v.name}: best {wall:.1f} s wall / {cpu:.1f} s cpu{total} (load "
-              f"{load:.2f}; median wall {med:.1f} s of {len(r.samples)}); "
+              f"{load:.2f}; median wall {med:.1f} s of {len(r.samples)}; peak RSS {rss:,.0f} MB); "
               f"{wall / w0:.2f}x wall, {(cpu + server) / (c0 + s0):.2f}x cpu of "
               f"{variants[0].name}; {same}; <= 30 s: {'met' if wall <= 30 else 'NOT met'}",
               flush=True)  # fmt: skip
