@@ -537,7 +537,8 @@ def _health(
     interval_s: float,
 ) -> CollectorHealth | None:
     """The collector's own metrics when --metrics-addr is given (None: nothing kept); its
-    /healthz fails after STALE_TICKS intervals without a tick (at least STALE_MIN_S)."""
+    /healthz fails after STALE_TICKS intervals without a scrape or tick (at least
+    STALE_MIN_S)."""
     if addr is None:
         return None
     from collector.health import CollectorHealth
