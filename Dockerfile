@@ -13,6 +13,7 @@ ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 RUN python -m venv /opt/kvscope
 WORKDIR /src
 COPY pyproject.toml README.md ./
+COPY core ./core
 COPY collector ./collector
 COPY planner ./planner
 COPY dashboards ./dashboards

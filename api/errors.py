@@ -23,7 +23,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
 
 from api.schemas import ErrorBody
-from collector.errors import ConfigError, KvscopeError, StoreError
+from core.errors import ConfigError, KvscopeError, StoreError
 
 log = logging.getLogger("kvscope.api")
 

@@ -256,7 +256,7 @@ class EngineSignals(_Model):
                 }
             }
         ],
-        description="by canonical signal name (collector/catalog.py)",
+        description="by canonical signal name (core/catalog.py)",
     )
 
 

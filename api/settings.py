@@ -17,8 +17,8 @@ from typing import Annotated, Any
 from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
-from collector.errors import ConfigError
 from collector.urlguard import parse_allowlist, split_allowlist
+from core.errors import ConfigError
 
 MIN_TOKEN_CHARS = 16
 # Values seen in sample configs and docs; a token equal to one of them (any case) is refused.

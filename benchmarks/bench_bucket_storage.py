@@ -4,7 +4,7 @@ Run: .venv/bin/python benchmarks/bench_bucket_storage.py [--engines 10] [--per-m
      [--no-postgres]
 
 A synthetic store of ``--engines`` engines × 1 day of 60 s windows of the four keep_buckets
-families (collector.catalog BUCKET_SIGNALS): per engine vLLM's three KV residency histograms
+families (core.catalog BUCKET_SIGNALS): per engine vLLM's three KV residency histograms
 (KV_RESIDENCY_BUCKETS, 21 bounds) and the L1 chunk reuse gap of its LMCache server (one server
 per engine, LMCACHE_L1_LIFECYCLE_BUCKETS, 13 bounds): 5,760 windows per engine-day. Each
 window's observations are Poisson with mean ``--per-minute``, spread over the buckets by a
@@ -37,10 +37,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import numpy as np
 import sqlalchemy
 
-from collector.catalog import BUCKET_SIGNALS, SIGNALS
-from collector.records import Labels, Window
 from collector.store import Store
 from collector.store_buckets import encode_buckets
+from core.catalog import BUCKET_SIGNALS, SIGNALS
+from core.records import Labels, Window
 from planner.frames.residency import residency_histograms
 
 DAY0 = 1_764_028_800.0  # a UTC midnight

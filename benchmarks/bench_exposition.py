@@ -19,8 +19,8 @@ sys.path.insert(0, str(ROOT))
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest  # noqa: E402
 
-from collector import catalog  # noqa: E402
 from collector.parse import read_exposition  # noqa: E402
+from core import catalog  # noqa: E402
 from planner.simulate.exposition import engine_view, render  # noqa: E402
 from planner.simulate.scenario import load_scenario  # noqa: E402
 from planner.simulate.scenarios import scenario_file  # noqa: E402

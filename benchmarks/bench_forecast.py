@@ -25,7 +25,7 @@ sys.path.insert(0, str(ROOT))
 
 import numpy as np  # noqa: E402
 
-from collector.records import Window, labels_of  # noqa: E402
+from core.records import Window, labels_of  # noqa: E402
 from planner.forecast.demand import demand_series_from_windows, forecast_demand  # noqa: E402
 
 T0 = 1_699_920_000.0  # a UTC midnight

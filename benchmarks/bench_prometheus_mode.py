@@ -61,7 +61,7 @@ import httpx  # noqa: E402
 
 from benchmarks import promdata  # noqa: E402
 from benchmarks.bench_collector_load import cpu_s  # noqa: E402
-from collector.catalog import SIGNALS  # noqa: E402
+from core.catalog import SIGNALS  # noqa: E402
 from tests.services import free_port  # noqa: E402
 
 PROMETHEUS = "/usr/bin/prometheus"

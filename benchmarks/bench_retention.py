@@ -33,8 +33,8 @@ import sqlalchemy
 
 from collector import partitions
 from collector.models import WindowRow
-from collector.records import Window
 from collector.store import Store
+from core.records import Window
 from tests import services
 
 DAY = partitions.DAY_S

@@ -26,8 +26,8 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from collector.models import WindowRow, labels_json, series_key
-from collector.records import Kind, Window
 from collector.store import Store
+from core.records import Kind, Window
 
 COLUMNS = [c.name for c in WindowRow.__table__.columns if c.name != "id"]
 KEY = ("source", "series_key", "start")

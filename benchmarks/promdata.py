@@ -5,12 +5,12 @@ create-blocks-from openmetrics``; this module only makes the text and knows the 
 
 The series an engine has are those of vLLM 0.33's own default exposition
 (tests/fixtures/metrics/vllm-0.33.0-metrics-default.txt, rendered by vLLM's metric code) that
-kvscope reads: every family of collector.catalog it holds (counters, gauges, histograms with
+kvscope reads: every family of core.catalog it holds (counters, gauges, histograms with
 their buckets and ``le`` spellings) and ``cache_config_info``; the families kvscope does not
 read (python_*, process_*, mm_cache, estimated_flops, ``_created``) are left out. Labels are
 the fixture's (``engine="0"``, ``finished_reason``, ``source``, ``reason``, ``le``, the cache
 config) with ``model_name`` set per engine and ``job`` / ``instance`` as a Prometheus scrape
-adds them. Sample names come from collector.catalog (no vendor name is spelled here).
+adds them. Sample names come from core.catalog (no vendor name is spelled here).
 
 Values move as a loaded engine's do, one engine's all derived from a few drivers: a request
 rate following a sine over the span (phase per engine) with AR(1) noise; requests finished
@@ -34,7 +34,7 @@ from typing import IO
 import numpy as np
 from numpy.typing import NDArray
 
-from collector import catalog
+from core import catalog
 
 FIXTURE = (
     Path(__file__).resolve().parents[1] / "tests/fixtures/metrics/vllm-0.33.0-metrics-default.txt"

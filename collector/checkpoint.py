@@ -59,9 +59,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
-from collector.errors import ConfigError
-from collector.records import Window
 from collector.rollup import Rollup
+from core.errors import ConfigError
+from core.records import Window
 
 log = logging.getLogger(__name__)
 FORMAT = 2  # MAGIC + marshal (module docstring)

@@ -3,7 +3,7 @@
 Both collect modes use it: direct scrapes pass a snapshot's info families, Prometheus mode
 the same families read back by instant query (collector.promsource.PrometheusSource.facts).
 The facts are the labels of ``cache_config_info`` / ``kv_offload_config_info`` (keys of
-collector.catalog.FACTS), plus which canonical signals the engine serves.
+core.catalog.FACTS), plus which canonical signals the engine serves.
 
 The offload mode, first rule that applies (``offload_basis`` says which, with the word
 "exposed"):
@@ -36,9 +36,9 @@ from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from collector.catalog import FACTS, SIGNALS
 from collector.dcgm import GpuFacts
 from collector.engine_rules import EngineRules
+from core.catalog import FACTS, SIGNALS
 
 __all__ = ["ENGINE_FACTS", "OFF_SIZES", "Described", "assumed_facts", "describe", "engine_facts_of",
            "offload_from_facts"]  # fmt: skip

@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 import re
 
-from collector.records import Labels
+from core.records import Labels
 
 METRIC_NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
 LABEL_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")

@@ -51,8 +51,8 @@ from urllib.parse import quote, urlencode, urlsplit
 
 import yaml
 
-from collector.errors import ConfigError
 from collector.sources import OFFLOAD_MODES, TARGET_KINDS, EngineMeta, Target, TargetKind
+from core.errors import ConfigError
 
 log = logging.getLogger(__name__)
 

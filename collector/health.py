@@ -29,8 +29,6 @@ from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import make_wsgi_app
 
-from collector.errors import ConfigError
-from collector.records import Anomaly
 from collector.selfmetrics import (
     BUILD_INFO,
     COLLECTOR_ANOMALIES,
@@ -50,6 +48,8 @@ from collector.selfmetrics import (
     COLLECTOR_WINDOWS_WRITTEN,
     SCRAPE_DURATION_BUCKETS,
 )
+from core.errors import ConfigError
+from core.records import Anomaly
 
 if TYPE_CHECKING:
     from collections.abc import Iterator

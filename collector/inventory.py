@@ -15,7 +15,6 @@ from typing import TYPE_CHECKING, Any
 from sqlalchemy import Connection, delete, func, select
 
 from collector import partitions
-from collector.errors import ConfigError, StoreError
 from collector.models import (
     OFFLOAD_MODES,
     TARGET_KINDS,
@@ -31,7 +30,8 @@ from collector.models import (
     TargetRow,
     WindowRow,
 )
-from collector.records import ScrapeOutcome
+from core.errors import ConfigError, StoreError
+from core.records import ScrapeOutcome
 
 # What an engine runs: a change in any of these opens a new regime (engine_changes row).
 REGIME_COLUMNS = ("offload", "model", "gpu", "tensor_parallel")

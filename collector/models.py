@@ -30,7 +30,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
-from collector.records import Labels
+from core.records import Labels
 
 # Bump when the schema changes and add the step to store.MIGRATIONS.
 SCHEMA_VERSION = 9
@@ -147,7 +147,7 @@ WINDOWS_START_BRIN_DDL = (
 
 
 class WindowRow(Base):
-    """One series rolled up over [start, start + length_s) (see collector.records.Window)."""
+    """One series rolled up over [start, start + length_s) (see core.records.Window)."""
 
     __tablename__ = "windows"
     __table_args__ = (

@@ -2,7 +2,7 @@
 
 ``read_exposition(text, target, timestamp) -> Snapshot`` makes one pass over the lines:
 
-* every sample name is looked up in a table compiled from collector.catalog
+* every sample name is looked up in a table compiled from core.catalog
   (collector/signal_index.py: each spelling with its colon and ``vllm_``/``lmcache_``
   rewrite, counters with and without ``_total``, histogram parts); ``_created`` samples
   are skipped;
@@ -78,8 +78,6 @@ import math
 import re
 import threading
 
-from collector import catalog
-from collector.errors import ParseError
 from collector.exposition import (
     METRIC_NAME,
     LineError,
@@ -89,7 +87,6 @@ from collector.exposition import (
     split_line,
 )
 from collector.parse_template import FINITE, NO_CHECK, NON_NEGATIVE, Template
-from collector.records import Anomaly, AnomalyKind, Labels, SignalSample, Snapshot
 from collector.signal_index import (
     BUCKET,
     CACHE_LIMIT,
@@ -104,6 +101,9 @@ from collector.signal_index import (
     LabelEntry,
     Target,
 )
+from core import catalog
+from core.errors import ParseError
+from core.records import Anomaly, AnomalyKind, Labels, SignalSample, Snapshot
 
 _INF = math.inf
 TEMPLATE_LIMIT = 10_000  # targets whose last exposition a reader keeps as a template

@@ -32,7 +32,7 @@ from collections.abc import Callable, Mapping, Sequence
 from operator import getitem, itemgetter, le
 from typing import TypeVar
 
-from collector.records import Kind, Labels, SignalSample, Snapshot
+from core.records import Kind, Labels, SignalSample, Snapshot
 
 T = TypeVar("T")
 # What a sample line's value must be for the full reader to read it without an anomaly.

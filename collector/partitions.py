@@ -39,8 +39,8 @@ from typing import cast
 from sqlalchemy import BigInteger, Column, Connection, Engine, Index, MetaData, Table, text
 from sqlalchemy import UniqueConstraint as Unique
 
-from collector.errors import StoreError
 from collector.models import WindowBlockRow, WindowRow
+from core.errors import StoreError
 
 DAY_S = 86_400
 PARENT = "windows"

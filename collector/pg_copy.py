@@ -24,7 +24,7 @@ from typing import Any
 from sqlalchemy import Connection
 from sqlalchemy.exc import SQLAlchemyError
 
-from collector.errors import StoreError
+from core.errors import StoreError
 
 SIGNATURE = b"PGCOPY\n\xff\r\n\x00"
 _HEADER = 19  # signature, flags, extension length

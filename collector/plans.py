@@ -14,8 +14,8 @@ from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import Connection, func, select
 
-from collector.errors import ConfigError
 from collector.models import PLAN_HEADLINE, ClusterRow, PlanRecord, PlanRow
+from core.errors import ConfigError
 
 if TYPE_CHECKING:
     from contextlib import AbstractContextManager

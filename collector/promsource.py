@@ -16,7 +16,7 @@ joins its statistics with ``or``, each term tagged by a ``kvscope_stat`` label:
   the count's is (fractional counts); a bucket layout that changes inside a window shows as
   the union of both layouts, a layout of its own (the planner sums one layout: no mix).
 
-Derived ratios (collector.catalog.DERIVED_RATIOS) are computed from the counter windows as the
+Derived ratios (core.catalog.DERIVED_RATIOS) are computed from the counter windows as the
 rollup does. PromQL comes from the catalogue (``promql_expr``), so no vendor name is spelled
 here. Prometheus refuses a range query of more than 11,000 points per series, so long ranges
 are split into chunks of at most ``max_points`` steps.
@@ -49,7 +49,8 @@ from collections.abc import Iterable, Sequence
 from datetime import UTC, datetime
 from typing import Any, Literal
 
-from collector.catalog import (
+from collector.rollup import per_bucket, ratio_window
+from core.catalog import (
     DCGM_GPU_FAMILY,
     DERIVED_RATIOS,
     FACTS,
@@ -57,9 +58,8 @@ from collector.catalog import (
     fact_selector,
     promql_expr,
 )
-from collector.errors import ConfigError, ScrapeError
-from collector.records import Kind, Labels, Window
-from collector.rollup import per_bucket, ratio_window
+from core.errors import ConfigError, ScrapeError
+from core.records import Kind, Labels, Window
 
 log = logging.getLogger(__name__)
 
@@ -275,7 +275,7 @@ class PrometheusSource:
         names = list(SIGNALS) if signals is None else list(signals)
         for name in names:
             if name not in SIGNALS:
-                raise ConfigError(f"unknown signal {name!r} (see collector.catalog.SIGNALS)")
+                raise ConfigError(f"unknown signal {name!r} (see core.catalog.SIGNALS)")
         first = math.ceil(start / w) * w  # first window start
         last = math.floor(end / w) * w - w  # last window start
         if last < first:

@@ -50,7 +50,6 @@ from sqlalchemy import Connection, delete, func, select, text
 from sqlalchemy.exc import SQLAlchemyError
 
 from collector import partitions
-from collector.errors import ConfigError, KvscopeError, StoreError
 from collector.models import (
     PackedHourRow,
     RollupStateRow,
@@ -59,6 +58,7 @@ from collector.models import (
     WindowRow,
 )
 from collector.store_blocks_pg import PRUNE_KEY
+from core.errors import ConfigError, KvscopeError, StoreError
 
 if TYPE_CHECKING:
     from contextlib import AbstractContextManager

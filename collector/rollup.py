@@ -18,7 +18,7 @@ the collector stops (``flush``). Semantics, chosen so the planner can trust ever
   sum_delta / delta, quantiles from the bucket deltas exactly as PromQL's histogram_quantile
   (``histogram_quantile`` below). A drop of the count or of any bucket, or a change of bucket
   layout, is a reset. Quantiles are None when the layout changed inside the window (ambiguous).
-  For the catalogue's ``keep_buckets`` signals (collector.catalog BUCKET_SIGNALS) the window
+  For the catalogue's ``keep_buckets`` signals (core.catalog BUCKET_SIGNALS) the window
   also keeps its bucket deltas, per bucket (``bucket_bounds`` / ``bucket_counts``, the +Inf
   bucket last), so that adding up consecutive windows gives each bucket's increase over their
   span: the same reset rule (the increase across a reset is the new counts) and the same gaps
@@ -49,8 +49,8 @@ from itertools import pairwise
 from operator import add, sub
 from typing import Any
 
-from collector.errors import ConfigError
-from collector.records import Kind, Labels, SignalSample, Snapshot, Window
+from core.errors import ConfigError
+from core.records import Kind, Labels, SignalSample, Snapshot, Window
 
 SeriesKey = tuple[str, Labels]
 QUANTILES = (0.5, 0.9, 0.99)
@@ -172,7 +172,7 @@ class Rollup:
         if stale_windows < 1:
             raise ConfigError(f"rollup stale_windows must be >= 1: {stale_windows}")
         if ratios is None or keep_buckets is None:
-            from collector.catalog import BUCKET_SIGNALS, DERIVED_RATIOS
+            from core.catalog import BUCKET_SIGNALS, DERIVED_RATIOS
 
             ratios = DERIVED_RATIOS if ratios is None else ratios
             keep_buckets = BUCKET_SIGNALS if keep_buckets is None else keep_buckets

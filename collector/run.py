@@ -47,10 +47,8 @@ from urllib.parse import urlsplit
 from collector.checkpoint import Checkpoints, Saved, newest, open_windows, resume
 from collector.engine_facts import describe, engine_facts_of
 from collector.engine_rules import EngineRules
-from collector.errors import ConfigError, KvscopeError
 from collector.file_sd import Discovered, FileSD
 from collector.health import CollectorHealth
-from collector.records import ScrapeOutcome, Snapshot, Window
 from collector.retention import Pruner
 from collector.rollup import Rollup
 from collector.shard import Shard
@@ -67,6 +65,8 @@ from collector.sources import (
 from collector.spool import Spool, SpoolCounts
 from collector.store import Store
 from collector.urlguard import URLPolicy
+from core.errors import ConfigError, KvscopeError
+from core.records import ScrapeOutcome, Snapshot, Window
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")

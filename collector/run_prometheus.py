@@ -25,17 +25,17 @@ import math
 import time
 from collections.abc import Mapping, Sequence
 
-from collector.catalog import DERIVED_RATIOS, SIGNALS
 from collector.dcgm import engine_gpus
 from collector.engine_facts import ENGINE_FACTS, Described, describe, engine_facts_of
 from collector.engine_rules import EngineRules
-from collector.errors import ConfigError, KvscopeError, ScrapeError
 from collector.health import CollectorHealth
 from collector.promsource import PrometheusSource
-from collector.records import Window
 from collector.retention import Pruner
 from collector.run import CollectStats, Progress, next_tick, sleep_until, unless_stopped
 from collector.store import Store
+from core.catalog import DERIVED_RATIOS, SIGNALS
+from core.errors import ConfigError, KvscopeError, ScrapeError
+from core.records import Window
 
 log = logging.getLogger(__name__)
 # A range longer than this (the back-fill, a poll after an outage) is read and written an hour

@@ -28,7 +28,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from collector.errors import ConfigError
+from core.errors import ConfigError
 
 __all__ = [
     "ALL_METRICS",

@@ -18,7 +18,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Protocol, TypeVar
 
-from collector.errors import ConfigError
+from core.errors import ConfigError
 
 MAX_SHARDS = 10_000
 _SPEC = re.compile(r"(\d+)/(\d+)")

@@ -1,6 +1,6 @@
 """The catalogue compiled for the exposition reader: sample name -> what it feeds.
 
-Built once at import from collector.catalog (no vendor name is spelled here): every
+Built once at import from core.catalog (no vendor name is spelled here): every
 spelling's sample names (colon and ``vllm_``/``lmcache_`` rewrite, counters with and
 without ``_total``, histogram ``_bucket``/``_sum``/``_count``, ``_created`` to skip), the
 label transform of a spelling (const labels, ``transfer_type`` -> ``direction``), and for a
@@ -12,8 +12,8 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
-from collector import catalog
-from collector.records import Labels
+from core import catalog
+from core.records import Labels
 
 VALUE, BUCKET, SUM, COUNT, SKIP, FACT = range(6)
 COUNTER, GAUGE, HIST = range(3)

@@ -1,7 +1,7 @@
 """Direct scraping: the targets file and a bounded, concurrent scrape of every target.
 
 Prometheus' scrape semantics are the model: each scrape of each target yields one
-:class:`~collector.records.ScrapeOutcome` (``up`` or an ``error_kind``), and one bad target
+:class:`~core.records.ScrapeOutcome` (``up`` or an ``error_kind``), and one bad target
 (refused, slow, 500, oversized, cut short, malformed) never stops the others. Error kinds:
 ``connect`` (refused, reset before an answer, TLS handshake), ``timeout`` (no complete answer
 in time, a slow drip included), ``truncated`` (the server closed before the whole body:
@@ -34,11 +34,11 @@ from urllib.parse import urljoin, urlsplit
 import httpx
 import yaml
 
-from collector.errors import ConfigError, ParseError, URLRefused
 from collector.http1 import BodyCutShort, ConnectFailed, Connection, ProtocolError
 from collector.parse import read_exposition
-from collector.records import ScrapeOutcome, Snapshot
 from collector.urlguard import CheckedURL, URLPolicy, pinned_address, same_origin
+from core.errors import ConfigError, ParseError, URLRefused
+from core.records import ScrapeOutcome, Snapshot
 
 log = logging.getLogger(__name__)
 

@@ -52,8 +52,8 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Protocol
 
-from collector.errors import ConfigError, KvscopeError
-from collector.records import ScrapeOutcome, Window
+from core.errors import ConfigError, KvscopeError
+from core.records import ScrapeOutcome, Window
 
 log = logging.getLogger(__name__)
 

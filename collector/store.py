@@ -40,7 +40,6 @@ from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import ArgumentError, SQLAlchemyError
 
 from collector import partitions, store_blocks, store_blocks_pg, store_blocks_sqlite
-from collector.errors import StoreError
 from collector.handoff import HandoffStore
 from collector.inventory import Inventory
 from collector.models import (
@@ -57,10 +56,11 @@ from collector.models import (
     series_key,
 )
 from collector.plans import PlanStore
-from collector.records import BucketSum, Labels, Window
 from collector.retention import RetentionStore
 from collector.store_buckets import BucketSummer, decode_buckets, encode_buckets
 from collector.store_frame import FrameReader, window_filters
+from core.errors import StoreError
+from core.records import BucketSum, Labels, Window
 
 
 def _packs_7(conn: Connection) -> None:
@@ -565,10 +565,10 @@ class Store(Inventory, PlanStore, FrameReader, HandoffStore, RetentionStore):
         until: float | None = None,
     ) -> list[Window]:
         """The windows that kept their bucket counts (``bucket_counts`` not empty: the
-        catalogue's keep_buckets histograms, collector.catalog BUCKET_SIGNALS, the default
+        catalogue's keep_buckets histograms, core.catalog BUCKET_SIGNALS, the default
         ``signals``), filtered and ordered as :meth:`read_windows`."""
         if signals is None:
-            from collector.catalog import BUCKET_SIGNALS
+            from core.catalog import BUCKET_SIGNALS
 
             signals = sorted(BUCKET_SIGNALS)
         return self._read_windows(signals, sources, cluster, since, until, buckets_only=True)
@@ -588,7 +588,7 @@ class Store(Inventory, PlanStore, FrameReader, HandoffStore, RetentionStore):
         per window (collector/store_buckets.py)."""
         self._require_schema()
         if signals is None:
-            from collector.catalog import BUCKET_SIGNALS
+            from core.catalog import BUCKET_SIGNALS
 
             signals = sorted(BUCKET_SIGNALS)
         w = WindowRow

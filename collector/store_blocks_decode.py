@@ -16,9 +16,9 @@ import math
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from collector.errors import StoreError
 from collector.store_blocks import BLOCK_COLUMNS, Block, Frame
 from collector.store_columns import Series, dtype_of
+from core.errors import StoreError
 
 if TYPE_CHECKING:
     import numpy.typing as npt

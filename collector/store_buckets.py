@@ -1,7 +1,7 @@
 """A window's bucket counts as the store keeps them: one small BLOB in ``windows.buckets``.
 
-Only the catalogue's ``keep_buckets`` histograms have them (collector.catalog BUCKET_SIGNALS,
-collector.records.Window ``bucket_bounds`` / ``bucket_counts``); every other row's column is
+Only the catalogue's ``keep_buckets`` histograms have them (core.catalog BUCKET_SIGNALS,
+core.records.Window ``bucket_bounds`` / ``bucket_counts``); every other row's column is
 NULL. The BLOB is self-describing (a row alone is decodable: no layout table to keep in step
 with retention, spools or hand-offs) and small:
 

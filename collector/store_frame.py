@@ -44,10 +44,7 @@ from typing import TYPE_CHECKING, Any, cast
 from sqlalchemy import ColumnElement, Connection, func, or_, select
 
 from collector import store_blocks, store_blocks_pg, store_blocks_sqlite
-from collector.catalog import ENGINE_LABEL
-from collector.errors import StoreError
 from collector.models import ClusterRow, EngineRow, TargetRow, WindowRow, labels_json
-from collector.records import Window
 from collector.store_blocks_decode import Packs
 from collector.store_columns import (
     INT_COLUMNS,
@@ -57,6 +54,9 @@ from collector.store_columns import (
     first_positions,
 )
 from collector.store_frame_pg import pg_ranks, read_postgres
+from core.catalog import ENGINE_LABEL
+from core.errors import StoreError
+from core.records import Window
 
 if TYPE_CHECKING:
     import numpy as np

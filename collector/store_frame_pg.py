@@ -32,13 +32,13 @@ from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import ColumnElement, Connection, and_
 
-from collector.errors import StoreError
 from collector.models import WindowRow
 from collector.pg_copy import copy_streams
 from collector.store_blocks import BLOCK_S, uncovered
 from collector.store_blocks_pg import SOURCES
 from collector.store_columns import INT_COLUMNS, compiled_sql, dtype_of
 from collector.store_frame_pg_blocks import KIND_SHIFT, KINDS, Blocks
+from core.errors import StoreError
 
 if TYPE_CHECKING:
     import numpy.typing as npt

@@ -15,8 +15,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from collector.errors import StoreError
 from collector.store_columns import INT_COLUMNS, dtype_of, first_positions
+from core.errors import StoreError
 
 if TYPE_CHECKING:
     import numpy as np

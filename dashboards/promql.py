@@ -1,6 +1,6 @@
 """PromQL over the catalogue: rates, guarded ratios and quantiles of canonical signals.
 
-Every vendor name comes from :func:`collector.catalog.promql_expr`, which matches each
+Every vendor name comes from :func:`core.catalog.promql_expr`, which matches each
 signal's every spelling (vLLM 0.11–0.33 renames, ``_total`` or not, the ``vllm:``→``vllm_``
 OpenMetrics rewrite) and puts them in canonical labels without double counting. This module
 adds what the dashboards and rules need on top, each written once:
@@ -18,8 +18,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from collector import catalog
-from collector.errors import ConfigError
+from core import catalog
+from core.errors import ConfigError
 from dashboards.config import MixinConfig
 
 SpellingMatchers = Callable[[catalog.Spelling], str]

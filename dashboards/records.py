@@ -286,6 +286,6 @@ def find(metric: str, operation: str, level: str = "engine", quantile: str = "")
             not quantile or r.labels.get("quantile") == quantile
         ):
             return r
-    from collector.errors import ConfigError
+    from core.errors import ConfigError
 
     raise ConfigError(f"no recording rule {level}:{metric}:{operation} {quantile}".strip())

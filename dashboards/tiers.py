@@ -8,7 +8,7 @@ labels) in a table.
 
 from __future__ import annotations
 
-from collector import catalog
+from core import catalog
 from dashboards.config import MixinConfig
 from dashboards.grafana import Board, Chart, Query, Row
 from dashboards.records import find

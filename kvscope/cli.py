@@ -12,7 +12,7 @@ import sys
 
 import typer
 
-from collector.errors import KvscopeError
+from core.errors import KvscopeError
 
 
 def build_app(only: str | None = None) -> typer.Typer:

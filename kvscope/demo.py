@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 from urllib.parse import quote
 
-from collector.errors import ConfigError
+from core.errors import ConfigError
 
 if TYPE_CHECKING:
     from collector.run import CollectStats

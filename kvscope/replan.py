@@ -36,8 +36,8 @@ from dataclasses import dataclass, field
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
-from collector.errors import ConfigError, KvscopeError, StoreError
 from collector.selfmetrics import kvscope_version
+from core.errors import ConfigError, KvscopeError, StoreError
 
 if TYPE_CHECKING:
     from collector.models import PlanRecord

@@ -7,7 +7,7 @@ import json
 import pytest
 from typer.testing import CliRunner
 
-from collector.errors import ConfigError
+from core.errors import ConfigError
 from kvscope.cli import app
 from planner.decide.decision import RULE_IDS
 from tests.clirun import assert_one_line_error, run_kvscope

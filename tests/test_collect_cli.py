@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from collector.errors import ConfigError, KvscopeError
 from collector.store import Store
+from core.errors import ConfigError, KvscopeError
 from kvscope.cli import app
 from kvscope.commands.collect import parse_duration
 from tests.collector.exposerver import bumping, expo_server

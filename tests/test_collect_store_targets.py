@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from collector.errors import KvscopeError
 from collector.store import Store
+from core.errors import KvscopeError
 from kvscope.cli import app
 from tests.collector.exposerver import expo_server
 

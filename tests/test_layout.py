@@ -2,10 +2,12 @@
 inside functions, under ``if TYPE_CHECKING``), and the size of planner/'s top level.
 
 The rules (ARCHITECTURE: collector -> store -> planner -> api/dashboards, kvscope wires them):
-- collector imports nothing of ours but collector;
+- core (errors, records, the catalogue) imports nothing of ours but core; every room may
+  import it;
+- collector imports core, collector and store; store imports core and store;
 - planner imports collector only through its public modules (COLLECTOR_PUBLIC);
-- planner.simulate imports only planner.model, planner.simulate, collector.catalog and the
-  exception tree (collector.errors);
+- planner.simulate imports only planner.model, planner.simulate, core.catalog and the
+  exception tree (core.errors);
 - api/ and dashboards/ import the planner through its sub-packages' faces (``planner.fit``,
   not ``planner.fit.gain``) and collector through its public modules;
 - kvscope/ may import anything; nothing imports kvscope/;
@@ -22,12 +24,9 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-OURS = ("collector", "planner", "dashboards", "api", "kvscope")
+OURS = ("core", "collector", "store", "planner", "dashboards", "api", "kvscope")
 COLLECTOR_PUBLIC = frozenset(
     {
-        "collector.catalog",
-        "collector.errors",
-        "collector.records",
         "collector.parse",
         "collector.rollup",
         "collector.store",
@@ -155,8 +154,12 @@ def _violations() -> list[str]:
             at = f"{where}:{line} imports {target}"
             if ttop == "kvscope" and top != "kvscope":
                 bad.append(f"{at}: nothing imports kvscope/ (the composition root)")
-            if top == "collector" and ttop != "collector":
-                bad.append(f"{at}: collector imports nothing of ours but collector")
+            if top == "core" and ttop != "core":
+                bad.append(f"{at}: core imports nothing of ours but core")
+            if top == "collector" and ttop not in ("core", "collector", "store"):
+                bad.append(f"{at}: collector imports only core, collector and store")
+            if top == "store" and ttop not in ("core", "store"):
+                bad.append(f"{at}: store imports only core and store")
             if top in ("planner", "api", "dashboards") and ttop == "collector":
                 mod = target if target in MODULES else target.rsplit(".", 1)[0]
                 if mod != "collector" and mod not in COLLECTOR_PUBLIC:
@@ -164,11 +167,11 @@ def _violations() -> list[str]:
             if top == "planner" and ttop in ("api", "dashboards"):
                 bad.append(f"{at}: the planner does not import its consumers")
             if name.startswith("planner.simulate"):
-                allowed = ("planner.model", "planner.simulate", "collector.catalog",
-                           "collector.errors")  # fmt: skip
+                allowed = ("planner.model", "planner.simulate", "core.catalog",
+                           "core.errors")  # fmt: skip
                 if not any(target == a or target.startswith(a + ".") for a in allowed):
                     bad.append(f"{at}: planner.simulate imports only planner.model and "
-                               "collector.catalog (and the exception tree)")  # fmt: skip
+                               "core.catalog (and the exception tree)")  # fmt: skip
             if top in ("api", "dashboards") and ttop == "planner" and target.count(".") != 1:
                 bad.append(f"{at}: use the sub-package's public face (planner.<sub>)")
     return bad

@@ -36,9 +36,7 @@ import pytest
 from typer.testing import CliRunner
 
 from collector.checkpoint import SUFFIX, Checkpoints
-from collector.errors import ConfigError
 from collector.health import CollectorHealth
-from collector.records import Window
 from collector.run import CollectStats, collect_direct
 from collector.selfmetrics import (
     COLLECTOR_SPOOL_DROPPED,
@@ -49,6 +47,8 @@ from collector.selfmetrics import (
 from collector.sources import Target, TargetSet
 from collector.spool import Spool
 from collector.store import Store
+from core.errors import ConfigError
+from core.records import Window
 from kvscope.cli import app
 from kvscope.replan import ReplanStats, run_every
 from planner.plan import Plan, build_plan

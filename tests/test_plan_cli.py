@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from collector.errors import ConfigError, KvscopeError
 from collector.store import Store
+from core.errors import ConfigError, KvscopeError
 from kvscope.cli import app
 from planner.plan import NoData
 from tests.clirun import assert_one_line_error, run_kvscope

@@ -16,8 +16,8 @@ from typing import Any
 import pytest
 import yaml
 
-from collector.errors import ConfigError
 from collector.store import Store
+from core.errors import ConfigError
 from planner.advise.whatif import WhatIf, advise
 from planner.decide.decision import decide
 from planner.decide.evidence import Evidence
@@ -28,7 +28,7 @@ from planner.plan.build import build_plan
 from tests.planner.synthstore import fill_store, shifted_frame, sqlite_url
 
 ROOT = Path(__file__).resolve().parents[1]
-SHIPPED = ("collector", "planner", "dashboards", "api", "kvscope")
+SHIPPED = ("core", "collector", "store", "planner", "dashboards", "api", "kvscope")
 TEXT_SUFFIXES = (".py", ".md", ".yaml")
 # Citations of an out-of-repo reference file or a machine path an operator cannot open.
 FORBIDDEN = {

@@ -19,7 +19,7 @@ from api.errors import ApiError, responses
 from api.pool import Busy
 from api.respond import json_ok
 from api.schemas import AdviceOut, WhatIfIn
-from collector.errors import ConfigError
+from core.errors import ConfigError
 from planner.advise import WhatIf, advise
 
 router = APIRouter(prefix="/v1", tags=["advise"], dependencies=[Depends(require_read)])

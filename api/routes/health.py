@@ -9,8 +9,8 @@ from api.deps import State
 from api.errors import ApiError, responses
 from api.respond import json_ok
 from api.schemas import Health, Ready
-from collector.errors import StoreError
 from collector.models import SCHEMA_VERSION
+from core.errors import StoreError
 
 router = APIRouter(tags=["health"])
 

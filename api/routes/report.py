@@ -7,7 +7,7 @@ from fastapi.responses import HTMLResponse, Response
 
 from api.deps import Cluster, State, StoreDep, cached_heavy, require_read
 from api.errors import ApiError, responses
-from collector.errors import ConfigError
+from core.errors import ConfigError
 
 router = APIRouter(prefix="/v1", tags=["report"], dependencies=[Depends(require_read)])
 

@@ -3,7 +3,7 @@
 For every source of the cluster with windows in the last ``since`` (15 minutes by default),
 each signal's value is taken from that signal's latest window (all label sets of the source
 at that start combined: counter rates summed, gauges averaged, ratios and histogram p90s
-weighted by their window's count). Names are the canonical signals of collector/catalog.py.
+weighted by their window's count). Names are the canonical signals of core/catalog.py.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from api.deps import Cluster, StoreDep, duration_s, require_read
 from api.errors import responses
 from api.respond import json_ok
 from api.schemas import DURATION_PATTERN, SignalsOut
-from collector.records import Window
+from core.records import Window
 
 router = APIRouter(prefix="/v1", tags=["clusters"], dependencies=[Depends(require_read)])
 

@@ -16,8 +16,8 @@ from api.deps import State, StoreDep, require_read, require_write
 from api.errors import ApiError, responses
 from api.respond import json_ok
 from api.schemas import TargetIn, TargetOut, TargetsOut
-from collector.errors import ConfigError
 from collector.urlguard import check_target_url
+from core.errors import ConfigError
 
 router = APIRouter(prefix="/v1", tags=["targets"])
 _WRITE_ERRORS = responses(400, 401, 403, 404, 422, 503)

@@ -3,7 +3,7 @@
 :func:`synthetic_frame` draws an :func:`planner.frames.frames.engine_frame`-shaped DataFrame from
 the generative models the fits assume (with engine effects and serial correlation in
 utilization, as real clusters have); :func:`frame_to_windows` turns such a frame back into
-:class:`collector.records.Window` records, so the frame builder can be tested end to end.
+:class:`core.records.Window` records, so the frame builder can be tested end to end.
 Nothing here is used to produce advice.
 """
 
@@ -13,7 +13,7 @@ import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from collector.records import Kind, Labels, Window, labels_of
+from core.records import Kind, Labels, Window, labels_of
 
 if TYPE_CHECKING:
     import numpy as np

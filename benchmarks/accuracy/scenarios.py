@@ -26,7 +26,7 @@ import random
 from dataclasses import dataclass
 from typing import Any
 
-from collector.errors import ConfigError
+from core.errors import ConfigError
 
 # Fixed before the held-out cases were run; changing it makes a new held-out set.
 MASTER_SEED = 20251129  # dev and test splits (and held-out set 1, seen on 2025-11-29)

@@ -30,8 +30,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from collector.errors import ConfigError
-from collector.records import BucketSum, Labels, Window
+from core.errors import ConfigError
+from core.records import BucketSum, Labels, Window
 
 if TYPE_CHECKING:
     import pandas as pd

@@ -58,7 +58,7 @@ import random
 from dataclasses import dataclass
 from typing import Any
 
-from collector.errors import ConfigError
+from core.errors import ConfigError
 
 MASTER_SEED = 2026121701  # the study split's seeds; fixed before its first run
 DEV_SEED = 2026121700  # the dev split's (harness shake-out only)

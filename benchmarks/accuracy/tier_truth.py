@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from benchmarks.accuracy.tier_cases import DIURNAL_AMPLITUDE, MULTIPLES, WARMUP_S, Case
-from collector.errors import ConfigError
+from core.errors import ConfigError
 
 GB = 1e9  # cluster.cpu_cache_gb is in decimal GB (planner/simulate/scenario.py)
 GIB = float(2**30)  # the plan's sizes are in GiB

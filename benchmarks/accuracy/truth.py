@@ -42,7 +42,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
-from collector.errors import ConfigError
+from core.errors import ConfigError
 
 if TYPE_CHECKING:
     import numpy as np

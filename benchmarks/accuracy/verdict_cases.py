@@ -39,7 +39,7 @@ import random
 from dataclasses import dataclass
 from typing import Any
 
-from collector.errors import ConfigError
+from core.errors import ConfigError
 
 MASTER_SEED = 2026120123  # the study split's seeds; fixed before its first run
 DEV_SEED = 2026120100  # the dev split's (harness shake-out only)

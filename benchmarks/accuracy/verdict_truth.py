@@ -40,7 +40,7 @@ from benchmarks.accuracy.verdict_cases import (
     SLO_MULTIPLE,
     Case,
 )
-from collector.errors import ConfigError
+from core.errors import ConfigError
 
 SERVED = 0.97  # completed / offered requests at or above: the queue is not growing
 RUN_S = 2400.0  # constant-load runs: simulated seconds, the first WARM_S not measured

@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from collector.errors import ConfigError
+from core.errors import ConfigError
 
 
 def register(app: typer.Typer) -> None:

@@ -14,8 +14,8 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from collector.errors import ConfigError
 from collector.selfmetrics import kvscope_version
+from core.errors import ConfigError
 from kvscope.commands.options import DbOpt
 
 if TYPE_CHECKING:

@@ -31,8 +31,8 @@ from typing import Any
 
 import typer
 
-from collector.errors import ConfigError, ParseError, ScrapeError
-from collector.records import Snapshot
+from core.errors import ConfigError, ParseError, ScrapeError
+from core.records import Snapshot
 
 # Ask for the classic text format: the `vllm:` colons then survive as written.
 _ACCEPT = "text/plain;version=0.0.4;q=0.9,*/*;q=0.1"

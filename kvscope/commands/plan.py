@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from collector.errors import ConfigError
+from core.errors import ConfigError
 from kvscope.commands.options import ClusterOpt, DbOpt, HorizonOpt, SinceOpt
 
 if TYPE_CHECKING:

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from collector.errors import ConfigError
+from core.errors import ConfigError
 from kvscope.commands.options import DbOpt, JsonOpt
 
 if TYPE_CHECKING:

@@ -11,7 +11,7 @@ from typing import Annotated
 
 import typer
 
-from collector.errors import ConfigError
+from core.errors import ConfigError
 from kvscope.commands.options import ClusterOpt, DbOpt, HorizonOpt, SinceOpt
 
 

@@ -13,7 +13,7 @@ from typing import Annotated, Any
 
 import typer
 
-from collector.errors import ConfigError
+from core.errors import ConfigError
 from kvscope.commands.options import DbOpt
 
 

@@ -36,7 +36,7 @@ SUMMARY_ROWS = (
 def _apply_sets(raw: dict[str, Any], sets: list[str]) -> dict[str, Any]:
     import yaml
 
-    from collector.errors import ConfigError
+    from core.errors import ConfigError
     from planner.simulate.scenario import resolve_dotted, set_dotted
 
     for item in sets:
@@ -177,7 +177,7 @@ def register(app: typer.Typer) -> None:
 
         Example: kvscope simulate --list
         """
-        from collector.errors import ConfigError
+        from core.errors import ConfigError
         from planner.simulate.cluster import Simulation
         from planner.simulate.compare import compare, parse_modes, parse_sweep, render_table
         from planner.simulate.scenario import parse_scenario, read_scenario_file

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from collector.errors import ConfigError
+from core.errors import ConfigError
 from planner.deploy import configs
 from planner.model import costmodel
 from planner.model.hardware import get_gpu, get_model

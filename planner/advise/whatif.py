@@ -22,7 +22,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from collector.errors import ConfigError
+from core.errors import ConfigError
 from planner.advise.question import WhatIf
 from planner.advise.sim import (
     ALT_MAX_REQUESTS,

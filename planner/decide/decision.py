@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from importlib import resources
 from typing import Any
 
-from collector.errors import ConfigError
+from core.errors import ConfigError
 from planner.decide.evidence import CapacityEvidence, Evidence, ValueCI
 from planner.decide.rules import RULE_IDS, apply_rules
 from planner.decide.rulestate import HA_ADVICE, Reason, Risk, RuleState, Thresholds

@@ -27,7 +27,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, fields
 
-from collector.errors import ConfigError
+from core.errors import ConfigError
 
 MODES = ("none", "native", "lmcache", "both")
 # Where a capacity ratio came from: the cluster's own windows (planner/plan/verdict.py,

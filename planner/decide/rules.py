@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from collector.errors import ConfigError
+from core.errors import ConfigError
 from planner.decide.evidence import CapacityEvidence
 from planner.decide.rules_limits import r8_dram_for_both, r9_lmcache_unhealthy
 from planner.decide.rulestate import (

@@ -25,7 +25,7 @@ import re
 import shlex
 from collections.abc import Mapping, Sequence
 
-from collector.errors import ConfigError
+from core.errors import ConfigError
 
 SUPPORTED_VLLM = ((0, 11), (0, 33))
 # vLLM 0.14.0: kv_offloading_size -> cpu_bytes_to_use works for the native backend.

@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from collector.errors import ConfigError
+from core.errors import ConfigError
 from planner.decide.decision import Decision
 from planner.decide.evidence import CapacityEvidence, Evidence
 from planner.deploy import configs

@@ -36,7 +36,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from collector.errors import ConfigError
+from core.errors import ConfigError
 from planner.fit.common import Interval, check_level, exp_or_inf, nan_interval
 
 if TYPE_CHECKING:

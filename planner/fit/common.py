@@ -24,7 +24,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from collector.errors import InsufficientHistory
+from core.errors import InsufficientHistory
 from planner.fit.cr2 import CR2, cr2
 
 if TYPE_CHECKING:
@@ -105,7 +105,7 @@ def require_history(what: str, available: int, required: int) -> None:
 
 def check_level(level: float) -> None:
     """Levels are probabilities strictly between 0 and 1."""
-    from collector.errors import ConfigError
+    from core.errors import ConfigError
 
     if not 0.0 < level < 1.0:
         raise ConfigError(f"confidence level must be in (0, 1), got {level}")

@@ -193,7 +193,7 @@ def fit_gain(
     pooled) against ``none``. Raises InsufficientHistory below ``min_windows`` windows."""
     import numpy as np
 
-    from collector.errors import ConfigError
+    from core.errors import ConfigError
 
     check_level(level)
     if interval_method not in ("fieller", "bootstrap"):

@@ -167,7 +167,7 @@ def fit_hitrate(
     """
     import numpy as np
 
-    from collector.errors import ConfigError
+    from core.errors import ConfigError
 
     check_level(level)
     if not 0.0 < target_fraction < 1.0:

@@ -124,7 +124,7 @@ def fit_mfu(
     """
     import numpy as np
 
-    from collector.errors import ConfigError
+    from core.errors import ConfigError
 
     check_level(level)
     if not (math.isfinite(peak_flops) and peak_flops > 0):

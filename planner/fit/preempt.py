@@ -153,7 +153,7 @@ def fit_preemption(
 ) -> PreemptionFit:
     """Fit the hinge count GLM (module docstring) and return the knee with its interval.
 
-    Raises :class:`collector.errors.InsufficientHistory` with fewer than ``min_windows``
+    Raises :class:`core.errors.InsufficientHistory` with fewer than ``min_windows``
     windows that have ``util``, ``count`` and ``exposure``.
     """
     import numpy as np

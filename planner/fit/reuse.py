@@ -124,7 +124,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from collector.errors import ConfigError
+from core.errors import ConfigError
 from planner.fit.common import Estimate, Interval, check_level, fmt, recorded_warnings
 
 if TYPE_CHECKING:

@@ -12,7 +12,7 @@ assumptions, and says when the data cannot tell):
 * :func:`fit_hitrate` (planner.fit.hitrate) — LMCache L1 hit ratio vs size, for sizing.
 
 Every fit takes a frame from :func:`planner.frames.frames.engine_frame`, checks the history it
-needs first (raising :class:`collector.errors.InsufficientHistory`), records warnings per
+needs first (raising :class:`core.errors.InsufficientHistory`), records warnings per
 fit, seeds its RNG, bounds its time and returns a frozen result with an interval beside
 every number (see :mod:`planner.fit.common`).
 
@@ -30,7 +30,7 @@ from dataclasses import dataclass, fields
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
-from collector.errors import ConfigError, InsufficientHistory
+from core.errors import ConfigError, InsufficientHistory
 from planner.fit.common import Estimate, FitResult, Interval
 from planner.fit.gain import NOT_OFFLOAD, GainFit, GainPoint, fit_gain
 from planner.fit.hitrate import HitPrediction, HitRateFit, fit_hitrate

@@ -276,7 +276,7 @@ def fit_switchback(
     import numpy as np
     import pandas as pd
 
-    from collector.errors import ConfigError
+    from core.errors import ConfigError
     from planner.fit.gain_curve import window_weights
 
     check_level(level)

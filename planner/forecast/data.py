@@ -28,8 +28,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from collector.errors import InsufficientHistory, KvscopeError
-from collector.records import Window
+from core.errors import InsufficientHistory, KvscopeError
+from core.records import Window
 
 if TYPE_CHECKING:
     import numpy as np

@@ -50,7 +50,7 @@ import time
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
-from collector.errors import ConfigError, InsufficientHistory
+from core.errors import ConfigError, InsufficientHistory
 from planner.forecast.backtest import Scores, backtest, plan_backtest
 from planner.forecast.data import (
     MIN_POINTS,

@@ -38,7 +38,7 @@ import math
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
-from collector.errors import InsufficientHistory
+from core.errors import InsufficientHistory
 from planner.forecast.data import to_epoch_arrays
 from planner.forecast.saturation import crossing
 

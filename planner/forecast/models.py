@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from statistics import NormalDist
 from typing import TYPE_CHECKING, Any, Literal
 
-from collector.errors import ConfigError
+from core.errors import ConfigError
 
 if TYPE_CHECKING:
     import numpy as np

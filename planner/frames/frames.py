@@ -1,7 +1,7 @@
 """Windows -> one analysis frame per (source, engine, window start).
 
 The fits in :mod:`planner.fit.run` work on a plain pandas DataFrame with one row per engine and
-window. This module builds it from :class:`collector.records.Window` records (or from a
+window. This module builds it from :class:`core.records.Window` records (or from a
 DataFrame holding the same fields, which is how a store can hand back millions of windows
 without creating a Python object per window).
 
@@ -59,8 +59,8 @@ import operator
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
-from collector.catalog import ENGINE_LABEL
-from collector.records import Window
+from core.catalog import ENGINE_LABEL
+from core.records import Window
 from planner.frames.groups import modes_and_groups, pair_models
 
 if TYPE_CHECKING:

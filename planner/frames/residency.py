@@ -3,7 +3,7 @@
 A hit-ratio-vs-capacity curve needs the *distribution* of vLLM's KV block reuse gaps (and of
 its lifetime and idle-before-eviction siblings) and of the LMCache MP server's L1 chunk reuse
 gaps, not three quantiles a window. The collector keeps the bucket counts of each window of
-these histograms — the catalogue's ``keep_buckets`` signals (collector.catalog
+these histograms — the catalogue's ``keep_buckets`` signals (core.catalog
 BUCKET_SIGNALS), read back with ``Store.read_buckets`` — and :func:`residency_histograms`
 sums them over a time range:
 
@@ -32,9 +32,9 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from collector.catalog import BUCKET_SIGNALS, ENGINE_LABEL
-from collector.errors import ConfigError
-from collector.records import BucketSum, Labels
+from core.catalog import BUCKET_SIGNALS, ENGINE_LABEL
+from core.errors import ConfigError
+from core.records import BucketSum, Labels
 
 if TYPE_CHECKING:
     from collector.store import Store
@@ -112,7 +112,7 @@ def residency_histograms(
     if unknown:
         raise ConfigError(
             f"no bucket counts are kept for {', '.join(unknown)} (the histograms that keep "
-            f"them: {', '.join(RESIDENCY_SIGNALS)}; collector.catalog keep_buckets)"
+            f"them: {', '.join(RESIDENCY_SIGNALS)}; core.catalog keep_buckets)"
         )
     sums = store.sum_buckets(
         signals=list(signals), sources=sources, cluster=cluster, since=since, until=until

@@ -17,8 +17,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING
 
-from collector.records import Window
 from collector.store_frame import windows_frame
+from core.records import Window
 
 if TYPE_CHECKING:
     import numpy as np

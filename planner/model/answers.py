@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
-from collector.errors import ConfigError
+from core.errors import ConfigError
 from planner.model.breakeven import DEFAULT_MFU_RANGE, KV_DTYPES, case_note, compare_tiers
 from planner.model.costmodel import kv_bytes_per_token, kv_bytes_per_token_engine
 from planner.model.hardware import Catalog, builtin_catalog, with_kv_dtype

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from collector.errors import ConfigError
+from core.errors import ConfigError
 from planner.model.costmodel import (
     DEFAULT_HBM_EFFICIENCY,
     DEFAULT_MFU,

@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 
-from collector.errors import ConfigError
+from core.errors import ConfigError
 from planner.model.hardware import GPU, Model, Tier
 
 GIB = 1024**3
@@ -26,7 +26,7 @@ DEFAULT_STEP_OVERHEAD_S = 3e-4
 ALLREDUCE_LATENCY_S = 8e-6
 # Assumption: HBM vLLM keeps for activations, CUDA graphs and NCCL buffers besides weights and
 # KV (it profiles the real peak at start-up). Calibrate with the engines' num_gpu_blocks
-# (cache-config info, collector.catalog.FACTS["cache_config"]).
+# (cache-config info, core.catalog.FACTS["cache_config"]).
 DEFAULT_ACTIVATION_RESERVE_BYTES = 2 * GIB
 # Assumption (a prior, no publication): decode is memory-bound, step time ≈ (weights + KV
 # read) / (HBM bw × ~0.7); fit the efficiency of a deployment from its ITL.

@@ -21,7 +21,7 @@ from typing import Any
 
 import yaml
 
-from collector.errors import ConfigError
+from core.errors import ConfigError
 
 GB = 1e9  # decimal gigabyte: datasheet bandwidths are decimal (3.35 TB/s = 3.35e12 B/s)
 GIB = 1024**3

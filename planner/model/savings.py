@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from collector.errors import ConfigError
+from core.errors import ConfigError
 from planner.model.costmodel import DEFAULT_MFU, prefill_seconds, tier_read_seconds
 from planner.model.hardware import GPU, Model, Tier, get_gpu, get_model, get_tier
 

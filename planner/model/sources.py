@@ -17,7 +17,7 @@ from typing import Any
 
 import yaml
 
-from collector.errors import ConfigError
+from core.errors import ConfigError
 
 WHERE = "planner/model/data/sources.yaml"
 ID_RE = re.compile(r"[a-z0-9]+(?:[.-][a-z0-9]+)*")

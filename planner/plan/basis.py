@@ -11,7 +11,7 @@ from collections import Counter
 from collections.abc import Mapping
 from typing import Any
 
-from collector.errors import ConfigError
+from core.errors import ConfigError
 from planner.decide.evidence import Evidence
 from planner.deploy.sizing import Sizing
 from planner.plan.fits import FitRun, Hardware

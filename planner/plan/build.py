@@ -19,7 +19,7 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
-from collector.errors import ConfigError
+from core.errors import ConfigError
 from planner.decide.decision import decide
 from planner.decide.evidence import Evidence
 from planner.deploy.sizing import size

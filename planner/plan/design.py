@@ -26,7 +26,7 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
-from collector.errors import ConfigError, InsufficientHistory
+from core.errors import ConfigError, InsufficientHistory
 
 if TYPE_CHECKING:
     import numpy as np

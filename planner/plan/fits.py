@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from collector.errors import InsufficientHistory, KvscopeError
+from core.errors import InsufficientHistory, KvscopeError
 from planner.decide.evidence import ValueCI
 from planner.fit.common import Estimate, FitResult, Interval
 from planner.frames.table import names

@@ -3,7 +3,7 @@ request rate, each with its interval, backtest and (for KV) time to saturation.
 
 HBM KV capacity per engine, in order of trust:
 1. ``num_gpu_blocks × block_size`` from the engine's cache-config info family
-   (collector.catalog.FACTS["cache_config"]; the collector stores them as engine facts):
+   (core.catalog.FACTS["cache_config"]; the collector stores them as engine facts):
    what vLLM actually allocated;
 2. the cost model's ``hbm_kv_capacity_tokens`` for the engine's model/GPU/TP at vLLM's
    default gpu_memory_utilization 0.9 (a prior: weights and reserve estimated);
@@ -24,9 +24,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
-from collector import catalog
-from collector.errors import InsufficientHistory, KvscopeError
-from collector.records import Window
+from core import catalog
+from core.errors import InsufficientHistory, KvscopeError
+from core.records import Window
 from planner.decide.evidence import Evidence, ValueCI
 from planner.forecast.agree import compare
 from planner.forecast.little import factors, reconcile

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING
 
-from collector.errors import ConfigError
+from core.errors import ConfigError
 from planner.frames.groups import GroupSlice, split_groups
 
 if TYPE_CHECKING:

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from collector.errors import ConfigError
 from collector.models import PlanRecord
+from core.errors import ConfigError
 from planner.decide.evidence import CapacityEvidence, ValueCI
 from planner.model.values import finite
 from planner.plan.record import Plan

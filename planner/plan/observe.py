@@ -16,9 +16,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
-from collector import catalog
-from collector.catalog import DERIVED_RATIOS
-from collector.records import Window
+from core import catalog
+from core.catalog import DERIVED_RATIOS
+from core.records import Window
 from planner.decide.evidence import Evidence
 from planner.frames.frames import SIGNALS as FRAME_SIGNALS
 from planner.frames.table import WindowTable, names, seq_sum, weighted_median_array

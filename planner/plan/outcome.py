@@ -79,8 +79,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from collector.errors import ConfigError
 from collector.models import PlanRecord
+from core.errors import ConfigError
 from planner.forecast.data import rebucket
 from planner.model.values import finite, json_ready
 from planner.plan.build import build_plan

@@ -21,7 +21,7 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from collector.errors import ConfigError, InsufficientHistory
+from core.errors import ConfigError, InsufficientHistory
 from planner.fit.effects import MIN_UNITS
 from planner.fit.units import engine_keys
 from planner.plan.design import (

@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from collector.errors import KvscopeError
+from core.errors import KvscopeError
 from planner.decide.decision import Decision
 from planner.decide.evidence import Evidence
 from planner.deploy.sizing import Sizing

@@ -35,7 +35,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from collector.errors import ConfigError, KvscopeError
+from core.errors import ConfigError, KvscopeError
 from planner.fit.capacity import Slo, unit_capacity, violations
 from planner.fit.common import Estimate
 from planner.fit.reuse import (

@@ -24,7 +24,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
-from collector.errors import InsufficientHistory, KvscopeError
+from core.errors import InsufficientHistory, KvscopeError
 from planner.decide.evidence import CapacityEvidence, ValueCI
 from planner.deploy.sizing import DEFAULT_HEADROOM, engine_bill, engine_capacity
 from planner.fit.capacity import CapacityComparison, Slo, fit_capacity

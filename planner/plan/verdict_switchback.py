@@ -16,7 +16,7 @@ import math
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from collector.errors import InsufficientHistory, KvscopeError
+from core.errors import InsufficientHistory, KvscopeError
 from planner.fit.capacity import (
     CapacityComparison,
     Slo,

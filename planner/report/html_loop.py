@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
-from collector.errors import ConfigError
+from core.errors import ConfigError
 from planner.report.html_parts import (
     Html,
     _e,

@@ -21,7 +21,7 @@ from contextlib import closing
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO
 
-from collector.errors import ConfigError
+from core.errors import ConfigError
 
 if TYPE_CHECKING:
     from planner.plan import Plan

@@ -35,7 +35,7 @@ from collections import deque
 from collections.abc import Mapping
 from typing import Any, cast
 
-from collector.errors import ConfigError
+from core.errors import ConfigError
 from planner.simulate.content import ContentTree
 from planner.simulate.engine import IDLE, Engine, StepCost
 from planner.simulate.lmcache import LMCacheConnector, LMCachePool

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from collector.errors import ConfigError
+from core.errors import ConfigError
 from planner.simulate.cluster import Simulation
 from planner.simulate.results import SimResult
 from planner.simulate.scenario import OFFLOAD_MODES, parse_scenario, resolve_dotted, set_dotted

@@ -4,7 +4,7 @@ Rendering goes through prometheus_client's own ``generate_latest`` (the function
 ``/metrics`` route and LMCache's HTTP frontend call), fed by a custom collector: ``# HELP`` /
 ``# TYPE`` lines, counters as ``<family>_total``, histograms as cumulative ``_bucket{le=…}``
 ending with ``+Inf`` then ``_count`` and ``_sum``, labels sorted, values in Go float spelling
-(``1e+06``). Every family name comes from collector.catalog (``export_spelling``); no vendor
+(``1e+06``). Every family name comes from core.catalog (``export_spelling``); no vendor
 name is spelled here.
 
 Choices, each what a real deployment also shows:
@@ -34,9 +34,9 @@ from prometheus_client.metrics_core import (
 )
 from prometheus_client.utils import floatToGoString
 
-from collector import catalog
-from collector.catalog import Labels
-from collector.errors import ConfigError
+from core import catalog
+from core.catalog import Labels
+from core.errors import ConfigError
 from planner.simulate.scenario import Scenario
 from planner.simulate.telemetry import EngineSnapshot, HistogramSnapshot, LMCacheSnapshot
 
@@ -144,7 +144,7 @@ def families(view: EndpointView) -> list[Metric]:
     for s in sorted(view.series, key=lambda s: order.get(s.signal, -1)):
         sig = catalog.SIGNALS.get(s.signal)
         if sig is None:
-            raise ConfigError(f"unknown signal {s.signal!r} (see collector.catalog.SIGNALS)")
+            raise ConfigError(f"unknown signal {s.signal!r} (see core.catalog.SIGNALS)")
         hist = s.value if isinstance(s.value, HistogramSnapshot) else None
         if (hist is None) != (sig.kind != "histogram"):
             raise ConfigError(f"{s.signal} is a {sig.kind}; got {type(s.value).__name__}")

@@ -17,7 +17,7 @@ from typing import Any
 
 import yaml
 
-from collector.errors import ConfigError
+from core.errors import ConfigError
 from planner.model import costmodel
 from planner.model.hardware import GPU, Model, get_gpu, get_model, with_kv_dtype
 from planner.simulate.connector_spec import (

@@ -60,7 +60,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import IO, Any, Literal
 
-from collector.errors import ConfigError
+from core.errors import ConfigError
 from planner.simulate.cluster import Simulation
 from planner.simulate.exposition import CONTENT_TYPE, engine_config, engine_view, pool_view, render
 from planner.simulate.scenario import Scenario

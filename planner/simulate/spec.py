@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from collector.errors import ConfigError
+from core.errors import ConfigError
 
 
 @dataclass(frozen=True, slots=True)

@@ -2,8 +2,8 @@
 
 Counters and histograms only ever grow (like a real exporter), so a server can render them
 between `Simulation.advance_to()` calls; `snapshot()` returns frozen records. Histogram
-bucket bounds come from collector.catalog (the vLLM / LMCache exporters' own bounds) unless
-injected. No vendor metric name is spelled here: collector/catalog.py maps these signals to
+bucket bounds come from core.catalog (the vLLM / LMCache exporters' own bounds) unless
+injected. No vendor metric name is spelled here: core/catalog.py maps these signals to
 what vLLM and LMCache expose.
 """
 
@@ -13,7 +13,7 @@ import bisect
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-# Histogram signals an engine observes (canonical names from collector/catalog.py).
+# Histogram signals an engine observes (canonical names from core/catalog.py).
 ENGINE_HISTOGRAMS = (
     "ttft_seconds",
     "e2e_latency_seconds",
@@ -78,7 +78,7 @@ def default_buckets(max_model_len: int | None = None) -> dict[str, tuple[float, 
     """Bucket bounds per histogram signal, as the real exporters use them: the catalogue's,
     with the request-token histograms rendered for `max_model_len` when given (the
     catalogue's are vLLM's for max_model_len 4096, top finite bound 2000)."""
-    from collector import catalog
+    from core import catalog
 
     out = {name: tuple(catalog.SIGNALS[name].buckets) for name in ENGINE_HISTOGRAMS}
     if max_model_len is not None:
@@ -239,7 +239,7 @@ class EngineTelemetry:
             name: Histogram(tuple(bounds.get(name, ())), buffer) for name in ENGINE_HISTOGRAMS
         }
         if kv_residency:
-            from collector import catalog
+            from core import catalog
 
             for name in KV_RESIDENCY_HISTOGRAMS:
                 bound = bounds.get(name) or catalog.SIGNALS[name].buckets
@@ -327,7 +327,7 @@ class PoolTelemetry:
     __slots__ = ("counters", "hist")
 
     def __init__(self) -> None:
-        from collector import catalog
+        from core import catalog
 
         self.counters: dict[str, float] = dict.fromkeys(LMCACHE_COUNTERS, 0.0)
         self.hist = {

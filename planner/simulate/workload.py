@@ -32,7 +32,7 @@ import math
 import random
 from collections.abc import Iterator
 
-from collector.errors import ConfigError
+from core.errors import ConfigError
 from planner.simulate.content import ContentTree
 from planner.simulate.request import Req
 from planner.simulate.workload_spec import WorkloadSpec

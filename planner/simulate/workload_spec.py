@@ -25,7 +25,7 @@ import random
 from dataclasses import dataclass
 from pathlib import Path
 
-from collector.errors import ConfigError
+from core.errors import ConfigError
 from planner.simulate.spec import Param, Section
 
 KINDS = ("synthetic", "shared_prefix", "multi_turn", "rag", "trace")

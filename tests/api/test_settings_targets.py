@@ -10,7 +10,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from api.settings import ApiSettings, load_settings
-from collector.errors import ConfigError
+from core.errors import ConfigError
 from tests.api.conftest import AUTH, TOKEN, assert_error
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from api.routes.signals import combine, latest_values
-from collector.records import Labels, Window
+from core.records import Labels, Window
 
 T0 = 1_764_000_000.0
 A: Labels = (("engine", "0"),)

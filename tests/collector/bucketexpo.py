@@ -14,8 +14,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import pairwise
 
-from collector.catalog import SIGNALS, export_sample_name
-from collector.records import Labels
+from core.catalog import SIGNALS, export_sample_name
+from core.records import Labels
 
 INF = math.inf
 ENGINE: Labels = (("engine", "0"), ("model_name", "m"))

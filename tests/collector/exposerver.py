@@ -16,7 +16,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-from collector.catalog import exposed_names
+from core.catalog import exposed_names
 
 TEXT_004 = "text/plain; version=0.0.4; charset=utf-8"
 Body = Callable[[int], bytes]

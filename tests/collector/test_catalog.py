@@ -14,8 +14,10 @@ import yaml
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.openmetrics.exposition import generate_latest as generate_openmetrics
 
-from collector import catalog
-from collector.catalog import (
+from collector.parse import read_exposition
+from collector.signal_index import build_index
+from core import catalog
+from core.catalog import (
     DERIVED_RATIOS,
     FACTS,
     SIGNALS,
@@ -26,9 +28,7 @@ from collector.catalog import (
     promql_selector,
     token_buckets,
 )
-from collector.errors import ConfigError
-from collector.parse import read_exposition
-from collector.signal_index import build_index
+from core.errors import ConfigError
 
 METRICS = Path(__file__).resolve().parent.parent / "fixtures" / "metrics"
 

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from collector.catalog import DCGM_GPU_FAMILY
 from collector.engine_facts import Described, engine_facts_of, offload_from_facts
 from collector.parse import read_exposition
+from core.catalog import DCGM_GPU_FAMILY
 
 METRICS = Path(__file__).resolve().parents[1] / "fixtures" / "metrics"
 
@@ -183,10 +183,10 @@ def test_prometheus_and_direct_modes_store_each_engines_exposed_offload(tmp_path
 
 
 def test_prometheus_registration_failed_facts_query_keeps_stored_facts(tmp_path: Path) -> None:
-    from collector.records import Window
     from collector.run import CollectStats
     from collector.run_prometheus import _register_sources
     from collector.store import Store
+    from core.records import Window
 
     window = Window("e0", "kv_cache_usage_ratio", (("model_name", "m"),), 0.0, 60.0, "gauge", 4)
     native = {CACHE: [{**ON, "num_gpu_blocks": "10", "block_size": "16"}]}
@@ -217,11 +217,11 @@ def test_prometheus_registration_lmcache_server_with_derived_ratio_is_no_engine(
 ) -> None:
     """An LMCache server's windows include a derived hit ratio (catalog.DERIVED_RATIOS),
     which is not a catalogue signal: it still counts as the server's, not as a vLLM engine."""
-    from collector.catalog import DERIVED_RATIOS, SIGNALS
-    from collector.records import Window
     from collector.run import CollectStats
     from collector.run_prometheus import _register_sources
     from collector.store import Store
+    from core.catalog import DERIVED_RATIOS, SIGNALS
+    from core.records import Window
 
     ratio, numerator, _ = next(r for r in DERIVED_RATIOS if SIGNALS[r[1]].source == "lmcache")
     windows = [Window("lm:9", numerator, (), 0.0, 60.0, "counter", 4, delta=5.0),
@@ -243,10 +243,10 @@ def test_prometheus_backfill_dates_an_engine_restart_with_offload_on(tmp_path: P
     not the whole history as the mode of its last instant."""
     import asyncio
 
-    from collector.catalog import CACHE_CONFIG_INFO, KV_OFFLOAD_CONFIG_INFO, exposed_names
     from collector.promsource import PrometheusSource
     from collector.run_prometheus import collect_prometheus
     from collector.store import Store
+    from core.catalog import CACHE_CONFIG_INFO, KV_OFFLOAD_CONFIG_INFO, exposed_names
     from tests import services
     from tests.collector.exposerver import expo_server
 

@@ -11,7 +11,7 @@ import pytest
 from collector.dcgm import GpuFacts, engine_gpus, gpu_slug, host_of
 from collector.engine_facts import assumed_facts, describe, engine_facts_of
 from collector.engine_rules import load_engine_rules, parse_engine_rules
-from collector.errors import ConfigError
+from core.errors import ConfigError
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "engines.yaml"
 

@@ -29,13 +29,13 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from collector import selfmetrics as sm
-from collector.catalog import exposed_names
 from collector.health import CollectorHealth
 from collector.parse import read_exposition
-from collector.records import Labels, ScrapeOutcome, Window
 from collector.run import CollectStats, collect_direct
 from collector.sources import Target, TargetSet
 from collector.store import Store
+from core.catalog import exposed_names
+from core.records import Labels, ScrapeOutcome, Window
 from tests.collector.exposerver import TEXT_004, Body, ExpoServer, expo_server, set_sample
 from tests.services import free_port
 

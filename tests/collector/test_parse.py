@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from collector.catalog import SIGNALS, exposed_names
-from collector.errors import ParseError
 from collector.parse import ExpositionReader, read_exposition
-from collector.records import SignalSample, Snapshot
+from core.catalog import SIGNALS, exposed_names
+from core.errors import ParseError
+from core.records import SignalSample, Snapshot
 
 METRICS = Path(__file__).resolve().parent.parent / "fixtures" / "metrics"
 ENGINE0 = {"engine": "0", "model_name": "tiny-llama"}

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from collector.errors import ParseError
 from collector.exposition import LineError, parse_labels
 from collector.parse import ExpositionReader
+from core.errors import ParseError
 
 METRICS = Path(__file__).resolve().parents[1] / "fixtures" / "metrics"
 TTFT = "vllm:time_to_first_token_seconds_bucket"

@@ -16,10 +16,10 @@ from pathlib import Path
 
 import pytest
 
-from collector.errors import ParseError
 from collector.parse import ExpositionReader
-from collector.records import Snapshot
 from collector.signal_index import INDEX, SKIP
+from core.errors import ParseError
+from core.records import Snapshot
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "metrics"
 BASE = (FIXTURES / "vllm-0.33.0-metrics-default.txt").read_text()

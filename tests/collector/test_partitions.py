@@ -17,11 +17,11 @@ import pytest
 import sqlalchemy
 
 from collector import partitions
-from collector.errors import StoreError
 from collector.models import SCHEMA_VERSION, WindowRow, labels_json, series_key
-from collector.records import Window
 from collector.retention import Pruner
 from collector.store import Store
+from core.errors import StoreError
+from core.records import Window
 from tests.clirun import run_kvscope
 
 pytestmark = [pytest.mark.postgres, pytest.mark.parametrize("db_url", ["postgres"], indirect=True)]

@@ -7,8 +7,8 @@ import struct
 
 import pytest
 
-from collector.errors import StoreError
 from collector.pg_copy import SIGNATURE, copy_tuples
+from core.errors import StoreError
 
 Tuple = list[bytes | None]
 

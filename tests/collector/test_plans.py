@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
-from collector.errors import ConfigError
 from collector.models import PLAN_HEADLINE, PlanRecord
 from collector.store import Store
+from core.errors import ConfigError
 
 T0 = 1_764_000_000.0
 

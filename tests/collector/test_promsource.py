@@ -7,10 +7,10 @@ import time
 
 import pytest
 
-from collector.catalog import SIGNALS
-from collector.errors import ConfigError, ScrapeError
 from collector.promsource import PrometheusSource, derive_ratios, signal_query
-from collector.records import Window
+from core.catalog import SIGNALS
+from core.errors import ConfigError, ScrapeError
+from core.records import Window
 from tests import services
 from tests.collector.conftest import PREEMPTIONS_START, PREEMPTIONS_STEP, SCRAPE_S, LiveProm
 from tests.collector.exposerver import expo_server

@@ -13,11 +13,11 @@ import pytest
 import sqlalchemy
 
 from collector.checkpoint import Saved
-from collector.errors import ConfigError, StoreError
 from collector.models import SCHEMA_VERSION, WINDOWS_START_BRIN_DDL
-from collector.records import ScrapeOutcome, Window
 from collector.retention import Pruned, Pruner
 from collector.store import Store
+from core.errors import ConfigError, StoreError
+from core.records import ScrapeOutcome, Window
 from tests.clirun import run_kvscope
 
 DAY = 86_400.0

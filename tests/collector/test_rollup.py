@@ -13,11 +13,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from collector.catalog import DERIVED_RATIOS
-from collector.errors import ConfigError
 from collector.parse import read_exposition
-from collector.records import Labels, SignalSample, Snapshot, Window
 from collector.rollup import Rollup, histogram_quantile
+from core.catalog import DERIVED_RATIOS
+from core.errors import ConfigError
+from core.records import Labels, SignalSample, Snapshot, Window
 
 ENGINE: Labels = (("engine", "0"), ("model_name", "m"))
 RATIO = ("hit_ratio", "hits_total", "queries_total")

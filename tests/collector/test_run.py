@@ -13,13 +13,13 @@ from typing import Any, TypeVar
 
 import pytest
 
-from collector.errors import ConfigError, ScrapeError
 from collector.promsource import PrometheusSource
-from collector.records import ScrapeOutcome, Snapshot, Window
 from collector.run import CollectStats, collect_direct, engine_facts, next_tick
 from collector.run_prometheus import collect_prometheus
 from collector.sources import EngineMeta, Target, TargetSet
 from collector.store import Store
+from core.errors import ConfigError, ScrapeError
+from core.records import ScrapeOutcome, Snapshot, Window
 from tests.collector.conftest import LiveProm
 from tests.collector.exposerver import ExpoServer, bumping, expo_server
 from tests.services import free_port

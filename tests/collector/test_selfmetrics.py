@@ -24,7 +24,6 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from collector import selfmetrics as sm
-from collector.errors import ConfigError
 from collector.health import CollectorHealth, parse_listen_addr, serve_metrics
 from collector.models import PLAN_HEADLINE, PlanRecord
 from collector.plan_metrics import PlanCollector, render_plan_metrics
@@ -33,6 +32,7 @@ from collector.run import collect_direct
 from collector.run_prometheus import collect_prometheus
 from collector.sources import Target, TargetSet
 from collector.store import Store
+from core.errors import ConfigError
 from dashboards.build import DASHBOARD_DIR, K8S_DIR, RULES_DIR
 from tests.collector.conftest import LiveProm
 from tests.collector.exposerver import expo_server

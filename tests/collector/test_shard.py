@@ -18,13 +18,13 @@ import requests
 import yaml
 
 from collector.checkpoint import Saved
-from collector.errors import ConfigError
-from collector.records import Snapshot
 from collector.rollup import Rollup
 from collector.run import CollectStats, collect_direct
 from collector.shard import Shard, hashmod
 from collector.sources import Target, TargetSet
 from collector.store import Store
+from core.errors import ConfigError
+from core.records import Snapshot
 from tests import services
 from tests.collector.exposerver import ExpoServer, bumping, expo_server
 

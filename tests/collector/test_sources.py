@@ -13,9 +13,7 @@ from typing import Any, TypedDict, TypeVar
 import pytest
 
 from collector import sources
-from collector.errors import ConfigError
 from collector.parse import read_exposition
-from collector.records import ScrapeOutcome
 from collector.sources import (
     ACCEPT_HEADER,
     INLINE_PARSE_BYTES,
@@ -27,6 +25,8 @@ from collector.sources import (
     scrape_all,
 )
 from collector.urlguard import URLPolicy
+from core.errors import ConfigError
+from core.records import ScrapeOutcome
 from tests.collector.exposerver import expo_server
 from tests.services import free_port
 

@@ -19,10 +19,10 @@ from pathlib import Path
 
 import pytest
 
-from collector.errors import StoreError
-from collector.records import ScrapeOutcome, Window
 from collector.spool import Spool, _decode, _encode, is_transient
 from collector.store import Store
+from core.errors import StoreError
+from core.records import ScrapeOutcome, Window
 
 ENGINE = (("engine", "0"), ("model_name", "m"))
 

@@ -16,11 +16,11 @@ import psycopg
 import pytest
 import sqlalchemy
 
-from collector.errors import ConfigError, StoreError
 from collector.models import SCHEMA_VERSION
-from collector.records import Labels, ScrapeOutcome, Window
 from collector.store import MIGRATIONS, Store, redact
 from collector.store_frame import CATEGORY_COLUMNS, FRAME_COLUMNS, windows_frame
+from core.errors import ConfigError, StoreError
+from core.records import Labels, ScrapeOutcome, Window
 
 ENGINE: Labels = (("engine", "0"), ("model_name", "llama"))
 T0 = 1_764_000_000.0

@@ -19,13 +19,13 @@ import pytest
 import sqlalchemy
 
 from collector import store_blocks_decode, store_blocks_pg, store_frame_pg
-from collector.errors import StoreError
 from collector.models import SCHEMA_VERSION
-from collector.records import Labels, Window
 from collector.store import Store
 from collector.store_blocks import BLOCK_S, Frame
 from collector.store_blocks_decode import Packs, positions
 from collector.store_frame import windows_frame
+from core.errors import StoreError
+from core.records import Labels, Window
 
 T0 = 1_764_000_000.0 - 1_764_000_000.0 % BLOCK_S  # an hour boundary
 HOURS = 3

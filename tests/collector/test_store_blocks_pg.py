@@ -18,9 +18,9 @@ import sqlalchemy
 
 from collector import partitions, store_blocks_pg
 from collector.models import WindowBlockRow
-from collector.records import Window
 from collector.store import Store
 from collector.store_blocks import BLOCK_S
+from core.records import Window
 from tests.collector.test_store_blocks import HOURS, T0, _count, _same, _sql, history
 
 pytestmark = [pytest.mark.postgres, pytest.mark.parametrize("db_url", ["postgres"], indirect=True)]

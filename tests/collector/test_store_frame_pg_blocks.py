@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 from collector import store_frame_pg_blocks
-from collector.errors import StoreError
 from collector.store_frame_pg_blocks import KIND_SHIFT, Blocks
+from core.errors import StoreError
 
 NUMERIC = ("start", "length_s", "samples", "delta", "mean")
 SPARSE = ("delta", "mean")

@@ -20,7 +20,6 @@ from pathlib import Path
 
 import pytest
 
-from collector.errors import ConfigError, URLRefused
 from collector.http1 import ConnectFailed, Connection, route
 from collector.urlguard import (
     CheckedURL,
@@ -30,6 +29,7 @@ from collector.urlguard import (
     pinned_address,
     same_origin,
 )
+from core.errors import ConfigError, URLRefused
 from tests.collector.exposerver import expo_server
 
 PUBLIC = "93.184.216.34"

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from collector import catalog
+from core import catalog
 from dashboards.build import DASHBOARD_DIR, RULES_DIR, artifacts, check, write
 from dashboards.grafana import DATASOURCE, SCHEMA_VERSION
 from tests.clirun import run_kvscope

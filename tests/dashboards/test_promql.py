@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from collector import catalog
-from collector.errors import ConfigError
+from core import catalog
+from core.errors import ConfigError
 from dashboards import promql as q
 from dashboards.config import DEFAULT
 from dashboards.records import RECORDS, find

@@ -3,7 +3,7 @@
 The rule files are dashboards.build's output for DEFAULT, written into a temporary
 directory; the promtool test files are built here from the case table below
 (``yaml.safe_dump``), so no metric name is spelled in this file: vendor names come from
-collector.catalog (each case runs with every spelling its inputs may have: the exported
+core.catalog (each case runs with every spelling its inputs may have: the exported
 one, Prometheus' colon→underscore rewrite under OpenMetrics negotiation, and the
 catalogue's older spelling), kvscope's own from collector.selfmetrics.
 
@@ -38,7 +38,6 @@ from typing import Any, Literal
 import pytest
 import yaml
 
-from collector import catalog
 from collector.selfmetrics import (
     ALL_METRICS,
     COLLECTOR_LAST_SUCCESSFUL_TICK,
@@ -51,6 +50,7 @@ from collector.selfmetrics import (
     PLAN_SATURATION_PROBABILITY,
     PLAN_TIME_TO_SATURATION,
 )
+from core import catalog
 from dashboards.alerts import ALERTS, Alert
 from dashboards.build import RULES_DIR, artifacts
 from dashboards.config import DEFAULT

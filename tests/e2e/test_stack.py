@@ -27,8 +27,8 @@ from typing import Any
 
 import pytest
 
-from collector.errors import KvscopeError
 from collector.store import Store
+from core.errors import KvscopeError
 from dashboards.alerts import ALERTS
 from dashboards.build import RULES_DIR
 from tests import services

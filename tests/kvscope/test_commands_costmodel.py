@@ -13,7 +13,7 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from collector.errors import ConfigError
+from core.errors import ConfigError
 from kvscope.cli import app
 from planner.model.costmodel import prefill_seconds, tier_read_seconds
 from planner.model.hardware import builtin_catalog, get_gpu, get_model, get_tier

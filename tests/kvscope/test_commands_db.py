@@ -9,10 +9,10 @@ from pathlib import Path
 
 from typer.testing import CliRunner
 
-from collector.errors import StoreError
 from collector.models import SCHEMA_VERSION
-from collector.records import Window
 from collector.store import Store
+from core.errors import StoreError
+from core.records import Window
 from kvscope.cli import app
 
 RUNNER = CliRunner()

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from collector.errors import ConfigError
+from core.errors import ConfigError
 from kvscope.cli import app
 from kvscope.commands.plan import group_dir
 from tests.planner.groupstore import BIG, SMALL, fill_two_models

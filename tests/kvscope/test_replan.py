@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from collector.errors import ConfigError, StoreError
 from collector.store import Store
+from core.errors import ConfigError, StoreError
 from kvscope.replan import resolve_cluster, run_every
 from planner.plan import NoData, Plan, build_plan
 from tests.planner.synthstore import fill_store, shifted_frame, sqlite_url

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import numpy.typing as npt
 
-from collector.catalog import KV_RESIDENCY_BUCKETS
+from core.catalog import KV_RESIDENCY_BUCKETS
 from planner.fit.reuse import Histogram, ReuseInputs
 
 Trace = tuple[npt.NDArray[np.float64], npt.NDArray[np.int64]]

@@ -18,7 +18,7 @@ from benchmarks.accuracy.judge import TOLERANCE, ModeResult, judge
 from benchmarks.accuracy.scenarios import HELDOUT_SET, HELDOUT_SETS, draw
 from benchmarks.accuracy.study import FAST, FULL, CaseResult, run_case
 from benchmarks.accuracy.truth import LevelResult, TruthCurve, truth_curve
-from collector.errors import ConfigError
+from core.errors import ConfigError
 from planner.fit.common import Interval
 from planner.fit.gain import fit_gain
 

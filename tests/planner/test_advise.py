@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from collector.errors import ConfigError
+from core.errors import ConfigError
 from planner.advise.question import parse_scorer_weights
 from planner.advise.sim import (
     ALT_MAX_REQUESTS,

@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from collector.errors import ConfigError
+from core.errors import ConfigError
 from planner.model.breakeven import (
     LLAMA_70B_4K_CEPH_HDD_NOTE,
     Comparison,

@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 from scipy import stats
 
-from collector.errors import ConfigError
+from core.errors import ConfigError
 from planner.fit.capacity import MIN_BIN, Slo, fit_capacity, unit_capacity, violations, welch
 from planner.fit.units import unit_keys
 from tests.planner.verdictsynth import TRUE_SLO_MULTIPLE, cluster_frame

@@ -7,7 +7,7 @@ import shlex
 
 import pytest
 
-from collector.errors import ConfigError
+from core.errors import ConfigError
 from planner.deploy import configs
 from planner.model.costmodel import kv_bytes_per_token
 from planner.model.hardware import get_model

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from collector.errors import ConfigError
+from core.errors import ConfigError
 from planner.model.costmodel import (
     DEFAULT_STEP_OVERHEAD_S,
     hbm_kv_capacity_tokens,

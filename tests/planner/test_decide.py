@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from collector.errors import ConfigError
+from core.errors import ConfigError
 from planner.decide.decision import (
     RULE_IDS,
     CapacityEvidence,

@@ -11,7 +11,7 @@ import pandas as pd
 import pytest
 from scipy import stats
 
-from collector.errors import ConfigError, InsufficientHistory
+from core.errors import ConfigError, InsufficientHistory
 from planner.fit.switchback import fit_switchback
 from planner.plan.design import (
     autocorrelation_time,

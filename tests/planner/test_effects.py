@@ -8,7 +8,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from collector.errors import ConfigError, InsufficientHistory
+from core.errors import ConfigError, InsufficientHistory
 from planner.fit.effects import fit_today, wls_cr2
 from planner.fit.units import UNKNOWN_POOL, balance, traffic, unit_keys
 from tests.planner.verdictsynth import cluster_frame

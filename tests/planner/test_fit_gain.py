@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 
 from benchmarks.accuracy.fitsynth import Truth, synthetic_frame
-from collector.errors import ConfigError, InsufficientHistory
+from core.errors import ConfigError, InsufficientHistory
 from planner.fit.gain import fit_gain, located_crossings
 
 MODES = ("none", "native")

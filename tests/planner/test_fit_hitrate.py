@@ -14,7 +14,7 @@ from scipy.optimize import brentq
 from scipy.special import expit
 
 from benchmarks.accuracy.fitsynth import Truth, synthetic_frame
-from collector.errors import ConfigError, InsufficientHistory
+from core.errors import ConfigError, InsufficientHistory
 from planner.fit.hitrate import HitRateFit, fit_hitrate, hac_lags
 
 TRUTH = Truth()

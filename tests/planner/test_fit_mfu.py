@@ -15,7 +15,7 @@ from benchmarks.accuracy.fitsynth import (
     llama8b_prefill_flops,
     synthetic_frame,
 )
-from collector.errors import ConfigError, InsufficientHistory
+from core.errors import ConfigError, InsufficientHistory
 from planner.fit.cr2 import cr2
 from planner.fit.mfu import fit_mfu
 

@@ -10,7 +10,7 @@ import pytest
 import statsmodels.api as sm
 
 from benchmarks.accuracy.fitsynth import Truth, synthetic_frame
-from collector.errors import InsufficientHistory
+from core.errors import InsufficientHistory
 from planner.fit.common import engine_groups
 from planner.fit.preempt import _bin, _collapse, _design, _fit_glm, _robust_cov, fit_preemption
 

@@ -13,8 +13,8 @@ import math
 
 import pytest
 
-from collector.catalog import KV_RESIDENCY_BUCKETS
-from collector.errors import ConfigError
+from core.catalog import KV_RESIDENCY_BUCKETS
+from core.errors import ConfigError
 from planner.fit.reuse import (
     GIB,
     Histogram,

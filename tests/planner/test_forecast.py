@@ -10,8 +10,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from collector.errors import ConfigError, InsufficientHistory
-from collector.records import Window, labels_of
+from core.errors import ConfigError, InsufficientHistory
+from core.records import Window, labels_of
 from planner.forecast.demand import (
     Forecast,
     SeriesError,

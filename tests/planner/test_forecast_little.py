@@ -9,7 +9,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from collector.errors import InsufficientHistory
+from core.errors import InsufficientHistory
 from planner.forecast.demand import Forecast, forecast_demand
 from planner.forecast.little import LittleFactors, factors, implied_points, reconcile
 

@@ -9,9 +9,9 @@ import pandas as pd
 import pytest
 
 from benchmarks.accuracy.fitsynth import synthetic_frame
-from collector.errors import ConfigError
 from collector.models import EngineRecord
-from collector.records import Window, labels_of
+from core.errors import ConfigError
+from core.records import Window, labels_of
 from planner.fit.preempt import fit_preemption
 from planner.fit.run import fit_all
 from planner.frames.frames import engine_frame

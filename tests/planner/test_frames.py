@@ -9,8 +9,8 @@ import pandas as pd
 import pytest
 
 from benchmarks.accuracy.fitsynth import frame_to_windows, synthetic_frame
-from collector.records import Window, labels_of
 from collector.sources import EngineMeta
+from core.records import Window, labels_of
 from planner.frames.frames import COLUMNS, engine_frame
 
 NUMERIC = [c for c in COLUMNS if c not in ("source", "engine", "offload_mode", "group")]

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 import yaml
 
-from collector.errors import ConfigError
+from core.errors import ConfigError
 from planner.model.hardware import (
     GPU,
     Model,

@@ -18,8 +18,8 @@ from typing import Any
 import pytest
 
 from collector.models import PlanRecord
-from collector.records import Window
 from collector.store import Store
+from core.records import Window
 from planner.decide.evidence import CapacityEvidence, Evidence, ValueCI
 from planner.plan import CapacityCheck, PlanOutcome, accuracy_summary, score_plans
 from planner.plan.outcome import _capacity_checks, wilson

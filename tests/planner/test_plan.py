@@ -17,9 +17,9 @@ import pandas as pd
 import pytest
 
 from benchmarks.accuracy.fitsynth import Truth
-from collector.errors import ConfigError
-from collector.records import Kind, ScrapeOutcome, Window, labels_of
 from collector.store import Store
+from core.errors import ConfigError
+from core.records import Kind, ScrapeOutcome, Window, labels_of
 from planner.decide.decision import RULE_IDS
 from planner.fit.gain import fit_gain
 from planner.fit.preempt import fit_preemption

@@ -17,8 +17,8 @@ from typing import Any
 import pandas as pd
 import pytest
 
-from collector.errors import ConfigError
 from collector.store import Store
+from core.errors import ConfigError
 from planner.fit.preempt import fit_preemption
 from planner.model.values import json_ready
 from planner.plan import Plan, build_plan

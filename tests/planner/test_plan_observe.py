@@ -6,9 +6,9 @@ import random
 
 import pytest
 
-from collector.catalog import token_buckets
-from collector.records import SignalSample, Snapshot, Window, labels_of
 from collector.rollup import Rollup
+from core.catalog import token_buckets
+from core.records import SignalSample, Snapshot, Window, labels_of
 from planner.plan.observe import p90_censored, prompt_lengths
 
 LABELS = labels_of({"engine": "0", "model_name": "m"})

@@ -28,8 +28,8 @@ import pytest
 from PIL import Image
 from typer.testing import CliRunner
 
-from collector.errors import ConfigError
 from collector.store import Store
+from core.errors import ConfigError
 from kvscope.cli import app
 from planner.decide.rulestate import Reason
 from planner.plan import (

@@ -11,11 +11,11 @@ from itertools import pairwise
 
 import pytest
 
-from collector.errors import ConfigError
 from collector.parse import read_exposition
-from collector.records import BucketSum, Labels, Window
 from collector.rollup import Rollup
 from collector.store import Store
+from core.errors import ConfigError
+from core.records import BucketSum, Labels, Window
 from planner.frames.residency import (
     RESIDENCY_SIGNALS,
     BucketCounts,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from collector.errors import ConfigError
+from core.errors import ConfigError
 from planner.model.costmodel import prefill_seconds, tier_read_seconds
 from planner.model.hardware import get_gpu, get_model, get_tier
 from planner.model.savings import prefix_savings

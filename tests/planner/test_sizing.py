@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from collector.errors import ConfigError
+from core.errors import ConfigError
 from planner.decide.decision import CapacityEvidence, Decision, Evidence, ValueCI, decide
 from planner.deploy.sizing import engine_bill, l1_from_curve, size
 from planner.model.costmodel import hbm_kv_capacity_tokens, kv_bytes_per_token

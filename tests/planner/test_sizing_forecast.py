@@ -12,7 +12,7 @@ import math
 import numpy as np
 import pytest
 
-from collector.records import Window, labels_of
+from core.records import Window, labels_of
 from planner.decide.decision import Decision
 from planner.decide.evidence import Evidence
 from planner.deploy.sizing import size

@@ -10,7 +10,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from collector.errors import ConfigError, InsufficientHistory
+from core.errors import ConfigError, InsufficientHistory
 from planner.fit.switchback import (
     carried_over,
     engine_keys,

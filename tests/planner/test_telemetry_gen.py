@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from benchmarks.accuracy.telemetry_gen import DEFAULT_EPOCH0, generate, merge
-from collector.errors import ConfigError
+from core.errors import ConfigError
 from planner.simulate.cluster import Simulation
 from planner.simulate.scenario import Scenario, parse_scenario
 

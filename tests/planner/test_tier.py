@@ -11,8 +11,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from collector.catalog import KV_RESIDENCY_BUCKETS
 from collector.models import EngineRecord
+from core.catalog import KV_RESIDENCY_BUCKETS
 from planner.decide.decision import decide
 from planner.deploy.sizing import size
 from planner.fit.capacity import Slo

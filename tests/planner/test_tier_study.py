@@ -16,7 +16,7 @@ from benchmarks.accuracy import tier_cases
 from benchmarks.accuracy.tier_cases import MULTIPLES, cases
 from benchmarks.accuracy.tier_study import covers, score, score_row
 from benchmarks.accuracy.tier_truth import GB, GIB, CaseTruth, Run, Size, sizes_gib, with_native
-from collector.errors import ConfigError
+from core.errors import ConfigError
 
 # sha256 of the study split and its rules as committed before the first run (af304fa):
 # changing a case, a seed or a rule of tier_cases.py makes a new study, not a re-run

@@ -19,7 +19,7 @@ from benchmarks.accuracy.verdict_study import (
     run_case,
 )
 from benchmarks.accuracy.verdict_truth import label_of, slo_ttft
-from collector.errors import ConfigError
+from core.errors import ConfigError
 
 # sha256 of the study split as committed before its first run (ba50cd3): changing a case,
 # a seed or a rule of verdict_cases.py makes a new study, not a re-run of this one

@@ -14,7 +14,7 @@ from contextlib import contextmanager
 from importlib import resources
 from pathlib import Path
 
-from collector.errors import ConfigError
+from core.errors import ConfigError
 
 SUFFIX = ".yaml"
 

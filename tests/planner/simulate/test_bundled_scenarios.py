@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from collector.errors import ConfigError
+from core.errors import ConfigError
 from planner.simulate.scenario import load_scenario
 from planner.simulate.scenarios import bundled_directory, bundled_name, bundled_names, scenario_file
 from tests.clirun import assert_one_line_error

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import yaml
 
-from collector.errors import ConfigError
+from core.errors import ConfigError
 from planner.simulate.compare import (
     break_even,
     crossings,

@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from collector import catalog
-from collector.errors import ConfigError
 from collector.parse import read_exposition
-from collector.records import SignalSample, Snapshot
+from core import catalog
+from core.errors import ConfigError
+from core.records import SignalSample, Snapshot
 from planner.simulate.exposition import (
     CONTENT_TYPE,
     EndpointView,

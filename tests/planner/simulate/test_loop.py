@@ -18,8 +18,8 @@ from typing import Any
 import httpx
 import pytest
 
-from collector.errors import ConfigError
 from collector.parse import read_exposition
+from core.errors import ConfigError
 from planner.simulate import cluster
 from planner.simulate.cluster import Simulation
 from planner.simulate.content import ContentTree

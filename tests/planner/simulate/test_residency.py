@@ -13,9 +13,9 @@ from typing import Any
 
 import pytest
 
-from collector import catalog
-from collector.errors import ConfigError
 from collector.parse import read_exposition
+from core import catalog
+from core.errors import ConfigError
 from planner.simulate.cluster import Simulation
 from planner.simulate.content import ContentTree
 from planner.simulate.decode import DECODE

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from collector.errors import ConfigError
+from core.errors import ConfigError
 from planner.simulate.cluster import Simulation
 from planner.simulate.engine import Engine
 from planner.simulate.request import Req

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from collector.errors import ConfigError
+from core.errors import ConfigError
 from planner.simulate.scenario import load_scenario, parse_scenario, resolve_dotted, set_dotted
 from planner.simulate.scenarios import bundled_names, scenario_file
 

@@ -22,11 +22,11 @@ from typing import Any
 import httpx
 import pytest
 
-from collector import catalog
-from collector.errors import ConfigError
 from collector.parse import read_exposition
-from collector.records import SignalSample
 from collector.sources import load_targets
+from core import catalog
+from core.errors import ConfigError
+from core.records import SignalSample
 from planner.simulate.exposition import CONTENT_TYPE, engine_view, expected_values, pool_view
 from planner.simulate.scenario import Scenario, load_scenario
 from planner.simulate.serve import (

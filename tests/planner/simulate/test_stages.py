@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import yaml
 
-from collector.errors import ConfigError
+from core.errors import ConfigError
 from planner.simulate.cluster import Simulation
 from planner.simulate.scenario import parse_scenario
 from tests.clirun import run_kvscope

@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 import yaml
 
-from collector.errors import ConfigError
 from collector.store import Store
+from core.errors import ConfigError
 from planner.simulate.cluster import Simulation
 from planner.simulate.kvcache import BlockPool
 from planner.simulate.lmcache import LMCacheConnector

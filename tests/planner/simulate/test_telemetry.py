@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from collector import catalog
-from collector.errors import ConfigError
+from core import catalog
+from core.errors import ConfigError
 from planner.simulate.cluster import Simulation
 from planner.simulate.scenario import parse_scenario
 from planner.simulate.telemetry import (

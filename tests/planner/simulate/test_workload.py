@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from collector.errors import ConfigError
+from core.errors import ConfigError
 from planner.simulate.cluster import Simulation
 from planner.simulate.scenario import parse_scenario
 from planner.simulate.spec import Section

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 # Re-exported (PEP 484 `as` form): the simulator spells labels through the catalogue alone.
-from collector.records import Labels as Labels  # noqa: PLC0414
+from core.records import Labels as Labels  # noqa: PLC0414
 
 SignalKind = Literal["counter", "gauge", "histogram"]
 Source = Literal["vllm", "lmcache", "router"]
@@ -448,9 +448,9 @@ def _get(signal: str) -> SignalDef:
     try:
         return SIGNALS[signal]
     except KeyError:
-        from collector.errors import ConfigError
+        from core.errors import ConfigError
 
-        raise ConfigError(f"unknown signal {signal!r} (see collector.catalog.SIGNALS)") from None
+        raise ConfigError(f"unknown signal {signal!r} (see core.catalog.SIGNALS)") from None
 
 
 def exposed_names(signal: str, part: Part = "bucket") -> tuple[str, ...]:
@@ -498,7 +498,7 @@ def fact_selector(key: str, matchers: str = "") -> str:
     try:
         family = FACTS[key]
     except KeyError:
-        from collector.errors import ConfigError
+        from core.errors import ConfigError
 
         raise ConfigError(f"unknown fact family {key!r} (one of {', '.join(FACTS)})") from None
     return _selector(_with_rewrite([family]), [_clean(matchers)])

@@ -134,7 +134,7 @@ class Window:
     delta, ``delta`` = denominator delta (the weight).
 
     ``bucket_bounds`` / ``bucket_counts``: the histogram's observations per bucket in the
-    window, kept only for the catalogue's ``keep_buckets`` signals (collector.catalog
+    window, kept only for the catalogue's ``keep_buckets`` signals (core.catalog
     BUCKET_SIGNALS) and only when the window's bucket deltas are known in one layout:
     ``bucket_bounds`` the finite upper bounds (increasing), ``bucket_counts`` one count per
     bucket (NOT cumulative), ``len(bucket_bounds) + 1`` of them, the last one the +Inf
