@@ -26,8 +26,8 @@ from api.errors import ApiError
 from api.pool import Busy, HeavyPool
 from api.respond import dumps
 from api.settings import ApiSettings
-from collector.store import Store
 from core.errors import StoreError
+from store.store import Store
 
 _BEARER = "bearer"
 DOCUMENTS_KEPT = 64  # encoded plan documents kept (a few per cluster and group)

@@ -70,8 +70,8 @@ CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
 def build_store(path: Path) -> str:
     """A SQLite store with the synthetic cluster and its latest plan saved; its URL."""
-    from collector.store import Store
     from planner.plan import build_plan, plan_records
+    from store.store import Store
     from tests.planner.synthstore import fill_store, shifted_frame
 
     url = f"sqlite:///{path}"

@@ -37,11 +37,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import numpy as np
 import sqlalchemy
 
-from collector.store import Store
-from collector.store_buckets import encode_buckets
 from core.catalog import BUCKET_SIGNALS, SIGNALS
 from core.records import Labels, Window
 from planner.frames.residency import residency_histograms
+from store.buckets import encode_buckets
+from store.store import Store
 
 DAY0 = 1_764_028_800.0  # a UTC midnight
 WINDOWS_A_DAY = 1_440
@@ -143,7 +143,7 @@ _GAUGE_COLUMNS = ("source, signal, labels, series_key, start, length_s, kind, sa
 
 
 def _gauge_rows(rows: int) -> list[tuple[object, ...]]:
-    from collector.models import labels_json, series_key
+    from store.tables import labels_json, series_key
 
     labels: Labels = (("engine", "0"),)
     text, key = labels_json(labels), series_key("kv_cache_usage_ratio", labels)
@@ -176,7 +176,7 @@ def null_column_cost(rows: int) -> float:
 
 def null_column_cost_pg(base: str, rows: int) -> float:
     """The same on PostgreSQL (the windows partitions' total size)."""
-    from collector import partitions
+    from store import partitions
 
     gauges = _gauge_rows(rows)
     days = {int(float(str(g[4])) // partitions.DAY_S) for g in gauges}

@@ -61,12 +61,12 @@ sys.path.insert(0, str(ROOT))
 
 from benchmarks import plan_whole  # noqa: E402
 from benchmarks.accuracy.fitsynth import frame_to_windows, synthetic_frame  # noqa: E402
-from collector.models import SCHEMA_VERSION, WindowBlockRow  # noqa: E402
-from collector.store import Store  # noqa: E402
-from collector.store_frame import CATEGORY_COLUMNS  # noqa: E402
 from planner.frames.table import PLAN_COLUMNS  # noqa: E402
 from planner.plan.build import build_plan  # noqa: E402
 from planner.plan.observe import NEEDED_SIGNALS  # noqa: E402
+from store.frame import CATEGORY_COLUMNS  # noqa: E402
+from store.store import Store  # noqa: E402
+from store.tables import SCHEMA_VERSION, WindowBlockRow  # noqa: E402
 from tests.planner.synthstore import BLOCK_SIZE, BLOCKS, GPU, MODEL, TP, with_rates  # noqa: E402
 
 CLUSTER = "bench"
@@ -206,8 +206,8 @@ def copy_to_postgres(sqlite_path: Path, url: str, pack: str) -> None:
     import psycopg
     import sqlalchemy
 
-    from collector import partitions
-    from collector.models import WindowRow
+    from store import partitions
+    from store.tables import WindowRow
 
     cols = [c.name for c in WindowRow.__table__.columns if c.name != "id"]
     dsn = url.replace("postgresql+psycopg://", "postgresql://")
@@ -238,7 +238,7 @@ def copy_to_postgres(sqlite_path: Path, url: str, pack: str) -> None:
         for row in _rows(lite, f"SELECT {', '.join(cols)} FROM windows ORDER BY id"):
             copy.write_row(row)
     with psycopg.connect(dsn, autocommit=True) as pg:
-        key = "(source, start, series_key)"  # collector/models.py's unique constraint
+        key = "(source, start, series_key)"  # store/tables.py's unique constraint
         pg.execute(f"ALTER TABLE windows ADD CONSTRAINT {unique} UNIQUE {key}")
         pg.execute("CREATE INDEX ix_windows_signal_start ON windows (signal, start)")
         pg.execute("VACUUM ANALYZE windows")

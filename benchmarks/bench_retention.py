@@ -31,10 +31,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import psycopg
 import sqlalchemy
 
-from collector import partitions
-from collector.models import WindowRow
-from collector.store import Store
 from core.records import Window
+from store import partitions
+from store.store import Store
+from store.tables import WindowRow
 from tests import services
 
 DAY = partitions.DAY_S

@@ -25,9 +25,9 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from collector.models import WindowRow, labels_json, series_key
-from collector.store import Store
 from core.records import Kind, Window
+from store.store import Store
+from store.tables import WindowRow, labels_json, series_key
 
 COLUMNS = [c.name for c in WindowRow.__table__.columns if c.name != "id"]
 KEY = ("source", "series_key", "start")

@@ -32,7 +32,7 @@ PACKAGES = ("collector", "planner", "dashboards", "api", "kvscope")
 _TIMINGS = {"seconds", "fit_seconds"}  # plan JSON keys timing the run itself (planner/)
 # `kvscope plan` with every window read through the rows, as before schema 6
 ROWS_PLAN = (
-    "import functools, sys; from collector.store_frame import FrameReader; "
+    "import functools, sys; from store.frame import FrameReader; "
     "FrameReader.read_frame = functools.partialmethod(FrameReader.read_frame, packed=False); "
     "from kvscope.cli import main; sys.argv[0] = 'kvscope'; main()"
 )
@@ -84,7 +84,7 @@ def tree_cli(tree: Path, url: str, schema: int | None = None) -> list[str]:
     accept = (
         ""
         if schema is None
-        else (f"import collector.models as m; m.SCHEMA_VERSION = max(m.SCHEMA_VERSION, {schema}); ")
+        else (f"import store.tables as m; m.SCHEMA_VERSION = max(m.SCHEMA_VERSION, {schema}); ")
     )
     code = (
         f"import sys; sys.path.insert(0, {str(tree)!r}); import collector, planner; "
@@ -215,6 +215,6 @@ def differs_at(a: str, b: str) -> list[str]:
 
 
 def _redacted(url: str) -> str:
-    from collector.store import redact
+    from store.store import redact
 
     return redact(url)

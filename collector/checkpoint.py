@@ -26,7 +26,7 @@ newest state written for its name. The collect loop then (collector.run):
   newest sample not in the future and no older than ``stale_windows`` windows, the horizon
   past which the roll-up forgets a series anyway). A restart inside the window the collector
   stopped in completes that window; the part before the stop, which a clean stop had written
-  on its own, is replaced by the fuller version (collector.store ``write_windows`` with
+  on its own, is replaced by the fuller version (store.store ``write_windows`` with
   ``keep_fuller``). A restart in a later window closes the old one first: after a kill -9
   that is the first time it is written, after a clean stop the same window again
   (idempotent). The first counter window after the restart counts from the last sample
@@ -55,12 +55,12 @@ import marshal
 import os
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
 from collector.rollup import Rollup
 from core.errors import ConfigError
+from core.records import Saved as Saved  # noqa: PLC0414 - its readers import it here
 from core.records import Window
 
 log = logging.getLogger(__name__)
@@ -68,20 +68,6 @@ FORMAT = 2  # MAGIC + marshal (module docstring)
 JSON_FORMAT = 1  # read only: kvscope's JSON checkpoints before format 2
 MAGIC = b"kvscope-checkpoint\n"
 SUFFIX = ".ckpt"
-
-
-@dataclass(frozen=True, slots=True)
-class Saved:
-    """A target's roll-up state as a checkpoint holds it."""
-
-    name: str
-    url: str
-    written: float  # when the checkpoint was written
-    state: dict[str, Any]  # collector.rollup.Rollup.export_state()
-
-    @property
-    def last_ts(self) -> float:
-        return float(self.state.get("last_ts") or 0.0)
 
 
 def resumable(saved: Saved, *, url: str, now: float, window_s: float, stale_windows: int) -> bool:

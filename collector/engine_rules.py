@@ -30,9 +30,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from collector.models import OFFLOAD_MODES
 from collector.sources import read_yaml
 from core.errors import ConfigError
+from core.records import OFFLOAD_MODES
 
 __all__ = ["RULE_KEYS", "EngineRule", "EngineRules", "load_engine_rules", "parse_engine_rules"]
 

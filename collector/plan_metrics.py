@@ -20,7 +20,6 @@ from typing import Any, Protocol
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import GaugeMetricFamily, Metric
 
-from collector.models import PlanRecord
 from collector.selfmetrics import (
     BOUNDS,
     GAIN_MODES,
@@ -53,6 +52,7 @@ from collector.selfmetrics import (
     PLAN_TODAY_TTFT_RATIO,
     MetricDef,
 )
+from store.tables import PlanRecord
 
 __all__ = ["Coverage", "PlanCollector", "PlanSource", "plan_families", "render_plan_metrics"]
 
@@ -69,7 +69,7 @@ _TIER_FIGURES = (
 
 
 class PlanSource(Protocol):
-    """What the plan gauges read: collector.store.Store satisfies it."""
+    """What the plan gauges read: store.store.Store satisfies it."""
 
     def latest_plans(self, cluster: str | None = None) -> list[PlanRecord]: ...
 

@@ -49,7 +49,6 @@ from collector.engine_facts import describe, engine_facts_of
 from collector.engine_rules import EngineRules
 from collector.file_sd import Discovered, FileSD
 from collector.health import CollectorHealth
-from collector.retention import Pruner
 from collector.rollup import Rollup
 from collector.shard import Shard
 from collector.sources import (
@@ -63,10 +62,11 @@ from collector.sources import (
     scrape_all,
 )
 from collector.spool import Spool, SpoolCounts
-from collector.store import Store
 from collector.urlguard import URLPolicy
 from core.errors import ConfigError, KvscopeError
 from core.records import ScrapeOutcome, Snapshot, Window
+from store.retention import Pruner
+from store.store import Store
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -95,7 +95,7 @@ class CollectStats:
     loop_errors: int = 0
     file_sd_errors: int = 0
     checkpoint_errors: int = 0
-    states_taken: int = 0  # roll-up states resumed from the store (collector.handoff)
+    states_taken: int = 0  # roll-up states resumed from the store (store.handoff)
     states_left: int = 0  # roll-up states left in the store at the stop
     spool: SpoolCounts = field(default_factory=SpoolCounts)  # the loop's Spool's own counts
 
@@ -296,7 +296,7 @@ class _Direct:
         handoff: bool = False,
     ):
         self.shard = shard  # splits file_sd's and the store's targets at every tick
-        self.handoff = handoff  # take and leave roll-up states in the store (collector.handoff)
+        self.handoff = handoff  # take and leave roll-up states in the store (store.handoff)
         self.targets = targets
         self.file_sd = file_sd
         self.discovered: dict[str, Discovered] = {}  # file_sd targets as registered in the store
@@ -395,7 +395,7 @@ class _Direct:
 
     def _add_rollups(self, targets: Sequence[Target]) -> None:
         """A roll-up per target, resumed from the newer of its checkpoint and the state the
-        store holds for it (collector.handoff) when it can be (collector.checkpoint.resume);
+        store holds for it (store.handoff) when it can be (collector.checkpoint.resume);
         the open windows of states not resumed are written at the next write."""
         handed: dict[str, Saved] = {}
         if self.handoff and targets:
@@ -417,7 +417,7 @@ class _Direct:
 
     def leave_states(self) -> None:
         """At the stop: every target's roll-up state in the store, for whichever collector
-        scrapes it next (collector.handoff)."""
+        scrapes it next (store.handoff)."""
         if not self.handoff or not self.rollups:
             return
         now = self.clock()  # the samples' clock: retention prunes states by it
@@ -620,13 +620,13 @@ async def collect_direct(
     gap in the open window's gauges, never a counter increase (the first sample after the
     restart counts from the checkpoint's). Unless
     ``once``, the states are also left in the store at the stop and taken from it at the
-    start, for a target that moved between collectors (collector.handoff).
+    start, for a target that moved between collectors (store.handoff).
 
     ``shard``: scrape only the targets (of every source) whose name hashes to this shard
     (collector.shard, Prometheus' ``hashmod``).
 
     ``pruner``: delete what is older than the retention, at the start and every hour, in a
-    worker thread (collector.retention).
+    worker thread (store.retention).
     """
     if not (math.isfinite(interval_s) and interval_s > 0):
         raise ConfigError(f"scrape interval must be > 0 seconds, got {interval_s}")

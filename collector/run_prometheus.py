@@ -30,12 +30,12 @@ from collector.engine_facts import ENGINE_FACTS, Described, describe, engine_fac
 from collector.engine_rules import EngineRules
 from collector.health import CollectorHealth
 from collector.promsource import PrometheusSource
-from collector.retention import Pruner
 from collector.run import CollectStats, Progress, next_tick, sleep_until, unless_stopped
-from collector.store import Store
 from core.catalog import DERIVED_RATIOS, SIGNALS
 from core.errors import ConfigError, KvscopeError, ScrapeError
 from core.records import Window
+from store.retention import Pruner
+from store.store import Store
 
 log = logging.getLogger(__name__)
 # A range longer than this (the back-fill, a poll after an outage) is read and written an hour
@@ -71,7 +71,7 @@ async def collect_prometheus(
     The first query failing raises ScrapeError; later failures are logged, counted and retried.
     ``health``: kvscope's own collector metrics (each range query is a scrape of the source).
     ``engine_rules``: engines.yaml, for the facts the engines' metrics cannot say.
-    ``pruner``: retention, run after each poll when due (collector.retention).
+    ``pruner``: retention, run after each poll when due (store.retention).
     ``chunk_s``: a longer range (the back-fill, a poll after an outage) is read and written
     this much at a time (rounded down to whole windows, at least one), so memory and each
     query's size stay bounded whatever ``since_s`` is.

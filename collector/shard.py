@@ -6,7 +6,7 @@ target's name — the ``instance`` label for file_sd targets, the name in a targ
 store's targets table. A collector fleet sharded this way splits the targets exactly as
 Prometheus servers sharded with ``hashmod`` on the same label would, and a target's shard
 depends on its name alone: no coordination, and every target on exactly one shard of N.
-Changing N moves about (N' - 1)/N' of the targets; collector.handoff carries their roll-ups
+Changing N moves about (N' - 1)/N' of the targets; store.handoff carries their roll-ups
 over when the old collectors stop before the new ones start.
 """
 

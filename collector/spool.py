@@ -77,7 +77,7 @@ _TRANSIENT = ("OperationalError", "InterfaceError", "DisconnectionError", "Timeo
 
 
 class Sink(Protocol):
-    """Where spooled records go (collector.store.Store satisfies it)."""
+    """Where spooled records go (store.store.Store satisfies it)."""
 
     def write_windows(self, windows: Sequence[Window]) -> int: ...
     def write_outcomes(self, outcomes: Sequence[ScrapeOutcome]) -> int: ...

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 Kind = Literal["counter", "gauge", "histogram", "ratio"]
 # Label sets are tuples of (name, value) pairs sorted by name: hashable and canonical.
@@ -180,3 +180,20 @@ class BucketSum:
     windows: int
     first: float
     last: float
+
+
+OFFLOAD_MODES = ("none", "native", "lmcache")  # what an engine runs: no offload or which
+
+
+@dataclass(frozen=True, slots=True)
+class Saved:
+    """A target's roll-up state as a checkpoint holds it."""
+
+    name: str
+    url: str
+    written: float  # when the checkpoint was written
+    state: dict[str, Any]  # collector.rollup.Rollup.export_state()
+
+    @property
+    def last_ts(self) -> float:
+        return float(self.state.get("last_ts") or 0.0)

@@ -35,10 +35,10 @@ from core.errors import ConfigError
 if TYPE_CHECKING:
     from collector.run import CollectStats
     from collector.sources import TargetSet
-    from collector.store import Store
     from planner.plan import Plan
     from planner.simulate.scenario import Scenario
     from planner.simulate.serve import LiveCluster
+    from store.store import Store
 
 DEFAULT_SCENARIO = "demo"  # a bundled scenario name (planner.simulate.scenarios: package data)
 SCRAPE_INTERVAL_S = 15.0  # simulated seconds between scrapes (Prometheus' usual 15 s)
@@ -331,10 +331,10 @@ def run_demo(opts: DemoOptions, *, err: IO[str] | None = None) -> DemoResult:
     (Ctrl-C) stops the collection: the windows so far are flushed to the store, the servers
     closed, and the interrupt re-raised. Nothing started here outlives the call.
     """
-    from collector.store import Store
     from dashboards.build import write as write_surfaces
     from planner.plan import build_plan
     from planner.report.plots import write_plots
+    from store.store import Store
 
     err = err or sys.stderr
     t0 = time.monotonic()

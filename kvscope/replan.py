@@ -40,9 +40,9 @@ from collector.selfmetrics import kvscope_version
 from core.errors import ConfigError, KvscopeError, StoreError
 
 if TYPE_CHECKING:
-    from collector.models import PlanRecord
-    from collector.store import Store
     from planner.plan import Plan
+    from store.store import Store
+    from store.tables import PlanRecord
 
 log = logging.getLogger(__name__)
 # Plan records made but not saved yet (a store outage), kept for the next rounds; past this

@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from collector.store import Store
 from core.errors import ConfigError, KvscopeError
 from kvscope.cli import app
 from kvscope.commands.collect import parse_duration
+from store.store import Store
 from tests.collector.exposerver import bumping, expo_server
 from tests.services import free_port
 

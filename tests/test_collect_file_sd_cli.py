@@ -19,9 +19,9 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from collector.store import Store
 from core.errors import KvscopeError
 from kvscope.cli import app
+from store.store import Store
 from tests.collector.exposerver import expo_server
 
 METRICS = Path(__file__).resolve().parent / "fixtures" / "metrics"

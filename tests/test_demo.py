@@ -23,7 +23,6 @@ from urllib.parse import urlsplit
 import pytest
 import yaml
 
-from collector.store import Store
 from kvscope.demo import (
     DEFAULT_SCENARIO,
     EPOCH_ALIGN_S,
@@ -36,6 +35,7 @@ from kvscope.demo import (
     summary,
 )
 from planner.report.plots import PLOT_FILES
+from store.store import Store
 
 REPO = Path(__file__).resolve().parents[1]
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"

@@ -29,9 +29,9 @@ COLLECTOR_PUBLIC = frozenset(
     {
         "collector.parse",
         "collector.rollup",
-        "collector.store",
-        "collector.store_frame",
-        "collector.models",
+        "store.store",
+        "store.frame",
+        "store.tables",
         "collector.selfmetrics",  # kvscope's own metric names: api/ and dashboards/ import them
         "collector.plan_metrics",  # the planner gauges of GET /metrics
         "collector.urlguard",  # the SSRF check of POST /v1/targets
@@ -214,7 +214,7 @@ def test_layout_cycle_finder_finds_known_cycles(
 
 def test_layout_edges_count_function_level_and_parent_package_imports() -> None:
     graph = _edges()
-    # planner.plan.build imports collector.store inside a function (or under TYPE_CHECKING)
-    assert "collector.store" in graph["planner.plan.build"]
+    # planner.plan.build imports store.store inside a function (or under TYPE_CHECKING)
+    assert "store.store" in graph["planner.plan.build"]
     # importing planner.model.costmodel also runs planner/model/__init__.py
     assert "planner.model" in graph["planner.simulate.engine"]

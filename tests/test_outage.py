@@ -46,12 +46,12 @@ from collector.selfmetrics import (
 )
 from collector.sources import Target, TargetSet
 from collector.spool import Spool
-from collector.store import Store
 from core.errors import ConfigError
 from core.records import Window
 from kvscope.cli import app
 from kvscope.replan import ReplanStats, run_every
 from planner.plan import Plan, build_plan
+from store.store import Store
 from tests.collector.exposerver import ExpoServer, expo_server, set_sample
 from tests.planner.synthstore import fill_store, shifted_frame
 from tests.services import PgServer, postgres_server

@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from collector.store import Store
 from core.errors import ConfigError, KvscopeError
 from kvscope.cli import app
 from planner.plan import NoData
+from store.store import Store
 from tests.clirun import assert_one_line_error, run_kvscope
 from tests.planner.synthstore import fill_store, shifted_frame, sqlite_url
 

@@ -14,10 +14,10 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from collector.models import PlanRecord
-from collector.store import Store
 from core.errors import ConfigError
 from kvscope.cli import app
+from store.store import Store
+from store.tables import PlanRecord
 from tests.clirun import assert_one_line_error, run_kvscope
 from tests.planner.synthstore import fill_store, shifted_frame, sqlite_url
 

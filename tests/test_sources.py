@@ -16,7 +16,6 @@ from typing import Any
 import pytest
 import yaml
 
-from collector.store import Store
 from core.errors import ConfigError
 from planner.advise.whatif import WhatIf, advise
 from planner.decide.decision import decide
@@ -25,6 +24,7 @@ from planner.decide.rulestate import SRC_GKE, Cited
 from planner.model import sources
 from planner.model.sources import cited_ids, get_source, parse_registry, registry, source_url
 from planner.plan.build import build_plan
+from store.store import Store
 from tests.planner.synthstore import fill_store, shifted_frame, sqlite_url
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -9,8 +9,8 @@ from api.deps import State
 from api.errors import ApiError, responses
 from api.respond import json_ok
 from api.schemas import Health, Ready
-from collector.models import SCHEMA_VERSION
 from core.errors import StoreError
+from store.tables import SCHEMA_VERSION
 
 router = APIRouter(tags=["health"])
 

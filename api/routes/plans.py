@@ -26,8 +26,8 @@ from api.schemas import (
     PlanOut,
     PlansOut,
 )
-from collector.models import PlanRecord
-from collector.store import Store
+from store.store import Store
+from store.tables import PlanRecord
 
 router = APIRouter(prefix="/v1", tags=["plans"], dependencies=[Depends(require_read)])
 _ERRORS = responses(400, 401, 404, 422, 503)

@@ -67,8 +67,8 @@ if TYPE_CHECKING:
     import pandas as pd
 
     from benchmarks.accuracy.telemetry_gen import Telemetry
-    from collector.models import EngineRecord
     from planner.plan.verdict import ModeVerdict
+    from store.tables import EngineRecord
 
 RESULTS = Path(__file__).resolve().parents[1] / "results"
 CLUSTER = "sim"
@@ -98,9 +98,9 @@ def engine_records(
 ) -> tuple[dict[str, EngineRecord], dict[str, list[tuple[float, str]]]]:
     """Each engine source's record (offload, pool, KV facts, a canary's regimes) and the
     regimes of the switched engines (epoch seconds, mode)."""
-    from collector.models import EngineChange, EngineRecord
     from planner.simulate.scenario import parse_scenario
     from planner.simulate.switchback import Schedule
+    from store.tables import EngineChange, EngineRecord
 
     sc = parse_scenario(raw)
     c = sc.cluster
@@ -300,8 +300,8 @@ def _plans(
     seed: int,
 ) -> list[dict[str, Any]]:
     """The plan's decision on a temporary store of the case's windows, per ``until``."""
-    from collector.store import Store
     from planner.plan.build import build_plan
+    from store.store import Store
 
     out: list[dict[str, Any]] = []
     with (

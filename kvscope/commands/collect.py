@@ -318,8 +318,8 @@ def run_collect(
     from pydantic import ValidationError
 
     from collector import run, run_prometheus
-    from collector.store import Store
     from kvscope.config import get_settings
+    from store.store import Store
 
     if targets_from_store and prometheus is not None:
         raise ConfigError("--targets-from-store is direct mode: not with --prometheus")
@@ -387,7 +387,7 @@ def run_collect(
     with Store(settings.db) as store:
         store.migrate()
         from collector.gcpolicy import tune_heap
-        from collector.retention import Pruner
+        from store.retention import Pruner
 
         pruner = Pruner(store, settings.retention_s) if settings.retention_s else None
         if targets is not None or targets_from_store or file_sd:

@@ -25,8 +25,8 @@ def register(app: typer.Typer) -> None:
 
         Example: kvscope db migrate --db sqlite:///out/kvscope.db
         """
-        from collector.store import Store
         from kvscope.config import get_settings
+        from store.store import Store
 
         settings = get_settings(db=db)
         with Store(settings.db) as store:
@@ -41,8 +41,8 @@ def register(app: typer.Typer) -> None:
 
         Example: kvscope db stats --db sqlite:///out/kvscope.db
         """
-        from collector.store import Store
         from kvscope.config import get_settings
+        from store.store import Store
 
         settings = get_settings(db=db)
         with Store(settings.db) as store:
@@ -74,9 +74,9 @@ def register(app: typer.Typer) -> None:
         """
         import time
 
-        from collector.store import Store
         from kvscope.commands.collect import retention_seconds
         from kvscope.config import get_settings
+        from store.store import Store
 
         older_s = retention_seconds(older_than, "--older-than")
         settings = get_settings(db=db)
@@ -100,8 +100,8 @@ def register(app: typer.Typer) -> None:
         """
         import time
 
-        from collector.store import Store
         from kvscope.config import get_settings
+        from store.store import Store
 
         settings = get_settings(db=db)
         started = time.perf_counter()

@@ -16,8 +16,8 @@ from core.errors import ConfigError
 from kvscope.commands.options import ClusterOpt, DbOpt, HorizonOpt, SinceOpt
 
 if TYPE_CHECKING:
-    from collector.store import Store
     from planner.plan import Plan
+    from store.store import Store
 
 
 def check_sqlite_exists(url: str) -> None:
@@ -119,13 +119,13 @@ def register(app: typer.Typer) -> None:
         """
         from pydantic import ValidationError
 
-        from collector.store import Store
         from kvscope.commands.collect import parse_duration
         from kvscope.config import get_settings
         from kvscope.heap import reuse_freed_memory
         from planner.fit.capacity import Slo
         from planner.plan import build_plan
         from planner.report.plan_text import summary_text
+        from store.store import Store
 
         try:
             url = get_settings(db=db).db

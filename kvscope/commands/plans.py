@@ -13,9 +13,9 @@ from core.errors import ConfigError
 from kvscope.commands.options import DbOpt, JsonOpt
 
 if TYPE_CHECKING:
-    from collector.models import PlanRecord
-    from collector.store import Store
     from planner.plan import PlanOutcome
+    from store.store import Store
+    from store.tables import PlanRecord
 
 ClusterOpt = Annotated[str | None, typer.Option("--cluster", help="only this cluster")]
 NO_PLANS = "no stored plans: `kvscope plan --save` (or --every 15m) keeps them"
@@ -24,9 +24,9 @@ NO_PLANS = "no stored plans: `kvscope plan --save` (or --every 15m) keeps them"
 def _store(db: str | None) -> Store:
     from pydantic import ValidationError
 
-    from collector.store import Store
     from kvscope.commands.plan import check_sqlite_exists
     from kvscope.config import get_settings
+    from store.store import Store
 
     try:
         url = get_settings(db=db).db

@@ -62,11 +62,11 @@ def register(app: typer.Typer) -> None:
         """
         from pydantic import ValidationError
 
-        from collector.store import Store
         from kvscope.commands.collect import parse_duration
         from kvscope.commands.plan import check_sqlite_exists
         from kvscope.config import get_settings
         from planner.report import render_report
+        from store.store import Store
 
         try:
             url = get_settings(db=db).db

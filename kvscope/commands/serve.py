@@ -74,7 +74,7 @@ def register(app: typer.Typer) -> None:
 
         from api.app import create_app
         from api.settings import load_settings
-        from collector.store import redact
+        from store.store import redact
 
         settings = load_settings(db=db, api_token_file=token_file)
         api = create_app(settings)

@@ -277,7 +277,7 @@ def demand_series_from_windows(
     (epoch seconds), named after the signal. :func:`demand_series_from_frame` does the same
     from the columnar frame of ``Store.read_frame``.
     """
-    from collector.store_frame import windows_frame
+    from store.frame import windows_frame
 
     mine = [w for w in windows if w.signal == signal]
     frame = windows_frame(mine, FRAME_COLUMNS)

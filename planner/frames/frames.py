@@ -110,7 +110,7 @@ SIGNALS: frozenset[str] = frozenset(
     [s for _, s, _, _ in _SIMPLE] + [x for r in _RATIOS for x in r[1:]]
 )
 _FIELDS = ("delta", "rate", "mean", "max", "p50", "p90", "p99", "sum_delta")
-# The label (and Store.read_frame column) naming the served model (collector/store_frame.py).
+# The label (and Store.read_frame column) naming the served model (store/frame.py).
 MODEL_LABEL = "model_name"
 _TEXT_COLUMNS = ("source", "engine", "offload_mode", "group")
 COLUMNS: tuple[str, ...] = (

@@ -97,7 +97,7 @@ def modes_and_groups(  # noqa: PLR0917 - the engine keys' parts, computed once
     """Offload mode and model group per row, from each engine key's record and model label.
 
     An engine whose record holds several regimes (``changes``: a restart with offload
-    switched on, collector.models.EngineChange) gets, per row, the mode of the regime in
+    switched on, store.tables.EngineChange) gets, per row, the mode of the regime in
     force at the row's ``starts``: the windows before a switch count as the old mode.
     """
     import numpy as np

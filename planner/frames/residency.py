@@ -37,7 +37,7 @@ from core.errors import ConfigError
 from core.records import BucketSum, Labels
 
 if TYPE_CHECKING:
-    from collector.store import Store
+    from store.store import Store
 
 RESIDENCY_SIGNALS: tuple[str, ...] = tuple(sorted(BUCKET_SIGNALS))
 

@@ -1,11 +1,11 @@
 """The windows a plan reads, as one columnar table with the per-signal selections it needs.
 
-`kvscope plan` reads its windows with ``Store.read_frame`` (collector/store_frame.py): one
+`kvscope plan` reads its windows with ``Store.read_frame`` (store/frame.py): one
 pandas DataFrame with categorical source/signal/labels/engine/kind columns and float64 value
 columns (NaN = unknown), in read_windows' row order. :class:`WindowTable` wraps it with the
 signal and source codes computed once, so each statistic selects its rows with an integer
 comparison instead of a pass over Window objects. Window records are accepted too: they are
-turned into the same frame first (``collector.store_frame.windows_frame``), so both inputs
+turned into the same frame first (``store.frame.windows_frame``), so both inputs
 give the same numbers.
 
 Sums that must equal a loop over Window records (``total += w.delta`` in row order) use
@@ -17,8 +17,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING
 
-from collector.store_frame import windows_frame
 from core.records import Window
+from store.frame import windows_frame
 
 if TYPE_CHECKING:
     import numpy as np

@@ -62,8 +62,8 @@ if TYPE_CHECKING:
 
     import pandas as pd
 
-    from collector.models import EngineRecord
-    from collector.store import Store
+    from store.store import Store
+    from store.tables import EngineRecord
 
 __all__ = ["EVIDENCE_GAPS", "HOURS_PER_MONTH", "build_plan", "lmcache_up_fraction"]
 
@@ -158,8 +158,8 @@ def build_plan(
     Window records (read_windows) instead and converts them: the same plan, much slower for
     millions of windows, kept as the reference the columnar path is tested against.
     """
-    from collector.store_frame import windows_frame
     from planner.frames.frames import engine_frame
+    from store.frame import windows_frame
 
     if not (math.isfinite(horizon_s) and horizon_s > 0):
         raise ConfigError(f"horizon must be a positive duration, got {horizon_s!r} s")

@@ -1,4 +1,4 @@
-"""A plan as the store keeps it: its headline figures (collector.models.PLAN_HEADLINE) and
+"""A plan as the store keeps it: its headline figures (store.tables.PLAN_HEADLINE) and
 the PlanRecord `kvscope plan --save` writes, one per model group when there are several.
 
 The headline is read from the plan's typed records (Evidence, Decision), never re-parsed from
@@ -9,11 +9,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from collector.models import PlanRecord
 from core.errors import ConfigError
 from planner.decide.evidence import CapacityEvidence, ValueCI
 from planner.model.values import finite
 from planner.plan.record import Plan
+from store.tables import PlanRecord
 
 __all__ = ["headline", "plan_records"]
 

@@ -1,6 +1,6 @@
 """The closed loop: every stored plan whose horizon has passed, scored against what happened.
 
-A stored plan (collector.models.PlanRecord, `kvscope plan --save`) predicted, for the stretch
+A stored plan (store.tables.PlanRecord, `kvscope plan --save`) predicted, for the stretch
 after its history, ``[window_until, window_until + horizon_s]``:
 
 - KV demand: ``document["forecast"]["kv_demand"]["points"]``, one ``(bucket start, mean, lo,
@@ -79,16 +79,16 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from collector.models import PlanRecord
 from core.errors import ConfigError
 from planner.forecast.data import rebucket
 from planner.model.values import finite, json_ready
 from planner.plan.build import build_plan
 from planner.plan.forecast import FORECAST_LEVEL
 from planner.plan.record import NoData, Plan
+from store.tables import PlanRecord
 
 if TYPE_CHECKING:
-    from collector.store import Store
+    from store.store import Store
 
 __all__ = [
     "GAIN_MODES",

@@ -54,9 +54,9 @@ from planner.fit.units import engine_keys
 if TYPE_CHECKING:
     import pandas as pd
 
-    from collector.models import EngineRecord
     from planner.frames.residency import BucketCounts
     from planner.plan.fits import Hardware
+    from store.tables import EngineRecord
 
 MULTIPLES = (0.5, 1.0, 2.0, 4.0)
 CURVE_POINTS = 25  # the plot's curve: 0 … CURVE_TOP × HBM

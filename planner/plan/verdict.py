@@ -38,8 +38,8 @@ from planner.plan.verdict_switchback import switchback_capacity, switchback_toda
 if TYPE_CHECKING:
     import pandas as pd
 
-    from collector.models import EngineRecord
     from planner.decide.evidence import Evidence
+    from store.tables import EngineRecord
 
 log = logging.getLogger(__name__)
 MODES = ("native", "lmcache")

@@ -50,8 +50,8 @@ from planner.report.html_tier import cpu_tier_html
 from planner.report.plots import PLOT_FILES, plot_pngs
 
 if TYPE_CHECKING:
-    from collector.store import Store
     from planner.plan import Plan
+    from store.store import Store
 
 __all__ = [
     "CSP",

@@ -25,8 +25,8 @@ from planner.report.html_parts import (
 )
 
 if TYPE_CHECKING:
-    from collector.store import Store
     from planner.plan import PlanOutcome
+    from store.store import Store
 
 __all__ = ["NO_SCORED_PLANS", "Outcome", "closed_loop", "closed_loop_html"]
 

@@ -19,8 +19,8 @@ from fastapi.testclient import TestClient
 
 from api.app import create_app
 from api.settings import ApiSettings
-from collector.store import Store
 from planner.plan import build_plan, plan_records
+from store.store import Store
 from tests.planner.synthstore import fill_store, shifted_frame
 
 TOKEN = "t0k3n-for-tests-0123456789abcdef"

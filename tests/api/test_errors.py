@@ -14,8 +14,8 @@ import pytest
 from fastapi.testclient import TestClient
 
 from api.app import create_app
-from collector.models import SCHEMA_VERSION
-from collector.store import Store
+from store.store import Store
+from store.tables import SCHEMA_VERSION
 from tests import services
 from tests.api.conftest import AUTH, CHEAP_WHATIF, CLUSTER, assert_error, settings_for
 

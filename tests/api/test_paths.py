@@ -12,8 +12,8 @@ from fastapi.testclient import TestClient
 
 from api.schemas import CpuTierOut
 from collector import selfmetrics as sm
-from collector.models import SCHEMA_VERSION, PlanRecord
-from collector.store import Store
+from store.store import Store
+from store.tables import SCHEMA_VERSION, PlanRecord
 from tests.api.conftest import AUTH, CHEAP_WHATIF, CLUSTER, Filled, assert_error
 from tests.tierdoc import CANNOT, SECTION
 

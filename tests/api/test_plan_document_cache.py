@@ -11,8 +11,8 @@ from fastapi.testclient import TestClient
 
 from api.app import create_app
 from api.settings import ApiSettings
-from collector.models import PlanRecord
-from collector.store import Store
+from store.store import Store
+from store.tables import PlanRecord
 
 
 def _record(created_at: float, mode: str) -> PlanRecord:

@@ -22,7 +22,7 @@ from schemathesis.specs.openapi.checks import positive_data_acceptance
 
 import collector.urlguard
 from api.app import create_app
-from collector.store import Store
+from store.store import Store
 from tests.api.conftest import AUTH, settings_for
 
 # Operations whose inputs have rules the schema cannot state: a model must fit the GPUs

@@ -11,9 +11,9 @@ import pytest
 
 from collector.checkpoint import MAGIC, Checkpoints, Saved, resumable, state_dir_for
 from collector.rollup import Rollup
-from collector.store import Store
 from core.errors import ConfigError
 from core.records import Labels, SignalSample, Snapshot, Window
+from store.store import Store
 
 ENGINE: Labels = (("engine", "0"), ("model_name", "m"))
 BOUNDS = (0.1, 0.5, 1.0, math.inf)

@@ -106,7 +106,7 @@ def test_prometheus_and_direct_modes_store_each_engines_exposed_offload(tmp_path
     from collector.engine_rules import parse_engine_rules
     from collector.promsource import PrometheusSource
     from collector.run_prometheus import collect_prometheus
-    from collector.store import Store
+    from store.store import Store
     from tests import services
     from tests.collector.exposerver import expo_server
 
@@ -185,8 +185,8 @@ def test_prometheus_and_direct_modes_store_each_engines_exposed_offload(tmp_path
 def test_prometheus_registration_failed_facts_query_keeps_stored_facts(tmp_path: Path) -> None:
     from collector.run import CollectStats
     from collector.run_prometheus import _register_sources
-    from collector.store import Store
     from core.records import Window
+    from store.store import Store
 
     window = Window("e0", "kv_cache_usage_ratio", (("model_name", "m"),), 0.0, 60.0, "gauge", 4)
     native = {CACHE: [{**ON, "num_gpu_blocks": "10", "block_size": "16"}]}
@@ -219,9 +219,9 @@ def test_prometheus_registration_lmcache_server_with_derived_ratio_is_no_engine(
     which is not a catalogue signal: it still counts as the server's, not as a vLLM engine."""
     from collector.run import CollectStats
     from collector.run_prometheus import _register_sources
-    from collector.store import Store
     from core.catalog import DERIVED_RATIOS, SIGNALS
     from core.records import Window
+    from store.store import Store
 
     ratio, numerator, _ = next(r for r in DERIVED_RATIOS if SIGNALS[r[1]].source == "lmcache")
     windows = [Window("lm:9", numerator, (), 0.0, 60.0, "counter", 4, delta=5.0),
@@ -245,8 +245,8 @@ def test_prometheus_backfill_dates_an_engine_restart_with_offload_on(tmp_path: P
 
     from collector.promsource import PrometheusSource
     from collector.run_prometheus import collect_prometheus
-    from collector.store import Store
     from core.catalog import CACHE_CONFIG_INFO, KV_OFFLOAD_CONFIG_INFO, exposed_names
+    from store.store import Store
     from tests import services
     from tests.collector.exposerver import expo_server
 

@@ -33,9 +33,9 @@ from collector.health import CollectorHealth
 from collector.parse import read_exposition
 from collector.run import CollectStats, collect_direct
 from collector.sources import Target, TargetSet
-from collector.store import Store
 from core.catalog import exposed_names
 from core.records import Labels, ScrapeOutcome, Window
+from store.store import Store
 from tests.collector.exposerver import TEXT_004, Body, ExpoServer, expo_server, set_sample
 from tests.services import free_port
 

@@ -21,10 +21,10 @@ import pytest
 from collector.file_sd import FileSD, check_pattern, load_file_sd, parse_file_sd
 from collector.run import CollectStats, StoreTargets, collect_direct
 from collector.sources import EngineMeta, Target, TargetSet
-from collector.store import Store
 from collector.urlguard import URLPolicy
 from core.errors import ConfigError
 from planner.simulate.serve import file_sd as simulated_file_sd
+from store.store import Store
 from tests.collector.exposerver import bumping, expo_server
 
 METRICS = Path(__file__).resolve().parents[1] / "fixtures" / "metrics"

@@ -35,9 +35,9 @@ import pytest
 from collector.promsource import PrometheusSource, missing_data_warnings
 from collector.run import CollectStats
 from collector.run_prometheus import collect_prometheus
-from collector.store import Store
 from core.catalog import CACHE_CONFIG_INFO, exposed_names
 from core.records import Window
+from store.store import Store
 from tests import services
 from tests.collector.conftest import METRICS, PROM_CONFIG, LiveProm, moving_vllm_body
 from tests.collector.exposerver import expo_server

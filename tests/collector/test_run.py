@@ -17,9 +17,9 @@ from collector.promsource import PrometheusSource
 from collector.run import CollectStats, collect_direct, engine_facts, next_tick
 from collector.run_prometheus import collect_prometheus
 from collector.sources import EngineMeta, Target, TargetSet
-from collector.store import Store
 from core.errors import ConfigError, ScrapeError
 from core.records import ScrapeOutcome, Snapshot, Window
+from store.store import Store
 from tests.collector.conftest import LiveProm
 from tests.collector.exposerver import ExpoServer, bumping, expo_server
 from tests.services import free_port

@@ -16,8 +16,8 @@ import pytest
 
 from collector.run import CollectStats, StoreTargets, collect_direct
 from collector.sources import Target, TargetSet
-from collector.store import Store
 from collector.urlguard import URLPolicy
+from store.store import Store
 from tests.collector.exposerver import ExpoServer, bumping, expo_server
 
 METRICS = Path(__file__).resolve().parents[1] / "fixtures" / "metrics"

@@ -25,15 +25,15 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from collector import selfmetrics as sm
 from collector.health import CollectorHealth, parse_listen_addr, serve_metrics
-from collector.models import PLAN_HEADLINE, PlanRecord
 from collector.plan_metrics import PlanCollector, render_plan_metrics
 from collector.promsource import PrometheusSource
 from collector.run import collect_direct
 from collector.run_prometheus import collect_prometheus
 from collector.sources import Target, TargetSet
-from collector.store import Store
 from core.errors import ConfigError
 from dashboards.build import DASHBOARD_DIR, K8S_DIR, RULES_DIR
+from store.store import Store
+from store.tables import PLAN_HEADLINE, PlanRecord
 from tests.collector.conftest import LiveProm
 from tests.collector.exposerver import expo_server
 from tests.services import free_port

@@ -1,4 +1,4 @@
-"""collector.shard and collector.handoff: N collectors split the targets as Prometheus'
+"""collector.shard and store.handoff: N collectors split the targets as Prometheus'
 hashmod does, each target on exactly one, and re-sharding loses and duplicates nothing."""
 
 from __future__ import annotations
@@ -22,9 +22,9 @@ from collector.rollup import Rollup
 from collector.run import CollectStats, collect_direct
 from collector.shard import Shard, hashmod
 from collector.sources import Target, TargetSet
-from collector.store import Store
 from core.errors import ConfigError
 from core.records import Snapshot
+from store.store import Store
 from tests import services
 from tests.collector.exposerver import ExpoServer, bumping, expo_server
 

@@ -20,9 +20,9 @@ from pathlib import Path
 import pytest
 
 from collector.spool import Spool, _decode, _encode, is_transient
-from collector.store import Store
 from core.errors import StoreError
 from core.records import ScrapeOutcome, Window
+from store.store import Store
 
 ENGINE = (("engine", "0"), ("model_name", "m"))
 

@@ -29,10 +29,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from collector.models import PlanRecord
 from collector.plan_metrics import render_plan_metrics
-from collector.store import Store
 from dashboards.build import RULES_DIR, artifacts
+from store.store import Store
+from store.tables import PlanRecord
 from tests import services
 from tests.collector.exposerver import ExpoServer, expo_server
 from tests.tierdoc import SECTION as CPU_TIER

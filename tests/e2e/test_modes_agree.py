@@ -48,7 +48,7 @@ from typing import Any
 import pytest
 import yaml
 
-from collector.store import Store
+from store.store import Store
 from tests import services
 from tests.clirun import run_kvscope
 from tests.e2e.stack import KVSCOPE, Stages, hostport, started

@@ -27,10 +27,10 @@ from typing import Any
 
 import pytest
 
-from collector.store import Store
 from core.errors import KvscopeError
 from dashboards.alerts import ALERTS
 from dashboards.build import RULES_DIR
+from store.store import Store
 from tests import services
 from tests.clirun import run_kvscope
 from tests.e2e.stack import (

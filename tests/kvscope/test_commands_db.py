@@ -9,11 +9,11 @@ from pathlib import Path
 
 from typer.testing import CliRunner
 
-from collector.models import SCHEMA_VERSION
-from collector.store import Store
 from core.errors import StoreError
 from core.records import Window
 from kvscope.cli import app
+from store.store import Store
+from store.tables import SCHEMA_VERSION
 
 RUNNER = CliRunner()
 

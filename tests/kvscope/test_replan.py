@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from collector.store import Store
 from core.errors import ConfigError, StoreError
 from kvscope.replan import resolve_cluster, run_every
 from planner.plan import NoData, Plan, build_plan
+from store.store import Store
 from tests.planner.synthstore import fill_store, shifted_frame, sqlite_url
 
 

@@ -12,8 +12,8 @@ import dataclasses
 from typing import TYPE_CHECKING
 
 from benchmarks.accuracy.fitsynth import frame_to_windows
-from collector.store import Store
 from core.records import Window, labels_of
+from store.store import Store
 from tests.planner.synthstore import BLOCK_SIZE, BLOCKS, shifted_frame, with_rates
 
 if TYPE_CHECKING:

@@ -15,8 +15,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from benchmarks.accuracy.fitsynth import frame_to_windows, synthetic_frame
-from collector.store import Store
 from core.records import Window
+from store.store import Store
 
 if TYPE_CHECKING:
     import pandas as pd

@@ -9,13 +9,13 @@ import pandas as pd
 import pytest
 
 from benchmarks.accuracy.fitsynth import synthetic_frame
-from collector.models import EngineRecord
 from core.errors import ConfigError
 from core.records import Window, labels_of
 from planner.fit.preempt import fit_preemption
 from planner.fit.run import fit_all
 from planner.frames.frames import engine_frame
 from planner.frames.groups import UNKNOWN_GROUP, group_name, same_model, split_groups
+from store.tables import EngineRecord
 
 T0 = 1.8e9
 

@@ -17,12 +17,12 @@ from typing import Any
 
 import pytest
 
-from collector.models import PlanRecord
-from collector.store import Store
 from core.records import Window
 from planner.decide.evidence import CapacityEvidence, Evidence, ValueCI
 from planner.plan import CapacityCheck, PlanOutcome, accuracy_summary, score_plans
 from planner.plan.outcome import _capacity_checks, wilson
+from store.store import Store
+from store.tables import PlanRecord
 
 T0 = 1_764_000_000.0 // 3600 * 3600  # UTC-aligned, so 5-min buckets start on the hour
 SPLIT = T0 + 3600  # end of the plans' history, start of what they are scored on

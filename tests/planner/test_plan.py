@@ -17,7 +17,6 @@ import pandas as pd
 import pytest
 
 from benchmarks.accuracy.fitsynth import Truth
-from collector.store import Store
 from core.errors import ConfigError
 from core.records import Kind, ScrapeOutcome, Window, labels_of
 from planner.decide.decision import RULE_IDS
@@ -28,6 +27,7 @@ from planner.plan import NoData, Plan, build_plan
 from planner.plan.build import lmcache_up_fraction
 from planner.plan.fits import Hardware
 from planner.plan.forecast import kv_capacity
+from store.store import Store
 from tests.planner.synthstore import (
     BLOCK_SIZE,
     BLOCKS,

@@ -17,13 +17,13 @@ from typing import Any
 import pandas as pd
 import pytest
 
-from collector.store import Store
 from core.errors import ConfigError
 from planner.fit.preempt import fit_preemption
 from planner.model.values import json_ready
 from planner.plan import Plan, build_plan
 from planner.plan.fits import FIT_NAMES
 from planner.report.plan_text import summary_text
+from store.store import Store
 from tests.planner.groupstore import BIG, SMALL, fill_two_models
 from tests.planner.synthstore import (
     BLOCK_SIZE,

@@ -11,10 +11,10 @@ from typing import Any
 
 import pytest
 
-from collector.store import Store
 from planner.forecast.saturation import rule_of_three
 from planner.plan import build_plan
 from planner.report.plan_text import summary_text
+from store.store import Store
 from tests.planner.synthstore import fill_store, shifted_frame, sqlite_url
 
 

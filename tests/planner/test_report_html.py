@@ -28,7 +28,6 @@ import pytest
 from PIL import Image
 from typer.testing import CliRunner
 
-from collector.store import Store
 from core.errors import ConfigError
 from kvscope.cli import app
 from planner.decide.rulestate import Reason
@@ -44,6 +43,7 @@ from planner.report import PLOT_FILES, render_report_html, write_plots
 from planner.report.html import CSP, NO_SCORED_PLANS, closed_loop, closed_loop_html
 from planner.report.html_parts import _link
 from planner.report.plot_tier import tier_curves
+from store.store import Store
 from tests.chromium import CHROMIUM, chromium
 from tests.planner.groupstore import fill_two_models
 from tests.planner.synthstore import fill_store, shifted_frame, sqlite_url

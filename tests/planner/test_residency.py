@@ -13,7 +13,6 @@ import pytest
 
 from collector.parse import read_exposition
 from collector.rollup import Rollup
-from collector.store import Store
 from core.errors import ConfigError
 from core.records import BucketSum, Labels, Window
 from planner.frames.residency import (
@@ -23,6 +22,7 @@ from planner.frames.residency import (
     key_of,
     residency_histograms,
 )
+from store.store import Store
 from tests.collector.bucketexpo import (
     L1_FAMILY,
     VLLM_FAMILIES,

@@ -106,8 +106,8 @@ def test_bucket_sums_combine_to_what_the_store_sums(tmp_path: Any) -> None:
     """The residency histograms of generated windows, summed without a store, equal the ones
     the plan reads back from a store holding the same windows."""
     from benchmarks.accuracy.telemetry_gen import bucket_sums
-    from collector.store import Store
     from planner.frames.residency import combine, residency_histograms
+    from store.store import Store
 
     raw = {**RAW, "engine": {"kv_cache_metrics": True, "kv_cache_metrics_sample": 1.0},
            "cluster": {**RAW["cluster"], "gpu_memory_utilization": 0.3}}  # fmt: skip

@@ -11,7 +11,6 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from collector.models import EngineRecord
 from core.catalog import KV_RESIDENCY_BUCKETS
 from planner.decide.decision import decide
 from planner.deploy.sizing import size
@@ -21,6 +20,7 @@ from planner.model.hardware import get_gpu, get_model
 from planner.plan.fits import Hardware
 from planner.plan.tier import ENABLE, MULTIPLES, recommended_gib, tier_section
 from planner.report.tier_text import tier_lines
+from store.tables import EngineRecord
 from tests.planner.reusesynth import (
     Recorded,
     irm_trace,

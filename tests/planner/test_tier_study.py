@@ -184,9 +184,9 @@ def test_tier_study_one_small_case_end_to_end() -> None:
     from benchmarks.accuracy.tier_study import run_case, section_of, telemetry_of
     from benchmarks.accuracy.tier_truth import offered_qps, scenario
     from benchmarks.accuracy.verdict_study import engine_records
-    from collector.store import Store
     from planner.plan.build import build_plan
     from planner.simulate.compare import Sweep, compare
+    from store.store import Store
 
     case = replace(next(c for c in cases("dev") if c.name == "doc-10"), hours=1.0,
                    arrival="poisson")  # fmt: skip

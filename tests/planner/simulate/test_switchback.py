@@ -15,7 +15,6 @@ from typing import Any
 import pytest
 import yaml
 
-from collector.store import Store
 from core.errors import ConfigError
 from planner.simulate.cluster import Simulation
 from planner.simulate.kvcache import BlockPool
@@ -25,6 +24,7 @@ from planner.simulate.request import Req
 from planner.simulate.scenario import load_scenario, parse_scenario
 from planner.simulate.scenarios import scenario_file
 from planner.simulate.switchback import Schedule, SwitchbackSpec
+from store.store import Store
 
 # 4 engines on one node, HBM small enough that the prefixes do not all fit, engine 0 a
 # native-offload canary switching every 120 s; open loop, so requests are in flight at every

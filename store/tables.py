@@ -1,11 +1,11 @@
 """SQLAlchemy 2 typed tables of the kvscope store (SQLite by default, PostgreSQL for scale).
 
 Times are UTC epoch seconds in DOUBLE columns: SQLite hands back naive datetimes and a float
-round-trips exactly on both backends. ``windows`` is the big table: it is unique on
-(source, series_key, start) so a re-run or a retry updates rows instead of duplicating them.
-On PostgreSQL it is range-partitioned by day on ``start`` (collector.partitions builds that
-table from WindowRow: same columns and indexes, a 64-bit id, primary key (id, start)), and
-``window_blocks`` by day on ``hour`` the same way.
+round-trips exactly on both backends. Windows are kept once: ``series`` names each series of
+each source by an integer; ``head`` holds the windows of the hours still written, one row
+each, unique on (series, start); ``chunks`` the windows of each closed hour of a series as
+one compressed columnar value (store/chunks.py), unique on (series, hour). On PostgreSQL
+``chunks`` is range-partitioned by day on ``hour`` (store/partitions.py).
 """
 
 from __future__ import annotations
@@ -30,12 +30,12 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
+from core.records import OFFLOAD_MODES as OFFLOAD_MODES  # noqa: PLC0414
 from core.records import Labels
 
 # Bump when the schema changes and add the step to store.MIGRATIONS.
-SCHEMA_VERSION = 9
+SCHEMA_VERSION = 10
 
-OFFLOAD_MODES = ("none", "native", "lmcache")
 TARGET_KINDS = ("vllm", "lmcache", "prometheus")
 
 
@@ -109,7 +109,7 @@ class TargetRow(Base):
 
 class RollupStateRow(Base):
     """A direct collector's roll-up state of one target, left at its clean stop for whichever
-    collector scrapes the target next (a re-sharded or moved one: collector.handoff)."""
+    collector scrapes the target next (a re-sharded or moved one: store.handoff)."""
 
     __tablename__ = "rollup_states"
 
@@ -141,35 +141,39 @@ class ScrapeOutcomeRow(Base):
     error: Mapped[str | None] = mapped_column(Text)
 
 
-WINDOWS_START_BRIN_DDL = (
-    "CREATE INDEX IF NOT EXISTS ix_windows_start_brin ON windows USING brin (start)"
-)
+class SeriesRow(Base):
+    """One series of one source: what every window of it shares, named by a small integer.
 
+    Unique on (source, key): ``key`` is the 128-bit hash of signal and canonical labels
+    (:func:`series_key`); ``labels`` the canonical JSON text of the label set."""
 
-class WindowRow(Base):
-    """One series rolled up over [start, start + length_s) (see core.records.Window)."""
-
-    __tablename__ = "windows"
+    __tablename__ = "series"
     __table_args__ = (
-        # Unique on (source, series_key, start); the index leads with (source, start) so that
-        # time-ordered writes append to it and it also serves the (source, start) look-ups.
-        UniqueConstraint("source", "start", "series_key", name="uq_windows_source_start_series"),
-        Index("ix_windows_signal_start", "signal", "start"),
-        # PostgreSQL: a BRIN index (a few pages for millions of time-ordered rows) finds the
-        # time ranges retention deletes and plans read (collector.retention)
-        Index("ix_windows_start_brin", "start", postgresql_using="brin").ddl_if(
-            dialect="postgresql"
-        ),
+        UniqueConstraint("source", "key", name="uq_series_source_key"),
+        Index("ix_series_signal", "signal"),
     )
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
     source: Mapped[str] = mapped_column(String(500), nullable=False)
+    key: Mapped[str] = mapped_column(String(32), nullable=False)
     signal: Mapped[str] = mapped_column(String(200), nullable=False)
-    labels: Mapped[str] = mapped_column(Text, nullable=False)  # canonical JSON object text
-    series_key: Mapped[str] = mapped_column(String(32), nullable=False)
-    start: Mapped[float] = mapped_column(Double, nullable=False)
-    length_s: Mapped[float] = mapped_column(Double, nullable=False)
+    labels: Mapped[str] = mapped_column(Text, nullable=False)
     kind: Mapped[str] = mapped_column(String(16), nullable=False)
+
+
+class HeadRow(Base):
+    """One window of an hour still being written (a TSDB's head), one row per window.
+
+    Once a later hour of its source is written, the hour's rows move into one ChunkRow
+    per series (store/writes.py); a window of an hour that has its chunk is written into
+    the chunk instead, so a window is in one of the two tables, never both."""
+
+    __tablename__ = "head"
+    __table_args__ = {"sqlite_with_rowid": False}  # noqa: RUF012 - SQLAlchemy's declaration
+
+    series_id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    start: Mapped[float] = mapped_column(Double, primary_key=True)
+    length_s: Mapped[float] = mapped_column(Double, nullable=False)
     samples: Mapped[int] = mapped_column(Integer, nullable=False)
     delta: Mapped[float | None] = mapped_column(Double)
     rate: Mapped[float | None] = mapped_column(Double)
@@ -182,52 +186,20 @@ class WindowRow(Base):
     p90: Mapped[float | None] = mapped_column(Double)
     p99: Mapped[float | None] = mapped_column(Double)
     sum_delta: Mapped[float | None] = mapped_column(Double)
-    # the bucket counts of a catalogue keep_buckets histogram (collector/store_buckets.py's
-    # BLOB), NULL for every other row (schema 9); not packed in window_blocks
+    # the bucket counts of a catalogue keep_buckets histogram (store/buckets.py), else NULL
     buckets: Mapped[bytes | None] = mapped_column(LargeBinary)
 
 
-class PackedHourRow(Base):
-    """One (source, UTC hour) whose windows are also kept packed in ``window_blocks``
-    (collector/store_blocks.py). A row here promises that the blocks of that hour hold every
-    window of the source that starts in it; a write into the hour deletes the row and the
-    blocks in the same transaction, so the promise never goes stale. Blocks without a row
-    here are never read."""
+class ChunkRow(Base):
+    """The windows of one series that start in one closed UTC hour, columnar and
+    compressed (store/chunks.py). On PostgreSQL partitioned by day on ``hour``
+    (store/partitions.py)."""
 
-    __tablename__ = "packed_hours"
-    __table_args__ = (
-        UniqueConstraint("source", "hour", name="uq_packed_hours_source_hour"),
-        Index("ix_packed_hours_hour", "hour"),  # retention's batches (schema 7)
-    )
+    __tablename__ = "chunks"
 
-    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
-    source: Mapped[str] = mapped_column(String(500), nullable=False)
-    hour: Mapped[float] = mapped_column(Double, nullable=False)  # epoch s, a multiple of 3600
-
-
-class WindowBlockRow(Base):
-    """The windows of one series of one source that start in one UTC hour, packed: ``data``
-    is ``n`` rows (start order) of the collector.store_blocks.BLOCK_COLUMNS whose bit is set
-    in ``columns`` (the others are NULL in every row), float64, NaN for NULL: little-endian
-    on SQLite, big-endian on PostgreSQL (``float8send``'s order; collector.store_blocks).
-    A copy of ``windows`` rows for columnar reads, never the only one. On PostgreSQL the
-    table is partitioned by day on ``hour`` (collector.partitions)."""
-
-    __tablename__ = "window_blocks"
-    __table_args__ = (
-        UniqueConstraint("source", "hour", "series_key", name="uq_window_blocks_source_hour"),
-        Index("ix_window_blocks_signal_hour", "signal", "hour"),
-    )
-
-    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
-    source: Mapped[str] = mapped_column(String(500), nullable=False)
-    hour: Mapped[float] = mapped_column(Double, nullable=False)
-    series_key: Mapped[str] = mapped_column(String(32), nullable=False)
-    signal: Mapped[str] = mapped_column(String(200), nullable=False)
-    labels: Mapped[str] = mapped_column(Text, nullable=False)
-    kind: Mapped[str] = mapped_column(String(16), nullable=False)
-    n: Mapped[int] = mapped_column(Integer, nullable=False)
-    columns: Mapped[int] = mapped_column(Integer, nullable=False)
+    series_id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    hour: Mapped[float] = mapped_column(Double, primary_key=True)
+    n: Mapped[int] = mapped_column(Integer, nullable=False)  # its windows
     data: Mapped[bytes] = mapped_column(LargeBinary, nullable=False)
 
 
@@ -302,29 +274,6 @@ class PlanRow(Base):
     saturation_lo_s: Mapped[float | None] = mapped_column(Double)
     saturation_hi_s: Mapped[float | None] = mapped_column(Double)
     p_saturation: Mapped[float | None] = mapped_column(Double)
-
-
-# The windows columns written from a Window (everything but the identity columns; buckets:
-# its bucket_bounds / bucket_counts encoded, collector/store_buckets.py).
-WINDOW_VALUE_COLUMNS = (
-    "signal",
-    "labels",
-    "length_s",
-    "kind",
-    "samples",
-    "delta",
-    "rate",
-    "resets",
-    "mean",
-    "min",
-    "max",
-    "last",
-    "p50",
-    "p90",
-    "p99",
-    "sum_delta",
-    "buckets",
-)
 
 
 def labels_json(labels: Labels) -> str:

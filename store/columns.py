@@ -1,4 +1,4 @@
-"""What collector/store_frame.py (SQLite) and collector/store_frame_pg.py (PostgreSQL) share
+"""What store/frame.py (SQLite) and store/frame_pg.py (PostgreSQL) share
 when they read windows as columns: the integer columns, the series key, compiled SQL, and the
 array helpers. Both readers import it; it imports neither.
 """

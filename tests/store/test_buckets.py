@@ -22,18 +22,18 @@ import sqlalchemy
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from collector.models import SCHEMA_VERSION
 from collector.parse import read_exposition
 from collector.promsource import PrometheusSource, _buckets, signal_query
 from collector.rollup import Rollup, per_bucket
 from collector.run import collect_direct
 from collector.sources import Target, TargetSet
 from collector.spool import _decode, _encode
-from collector.store import Store
-from collector.store_buckets import F64, U8, U16, U32, ZERO, decode_buckets, encode_buckets
 from core.catalog import BUCKET_SIGNALS, KV_RESIDENCY_BUCKETS, SIGNALS, SignalDef, Spelling
 from core.errors import StoreError
 from core.records import SignalSample, Snapshot, Window
+from store.buckets import F64, U8, U16, U32, ZERO, decode_buckets, encode_buckets
+from store.store import Store
+from store.tables import SCHEMA_VERSION
 from tests import services
 from tests.collector.bucketexpo import (
     ENGINE,

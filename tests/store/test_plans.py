@@ -1,4 +1,4 @@
-"""Stored plans (collector/plans.py) on a real SQLite file and a real PostgreSQL 15."""
+"""Stored plans (store/plans.py) on a real SQLite file and a real PostgreSQL 15."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
-from collector.models import PLAN_HEADLINE, PlanRecord
-from collector.store import Store
 from core.errors import ConfigError
+from store.store import Store
+from store.tables import PLAN_HEADLINE, PlanRecord
 
 T0 = 1_764_000_000.0
 

@@ -1,6 +1,6 @@
 """The store's inventory half: clusters, scrape targets and their outcomes, engines, statistics.
 
-A mixin of collector.store.Store (kept apart so each module holds one concern): every write is
+A mixin of store.store.Store (kept apart so each module holds one concern): every write is
 an upsert, so registering the same target or engine on every collector start is harmless.
 """
 
@@ -12,26 +12,28 @@ from collections.abc import Iterable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import Connection, delete, func, select
+from sqlalchemy import Connection, delete, func, literal, select, union_all
 
-from collector import partitions
-from collector.models import (
+from core.errors import ConfigError, StoreError
+from core.records import ScrapeOutcome
+from store import chunks, partitions
+from store.tables import (
     OFFLOAD_MODES,
     TARGET_KINDS,
+    ChunkRow,
     ClusterRow,
     EngineChange,
     EngineChangeRow,
     EngineRecord,
     EngineRow,
+    HeadRow,
     PlanRow,
     RollupStateRow,
     ScrapeOutcomeRow,
+    SeriesRow,
     TargetRecord,
     TargetRow,
-    WindowRow,
 )
-from core.errors import ConfigError, StoreError
-from core.records import ScrapeOutcome
 
 # What an engine runs: a change in any of these opens a new regime (engine_changes row).
 REGIME_COLUMNS = ("offload", "model", "gpu", "tensor_parallel")
@@ -317,36 +319,64 @@ class Inventory:
         return [TargetRecord(*row) for row in rows]
 
     def stats(self) -> dict[str, Any]:
-        """Row counts per table, the windows' time range and window counts per signal; on
-        PostgreSQL also the windows' partitions (how many, the oldest and the newest)."""
+        """Row counts per table, the windows' count and time range, and window and series
+        counts per signal; on PostgreSQL also the chunks' partitions (how many, the oldest
+        and the newest)."""
         self._require_schema()
         tables = (
-            ClusterRow, EngineRow, EngineChangeRow, TargetRow, ScrapeOutcomeRow, WindowRow, PlanRow,
-            RollupStateRow,
+            ClusterRow, EngineRow, EngineChangeRow, TargetRow, ScrapeOutcomeRow, SeriesRow,
+            HeadRow, ChunkRow, PlanRow, RollupStateRow,
         )  # fmt: skip
-        w = WindowRow
         with self._tx("reading statistics") as conn:
             counts = {
                 t.__tablename__: int(conn.execute(select(func.count()).select_from(t)).scalar_one())
                 for t in tables
             }
-            first, last = conn.execute(
-                select(func.min(w.start), func.max(w.start + w.length_s))
-            ).one()
-            per_signal = conn.execute(
-                select(w.signal, func.count(), func.count(func.distinct(w.series_key)))
-                .group_by(w.signal)
-                .order_by(w.signal)
-            ).all()
+            per_signal: dict[str, list[int]] = {}
+            c, h, sr = ChunkRow, HeadRow, SeriesRow
+            in_chunks = select(c.series_id, c.n.label("n"))
+            in_head = select(h.series_id, literal(1).label("n"))
+            held = union_all(in_chunks, in_head).subquery()
+            for signal, n, k in conn.execute(
+                select(sr.signal, func.sum(held.c.n), func.count(func.distinct(sr.id)))
+                .join(held, held.c.series_id == sr.id)
+                .group_by(sr.signal)
+            ):
+                per_signal[str(signal)] = [int(n), int(k)]
+            first, last = _time_range(conn)
             parts = partitions.partitions(conn) if self.dialect == "postgresql" else None
         out: dict[str, Any] = {
             "rows": counts,
+            "windows": sum(n for n, _ in per_signal.values()),
             "windows_from": first,
             "windows_until": last,
-            "signals": {s: {"windows": int(n), "series": int(k)} for s, n, k in per_signal},
+            "signals": {s: {"windows": n, "series": k} for s, (n, k) in sorted(per_signal.items())},
         }
         if parts is not None:
             names = [p.name for p in parts]
             out["partitions"] = {"count": len(names), "oldest": names[0] if names else None,
                                  "newest": names[-1] if names else None}  # fmt: skip
         return out
+
+
+def _time_range(conn: Connection) -> tuple[float | None, float | None]:
+    """The first window's start and the last one's end, over the head and the chunks."""
+    firsts: list[float] = []
+    lasts: list[float] = []
+    h = HeadRow
+    lo, hi = conn.execute(select(func.min(h.start), func.max(h.start + h.length_s))).one()
+    if lo is not None:
+        firsts.append(float(lo))
+        lasts.append(float(hi))
+    c = ChunkRow
+    for pick, into in ((func.min(c.hour), firsts), (func.max(c.hour), lasts)):
+        hour = conn.execute(select(pick)).scalar()
+        if hour is None:
+            continue
+        rows = [r for (data,) in conn.execute(select(c.data).where(c.hour == hour))
+                for r in chunks.decode(bytes(data))]  # fmt: skip
+        if into is firsts:
+            into.append(min(float(r[0]) for r in rows))
+        else:
+            into.append(max(float(r[0]) + float(r[1]) for r in rows))
+    return (min(firsts) if firsts else None), (max(lasts) if lasts else None)

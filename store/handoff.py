@@ -30,8 +30,8 @@ from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import Connection, delete
 
-from collector.checkpoint import Saved
-from collector.models import RollupStateRow
+from core.records import Saved
+from store.tables import RollupStateRow
 
 if TYPE_CHECKING:
     from contextlib import AbstractContextManager

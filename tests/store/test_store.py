@@ -16,11 +16,11 @@ import psycopg
 import pytest
 import sqlalchemy
 
-from collector.models import SCHEMA_VERSION
-from collector.store import MIGRATIONS, Store, redact
-from collector.store_frame import CATEGORY_COLUMNS, FRAME_COLUMNS, windows_frame
 from core.errors import ConfigError, StoreError
 from core.records import Labels, ScrapeOutcome, Window
+from store.frame import CATEGORY_COLUMNS, FRAME_COLUMNS, windows_frame
+from store.store import MIGRATIONS, Store, redact
+from store.tables import SCHEMA_VERSION
 
 ENGINE: Labels = (("engine", "0"), ("model_name", "llama"))
 T0 = 1_764_000_000.0
@@ -613,7 +613,7 @@ def test_read_frame_postgres_copy_cut_short_drops_the_connection_next_read_whole
     tests/test_outage.py's PostgreSQL stop exercises; this small COPY cannot reproduce it.)"""
     if not db_url.startswith("postgresql"):
         pytest.skip("the binary COPY read is PostgreSQL's")
-    import collector.pg_copy as pg
+    import store.pg_copy as pg
 
     store.write_windows(mixed())
     want = store.read_frame()
@@ -661,7 +661,7 @@ def test_read_frame_postgres_streams_share_one_snapshot(
     """Windows re-written after the read began (its first statement), before its COPYs start,
     are read as they were by every stream: the other connections import its snapshot."""
     _postgres_only(db_url)
-    from collector import pg_copy, store_frame_pg
+    from store import pg_copy, store_frame_pg
 
     rows = grid(sources=3, signals=4, minutes=30)
     store.write_windows(rows)
@@ -687,7 +687,8 @@ def test_read_frame_postgres_one_stream_failing_fails_the_read_others_stopped(
     """One COPY of several failing mid-stream fails the read with its own error (the others
     stop at their next block, their connections dropped); the next read is whole."""
     _postgres_only(db_url)
-    import collector.pg_copy as pg
+    import store.pg_copy as pg
+
     from collector import store_frame_pg
 
     store.write_windows(grid(sources=3, signals=4, minutes=30))

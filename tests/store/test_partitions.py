@@ -1,4 +1,4 @@
-"""collector.partitions on a real PostgreSQL 15: windows range-partitioned by UTC day, the
+"""store.partitions on a real PostgreSQL 15: windows range-partitioned by UTC day, the
 partitions made by the writers (also when they race), dropped whole by retention, and the
 schema 4 -> 5 migration of an unpartitioned table; SQLite's store is unchanged."""
 
@@ -16,12 +16,12 @@ import pandas as pd
 import pytest
 import sqlalchemy
 
-from collector import partitions
-from collector.models import SCHEMA_VERSION, WindowRow, labels_json, series_key
-from collector.retention import Pruner
-from collector.store import Store
 from core.errors import StoreError
 from core.records import Window
+from store import partitions
+from store.retention import Pruner
+from store.store import Store
+from store.tables import SCHEMA_VERSION, WindowRow, labels_json, series_key
 from tests.clirun import run_kvscope
 
 pytestmark = [pytest.mark.postgres, pytest.mark.parametrize("db_url", ["postgres"], indirect=True)]

@@ -1,4 +1,4 @@
-"""collector.retention: old windows and outcomes pruned in batches, the rest untouched, while
+"""store.retention: old windows and outcomes pruned in batches, the rest untouched, while
 collectors write; `kvscope db prune` and `kvscope collect --retention`."""
 
 from __future__ import annotations
@@ -13,11 +13,11 @@ import pytest
 import sqlalchemy
 
 from collector.checkpoint import Saved
-from collector.models import SCHEMA_VERSION, WINDOWS_START_BRIN_DDL
-from collector.retention import Pruned, Pruner
-from collector.store import Store
 from core.errors import ConfigError, StoreError
 from core.records import ScrapeOutcome, Window
+from store.retention import Pruned, Pruner
+from store.store import Store
+from store.tables import SCHEMA_VERSION, WINDOWS_START_BRIN_DDL
 from tests.clirun import run_kvscope
 
 DAY = 86_400.0

@@ -1,7 +1,7 @@
 """Stored plans (the ``plans`` table): save one, read the latest, read the history.
 
 The planner makes plans; the store keeps them opaque (the JSON document) beside the headline
-figures as columns (collector.models.PLAN_HEADLINE), so the history, the closed loop and
+figures as columns (store.tables.PLAN_HEADLINE), so the history, the closed loop and
 kvscope's own /metrics read numbers without parsing documents. A plan is unique on (cluster,
 group, window range): saving a plan of the same history again replaces it.
 """
@@ -14,8 +14,8 @@ from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import Connection, func, select
 
-from collector.models import PLAN_HEADLINE, ClusterRow, PlanRecord, PlanRow
 from core.errors import ConfigError
+from store.tables import PLAN_HEADLINE, ClusterRow, PlanRecord, PlanRow
 
 if TYPE_CHECKING:
     from contextlib import AbstractContextManager

@@ -1,0 +1,274 @@
+"""Retention: windows and scrape outcomes older than a cutoff dropped or deleted in batches.
+
+``kvscope db prune --older-than 30d`` runs it once; ``kvscope collect --retention 30d`` (or
+KVSCOPE_RETENTION_S) runs it from the collector at its start and then every
+:data:`PRUNE_EVERY_S`, in a worker thread, so scraping never waits for it.
+
+A window is pruned when it *started* before the cutoff. Chunks wholly before it go whole,
+each batch of at most ``batch`` chunks its own short transaction (a writer waits for one
+batch at most); a chunk that straddles the cutoff is rewritten without its older windows;
+head rows before it are deleted. On PostgreSQL ``chunks`` is partitioned by day
+(store.partitions): the days wholly older than the cutoff are detached concurrently and
+dropped (the space back at once, no dead rows). The collector's hourly prune
+(:class:`Pruner`) passes ``whole_partitions``: it drops whole days only there (a window is
+kept at most one day longer than the retention), ``kvscope db prune`` deletes exactly what
+is older than the cutoff. A roll-up state left before the cutoff (store.handoff) goes too.
+Series, engines, targets, engine changes and plans are kept: they are small, and plans are
+the history ``kvscope plans`` compares against.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from sqlalchemy import Connection, delete, func, select, tuple_, update
+from sqlalchemy.exc import SQLAlchemyError
+
+from core.errors import ConfigError, KvscopeError, StoreError
+from store import chunks, partitions
+from store.tables import ChunkRow, HeadRow, RollupStateRow, ScrapeOutcomeRow
+
+if TYPE_CHECKING:
+    from contextlib import AbstractContextManager
+
+    from sqlalchemy import Engine
+
+log = logging.getLogger(__name__)
+PRUNE_EVERY_S = 3_600.0
+BATCH = 20_000
+
+
+@dataclass(frozen=True, slots=True)
+class Pruned:
+    """What a prune deleted (``dry_run``: would delete); ``partitions``: the windows'
+    partitions dropped whole (PostgreSQL), whose rows ``windows`` counts."""
+
+    cutoff: float
+    windows: int
+    outcomes: int
+    seconds: float
+    dry_run: bool = False
+    partitions: int = 0
+
+    def summary(self) -> dict[str, object]:
+        return {
+            "cutoff": self.cutoff,
+            "cutoff_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(self.cutoff)),
+            "windows": self.windows,
+            "outcomes": self.outcomes,
+            "seconds": round(self.seconds, 3),
+            "dry_run": self.dry_run,
+            "partitions_dropped": self.partitions,
+        }
+
+
+class RetentionStore:
+    """Pruning old rows (mixed into Store)."""
+
+    if TYPE_CHECKING:
+        dialect: str
+        url: str
+        _engine: Engine
+        _partitions: partitions.DayPartitions
+
+        def _require_schema(self) -> None: ...
+        def _tx(self, what: str, *, write: bool = False) -> AbstractContextManager[Connection]: ...
+
+    def prune(
+        self,
+        cutoff: float,
+        *,
+        batch: int = BATCH,
+        dry_run: bool = False,
+        whole_partitions: bool = False,
+    ) -> Pruned:
+        """Delete windows that started, and outcomes of scrapes that started, before
+        ``cutoff`` (epoch seconds): on PostgreSQL the windows' partitions wholly older are
+        dropped, the other rows deleted ``batch`` per transaction (module docstring).
+
+        ``whole_partitions``: on PostgreSQL, keep the windows of the partition that holds the
+        cutoff (dropped whole once it is wholly older); SQLite, without partitions, deletes
+        the rows as always."""
+        if not math.isfinite(cutoff):
+            raise ConfigError(f"prune cutoff must be a finite time, got {cutoff}")
+        if batch < 1:
+            raise ConfigError(f"prune batch must be >= 1, got {batch}")
+        self._require_schema()
+        began = time.monotonic()
+        pg = self.dialect == "postgresql"
+        dropped, dropped_windows = self._drop_partitions(cutoff, dry_run)
+        day = float(math.floor(cutoff / partitions.DAY_S) * partitions.DAY_S)
+        # with whole_partitions on PostgreSQL, the day at the cutoff stays whole
+        edge = day if pg and whole_partitions else cutoff
+        if dry_run:
+            windows, outcomes = self._count_before(edge, cutoff)
+            return Pruned(cutoff, windows + dropped_windows, outcomes,
+                          time.monotonic() - began, True, len(dropped or ()))  # fmt: skip
+        windows = dropped_windows + self._delete_chunks(edge, batch)
+        windows += self._delete_rows(HeadRow.__table__, HeadRow.start, edge, batch)
+        outcomes = self._delete_rows(
+            ScrapeOutcomeRow.__table__, ScrapeOutcomeRow.started, cutoff, batch
+        )
+        with self._tx(f"pruning rollup_states before {cutoff:.0f}", write=True) as conn:
+            conn.execute(delete(RollupStateRow).where(RollupStateRow.written < cutoff))
+        return Pruned(cutoff, windows, outcomes, time.monotonic() - began, False,
+                      len(dropped or ()))  # fmt: skip
+
+    def _count_before(self, edge: float, cutoff: float) -> tuple[int, int]:
+        """What a prune would delete, but for the partitions it would drop."""
+        c = ChunkRow
+        with self._tx(f"counting what is before {cutoff:.0f}") as conn:
+            whole = conn.execute(
+                select(func.coalesce(func.sum(c.n), 0)).where(c.hour + chunks.HOUR_S <= edge)
+            ).scalar_one()
+            split = 0
+            for (data,) in conn.execute(
+                select(c.data).where(c.hour < edge, c.hour + chunks.HOUR_S > edge)
+            ):
+                split += sum(1 for r in chunks.decode(bytes(data)) if r[0] < edge)
+            head = conn.execute(
+                select(func.count()).select_from(HeadRow).where(HeadRow.start < edge)
+            ).scalar_one()
+            outcomes = conn.execute(
+                select(func.count()).select_from(ScrapeOutcomeRow)
+                .where(ScrapeOutcomeRow.started < cutoff)
+            ).scalar_one()  # fmt: skip
+        return int(whole) + split + int(head), int(outcomes)
+
+    def _delete_chunks(self, edge: float, batch: int) -> int:
+        """The chunks wholly before ``edge`` deleted ``batch`` per transaction, those that
+        straddle it rewritten without their windows before it; the windows deleted."""
+        c = ChunkRow
+        done = 0
+        while True:
+            with self._tx(f"pruning chunks before {edge:.0f}", write=True) as conn:
+                old = conn.execute(
+                    select(c.series_id, c.hour, c.n).where(c.hour + chunks.HOUR_S <= edge)
+                    .limit(batch)
+                ).all()  # fmt: skip
+                if old:
+                    keys = [(r[0], r[1]) for r in old]
+                    conn.execute(delete(c).where(tuple_(c.series_id, c.hour).in_(keys)))
+            done += sum(int(r[2]) for r in old)
+            if len(old) < batch:
+                break
+        with self._tx(f"pruning the chunk of the hour at {edge:.0f}", write=True) as conn:
+            split = conn.execute(
+                select(c.series_id, c.hour, c.data).where(
+                    c.hour < edge, c.hour + chunks.HOUR_S > edge
+                )
+            ).all()
+            for sid, hour, data in split:
+                rows = chunks.decode(bytes(data))
+                kept = [r for r in rows if r[0] >= edge]
+                done += len(rows) - len(kept)
+                if kept:
+                    conn.execute(
+                        update(c).where(c.series_id == sid, c.hour == hour)
+                        .values(n=len(kept), data=chunks.encode(kept))
+                    )  # fmt: skip
+                else:
+                    conn.execute(delete(c).where(c.series_id == sid, c.hour == hour))
+        return done
+
+    def _delete_rows(self, table: Any, column: Any, cutoff: float, batch: int) -> int:
+        """The rows of ``table`` whose ``column`` is before ``cutoff``, ``batch`` per
+        transaction; how many."""
+        key = list(table.primary_key.columns)
+        done = 0
+        while True:
+            old = select(*key).where(column < cutoff).limit(batch)
+            match = key[0].in_(old) if len(key) == 1 else tuple_(*key).in_(old)
+            with self._tx(f"pruning {table.name} before {cutoff:.0f}", write=True) as conn:
+                n = int(conn.execute(delete(table).where(match)).rowcount)
+            done += n
+            if n < batch:
+                return done
+
+    def _drop_partitions(
+        self, cutoff: float, dry_run: bool
+    ) -> tuple[list[partitions.Partition] | None, int]:
+        """PostgreSQL: the chunks' partitions wholly older than ``cutoff`` dropped (dry
+        run: found) and their windows; (None, 0) on SQLite."""
+        if self.dialect != "postgresql":
+            return None, 0
+        what = f"dropping the partitions of chunks before {cutoff:.0f}"
+        if dry_run:
+            with self._tx(what) as conn:
+                old = partitions.wholly_before(partitions.partitions(conn), cutoff)
+                return old, partitions.count_windows(conn, old)
+        try:
+            dropped, windows = partitions.drop_partitions_before(self._engine, cutoff)
+        except SQLAlchemyError as exc:
+            reason = str(getattr(exc, "orig", None) or exc).strip().splitlines()[0]
+            raise StoreError(f"{what} failed on {self.url}: {reason}") from exc
+        self._partitions.forget(p.day for p in dropped if p.day is not None)
+        return dropped, windows
+
+
+class Pruner:
+    """Runs a store's prune every ``every_s`` from a collect loop, in a worker thread (on
+    PostgreSQL whole day partitions only: module docstring)."""
+
+    def __init__(
+        self, store: RetentionStore, retention_s: float, *, every_s: float = PRUNE_EVERY_S
+    ) -> None:
+        if not (math.isfinite(retention_s) and retention_s > 0):
+            raise ConfigError(f"retention must be > 0 seconds, got {retention_s}")
+        self.store = store
+        self.retention_s = retention_s
+        self.every_s = every_s
+        self.next_at = -math.inf
+        self.task: asyncio.Task[Pruned] | None = None
+        self.last: Pruned | None = None
+        self.errors = 0
+        self.windows = 0  # deleted so far
+        self.outcomes = 0
+        self.partitions = 0  # of windows, dropped whole (PostgreSQL)
+
+    def tick(self, now: float) -> None:
+        """Collect a finished prune; start one when it is due (call once per tick)."""
+        if self.task is not None and self.task.done():
+            try:
+                self.last = self.task.result()
+            except KvscopeError as exc:  # tried again at the next period
+                self.errors += 1
+                log.error("retention: %s", exc)
+            else:
+                self.windows += self.last.windows
+                self.outcomes += self.last.outcomes
+                self.partitions += self.last.partitions
+                if self.last.windows or self.last.outcomes or self.last.partitions:
+                    log.warning("retention: deleted %d windows (%d partitions dropped) and %d "
+                                "outcomes older than %s in %.1f s", self.last.windows,
+                                self.last.partitions, self.last.outcomes,
+                                self.last.summary()["cutoff_utc"], self.last.seconds)  # fmt: skip
+            self.task = None
+        if self.task is None and now >= self.next_at:
+            self.next_at = now + self.every_s
+            cutoff = now - self.retention_s
+            prune = self.store.prune
+            self.task = asyncio.ensure_future(
+                asyncio.to_thread(prune, cutoff, whole_partitions=True)  # module docstring
+            )
+
+    async def close(self) -> None:
+        """Wait for a prune still running (its batches are short)."""
+        if self.task is not None:
+            await asyncio.wait([self.task])
+            self.tick(math.nan)  # collect it; nan >= next_at is False: no new one
+
+    def summary(self) -> dict[str, object]:
+        return {
+            "retention_s": self.retention_s,
+            "deleted_windows": self.windows,
+            "deleted_outcomes": self.outcomes,
+            "dropped_partitions": self.partitions,
+            "errors": self.errors,
+            "last": None if self.last is None else self.last.summary(),
+        }

@@ -1,0 +1,272 @@
+"""Window writes: idempotent upserts into the head, late writes into their hour's chunk,
+and the sealing of closed hours into chunks.
+
+A window goes to the ``head`` table (one row, unique on series and start) unless its
+series-hour already has a chunk: then the chunk is read, the window put in it (replacing
+one of the same start) and written back in the same transaction. When a write reaches a
+newer hour of a source, the source's head rows of older hours move into chunks (merged
+with a chunk already there) in one transaction: a window is in the head or in a chunk,
+never both. Writers of one source are serialised: SQLite has one writer at a time; on
+PostgreSQL each transaction takes an advisory lock per source it touches, in order.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from typing import Any, cast
+
+from sqlalchemy import Column, Connection, MetaData, Table, delete, func, select, text, tuple_
+from sqlalchemy.dialects import postgresql, sqlite
+
+from core.errors import StoreError
+from core.records import Window
+from store import chunks, partitions
+from store.buckets import encode_buckets
+from store.db import Database
+from store.partitions import DAY_S, check_start
+from store.series import SeriesIds
+from store.tables import ChunkRow, HeadRow, SeriesRow
+
+HEAD_COLUMNS = ("series_id", *chunks.COLUMNS, "buckets")
+_SOURCE_LOCK = 0x6B76  # pg_advisory_xact_lock(class, hashtext(source)): one source's writes
+_STAGING = "kvscope_head_in"
+_LOOKUP = 500  # (series, hour) pairs per chunk look-up
+
+
+def _row(sid: int, w: Window) -> tuple[Any, ...]:
+    blob = _buckets_blob(w) if w.bucket_counts else None
+    return (sid, w.start, w.length_s, w.samples, w.delta, w.rate, w.resets, w.mean, w.min,
+            w.max, w.last, w.p50, w.p90, w.p99, w.sum_delta, blob)  # fmt: skip
+
+
+def _buckets_blob(w: Window) -> bytes:
+    try:
+        return encode_buckets(w.bucket_bounds, w.bucket_counts)
+    except ValueError as exc:
+        raise StoreError(f"window {w.source} {w.signal} at {w.start}: {exc}") from exc
+
+
+def merge(
+    old: Sequence[chunks.Row], new: Iterable[chunks.Row], keep_fuller: bool
+) -> list[chunks.Row]:
+    """The chunk rows of ``old`` with ``new`` put in (same start: replaced, unless
+    ``keep_fuller`` and the stored one has more samples), in start order."""
+    by_start = {r[0]: r for r in old}
+    for r in new:
+        have = by_start.get(r[0])
+        if keep_fuller and have is not None and have[2] > r[2]:
+            continue
+        by_start[r[0]] = r
+    return [by_start[s] for s in sorted(by_start)]
+
+
+class WindowWriter:
+    """Store.write_windows and the sealing of closed hours (module docstring)."""
+
+    def __init__(self, db: Database, ids: SeriesIds, batch_size: int) -> None:
+        self.db = db
+        self.ids = ids
+        self.batch_size = batch_size
+        self.sealed_below: dict[str, float] = {}  # per source: its older hours are chunks
+        self._upsert: dict[bool, str] = {}
+
+    def write(self, windows: Iterable[Window], *, keep_fuller: bool = False) -> int:
+        """Upsert windows; return how many were written (Store.write_windows)."""
+        self.db.require_schema()
+        written = 0
+        batch: list[Window] = []
+        for w in windows:
+            if not math.isfinite(w.start):
+                raise StoreError(f"window {w.source} {w.signal} has a non-finite start: {w.start}")
+            batch.append(w)
+            if len(batch) >= self.batch_size:
+                written += self._batch(batch, keep_fuller)
+                batch = []
+        if batch:
+            written += self._batch(batch, keep_fuller)
+        return written
+
+    def _batch(self, ws: list[Window], keep_fuller: bool) -> int:
+        pg = self.db.dialect == "postgresql"
+        if pg:
+            for w in ws:
+                check_start(w.start, f"window {w.source} {w.signal}")
+        ids = self.ids
+        named = {(w.source, w.signal, w.labels, w.kind) for w in ws
+                 if ids.get(w.source, w.signal, w.labels) is None}  # fmt: skip
+        if named:
+            with self.db.tx(f"naming {len(named)} series", write=True) as conn:
+                ids.resolve(conn, named)
+        newest: dict[str, float] = {}
+        rows: list[tuple[str, tuple[Any, ...]]] = []
+        for w in ws:
+            sid = cast(int, ids.get(w.source, w.signal, w.labels))
+            rows.append((w.source, _row(sid, w)))
+            if newest.get(w.source, -math.inf) < w.start:
+                newest[w.source] = w.start
+        hours = {s: chunks.hour_of(t) for s, t in newest.items()}
+        self._locked_write(rows, keep_fuller, sorted(newest))
+        for source, hour in sorted(hours.items()):
+            if self.sealed_below.get(source, -math.inf) < hour:
+                self.seal(source, hour)
+        return len(ws)
+
+    def _locked_write(
+        self, rows: list[tuple[str, tuple[Any, ...]]], keep_fuller: bool, sources: list[str]
+    ) -> None:
+        hour_of = chunks.hour_of
+        sealed = self.sealed_below
+        late = {(r[0], hour_of(r[1])) for s, r in rows if hour_of(r[1]) < sealed.get(s, math.inf)}
+        with self.db.tx(f"writing {len(rows)} windows", write=True) as conn:
+            self._lock(conn, sources)
+            have = self._chunks(conn, late) if late else {}
+            head = [r for _, r in rows if not have or (r[0], hour_of(r[1])) not in have]
+            if head:
+                self._upsert_head(conn, head, keep_fuller)
+            if have:
+                into: dict[tuple[int, float], list[chunks.Row]] = {}
+                for _, r in rows:
+                    key = (r[0], hour_of(r[1]))
+                    if key in have:
+                        into.setdefault(key, []).append(r[1:])
+                self._put_chunks(conn, have, into, keep_fuller)
+
+    def _lock(self, conn: Connection, sources: Iterable[str]) -> None:
+        if conn.dialect.name == "postgresql":
+            for source in sorted(set(sources)):
+                conn.execute(
+                    text("SELECT pg_advisory_xact_lock(:c, hashtext(:s))"),
+                    {"c": _SOURCE_LOCK, "s": source},
+                )
+
+    def _chunks(
+        self, conn: Connection, keys: set[tuple[int, float]]
+    ) -> dict[tuple[int, float], bytes]:
+        """The stored chunks of these (series, hour)s."""
+        out: dict[tuple[int, float], bytes] = {}
+        ordered = sorted(keys)
+        for i in range(0, len(ordered), _LOOKUP):
+            part = ordered[i : i + _LOOKUP]
+            found = conn.execute(
+                select(ChunkRow.series_id, ChunkRow.hour, ChunkRow.data).where(
+                    tuple_(ChunkRow.series_id, ChunkRow.hour).in_(part)
+                )
+            )
+            for sid, hour, data in found:
+                out[(int(sid), float(hour))] = bytes(data)
+        return out
+
+    def _put_chunks(
+        self,
+        conn: Connection,
+        have: dict[tuple[int, float], bytes],
+        into: dict[tuple[int, float], list[chunks.Row]],
+        keep_fuller: bool,
+    ) -> None:
+        """Merge ``into``'s rows into the chunks (``have``: those stored already) and write
+        them back."""
+        values = []
+        for key, new in sorted(into.items()):
+            old = chunks.decode(have[key]) if key in have else []
+            rows = merge(old, new, keep_fuller)
+            try:
+                data = chunks.encode(rows)
+            except ValueError as exc:
+                raise StoreError(f"series {key[0]} hour {key[1]:.0f}: {exc}") from exc
+            values.append({"series_id": key[0], "hour": key[1], "n": len(rows), "data": data})
+        if not values:
+            return
+        insert = sqlite.insert if conn.dialect.name == "sqlite" else postgresql.insert
+        stmt = insert(ChunkRow)
+        stmt = stmt.on_conflict_do_update(
+            index_elements=["series_id", "hour"],
+            set_={"n": stmt.excluded.n, "data": stmt.excluded.data},
+        )
+        conn.execute(stmt, values)
+
+    def _upsert_head(
+        self, conn: Connection, rows: list[tuple[Any, ...]], keep_fuller: bool
+    ) -> None:
+        sql = self._upsert_sql(conn, keep_fuller)
+        if conn.dialect.name == "sqlite":
+            conn.exec_driver_sql(sql, rows)  # executemany: a key repeated keeps its last row
+            return
+        unique = {(r[0], r[1]): r for r in rows}  # one statement touches a row once
+        fix = [tuple(None if isinstance(x, float) and math.isnan(x) else x for x in r)
+               for r in unique.values()]  # fmt: skip
+        with conn.connection.driver_connection.cursor() as cursor:  # type: ignore[union-attr]
+            cursor.execute(
+                f"CREATE TEMPORARY TABLE IF NOT EXISTS {_STAGING} ON COMMIT DELETE ROWS AS "
+                f"SELECT {', '.join(HEAD_COLUMNS)} FROM head WITH NO DATA"
+            )
+            with cursor.copy(f"COPY {_STAGING} ({', '.join(HEAD_COLUMNS)}) FROM STDIN") as copy:
+                for row in fix:
+                    copy.write_row(row)
+        conn.exec_driver_sql(sql)
+
+    def _upsert_sql(self, conn: Connection, keep_fuller: bool) -> str:
+        """The head upsert, compiled once: executemany on SQLite, from a COPY-filled staging
+        table on PostgreSQL (``keep_fuller``: a stored row of more samples stays)."""
+        if keep_fuller not in self._upsert:
+            table = cast(Table, HeadRow.__table__)
+            stmt: Any
+            if conn.dialect.name == "sqlite":
+                stmt = sqlite.insert(table)
+            else:
+                staging = Table(
+                    _STAGING, MetaData(), *(Column(c, table.c[c].type) for c in HEAD_COLUMNS)
+                )
+                ordered = select(*staging.c).order_by(staging.c.series_id, staging.c.start)
+                stmt = postgresql.insert(table).from_select(list(HEAD_COLUMNS), ordered)
+            stmt = stmt.on_conflict_do_update(
+                index_elements=["series_id", "start"],
+                set_={c: stmt.excluded[c] for c in HEAD_COLUMNS[2:]},
+                where=table.c.samples <= stmt.excluded.samples if keep_fuller else None,
+            )
+            compiled = stmt.compile(dialect=conn.dialect, column_keys=list(HEAD_COLUMNS))
+            if conn.dialect.name == "sqlite" and tuple(compiled.positiontup or ()) != HEAD_COLUMNS:
+                raise StoreError(f"unexpected head upsert parameters: {compiled.positiontup}")
+            self._upsert[keep_fuller] = str(compiled)
+        return self._upsert[keep_fuller]
+
+    def seal(self, source: str, below: float) -> int:
+        """Move ``source``'s head rows that start before ``below`` into their hours' chunks;
+        return how many windows moved."""
+        with self.db.tx(f"sealing the closed hours of {source}", write=True) as conn:
+            self._lock(conn, [source])
+            moved = self._seal_rows(conn, source, below)
+        self.sealed_below[source] = below
+        return moved
+
+    def _seal_rows(self, conn: Connection, source: str, below: float) -> int:
+        """In ``conn``'s transaction: ``source``'s head rows before ``below`` into chunks."""
+        of_source = select(SeriesRow.id).where(SeriesRow.source == source).scalar_subquery()
+        cols = [HeadRow.__table__.c[c] for c in HEAD_COLUMNS]
+        gone = conn.execute(
+            delete(HeadRow)
+            .where(HeadRow.series_id.in_(of_source), HeadRow.start < below)
+            .returning(*cols)
+        ).all()
+        if not gone:
+            return 0
+        into: dict[tuple[int, float], list[chunks.Row]] = {}
+        for r in sorted(gone, key=lambda r: (r[0], r[1])):
+            into.setdefault((int(r[0]), chunks.hour_of(float(r[1]))), []).append(tuple(r[1:]))
+        days = {int(h // DAY_S) for _, h in into}
+        if conn.dialect.name == "postgresql" and self.db.days.missing(days):
+            partitions.make_days(conn, days)
+            self.db.days.add(days)
+        self._put_chunks(conn, self._chunks(conn, set(into)), into, keep_fuller=False)
+        return len(gone)
+
+    def seal_all(self) -> int:
+        """Seal every source's hours older than its newest hour in the head."""
+        self.db.require_schema()
+        with self.db.tx("listing the head's sources") as conn:
+            newest = conn.execute(
+                select(SeriesRow.source, func.max(HeadRow.start))
+                .join(HeadRow, HeadRow.series_id == SeriesRow.id)
+                .group_by(SeriesRow.source)
+            ).all()
+        return sum(self.seal(str(s), chunks.hour_of(float(t))) for s, t in sorted(newest))
