@@ -164,7 +164,7 @@ def main() -> None:
             t0 = time.perf_counter()
             s.migrate()
             took = time.perf_counter() - t0
-            left = s.stats()["rows"]["windows"]
+            left = s.stats()["windows"]
         print(f"  migrate flat 4 -> 5: {left:,} rows in {took:.1f} s = {left / took:,.0f} rows/s")
     ratio = results["flat"] / results["part"]
     print(f"RESULT prune of 1 day of {args.days} x {args.rows_per_day:,} rows: partition drop "

@@ -90,6 +90,7 @@ class WindowReader:
             series = [(str(r[1]), str(r[2]), str(r[3]), str(r[4])) for r in found]
             index = {int(r[0]): i for i, r in enumerate(found)}
             chunk_rows, head_rows = _fetch(conn, conds, since, until, only_buckets)
+            ranks = _ranked(ranks, series)  # the database's order, read in this transaction
         return self._decode(series, index, chunk_rows, head_rows, numeric, since, until,
                             blobs, ranks)  # fmt: skip
 
@@ -291,3 +292,17 @@ def _fetch(
         hwhere.append(h.buckets.is_not(None))
     head_rows = conn.execute(select(*cols).where(*hwhere)).all()
     return chunk_rows, head_rows
+
+
+def _ranked(ranks: RankFn, series: Sequence[Series]) -> RankFn:
+    """``ranks`` of the series' sources, signals and labels asked now, answered later."""
+    fields = {"source": 0, "signal": 1, "labels": 3}
+    known: dict[str, dict[str, int]] = {}
+    for what, j in fields.items():
+        values = sorted({s[j] for s in series})
+        known[what] = dict(zip(values, ranks(what, values), strict=True)) if values else {}
+
+    def answer(what: str, values: Sequence[str]) -> list[int]:
+        return [known[what][v] for v in values]
+
+    return answer

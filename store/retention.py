@@ -106,7 +106,8 @@ class RetentionStore:
         # with whole_partitions on PostgreSQL, the day at the cutoff stays whole
         edge = day if pg and whole_partitions else cutoff
         if dry_run:
-            windows, outcomes = self._count_before(edge, cutoff)
+            after = max((p.hi for p in dropped or ()), default=-math.inf)
+            windows, outcomes = self._count_before(edge, cutoff, after)
             return Pruned(cutoff, windows + dropped_windows, outcomes,
                           time.monotonic() - began, True, len(dropped or ()))  # fmt: skip
         windows = dropped_windows + self._delete_chunks(edge, batch)
@@ -119,12 +120,15 @@ class RetentionStore:
         return Pruned(cutoff, windows, outcomes, time.monotonic() - began, False,
                       len(dropped or ()))  # fmt: skip
 
-    def _count_before(self, edge: float, cutoff: float) -> tuple[int, int]:
-        """What a prune would delete, but for the partitions it would drop."""
+    def _count_before(self, edge: float, cutoff: float, after: float) -> tuple[int, int]:
+        """What a prune would delete, but for the partitions it would drop (the chunks of
+        hours before ``after``)."""
         c = ChunkRow
         with self._tx(f"counting what is before {cutoff:.0f}") as conn:
             whole = conn.execute(
-                select(func.coalesce(func.sum(c.n), 0)).where(c.hour + chunks.HOUR_S <= edge)
+                select(func.coalesce(func.sum(c.n), 0)).where(
+                    c.hour + chunks.HOUR_S <= edge, c.hour >= after
+                )
             ).scalar_one()
             split = 0
             for (data,) in conn.execute(

@@ -23,7 +23,7 @@ from core.errors import StoreError
 from core.records import Window
 from store import chunks, partitions
 from store.buckets import encode_buckets
-from store.db import Database
+from store.db import Database, no_partition
 from store.partitions import DAY_S, check_start
 from store.series import SeriesIds
 from store.tables import ChunkRow, HeadRow, SeriesRow
@@ -233,9 +233,17 @@ class WindowWriter:
     def seal(self, source: str, below: float) -> int:
         """Move ``source``'s head rows that start before ``below`` into their hours' chunks;
         return how many windows moved."""
-        with self.db.tx(f"sealing the closed hours of {source}", write=True) as conn:
-            self._lock(conn, [source])
-            moved = self._seal_rows(conn, source, below)
+        for attempt in (1, 2):
+            try:
+                with self.db.tx(f"sealing the closed hours of {source}", write=True) as conn:
+                    self._lock(conn, [source])
+                    moved = self._seal_rows(conn, source, below)
+                break
+            except StoreError as exc:
+                # a day another process's prune dropped after this one made it: made again
+                if attempt == 2 or not no_partition(exc):
+                    raise
+                self.db.days.made.clear()
         self.sealed_below[source] = below
         return moved
 

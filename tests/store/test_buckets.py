@@ -16,7 +16,6 @@ from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 
-import pandas as pd
 import pytest
 import sqlalchemy
 from hypothesis import given, settings
@@ -33,7 +32,6 @@ from core.errors import StoreError
 from core.records import SignalSample, Snapshot, Window
 from store.buckets import F64, U8, U16, U32, ZERO, decode_buckets, encode_buckets
 from store.store import Store
-from store.tables import SCHEMA_VERSION
 from tests import services
 from tests.collector.bucketexpo import (
     ENGINE,
@@ -357,26 +355,6 @@ def _drop_buckets_column(db_url: str) -> None:
         conn.execute(sqlalchemy.text("ALTER TABLE windows DROP COLUMN buckets"))
         conn.execute(sqlalchemy.text("UPDATE schema_version SET version = 8"))
     engine.dispose()
-
-
-def test_migration_8_to_9_adds_the_column_and_keeps_every_window(db_url: str) -> None:
-    old = [replace(w, bucket_bounds=(), bucket_counts=()) for w in _mixed()]
-    with Store(db_url) as s:
-        s.migrate()
-        s.write_windows(old)
-        s.pack_windows()
-        before, frame_before = s.read_windows(), s.read_frame()
-    _drop_buckets_column(db_url)
-    with Store(db_url) as s:
-        assert s.schema_version() == 8
-        with pytest.raises(StoreError, match=f"older than {SCHEMA_VERSION}"):
-            s.read_windows()
-        assert s.migrate() == SCHEMA_VERSION == 9
-        assert s.read_windows() == before and s.read_buckets() == []
-        pd.testing.assert_frame_equal(s.read_frame(), frame_before)
-        s.write_windows([_bw(T0 + 3_600.0, (*(1.0,) * 21, 4.0))])
-        assert [w.start for w in s.read_buckets()] == [T0 + 3_600.0]
-        assert s.migrate() == SCHEMA_VERSION  # idempotent
 
 
 @pytest.mark.parametrize("whole_partitions", [False, True])

@@ -12,12 +12,11 @@ from pathlib import Path
 import pytest
 import sqlalchemy
 
-from collector.checkpoint import Saved
 from core.errors import ConfigError, StoreError
-from core.records import ScrapeOutcome, Window
+from core.records import Saved, ScrapeOutcome, Window
 from store.retention import Pruned, Pruner
 from store.store import Store
-from store.tables import SCHEMA_VERSION, WINDOWS_START_BRIN_DDL
+from store.tables import SCHEMA_VERSION
 from tests.clirun import run_kvscope
 
 DAY = 86_400.0
@@ -60,7 +59,7 @@ def test_prune_deletes_only_what_started_before_the_cutoff(db_url: str, batch: i
         keep = sorted((w for w in windows if w.start >= cutoff), key=lambda w: w.start)
         dry = s.prune(cutoff, batch=batch, dry_run=True)
         assert (dry.windows, dry.outcomes, dry.dry_run) == (len(windows) - len(keep), 7, True)
-        assert s.stats()["rows"]["windows"] == len(windows)  # a dry run deletes nothing
+        assert s.stats()["windows"] == len(windows)  # a dry run deletes nothing
         done = s.prune(cutoff, batch=batch)
         assert (done.windows, done.outcomes) == (dry.windows, dry.outcomes)
         assert sorted(s.read_windows(), key=lambda w: w.start) == keep
@@ -109,33 +108,6 @@ def test_prune_in_batches_while_a_collector_writes(db_url: str) -> None:
     assert {w.start for w in left if w.source == "e2"} == {w.start for w in fresh}
 
 
-@pytest.mark.postgres
-@pytest.mark.parametrize("db_url", ["postgres"], indirect=True)
-def test_postgresql_windows_have_a_brin_index_on_start_also_after_upgrade(db_url: str) -> None:
-    def brin() -> list[str]:
-        engine = sqlalchemy.create_engine(db_url)
-        with engine.connect() as conn:
-            rows = conn.execute(sqlalchemy.text(
-                "SELECT indexdef FROM pg_indexes WHERE schemaname = current_schema() "
-                "AND tablename = 'windows' AND indexname = 'ix_windows_start_brin'"
-            )).scalars().all()  # fmt: skip
-        engine.dispose()
-        return list(rows)
-
-    with Store(db_url) as s:
-        s.migrate()
-    assert len(brin()) == 1 and "USING brin (start)" in brin()[0]
-    engine = sqlalchemy.create_engine(db_url)
-    with engine.begin() as conn:  # a store of schema 3: no such index
-        conn.execute(sqlalchemy.text("DROP INDEX ix_windows_start_brin"))
-        conn.execute(sqlalchemy.text("UPDATE schema_version SET version = 3"))
-    engine.dispose()
-    assert brin() == []
-    with Store(db_url) as s:
-        s.migrate()
-    assert len(brin()) == 1 and WINDOWS_START_BRIN_DDL.endswith("USING brin (start)")
-
-
 def test_sqlite_windows_stay_one_table(tmp_path: Path) -> None:
     db = f"sqlite:///{tmp_path / 'k.db'}"
     with Store(db) as s:
@@ -149,18 +121,7 @@ def test_sqlite_windows_stay_one_table(tmp_path: Path) -> None:
         tables = set(conn.execute(sqlalchemy.text(
             "SELECT name FROM sqlite_master WHERE type = 'table'")).scalars())  # fmt: skip
     engine.dispose()
-    assert "windows" in tables and not any(n.startswith("windows_p") for n in tables)
-
-
-def test_sqlite_has_no_brin_index(tmp_path: Path) -> None:
-    db = f"sqlite:///{tmp_path / 'k.db'}"
-    with Store(db) as s:
-        s.migrate()
-    engine = sqlalchemy.create_engine(db)
-    with engine.connect() as conn:
-        names = conn.execute(sqlalchemy.text("SELECT name FROM sqlite_master WHERE type='index'"))
-        assert "ix_windows_start_brin" not in set(names.scalars())
-    engine.dispose()
+    assert "chunks" in tables and not any(n.startswith("chunks_p") for n in tables)
 
 
 # ---- Pruner (the collect loops' retention) ----------------------------------------------------
@@ -248,7 +209,7 @@ def test_db_prune_cli(tmp_path: Path) -> None:
     out = json.loads(done.stdout)
     assert out["windows"] == 3 and out["cutoff_utc"].endswith("Z")
     with Store(db) as s:
-        assert s.stats()["rows"]["windows"] == 2
+        assert s.stats()["windows"] == 2
 
 
 def test_collect_retention_prunes_old_windows(tmp_path: Path) -> None:
@@ -265,4 +226,4 @@ def test_collect_retention_prunes_old_windows(tmp_path: Path) -> None:
     summary = json.loads(proc.stdout)
     assert summary["retention"]["deleted_windows"] == 3, summary
     with Store(db) as s:
-        assert s.stats()["rows"]["windows"] == 2
+        assert s.stats()["windows"] == 2

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
 import sqlite3
@@ -19,7 +18,8 @@ import sqlalchemy
 from core.errors import ConfigError, StoreError
 from core.records import Labels, ScrapeOutcome, Window
 from store.frame import CATEGORY_COLUMNS, FRAME_COLUMNS, windows_frame
-from store.store import MIGRATIONS, Store, redact
+from store.migrate import MIGRATIONS
+from store.store import Store, redact
 from store.tables import SCHEMA_VERSION
 
 ENGINE: Labels = (("engine", "0"), ("model_name", "llama"))
@@ -54,14 +54,14 @@ def test_migrate_fresh_sets_version_and_is_idempotent(db_url: str) -> None:
         assert s.migrate() == SCHEMA_VERSION
         assert s.migrate() == SCHEMA_VERSION
         assert s.schema_version() == SCHEMA_VERSION
-        assert s.stats()["rows"]["windows"] == 0
+        assert s.stats()["windows"] == 0
 
 
 def test_write_windows_same_rows_twice_same_count_values_updated(store: Store) -> None:
     rows = grid()
     assert store.write_windows(rows) == len(rows)
     assert store.write_windows(rows) == len(rows)
-    assert store.stats()["rows"]["windows"] == len(rows)
+    assert store.stats()["windows"] == len(rows)
     changed = [win(w.source, w.signal, w.start, mean=-1.0, max=2.0) for w in rows[:5]]
     store.write_windows(changed)
     back = store.read_windows()
@@ -182,7 +182,7 @@ def test_schema_1_without_plans_table_upgraded_keeps_windows(db_url: str) -> Non
     engine.dispose()
     _set_version(db_url, 1)
     with Store(db_url) as s:
-        assert s.migrate() == SCHEMA_VERSION == 9
+        assert s.migrate() == SCHEMA_VERSION == 10
         assert s.read_windows() == [win()] and s.plans() == [] and s.engine_changes() == {}
         assert s.take_rollup_states(["e1"]) == {}
 
@@ -221,7 +221,7 @@ def test_schema_7_plans_keep_their_gain_under_its_name_and_gain_capacity_columns
         )
     engine.dispose()
     with Store(db_url) as s:
-        assert s.migrate() == SCHEMA_VERSION == 9
+        assert s.migrate() == SCHEMA_VERSION == 10
         (plan,) = s.latest_plans("c")
     h = plan.headline
     assert (h["equal_kv_gain_native"], h["equal_kv_gain_native_lo"]) == (0.2, 0.1)
@@ -314,7 +314,7 @@ def test_concurrent_writers_do_not_duplicate(db_url: str, migrate_too: bool) -> 
     assert not any(t.is_alive() for t in threads), "a writer hung"
     assert errors == []
     with Store(db_url) as s:
-        assert s.stats()["rows"]["windows"] == len(rows)
+        assert s.stats()["windows"] == len(rows)
         assert s.read_windows() == sorted(rows, key=lambda w: (w.source, w.signal, w.start))
 
 
@@ -389,9 +389,11 @@ def test_delete_target_existing_removed_absent_false(store: Store) -> None:
 def test_stats_counts_range_and_signals(store: Store) -> None:
     store.write_windows(grid(sources=2, signals=3, minutes=4))
     stats = store.stats()
-    assert stats["rows"]["windows"] == 24
+    assert stats["windows"] == 24
     assert (stats["windows_from"], stats["windows_until"]) == (T0, T0 + 4 * 60)
-    assert stats["signals"]["sig_0_usage"] == {"windows": 8, "series": 1}
+    # a series is one source's (the same labels on two sources are two series)
+    assert stats["signals"]["sig_0_usage"] == {"windows": 8, "series": 2}
+    assert stats["rows"]["series"] == 6
 
 
 def test_sqlite_file_uses_wal_and_creates_parent(tmp_path: Path) -> None:
@@ -558,22 +560,6 @@ def test_read_frame_kind_outside_the_four_kept_per_series(store: Store) -> None:
     assert_frame_is_windows(store.read_frame(), store.read_windows())
 
 
-@pytest.mark.parametrize("few", [True, False], ids=["index", "scan"])
-def test_read_frame_both_access_paths_same_rows(
-    store: Store, monkeypatch: pytest.MonkeyPatch, few: bool
-) -> None:
-    """Whether the rows are looked up by index or the table is scanned, the rows are the same
-    (the choice rests on a row estimate; here it is forced both ways)."""
-    from collector import store_frame, store_frame_pg
-
-    store.write_windows(mixed() + grid(sources=3, signals=4, minutes=30))
-    monkeypatch.setattr(store_frame, "_mostly_matches", lambda *_: not few)
-    monkeypatch.setattr(store_frame_pg, "_estimate", lambda *_: 0.0 if few else 1e12)
-    for filters in ({}, {"signals": ["ttft_seconds", "sig_1_usage"], "since": T0 + 60}):
-        windows = store.read_windows(**filters)  # type: ignore[arg-type]
-        assert_frame_is_windows(store.read_frame(**filters), windows)  # type: ignore[arg-type]
-
-
 def test_fresh_sqlite_file_opened_by_many_at_once(tmp_path: Path) -> None:
     # Two collectors (or a collector and `kvscope plan`) starting together on a new file:
     # each switches it to WAL, which SQLite refuses at once ("database is locked") rather
@@ -602,140 +588,3 @@ def test_fresh_sqlite_file_opened_by_many_at_once(tmp_path: Path) -> None:
         for t in threads:
             t.join(timeout=60)
         assert errors == [], (i, errors)
-
-
-def test_read_frame_postgres_copy_cut_short_drops_the_connection_next_read_whole(
-    db_url: str, store: Store, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
-) -> None:
-    """A COPY read that fails mid-stream fails that read only: the pool logs nothing and the
-    next read is whole. (The server going away inside a long COPY, which left the driver
-    mid-command and made the pool's rollback log a traceback, is what
-    tests/test_outage.py's PostgreSQL stop exercises; this small COPY cannot reproduce it.)"""
-    if not db_url.startswith("postgresql"):
-        pytest.skip("the binary COPY read is PostgreSQL's")
-    import store.pg_copy as pg
-
-    store.write_windows(mixed())
-    want = store.read_frame()
-    real = pg.copy_tuples
-
-    def cut_short(chunks: Any, n_fields: int) -> Iterator[list[memoryview]]:
-        for _block in real(chunks, n_fields):
-            raise OSError("connection lost mid-COPY")
-        yield from ()
-
-    monkeypatch.setattr(pg, "copy_tuples", cut_short)
-    with caplog.at_level("ERROR", logger="sqlalchemy.pool"), pytest.raises((OSError, StoreError)):
-        store.read_frame()
-    assert not [r for r in caplog.records if r.name.startswith("sqlalchemy.pool")]
-    monkeypatch.setattr(pg, "copy_tuples", real)
-    pd.testing.assert_frame_equal(store.read_frame(), want)
-
-
-def _postgres_only(db_url: str) -> None:
-    if not db_url.startswith("postgresql"):
-        pytest.skip("the binary COPY read is PostgreSQL's")
-
-
-@pytest.mark.parametrize("streams", [1, 3])
-def test_read_frame_postgres_blocks_over_streams_same_rows(
-    db_url: str, store: Store, monkeypatch: pytest.MonkeyPatch, streams: int
-) -> None:
-    """The scan's blocks spread over several COPYs at once (each on its own connection, in
-    one snapshot) make the same frame as read_windows, whatever order the blocks come in."""
-    _postgres_only(db_url)
-    from collector import store_frame_pg
-
-    store.write_windows(mixed() + grid(sources=3, signals=4, minutes=30))
-    monkeypatch.setattr(store_frame_pg, "_estimate", lambda *_: 1e12)  # the scan
-    monkeypatch.setattr(store_frame_pg, "_BLOCK", 16)
-    monkeypatch.setattr(store_frame_pg, "_STREAMS", streams)
-    for filters in ({}, {"signals": ["ttft_seconds", "sig_1_usage"], "since": T0 + 60}):
-        windows = store.read_windows(**filters)  # type: ignore[arg-type]
-        assert_frame_is_windows(store.read_frame(**filters), windows)  # type: ignore[arg-type]
-
-
-def test_read_frame_postgres_streams_share_one_snapshot(
-    db_url: str, store: Store, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Windows re-written after the read began (its first statement), before its COPYs start,
-    are read as they were by every stream: the other connections import its snapshot."""
-    _postgres_only(db_url)
-    from store import pg_copy, store_frame_pg
-
-    rows = grid(sources=3, signals=4, minutes=30)
-    store.write_windows(rows)
-    want = store.read_frame()
-    monkeypatch.setattr(store_frame_pg, "_estimate", lambda *_: 1e12)
-    monkeypatch.setattr(store_frame_pg, "_BLOCK", 16)
-    real = pg_copy.copy_streams
-
-    def rewrite_first(*args: Any) -> None:
-        with Store(db_url) as other:  # every block of the table has some of these rows
-            other.write_windows([dataclasses.replace(w, mean=-1.0) for w in rows[::5]])
-        real(*args)
-
-    monkeypatch.setattr(store_frame_pg, "copy_streams", rewrite_first)
-    pd.testing.assert_frame_equal(store.read_frame(), want)
-    monkeypatch.setattr(store_frame_pg, "copy_streams", real)
-    assert (store.read_frame()["mean"] == -1.0).sum() == len(rows[::5])
-
-
-def test_read_frame_postgres_one_stream_failing_fails_the_read_others_stopped(
-    db_url: str, store: Store, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
-) -> None:
-    """One COPY of several failing mid-stream fails the read with its own error (the others
-    stop at their next block, their connections dropped); the next read is whole."""
-    _postgres_only(db_url)
-    import store.pg_copy as pg
-
-    from collector import store_frame_pg
-
-    store.write_windows(grid(sources=3, signals=4, minutes=30))
-    want = store.read_frame()
-    monkeypatch.setattr(store_frame_pg, "_estimate", lambda *_: 1e12)
-    monkeypatch.setattr(store_frame_pg, "_BLOCK", 16)
-    real = pg.copy_tuples
-    calls: list[int] = []
-
-    def second_fails(chunks: Any, n_fields: int) -> Iterator[Any]:
-        calls.append(1)
-        fail = len(calls) == 2
-        for fields in real(chunks, n_fields):
-            if fail:
-                raise OSError("connection lost mid-COPY")
-            yield fields
-
-    monkeypatch.setattr(pg, "copy_tuples", second_fails)
-    with caplog.at_level("ERROR", logger="sqlalchemy.pool"), pytest.raises(OSError, match="lost"):
-        store.read_frame()
-    assert not [r for r in caplog.records if r.name.startswith("sqlalchemy.pool")]
-    monkeypatch.setattr(pg, "copy_tuples", real)
-    pd.testing.assert_frame_equal(store.read_frame(), want)
-
-
-def test_read_frame_postgres_no_connection_to_spare_streams_one_after_another(
-    db_url: str, store: Store, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """When the pool or the server has no second connection to give (max_connections
-    reached), the scan's COPYs run one after the other on the read's own connection."""
-    _postgres_only(db_url)
-    from collector import store_frame_pg
-
-    store.write_windows(grid(sources=3, signals=4, minutes=30))
-    want = store.read_frame()
-    monkeypatch.setattr(store_frame_pg, "_estimate", lambda *_: 1e12)
-    monkeypatch.setattr(store_frame_pg, "_BLOCK", 16)
-    monkeypatch.setattr(store_frame_pg, "_STREAMS", 3)
-    real = sqlalchemy.engine.Engine.connect
-    calls: list[int] = []
-
-    def one_only(self: sqlalchemy.engine.Engine) -> sqlalchemy.engine.Connection:
-        calls.append(1)
-        if len(calls) > 2:  # the read's own, then one more: the third is refused
-            raise sqlalchemy.exc.OperationalError("connect", {}, Exception("too many clients"))
-        return real(self)
-
-    monkeypatch.setattr(sqlalchemy.engine.Engine, "connect", one_only)
-    pd.testing.assert_frame_equal(store.read_frame(), want)
-    assert len(calls) == 3
