@@ -256,22 +256,19 @@ def run_collect(
 
 def check_store(db: str, data: Data, written: int) -> list[str]:
     """Failures (empty: all good): coverage of every engine and the window count."""
-    from sqlalchemy import create_engine, text
+    from store.store import Store
 
     first = math.ceil(data.start / WINDOW_S) * WINDOW_S
     expected = set(range(int(first), int(data.end) - WINDOW_S + 1, WINDOW_S))
     problems = []
-    engine = create_engine(db)
-    with engine.connect() as conn:
-        total = conn.execute(text("SELECT COUNT(*) FROM windows")).scalar_one()
+    with Store(db) as store:
+        total = store.stats()["windows"]
         if total != written:
             problems.append(f"the store holds {total} windows, the summary says {written}")
         for signal in ("kv_cache_usage_ratio", SPOT_SIGNAL, "ttft_seconds"):
-            rows = conn.execute(
-                text("SELECT source, start FROM windows WHERE signal = :s"), {"s": signal}
-            ).all()
+            frame = store.read_frame(signals=[signal], columns=["source", "start"])
             by: dict[str, set[int]] = {}
-            for source, start in rows:
+            for source, start in zip(frame["source"].astype(str), frame["start"], strict=True):
                 by.setdefault(source, set()).add(round(start))
             for i in range(data.engines):
                 got = by.get(promdata.instance(i), set())
@@ -283,7 +280,6 @@ def check_store(db: str, data: Data, written: int) -> list[str]:
                     )
             if len(by) != data.engines:
                 problems.append(f"{signal}: windows of {len(by)} sources, {data.engines} engines")
-    engine.dispose()
     return problems
 
 
@@ -312,7 +308,7 @@ def promql_increase(ts: list[float], vs: list[float], end: float, range_s: float
 
 def spot_check(db: str, data: Data) -> tuple[list[str], str]:
     """One restarting engine's SPOT_SIGNAL windows against the generator's own samples."""
-    from sqlalchemy import create_engine, text
+    from store.store import Store
 
     index = next((i for i in range(data.engines) if i % promdata.RESTART_EVERY == 3), 0)
     eng = promdata.Engine(index, data.start, data.steps, data.seed)
@@ -320,14 +316,9 @@ def spot_check(db: str, data: Data) -> tuple[list[str], str]:
     ts = [t for t, k in zip(eng.ts.tolist(), keep, strict=True) if k]
     values = eng.counter(SPOT_SIGNAL, {}).tolist()
     vs = [v for v, k in zip(values, keep, strict=True) if k]
-    engine = create_engine(db)
-    with engine.connect() as conn:
-        rows = conn.execute(
-            text("SELECT start, delta, rate, resets FROM windows WHERE signal = :s AND "
-                 "source = :src ORDER BY start"),
-            {"s": SPOT_SIGNAL, "src": promdata.instance(index)},
-        ).all()  # fmt: skip
-    engine.dispose()
+    with Store(db) as store:
+        found = store.read_windows(signals=[SPOT_SIGNAL], sources=[promdata.instance(index)])
+    rows = [(w.start, w.delta, w.rate, w.resets) for w in found]
     problems, worst = [], 0.0
     for start, delta, rate, _resets in rows:
         want = promql_increase(ts, vs, start + WINDOW_S, WINDOW_S)
@@ -337,7 +328,8 @@ def spot_check(db: str, data: Data) -> tuple[list[str], str]:
             continue
         err = abs(delta - want) / max(abs(want), 1.0)
         worst = max(worst, err)
-        if err > 1e-6 or abs(rate - delta / WINDOW_S) > 1e-9 * max(1.0, abs(rate)):
+        off = rate is None or abs(rate - delta / WINDOW_S) > 1e-9 * max(1.0, abs(rate))
+        if err > 1e-6 or off:
             problems.append(f"window {start}: delta {delta} rate {rate}, PromQL increase {want}")
     resets = sum(1 for *_, r in rows if r)
     inc = eng.counter(SPOT_SIGNAL, {})

@@ -2,13 +2,13 @@
 
 Run: .venv/bin/python benchmarks/bench_store.py [--rows 200000] [--no-postgres]
 
-Each write run gets a fresh, migrated database (same schema, same upsert, same batch size, one
-transaction per batch). The baselines write the same rows, prepared in advance as driver tuples,
-with the bare drivers: sqlite3 ``executemany``, psycopg ``executemany`` (pipeline) and ``COPY``
-(COPY cannot upsert: an upper bound, not a fair competitor). Store's figure includes turning
-Window records into rows. Reads: Store.read_windows (Window records) against the driver's
-fetchall of the same query (plain tuples). Contenders are interleaved ``--reps`` times and the
-best of each is kept. The issue's target: >= 50 k window rows/s into SQLite.
+Each write run gets a fresh, migrated database (same batch size, one transaction per batch).
+The baselines write the same windows, prepared in advance as driver tuples (series ids
+known), into the head table with the bare drivers: sqlite3 ``executemany``, psycopg
+``executemany`` (pipeline) and ``COPY`` (COPY cannot upsert: an upper bound). Store's figure
+includes naming the series, turning Window records into rows and sealing each closed hour
+into chunks. Reads: Store.read_frame (columns) against Store.read_windows (a Window record
+per window). Contenders are interleaved ``--reps`` times and the best of each is kept.
 """
 
 from __future__ import annotations
@@ -27,10 +27,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from core.records import Kind, Window
 from store.store import Store
-from store.tables import WindowRow, labels_json, series_key
+from store.writes import HEAD_COLUMNS
 
-COLUMNS = [c.name for c in WindowRow.__table__.columns if c.name != "id"]
-KEY = ("source", "series_key", "start")
+COLUMNS = list(HEAD_COLUMNS)
+KEY = ("series_id", "start")
 SIGNALS: tuple[tuple[str, Kind], ...] = (
     ("kv_cache_usage_ratio", "gauge"),
     ("requests_running", "gauge"),
@@ -64,11 +64,11 @@ def make_windows(rows: int, sources: int = 20, series_per_source: int = 250) -> 
 
 
 def as_tuples(windows: Sequence[Window]) -> list[tuple[Any, ...]]:
+    ids: dict[tuple[str, str, Any], int] = {}
     rows = []
     for w in windows:
         row = {c: getattr(w, c, None) for c in COLUMNS}
-        row["labels"] = labels_json(w.labels)
-        row["series_key"] = series_key(w.signal, w.labels)
+        row["series_id"] = ids.setdefault((w.source, w.signal, w.labels), len(ids) + 1)
         rows.append(tuple(row[c] for c in COLUMNS))
     return rows
 
@@ -76,7 +76,7 @@ def as_tuples(windows: Sequence[Window]) -> list[tuple[Any, ...]]:
 def upsert_sql(placeholder: str) -> str:
     sets = ", ".join(f"{c} = excluded.{c}" for c in COLUMNS if c not in KEY)
     return (
-        f"INSERT INTO windows ({', '.join(COLUMNS)}) VALUES "
+        f"INSERT INTO head ({', '.join(COLUMNS)}) VALUES "
         f"({', '.join([placeholder] * len(COLUMNS))}) "
         f"ON CONFLICT ({', '.join(KEY)}) DO UPDATE SET {sets}"
     )
@@ -97,10 +97,10 @@ def best(runs: dict[str, Callable[[], float]], reps: int) -> dict[str, float]:
     return out
 
 
-READ_SQL = (
-    "SELECT source, signal, labels, start, length_s, kind, samples, delta, rate, resets, mean, "
-    "min, max, last, p50, p90, p99, sum_delta FROM windows ORDER BY source, signal, start, labels"
-)
+def reads(store: Store, n: int, reps: int) -> dict[str, float]:
+    """read_frame (columns) and read_windows (records) of every window, rows/s."""
+    return best({"windows": lambda: timed(store.read_windows, n),
+                 "frame": lambda: timed(store.read_frame, n)}, reps)  # fmt: skip
 
 
 def bench_sqlite(
@@ -141,17 +141,11 @@ def bench_sqlite(
     write = best({"raw": raw, "ours": ours}, reps)
     store = stores[-1]
     again = best({"again": lambda: timed(lambda: store.write_windows(windows), n)}, 1)["again"]
-    path = str(store._engine.url.database)
-
-    def raw_read() -> float:
-        with sqlite3.connect(path) as con:
-            return timed(lambda: con.execute(READ_SQL).fetchall(), n)
-
-    read = best({"raw": raw_read, "ours": lambda: timed(store.read_windows, n)}, reps)
+    read = reads(store, n, reps)
     for s in stores:
         s.close()
     report("sqlite write", write["ours"], write["raw"], "sqlite3.executemany", again)
-    report("sqlite read ", read["ours"], read["raw"], "sqlite3 fetchall (tuples)")
+    report("sqlite read_frame", read["frame"], read["windows"], "read_windows")
 
 
 def bench_postgres(
@@ -169,7 +163,7 @@ def bench_postgres(
 
         def truncate() -> None:
             with psycopg.connect(dsn, autocommit=True) as con:
-                con.execute("TRUNCATE windows")
+                con.execute("TRUNCATE head, chunks, series")
 
         def raw_executemany() -> float:
             truncate()
@@ -193,32 +187,34 @@ def bench_postgres(
                         with (
                             con.transaction(),
                             con.cursor() as cur,
-                            cur.copy(f"COPY windows ({cols}) FROM STDIN") as copy,
+                            cur.copy(f"COPY head ({cols}) FROM STDIN") as copy,
                         ):
                             for row in tuples[i : i + batch]:
                                 copy.write_row(row)
 
                 return timed(go, n)
 
-        store = Store(url, batch_size=batch)
-
         def ours() -> float:
             truncate()
-            return timed(lambda: store.write_windows(windows), n)
+            fresh = Store(url, batch_size=batch)  # its caches of series ids made anew
+            stores.append(fresh)
+            return timed(lambda: fresh.write_windows(windows), n)
+
+        stores: list[Store] = []
 
         write = best({"raw": raw_executemany, "copy": raw_copy, "ours": ours}, reps)
+        truncate()
+        store = stores[-1] = Store(url, batch_size=batch)
+        store.write_windows(windows)
         again = timed(lambda: store.write_windows(windows), n)
 
-        def raw_read() -> float:
-            with psycopg.connect(dsn) as con:
-                return timed(lambda: con.execute(READ_SQL).fetchall(), n)
-
-        read = best({"raw": raw_read, "ours": lambda: timed(store.read_windows, n)}, reps)
-        store.close()
+        read = reads(store, n, reps)
+        for s in stores:
+            s.close()
         report("postgresql write", write["ours"], write["raw"], "psycopg.executemany", again)
         print(f"  postgresql COPY (no upsert, upper bound): {write['copy']:,.0f} rows/s "
               f"(Store = {write['ours'] / write['copy']:.2f}x)")  # fmt: skip
-        report("postgresql read ", read["ours"], read["raw"], "psycopg fetchall (tuples)")
+        report("postgresql read_frame", read["frame"], read["windows"], "read_windows")
 
 
 def report(what: str, ours: float, base: float, base_name: str, again: float | None = None) -> None:

@@ -30,12 +30,6 @@ from benchmarks import gitrev
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("collector", "planner", "dashboards", "api", "kvscope")
 _TIMINGS = {"seconds", "fit_seconds"}  # plan JSON keys timing the run itself (planner/)
-# `kvscope plan` with every window read through the rows, as before schema 6
-ROWS_PLAN = (
-    "import functools, sys; from store.frame import FrameReader; "
-    "FrameReader.read_frame = functools.partialmethod(FrameReader.read_frame, packed=False); "
-    "from kvscope.cli import main; sys.argv[0] = 'kvscope'; main()"
-)
 
 
 @dataclass(frozen=True)
@@ -70,25 +64,11 @@ def cli(url: str) -> list[str]:
     return [sys.executable, "-m", "kvscope.cli", *plan_args(url)]
 
 
-def rows_cli(url: str) -> list[str]:
-    """This checkout's ``kvscope plan`` reading every window as a row (SQLite's schema 5 path)."""
-    return [sys.executable, "-c", ROWS_PLAN, *plan_args(url)]
-
-
-def tree_cli(tree: Path, url: str, schema: int | None = None) -> list[str]:
-    """``kvscope plan`` of the packages in ``tree`` (checked to be the ones imported).
-
-    ``schema``: the version that code takes the store's to be (its own by default), for a
-    revision older than the store whose plan reads only tables the newer schema left as they
-    were (``windows`` and the inventory: a store of schema 7 read by a revision of schema 6)."""
-    accept = (
-        ""
-        if schema is None
-        else (f"import store.tables as m; m.SCHEMA_VERSION = max(m.SCHEMA_VERSION, {schema}); ")
-    )
+def tree_cli(tree: Path, url: str) -> list[str]:
+    """``kvscope plan`` of the packages in ``tree`` (checked to be the ones imported)."""
     code = (
         f"import sys; sys.path.insert(0, {str(tree)!r}); import collector, planner; "
-        f"assert collector.__file__.startswith({str(tree)!r}), collector.__file__; {accept}"
+        f"assert collector.__file__.startswith({str(tree)!r}), collector.__file__; "
         "from kvscope.cli import main; sys.argv[0] = 'kvscope'; main()"
     )
     return [sys.executable, "-c", code, *plan_args(url)]
