@@ -65,9 +65,10 @@ def _move(conn: Connection) -> None:
 
 def _rows(conn: Connection, has_buckets: bool) -> Iterator[tuple[str, str, tuple[Any, ...]]]:
     cols = ", ".join((*_VALUES, "buckets" if has_buckets else "NULL"))
-    result = conn.execution_options(stream_results=True, yield_per=10_000).execute(
-        text(f"SELECT source, series_key, {cols} FROM windows ORDER BY source, start, series_key")
+    query = text(
+        f"SELECT source, series_key, {cols} FROM windows ORDER BY source, start, series_key"
     )
+    result = conn.execute(query.execution_options(stream_results=True, yield_per=10_000))
     for r in result:
         yield str(r[0]), str(r[1]), tuple(r[2:])
 
