@@ -223,7 +223,7 @@ def test_spool_store_refusing_every_window_sets_nothing_aside(db: Outage, tmp_pa
     a read-only role) keeps them all spooled, none dropped, until it takes them again."""
     spool = Spool(tmp_path / "spool", store_id=db.store.url)
     with sqlite3.connect(db.home / "k.db") as con:
-        con.execute("CREATE TRIGGER ro BEFORE INSERT ON windows BEGIN "
+        con.execute("CREATE TRIGGER ro BEFORE INSERT ON head BEGIN "
                     "SELECT RAISE(ABORT, 'read-only'); END")  # fmt: skip
     errors = [spool.write(db.store, _windows(600.0 * i, 2)).error for i in range(5)]
     assert all(e is not None and not is_transient(e) and "read-only" in str(e) for e in errors)

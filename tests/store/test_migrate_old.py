@@ -81,9 +81,12 @@ def _old_store(tree: Path, url: str) -> list[list[Any]]:
 
 def _same(old: list[Any], new: Window) -> bool:
     fields = [getattr(new, k) for k in Window.__slots__][: len(old)]
-    for a, b in zip(old, fields, strict=True):
-        if isinstance(b, tuple):
-            a = tuple(tuple(x) if isinstance(x, list) else x for x in a)
+    for raw, b in zip(old, fields, strict=True):
+        a = (
+            tuple(tuple(x) if isinstance(x, list) else x for x in raw)
+            if isinstance(b, tuple)
+            else raw
+        )
         if isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b):
             continue
         if a != b:
