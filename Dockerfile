@@ -15,6 +15,7 @@ WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY core ./core
 COPY collector ./collector
+COPY store ./store
 COPY planner ./planner
 COPY dashboards ./dashboards
 COPY api ./api

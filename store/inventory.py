@@ -20,6 +20,7 @@ from store import chunks, partitions
 from store.tables import (
     OFFLOAD_MODES,
     TARGET_KINDS,
+    Chunk5mRow,
     ChunkRow,
     ClusterRow,
     EngineChange,
@@ -325,7 +326,7 @@ class Inventory:
         self._require_schema()
         tables = (
             ClusterRow, EngineRow, EngineChangeRow, TargetRow, ScrapeOutcomeRow, SeriesRow,
-            HeadRow, ChunkRow, PlanRow, RollupStateRow,
+            HeadRow, ChunkRow, Chunk5mRow, PlanRow, RollupStateRow,
         )  # fmt: skip
         with self._tx("reading statistics") as conn:
             counts = {
@@ -335,8 +336,9 @@ class Inventory:
             per_signal: dict[str, list[int]] = {}
             c, h, sr = ChunkRow, HeadRow, SeriesRow
             in_chunks = select(c.series_id, c.n.label("n"))
+            in_tier = select(Chunk5mRow.series_id, Chunk5mRow.n.label("n"))
             in_head = select(h.series_id, literal(1).label("n"))
-            held = union_all(in_chunks, in_head).subquery()
+            held = union_all(in_chunks, in_tier, in_head).subquery()
             for signal, n, k in conn.execute(
                 select(sr.signal, func.sum(held.c.n), func.count(func.distinct(sr.id)))
                 .join(held, held.c.series_id == sr.id)
@@ -360,7 +362,7 @@ class Inventory:
 
 
 def _time_range(conn: Connection) -> tuple[float | None, float | None]:
-    """The first window's start and the last one's end, over the head and the chunks."""
+    """The first window's start and the last one's end, over the head and both tiers."""
     firsts: list[float] = []
     lasts: list[float] = []
     h = HeadRow
@@ -368,15 +370,15 @@ def _time_range(conn: Connection) -> tuple[float | None, float | None]:
     if lo is not None:
         firsts.append(float(lo))
         lasts.append(float(hi))
-    c = ChunkRow
-    for pick, into in ((func.min(c.hour), firsts), (func.max(c.hour), lasts)):
-        hour = conn.execute(select(pick)).scalar()
-        if hour is None:
-            continue
-        rows = [r for (data,) in conn.execute(select(c.data).where(c.hour == hour))
-                for r in chunks.decode(bytes(data))]  # fmt: skip
-        if into is firsts:
-            into.append(min(float(r[0]) for r in rows))
-        else:
-            into.append(max(float(r[0]) + float(r[1]) for r in rows))
+    for t, at in ((ChunkRow, ChunkRow.hour), (Chunk5mRow, Chunk5mRow.day)):
+        for pick, into in ((func.min(at), firsts), (func.max(at), lasts)):
+            when = conn.execute(select(pick)).scalar()
+            if when is None:
+                continue
+            rows = [r for (data,) in conn.execute(select(t.data).where(at == when))
+                    for r in chunks.decode(bytes(data))]  # fmt: skip
+            if into is firsts:
+                into.append(min(float(r[0]) for r in rows))
+            else:
+                into.append(max(float(r[0]) + float(r[1]) for r in rows))
     return (min(firsts) if firsts else None), (max(lasts) if lasts else None)

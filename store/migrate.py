@@ -67,12 +67,12 @@ def migrate(db: Database) -> int:
         version = db.read_version(conn)
         if version is not None and version > SCHEMA_VERSION:
             raise StoreError(db.version_message(version))
-        if db.dialect == "postgresql":  # chunks: partitioned, made by store.partitions
-            made = inspect(conn).has_table(partitions.PARENT)
-            tables = [t for t in Base.metadata.sorted_tables if t.name != partitions.PARENT]
+        if db.dialect == "postgresql":  # chunks, chunks_5m: partitioned (store.partitions)
+            missing = [p for p in partitions.PARENTS if not inspect(conn).has_table(p)]
+            tables = [t for t in Base.metadata.sorted_tables if t.name not in partitions.PARENTS]
             Base.metadata.create_all(conn, tables=tables, checkfirst=True)
-            if not made:
-                partitions.create(conn)
+            for parent in missing:
+                partitions.create(conn, parent)
         else:
             Base.metadata.create_all(conn, checkfirst=True)
         for step in range(SCHEMA_VERSION if version is None else version, SCHEMA_VERSION):

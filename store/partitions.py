@@ -1,7 +1,10 @@
-"""PostgreSQL's ``chunks``: range-partitioned on ``hour``, one partition per UTC day.
+"""PostgreSQL's ``chunks`` and ``chunks_5m``: range-partitioned on their time, one partition
+per UTC day.
 
-Partitions are named ``chunks_pYYYYMMDD`` and hold [day, day + 1) in epoch seconds. The
-writer makes the days of the hours it is about to seal before writing them
+``chunks`` is partitioned on ``hour``, ``chunks_5m`` (the downsampled tier) on ``day``.
+Partitions are named ``chunks_pYYYYMMDD`` (``chunks_5m_pYYYYMMDD``) and hold [day, day + 1)
+in epoch seconds; each day is made for both tables at once. The writer makes the days of
+the hours it is about to seal before writing them
 (:class:`DayPartitions`: once per day per Store, under an advisory lock so that writers
 racing for the same day both succeed). A partition is made as a free-standing table then
 attached, which locks the parent in SHARE UPDATE EXCLUSIVE mode (reads and writes go on)
@@ -26,10 +29,11 @@ from typing import cast
 from sqlalchemy import Column, Connection, Engine, MetaData, Table
 
 from core.errors import StoreError
-from store.tables import ChunkRow
+from store.tables import Chunk5mRow, ChunkRow
 
 DAY_S = 86_400
 PARENT = "chunks"
+PARENTS = ("chunks", "chunks_5m")
 _EPOCH = datetime.date(1970, 1, 1)
 MAX_ABS_START = 2.0**53  # |start| beyond this has no exact day bounds in a float8 range
 _PARTITION_LOCK = 0x6B76730070617274  # pg_advisory_xact_lock key: making partitions
@@ -37,13 +41,20 @@ _PRUNE_LOCK = 0x6B76730064726F70  # pg_advisory_lock key: dropping partitions
 _BOUND = re.compile(r"FOR VALUES FROM \((.+)\) TO \((.+)\)")
 
 
-PARTITIONED = Table(
-    "chunks",
-    MetaData(),
-    *(Column(c.name, c.type, nullable=c.nullable, primary_key=c.primary_key)
-      for c in cast(Table, ChunkRow.__table__).columns),
-    postgresql_partition_by="RANGE (hour)",
-)  # fmt: skip
+def _partitioned(model: Table, key: str) -> Table:
+    return Table(
+        model.name,
+        MetaData(),
+        *(Column(c.name, c.type, nullable=c.nullable, primary_key=c.primary_key)
+          for c in model.columns),
+        postgresql_partition_by=f"RANGE ({key})",
+    )  # fmt: skip
+
+
+PARTITIONED = {
+    "chunks": _partitioned(cast(Table, ChunkRow.__table__), "hour"),
+    "chunks_5m": _partitioned(cast(Table, Chunk5mRow.__table__), "day"),
+}
 
 
 def day_of(start: float) -> int:
@@ -79,9 +90,9 @@ def is_partitioned(conn: Connection, parent: str = PARENT) -> bool:
     )
 
 
-def create(conn: Connection) -> None:
-    """Create the partitioned ``chunks`` (no partition yet: the writers make them)."""
-    PARTITIONED.create(conn)
+def create(conn: Connection, parent: str) -> None:
+    """Create the partitioned ``parent`` (no partition yet: the writers make them)."""
+    PARTITIONED[parent].create(conn)
 
 
 def _schema(conn: Connection) -> str:
@@ -100,7 +111,7 @@ def make_days(conn: Connection, days: Iterable[int]) -> list[str]:
     schema = _schema(conn)
     wanted = sorted(set(days))
     made = []
-    for parent in (PARENT,):
+    for parent in PARENTS:
         attached = {p.name for p in partitions(conn, parent)}
         for day in wanted:
             name = partition_name(day, parent)

@@ -1,16 +1,17 @@
 """Window reads: the series asked for, then their chunks and head rows, as columns.
 
 :meth:`WindowReader.columns` is the one read every public read builds on: it finds the
-series (``series`` filtered by signal, source and cluster), reads the chunks of the hours
-that overlap [since, until) and the head rows in it, in one transaction (one snapshot on
-PostgreSQL), decodes the chunks a layout at a time (store/chunks.py) and keeps the windows
-with ``since <= start < until``. read_frame, read_windows, read_buckets and sum_buckets
-shape its answer.
+series (``series`` filtered by signal, source and cluster), reads the chunks of both tiers
+(1-minute hours, 5-minute days) that overlap [since, until) and the head rows in it, in one
+transaction (one snapshot on PostgreSQL), decodes the chunks a layout at a time
+(store/chunks.py) and keeps the windows with ``since <= start < until``. read_frame,
+read_windows, read_buckets and sum_buckets shape its answer.
 """
 
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -33,7 +34,7 @@ from store.frame import (
     series_filters,
     sort_order,
 )
-from store.tables import ChunkRow, HeadRow, SeriesRow
+from store.tables import Chunk5mRow, ChunkRow, HeadRow, SeriesRow
 
 if TYPE_CHECKING:
     import numpy.typing as npt
@@ -42,6 +43,7 @@ if TYPE_CHECKING:
     from store.columns import IntArray, RankFn
 
 _NUMERIC = chunks.COLUMNS  # start first
+DAY_S = 86_400.0
 
 
 @dataclass
@@ -269,7 +271,7 @@ def _fetch(
     until: float | None,
     only_buckets: bool,
 ) -> tuple[Sequence[Any], Sequence[Any]]:
-    """The chunks (series id, data) of the hours overlapping [since, until) and the head
+    """The chunks (series id, data) of both tiers overlapping [since, until) and the head
     rows in it, of the series ``conds`` select."""
     wanted = select(SeriesRow.id).where(*conds).scalar_subquery()
     c = ChunkRow
@@ -278,9 +280,18 @@ def _fetch(
         where.append(c.hour >= chunks.hour_of(since))
     if until is not None:
         where.append(c.hour < until)
-    chunk_rows = conn.execute(
+    chunk_rows = list(conn.execute(
         select(c.series_id, c.data).where(*where).order_by(c.series_id, c.hour)
-    ).all()
+    ))  # fmt: skip
+    t = Chunk5mRow  # the downsampled tier: a chunk a series and day
+    twhere: list[ColumnElement[bool]] = [t.series_id.in_(wanted)] if conds else []
+    if since is not None:
+        twhere.append(t.day >= math.floor(since / DAY_S) * DAY_S)
+    if until is not None:
+        twhere.append(t.day < until)
+    chunk_rows += conn.execute(
+        select(t.series_id, t.data).where(*twhere).order_by(t.series_id, t.day)
+    )
     h = HeadRow
     cols = [h.__table__.c[name] for name in ("series_id", *_NUMERIC, "buckets")]
     hwhere: list[ColumnElement[bool]] = [h.series_id.in_(wanted)] if conds else []

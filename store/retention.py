@@ -31,7 +31,7 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from core.errors import ConfigError, KvscopeError, StoreError
 from store import chunks, partitions
-from store.tables import ChunkRow, HeadRow, RollupStateRow, ScrapeOutcomeRow
+from store.tables import Chunk5mRow, ChunkRow, HeadRow, RollupStateRow, ScrapeOutcomeRow
 
 if TYPE_CHECKING:
     from contextlib import AbstractContextManager
@@ -39,6 +39,11 @@ if TYPE_CHECKING:
     from sqlalchemy import Engine
 
 log = logging.getLogger(__name__)
+# each tier of chunks: its table, its time column and the seconds one chunk spans
+TIERS: tuple[tuple[Any, Any, float], ...] = (
+    (ChunkRow, ChunkRow.hour, chunks.HOUR_S),
+    (Chunk5mRow, Chunk5mRow.day, float(partitions.DAY_S)),
+)
 PRUNE_EVERY_S = 3_600.0
 BATCH = 20_000
 
@@ -121,63 +126,54 @@ class RetentionStore:
                       len(dropped or ()))  # fmt: skip
 
     def _count_before(self, edge: float, cutoff: float, after: float) -> tuple[int, int]:
-        """What a prune would delete, but for the partitions it would drop (the chunks of
-        hours before ``after``)."""
-        c = ChunkRow
+        """What a prune would delete, but for the partitions it would drop (the chunks
+        before ``after``)."""
+        windows = 0
         with self._tx(f"counting what is before {cutoff:.0f}") as conn:
-            whole = conn.execute(
-                select(func.coalesce(func.sum(c.n), 0)).where(
-                    c.hour + chunks.HOUR_S <= edge, c.hour >= after
-                )
-            ).scalar_one()
-            split = 0
-            for (data,) in conn.execute(
-                select(c.data).where(c.hour < edge, c.hour + chunks.HOUR_S > edge)
-            ):
-                split += sum(1 for r in chunks.decode(bytes(data)) if r[0] < edge)
-            head = conn.execute(
+            for table, at, span in TIERS:
+                windows += int(conn.execute(
+                    select(func.coalesce(func.sum(table.n), 0)).where(at + span <= edge,
+                                                                       at >= after)
+                ).scalar_one())  # fmt: skip
+                for (data,) in conn.execute(select(table.data).where(at < edge, at + span > edge)):
+                    windows += sum(1 for r in chunks.decode(bytes(data)) if r[0] < edge)
+            windows += int(conn.execute(
                 select(func.count()).select_from(HeadRow).where(HeadRow.start < edge)
-            ).scalar_one()
+            ).scalar_one())  # fmt: skip
             outcomes = conn.execute(
                 select(func.count()).select_from(ScrapeOutcomeRow)
                 .where(ScrapeOutcomeRow.started < cutoff)
             ).scalar_one()  # fmt: skip
-        return int(whole) + split + int(head), int(outcomes)
+        return windows, int(outcomes)
 
     def _delete_chunks(self, edge: float, batch: int) -> int:
-        """The chunks wholly before ``edge`` deleted ``batch`` per transaction, those that
-        straddle it rewritten without their windows before it; the windows deleted."""
-        c = ChunkRow
+        """Each tier's chunks wholly before ``edge`` deleted ``batch`` per transaction, those
+        that straddle it rewritten without their windows before it; the windows deleted."""
         done = 0
-        while True:
-            with self._tx(f"pruning chunks before {edge:.0f}", write=True) as conn:
-                old = conn.execute(
-                    select(c.series_id, c.hour, c.n).where(c.hour + chunks.HOUR_S <= edge)
-                    .limit(batch)
-                ).all()  # fmt: skip
-                if old:
-                    keys = [(r[0], r[1]) for r in old]
-                    conn.execute(delete(c).where(tuple_(c.series_id, c.hour).in_(keys)))
-            done += sum(int(r[2]) for r in old)
-            if len(old) < batch:
-                break
-        with self._tx(f"pruning the chunk of the hour at {edge:.0f}", write=True) as conn:
-            split = conn.execute(
-                select(c.series_id, c.hour, c.data).where(
-                    c.hour < edge, c.hour + chunks.HOUR_S > edge
-                )
-            ).all()
-            for sid, hour, data in split:
-                rows = chunks.decode(bytes(data))
-                kept = [r for r in rows if r[0] >= edge]
-                done += len(rows) - len(kept)
-                if kept:
-                    conn.execute(
-                        update(c).where(c.series_id == sid, c.hour == hour)
-                        .values(n=len(kept), data=chunks.encode(kept))
-                    )  # fmt: skip
-                else:
-                    conn.execute(delete(c).where(c.series_id == sid, c.hour == hour))
+        for table, at, span in TIERS:
+            name = table.__tablename__
+            while True:
+                with self._tx(f"pruning {name} before {edge:.0f}", write=True) as conn:
+                    old = conn.execute(
+                        select(table.series_id, at, table.n).where(at + span <= edge).limit(batch)
+                    ).all()
+                    if old:
+                        keys = [(r[0], r[1]) for r in old]
+                        conn.execute(delete(table).where(tuple_(table.series_id, at).in_(keys)))
+                done += sum(int(r[2]) for r in old)
+                if len(old) < batch:
+                    break
+            with self._tx(f"pruning the {name} chunk at {edge:.0f}", write=True) as conn:
+                split = conn.execute(
+                    select(table.series_id, at, table.data).where(at < edge, at + span > edge)
+                ).all()
+                for sid, when, data in split:
+                    rows = chunks.decode(bytes(data))
+                    kept = [r for r in rows if r[0] >= edge]
+                    done += len(rows) - len(kept)
+                    which = delete(table) if not kept else update(table).values(
+                        n=len(kept), data=chunks.encode(kept))  # fmt: skip
+                    conn.execute(which.where(table.series_id == sid, at == when))
         return done
 
     def _delete_rows(self, table: Any, column: Any, cutoff: float, batch: int) -> int:
@@ -197,22 +193,30 @@ class RetentionStore:
     def _drop_partitions(
         self, cutoff: float, dry_run: bool
     ) -> tuple[list[partitions.Partition] | None, int]:
-        """PostgreSQL: the chunks' partitions wholly older than ``cutoff`` dropped (dry
-        run: found) and their windows; (None, 0) on SQLite."""
+        """PostgreSQL: each tier's partitions wholly older than ``cutoff`` dropped (dry
+        run: found) and their windows; (None, 0) on SQLite. The partitions counted are the
+        1-minute tier's (a day of each tier goes at once)."""
         if self.dialect != "postgresql":
             return None, 0
-        what = f"dropping the partitions of chunks before {cutoff:.0f}"
-        if dry_run:
-            with self._tx(what) as conn:
-                old = partitions.wholly_before(partitions.partitions(conn), cutoff)
-                return old, partitions.count_windows(conn, old)
-        try:
-            dropped, windows = partitions.drop_partitions_before(self._engine, cutoff)
-        except SQLAlchemyError as exc:
-            reason = str(getattr(exc, "orig", None) or exc).strip().splitlines()[0]
-            raise StoreError(f"{what} failed on {self.url}: {reason}") from exc
-        self._partitions.forget(p.day for p in dropped if p.day is not None)
-        return dropped, windows
+        found: list[partitions.Partition] = []
+        windows = 0
+        for parent in partitions.PARENTS:
+            what = f"dropping the partitions of {parent} before {cutoff:.0f}"
+            if dry_run:
+                with self._tx(what) as conn:
+                    old = partitions.wholly_before(partitions.partitions(conn, parent), cutoff)
+                    n = partitions.count_windows(conn, old)
+            else:
+                try:
+                    old, n = partitions.drop_partitions_before(self._engine, cutoff, parent)
+                except SQLAlchemyError as exc:
+                    reason = str(getattr(exc, "orig", None) or exc).strip().splitlines()[0]
+                    raise StoreError(f"{what} failed on {self.url}: {reason}") from exc
+                self._partitions.forget(p.day for p in old if p.day is not None)
+            windows += n
+            if parent == partitions.PARENT:
+                found = old
+        return found, windows
 
 
 class Pruner:

@@ -5,7 +5,8 @@ round-trips exactly on both backends. Windows are kept once: ``series`` names ea
 each source by an integer; ``head`` holds the windows of the hours still written, one row
 each, unique on (series, start); ``chunks`` the windows of each closed hour of a series as
 one compressed columnar value (store/chunks.py), unique on (series, hour). On PostgreSQL
-``chunks`` is range-partitioned by day on ``hour`` (store/partitions.py).
+``chunks`` is range-partitioned by day on ``hour`` (store/partitions.py). ``chunks_5m``, the
+downsampled tier, holds older days as 5-minute windows, one chunk per series and day.
 """
 
 from __future__ import annotations
@@ -199,6 +200,19 @@ class ChunkRow(Base):
 
     series_id: Mapped[int] = mapped_column(Integer, primary_key=True)
     hour: Mapped[float] = mapped_column(Double, primary_key=True)
+    n: Mapped[int] = mapped_column(Integer, nullable=False)  # its windows
+    data: Mapped[bytes] = mapped_column(LargeBinary, nullable=False)
+
+
+class Chunk5mRow(Base):
+    """The downsampled tier: one series' 5-minute windows of one UTC day (``day``: its
+    start, epoch s), in the chunk format (store/downsample.py). On PostgreSQL partitioned
+    by day like ``chunks``."""
+
+    __tablename__ = "chunks_5m"
+
+    series_id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    day: Mapped[float] = mapped_column(Double, primary_key=True)
     n: Mapped[int] = mapped_column(Integer, nullable=False)  # its windows
     data: Mapped[bytes] = mapped_column(LargeBinary, nullable=False)
 

@@ -35,7 +35,7 @@ import pytest
 from planner.simulate.scenarios import bundled_names
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("core", "collector", "planner", "dashboards", "api", "kvscope")
+PACKAGES = ("core", "collector", "store", "planner", "dashboards", "api", "kvscope")
 DATA_SUFFIXES = frozenset({".yaml", ".jsonl", ".md", ".json"})  # .json: dashboards/generated
 STUDY_MODULES = frozenset({"accuracy", "fitsynth", "telemetry_gen"})  # benchmarks/accuracy/
 RUN_TIME_DATA = (

@@ -70,7 +70,7 @@ __all__ = ["EVIDENCE_GAPS", "HOURS_PER_MONTH", "build_plan", "lmcache_up_fractio
 
 def _no_data(store: Store, cluster: str | None, since: float | None) -> NoData:
     stats = store.stats()
-    if not stats["rows"].get("windows"):
+    if not stats["windows"]:
         return NoData(f"the store {store.url} holds no windows yet: run `kvscope collect` first")
     where = f" of cluster {cluster!r}" if cluster else ""
     when = f" since {_iso(since)}" if since is not None else ""
