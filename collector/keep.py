@@ -19,7 +19,6 @@ from core.records import Window
 # None: keep every window; else the signal names kept.
 Keep = frozenset[str] | None
 KEEP_CHOICES: dict[str, Keep] = {"used": STORED_SIGNALS, "all": None}
-DEFAULT_KEEP = "used"
 
 
 def parse_keep(choice: str, what: str = "--keep") -> Keep:
