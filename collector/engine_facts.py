@@ -40,8 +40,8 @@ from collector.dcgm import GpuFacts
 from collector.engine_rules import EngineRules
 from core.catalog import FACTS, SIGNALS
 
-__all__ = ["ENGINE_FACTS", "OFF_SIZES", "Described", "assumed_facts", "describe", "engine_facts_of",
-           "offload_from_facts"]  # fmt: skip
+__all__ = ["ENGINE_FACTS", "OFF_SIZES", "PRESENCE_SIGNALS", "Described", "assumed_facts",
+           "describe", "engine_facts_of", "offload_from_facts"]  # fmt: skip
 
 CACHE_CONFIG, KV_OFFLOAD_CONFIG = "cache_config", "kv_offload_config"  # catalog.FACTS keys
 ENGINE_FACTS = (CACHE_CONFIG, KV_OFFLOAD_CONFIG)  # the fact families a vLLM engine exposes
@@ -51,6 +51,9 @@ _MODES = ("native", "lmcache")
 _NATIVE_SIGNALS = ("offload_bytes_total", "offload_seconds_total")
 # the LMCache connector's series on the engine's own /metrics: vLLM-source LMCache signals
 _LMCACHE_SIGNALS = tuple(n for n, d in SIGNALS.items() if d.source == "vllm" and "lmcache" in n)
+# the signals whose presence the offload mode reads (Prometheus mode queries them whatever
+# it keeps: collector.keep)
+PRESENCE_SIGNALS = _NATIVE_SIGNALS + _LMCACHE_SIGNALS
 _INTS = ("num_gpu_blocks", "block_size", "num_cpu_blocks")
 
 Rows = Mapping[str, Sequence[Mapping[str, str]]]

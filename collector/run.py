@@ -1,9 +1,10 @@
 """The collect loop: scrape (or query Prometheus) on a fixed tick, roll up, write to the store.
 
 Direct mode: every ``interval_s`` all targets are scraped concurrently; each target has its
-own :class:`~collector.rollup.Rollup`; closed windows and every scrape outcome are written to
-the store. Ticks sit on multiples of the interval (no drift); a tick whose scrape is still
-running when the next one is due makes that next tick be skipped and counted, never overlap.
+own :class:`~collector.rollup.Rollup`; closed windows (of the kept signals: collector.keep)
+and every scrape outcome are written to the store. Ticks sit on multiples of the interval
+(no drift); a tick whose scrape is still running when the next one is due makes that next
+tick be skipped and counted, never overlap.
 With ``store_targets`` the targets table is re-read at every tick and its vllm/lmcache rows
 are scraped besides the targets file's (a file target wins a name clash): a target
 registered through the API is scraped from the next tick on, a deleted one is no longer
@@ -49,6 +50,7 @@ from collector.engine_facts import describe, engine_facts_of
 from collector.engine_rules import EngineRules
 from collector.file_sd import Discovered, FileSD
 from collector.health import CollectorHealth
+from collector.keep import Keep, kept_windows
 from collector.rollup import Rollup
 from collector.shard import Shard
 from collector.sources import (
@@ -63,6 +65,7 @@ from collector.sources import (
 )
 from collector.spool import Spool, SpoolCounts
 from collector.urlguard import URLPolicy
+from core.catalog import STORED_SIGNALS
 from core.errors import ConfigError, KvscopeError
 from core.records import ScrapeOutcome, Snapshot, Window
 from store.retention import Pruner
@@ -294,7 +297,9 @@ class _Direct:
         drain_budget_s: float | None = None,
         shard: Shard | None = None,
         handoff: bool = False,
+        keep: Keep = STORED_SIGNALS,
     ):
+        self.keep = keep  # the signals written (collector.keep; None: all)
         self.shard = shard  # splits file_sd's and the store's targets at every tick
         self.handoff = handoff  # take and leave roll-up states in the store (store.handoff)
         self.targets = targets
@@ -535,6 +540,7 @@ class _Direct:
         loop's), then these (spooled when refused)."""
         if self.leftover:
             windows, self.leftover = [*self.leftover, *windows], []
+        windows = list(kept_windows(windows, self.keep))
         budget = self.drain_budget_s if budget_s is None else budget_s
         done = self.spool.write(self.sink, windows, outcomes, budget_s=budget)
         self.stats.windows_written += done.windows
@@ -587,6 +593,7 @@ async def collect_direct(
     checkpoint_s: float = 0.0,
     shard: Shard | None = None,
     pruner: Pruner | None = None,
+    keep: Keep = STORED_SIGNALS,
 ) -> CollectStats:
     """Scrape ``targets`` every ``interval_s`` into ``store`` until stopped; see module doc.
 
@@ -627,6 +634,9 @@ async def collect_direct(
 
     ``pruner``: delete what is older than the retention, at the start and every hour, in a
     worker thread (store.retention).
+
+    ``keep``: the signals whose windows are written, spooled included (collector.keep; the
+    default: the ones kvscope reads back; None: all).
     """
     if not (math.isfinite(interval_s) and interval_s > 0):
         raise ConfigError(f"scrape interval must be > 0 seconds, got {interval_s}")
@@ -640,7 +650,7 @@ async def collect_direct(
     state = _Direct(
         targets, store, window_s, stats, health, rules=engine_rules, file_sd=file_sd,
         spool=spool, checkpoints=checkpoints, checkpoint_s=checkpoint_s, clock=clock,
-        drain_budget_s=max(0.5, 0.5 * interval_s), shard=shard, handoff=not once,
+        drain_budget_s=max(0.5, 0.5 * interval_s), shard=shard, handoff=not once, keep=keep,
     )  # fmt: skip
     async with ClientPool() as client:
         index = math.floor(clock() / interval_s)  # the first tick runs at once

@@ -6,6 +6,8 @@ range longer than ``BACKFILL_CHUNK_S`` (the back-fill, a poll after an outage) i
 written one chunk after the other, so memory stays bounded however long ``since`` is.
 Every source (``instance`` label) seen is registered as a target of the cluster, and as an
 engine when it serves vLLM signals, so cluster-scoped reads of the store find its windows.
+Only the kept signals are queried and written (collector.keep), besides the few whose
+presence tells an engine's offload mode (queried, never written).
 
 Faults: the cursor (the start of the windows not yet read) moves only once a poll's windows
 are written. A poll whose windows query fails for any reason — Prometheus down or restarting
@@ -29,9 +31,10 @@ from collector.dcgm import engine_gpus
 from collector.engine_facts import ENGINE_FACTS, Described, describe, engine_facts_of
 from collector.engine_rules import EngineRules
 from collector.health import CollectorHealth
+from collector.keep import Keep, kept_windows, query_signals
 from collector.promsource import PrometheusSource
 from collector.run import CollectStats, Progress, next_tick, sleep_until, unless_stopped
-from core.catalog import DERIVED_RATIOS, SIGNALS
+from core.catalog import DERIVED_RATIOS, SIGNALS, STORED_SIGNALS
 from core.errors import ConfigError, KvscopeError, ScrapeError
 from core.records import Window
 from store.retention import Pruner
@@ -64,6 +67,7 @@ async def collect_prometheus(
     engine_rules: EngineRules | None = None,
     pruner: Pruner | None = None,
     chunk_s: float = BACKFILL_CHUNK_S,
+    keep: Keep = STORED_SIGNALS,
 ) -> CollectStats:
     """Back-fill windows of ``[now - since_s, now - settle_s]``, then poll every ``interval_s``.
 
@@ -75,6 +79,7 @@ async def collect_prometheus(
     ``chunk_s``: a longer range (the back-fill, a poll after an outage) is read and written
     this much at a time (rounded down to whole windows, at least one), so memory and each
     query's size stay bounded whatever ``since_s`` is.
+    ``keep``: the signals queried and written (collector.keep; None: all).
     """
     if not (math.isfinite(interval_s) and interval_s > 0):
         raise ConfigError(f"poll interval must be > 0 seconds, got {interval_s}")
@@ -97,6 +102,7 @@ async def collect_prometheus(
     failed = 0  # polls failed in a row
     chunk = max(1, math.floor(chunk_s / window_s)) * window_s
     windows: list[Window] | None = []
+    signals = query_signals(keep)
     while not stop.is_set():
         began = time.time()
         end = math.floor((began - settle_s) / window_s) * window_s
@@ -106,7 +112,7 @@ async def collect_prometheus(
             t0 = time.perf_counter()
             try:
                 windows = await unless_stopped(
-                    asyncio.to_thread(source.windows, cursor, upto, window_s), stop
+                    asyncio.to_thread(source.windows, cursor, upto, window_s, signals), stop
                 )
                 if health is not None and windows is not None:
                     health.scraped(source.url, "up", time.perf_counter() - t0)
@@ -154,7 +160,7 @@ async def collect_prometheus(
             )  # fmt: skip
             written_before = stats.windows_written
             try:
-                stats.windows_written += store.write_windows(windows)
+                stats.windows_written += store.write_windows(kept_windows(windows, keep))
                 cursor = upto
             except KvscopeError as exc:
                 stats.store_errors += 1

@@ -86,7 +86,9 @@ class SignalDef:
     ``exported`` is the family of the first spelling (what vLLM 0.33.0 / LMCache 0.5.6
     expose today), ``aliases`` every other family name, ``labels`` the label names of the
     exported spelling plus canonical ones (``direction``), ``buckets`` the finite histogram
-    upper bounds the current exporter uses (simulators render them).
+    upper bounds the current exporter uses (simulators render them). ``stored``: kvscope
+    reads the signal's windows back from the store (the planner, the API), so the collector
+    writes them by default (STORED_SIGNALS; ``kvscope collect --keep all`` writes every one).
     """
 
     name: str
@@ -97,6 +99,7 @@ class SignalDef:
     spellings: tuple[Spelling, ...]
     buckets: tuple[float, ...] = ()
     keep_buckets: bool = False
+    stored: bool = False
     exported: str = field(init=False)
     aliases: tuple[str, ...] = field(init=False)
     labels: tuple[str, ...] = field(init=False)
@@ -218,33 +221,37 @@ def _s(
     source: Source = "vllm",
     buckets: tuple[float, ...] = (),
     keep_buckets: bool = False,
+    stored: bool = False,
 ) -> SignalDef:
-    return SignalDef(name, kind, unit, help_, source, spellings, buckets, keep_buckets)
+    return SignalDef(name, kind, unit, help_, source, spellings, buckets, keep_buckets, stored)
 
 
 _C: SignalKind = "counter"
 _G: SignalKind = "gauge"
 _H: SignalKind = "histogram"
 
+# stored=True: a signal kvscope reads back from the store (the plan, the API's signals, the
+# residency histograms); tests/collector/test_keep.py checks every reader's list against it.
 _TABLE: tuple[SignalDef, ...] = (
     # ---- vLLM engine: scheduler / KV cache -------------------------------------------------
     _s("preemptions_total", _C, "preemptions", "Requests preempted by the engine (KV pressure).",
-       _sp("vllm:num_preemptions")),
+       _sp("vllm:num_preemptions"), stored=True),
     _s("kv_cache_usage_ratio", _G, "ratio", "GPU KV-cache usage, 0-1 fraction despite 'perc'.",
-       _sp("vllm:kv_cache_usage_perc"), _sp("vllm:gpu_cache_usage_perc", rank=1)),
+       _sp("vllm:kv_cache_usage_perc"), _sp("vllm:gpu_cache_usage_perc", rank=1), stored=True),
     _s("prefix_cache_queries_total", _C, "tokens", "Local prefix-cache queries (prompt tokens).",
-       _sp("vllm:prefix_cache_queries"), _sp("vllm:gpu_prefix_cache_queries", rank=1)),
+       _sp("vllm:prefix_cache_queries"), _sp("vllm:gpu_prefix_cache_queries", rank=1), stored=True),
     _s("prefix_cache_hits_total", _C, "tokens", "Local prefix-cache hits (cached tokens).",
-       _sp("vllm:prefix_cache_hits"), _sp("vllm:gpu_prefix_cache_hits", rank=1)),
+       _sp("vllm:prefix_cache_hits"), _sp("vllm:gpu_prefix_cache_hits", rank=1), stored=True),
     _s("external_prefix_cache_queries_total", _C, "tokens",
        "KV-connector (LMCache, offload, NIXL) queries: tokens not found locally (0.12+).",
-       _sp("vllm:external_prefix_cache_queries")),
+       _sp("vllm:external_prefix_cache_queries"), stored=True),
     _s("external_prefix_cache_hits_total", _C, "tokens",
-       "Tokens the KV connector supplies (0.12+).", _sp("vllm:external_prefix_cache_hits")),
+       "Tokens the KV connector supplies (0.12+).", _sp("vllm:external_prefix_cache_hits"),
+       stored=True),
     _s("prompt_tokens_total", _C, "tokens", "Prompt tokens processed (computed + cached).",
-       _sp("vllm:prompt_tokens")),
+       _sp("vllm:prompt_tokens"), stored=True),
     _s("generation_tokens_total", _C, "tokens", "Generation tokens produced.",
-       _sp("vllm:generation_tokens")),
+       _sp("vllm:generation_tokens"), stored=True),
     _s("prompt_tokens_cached_total", _C, "tokens", "Cached prompt tokens, local+external (0.16+).",
        _sp("vllm:prompt_tokens_cached")),
     _s("prompt_tokens_by_source_total", _C, "tokens",
@@ -254,28 +261,28 @@ _TABLE: tuple[SignalDef, ...] = (
        "Prefix-cache hit tokens by tier: device|host|disk|p2p|external_unspecified (0.32+).",
        _sp("vllm:prompt_tokens_cached_by_source", (*_V, "source"))),
     _s("prompt_tokens_recomputed_total", _C, "tokens", "Prompt tokens recomputed (0.16-0.19).",
-       _sp("vllm:prompt_tokens_recomputed")),
+       _sp("vllm:prompt_tokens_recomputed"), stored=True),
     _s("request_success_total", _C, "requests", "Finished requests by finished_reason.",
-       _sp("vllm:request_success", ("engine", "finished_reason", "model_name"))),
+       _sp("vllm:request_success", ("engine", "finished_reason", "model_name")), stored=True),
     _s("admission_rejections_total", _C, "requests",
        "Admissions rejected by a queue limit, by reason (0.32+).",
        _sp("vllm:admission_rejections", ("model_name", "reason"))),
     _s("requests_running", _G, "requests", "Requests in model execution batches.",
-       _sp("vllm:num_requests_running")),
+       _sp("vllm:num_requests_running"), stored=True),
     _s("requests_waiting", _G, "requests", "Requests waiting (capacity + deferred).",
-       _sp("vllm:num_requests_waiting")),
+       _sp("vllm:num_requests_waiting"), stored=True),
     _s("requests_waiting_by_reason", _G, "requests", "Waiting requests by reason (0.20+).",
        _sp("vllm:num_requests_waiting_by_reason", (*_V, "reason"))),
     # ---- vLLM engine: latency and size histograms ------------------------------------------
     _s("ttft_seconds", _H, "seconds", "Time to first token.",
-       _sp("vllm:time_to_first_token_seconds"), buckets=TTFT_BUCKETS),
+       _sp("vllm:time_to_first_token_seconds"), buckets=TTFT_BUCKETS, stored=True),
     _s("inter_token_latency_seconds", _H, "seconds", "Inter-token latency.",
        _sp("vllm:inter_token_latency_seconds"),
        _sp("vllm:time_per_output_token_seconds", rank=1), buckets=ITL_BUCKETS),
     _s("request_tpot_seconds", _H, "seconds", "Per-request mean time per output token.",
        _sp("vllm:request_time_per_output_token_seconds"), buckets=ITL_BUCKETS),
     _s("e2e_latency_seconds", _H, "seconds", "End-to-end request latency.",
-       _sp("vllm:e2e_request_latency_seconds"), buckets=REQUEST_LATENCY_BUCKETS),
+       _sp("vllm:e2e_request_latency_seconds"), buckets=REQUEST_LATENCY_BUCKETS, stored=True),
     _s("queue_time_seconds", _H, "seconds", "Time spent WAITING.",
        _sp("vllm:request_queue_time_seconds"), buckets=REQUEST_LATENCY_BUCKETS),
     _s("inference_time_seconds", _H, "seconds", "Time spent RUNNING.",
@@ -285,7 +292,7 @@ _TABLE: tuple[SignalDef, ...] = (
     _s("decode_time_seconds", _H, "seconds", "Time spent in DECODE.",
        _sp("vllm:request_decode_time_seconds"), buckets=REQUEST_LATENCY_BUCKETS),
     _s("request_prompt_tokens", _H, "tokens", "Prompt length per request.",
-       _sp("vllm:request_prompt_tokens"), buckets=TOKEN_BUCKETS),
+       _sp("vllm:request_prompt_tokens"), buckets=TOKEN_BUCKETS, stored=True),
     _s("request_generation_tokens", _H, "tokens", "Generation length per request.",
        _sp("vllm:request_generation_tokens"), buckets=TOKEN_BUCKETS),
     _s("request_prefill_kv_computed_tokens", _H, "tokens",
@@ -298,12 +305,14 @@ _TABLE: tuple[SignalDef, ...] = (
     # the KV residency families keep their bucket counts per window (keep_buckets): the
     # planner's hit-ratio-vs-capacity curve reads the reuse-gap distribution, not quantiles
     _s("kv_block_lifetime_seconds", _H, "seconds", "KV block lifetime (--kv-cache-metrics).",
-       _sp("vllm:kv_block_lifetime_seconds"), buckets=KV_RESIDENCY_BUCKETS, keep_buckets=True),
+       _sp("vllm:kv_block_lifetime_seconds"), buckets=KV_RESIDENCY_BUCKETS, keep_buckets=True,
+       stored=True),
     _s("kv_block_idle_before_evict_seconds", _H, "seconds", "KV block idle time before eviction.",
        _sp("vllm:kv_block_idle_before_evict_seconds"), buckets=KV_RESIDENCY_BUCKETS,
-       keep_buckets=True),
+       keep_buckets=True, stored=True),
     _s("kv_block_reuse_gap_seconds", _H, "seconds", "Gap between accesses of a KV block.",
-       _sp("vllm:kv_block_reuse_gap_seconds"), buckets=KV_RESIDENCY_BUCKETS, keep_buckets=True),
+       _sp("vllm:kv_block_reuse_gap_seconds"), buckets=KV_RESIDENCY_BUCKETS, keep_buckets=True,
+       stored=True),
     # ---- vLLM native KV offloading (OffloadingConnector, 0.16+/0.24+) -----------------------
     _s("offload_bytes_total", _C, "bytes", "Bytes moved by KV offload; direction load=CPU->GPU.",
        _load("vllm:kv_offload_load_bytes"), _store("vllm:kv_offload_store_bytes"),
@@ -315,7 +324,7 @@ _TABLE: tuple[SignalDef, ...] = (
        _load("vllm:kv_offload_load_size"), _store("vllm:kv_offload_store_size"),
        _by_transfer_type("vllm:kv_offload_size"), buckets=OFFLOAD_SIZE_BUCKETS),
     _s("offload_cpu_usage_ratio", _G, "ratio", "CPU KV space pinned by active transfers (0-1).",
-       _sp("vllm:kv_offload_cpu_cache_usage_perc")),
+       _sp("vllm:kv_offload_cpu_cache_usage_perc"), stored=True),
     _s("offload_cpu_write_usage_ratio", _G, "ratio", "CPU KV space pinned by in-flight stores.",
        _sp("vllm:kv_offload_cpu_cache_write_usage_perc")),
     _s("offload_cpu_read_usage_ratio", _G, "ratio", "CPU KV space pinned by in-flight loads.",
@@ -329,10 +338,10 @@ _TABLE: tuple[SignalDef, ...] = (
     # ---- LMCache (MP server `lmcache_mp_*` first, legacy in-process `lmcache:*`) ------------
     _s("lmcache_requested_tokens_total", _C, "tokens", "Tokens looked up / requested in LMCache.",
        _sp("lmcache_mp_lookup_requested_tokens", ("cache_salt", "model_name")),
-       _sp("lmcache:num_requested_tokens", _LEG), source="lmcache"),
+       _sp("lmcache:num_requested_tokens", _LEG), source="lmcache", stored=True),
     _s("lmcache_hit_tokens_total", _C, "tokens", "Tokens found in LMCache (contiguous prefix).",
        _sp("lmcache_mp_lookup_hit_tokens", ("cache_salt", "model_name")),
-       _sp("lmcache:num_hit_tokens", _LEG), source="lmcache"),
+       _sp("lmcache:num_hit_tokens", _LEG), source="lmcache", stored=True),
     _s("lmcache_hit_l1_tokens_total", _C, "tokens", "Hit tokens served from L1 (MP 0.5.5+).",
        _sp("lmcache_mp_lookup_hit_l1_tokens", ("cache_salt", "model_name")), source="lmcache"),
     _s("lmcache_hit_l2_tokens_total", _C, "tokens", "Hit tokens L2 added beyond L1 (MP 0.5.5+).",
@@ -344,21 +353,21 @@ _TABLE: tuple[SignalDef, ...] = (
        _sp("lmcache:num_stored_tokens", _LEG), source="lmcache"),
     _s("lmcache_l1_usage_bytes", _G, "bytes", "L1 (CPU DRAM) bytes in use.",
        _sp("lmcache_mp_l1_memory_usage_bytes", ("backend", "l1_tag")),
-       _sp("lmcache:local_cache_usage", _LEG), source="lmcache"),
+       _sp("lmcache:local_cache_usage", _LEG), source="lmcache", stored=True),
     _s("lmcache_l1_usage_ratio", _G, "ratio", "L1 used/total (0-1).",
-       _sp("lmcache_mp_l1_usage_ratio", ("backend", "l1_tag")), source="lmcache"),
+       _sp("lmcache_mp_l1_usage_ratio", ("backend", "l1_tag")), source="lmcache", stored=True),
     _s("lmcache_l1_read_chunks_total", _C, "chunks", "Chunks read from L1.",
        _sp("lmcache_mp_l1_read_chunks", ("l1_tag",)), source="lmcache"),
     _s("lmcache_l1_write_chunks_total", _C, "chunks", "Chunks written to L1.",
        _sp("lmcache_mp_l1_write_chunks", ("cache_salt", "l1_tag")), source="lmcache"),
     _s("lmcache_l1_evicted_chunks_total", _C, "chunks", "Chunks (legacy: keys) evicted from L1.",
        _sp("lmcache_mp_l1_evicted_chunks", ("l1_tag",)),
-       _sp("lmcache:local_cpu_evict_keys_count", _LEG), source="lmcache"),
+       _sp("lmcache:local_cpu_evict_keys_count", _LEG), source="lmcache", stored=True),
     _s("lmcache_l1_allocation_failures_total", _C, "chunks", "L1 allocation failures (OOM).",
        _sp("lmcache_mp_l1_allocation_failure_chunks", ("during", "model_name")), source="lmcache"),
     _s("lmcache_l1_chunk_reuse_gap_seconds", _H, "seconds", "Gap between touches of an L1 chunk.",
        _sp("lmcache_mp_l1_chunk_reuse_gap_seconds", ("l1_tag",)),
-       source="lmcache", buckets=LMCACHE_L1_LIFECYCLE_BUCKETS, keep_buckets=True),
+       source="lmcache", buckets=LMCACHE_L1_LIFECYCLE_BUCKETS, keep_buckets=True, stored=True),
     _s("lmcache_l2_store_completed_chunks_total", _C, "chunks", "Chunks stored to L2.",
        _sp("lmcache_mp_l2_store_completed_objects_chunks", ()), source="lmcache"),
     _s("lmcache_l2_load_completed_chunks_total", _C, "chunks", "Chunks loaded from L2.",
@@ -382,7 +391,7 @@ _TABLE: tuple[SignalDef, ...] = (
     _s("lmcache_remote_usage_bytes", _G, "bytes", "Remote tier bytes (legacy).",
        _sp("lmcache:remote_cache_usage", _LEG), source="lmcache"),
     _s("lmcache_healthy", _G, "bool", "1 healthy, 0 unhealthy (legacy, internal API server only).",
-       _sp("lmcache:lmcache_is_healthy", _LEG), source="lmcache"),
+       _sp("lmcache:lmcache_is_healthy", _LEG), source="lmcache", stored=True),
     # ---- production-stack router (re-uses `vllm:`; samples carry `server`, never `engine`) --
     _s("router_requests_running", _G, "requests", "Router-observed running requests per backend.",
        _sp("vllm:num_requests_running", ("server",)), source="router"),
@@ -412,6 +421,13 @@ DERIVED_RATIOS: tuple[tuple[str, str, str], ...] = (
         "external_prefix_cache_queries_total",
     ),
     ("lmcache_hit_ratio", "lmcache_hit_tokens_total", "lmcache_requested_tokens_total"),
+)
+
+# What the collector writes by default (kvscope collect --keep used): the stored signals and
+# the derived ratios of two stored counters.
+STORED_SIGNALS: frozenset[str] = frozenset(
+    [s.name for s in _TABLE if s.stored]
+    + [r for r, num, den in DERIVED_RATIOS if SIGNALS[num].stored and SIGNALS[den].stored]
 )
 
 # Router families that collide with OLD engine names but feed no signal: the router's

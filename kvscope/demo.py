@@ -33,6 +33,7 @@ from urllib.parse import quote
 from core.errors import ConfigError
 
 if TYPE_CHECKING:
+    from collector.keep import Keep
     from collector.run import CollectStats
     from collector.sources import TargetSet
     from planner.plan import Plan
@@ -58,6 +59,7 @@ class DemoOptions:
     seed: int = 1
     scenario: str | Path = DEFAULT_SCENARIO  # a file or a bundled scenario name
     horizon_s: float = 86_400.0
+    keep: str = "used"  # the signals stored: used or all (collector.keep)
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -231,6 +233,7 @@ def _collect(
     speed: float,
     epoch0: float,
     err: IO[str],
+    keep: Keep,
 ) -> CollectStats:
     from collector.run import collect_direct, run_until_signalled
 
@@ -251,6 +254,7 @@ def _collect(
             progress=progress,
             clock=clock,
             sleep=clock.sleep_until,
+            keep=keep,
         )
     )
     progress(stats, final=True)
@@ -293,6 +297,7 @@ def _serve_and_collect(
 ) -> _Collected:
     """Serve the simulated cluster on 127.0.0.1 and collect it; the servers are closed on
     the way out, whatever happens."""
+    from collector.keep import parse_keep
     from collector.sources import parse_targets
     from planner.simulate.serve import ClusterServer, LiveCluster, targets_document
 
@@ -318,7 +323,15 @@ def _serve_and_collect(
             flush=True,
         )
         epoch0 = math.floor((time.time() - duration) / EPOCH_ALIGN_S) * EPOCH_ALIGN_S
-        stats = _collect(live, targets, store, speed=opts.speed, epoch0=epoch0, err=err)
+        stats = _collect(
+            live,
+            targets,
+            store,
+            speed=opts.speed,
+            epoch0=epoch0,
+            err=err,
+            keep=parse_keep(opts.keep),
+        )
     finally:
         server.close()
     return _Collected(doc, targets.cluster, epoch0, stats)
@@ -340,6 +353,9 @@ def run_demo(opts: DemoOptions, *, err: IO[str] | None = None) -> DemoResult:
     t0 = time.monotonic()
     if not (math.isfinite(opts.speed) and opts.speed > 0):
         raise ConfigError(f"--speed must be > 0, got {opts.speed!r}")
+    from collector.keep import parse_keep
+
+    parse_keep(opts.keep)  # a bad --keep fails before the store is reset
     scenario = load_demo_scenario(opts.scenario, opts.sim_hours, opts.seed)
     duration = scenario.duration_s
     fresh_sqlite(opts.db)

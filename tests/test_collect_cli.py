@@ -99,6 +99,7 @@ def test_collect_once_prints_json_summary(tmp_path: Path) -> None:
     summary = json.loads(proc.stdout)
     assert summary["ticks"] == 1 and summary["targets_up"] == 1 and summary["errors"] == {}
     assert summary["cluster"] == "c2" and summary["windows_written"] > 0
+    assert summary["keep"] == "used"  # the default: only the signals kvscope reads back
     with Store(f"sqlite:///{db}") as store:
         assert [t.name for t in store.targets(cluster="c2")] == ["e0"]
         assert store.engines(cluster="c2")[0].facts["block_size"] == 16
@@ -119,6 +120,8 @@ def test_collect_once_prints_json_summary(tmp_path: Path) -> None:
         (["--prometheus", "http://x", "--source-label", "pod"], "--source-label must be"),
         (["--prometheus", "http://x", "--since", "-1h"], "--since: '-1h' is not a duration"),
         (["--targets", "t.yaml", "--db", "mysql://x/y"], "only sqlite:/// and postgresql://"),
+        (["--targets", "t.yaml", "--keep", "most"], "--keep must be one of used, all"),
+        (["--prometheus", "http://x", "--keep", "Used"], "--keep must be one of used, all"),
     ],
 )
 def test_collect_bad_input_raises_clear_config_error(

@@ -16,7 +16,7 @@ import typer
 
 from collector.selfmetrics import kvscope_version
 from core.errors import ConfigError
-from kvscope.commands.options import DbOpt
+from kvscope.commands.options import DbOpt, KeepOpt
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -201,6 +201,7 @@ def register(app: typer.Typer) -> None:
                 "(default: DBFILE-state beside a SQLite file, else under $XDG_STATE_HOME/kvscope)",
             ),
         ] = None,
+        keep: KeepOpt = "used",
     ) -> None:
         """Collect windows into the store until Ctrl-C / SIGTERM (then flush, exit 0).
 
@@ -247,6 +248,10 @@ def register(app: typer.Typer) -> None:
         resumes its open window and counters: no window twice, no delta from an implied 0,
         no counter increase lost; a kill -9 loses the gauge samples since the last save.
 
+        --keep used|all (both modes): used (the default) writes the windows of the signals
+        kvscope reads back (core/catalog.py's stored=True signals and their derived ratios);
+        all writes every signal of the catalogue.
+
         Engine facts (both modes): model, KV blocks and offload mode from what each engine
         exposes; GPU and TP from DCGM's series (Prometheus mode), then --engines rules,
         then the targets file; what nothing says is assumed (TP 1, offload none) and the
@@ -283,6 +288,7 @@ def register(app: typer.Typer) -> None:
                 checkpoint_every=checkpoint_every,
                 shard=shard,
                 retention=retention,
+                keep=keep,
             )
         except KeyboardInterrupt:  # Ctrl-C before the loop installed its handler
             print("kvscope: interrupted before collecting", file=sys.stderr)
@@ -313,11 +319,13 @@ def run_collect(
     shard: str | None = None,
     retention: str | None = None,
     checkpoint_every: str | None = None,
+    keep: str = "used",
 ) -> dict[str, object]:
     """Validate the flags, run the loop, return the JSON summary."""
     from pydantic import ValidationError
 
     from collector import run, run_prometheus
+    from collector.keep import parse_keep
     from kvscope.config import get_settings
     from store.store import Store
 
@@ -336,6 +344,7 @@ def run_collect(
         )
     from collector.shard import Shard
 
+    kept = parse_keep(keep)
     sharding = Shard.parse(shard) if shard is not None else None
     if (targets is None and not targets_from_store and not file_sd) == (prometheus is None):
         raise ConfigError(
@@ -436,6 +445,7 @@ def run_collect(
                         checkpoint_s=settings.checkpoint_s,
                         shard=sharding,
                         pruner=pruner,
+                        keep=kept,
                     )
                 )
             cluster_name = target_set.cluster
@@ -470,12 +480,14 @@ def run_collect(
                             health=health,
                             engine_rules=rules,
                             pruner=pruner,
+                            keep=kept,
                         )
                     )
             cluster_name = settings.cluster
     if not quiet:
         print(stats.progress_line(), file=sys.stderr, flush=True)
-    out: dict[str, object] = {**stats.summary(), "cluster": cluster_name, "db": store.url}
+    out: dict[str, object] = {**stats.summary(), "cluster": cluster_name, "db": store.url,
+                              "keep": keep}  # fmt: skip
     if pruner is not None:
         out["retention"] = pruner.summary()
     return out | ({"state_dir": str(state)} if state is not None else {})

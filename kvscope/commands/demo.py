@@ -10,6 +10,8 @@ from typing import Annotated
 
 import typer
 
+from kvscope.commands.options import KeepOpt
+
 
 def register(app: typer.Typer) -> None:
     @app.command("demo")
@@ -39,6 +41,7 @@ def register(app: typer.Typer) -> None:
         as_json: Annotated[
             bool, typer.Option("--json", help="print the plan JSON instead of the summary")
         ] = False,
+        keep: KeepOpt = "used",
     ) -> None:
         """The main job end to end: a simulated vLLM/LMCache cluster serves live /metrics on
         127.0.0.1, the collector scrapes it on the simulated clock into SQLite, the planner
@@ -61,6 +64,7 @@ def register(app: typer.Typer) -> None:
             seed=seed,
             scenario=scenario or DEFAULT_SCENARIO,
             horizon_s=parse_duration(horizon, "--horizon"),
+            keep=keep,
         )
         try:
             result = run_demo(opts)

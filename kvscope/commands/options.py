@@ -15,3 +15,11 @@ ClusterOpt = Annotated[
 SinceOpt = Annotated[str, typer.Option("--since", help="history to use, e.g. 24h, 3d, or 'all'")]
 HorizonOpt = Annotated[str, typer.Option("--horizon", help="forecast horizon, e.g. 7d")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="one JSON object on stdout")]
+KeepOpt = Annotated[
+    str,
+    typer.Option(
+        "--keep",
+        metavar="used|all",
+        help="signals to store: used (the ones kvscope reads back) or all (every catalogue signal)",
+    ),
+]

@@ -368,7 +368,7 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Run:
                 collect_direct(
                     targets, store, interval_s=INTERVAL_S, window_s=1.2, timeout_s=TIMEOUT_S,
                     concurrency=len(targets), max_body_bytes=MAX_BODY, max_ticks=TICKS,
-                    health=health,
+                    health=health, keep=None,  # every signal: each series of TEXT is checked
                 )
             )  # fmt: skip
             outcomes: dict[str, list[ScrapeOutcome]] = {}

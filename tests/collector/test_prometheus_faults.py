@@ -66,7 +66,8 @@ class FewSignals(PrometheusSource):
     def windows(
         self, start: float, end: float, window_s: float, signals: Iterable[str] | None = None
     ) -> list[Window]:
-        return super().windows(start, end, window_s, FEW if signals is None else signals)
+        names = FEW if signals is None else [s for s in signals if s in FEW]
+        return super().windows(start, end, window_s, names)
 
 
 # --------------------------------------------------------------------------- the fault proxy
