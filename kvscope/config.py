@@ -40,6 +40,14 @@ class Settings(BaseSettings):
     retention_s: float | None = Field(
         None, ge=MIN_RETENTION_S, description="collect deletes windows older than this, every hour"
     )
+    # store.downsample: collect moves the 1-minute windows of days older than this into the
+    # 5-minute tier, every hour (None: never). The plan reads 24 h by default, a week at most
+    # for its fits' usual horizons, so a week of minutes is kept.
+    downsample_s: float | None = Field(
+        7 * 86_400.0,
+        ge=MIN_RETENTION_S,
+        description="collect moves days older than this into the 5-minute tier, every hour",
+    )
     spool_max_bytes: int = Field(1 << 30, ge=0, description="disk bound of the spool")
     spool_memory_windows: int = Field(
         100_000, ge=0, description="bound of the spool in memory (when its disk refuses)"

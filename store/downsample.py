@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -54,8 +55,9 @@ class Downsampled:
 class Downsampler:
     """Store.downsample (module docstring)."""
 
-    def __init__(self, db: Database) -> None:
+    def __init__(self, db: Database, seal_before: Callable[[float], int]) -> None:
         self.db = db
+        self.seal_before = seal_before  # the writer's: head rows of old days into chunks
 
     def run(self, before: float, *, batch: int = BATCH) -> Downsampled:
         if not math.isfinite(before):
@@ -65,14 +67,15 @@ class Downsampler:
         self.db.require_schema()
         began = time.monotonic()
         end = math.floor(before / DAY_S) * DAY_S
+        self.seal_before(end)
         with self.db.tx("listing the days to downsample") as conn:
-            hours = conn.execute(select(ChunkRow.hour.distinct()).where(ChunkRow.hour < end))
+            hours = conn.execute(select(ChunkRow.hour).distinct().where(ChunkRow.hour < end))
             days = sorted({math.floor(float(h) / DAY_S) * DAY_S for (h,) in hours})
         w_in = w_out = 0
         for day in days:
             with self.db.tx(f"listing the series of day {day:.0f}") as conn:
                 ids = sorted(int(i) for (i,) in conn.execute(
-                    select(ChunkRow.series_id.distinct()).where(
+                    select(ChunkRow.series_id).distinct().where(
                         ChunkRow.hour >= day, ChunkRow.hour < day + DAY_S)))  # fmt: skip
             for i in range(0, len(ids), batch):
                 a, b = self._day(day, ids[i : i + batch])

@@ -38,6 +38,9 @@ if TYPE_CHECKING:
 
     from sqlalchemy import Engine
 
+    from store.downsample import Downsampled
+    from store.store import Store
+
 log = logging.getLogger(__name__)
 # each tier of chunks: its table, its time column and the seconds one chunk spans
 TIERS: tuple[tuple[Any, Any, float], ...] = (
@@ -220,53 +223,76 @@ class RetentionStore:
 
 
 class Pruner:
-    """Runs a store's prune every ``every_s`` from a collect loop, in a worker thread (on
-    PostgreSQL whole day partitions only: module docstring)."""
+    """Runs a store's prune and downsampling every ``every_s`` from a collect loop, in a
+    worker thread (on PostgreSQL whole day partitions only: module docstring).
+    ``retention_s`` / ``downsample_s``: the ages past which windows are deleted / moved to
+    the 5-minute tier (None: never; at least one is set)."""
 
     def __init__(
-        self, store: RetentionStore, retention_s: float, *, every_s: float = PRUNE_EVERY_S
+        self,
+        store: Store,
+        retention_s: float | None,
+        *,
+        downsample_s: float | None = None,
+        every_s: float = PRUNE_EVERY_S,
     ) -> None:
-        if not (math.isfinite(retention_s) and retention_s > 0):
-            raise ConfigError(f"retention must be > 0 seconds, got {retention_s}")
+        for name, age in (("retention", retention_s), ("downsampling age", downsample_s)):
+            if age is not None and not (math.isfinite(age) and age > 0):
+                raise ConfigError(f"{name} must be > 0 seconds, got {age}")
+        if retention_s is None and downsample_s is None:
+            raise ConfigError("a pruner needs a retention or a downsampling age")
         self.store = store
         self.retention_s = retention_s
+        self.downsample_s = downsample_s
         self.every_s = every_s
         self.next_at = -math.inf
-        self.task: asyncio.Task[Pruned] | None = None
+        self.task: asyncio.Task[tuple[Pruned | None, Downsampled | None]] | None = None
         self.last: Pruned | None = None
+        self.last_downsample: Downsampled | None = None
         self.errors = 0
         self.windows = 0  # deleted so far
         self.outcomes = 0
-        self.partitions = 0  # of windows, dropped whole (PostgreSQL)
+        self.partitions = 0  # of chunks, dropped whole (PostgreSQL)
+        self.downsampled = 0  # 1-minute windows moved into the 5-minute tier so far
+
+    def _run(self, now: float) -> tuple[Pruned | None, Downsampled | None]:
+        pruned = downsampled = None
+        if self.retention_s is not None:
+            pruned = self.store.prune(now - self.retention_s, whole_partitions=True)
+        if self.downsample_s is not None:
+            downsampled = self.store.downsample(now - self.downsample_s)
+        return pruned, downsampled
 
     def tick(self, now: float) -> None:
-        """Collect a finished prune; start one when it is due (call once per tick)."""
+        """Collect a finished run; start one when it is due (call once per tick)."""
         if self.task is not None and self.task.done():
             try:
-                self.last = self.task.result()
+                self.last, self.last_downsample = self.task.result()
             except KvscopeError as exc:  # tried again at the next period
                 self.errors += 1
                 log.error("retention: %s", exc)
             else:
-                self.windows += self.last.windows
-                self.outcomes += self.last.outcomes
-                self.partitions += self.last.partitions
-                if self.last.windows or self.last.outcomes or self.last.partitions:
-                    log.warning("retention: deleted %d windows (%d partitions dropped) and %d "
-                                "outcomes older than %s in %.1f s", self.last.windows,
-                                self.last.partitions, self.last.outcomes,
-                                self.last.summary()["cutoff_utc"], self.last.seconds)  # fmt: skip
+                self._count()
             self.task = None
         if self.task is None and now >= self.next_at:
             self.next_at = now + self.every_s
-            cutoff = now - self.retention_s
-            prune = self.store.prune
-            self.task = asyncio.ensure_future(
-                asyncio.to_thread(prune, cutoff, whole_partitions=True)  # module docstring
-            )
+            self.task = asyncio.ensure_future(asyncio.to_thread(self._run, now))
+
+    def _count(self) -> None:
+        if self.last is not None:
+            last = self.last
+            self.windows += last.windows
+            self.outcomes += last.outcomes
+            self.partitions += last.partitions
+            if last.windows or last.outcomes or last.partitions:
+                log.warning("retention: deleted %d windows (%d partitions dropped) and %d "
+                            "outcomes older than %s in %.1f s", last.windows, last.partitions,
+                            last.outcomes, last.summary()["cutoff_utc"], last.seconds)  # fmt: skip
+        if self.last_downsample is not None:
+            self.downsampled += self.last_downsample.windows_in
 
     async def close(self) -> None:
-        """Wait for a prune still running (its batches are short)."""
+        """Wait for a run still going (its batches are short)."""
         if self.task is not None:
             await asyncio.wait([self.task])
             self.tick(math.nan)  # collect it; nan >= next_at is False: no new one
@@ -274,9 +300,14 @@ class Pruner:
     def summary(self) -> dict[str, object]:
         return {
             "retention_s": self.retention_s,
+            "downsample_s": self.downsample_s,
             "deleted_windows": self.windows,
             "deleted_outcomes": self.outcomes,
             "dropped_partitions": self.partitions,
+            "downsampled_windows": self.downsampled,
             "errors": self.errors,
             "last": None if self.last is None else self.last.summary(),
+            "last_downsample": None
+            if self.last_downsample is None
+            else self.last_downsample.summary(),
         }

@@ -5,7 +5,8 @@ PostgreSQL), composed of one part per concern.
 (store/migrate.py); every other operation refuses a database whose schema version differs
 from the code's. Windows are written idempotently on (source, series, start)
 (store/writes.py) and read as columns or records (store/reads.py); each is kept once, in the
-head while its hour is written, then in its hour's chunk (store/tables.py).
+head while its hour is written, then in its hour's chunk, and past a configurable age in the
+5-minute tier (store/downsample.py; store/tables.py).
 """
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ from core.errors import StoreError
 from core.records import BucketSum, Window
 from store import migrate as migrations
 from store.db import Database, redact
+from store.downsample import BATCH as DOWNSAMPLE_BATCH
+from store.downsample import Downsampled, Downsampler
 from store.handoff import HandoffStore
 from store.inventory import Inventory
 from store.plans import PlanStore
@@ -51,6 +54,7 @@ class Store(Inventory, PlanStore, HandoffStore, RetentionStore):
         self._insert = sqlite.insert if self.dialect == "sqlite" else postgresql.insert
         self.writer = WindowWriter(self.db, SeriesIds(), batch_size)
         self.reader = WindowReader(self.db)
+        self.downsampler = Downsampler(self.db, self.writer.seal_before)
 
     def __enter__(self) -> Store:
         return self
@@ -89,10 +93,15 @@ class Store(Inventory, PlanStore, HandoffStore, RetentionStore):
         """
         return self.writer.write(windows, keep_fuller=keep_fuller)
 
-    def pack_windows(self) -> int:
+    def seal_hours(self) -> int:
         """Seal every source's hours older than its newest hour into chunks (writes do it
         as they reach a new hour); return the windows moved."""
         return self.writer.seal_all()
+
+    def downsample(self, before: float, *, batch: int = DOWNSAMPLE_BATCH) -> Downsampled:
+        """Move the 1-minute windows of every UTC day wholly before ``before`` into the
+        5-minute tier (store/downsample.py); ``batch`` series a transaction."""
+        return self.downsampler.run(before, batch=batch)
 
     def read_windows(
         self,

@@ -244,8 +244,19 @@ class WindowWriter:
                 if attempt == 2 or not no_partition(exc):
                     raise
                 self.db.days.made.clear()
-        self.sealed_below[source] = below
+        self.sealed_below[source] = max(self.sealed_below.get(source, -math.inf), below)
         return moved
+
+    def seal_before(self, end: float) -> int:
+        """Seal every source's head rows that start before ``end`` (the downsampling's
+        days); the windows moved."""
+        with self.db.tx("listing the head's old sources") as conn:
+            names = conn.execute(
+                select(SeriesRow.source).distinct()
+                .join(HeadRow, HeadRow.series_id == SeriesRow.id)
+                .where(HeadRow.start < end)
+            ).scalars().all()  # fmt: skip
+        return sum(self.seal(str(s), end) for s in sorted(names))
 
     def _seal_rows(self, conn: Connection, source: str, below: float) -> int:
         """In ``conn``'s transaction: ``source``'s head rows before ``below`` into chunks."""

@@ -43,6 +43,7 @@ _FLAGS = {
     "allowed_target_networks": "--allow-network",
     "state_dir": "--state-dir",
     "retention_s": "--retention",
+    "downsample_s": "--downsample-after",
     "checkpoint_s": "--checkpoint-every",
 }
 
@@ -174,6 +175,15 @@ def register(app: typer.Typer) -> None:
                 "KVSCOPE_RETENTION_S)",
             ),
         ] = None,
+        downsample_after: Annotated[
+            str | None,
+            typer.Option(
+                "--downsample-after",
+                help="every hour, turn the 1-minute windows of days older than this into "
+                "5-minute ones, e.g. 7d (the default; 'never' keeps minutes; "
+                "KVSCOPE_DOWNSAMPLE_S)",
+            ),
+        ] = None,
         shard: Annotated[
             str | None,
             typer.Option(
@@ -289,6 +299,7 @@ def register(app: typer.Typer) -> None:
                 shard=shard,
                 retention=retention,
                 keep=keep,
+                downsample_after=downsample_after,
             )
         except KeyboardInterrupt:  # Ctrl-C before the loop installed its handler
             print("kvscope: interrupted before collecting", file=sys.stderr)
@@ -320,6 +331,7 @@ def run_collect(
     retention: str | None = None,
     checkpoint_every: str | None = None,
     keep: str = "used",
+    downsample_after: str | None = None,
 ) -> dict[str, object]:
     """Validate the flags, run the loop, return the JSON summary."""
     from pydantic import ValidationError
@@ -374,6 +386,7 @@ def run_collect(
             allowed_target_networks=tuple(allow_network) if allow_network else None,
             state_dir=state_dir,
             retention_s=None if retention is None else retention_seconds(retention, "--retention"),
+            **_downsample(downsample_after),
             checkpoint_s=None
             if checkpoint_every is None
             else parse_duration(checkpoint_every, "--checkpoint-every", allow_zero=True),
@@ -398,7 +411,11 @@ def run_collect(
         from collector.gcpolicy import tune_heap
         from store.retention import Pruner
 
-        pruner = Pruner(store, settings.retention_s) if settings.retention_s else None
+        pruner = (
+            Pruner(store, settings.retention_s, downsample_s=settings.downsample_s)
+            if settings.retention_s or settings.downsample_s
+            else None
+        )
         if targets is not None or targets_from_store or file_sd:
             from collector.file_sd import FileSD
             from collector.sources import TargetSet, load_targets
@@ -573,3 +590,12 @@ def _serving(
     if not quiet:
         print(f"kvscope: collector metrics on {server.url}", file=sys.stderr, flush=True)
     return server
+
+
+def _downsample(flag: str | None) -> dict[str, float | None]:
+    """The settings override of --downsample-after (none given: the settings' own)."""
+    if flag is None:
+        return {}
+    if flag.strip() == "never":
+        return {"downsample_s": None}
+    return {"downsample_s": retention_seconds(flag, "--downsample-after")}

@@ -1,5 +1,6 @@
-"""`kvscope db migrate|stats|prune|pack`: create or upgrade the store's schema, describe its
-contents, drop or delete old windows, pack complete hours for the plan's read."""
+"""`kvscope db migrate|stats|prune|seal|downsample`: create or upgrade the store's schema,
+describe its contents, drop or delete old windows, seal closed hours into chunks, move old
+days into the 5-minute tier."""
 
 from __future__ import annotations
 
@@ -63,7 +64,7 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Delete windows and scrape outcomes older than --older-than (safe while collectors
         write); engines, targets and plans are kept. JSON on stdout (partitions_dropped: the
-        PostgreSQL day partitions of windows dropped whole, whose rows `windows` counts).
+        PostgreSQL day partitions of chunks dropped whole, whose windows `windows` counts).
 
         PostgreSQL: the days wholly older are detached concurrently and dropped, the rest of
         the day at the cutoff deleted in short batches. SQLite: short batches; it reuses the
@@ -84,19 +85,18 @@ def register(app: typer.Typer) -> None:
             pruned = store.prune(time.time() - older_s, dry_run=dry_run)
         typer.echo(json.dumps({"db": store.url, **pruned.summary()}))
 
-    @sub.command("pack")
-    def pack_cmd(
+    @sub.command("seal")
+    def seal_cmd(
         db: Annotated[str | None, typer.Option("--db", help=_DB_HELP)] = None,
     ) -> None:
-        """Pack every complete source-hour not packed yet (the plan reads a packed hour as one
-        block per series instead of a row per window); JSON on stdout (windows_packed).
+        """Seal closed hours: head rows into compressed chunks; JSON (windows_sealed).
 
-        Collectors pack each source's hours as their writes reach a new hour, 48 hours back;
-        run this after re-writing older hours (a back-fill run again, a restored dump). Safe
-        while collectors write: PostgreSQL packs a source's hours a transaction at a time under
-        their locks; SQLite in one write transaction.
+        Moves every source's windows of hours older than its newest hour. Writers seal a
+        source's hours as their writes reach a new hour; run this on a store
+        whose collectors stopped mid-hour, before measuring its size. Safe while collectors
+        write (PostgreSQL: under the source's lock; SQLite: one writer at a time).
 
-        Example: kvscope db pack --db postgresql+psycopg://kvscope@db/kvscope
+        Example: kvscope db seal --db postgresql+psycopg://kvscope@db/kvscope
         """
         import time
 
@@ -106,6 +106,38 @@ def register(app: typer.Typer) -> None:
         settings = get_settings(db=db)
         started = time.perf_counter()
         with Store(settings.db) as store:
-            packed = store.pack_windows()
+            sealed = store.seal_hours()
         seconds = round(time.perf_counter() - started, 3)
-        typer.echo(json.dumps({"db": store.url, "windows_packed": packed, "seconds": seconds}))
+        typer.echo(json.dumps({"db": store.url, "windows_sealed": sealed, "seconds": seconds}))
+
+    @sub.command("downsample")
+    def downsample_cmd(
+        older_than: Annotated[
+            str,
+            typer.Option(
+                "--older-than", help="move the days wholly older than this, e.g. 7d (>= 1h)"
+            ),
+        ],
+        db: Annotated[str | None, typer.Option("--db", help=_DB_HELP)] = None,
+    ) -> None:
+        """Move days older than --older-than into the 5-minute tier; JSON on stdout.
+
+        Turns the 1-minute windows of every UTC day wholly older than --older-than into
+        5-minute windows (the tier the plan reads for long histories); prints windows_in,
+        windows_out, days. `kvscope collect --downsample-after 7d` does it every hour.
+        Quantiles of a 5-minute window are the delta-weighted mean of
+        its minutes' (an approximation); every other value is exact.
+
+        Example: kvscope db downsample --older-than 7d --db sqlite:///out/kvscope.db
+        """
+        import time
+
+        from kvscope.commands.collect import retention_seconds
+        from kvscope.config import get_settings
+        from store.store import Store
+
+        older_s = retention_seconds(older_than, "--older-than")
+        settings = get_settings(db=db)
+        with Store(settings.db) as store:
+            done = store.downsample(time.time() - older_s)
+        typer.echo(json.dumps({"db": store.url, **done.summary()}))

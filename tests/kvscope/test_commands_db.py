@@ -1,4 +1,4 @@
-"""`kvscope db migrate|stats|pack` on a real SQLite file: JSON on stdout, errors exit 2."""
+"""`kvscope db migrate|stats|seal` on a real SQLite file: JSON on stdout, errors exit 2."""
 
 from __future__ import annotations
 
@@ -37,8 +37,9 @@ def test_db_migrate_then_stats_reports_rows_range_and_signals(tmp_path: Path) ->
         )
     stats = _run("stats", "--db", url)
     assert stats["rows"] == {"clusters": 0, "engines": 0, "engine_changes": 0, "targets": 0,
-                             "scrape_outcomes": 0, "windows": 6, "plans": 0,
-                             "rollup_states": 0}  # fmt: skip
+                             "scrape_outcomes": 0, "series": 2, "head": 6, "chunks": 0,
+                             "chunks_5m": 0, "plans": 0, "rollup_states": 0}  # fmt: skip
+    assert stats["windows"] == 6
     assert (stats["windows_from"], stats["windows_until"]) == (600.0, 780.0)
     assert stats["signals"] == {"a_ratio": {"windows": 3, "series": 1},
                                 "b_ratio": {"windows": 3, "series": 1}}  # fmt: skip
@@ -76,8 +77,8 @@ def test_db_help_has_examples() -> None:
         assert f"kvscope db {sub} --db" in result.stdout
 
 
-def test_db_pack_packs_the_hours_a_late_write_unpacked(tmp_path: Path) -> None:
-    url = f"sqlite:///{tmp_path / 'pack.db'}"
+def test_db_seal_seals_the_hours_of_a_source_that_stopped_mid_hour(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'seal.db'}"
     _run("migrate", "--db", url)
 
     def hour(h: int, value: float) -> list[Window]:
@@ -85,11 +86,12 @@ def test_db_pack_packs_the_hours_a_late_write_unpacked(tmp_path: Path) -> None:
                        4, mean=value) for m in range(60)]  # fmt: skip
 
     with Store(url) as store:
-        store.write_windows(hour(0, 0.1) + hour(1, 0.1) + hour(2, 0.1))  # hours 0, 1 packed
-        store.write_windows(hour(0, 0.9))  # a late re-write: hour 0 is rows again
-    first = _run("pack", "--db", url)
-    assert (first["db"], first["windows_packed"]) == (url, 60)
-    assert _run("pack", "--db", url)["windows_packed"] == 0  # nothing left to pack
+        store.write_windows(hour(0, 0.1) + hour(1, 0.1) + hour(2, 0.1))  # hours 0, 1 sealed
+        store.write_windows(hour(0, 0.9))  # a late re-write: into hour 0's chunk
+        assert store.stats()["rows"]["head"] == 60  # hour 2, still written
+    first = _run("seal", "--db", url)
+    assert (first["db"], first["windows_sealed"]) == (url, 0)  # each source's newest hour stays
     with Store(url) as store:
         frame = store.read_frame(signals=["a_ratio"], columns=["start", "mean"])
     assert sorted(frame.loc[frame["start"] < 3600.0, "mean"].unique()) == [0.9]
+    assert len(frame) == 180
