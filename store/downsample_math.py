@@ -1,7 +1,8 @@
 """Windows of one step (60 s) summed into windows of a longer one (STEP_S), per series.
 
 The windows of a series that start in one STEP_S bucket become one window, as the collector
-would have rolled it over the longer span: ``start`` the first window's, ``length_s``,
+would have rolled it over the longer span: ``start`` the bucket's (a multiple of STEP_S, as
+the collector aligns its windows, so every signal of an engine shares it), ``length_s``,
 ``samples``, ``resets``, ``delta`` and ``sum_delta`` summed; ``rate`` = Σdelta over the
 seconds the deltas covered (each window's delta / rate, its length when its rate is 0);
 ``min`` / ``max`` / ``last`` as their names say. ``mean``: a gauge's weighted by length
@@ -81,7 +82,7 @@ def downsample(
     import numpy as np
 
     first = buckets(sid, cols["start"])
-    out: dict[str, Floats] = {"start": cols["start"][first]}
+    out: dict[str, Floats] = {"start": np.floor(cols["start"][first] / STEP_S) * STEP_S}
     for name in SUMS:
         out[name] = _sum(cols[name], first)
     delta, rate, length = cols["delta"], cols["rate"], cols["length_s"]

@@ -53,7 +53,7 @@ def _brute(rows: list[tuple[int, bool, dict[str, float]]]) -> list[dict[str, flo
             den = sum(w for _, w in pairs)
             return sum(x * w for x, w in pairs) / den if den > 0 else math.nan
 
-        got = {"start": rs[0]["start"]}
+        got = {"start": math.floor(rs[0]["start"] / STEP_S) * STEP_S}
         for name in ("length_s", "samples", "resets", "delta", "sum_delta"):
             got[name] = total(name)
         spans = []
