@@ -82,7 +82,7 @@ def read_windows(
             builder.add(signal, part)
         if signal in _DEMAND and len(part):
             kinds = {str(k) for k in part["kind"].unique()}
-            keep = (keep - _demand_columns({"gauge", "ratio", "counter", "histogram"}))
+            keep = keep - _demand_columns({"gauge", "ratio", "counter", "histogram"})
             keep |= _demand_columns(kinds)
         table.add(signal, part, keep={"source", *keep} if keep else ())
         del part
