@@ -24,7 +24,7 @@ import logging
 import math
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from sqlalchemy import Connection, delete, func, select, tuple_, update
 from sqlalchemy.exc import SQLAlchemyError
@@ -39,7 +39,6 @@ if TYPE_CHECKING:
     from sqlalchemy import Engine
 
     from store.downsample import Downsampled
-    from store.store import Store
 
 log = logging.getLogger(__name__)
 # each tier of chunks: its table, its time column and the seconds one chunk spans
@@ -222,6 +221,14 @@ class RetentionStore:
         return found, windows
 
 
+class Maintained(Protocol):
+    """What a Pruner runs (store.store.Store)."""
+
+    def prune(self, cutoff: float, *, whole_partitions: bool = ...) -> Pruned: ...
+
+    def downsample(self, before: float) -> Downsampled: ...
+
+
 class Pruner:
     """Runs a store's prune and downsampling every ``every_s`` from a collect loop, in a
     worker thread (on PostgreSQL whole day partitions only: module docstring).
@@ -230,7 +237,7 @@ class Pruner:
 
     def __init__(
         self,
-        store: Store,
+        store: Maintained,
         retention_s: float | None,
         *,
         downsample_s: float | None = None,

@@ -1,10 +1,12 @@
 """The direction of the whole tree, read from the AST (every import counts: module level,
 inside functions, under ``if TYPE_CHECKING``), and the size of planner/'s top level.
 
-The rules (ARCHITECTURE: collector -> store -> planner -> api/dashboards, kvscope wires them):
+The rules (core <- collector -> store <- planner <- api/dashboards, kvscope wires them):
 - core (errors, records, the catalogue) imports nothing of ours but core; every room may
   import it;
-- collector imports core, collector and store; store imports core and store;
+- collector imports core, collector and store; store imports core and store; the other
+  rooms import store only through its public modules (STORE_PUBLIC); nothing of core,
+  collector or store imports the planner, the api or the dashboards;
 - planner imports collector only through its public modules (COLLECTOR_PUBLIC);
 - planner.simulate imports only planner.model, planner.simulate, core.catalog and the
   exception tree (core.errors);
@@ -37,6 +39,8 @@ COLLECTOR_PUBLIC = frozenset(
         "collector.urlguard",  # the SSRF check of POST /v1/targets
     }
 )
+# what the other rooms may import of store/ (the rest is its inside)
+STORE_PUBLIC = frozenset({"store.store", "store.tables", "store.frame", "store.retention"})
 PLANNER_TOP_LIMIT = 12
 
 
@@ -164,6 +168,12 @@ def _violations() -> list[str]:
                 mod = target if target in MODULES else target.rsplit(".", 1)[0]
                 if mod != "collector" and mod not in COLLECTOR_PUBLIC:
                     bad.append(f"{at}: not one of collector's public modules")
+            if top != "store" and ttop == "store":
+                mod = target if target in MODULES else target.rsplit(".", 1)[0]
+                if mod != "store" and mod not in STORE_PUBLIC:
+                    bad.append(f"{at}: not one of store's public modules")
+            if top in ("core", "collector", "store") and ttop in ("planner", "api", "dashboards"):
+                bad.append(f"{at}: data flows collector -> store -> planner -> api/dashboards")
             if top == "planner" and ttop in ("api", "dashboards"):
                 bad.append(f"{at}: the planner does not import its consumers")
             if name.startswith("planner.simulate"):

@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING
 
 from core.errors import ConfigError
 from planner.fit.common import Interval, check_level, exp_or_inf, nan_interval
+from planner.fit.units import engine_codes
 
 if TYPE_CHECKING:
     import numpy as np
@@ -127,7 +128,7 @@ def violations(frame: pd.DataFrame, slo: Slo) -> npt.NDArray[np.bool_]:
     ttft = frame[slo.column].to_numpy(dtype=float)
     wait = frame["waiting"].to_numpy(dtype=float)
     req = frame["requests"].to_numpy(dtype=float)
-    key = frame["source"].astype(str).to_numpy() + "/" + frame["engine"].astype(str).to_numpy()
+    key, _ = engine_codes(frame)  # rows of one engine together (their order is immaterial)
     start = frame["start"].to_numpy(dtype=float)
     order = np.lexsort((start, key))
     grow = np.zeros(len(frame), dtype=bool)
@@ -180,6 +181,7 @@ def fit_capacity(
 ) -> CapacityComparison:
     """Capacity of ``mode`` against ``none`` at the SLO (module docstring)."""
     import numpy as np
+    import pandas as pd
 
     slo = slo or Slo()
     check_level(level)
@@ -188,21 +190,22 @@ def fit_capacity(
         raise ConfigError("capacity is compared between an offload mode and 'none'")
     if len(units) != len(frame):
         raise ConfigError(f"units has {len(units)} entries for {len(frame)} frame rows")
-    unit = np.asarray(units, dtype=object).astype(str)
+    unit_c, unit_u = pd.factorize(np.asarray([str(u) for u in units], dtype=object))
+    unit_names = [str(u) for u in unit_u]
     modes = frame["offload_mode"].astype(str).to_numpy()
     load = frame["tokens_per_s"].to_numpy(dtype=float)
     missed = violations(frame, slo)
-    key = frame["source"].astype(str).to_numpy() + "/" + frame["engine"].astype(str).to_numpy()
+    key, key_names = engine_codes(frame)  # codes, no "source/engine" string per row
     caps: list[UnitCapacity] = []
     for arm in (mode, NO_OFFLOAD):
         in_arm = modes == arm
-        for u in sorted(set(unit[in_arm].tolist())):
-            rows = in_arm & (unit == u)
-            engines = sorted(set(key[rows].tolist()))
+        for u in sorted({unit_names[c] for c in np.unique(unit_c[in_arm]).tolist()}):
+            rows = in_arm & (unit_c == unit_names.index(u))
+            engines = sorted({key_names[c]: c for c in np.unique(key[rows]).tolist()}.items())
             # a pool's load is per engine: each engine's windows, the pool's status combined
             values, statuses, n, n_miss = [], [], 0, 0
-            for e in engines:
-                r = rows & (key == e)
+            for _, code in engines:
+                r = rows & (key == code)
                 v, s = unit_capacity(load[r], missed[r])
                 values.append(v)
                 statuses.append(s)

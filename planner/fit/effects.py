@@ -35,7 +35,14 @@ from planner.fit.common import (
     recorded_warnings,
     t_quantile,
 )
-from planner.fit.units import TRAFFIC, Balance, balance, balance_warnings, traffic
+from planner.fit.units import (
+    TRAFFIC,
+    Balance,
+    balance,
+    balance_warnings,
+    engine_codes,
+    traffic,
+)
 
 if TYPE_CHECKING:
     import numpy as np
@@ -164,7 +171,7 @@ def fit_today(
             MIN_WINDOWS_PER_ARM,
             require_n,
         )
-    eng = data["source"].astype(str).to_numpy() + "/" + data["engine"].astype(str).to_numpy()
+    eng, _ = engine_codes(data)  # one code per source/engine key
     ut, uc = _count(unit[use & treated_all]), _count(unit[use & ~treated_all])
     et, ec = _count(eng[use & treated_all]), _count(eng[use & ~treated_all])
     cov = traffic(data)
@@ -208,10 +215,11 @@ def fit_today(
                         method, assumptions, tuple(warns), told, why)  # fmt: skip
 
 
-def _count(values: npt.NDArray[np.object_]) -> int:
-    import numpy as np
+def _count(values: npt.NDArray[np.object_] | npt.NDArray[np.int64]) -> int:
+    """How many distinct values (as text) there are."""
+    import pandas as pd
 
-    return int(np.unique(values.astype(str)).size) if values.size else 0
+    return len({str(v) for v in pd.unique(values)}) if values.size else 0
 
 
 def cannot_effect(o: Outcome, level: float, why: str, windows: int = 0) -> Effect:

@@ -209,7 +209,8 @@ def fit_gain(
     if not all(c in frame.columns for c in cols):
         data, d = frame.iloc[0:0], np.zeros(0)
     else:
-        data = frame.dropna(subset=cols)
+        used = dict.fromkeys([*cols, "source", "engine", weight or ""])  # what is read below
+        data = frame[[c for c in used if c in frame.columns]].dropna(subset=cols)
         modes = data["offload_mode"].astype(str).to_numpy()
         is_off = (modes == offload) if offload else ~np.isin(modes, list(NOT_OFFLOAD))
         keep = is_off | (modes == NO_OFFLOAD)

@@ -303,7 +303,8 @@ def fit_hitrate(
 def _usable(frame: pd.DataFrame, size: str, hit: str, weight: str) -> pd.DataFrame:
     if not {size, hit} <= set(frame.columns):
         return frame.iloc[0:0]
-    data = frame.dropna(subset=[size, hit])
+    used = dict.fromkeys([size, hit, weight, "l1_evicted_chunks", "source", "engine", "start"])
+    data = frame[[c for c in used if c in frame.columns]].dropna(subset=[size, hit])
     keep = (data[size] > 0) & (data[hit] >= 0) & (data[hit] <= 1)
     if weight in data.columns:
         keep &= data[weight] > 0  # NaN fails too: a hit ratio without its lookups

@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     import pandas as pd
 
     Array = npt.NDArray[np.float64]
+    IntArray = npt.NDArray[np.int64]
 
 # Standardised mean difference above which arms are called unbalanced (Austin 2009,
 # Statistics in Medicine 28(25): 0.1 is "negligible"; 0.25 is the usual limit past which
@@ -44,12 +45,42 @@ def engine_keys(frame: pd.DataFrame) -> npt.NDArray[np.object_]:
     key planner.frames.groups.GroupSlice.engines and engine_frame's metadata use."""
     import numpy as np
 
-    src = frame["source"].astype(str).to_numpy(dtype=object)
-    if "engine" not in frame.columns:
-        return src
-    eng = frame["engine"].fillna("").astype(str).to_numpy(dtype=object)
-    out: npt.NDArray[np.object_] = np.where(eng == "", src, src + "/" + eng)
+    codes, names = engine_codes(frame, short=True)
+    out: npt.NDArray[np.object_] = np.asarray(names, dtype=object)[codes]
     return out
+
+
+def engine_codes(frame: pd.DataFrame, *, short: bool = False) -> tuple[IntArray, list[str]]:
+    """(code per row, the keys by code) of each row's ``source/engine`` key, equal keys one
+    code, with no string made per row. ``short``: :func:`engine_keys`' keys (the source
+    alone when the engine is empty or missing); else always ``source/engine``."""
+    import numpy as np
+    import pandas as pd
+
+    s_c, s_u = pd.factorize(frame["source"], use_na_sentinel=False)
+    e_c, e_u = np.zeros(len(frame), dtype=np.int64), [None]
+    if "engine" in frame.columns:
+        e_codes, e_values = pd.factorize(frame["engine"], use_na_sentinel=False)
+        e_c, e_u = np.asarray(e_codes, dtype=np.int64), list(e_values)
+    width = max(len(e_u), 1)
+    p_c, p_u = pd.factorize(s_c.astype(np.int64) * width + e_c)
+    names = []
+    for p in np.asarray(p_u).tolist():
+        src, eng = _text(s_u[p // width]), e_u[p % width]
+        if short:
+            eng = "" if eng is None or (isinstance(eng, float) and math.isnan(eng)) else str(eng)
+            names.append(f"{src}/{eng}" if eng else src)
+        else:
+            names.append(f"{src}/{_text(eng)}")
+    n_c, n_u = pd.factorize(np.asarray(names, dtype=object))
+    codes: IntArray = np.asarray(n_c, dtype=np.int64)[p_c]
+    return codes, [str(x) for x in n_u]
+
+
+def _text(value: object) -> str:
+    """A frame value as ``astype(str)`` writes it (a missing one: "nan")."""
+    missing = value is None or (isinstance(value, float) and math.isnan(value))
+    return "nan" if missing else str(value)
 
 
 def unit_keys(

@@ -290,21 +290,30 @@ FRAME_COLUMNS = ("source", "signal", "labels", "kind", "start", "length_s", "del
 
 
 def demand_series_from_frame(
-    frame: pd.DataFrame,
+    frame: pd.DataFrame | None,
     *,
     signal: str = "kv_cache_usage_ratio",
     capacity_tokens: float | Mapping[str, float] | None = None,
 ) -> pd.Series:
     """:func:`demand_series_from_windows` from a ``Store.read_frame`` frame (FRAME_COLUMNS;
-    NaN = unknown): the same series from the same windows."""
+    NaN = unknown): the same series from the same windows. A frame without a ``signal``
+    column is that signal's; a value column it lacks (the signal's kinds never use) or no
+    frame at all reads as unknown."""
     import json
 
     import numpy as np
     import pandas as pd
 
-    rows = np.flatnonzero((frame["signal"] == signal).to_numpy(dtype=bool))
+    if frame is None:
+        frame = pd.DataFrame({"source": [], "labels": [], "kind": [], "start": []})
+    if "signal" in frame.columns:
+        rows = np.flatnonzero((frame["signal"] == signal).to_numpy(dtype=bool))
+    else:
+        rows = np.arange(len(frame), dtype=np.int64)
 
     def col(name: str) -> FloatArray:
+        if name not in frame.columns:
+            return np.full(rows.size, np.nan)
         out: FloatArray = frame[name].to_numpy(dtype=np.float64, na_value=np.nan)[rows]
         return out
 

@@ -346,20 +346,27 @@ def engine_frame(
         cols[col] = np.where(np.isnan(r), fallback, r)
         if col in _RATIO_WEIGHT:
             cols[_RATIO_WEIGHT[col]] = np.where(np.isnan(w), d_den, w)
+    add_derived(cols)  # type: ignore[arg-type]
     frame = pd.DataFrame(cols)
-    frame["tokens_per_s"] = frame["prompt_tokens_per_s"] + frame["output_tokens_per_s"]
-    with np.errstate(invalid="ignore", divide="ignore"):
-        tc, pc = frame["ttft_count"].to_numpy(), frame["_prompt_count"].to_numpy()
-        frame["ttft_mean_s"] = np.where(tc > 0, frame["_ttft_sum"].to_numpy() / tc, np.nan)
-        frame["prompt_tokens_mean"] = np.where(pc > 0, frame["_prompt_sum"].to_numpy() / pc, np.nan)
-        ec = frame["_e2e_count"].to_numpy()
-        frame["e2e_mean_s"] = np.where(ec > 0, frame["_e2e_sum"].to_numpy() / ec, np.nan)
     frame["offload_mode"], frame["group"] = modes_and_groups(
         src_names, eng_names, key_of_row, n_eng, engines_meta or {},
         [str(m) for m in mod_u], pair_u, pair_model, frame["start"].to_numpy(),
     )  # fmt: skip
     frame = frame.sort_values(["source", "engine", "start"], kind="stable", ignore_index=True)
     return frame[list(COLUMNS)]
+
+
+def add_derived(cols: dict[str, npt.NDArray[np.float64]]) -> None:
+    """The columns computed from others: token rate, mean TTFT, prompt length, latency."""
+    import numpy as np
+
+    cols["tokens_per_s"] = cols["prompt_tokens_per_s"] + cols["output_tokens_per_s"]
+    with np.errstate(invalid="ignore", divide="ignore"):
+        for out, total, count in (("ttft_mean_s", "_ttft_sum", "ttft_count"),
+                                  ("prompt_tokens_mean", "_prompt_sum", "_prompt_count"),
+                                  ("e2e_mean_s", "_e2e_sum", "_e2e_count")):  # fmt: skip
+            c = cols[count]
+            cols[out] = np.where(c > 0, cols[total] / c, np.nan)
 
 
 def _dtype(column: str) -> str:

@@ -1,12 +1,10 @@
-"""The windows a plan reads, as one columnar table with the per-signal selections it needs.
+"""The windows a plan reads, by signal, with only the columns each statistic needs.
 
-`kvscope plan` reads its windows with ``Store.read_frame`` (store/frame.py): one
-pandas DataFrame with categorical source/signal/labels/engine/kind columns and float64 value
-columns (NaN = unknown), in read_windows' row order. :class:`WindowTable` wraps it with the
-signal and source codes computed once, so each statistic selects its rows with an integer
-comparison instead of a pass over Window objects. Window records are accepted too: they are
-turned into the same frame first (``store.frame.windows_frame``), so both inputs
-give the same numbers.
+:class:`WindowTable` holds per signal the rows `kvscope plan` still reads after building its
+frame (a ``Store.read_frame`` frame of that signal: categorical source/labels/kind, float64
+values, NaN = unknown, in read_windows' order) and, for every signal, how many windows each
+source has and their span. A long frame of many signals (or Window records, converted by
+``store.frame.windows_frame``) is split by signal: both give the same numbers.
 
 Sums that must equal a loop over Window records (``total += w.delta`` in row order) use
 :func:`seq_sum`: numpy's ``sum`` adds pairwise and would differ in the last bits.
@@ -14,6 +12,7 @@ Sums that must equal a loop over Window records (``total += w.delta`` in row ord
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING
 
@@ -66,28 +65,21 @@ def weighted_median_array(v: FloatArray, w: FloatArray) -> float | None:
 
 
 class WindowTable:
-    """A read_frame-shaped DataFrame plus its source/signal codes (module docstring)."""
+    """The windows of a plan by signal: each signal's rows (in read_windows' order, with
+    the columns its consumers read) and how many windows each source has and when."""
 
-    def __init__(self, frame: pd.DataFrame) -> None:
-        import numpy as np
+    def __init__(self, frame: pd.DataFrame | None = None) -> None:
         import pandas as pd
 
-        for name in ("source", "signal", "labels", "kind"):
-            if name in frame.columns and not isinstance(frame[name].dtype, pd.CategoricalDtype):
-                frame = frame.assign(**{name: frame[name].astype("category")})
-        self.frame = frame
-        # int64: pandas picks int8/int16 codes for few categories, and products overflow.
-        self._codes: dict[str, IntArray] = {
-            name: frame[name].cat.codes.to_numpy().astype(np.int64)
-            for name in ("source", "signal", "labels")
-            if name in frame.columns
-        }
-        self._index = {
-            name: {str(c): i for i, c in enumerate(frame[name].cat.categories)}
-            for name in ("source", "signal")
-        }
-        self.sources: list[str] = [str(c) for c in frame["source"].cat.categories]
-        self.signals: list[str] = [str(c) for c in frame["signal"].cat.categories]
+        self.parts: dict[str, pd.DataFrame] = {}
+        # one row per (signal, source): windows, first start, last end
+        self.summary = pd.DataFrame(
+            {"signal": [], "source": [], "windows": [], "first": [], "last": []}
+        ).astype({"windows": "int64", "first": "float64", "last": "float64"})
+        if frame is not None and len(frame):
+            signal = frame["signal"].astype(str).to_numpy(dtype=object)
+            for name in sorted(set(signal.tolist())):
+                self.add(name, frame[signal == name].reset_index(drop=True))
 
     @classmethod
     def of(cls, windows: Sequence[Window] | pd.DataFrame | WindowTable) -> WindowTable:
@@ -100,52 +92,105 @@ class WindowTable:
             return cls(windows)
         return cls(windows_frame(windows, PLAN_COLUMNS))
 
+    def add(self, signal: str, rows: pd.DataFrame, keep: Iterable[str] | None = None) -> None:
+        """Count one signal's rows (read_frame's columns) and keep ``keep`` of its columns
+        (all when None; none when empty: the signal is only counted)."""
+        import numpy as np
+        import pandas as pd
+
+        if not len(rows):
+            return
+        source = rows["source"].astype(str).to_numpy(dtype=object)
+        start = rows["start"].to_numpy(dtype=np.float64)
+        end = start + rows["length_s"].to_numpy(dtype=np.float64)
+        by = pd.DataFrame({"source": source, "first": start, "last": end}).groupby(
+            "source", sort=True
+        )
+        counted = pd.DataFrame(
+            {"windows": by.size(), "first": by["first"].min(), "last": by["last"].max()}
+        ).reset_index()
+        counted.insert(0, "signal", signal)
+        self.summary = pd.concat([self.summary, counted], ignore_index=True)
+        cols = list(rows.columns) if keep is None else [c for c in rows.columns if c in set(keep)]
+        if cols:
+            part = rows[cols]
+            for name in ("source", "labels", "kind", "signal"):
+                if name in part.columns and not isinstance(part[name].dtype, pd.CategoricalDtype):
+                    part = part.assign(**{name: part[name].astype("category")})
+            self.parts[signal] = part
+
     def __len__(self) -> int:
-        return len(self.frame)
+        return int(self.summary["windows"].sum())
 
-    def codes(self, name: str) -> IntArray:
-        """Category codes of ``source``, ``signal`` or ``labels`` (-1 = missing)."""
-        out: IntArray = self._codes[name]
-        return out
+    @property
+    def sources(self) -> set[str]:
+        """Every source with a window of any signal."""
+        return {str(s) for s in self.summary["source"]}
 
-    def code(self, name: str, value: str) -> int:
-        """The code of a source or signal name (-2 when absent: matches no row)."""
-        return self._index[name].get(value, -2)
+    def sources_of(self, signals: Iterable[str]) -> set[str]:
+        """The sources with a window of one of these signals."""
+        wanted = self.summary["signal"].isin(list(signals))
+        return {str(s) for s in self.summary["source"][wanted]}
 
-    def rows(self, signals: Iterable[str], sources: Iterable[str] | None = None) -> IntArray:
-        """Positions (ascending) of the rows of these signals (and sources)."""
+    def span(self) -> tuple[float, float]:
+        """(first window start, last window end); NaN when there is no window."""
+        if not len(self.summary):
+            return math.nan, math.nan
+        return float(self.summary["first"].min()), float(self.summary["last"].max())
+
+    def part(self, signal: str) -> pd.DataFrame | None:
+        """The kept rows of one signal (read_windows' order), None when it has none."""
+        return self.parts.get(signal)
+
+    def rows(self, signal: str, sources: Iterable[str] | None = None) -> IntArray:
+        """Positions in the signal's part of its rows (of these sources)."""
         import numpy as np
 
-        mask = self._mask("signal", signals)
-        if sources is not None:
-            mask &= self._mask("source", sources)
-        out: IntArray = np.flatnonzero(mask)
+        part = self.parts.get(signal)
+        if part is None:
+            return np.zeros(0, dtype=np.int64)
+        if sources is None:
+            return np.arange(len(part), dtype=np.int64)
+        src = part["source"]
+        known = np.append(np.isin(src.cat.categories.astype(str), list(sources)), False)
+        out: IntArray = np.flatnonzero(known[src.cat.codes.to_numpy()])
         return out
 
-    def _mask(self, name: str, values: Iterable[str]) -> npt.NDArray[np.bool_]:
+    def values(self, signal: str, column: str, rows: IntArray | None = None) -> FloatArray:
+        """A float column of the signal's rows (all, or these positions); NaN = unknown."""
         import numpy as np
 
-        index = self._index[name]
-        wanted = [index[v] for v in values if v in index]
-        codes = self._codes[name]
-        if not wanted:
-            return np.zeros(codes.size, dtype=bool)
-        if len(wanted) == 1:
-            one: npt.NDArray[np.bool_] = codes == wanted[0]
-            return one
-        lut = np.zeros(len(index) + 1, dtype=bool)
-        lut[wanted] = True
-        many: npt.NDArray[np.bool_] = lut[codes]
-        return many
+        part = self.parts.get(signal)
+        if part is None:
+            return np.zeros(0, dtype=np.float64)
+        out: FloatArray = part[column].to_numpy(dtype=np.float64, na_value=np.nan)
+        return out if rows is None else out[rows]
 
-    def values(self, column: str, rows: IntArray) -> FloatArray:
-        """A float column at these rows (NaN where unknown)."""
+    def codes(self, signal: str, name: str, rows: IntArray | None = None) -> IntArray:
+        """Category codes of the signal's ``source`` or ``labels`` (-1 = missing)."""
         import numpy as np
 
-        out: FloatArray = self.frame[column].to_numpy(dtype=np.float64, na_value=np.nan)[rows]
+        part = self.parts.get(signal)
+        if part is None:
+            return np.zeros(0, dtype=np.int64)
+        out: IntArray = part[name].cat.codes.to_numpy().astype(np.int64)
+        return out if rows is None else out[rows]
+
+    def names(self, signal: str) -> list[str]:
+        """The signal's ``source`` categories (what its source codes stand for)."""
+        part = self.parts.get(signal)
+        return [] if part is None else [str(c) for c in part["source"].cat.categories]
+
+    def restrict(self, sources: Iterable[str]) -> WindowTable:
+        """The windows of these sources only (unused categories dropped)."""
+        wanted = set(sources)
+        out = WindowTable()
+        out.summary = self.summary[self.summary["source"].isin(wanted)].reset_index(drop=True)
+        for signal, part in self.parts.items():
+            sub = part.iloc[self.rows(signal, wanted)].reset_index(drop=True)
+            for name in ("source", "labels", "kind", "signal"):
+                if name in sub.columns:
+                    sub = sub.assign(**{name: sub[name].cat.remove_unused_categories()})
+            if len(sub):
+                out.parts[signal] = sub
         return out
-
-    def names(self, name: str, rows: IntArray) -> list[str]:
-        """``source`` / ``signal`` names at these rows."""
-        cats = self.sources if name == "source" else self.signals
-        return [cats[c] for c in self._codes[name][rows].tolist()]

@@ -49,7 +49,6 @@ from planner.plan.groups import (
     GroupSlice,
     groups_basis,
     pick_group,
-    restrict_table,
     split_groups,
 )
 from planner.plan.observe import NEEDED_SIGNALS, modes_by_source, observe
@@ -154,11 +153,13 @@ def build_plan(
     result pools their observations and holds each group's plan in ``groups``. ``group``
     plans that group alone. With one group the plan is the same as without groups.
 
-    The windows are read as one columnar frame (Store.read_frame); ``columnar=False`` reads
-    Window records (read_windows) instead and converts them: the same plan, much slower for
-    millions of windows, kept as the reference the columnar path is tested against.
+    The windows are read a signal at a time as columnar frames (Store.read_frame,
+    planner/plan/windows.py); ``columnar=False`` reads Window records (read_windows) instead
+    and converts them: the same plan, much slower for millions of windows, kept as the
+    reference the columnar path is tested against.
     """
     from planner.frames.frames import engine_frame
+    from planner.plan.windows import finish_frame, read_windows
     from store.frame import windows_frame
 
     if not (math.isfinite(horizon_s) and horizon_s > 0):
@@ -171,37 +172,45 @@ def build_plan(
         raise ConfigError(f"gpu price must be a number >= 0, got {gpu_price_per_hour!r}")
     run = _Run(store, cluster, since, until, horizon_s, gpu_price_per_hour, seed,
                forecast_seconds, slo or Slo())  # fmt: skip
-    signals = sorted(NEEDED_SIGNALS)
-    if columnar:
-        table = store.read_frame(
-            signals=signals, cluster=cluster, since=since, until=until, columns=PLAN_COLUMNS
-        )
-    else:
-        rows = store.read_windows(signals=signals, cluster=cluster, since=since, until=until)
-        table = windows_frame(rows, PLAN_COLUMNS)
-    if not len(table):
-        raise _no_data(store, cluster, since)
-    run.lap("read")
     engines = store.engines(cluster)
-    frame = engine_frame(table, {e.source: e for e in engines})
+    meta = {e.source: e for e in engines}
+    if columnar:  # one signal at a time, folded into the frame as it is read
+        windows, builder = read_windows(store, cluster=cluster, since=since, until=until)
+        if not len(windows):
+            raise _no_data(store, cluster, since)
+        run.lap("read")
+        frame = finish_frame(builder, meta, store, cluster=cluster, since=since, until=until)
+        del builder
+    else:
+        rows = store.read_windows(
+            signals=sorted(NEEDED_SIGNALS), cluster=cluster, since=since, until=until
+        )
+        table = windows_frame(rows, PLAN_COLUMNS)
+        del rows
+        windows = WindowTable(table)
+        if not len(windows):
+            raise _no_data(store, cluster, since)
+        run.lap("read")
+        frame = engine_frame(table, meta)
+        del table
     run.lap("frame")
     run.lmcache_up = lmcache_up_fraction(store, cluster, since, until)
-    groups = split_groups(frame, names(table["source"]))
+    groups = split_groups(frame, windows.sources)
     if group is not None:
-        return _group_plan(run, table, frame, engines, pick_group(groups, group), len(groups))
+        return _group_plan(run, windows, frame, engines, pick_group(groups, group), len(groups))
     if len(groups) <= 1:
-        return _plan(run, table, frame, engines, [])
+        return _plan(run, windows, frame, engines, [])
     parts = []
     for g in groups:
-        p = _group_plan(run.fresh(), table, frame, engines, g, len(groups))
+        p = _group_plan(run.fresh(), windows, frame, engines, g, len(groups))
         parts.append(GroupPlan(g.name, g.engines, tuple(sorted(g.sources)), p))
     run.clock = time.perf_counter()  # the pooled stages' own times
-    return _plan(run, table, frame, engines, [groups_basis(groups)], groups=tuple(parts))
+    return _plan(run, windows, frame, engines, [groups_basis(groups)], groups=tuple(parts))
 
 
 def _group_plan(  # noqa: PLR0917 - the parts of one plan
     run: _Run,
-    table: pd.DataFrame,
+    windows: WindowTable,
     frame: pd.DataFrame,
     engines: list[EngineRecord],
     g: GroupSlice,
@@ -212,7 +221,7 @@ def _group_plan(  # noqa: PLR0917 - the parts of one plan
     if g.shared:
         note += f"; sources shared with every group: {', '.join(g.shared[:5])}"
     sub = frame[g.rows].reset_index(drop=True)
-    return _plan(run, restrict_table(table, g.sources), sub, engines, [note], group=g.name)
+    return _plan(run, windows.restrict(g.sources), sub, engines, [note], group=g.name)
 
 
 def _cpu_tier(  # noqa: PLR0917 - the parts of one plan the section reads
@@ -243,7 +252,7 @@ def _cpu_tier(  # noqa: PLR0917 - the parts of one plan the section reads
 
 def _plan(
     run: _Run,
-    table: pd.DataFrame,
+    windows: WindowTable,
     frame: pd.DataFrame,
     engines: list[EngineRecord],
     notes: list[str],
@@ -256,7 +265,6 @@ def _plan(
     With ``groups`` (several model groups) nothing is fitted, decided or sized: fits across
     models mix what cannot be pooled; each group's plan holds its own fits, decision, sizing.
     """
-    windows = WindowTable(table)
     meta = {e.source: e for e in engines}
     present = names(frame["source"])
     in_window = [e for e in engines if e.source in present]
@@ -326,8 +334,7 @@ def _plan(
         except ConfigError as exc:
             sizing_error = str(exc)
     basis += plan_basis(evidence, fits, fc)
-    first = float(table["start"].min())
-    last = float((table["start"] + table["length_s"]).max())
+    first, last = windows.span()
     window = {
         "since": run.since,
         "until": run.until,

@@ -107,13 +107,13 @@ def kv_capacity(
     import numpy as np
 
     t = WindowTable.of(windows)
-    rows = t.rows([KV_SIGNAL])
-    labels = t.codes("labels")
+    labels = t.codes(KV_SIGNAL, "labels")
     width = int(labels.max()) + 2 if labels.size else 1
-    pairs = np.unique(t.codes("source")[rows] * width + labels[rows])
+    pairs = np.unique(t.codes(KV_SIGNAL, "source") * width + labels)
     # One (source, labels) pair per engine reporting KV usage, sorted (capacities are
     # integers of tokens: the order of the sum does not matter).
-    series = sorted((t.sources[p // width], p % width) for p in pairs.tolist())
+    names = t.names(KV_SIGNAL)
+    series = sorted((names[p // width], p % width) for p in pairs.tolist())
     if not series:
         return None
     sources = sorted({s for s, _ in series})
@@ -223,19 +223,19 @@ def run_forecasts(
     request rate (bucket means); both from planner.forecast.demand with its default level."""
     from planner.forecast.data import SeriesError, demand_series_from_frame
 
-    frame = WindowTable.of(windows).frame
+    t = WindowTable.of(windows)
     kv_series = rate_series = None
     kv_why = f"no {KV_SIGNAL} windows"
     rate_why = f"no {RATE_SIGNAL} windows"
     if cap is not None:
         try:
             kv_series = demand_series_from_frame(
-                frame, signal=KV_SIGNAL, capacity_tokens=cap.per_source
+                t.part(KV_SIGNAL), signal=KV_SIGNAL, capacity_tokens=cap.per_source
             )
         except SeriesError as exc:
             kv_why = str(exc)
     try:
-        rate_series = demand_series_from_frame(frame, signal=RATE_SIGNAL)
+        rate_series = demand_series_from_frame(t.part(RATE_SIGNAL), signal=RATE_SIGNAL)
     except SeriesError as exc:
         rate_why = str(exc)
     kv, kv_entry = _one(
@@ -280,7 +280,7 @@ def run_forecasts(
     # both stay reported; a note says when their growth contradicts (forecast_agree.py)
     section["agreement"] = compare(kv, kv_series, rate, rate_series, cap.total if cap else None)
     try:
-        running = demand_series_from_frame(frame, signal=RUNNING_SIGNAL)
+        running = demand_series_from_frame(t.part(RUNNING_SIGNAL), signal=RUNNING_SIGNAL)
     except SeriesError:
         running = None
     rec = reconciled(kv, kv_series, rate, rate_series, running, cap)

@@ -9,17 +9,12 @@ group apart and pools only the observations (planner/plan/build.py).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
-from typing import TYPE_CHECKING
+from collections.abc import Sequence
 
 from core.errors import ConfigError
 from planner.frames.groups import GroupSlice, split_groups
 
-if TYPE_CHECKING:
-    import pandas as pd
-
-__all__ = ["GroupSlice", "groups_basis", "pick_group", "restrict_table",
-           "split_groups"]  # fmt: skip
+__all__ = ["GroupSlice", "groups_basis", "pick_group", "split_groups"]
 
 
 def pick_group(groups: Sequence[GroupSlice], name: str) -> GroupSlice:
@@ -29,17 +24,6 @@ def pick_group(groups: Sequence[GroupSlice], name: str) -> GroupSlice:
             return g
     known = ", ".join(repr(g.name) for g in groups) or "none (no engine windows)"
     raise ConfigError(f"--group {name!r}: no such model group; the store's groups are {known}")
-
-
-def restrict_table(table: pd.DataFrame, sources: Iterable[str]) -> pd.DataFrame:
-    """The window table's rows of these sources (categories the rows no longer use dropped)."""
-    import pandas as pd
-
-    sub = table[table["source"].isin(list(sources))]
-    for name in ("source", "signal", "labels"):
-        if name in sub.columns and isinstance(sub[name].dtype, pd.CategoricalDtype):
-            sub = sub.assign(**{name: sub[name].cat.remove_unused_categories()})
-    return sub
 
 
 def groups_basis(groups: Sequence[GroupSlice]) -> str:

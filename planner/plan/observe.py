@@ -135,12 +135,12 @@ def pooled_ratio(
     num_sig, den_sig = _RATIO_OF[ratio]
     sums = []
     for signal in (num_sig, den_sig):
-        delta = t.values("delta", t.rows([signal], sources))
+        delta = t.values(signal, "delta", t.rows(signal, sources))
         sums.append(seq_sum(delta[np.isfinite(delta)]))
     if sums[1] > 0:
         return sums[0] / sums[1], sums[1]
-    rows = t.rows([ratio], sources)
-    mean, delta = t.values("mean", rows), t.values("delta", rows)
+    rows = t.rows(ratio, sources)
+    mean, delta = t.values(ratio, "mean", rows), t.values(ratio, "delta", rows)
     keep = np.isfinite(mean) & (delta > 0)
     den = seq_sum(delta[keep])
     if den > 0:
@@ -153,22 +153,27 @@ def reprefill_share(windows: Windows) -> tuple[float | None, str]:
     import numpy as np
 
     t = WindowTable.of(windows)
-    rows = t.rows([RECOMPUTED, PROMPT_TOKENS])
-    delta, rate = t.values("delta", rows), t.values("rate", rows)
-    with np.errstate(invalid="ignore", over="ignore"):
-        from_rate = np.where(np.isnan(rate), 0.0, rate) * t.values("length_s", rows)
-    d = np.where(np.isnan(delta), from_rate, delta)  # a counter without delta: rate × length
-    keep = np.isfinite(d)
-    rows, d = rows[keep], d[keep]
-    src = t.codes("source")[rows]
-    is_rec = t.codes("signal")[rows] == t.code("signal", RECOMPUTED)
-    rec_src = src[is_rec]
-    _, first = np.unique(rec_src, return_index=True)
+
+    def counted(signal: str) -> tuple[FloatArray, npt.NDArray[np.object_]]:
+        """Per window the counter's increase (a counter without delta: rate × length) and
+        its source, windows without either left out."""
+        delta, rate = t.values(signal, "delta"), t.values(signal, "rate")
+        with np.errstate(invalid="ignore", over="ignore"):
+            from_rate = np.where(np.isnan(rate), 0.0, rate) * t.values(signal, "length_s")
+        d = np.where(np.isnan(delta), from_rate, delta)
+        keep = np.isfinite(d)
+        names = np.asarray([*t.names(signal), ""], dtype=object)
+        return d[keep], names[t.codes(signal, "source")[keep]]
+
     recomputed: list[float] = []
     den = 0.0
-    for code in rec_src[np.sort(first)].tolist():  # sources in order of first appearance
-        recomputed.append(seq_sum(d[is_rec & (src == code)]))
-        den += seq_sum(d[~is_rec & (src == code)])
+    if t.part(RECOMPUTED) is not None:
+        d_rec, src_rec = counted(RECOMPUTED)
+        d_all, src_all = counted(PROMPT_TOKENS)
+        _, first = np.unique(src_rec, return_index=True)
+        for source in src_rec[np.sort(first)].tolist():  # in order of first appearance
+            recomputed.append(seq_sum(d_rec[src_rec == source]))
+            den += seq_sum(d_all[src_all == source])
     family = catalog.SIGNALS[RECOMPUTED].exported  # the vendor name lives in the catalogue
     if not recomputed or den <= 0:
         return None, (
@@ -186,17 +191,17 @@ def lmcache_health(windows: Windows) -> bool | None:
     import numpy as np
 
     t = WindowTable.of(windows)
-    rows = t.rows([LMCACHE_HEALTHY])
-    last, mean = t.values("last", rows), t.values("mean", rows)
+    last, mean = t.values(LMCACHE_HEALTHY, "last"), t.values(LMCACHE_HEALTHY, "mean")
     value = np.where(np.isnan(last), mean, last)
-    keep = np.isfinite(value)
-    rows, value = rows[keep], value[keep]
+    rows = np.flatnonzero(np.isfinite(value))
+    value = value[rows]
     if rows.size == 0:
         return None
-    labels = t.codes("labels")
-    series = t.codes("source")[rows] * (int(labels.max()) + 2) + labels[rows]
+    labels = t.codes(LMCACHE_HEALTHY, "labels")
+    series = t.codes(LMCACHE_HEALTHY, "source", rows) * (int(labels.max()) + 2) + labels[rows]
     # Per series its latest window; of equal starts the later row (a loop keeping >=).
-    order = np.lexsort((np.arange(rows.size), t.values("start", rows), series))
+    start = t.values(LMCACHE_HEALTHY, "start", rows)
+    order = np.lexsort((np.arange(rows.size), start, series))
     ends = np.flatnonzero(np.diff(series[order], append=-1) != 0)
     return bool((value[order][ends] >= 0.5).all())
 
@@ -338,8 +343,8 @@ def observe(
     by_mode: dict[str, Any] = {}
     # LMCache servers scraped as their own targets have no engine rows: their hit counters
     # belong to the lmcache mode.
-    lm_rows = windows.rows(s for s in windows.signals if s.startswith("lmcache_"))
-    servers = {windows.sources[c] for c in np.unique(windows.codes("source")[lm_rows]).tolist()}
+    signals = set(windows.summary["signal"])
+    servers = windows.sources_of(s for s in signals if str(s).startswith("lmcache_"))
     servers -= names(rows["source"])
     for m in sorted(names(rows["offload_mode"])):
         sub = rows[rows["offload_mode"].astype(str) == m]
@@ -389,14 +394,13 @@ def prompt_lengths(windows: Windows) -> tuple[float | None, float | None, bool]:
     import numpy as np
 
     t = WindowTable.of(windows)
-    rows = t.rows([PROMPT_HIST])
-    delta = t.values("delta", rows)
-    keep = delta > 0  # NaN (unknown) is not
-    rows, delta = rows[keep], delta[keep]
+    delta = t.values(PROMPT_HIST, "delta")
+    rows = np.flatnonzero(delta > 0)  # NaN (unknown) is not
+    delta = delta[rows]
     count = seq_sum(delta)
-    sums = t.values("sum_delta", rows)
+    sums = t.values(PROMPT_HIST, "sum_delta", rows)
     total = seq_sum(np.where(np.isnan(sums), 0.0, sums))
-    p90, p99 = t.values("p90", rows), t.values("p99", rows)
+    p90, p99 = t.values(PROMPT_HIST, "p90", rows), t.values(PROMPT_HIST, "p99", rows)
     known = np.isfinite(p90)
     censored = p90[known & (p90 > 0) & (p99 == p90)]  # as p90_censored, per window
     mean = total / count if count > 0 and total > 0 else None
