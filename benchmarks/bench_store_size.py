@@ -282,12 +282,14 @@ def _import_from(tree: str) -> tuple[Any, Any, str]:
     import importlib
     import importlib.util
 
+    under = tree.rstrip(os.sep) + os.sep
+
     def ours(name: str) -> bool:
         try:
             spec = importlib.util.find_spec(name)
         except ModuleNotFoundError:
             return False
-        return spec is not None and (spec.origin or "").startswith(tree)
+        return spec is not None and (spec.origin or "").startswith(under)
 
     records = "core.records" if ours("core.records") else "collector.records"
     store = "store" if ours("store") and hasattr(importlib.import_module("store"), "Store") else (
@@ -296,7 +298,7 @@ def _import_from(tree: str) -> tuple[Any, Any, str]:
     window_cls = importlib.import_module(records).Window
     module = importlib.import_module(store)
     for m in (sys.modules[records], module):
-        assert (m.__file__ or "").startswith(tree), (m.__name__, m.__file__, tree)
+        assert (m.__file__ or "").startswith(under), (m.__name__, m.__file__, tree)
     return window_cls, module.Store, f"{store}.Store"
 
 
@@ -375,8 +377,9 @@ def _pragma(con: sqlite3.Connection, name: str) -> int:
 
 PG_SIZES = """
 SELECT CASE WHEN n.nspname = 'public' THEN c.relname ELSE n.nspname || '.' || c.relname END,
-       (SELECT coalesce(sum(pg_total_relation_size(t.relid)), 0)
-          FROM pg_partition_tree(c.oid) t WHERE t.isleaf)
+       CASE WHEN c.relkind = 'p' THEN (SELECT coalesce(sum(pg_total_relation_size(t.relid)), 0)
+                                         FROM pg_partition_tree(c.oid) t WHERE t.isleaf)
+            ELSE pg_total_relation_size(c.oid) END
   FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
  WHERE c.relkind IN ('r', 'p', 'm') AND NOT c.relispartition
    AND n.nspname NOT IN ('pg_catalog', 'information_schema') AND n.nspname NOT LIKE 'pg_toast%'
