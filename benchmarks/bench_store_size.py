@@ -1,16 +1,14 @@
-"""The store's cost per window, this tree against ``--baseline`` (old) in the same run: bytes on
-disk (data + indexes) per window and the writer's CPU/wall seconds per million windows.
+"""The store's cost per window, this tree against ``--baseline`` (old) in the same run.
 
 Workloads (seeded, built once by this tree, written in time order a minute of the cluster per
-``write_windows`` as the collector writes them): ``plan``, the planner's signals
-(benchmarks/accuracy/fitsynth.py), and ``full``, vLLM 0.33's full exposition per engine plus an
-LMCache server per 5 engines (tests/fixtures/metrics), moving values scraped every 15 s through
-collector.rollup. Each (tree, workload) runs in a fresh process on a fresh store, alternated
-``--rounds`` times (best kept), timing ``write_windows`` and ``pack_windows`` (if it exists).
-Sizes: SQLite, ``dbstat`` after VACUUM (else page_count * page_size; the file as written too);
-PostgreSQL (``--postgres``, a throwaway 15), ``pg_total_relation_size`` over every table and
-partition (``pg_partition_tree``) after VACUUM ANALYZE. Targets: <= 40 B a window, write cost
-(CPU of write + pack) within +-10 % of the old code's.
+write_windows, as the collector writes them): ``plan``, the plan's signals (accuracy/fitsynth.py);
+``full``, vLLM 0.33's full exposition per engine + an LMCache server per 5 engines
+(tests/fixtures/metrics) scraped every 15 s through collector.rollup. Each tree and workload
+runs in a fresh process on a fresh store, alternated ``--rounds`` times, best kept: CPU and wall
+s per million windows of write_windows + pack_windows (if any). Bytes a window (data + indexes):
+SQLite, dbstat after VACUUM (else page_count * page_size); PostgreSQL 15 (``--postgres``,
+throwaway), pg_total_relation_size over every table and partition after VACUUM ANALYZE.
+Targets: <= 40 B a window; write CPU within +-10 % of the old code's.
 
     .venv/bin/python benchmarks/bench_store_size.py [--engines 10 --days 1] [--postgres]
         [--baseline 0c77cf9 | --baseline WORKTREE | --baseline-path DIR] [--json out.json]
