@@ -504,7 +504,7 @@ def _pg_database(server: str, name: str) -> tuple[str, str]:
 
     admin = server.replace("postgresql+psycopg://", "postgresql://")
     with psycopg.connect(admin, autocommit=True) as pg:
-        pg.execute(f"CREATE DATABASE {name}")
+        pg.execute(f"CREATE DATABASE {name} TEMPLATE template0")  # no one is connected to it
     url = server.rsplit("/", 1)[0] + f"/{name}"
     return url, url.replace("postgresql+psycopg://", "postgresql://")
 
