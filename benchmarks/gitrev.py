@@ -18,7 +18,20 @@ ROOT = Path(__file__).resolve().parents[1]
 @contextmanager
 def revision_tree(rev: str, packages: Sequence[str], *, who: str) -> Iterator[Path]:
     """The top-level ``packages`` of revision ``rev`` (git archive), extracted into a temporary
-    directory removed on exit; SystemExit naming ``who`` and the revision when git refuses."""
+    directory removed on exit; SystemExit naming ``who`` and the revision when git refuses.
+
+    A package the revision does not have (one added later, e.g. ``core`` or ``store``) is left
+    out; SystemExit when it has none of them."""
+    present = subprocess.run(
+        ["git", "-C", str(ROOT), "ls-tree", "--name-only", rev, "--", *packages],
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    if present.returncode != 0:
+        raise SystemExit(f"{who}: revision {rev}: {present.stderr.strip()}")
+    have = set(present.stdout.split())
+    packages = [p for p in packages if p in have]
+    if not packages:
+        raise SystemExit(f"{who}: revision {rev} has none of the packages it needs")
     archive = subprocess.run(
         ["git", "-C", str(ROOT), "archive", "--format=tar", rev, *packages],
         capture_output=True, check=False,

@@ -28,7 +28,9 @@ from typing import Any
 from benchmarks import gitrev
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("collector", "planner", "dashboards", "api", "kvscope")
+# a revision's tree: those of them it has (gitrev leaves out the others; core/ and store/
+# are newer than schema 9)
+PACKAGES = ("core", "store", "collector", "planner", "dashboards", "api", "kvscope")
 _TIMINGS = {"seconds", "fit_seconds"}  # plan JSON keys timing the run itself (planner/)
 
 
