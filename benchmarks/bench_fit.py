@@ -135,7 +135,7 @@ def baseline_fits(frame: pd.DataFrame, rev: str) -> dict[str, Any]:
     import tempfile
 
     with (
-        revision_tree(rev, ("collector", "planner"), who="bench_fit") as tree,
+        revision_tree(rev, ("core", "store", "collector", "planner"), who="bench_fit") as tree,
         tempfile.TemporaryDirectory(prefix="bench-fit-") as tmp,
     ):
         # the benchmark's own synthetic-data helpers come from this checkout

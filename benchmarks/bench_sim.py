@@ -97,7 +97,7 @@ def _run_child(tree: Path, hours: float) -> dict[str, Any]:
 
 def _against(ref: str, hours: float, rounds: int) -> dict[str, Any]:
     """The hour with `ref`'s planner/ and with this tree's, alternately, `rounds` times."""
-    with revision_tree(ref, ("planner", "collector"), who="bench_sim --against") as tmp:
+    with revision_tree(ref, ("core", "planner", "collector"), who="bench_sim --against") as tmp:
         before, after = [], []
         for _ in range(rounds):
             before.append(_run_child(tmp, hours))
