@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, cast
 
 from sqlalchemy import Connection, Engine, create_engine, event, func, inspect, select
+from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import ArgumentError, SQLAlchemyError
 
@@ -111,6 +112,10 @@ class Database:
                     yield conn
         except (SQLAlchemyError, self.engine.dialect.loaded_dbapi.Error) as exc:
             raise StoreError(f"{action} failed on {self.url}: {reason(exc)}") from exc
+
+    def insert(self, table: Any) -> Any:
+        """An INSERT into ``table`` in this dialect's form (it has ``on_conflict_do_…``)."""
+        return (sqlite.insert if self.dialect == "sqlite" else postgresql.insert)(table)
 
     def read_version(self, conn: Connection) -> int | None:
         if not inspect(conn).has_table(SchemaVersionRow.__tablename__):

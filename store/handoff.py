@@ -26,28 +26,22 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Iterable, Sequence
-from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import Connection, delete
+from sqlalchemy import delete
 
 from core.records import Saved
+from store.db import Database
 from store.tables import RollupStateRow
-
-if TYPE_CHECKING:
-    from contextlib import AbstractContextManager
 
 log = logging.getLogger(__name__)
 _CHUNK = 500  # names per IN (...) list: well under SQLite's 32,766 bound parameters
 
 
 class HandoffStore:
-    """Roll-up states left for the next collector of a target (mixed into Store)."""
+    """Roll-up states left for the next collector of a target (Store's)."""
 
-    if TYPE_CHECKING:
-        _insert: Any
-
-        def _require_schema(self) -> None: ...
-        def _tx(self, what: str, *, write: bool = False) -> AbstractContextManager[Connection]: ...
+    def __init__(self, db: Database) -> None:
+        self.db = db
 
     def leave_rollup_states(self, states: Iterable[Saved]) -> int:
         """Store each target's state, replacing an older one of it; return how many."""
@@ -62,10 +56,11 @@ class HandoffStore:
         ]
         if not rows:
             return 0
-        self._require_schema()
-        with self._tx(f"leaving the roll-up state of {len(rows)} target(s)", write=True) as conn:
+        self.db.require_schema()
+        what = f"leaving the roll-up state of {len(rows)} target(s)"
+        with self.db.tx(what, write=True) as conn:
             for i in range(0, len(rows), _CHUNK):
-                stmt = self._insert(RollupStateRow).values(rows[i : i + _CHUNK])
+                stmt = self.db.insert(RollupStateRow).values(rows[i : i + _CHUNK])
                 conn.execute(
                     stmt.on_conflict_do_update(
                         index_elements=["target"],
@@ -78,9 +73,10 @@ class HandoffStore:
         """The states left for ``targets``, deleted from the store as they are read."""
         if not targets:
             return {}
-        self._require_schema()
+        self.db.require_schema()
         out: dict[str, Saved] = {}
-        with self._tx(f"taking the roll-up state of {len(targets)} target(s)", write=True) as conn:
+        what = f"taking the roll-up state of {len(targets)} target(s)"
+        with self.db.tx(what, write=True) as conn:
             for i in range(0, len(targets), _CHUNK):
                 names = list(targets[i : i + _CHUNK])
                 # one DELETE … RETURNING: of two collectors taking the same rows at once,

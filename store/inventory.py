@@ -1,7 +1,7 @@
-"""The store's inventory half: clusters, scrape targets and their outcomes, engines, statistics.
+"""The store's inventory: clusters, scrape targets and their outcomes, engines, statistics.
 
-A mixin of store.store.Store (kept apart so each module holds one concern): every write is
-an upsert, so registering the same target or engine on every collector start is harmless.
+A part of store.store.Store sharing its Database: every write is an upsert, so registering
+the same target or engine on every collector start is harmless.
 """
 
 from __future__ import annotations
@@ -9,14 +9,14 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Iterable, Mapping, Sequence
-from contextlib import AbstractContextManager
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from sqlalchemy import Connection, delete, func, literal, select, union_all
 
 from core.errors import ConfigError, StoreError
 from core.records import ScrapeOutcome
 from store import chunks, partitions
+from store.db import Database
 from store.tables import (
     OFFLOAD_MODES,
     TARGET_KINDS,
@@ -61,22 +61,16 @@ def _regime(stored: Mapping[str, Any] | None) -> dict[str, Any]:
 
 
 class Inventory:
-    """Clusters, targets, scrape outcomes and engines (mixed into Store)."""
+    """Clusters, targets, scrape outcomes and engines (Store's; outcomes written
+    ``batch_size`` per transaction)."""
 
-    if TYPE_CHECKING:
-        _insert: Any
-        batch_size: int
-        dialect: str
-
-        def _tx(
-            self, action: str, *, write: bool = False
-        ) -> AbstractContextManager[Connection]: ...
-
-        def _require_schema(self) -> None: ...
+    def __init__(self, db: Database, batch_size: int) -> None:
+        self.db = db
+        self.batch_size = batch_size
 
     def write_outcomes(self, outcomes: Iterable[ScrapeOutcome]) -> int:
         """Record scrape outcomes; a retry of the same (target, started) updates in place."""
-        self._require_schema()
+        self.db.require_schema()
         rows = [
             {
                 "target": o.target,
@@ -92,7 +86,7 @@ class Inventory:
         ]
         if not rows:
             return 0
-        stmt = self._insert(ScrapeOutcomeRow.__table__)
+        stmt = self.db.insert(ScrapeOutcomeRow.__table__)
         stmt = stmt.on_conflict_do_update(
             index_elements=["target", "started"],
             set_={k: stmt.excluded[k] for k in rows[0] if k not in ("target", "started")},
@@ -101,7 +95,7 @@ class Inventory:
             chunk = list(
                 {(r["target"], r["started"]): r for r in rows[i : i + self.batch_size]}.values()
             )
-            with self._tx("writing scrape outcomes", write=True) as conn:
+            with self.db.tx("writing scrape outcomes", write=True) as conn:
                 conn.execute(stmt, chunk)
         return len(rows)
 
@@ -113,7 +107,7 @@ class Inventory:
         until: float | None = None,
     ) -> list[ScrapeOutcome]:
         """Scrape outcomes with ``since <= started < until``, ordered by target, started."""
-        self._require_schema()
+        self.db.require_schema()
         o = ScrapeOutcomeRow
         query = select(
             o.target, o.started, o.duration_s, o.up, o.bytes, o.series, o.error_kind, o.error
@@ -124,22 +118,23 @@ class Inventory:
             query = query.where(o.started >= since)
         if until is not None:
             query = query.where(o.started < until)
-        with self._tx("reading scrape outcomes") as conn:
+        with self.db.tx("reading scrape outcomes") as conn:
             rows = conn.execute(query.order_by(o.target, o.started)).all()
         return [ScrapeOutcome(*r) for r in rows]
 
-    def _cluster_id(self, conn: Connection, name: str) -> int:
+    def cluster_id(self, conn: Connection, name: str) -> int:
+        """The id of cluster ``name``, registered in ``conn``'s transaction if new."""
         if not name or len(name) > 200:
             raise ConfigError(f"cluster name must be 1-200 characters: {name!r}")
-        stmt = self._insert(ClusterRow.__table__).values(name=name)
+        stmt = self.db.insert(ClusterRow.__table__).values(name=name)
         conn.execute(stmt.on_conflict_do_nothing(index_elements=["name"]))
         return int(conn.execute(select(ClusterRow.id).where(ClusterRow.name == name)).scalar_one())
 
     def upsert_cluster(self, name: str) -> int:
         """Register a cluster (no-op when it exists); return its id."""
-        self._require_schema()
-        with self._tx(f"registering cluster {name}", write=True) as conn:
-            return self._cluster_id(conn, name)
+        self.db.require_schema()
+        with self.db.tx(f"registering cluster {name}", write=True) as conn:
+            return self.cluster_id(conn, name)
 
     def upsert_target(
         self, name: str, url: str, kind: str = "vllm", cluster: str = "default"
@@ -149,16 +144,16 @@ class Inventory:
             raise ConfigError(f"target {name}: kind must be one of {TARGET_KINDS}, not {kind!r}")
         if not name:
             raise ConfigError(f"target name must not be empty (url {url})")
-        self._require_schema()
-        with self._tx(f"registering target {name}", write=True) as conn:
+        self.db.require_schema()
+        with self.db.tx(f"registering target {name}", write=True) as conn:
             values = {
                 "name": name,
                 "url": url,
                 "kind": kind,
-                "cluster_id": self._cluster_id(conn, cluster),
+                "cluster_id": self.cluster_id(conn, cluster),
                 "updated": time.time(),
             }
-            stmt = self._insert(TargetRow.__table__).values(**values)
+            stmt = self.db.insert(TargetRow.__table__).values(**values)
             conn.execute(
                 stmt.on_conflict_do_update(
                     index_elements=["name"],
@@ -174,8 +169,8 @@ class Inventory:
         reading the targets table (``kvscope collect --targets-from-store``) stops scraping
         it at its next tick.
         """
-        self._require_schema()
-        with self._tx(f"deleting target {name}", write=True) as conn:
+        self.db.require_schema()
+        with self.db.tx(f"deleting target {name}", write=True) as conn:
             result = conn.execute(delete(TargetRow).where(TargetRow.name == name))
         return bool(result.rowcount)
 
@@ -219,17 +214,17 @@ class Inventory:
             "facts": None if facts is None else _jsonable(facts, f"engine {source} facts"),
         }
         changes = {k: v for k, v in given.items() if v is not None}
-        self._require_schema()
-        with self._tx(f"registering engine {source}", write=True) as conn:
+        self.db.require_schema()
+        with self.db.tx(f"registering engine {source}", write=True) as conn:
             values: dict[str, Any] = {
                 "source": source,
-                "cluster_id": self._cluster_id(conn, cluster),
+                "cluster_id": self.cluster_id(conn, cluster),
                 "updated": time.time(),
                 "offload": "none",
                 "facts": {},
                 **changes,
             }
-            stmt = self._insert(EngineRow.__table__).values(**values)
+            stmt = self.db.insert(EngineRow.__table__).values(**values)
             update = ["cluster_id", "updated", *changes]
             conn.execute(
                 stmt.on_conflict_do_update(
@@ -260,19 +255,19 @@ class Inventory:
         stored = regime | {
             k: facts[k] for k in ("offload_basis", "provenance") if facts.get(k) is not None
         }
-        stmt = self._insert(ch.__table__).values(
+        stmt = self.db.insert(ch.__table__).values(
             source=source, at=at, offload=row[0], facts=_jsonable(stored, f"engine {source}")
         )
         conn.execute(stmt.on_conflict_do_nothing(index_elements=["source", "at"]))
 
     def engine_changes(self, sources: Sequence[str] | None = None) -> dict[str, list[EngineChange]]:
         """source -> its recorded regimes, oldest first (Store.upsert_engine's observed_at)."""
-        self._require_schema()
+        self.db.require_schema()
         ch = EngineChangeRow
         query = select(ch.source, ch.at, ch.offload, ch.facts)
         if sources is not None:
             query = query.where(ch.source.in_(list(sources)))
-        with self._tx("reading engine changes") as conn:
+        with self.db.tx("reading engine changes") as conn:
             rows = conn.execute(query.order_by(ch.source, ch.at)).all()
         out: dict[str, list[EngineChange]] = {}
         for source, at, offload, facts in rows:
@@ -281,7 +276,7 @@ class Inventory:
 
     def engines(self, cluster: str | None = None, source: str | None = None) -> list[EngineRecord]:
         """Registered engines (optionally of one cluster or one source), by cluster, source."""
-        self._require_schema()
+        self.db.require_schema()
         e, c = EngineRow, ClusterRow
         query = select(
             c.name, e.source, e.model, e.gpu, e.hbm_gb, e.tensor_parallel, e.offload, e.facts
@@ -290,7 +285,7 @@ class Inventory:
             query = query.where(c.name == cluster)
         if source is not None:
             query = query.where(e.source == source)
-        with self._tx("reading engines") as conn:
+        with self.db.tx("reading engines") as conn:
             rows = conn.execute(query.order_by(c.name, e.source)).all()
         changes = self.engine_changes([source] if source is not None else None)
         return [
@@ -310,12 +305,12 @@ class Inventory:
 
     def targets(self, cluster: str | None = None) -> list[TargetRecord]:
         """Registered scrape targets (optionally of one cluster), by cluster, name."""
-        self._require_schema()
+        self.db.require_schema()
         t, c = TargetRow, ClusterRow
         query = select(t.name, t.url, t.kind, c.name).join(c, c.id == t.cluster_id)
         if cluster is not None:
             query = query.where(c.name == cluster)
-        with self._tx("reading targets") as conn:
+        with self.db.tx("reading targets") as conn:
             rows = conn.execute(query.order_by(c.name, t.name)).all()
         return [TargetRecord(*row) for row in rows]
 
@@ -323,12 +318,12 @@ class Inventory:
         """Row counts per table, the windows' count and time range, and window and series
         counts per signal; on PostgreSQL also the chunks' partitions (how many, the oldest
         and the newest)."""
-        self._require_schema()
+        self.db.require_schema()
         tables = (
             ClusterRow, EngineRow, EngineChangeRow, TargetRow, ScrapeOutcomeRow, SeriesRow,
             HeadRow, ChunkRow, Chunk5mRow, PlanRow, RollupStateRow,
         )  # fmt: skip
-        with self._tx("reading statistics") as conn:
+        with self.db.tx("reading statistics") as conn:
             counts = {
                 t.__tablename__: int(conn.execute(select(func.count()).select_from(t)).scalar_one())
                 for t in tables
@@ -346,7 +341,7 @@ class Inventory:
             ):
                 per_signal[str(signal)] = [int(n), int(k)]
             first, last = _time_range(conn)
-            parts = partitions.partitions(conn) if self.dialect == "postgresql" else None
+            parts = partitions.partitions(conn) if self.db.dialect == "postgresql" else None
         out: dict[str, Any] = {
             "rows": counts,
             "windows": sum(n for n, _ in per_signal.values()),

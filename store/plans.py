@@ -10,15 +10,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from sqlalchemy import Connection, func, select
+from sqlalchemy import func, select
 
 from core.errors import ConfigError
+from store.db import Database
+from store.inventory import Inventory
 from store.tables import PLAN_HEADLINE, ClusterRow, PlanRecord, PlanRow
-
-if TYPE_CHECKING:
-    from contextlib import AbstractContextManager
 
 _PLAN_COLUMNS = ("created_at", "horizon_s", "version", "mode", "document", *PLAN_HEADLINE)
 _READ_COLUMNS = ("id", "group_name", "window_from", "window_until", *_PLAN_COLUMNS)
@@ -34,14 +33,11 @@ def _number(value: Any, name: str) -> float | None:
 
 
 class PlanStore:
-    """Plans (mixed into Store)."""
+    """Plans (Store's); ``inventory`` registers a plan's cluster."""
 
-    if TYPE_CHECKING:
-        _insert: Any
-
-        def _require_schema(self) -> None: ...
-        def _tx(self, what: str, *, write: bool = False) -> AbstractContextManager[Connection]: ...
-        def _cluster_id(self, conn: Connection, name: str) -> int: ...
+    def __init__(self, db: Database, inventory: Inventory) -> None:
+        self.db = db
+        self.inventory = inventory
 
     def save_plan(self, plan: PlanRecord) -> int:
         """Insert or replace the plan of (cluster, group, window range); return its id."""
@@ -53,10 +49,10 @@ class PlanStore:
                 f"plan window: from {plan.window_from} is after until {plan.window_until}"
             )
         headline = {k: _number(plan.headline.get(k), k) for k in PLAN_HEADLINE}
-        self._require_schema()
-        with self._tx(f"saving a plan of cluster {plan.cluster}", write=True) as conn:
+        self.db.require_schema()
+        with self.db.tx(f"saving a plan of cluster {plan.cluster}", write=True) as conn:
             values: dict[str, Any] = {
-                "cluster_id": self._cluster_id(conn, plan.cluster),
+                "cluster_id": self.inventory.cluster_id(conn, plan.cluster),
                 "group_name": plan.group,
                 "window_from": plan.window_from,
                 "window_until": plan.window_until,
@@ -67,7 +63,7 @@ class PlanStore:
                 "document": dict(plan.document),
                 **headline,
             }
-            stmt = self._insert(PlanRow.__table__).values(**values)
+            stmt = self.db.insert(PlanRow.__table__).values(**values)
             conn.execute(
                 stmt.on_conflict_do_update(
                     index_elements=["cluster_id", "group_name", "window_from", "window_until"],
@@ -96,7 +92,7 @@ class PlanStore:
         ``documents=False`` leaves each record's document empty (not read: headline only)."""
         if limit < 1:
             raise ConfigError(f"limit must be >= 1, got {limit}")
-        self._require_schema()
+        self.db.require_schema()
         p, c = PlanRow, ClusterRow
         columns = _READ_COLUMNS if documents else _SUMMARY_COLUMNS
         query = select(*(p.__table__.c[k] for k in columns), c.name).join(c, c.id == p.cluster_id)
@@ -107,7 +103,7 @@ class PlanStore:
         if since is not None:
             query = query.where(p.created_at >= since)
         query = query.order_by(p.created_at.desc(), p.id.desc()).limit(limit)
-        with self._tx("reading plans") as conn:
+        with self.db.tx("reading plans") as conn:
             rows = conn.execute(query).all()
         return [_record(dict(zip(columns, row[:-1], strict=True)), row[-1]) for row in rows]
 
@@ -121,15 +117,15 @@ class PlanStore:
 
     def plan_document(self, plan_id: int) -> dict[str, Any] | None:
         """The JSON document of the stored plan ``plan_id`` (None: no such plan)."""
-        self._require_schema()
-        with self._tx("reading a plan document") as conn:
+        self.db.require_schema()
+        with self.db.tx("reading a plan document") as conn:
             doc = conn.execute(select(PlanRow.document).where(PlanRow.id == plan_id)).scalar()
         return None if doc is None else dict(doc)
 
     def latest_plans(self, cluster: str | None = None) -> list[PlanRecord]:
         """The newest stored plan of every (cluster, group), by cluster then group (one query,
         whatever the history's length); ``cluster`` None: every cluster."""
-        self._require_schema()
+        self.db.require_schema()
         p, c = PlanRow, ClusterRow
         rank = (
             func.row_number()
@@ -149,14 +145,14 @@ class PlanStore:
         if cluster is not None:
             query = query.where(c.name == cluster)
         query = query.order_by(c.name, p.group_name)
-        with self._tx("reading the latest plans") as conn:
+        with self.db.tx("reading the latest plans") as conn:
             rows = conn.execute(query).all()
         return [_record(dict(zip(_READ_COLUMNS, row[:-1], strict=True)), row[-1]) for row in rows]
 
     def clusters(self) -> list[str]:
         """Every registered cluster, by name."""
-        self._require_schema()
-        with self._tx("reading clusters") as conn:
+        self.db.require_schema()
+        with self.db.tx("reading clusters") as conn:
             names = conn.execute(select(ClusterRow.name).order_by(ClusterRow.name)).scalars()
             return [str(n) for n in names]
 

@@ -26,18 +26,15 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
-from sqlalchemy import Connection, delete, func, select, tuple_, update
+from sqlalchemy import delete, func, select, tuple_, update
 from sqlalchemy.exc import SQLAlchemyError
 
 from core.errors import ConfigError, KvscopeError, StoreError
 from store import chunks, partitions
+from store.db import Database
 from store.tables import Chunk5mRow, ChunkRow, HeadRow, RollupStateRow, ScrapeOutcomeRow
 
 if TYPE_CHECKING:
-    from contextlib import AbstractContextManager
-
-    from sqlalchemy import Engine
-
     from store.downsample import Downsampled
 
 log = logging.getLogger(__name__)
@@ -75,16 +72,10 @@ class Pruned:
 
 
 class RetentionStore:
-    """Pruning old rows (mixed into Store)."""
+    """Pruning old rows (Store's)."""
 
-    if TYPE_CHECKING:
-        dialect: str
-        url: str
-        _engine: Engine
-        _partitions: partitions.DayPartitions
-
-        def _require_schema(self) -> None: ...
-        def _tx(self, what: str, *, write: bool = False) -> AbstractContextManager[Connection]: ...
+    def __init__(self, db: Database) -> None:
+        self.db = db
 
     def prune(
         self,
@@ -105,9 +96,9 @@ class RetentionStore:
             raise ConfigError(f"prune cutoff must be a finite time, got {cutoff}")
         if batch < 1:
             raise ConfigError(f"prune batch must be >= 1, got {batch}")
-        self._require_schema()
+        self.db.require_schema()
         began = time.monotonic()
-        pg = self.dialect == "postgresql"
+        pg = self.db.dialect == "postgresql"
         dropped, dropped_windows = self._drop_partitions(cutoff, dry_run)
         day = float(math.floor(cutoff / partitions.DAY_S) * partitions.DAY_S)
         # with whole_partitions on PostgreSQL, the day at the cutoff stays whole
@@ -122,7 +113,7 @@ class RetentionStore:
         outcomes = self._delete_rows(
             ScrapeOutcomeRow.__table__, ScrapeOutcomeRow.started, cutoff, batch
         )
-        with self._tx(f"pruning rollup_states before {cutoff:.0f}", write=True) as conn:
+        with self.db.tx(f"pruning rollup_states before {cutoff:.0f}", write=True) as conn:
             conn.execute(delete(RollupStateRow).where(RollupStateRow.written < cutoff))
         return Pruned(cutoff, windows, outcomes, time.monotonic() - began, False,
                       len(dropped or ()))  # fmt: skip
@@ -131,7 +122,7 @@ class RetentionStore:
         """What a prune would delete, but for the partitions it would drop (the chunks
         before ``after``)."""
         windows = 0
-        with self._tx(f"counting what is before {cutoff:.0f}") as conn:
+        with self.db.tx(f"counting what is before {cutoff:.0f}") as conn:
             for table, at, span in TIERS:
                 windows += int(conn.execute(
                     select(func.coalesce(func.sum(table.n), 0)).where(at + span <= edge,
@@ -155,7 +146,7 @@ class RetentionStore:
         for table, at, span in TIERS:
             name = table.__tablename__
             while True:
-                with self._tx(f"pruning {name} before {edge:.0f}", write=True) as conn:
+                with self.db.tx(f"pruning {name} before {edge:.0f}", write=True) as conn:
                     old = conn.execute(
                         select(table.series_id, at, table.n).where(at + span <= edge).limit(batch)
                     ).all()
@@ -165,7 +156,7 @@ class RetentionStore:
                 done += sum(int(r[2]) for r in old)
                 if len(old) < batch:
                     break
-            with self._tx(f"pruning the {name} chunk at {edge:.0f}", write=True) as conn:
+            with self.db.tx(f"pruning the {name} chunk at {edge:.0f}", write=True) as conn:
                 split = conn.execute(
                     select(table.series_id, at, table.data).where(at < edge, at + span > edge)
                 ).all()
@@ -186,7 +177,7 @@ class RetentionStore:
         while True:
             old = select(*key).where(column < cutoff).limit(batch)
             match = key[0].in_(old) if len(key) == 1 else tuple_(*key).in_(old)
-            with self._tx(f"pruning {table.name} before {cutoff:.0f}", write=True) as conn:
+            with self.db.tx(f"pruning {table.name} before {cutoff:.0f}", write=True) as conn:
                 n = int(conn.execute(delete(table).where(match)).rowcount)
             done += n
             if n < batch:
@@ -198,23 +189,23 @@ class RetentionStore:
         """PostgreSQL: each tier's partitions wholly older than ``cutoff`` dropped (dry
         run: found) and their windows; (None, 0) on SQLite. The partitions counted are the
         1-minute tier's (a day of each tier goes at once)."""
-        if self.dialect != "postgresql":
+        if self.db.dialect != "postgresql":
             return None, 0
         found: list[partitions.Partition] = []
         windows = 0
         for parent in partitions.PARENTS:
             what = f"dropping the partitions of {parent} before {cutoff:.0f}"
             if dry_run:
-                with self._tx(what) as conn:
+                with self.db.tx(what) as conn:
                     old = partitions.wholly_before(partitions.partitions(conn, parent), cutoff)
                     n = partitions.count_windows(conn, old)
             else:
                 try:
-                    old, n = partitions.drop_partitions_before(self._engine, cutoff, parent)
+                    old, n = partitions.drop_partitions_before(self.db.engine, cutoff, parent)
                 except SQLAlchemyError as exc:
                     reason = str(getattr(exc, "orig", None) or exc).strip().splitlines()[0]
-                    raise StoreError(f"{what} failed on {self.url}: {reason}") from exc
-                self._partitions.forget(p.day for p in old if p.day is not None)
+                    raise StoreError(f"{what} failed on {self.db.url}: {reason}") from exc
+                self.db.days.forget(p.day for p in old if p.day is not None)
             windows += n
             if parent == partitions.PARENT:
                 found = old
