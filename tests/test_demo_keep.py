@@ -42,7 +42,7 @@ def test_demo_default_keep_plans_as_keep_all_from_fewer_series(tmp_path: Path) -
     assert '"decision": {' in used  # a plan that fitted and decided
     assert used_stats["series_stored"] < all_stats["series_stored"]
     assert set(used_stats["signals"]) < set(all_stats["signals"])
-    assert used_stats["rows"]["windows"] < all_stats["rows"]["windows"]
+    assert used_stats["windows"] < all_stats["windows"]
 
 
 def test_demo_cli_bad_keep_exits_2_naming_it(tmp_path: Path) -> None:
