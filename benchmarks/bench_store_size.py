@@ -290,9 +290,7 @@ def _import_from(tree: str) -> tuple[Any, Any, str]:
         return spec is not None and (spec.origin or "").startswith(under)
 
     records = "core.records" if ours("core.records") else "collector.records"
-    store = "store" if ours("store") and hasattr(importlib.import_module("store"), "Store") else (
-        "collector.store"
-    )  # fmt: skip
+    store = "store.store" if ours("store.store") else "collector.store"
     window_cls = importlib.import_module(records).Window
     module = importlib.import_module(store)
     for m in (sys.modules[records], module):
@@ -328,9 +326,10 @@ def child(spec: dict[str, Any]) -> dict[str, Any]:
         wall += time.perf_counter() - t0
         windows += len(batch)
     pack_cpu = pack_wall = 0.0
-    if hasattr(store, "pack_windows"):
+    pack = getattr(store, "pack_windows", None) or getattr(store, "seal_hours", None)
+    if pack is not None:  # the old code's packer; the new code's sealer (its writes seal)
         c0, t0 = time.process_time(), time.perf_counter()
-        store.pack_windows()
+        pack()
         pack_cpu, pack_wall = time.process_time() - c0, time.perf_counter() - t0
     server = server_cpu(postmaster) - s0 if postmaster else None
     if hasattr(store, "close"):

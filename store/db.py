@@ -8,6 +8,7 @@ was being done. The other parts of the store (writes, reads, retention, …) sha
 
 from __future__ import annotations
 
+import logging
 import re
 import sqlite3
 import time
@@ -25,6 +26,7 @@ from core.errors import StoreError
 from store import partitions
 from store.tables import SCHEMA_VERSION, SchemaVersionRow
 
+log = logging.getLogger(__name__)
 _SQLITE_BUSY_S = 30.0  # how long a connection waits for another one's lock
 
 
@@ -145,6 +147,17 @@ class Database:
             f"{self.url} has schema version {version}, older than {SCHEMA_VERSION}: "
             "run `kvscope db migrate --db URL`"
         )
+
+    def vacuum(self, table: str) -> None:
+        """PostgreSQL: ``VACUUM (SKIP_LOCKED)`` of a table whose rows come and go (the head:
+        an hour's rows are deleted when sealed), so the next rows reuse their space instead
+        of growing the table until autovacuum comes by; a failure is logged, not raised."""
+        try:
+            with self.engine.connect() as conn:
+                auto = conn.execution_options(isolation_level="AUTOCOMMIT")
+                auto.exec_driver_sql(f"VACUUM (SKIP_LOCKED) {table}")
+        except SQLAlchemyError as exc:
+            log.warning("VACUUM %s on %s: %s", table, self.url, reason(exc))
 
     def make_days(self, days: set[int]) -> None:
         """PostgreSQL: the chunks' day partitions of ``days`` made (once per Store)."""

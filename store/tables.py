@@ -172,8 +172,10 @@ class HeadRow(Base):
     __tablename__ = "head"
     __table_args__ = {"sqlite_with_rowid": False}  # noqa: RUF012 - SQLAlchemy's declaration
 
-    series_id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    # keyed by (start, series): a batch of one scrape's windows lands in a few pages at the
+    # end of the key's B-tree, where (series, start) would touch a page per series
     start: Mapped[float] = mapped_column(Double, primary_key=True)
+    series_id: Mapped[int] = mapped_column(Integer, primary_key=True)
     length_s: Mapped[float] = mapped_column(Double, nullable=False)
     samples: Mapped[int] = mapped_column(Integer, nullable=False)
     delta: Mapped[float | None] = mapped_column(Double)

@@ -16,7 +16,7 @@ import math
 from collections.abc import Iterable, Sequence
 from typing import Any, cast
 
-from sqlalchemy import Column, Connection, MetaData, Table, delete, func, select, text, tuple_
+from sqlalchemy import Connection, func, select, tuple_
 from sqlalchemy.dialects import postgresql, sqlite
 
 from core.errors import StoreError
@@ -93,23 +93,31 @@ class WindowWriter:
             for w in ws:
                 check_start(w.start, f"window {w.source} {w.signal}")
         ids = self.ids
-        named = {(w.source, w.signal, w.labels, w.kind) for w in ws
-                 if ids.get(w.source, w.signal, w.labels) is None}  # fmt: skip
-        if named:
-            with self.db.tx(f"naming {len(named)} series", write=True) as conn:
-                ids.resolve(conn, named)
         newest: dict[str, float] = {}
         rows: list[tuple[str, tuple[Any, ...]]] = []
+        missing: list[Window] = []
         for w in ws:
-            sid = cast(int, ids.get(w.source, w.signal, w.labels))
-            rows.append((w.source, _row(sid, w)))
+            sid = ids.get(w.source, w.signal, w.labels)
+            if sid is None:
+                missing.append(w)
+            else:
+                rows.append((w.source, _row(sid, w)))
             if newest.get(w.source, -math.inf) < w.start:
                 newest[w.source] = w.start
-        hours = {s: chunks.hour_of(t) for s, t in newest.items()}
+        if missing:
+            named = {(w.source, w.signal, w.labels, w.kind) for w in missing}
+            with self.db.tx(f"naming {len(named)} series", write=True) as conn:
+                ids.resolve(conn, named)
+            rows += [(w.source, _row(cast(int, ids.get(w.source, w.signal, w.labels)), w))
+                     for w in missing]  # fmt: skip
         self._locked_write(rows, keep_fuller, sorted(newest))
-        for source, hour in sorted(hours.items()):
+        due = {}
+        for source, start in newest.items():
+            hour = chunks.hour_of(start)
             if self.sealed_below.get(source, -math.inf) < hour:
-                self.seal(source, hour)
+                due[source] = hour
+        if due:
+            self.seal_many(due)
         return len(ws)
 
     def _locked_write(
@@ -117,7 +125,8 @@ class WindowWriter:
     ) -> None:
         hour_of = chunks.hour_of
         sealed = self.sealed_below
-        late = {(r[0], hour_of(r[1])) for s, r in rows if hour_of(r[1]) < sealed.get(s, math.inf)}
+        inf = math.inf  # below a sealed hour boundary: maybe in a chunk already
+        late = {(r[0], hour_of(r[1])) for s, r in rows if r[1] < sealed.get(s, inf)}
         with self.db.tx(f"writing {len(rows)} windows", write=True) as conn:
             self._lock(conn, sources)
             have = self._chunks(conn, late) if late else {}
@@ -133,12 +142,13 @@ class WindowWriter:
                 self._put_chunks(conn, have, into, keep_fuller)
 
     def _lock(self, conn: Connection, sources: Iterable[str]) -> None:
+        """PostgreSQL: the sources' advisory locks, taken in one statement, in name order."""
         if conn.dialect.name == "postgresql":
-            for source in sorted(set(sources)):
-                conn.execute(
-                    text("SELECT pg_advisory_xact_lock(:c, hashtext(:s))"),
-                    {"c": _SOURCE_LOCK, "s": source},
-                )
+            conn.exec_driver_sql(
+                "SELECT pg_advisory_xact_lock(%(c)s, hashtext(s)) FROM "
+                "(SELECT s FROM unnest(%(s)s::text[]) AS u(s) ORDER BY s) AS ordered",
+                {"c": _SOURCE_LOCK, "s": sorted(set(sources))},
+            )
 
     def _chunks(
         self, conn: Connection, keys: set[tuple[int, float]]
@@ -206,45 +216,53 @@ class WindowWriter:
         conn.exec_driver_sql(sql)
 
     def _upsert_sql(self, conn: Connection, keep_fuller: bool) -> str:
-        """The head upsert, compiled once: executemany on SQLite, from a COPY-filled staging
-        table on PostgreSQL (``keep_fuller``: a stored row of more samples stays)."""
+        """The head upsert, made once: executemany of HEAD_COLUMNS tuples on SQLite, from a
+        COPY-filled staging table on PostgreSQL (``keep_fuller``: a stored row of more
+        samples stays)."""
         if keep_fuller not in self._upsert:
-            table = cast(Table, HeadRow.__table__)
-            stmt: Any
+            sets = ", ".join(f"{c} = excluded.{c}" for c in HEAD_COLUMNS[2:])
+            where = " WHERE head.samples <= excluded.samples" if keep_fuller else ""
+            conflict = f"ON CONFLICT (start, series_id) DO UPDATE SET {sets}{where}"
+            names = ", ".join(HEAD_COLUMNS)
             if conn.dialect.name == "sqlite":
-                stmt = sqlite.insert(table)
-            else:
-                staging = Table(
-                    _STAGING, MetaData(), *(Column(c, table.c[c].type) for c in HEAD_COLUMNS)
-                )
-                ordered = select(*staging.c).order_by(staging.c.series_id, staging.c.start)
-                stmt = postgresql.insert(table).from_select(list(HEAD_COLUMNS), ordered)
-            stmt = stmt.on_conflict_do_update(
-                index_elements=["series_id", "start"],
-                set_={c: stmt.excluded[c] for c in HEAD_COLUMNS[2:]},
-                where=table.c.samples <= stmt.excluded.samples if keep_fuller else None,
-            )
-            compiled = stmt.compile(dialect=conn.dialect, column_keys=list(HEAD_COLUMNS))
-            if conn.dialect.name == "sqlite" and tuple(compiled.positiontup or ()) != HEAD_COLUMNS:
-                raise StoreError(f"unexpected head upsert parameters: {compiled.positiontup}")
-            self._upsert[keep_fuller] = str(compiled)
+                marks = ", ".join("?" * len(HEAD_COLUMNS))
+                sql = f"INSERT INTO head ({names}) VALUES ({marks}) {conflict}"
+            else:  # in key order: concurrent writers lock rows in the same order
+                sql = (f"INSERT INTO head ({names}) SELECT {names} FROM {_STAGING} "
+                       f"ORDER BY start, series_id {conflict}")  # fmt: skip
+            self._upsert[keep_fuller] = sql
         return self._upsert[keep_fuller]
 
     def seal(self, source: str, below: float) -> int:
         """Move ``source``'s head rows that start before ``below`` into their hours' chunks;
         return how many windows moved."""
-        for attempt in (1, 2):
-            try:
-                with self.db.tx(f"sealing the closed hours of {source}", write=True) as conn:
-                    self._lock(conn, [source])
-                    moved = self._seal_rows(conn, source, below)
-                break
-            except StoreError as exc:
-                # a day another process's prune dropped after this one made it: made again
-                if attempt == 2 or not no_partition(exc):
-                    raise
-                self.db.days.made.clear()
-        self.sealed_below[source] = max(self.sealed_below.get(source, -math.inf), below)
+        return self.seal_many({source: below})
+
+    def seal_many(self, below: dict[str, float]) -> int:
+        """Seal each source's head rows before its ``below`` hour: the sources of one hour
+        in one transaction (at an hour's turn, every source of a collector); the windows
+        moved."""
+        by_hour: dict[float, list[str]] = {}
+        for source, hour in below.items():
+            by_hour.setdefault(hour, []).append(source)
+        moved = 0
+        for hour, sources in sorted(by_hour.items()):
+            for attempt in (1, 2):
+                try:
+                    with self.db.tx(f"sealing the hours of {len(sources)} source(s) before "
+                                    f"{hour:.0f}", write=True) as conn:  # fmt: skip
+                        self._lock(conn, sources)
+                        moved += self._seal_rows(conn, sorted(sources), hour)
+                    break
+                except StoreError as exc:
+                    # a day another process's prune dropped after this one made it: again
+                    if attempt == 2 or not no_partition(exc):
+                        raise
+                    self.db.days.made.clear()
+            for source in sources:
+                self.sealed_below[source] = max(self.sealed_below.get(source, -math.inf), hour)
+        if moved and self.db.dialect == "postgresql":
+            self.db.vacuum("head")  # the sealed rows' space, for the next hour's rows
         return moved
 
     def seal_before(self, end: float) -> int:
@@ -256,24 +274,32 @@ class WindowWriter:
                 .join(HeadRow, HeadRow.series_id == SeriesRow.id)
                 .where(HeadRow.start < end)
             ).scalars().all()  # fmt: skip
-        return sum(self.seal(str(s), end) for s in sorted(names))
+        return self.seal_many(dict.fromkeys((str(s) for s in names), end))
 
-    def _seal_rows(self, conn: Connection, source: str, below: float) -> int:
-        """In ``conn``'s transaction: ``source``'s head rows before ``below`` into chunks."""
-        of_source = select(SeriesRow.id).where(SeriesRow.source == source).scalar_subquery()
-        cols = [HeadRow.__table__.c[c] for c in HEAD_COLUMNS]
-        gone = conn.execute(
-            delete(HeadRow)
-            .where(HeadRow.series_id.in_(of_source), HeadRow.start < below)
-            .returning(*cols)
-        ).all()
+    def _seal_rows(self, conn: Connection, sources: list[str], below: float) -> int:
+        """In ``conn``'s transaction: the sources' head rows before ``below`` into chunks."""
+        names = ", ".join(HEAD_COLUMNS)
+        pg = conn.dialect.name == "postgresql"
+        mark = "%s" if pg else "?"
+        of_sources = f"SELECT id FROM series WHERE source IN ({', '.join([mark] * len(sources))})"
+        sql = (f"DELETE FROM head WHERE start < {mark} AND series_id IN ({of_sources}) "
+               f"RETURNING {names}")  # fmt: skip
+        driver: Any = conn.connection.driver_connection
+        cursor = driver.cursor()
+        try:
+            cursor.execute(sql, (below, *sources))
+            gone = cursor.fetchall()
+        finally:
+            cursor.close()
         if not gone:
             return 0
+        gone.sort(key=lambda r: (r[0], r[1]))
         into: dict[tuple[int, float], list[chunks.Row]] = {}
-        for r in sorted(gone, key=lambda r: (r[0], r[1])):
-            into.setdefault((int(r[0]), chunks.hour_of(float(r[1]))), []).append(tuple(r[1:]))
+        hour_of = chunks.hour_of
+        for r in gone:
+            into.setdefault((r[0], hour_of(r[1])), []).append(r[1:])
         days = {int(h // DAY_S) for _, h in into}
-        if conn.dialect.name == "postgresql" and self.db.days.missing(days):
+        if pg and self.db.days.missing(days):
             partitions.make_days(conn, days)
             self.db.days.add(days)
         self._put_chunks(conn, self._chunks(conn, set(into)), into, keep_fuller=False)
@@ -288,4 +314,4 @@ class WindowWriter:
                 .join(HeadRow, HeadRow.series_id == SeriesRow.id)
                 .group_by(SeriesRow.source)
             ).all()
-        return sum(self.seal(str(s), chunks.hour_of(float(t))) for s, t in sorted(newest))
+        return self.seal_many({str(s): chunks.hour_of(float(t)) for s, t in newest})
