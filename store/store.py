@@ -78,7 +78,7 @@ class Store:
         """Upsert windows on (source, series, start); return how many were written.
 
         Idempotent: writing the same windows again replaces them; a key repeated within one
-        call keeps its last window; NaN values are stored as NULL (unknown). One transaction
+        call keeps its last window; a NaN value is read back as unknown (None). One transaction
         per batch of ``batch_size``. ``keep_fuller``: a stored window built from more
         samples than the one written is kept (the direct collector's rule after a restart).
         """
