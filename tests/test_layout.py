@@ -1,7 +1,8 @@
 """The direction of the whole tree, read from the AST (every import counts: module level,
 inside functions, under ``if TYPE_CHECKING``), and the size of planner/'s top level.
 
-The rules (core <- collector -> store <- planner <- api/dashboards, kvscope wires them):
+The rules (docs/architecture.md: core <- collector -> store <- planner <- api/dashboards,
+kvscope wires them):
 - core (errors, records, the catalogue) imports nothing of ours but core; every room may
   import it;
 - collector imports core, collector and store; store imports core and store; the other

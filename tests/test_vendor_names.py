@@ -1,5 +1,5 @@
 """Every vendor metric name (vllm:…, lmcache:…, lmcache_mp_…) is spelled only in
-core/catalog.py; everyone else takes it from the catalogue (ARCHITECTURE.md)."""
+core/catalog.py; everyone else takes it from the catalogue (docs/architecture.md)."""
 
 from __future__ import annotations
 
