@@ -433,6 +433,7 @@ def test_collect_prometheus_restarted_mid_run_next_poll_fills_gap(
                     collect_prometheus(
                         source, store, cluster="r", window_s=WINDOW_S, since_s=8,
                         interval_s=POLL_S, settle_s=2.0, stop=stop,
+                        keep=None,  # every signal: each series of the engine is checked
                     )
                 )  # fmt: skip
                 await asyncio.sleep(2.0)
