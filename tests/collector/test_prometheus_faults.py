@@ -447,7 +447,16 @@ def test_collect_prometheus_restarted_mid_run_next_poll_fills_gap(
                 while srv.route("/metrics").hits < hits + 2:  # scraping again
                     assert time.time() < marks["up"] + 20, "restarted Prometheus did not scrape"
                     await asyncio.sleep(0.1)
-                await asyncio.sleep(3.0)  # > settle + a window: the gap's far side is read
+                scraping = time.time()
+
+                def read_past() -> bool:  # a window after the resumed scrapes is stored
+                    windows = store.read_windows(cluster="r", signals=["preemptions_total"])
+                    return any(w.start > scraping for w in windows)
+
+                # the gap's far side read (settle + a window, longer on a loaded machine)
+                while not await asyncio.to_thread(read_past):
+                    assert time.time() < scraping + 30, "nothing read after the restart"
+                    await asyncio.sleep(0.25)
                 stop.set()
                 return await task
 
