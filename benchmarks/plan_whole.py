@@ -3,8 +3,10 @@
 Each variant is one command on one store, run as a fresh process; the variants are run one
 after the other, ``rounds`` times over (alternated, so a busy spell of the shared machine
 falls on all of them), and each run's wall time, its CPU (the process and its children), the
-load average when it started and, on PostgreSQL, the server's CPU meanwhile (the backends
-the plan used) are printed. Every plan's JSON is compared with the first variant's, but for
+peak RSS of its largest process, the peak Pss of its process tree (a plan forks a child for
+its verdicts and forecasts: Pss counts the pages they share once), the load average when it
+started and, on PostgreSQL, the server's CPU meanwhile (the backends the plan used) are
+printed. Every plan's JSON is compared with the first variant's, but for
 the plan's own timings and the store URL it names.
 """
 
@@ -50,7 +52,8 @@ class Runs:
 
     samples: list[tuple[float, float, float, float]] = field(default_factory=list)
     json: str = ""
-    peak_rss_mb: list[float] = field(default_factory=list)  # each run's, the process's own
+    peak_rss_mb: list[float] = field(default_factory=list)  # each run's largest process's
+    peak_pss_mb: list[float] = field(default_factory=list)  # each run's process tree's
 
     def best(self) -> tuple[float, float, float, float]:
         """The run with the least wall time."""
@@ -118,17 +121,63 @@ def _stat(pid: int, *, with_children: bool = False) -> tuple[int, int]:
     return int(fields[1]), ticks
 
 
-def _run(cmd: list[str], env: dict[str, str]) -> tuple[int, str, str, resource.struct_rusage]:
-    """(exit code, stdout, stderr, the child's own rusage: CPU and peak RSS) of one run."""
+def _children(pid: int) -> list[int]:
+    """The child processes of ``pid`` (any of its threads')."""
+    out: list[int] = []
+    try:
+        for task in os.listdir(f"/proc/{pid}/task"):
+            with open(f"/proc/{pid}/task/{task}/children") as fh:
+                out += [int(x) for x in fh.read().split()]
+    except OSError:  # gone meanwhile
+        pass
+    return out
+
+
+def _pss_kb(pid: int) -> int:
+    """A process's proportional set size (its pages, shared ones split among sharers)."""
+    try:
+        with open(f"/proc/{pid}/smaps_rollup") as fh:
+            for line in fh:
+                if line.startswith("Pss:"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return 0
+
+
+def tree_pss_peak(pid: int, done: Callable[[], bool], every_s: float = 0.02) -> float:
+    """The peak over time of the summed Pss (MB) of ``pid`` and its descendants (a plan
+    forks a child for its verdicts and forecasts), sampled every ``every_s`` until
+    ``done()``: the memory the process tree holds, each shared page counted once."""
+    peak = 0
+    while not done():
+        tree, todo = [], [pid]
+        while todo:
+            p = todo.pop()
+            tree.append(p)
+            todo += _children(p)
+        peak = max(peak, sum(_pss_kb(p) for p in tree))
+        time.sleep(every_s)
+    return peak / 1024
+
+
+def _run(
+    cmd: list[str], env: dict[str, str]
+) -> tuple[int, str, str, resource.struct_rusage, float]:
+    """(exit code, stdout, stderr, the child's rusage: CPU with its children's, peak RSS of
+    the largest process; the peak Pss of its process tree in MB) of one run."""
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True)  # fmt: skip
     assert proc.stdout is not None and proc.stderr is not None
-    with ThreadPoolExecutor(2) as pool:
+    ended = False
+    with ThreadPoolExecutor(3) as pool:
         out, err = pool.submit(proc.stdout.read), pool.submit(proc.stderr.read)
+        pss = pool.submit(tree_pss_peak, proc.pid, lambda: ended)
         _, status, usage = os.wait4(proc.pid, 0)
+        ended = True
         stdout, stderr = out.result(), err.result()
     proc.returncode = os.waitstatus_to_exitcode(status)
-    return proc.returncode, stdout, stderr, usage
+    return proc.returncode, stdout, stderr, usage, pss.result()
 
 
 def run_rounds(variants: list[Variant], rounds: int) -> dict[str, Runs]:
@@ -140,7 +189,7 @@ def run_rounds(variants: list[Variant], rounds: int) -> dict[str, Runs]:
             load = os.getloadavg()[0]
             s0 = v.server_cpu() if v.server_cpu else 0.0
             t0 = time.perf_counter()
-            code, stdout, stderr, usage = _run(v.cmd, env)
+            code, stdout, stderr, usage, pss_mb = _run(v.cmd, env)
             wall = time.perf_counter() - t0
             if code != 0:
                 raise SystemExit(f"bench_plan: {v.name} failed:\n{stderr[-3000:]}")
@@ -149,16 +198,25 @@ def run_rounds(variants: list[Variant], rounds: int) -> dict[str, Runs]:
             server = v.server_cpu() - s0 if v.server_cpu else 0.0
             out[v.name].samples.append((wall, cpu, server, load))
             out[v.name].peak_rss_mb.append(rss_mb)
+            out[v.name].peak_pss_mb.append(pss_mb)
             out[v.name].json = stdout.replace(_redacted(v.url), "<store>")
             extra = f" + server {server:6.2f} s cpu" if v.server_cpu else ""
             print(f"  round {i + 1}: {v.name:<40s} {wall:7.2f} s wall {cpu:7.2f} s cpu{extra}"
-                  f"  peak RSS {rss_mb:,.0f} MB  (load {load:.2f})", flush=True)  # fmt: skip
+                  f"  peak RSS {rss_mb:,.0f} MB, tree Pss {pss_mb:,.0f} MB  (load {load:.2f})",
+                  flush=True)  # fmt: skip
     return out
 
 
-def summary(variants: list[Variant], runs: dict[str, Runs]) -> None:
-    """Each variant's best and median run, its ratios to the first variant's best, and
-    whether its plan JSON is the first variant's."""
+def summary(
+    variants: list[Variant],
+    runs: dict[str, Runs],
+    *,
+    wall_target: float = 10.0,
+    memory_target_mb: float = 1024.0,
+) -> None:
+    """Each variant's best and median run, its ratios to the first variant's best, whether
+    its plan JSON is the first variant's, and whether its best wall time and its largest
+    tree Pss meet the targets."""
     first = runs[variants[0].name]
     w0, c0, s0, _ = first.best()
     for v in variants:
@@ -166,13 +224,16 @@ def summary(variants: list[Variant], runs: dict[str, Runs]) -> None:
         wall, cpu, server, load = r.best()
         med = statistics.median(s[0] for s in r.samples)
         rss = max(r.peak_rss_mb) if r.peak_rss_mb else math.nan
+        pss = max(r.peak_pss_mb) if r.peak_pss_mb else math.nan
         differs = differs_at(first.json, r.json)
         same = f"JSON DIFFERENT at {differs}" if differs else "JSON identical"
         total = f", +{server:.1f} s server = {cpu + server:.1f} s" if v.server_cpu else ""
         print(f"WHOLE {v.name}: best {wall:.1f} s wall / {cpu:.1f} s cpu{total} (load "
-              f"{load:.2f}; median wall {med:.1f} s of {len(r.samples)}; peak RSS {rss:,.0f} MB); "
-              f"{wall / w0:.2f}x wall, {(cpu + server) / (c0 + s0):.2f}x cpu of "
-              f"{variants[0].name}; {same}; <= 30 s: {'met' if wall <= 30 else 'NOT met'}",
+              f"{load:.2f}; median wall {med:.1f} s of {len(r.samples)}; peak RSS {rss:,.0f} MB, "
+              f"tree Pss {pss:,.0f} MB); {wall / w0:.2f}x wall, "
+              f"{(cpu + server) / (c0 + s0):.2f}x cpu of {variants[0].name}; {same}; "
+              f"<= {wall_target:g} s: {'met' if wall <= wall_target else 'NOT met'}; "
+              f"<= {memory_target_mb:,.0f} MB: {'met' if pss <= memory_target_mb else 'NOT met'}",
               flush=True)  # fmt: skip
 
 

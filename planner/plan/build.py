@@ -44,7 +44,8 @@ from planner.plan.fits import (
     run_fits,
     skipped_fits,
 )
-from planner.plan.forecast import kv_capacity, run_forecasts
+from planner.plan.forecast import ForecastRun, kv_capacity, run_forecasts
+from planner.plan.fork import Forked
 from planner.plan.groups import (
     GroupSlice,
     groups_basis,
@@ -291,18 +292,22 @@ def _plan(
     modes = {s: m for s, m in modes_by_source(in_window).items() if s in present}
     happening, seen = observe(frame, windows, modes)
     run.lap("observe")
-    verdicts: dict[str, ModeVerdict] = {}
+    cap = kv_capacity(windows, {e.source: e.facts for e in in_window}, hw)
+
+    def verdicts_and_forecasts() -> tuple[dict[str, ModeVerdict], ForecastRun]:
+        verdicts = {} if groups else run_verdicts(frame, in_window, slo=run.slo, seed=run.seed)
+        fc = run_forecasts(windows, cap, horizon_s=run.horizon_s, seed=run.seed,
+                           max_seconds=run.forecast_seconds)  # fmt: skip
+        return verdicts, fc
+
+    side = Forked(verdicts_and_forecasts)  # beside the fits: neither reads the other
     if groups:
         fits = skipped_fits(f"fitted per model group ({len(groups)} groups): see groups")
     else:
         fits = run_fits(frame, hw, seed=run.seed)
-        verdicts = run_verdicts(frame, in_window, slo=run.slo, seed=run.seed)
     run.lap("fits")
-    cap = kv_capacity(windows, {e.source: e.facts for e in in_window}, hw)
-    fc = run_forecasts(
-        windows, cap, horizon_s=run.horizon_s, seed=run.seed, max_seconds=run.forecast_seconds
-    )
-    run.lap("forecasts")
+    verdicts, fc = side.result()
+    run.lap("verdicts_forecasts")
     u_now = seen.kv_util_p50
     for mode in ("native", "lmcache"):
         fits[EQUAL_KV + mode].entry["at_current_util"] = equal_kv_at(fits[EQUAL_KV + mode], u_now)

@@ -470,7 +470,8 @@ def test_plan_columnar_read_equals_window_read_exactly(tmp_path: Path) -> None:
         assert h["reprefill_share"]["value"] is not None
         assert plans[0].window["first"] == windows[0].start + 600
         assert set(plans[0].details.seconds) == {"read", "frame", "observe", "fits",
-                                                 "forecasts", "cpu_tier", "decide"}  # fmt: skip
+                                                 "verdicts_forecasts", "cpu_tier",
+                                                 "decide"}  # fmt: skip
 
 
 def test_plan_engine_switched_offload_counts_windows_by_regime_and_lists_assumed(

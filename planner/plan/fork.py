@@ -1,0 +1,87 @@
+"""Run one stage of a plan in a forked child while this process runs another.
+
+``Forked(fn)`` starts ``fn`` in a child made by ``os.fork`` (it reads this process's frame
+without a copy: pages are shared until written) and ``result()`` returns fn's value, sent back
+pickled through a pipe, or raises fn's exception. ``fn`` runs in this process instead, at
+``result()``, where a fork is not safe: no ``os.fork``, other threads running (a fork copies
+only the calling thread, and any lock another thread holds stays locked in the child), or
+``KVSCOPE_PLAN_JOBS=1``. The value is the same either way; only the wall time differs.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import pickle
+import threading
+import traceback
+from collections.abc import Callable
+from typing import Generic, TypeVar
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+JOBS_ENV = "KVSCOPE_PLAN_JOBS"
+
+
+def can_fork() -> bool:
+    """Whether a stage may run in a forked child here (module docstring)."""
+    if not hasattr(os, "fork") or threading.active_count() != 1:
+        return False
+    return os.environ.get(JOBS_ENV, "").strip() != "1"
+
+
+class Forked(Generic[T]):
+    """``fn()`` in a forked child when :func:`can_fork`, else in this process at
+    :meth:`result`."""
+
+    def __init__(self, fn: Callable[[], T]) -> None:
+        self.fn = fn
+        self.pid = 0
+        self.fd = -1
+        if can_fork():
+            read, write = os.pipe()
+            pid = os.fork()
+            if pid == 0:  # the child: never returns
+                os.close(read)
+                _child(fn, write)
+            os.close(write)
+            self.pid, self.fd = pid, read
+
+    def result(self) -> T:
+        """fn's value, or fn's exception raised here."""
+        if not self.pid:
+            return self.fn()
+        chunks = []
+        with os.fdopen(self.fd, "rb") as pipe:
+            while block := pipe.read(1 << 20):
+                chunks.append(block)
+        _, status = os.waitpid(self.pid, 0)
+        self.pid = 0
+        if not chunks:  # killed before it answered (the OOM killer, a signal)
+            log.warning("plan: the forked stage ended without a result (wait status %d); "
+                        "running it in this process", status)  # fmt: skip
+            return self.fn()
+        ok, value = pickle.loads(b"".join(chunks))
+        if not ok:
+            raise value
+        return value  # type: ignore[no-any-return]
+
+
+def _child(fn: Callable[[], object], fd: int) -> None:
+    """Run ``fn``, write (ok, value or exception) pickled to ``fd`` and exit at once (no
+    atexit handlers, no flush of buffers the parent also holds)."""
+    code = 0
+    try:
+        try:
+            payload = pickle.dumps((True, fn()), protocol=pickle.HIGHEST_PROTOCOL)
+        except BaseException as exc:  # sent back, raised in the parent
+            code = 1
+            try:
+                payload = pickle.dumps((False, exc), protocol=pickle.HIGHEST_PROTOCOL)
+            except Exception:  # an exception that does not pickle
+                text = "".join(traceback.format_exception(exc))
+                payload = pickle.dumps((False, RuntimeError(f"forked plan stage: {text}")))
+        with os.fdopen(fd, "wb") as pipe:
+            pipe.write(payload)
+    finally:
+        os._exit(code)
