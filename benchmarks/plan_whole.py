@@ -145,7 +145,7 @@ def _pss_kb(pid: int) -> int:
     return 0
 
 
-def tree_pss_peak(pid: int, done: Callable[[], bool], every_s: float = 0.02) -> float:
+def tree_pss_peak(pid: int, done: Callable[[], bool], every_s: float = 0.05) -> float:
     """The peak over time of the summed Pss (MB) of ``pid`` and its descendants (a plan
     forks a child for its verdicts and forecasts), sampled every ``every_s`` until
     ``done()``: the memory the process tree holds, each shared page counted once."""

@@ -308,8 +308,13 @@ def fit_gain(
     fit = replace(fit, basis=(*fit.basis, weighting))
     kn = knots_at(xs, knots)
     x = basis_matrix(xs, kn, centre)
-    # weighted least squares as OLS on rows scaled by √w (the sandwich stays valid)
-    design = np.hstack([x, x * d[:, None]]) * sw[:, None]
+    # weighted least squares as OLS on rows scaled by √w (the sandwich stays valid); the
+    # design [x·√w, x·√w·d] made in place (d is 0 or 1: the products are exact either way)
+    p = x.shape[1]
+    design = np.empty((x.shape[0], 2 * p))
+    np.multiply(x, sw[:, None], out=design[:, :p])
+    del x
+    np.multiply(design[:, :p], d[:, None], out=design[:, p:])
     y = y * sw
     n_g = [int(np.unique(g[d == v]).size) for v in (0.0, 1.0)]
     n_eng = int(np.unique(g).size)

@@ -3,14 +3,17 @@
 ``Forked(fn)`` starts ``fn`` in a child made by ``os.fork`` (it reads this process's frame
 without a copy: pages are shared until written) and ``result()`` returns fn's value, sent back
 pickled through a pipe, or raises fn's exception. ``fn`` runs in this process instead, at
-``result()``, where a fork is not safe: no ``os.fork``, other threads running (a fork copies
-only the calling thread, and any lock another thread holds stays locked in the child), or
-``KVSCOPE_PLAN_JOBS=1``. The value is the same either way; only the wall time differs.
+``result()``, where a fork is not safe or not affordable: no ``os.fork``, other threads
+running (a fork copies only the calling thread, and any lock another thread holds stays
+locked in the child), less memory free (the machine's, or the cgroup's below its limit) than
+this process holds (the child may come to write as much), or ``KVSCOPE_PLAN_JOBS=1``. The
+value is the same either way; only the wall time and the memory differ.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import os
 import pickle
 import threading
@@ -27,7 +30,47 @@ def can_fork() -> bool:
     """Whether a stage may run in a forked child here (module docstring)."""
     if not hasattr(os, "fork") or threading.active_count() != 1:
         return False
-    return os.environ.get(JOBS_ENV, "").strip() != "1"
+    if os.environ.get(JOBS_ENV, "").strip() == "1":
+        return False
+    return free_bytes() >= _rss_bytes()
+
+
+def free_bytes() -> float:
+    """Memory free for a child: the machine's MemAvailable, or less where this process's
+    cgroup (v2 or v1) has a limit below it (inf where neither can be read)."""
+    free = _meminfo("MemAvailable")
+    for limit, usage in (("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"),
+                         ("/sys/fs/cgroup/memory/memory.limit_in_bytes",
+                          "/sys/fs/cgroup/memory/memory.usage_in_bytes")):  # fmt: skip
+        try:
+            with open(limit) as fh:
+                cap = fh.read().strip()
+            with open(usage) as fh:
+                used = float(fh.read().strip())
+        except (OSError, ValueError):
+            continue
+        if cap.isdigit():
+            free = min(free, float(cap) - used)
+    return free
+
+
+def _meminfo(field: str) -> float:
+    try:
+        with open("/proc/meminfo") as fh:
+            for line in fh:
+                if line.startswith(field + ":"):
+                    return float(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return math.inf
+
+
+def _rss_bytes() -> float:
+    try:
+        with open("/proc/self/statm") as fh:
+            return float(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return 0.0
 
 
 class Forked(Generic[T]):

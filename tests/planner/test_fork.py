@@ -104,3 +104,16 @@ def test_plan_is_the_same_with_and_without_the_fork(
         assert len(forks) == (0 if jobs == "1" else 1)
     a, b = (json.dumps(without_timings(p.to_dict()), sort_keys=True) for p in plans)
     assert a == b
+
+
+def test_no_fork_when_free_memory_is_below_this_process(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(JOBS_ENV, raising=False)
+    monkeypatch.setattr("planner.plan.fork.free_bytes", lambda: 1024.0)
+    assert not can_fork()
+    assert Forked(os.getpid).result() == os.getpid()
+
+
+def test_free_bytes_reads_meminfo_and_is_positive() -> None:
+    from planner.plan.fork import free_bytes
+
+    assert 0 < free_bytes() < float("inf")
