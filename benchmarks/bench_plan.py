@@ -12,6 +12,9 @@ migration's time printed). In the same run:
   CPU and peak RSS of each run, the ratios, and whether the plans' JSON are the same (but
   for their own timings and store URL); with ``--postgres`` the same on PostgreSQL 15, each
   store copied into its own database (the baseline's by the baseline's own code);
+* with ``--copies N``: instead, this tree alone on N copies of the store's engines
+  (benchmarks/replicate_store.py), its wall, CPU and process-tree Pss against
+  ``--memory-target`` (8 GB: 1,000 engines × 7 days);
 * unless ``--whole-only``: this tree's read_frame of the plan's columns and build_plan's
   stages in this process.
 
@@ -19,6 +22,7 @@ BLAS threads are pinned to one before numpy loads (the whole processes inherit i
 
     .venv/bin/python benchmarks/bench_plan.py [--engines 100] [--days 7] [--rebuild]
     .venv/bin/python benchmarks/bench_plan.py --whole-only --postgres --rounds 3
+    .venv/bin/python benchmarks/bench_plan.py --copies 10   # 1,000 engines, this tree only
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ[_var] = "1"
 
 import argparse  # noqa: E402
+import math  # noqa: E402
 import sqlite3  # noqa: E402
 import subprocess  # noqa: E402
 import sys  # noqa: E402
@@ -41,7 +46,7 @@ from typing import Any, TypeVar  # noqa: E402
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks import gitrev, plan_whole  # noqa: E402
+from benchmarks import gitrev, plan_whole, replicate_store  # noqa: E402
 from benchmarks.accuracy.fitsynth import frame_to_windows, synthetic_frame  # noqa: E402
 from planner.frames.table import PLAN_COLUMNS  # noqa: E402
 from planner.plan.build import build_plan  # noqa: E402
@@ -210,6 +215,18 @@ def main() -> None:
     ap.add_argument("--whole-only", action="store_true", help="only the whole-process timing")
     ap.add_argument("--rounds", type=int, default=1, help="whole-process rounds (alternated)")
     ap.add_argument(
+        "--copies",
+        type=int,
+        default=1,
+        help="plan on this many copies of the engines (this tree only)",
+    )
+    ap.add_argument(
+        "--memory-target",
+        type=float,
+        default=8192.0,
+        help="MB of process-tree Pss the --copies plan should stay within",
+    )
+    ap.add_argument(
         "--baseline",
         metavar="REV",
         default=BASELINE,
@@ -232,6 +249,9 @@ def main() -> None:
             total += int(con.execute("SELECT count(*) FROM head").fetchone()[0])
             names = [r[0] for r in con.execute("SELECT source FROM engines ORDER BY source")]
         print(f"store {path}: {total:,} windows of {len(names)} engines")
+        if args.copies > 1:
+            scaled(new, args)
+            return
         pg: tuple[str, str] | None = None
         if args.postgres or args.skip_sqlite:
             from tests.services import postgres
@@ -250,6 +270,21 @@ def main() -> None:
             bench(f"sqlite:///{new}", args.forecast_seconds)
         if pg is not None:
             bench(pg[0], args.forecast_seconds)
+
+
+def scaled(new: Path, args: argparse.Namespace) -> None:
+    """This tree's whole plan on ``--copies`` × the engines (benchmarks/replicate_store.py;
+    no baseline: the store before kept a plan's frame and windows ~3× larger), against
+    ``--memory-target`` MB of process-tree Pss."""
+    big = new.with_name(new.stem + f"-x{args.copies}.db")
+    if not big.exists():
+        t0 = time.perf_counter()
+        engines = replicate_store.replicate(new, big, args.copies)
+        print(f"  {engines:,} engines copied into {big} in {time.perf_counter() - t0:.0f} s")
+    url = f"sqlite:///{big}"
+    variants = [plan_whole.Variant(f"sqlite, this tree, x{args.copies}", plan_whole.cli(url), url)]
+    runs = plan_whole.run_rounds(variants, args.rounds)
+    plan_whole.summary(variants, runs, wall_target=math.inf, memory_target_mb=args.memory_target)
 
 
 def _databases(server: str) -> tuple[str, str]:
