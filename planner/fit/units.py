@@ -50,6 +50,17 @@ def engine_keys(frame: pd.DataFrame) -> npt.NDArray[np.object_]:
     return out
 
 
+def engine_rows(frame: pd.DataFrame) -> dict[str, IntArray]:
+    """The row positions (ascending) of each :func:`engine_keys` key, by key: one stable
+    sort instead of a ``keys == key`` scan of every row per key."""
+    import numpy as np
+
+    codes, names = engine_codes(frame, short=True)
+    order = np.argsort(codes, kind="stable")
+    ends = np.cumsum(np.bincount(codes, minlength=len(names))).tolist()
+    return {name: order[a:b] for name, a, b in zip(names, [0, *ends[:-1]], ends, strict=True)}
+
+
 def engine_codes(frame: pd.DataFrame, *, short: bool = False) -> tuple[IntArray, list[str]]:
     """(code per row, the keys by code) of each row's ``source/engine`` key, equal keys one
     code, with no string made per row. ``short``: :func:`engine_keys`' keys (the source
