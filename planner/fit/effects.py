@@ -171,8 +171,9 @@ def fit_today(
             MIN_WINDOWS_PER_ARM,
             require_n,
         )
-    eng, _ = engine_codes(data)  # one code per source/engine key
-    ut, uc = _count(unit[use & treated_all]), _count(unit[use & ~treated_all])
+    eng, _ = engine_codes(frame)  # one code per source/engine key (data's rows are frame's)
+    units_of = _Units(unit)
+    ut, uc = units_of.count(use & treated_all), units_of.count(use & ~treated_all)
     et, ec = _count(eng[use & treated_all]), _count(eng[use & ~treated_all])
     cov = traffic(data)
     bal = balance(cov[use], treated_all[use], req[use])
@@ -206,7 +207,8 @@ def fit_today(
     covariates = [c for c in TRAFFIC if adjust]
     with recorded_warnings() as caught:
         effects = tuple(
-            _effect(data, o, use, treated_all, unit, cov, covariates, req, level) for o in outcomes
+            _effect(data, o, use, treated_all, units_of, cov, covariates, req, level)
+            for o in outcomes
         )
     warns += caught
     told = any(e.can_tell for e in effects)
@@ -222,6 +224,39 @@ def _count(values: npt.NDArray[np.object_] | npt.NDArray[np.int64]) -> int:
     return len({str(v) for v in pd.unique(values)}) if values.size else 0
 
 
+class _Units:
+    """The units of the rows as codes of their text (``str``): equal texts one code, the
+    codes numbered in sorted text order, so groups of rows number their units as
+    ``np.unique`` of the texts does, with no string compared per row."""
+
+    def __init__(self, units: npt.NDArray[np.object_]) -> None:
+        import numpy as np
+        import pandas as pd
+
+        codes, uniques = pd.factorize(units, use_na_sentinel=False)
+        texts, self.rank = np.unique(
+            np.asarray([str(u) for u in uniques], dtype=object), return_inverse=True
+        )
+        self.texts = texts.size
+        self.codes: npt.NDArray[np.int64] = self.rank.astype(np.int64)[codes]
+
+    def count(self, rows: npt.NDArray[np.bool_]) -> int:
+        """How many distinct units (as text) the rows have."""
+        import numpy as np
+
+        return int(np.count_nonzero(np.bincount(self.codes[rows], minlength=self.texts)))
+
+    def groups(self, rows: npt.NDArray[np.bool_]) -> npt.NDArray[np.int64]:
+        """Per row of ``rows``: its unit's index among the rows' sorted unit texts."""
+        import numpy as np
+
+        of = self.codes[rows]
+        present = np.bincount(of, minlength=self.texts) > 0
+        dense = np.cumsum(present) - 1
+        out: npt.NDArray[np.int64] = dense.astype(np.int64)[of]
+        return out
+
+
 def cannot_effect(o: Outcome, level: float, why: str, windows: int = 0) -> Effect:
     scale = "ratio" if o.log else "difference"
     return Effect(o.name, o.label, o.unit, scale, math.nan, math.nan, nan_interval(level),
@@ -233,7 +268,7 @@ def _effect(  # noqa: PLR0917 - one outcome of fit_today, its arrays passed thro
     o: Outcome,
     use: npt.NDArray[np.bool_],
     treated: npt.NDArray[np.bool_],
-    unit: npt.NDArray[np.object_],
+    unit: _Units,
     cov: pd.DataFrame,
     covariates: list[str],
     weight: Array,
@@ -250,8 +285,8 @@ def _effect(  # noqa: PLR0917 - one outcome of fit_today, its arrays passed thro
     if min(int((ok & treated).sum()), int((ok & ~treated).sum())) < MIN_WINDOWS_PER_ARM:
         return cannot_effect(o, level, f"fewer than {MIN_WINDOWS_PER_ARM} windows with {o.label} "
                        "in an arm", int(ok.sum()))  # fmt: skip
-    groups = np.unique(unit[ok].astype(str), return_inverse=True)[1].astype(np.int64)
-    if min(_count(unit[ok & treated]), _count(unit[ok & ~treated])) < MIN_UNITS:
+    groups = unit.groups(ok)
+    if min(unit.count(ok & treated), unit.count(ok & ~treated)) < MIN_UNITS:
         return cannot_effect(o, level, f"fewer than {MIN_UNITS} units report {o.label} in an arm",
                        int(ok.sum()))  # fmt: skip
     w = weight[ok]
