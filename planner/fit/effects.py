@@ -22,7 +22,7 @@ the interval only through the engines' spread, which is why units, not windows, 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -205,9 +205,10 @@ def fit_today(
         return TodayEffects(mode, ut, uc, et, ec, effects, bal, (), level, method,
                             assumptions, tuple(warns), False, why)  # fmt: skip
     covariates = [c for c in TRAFFIC if adjust]
+    designs = _Designs()
     with recorded_warnings() as caught:
         effects = tuple(
-            _effect(data, o, use, treated_all, units_of, cov, covariates, req, level)
+            _effect(data, o, use, treated_all, units_of, cov, covariates, req, level, designs)
             for o in outcomes
         )
     warns += caught
@@ -225,36 +226,93 @@ def _count(values: npt.NDArray[np.object_] | npt.NDArray[np.int64]) -> int:
 
 
 class _Units:
-    """The units of the rows as codes of their text (``str``): equal texts one code, the
-    codes numbered in sorted text order, so groups of rows number their units as
-    ``np.unique`` of the texts does, with no string compared per row."""
+    """The units of the rows as codes of their text: equal texts one code, numbered in
+    sorted text order, so a group of rows numbers its units as ``np.unique`` of the texts
+    does, with no string compared per row. Units not all ``str`` are read as before: the
+    distinct values' texts (count) and each row's text (groups)."""
 
     def __init__(self, units: npt.NDArray[np.object_]) -> None:
         import numpy as np
         import pandas as pd
 
+        self.units = units
         codes, uniques = pd.factorize(units, use_na_sentinel=False)
-        texts, self.rank = np.unique(
-            np.asarray([str(u) for u in uniques], dtype=object), return_inverse=True
-        )
+        self.text = all(isinstance(u, str) for u in uniques)
+        names = np.asarray(uniques if self.text else [], dtype=object)
+        texts, rank = np.unique(names, return_inverse=True)
         self.texts = texts.size
-        self.codes: npt.NDArray[np.int64] = self.rank.astype(np.int64)[codes]
+        self.codes: npt.NDArray[np.int64] = (
+            rank.astype(np.int64)[codes] if self.text else np.zeros(0, dtype=np.int64)
+        )
 
     def count(self, rows: npt.NDArray[np.bool_]) -> int:
         """How many distinct units (as text) the rows have."""
         import numpy as np
 
+        if not self.text:
+            return _count(self.units[rows])
         return int(np.count_nonzero(np.bincount(self.codes[rows], minlength=self.texts)))
 
     def groups(self, rows: npt.NDArray[np.bool_]) -> npt.NDArray[np.int64]:
         """Per row of ``rows``: its unit's index among the rows' sorted unit texts."""
         import numpy as np
 
+        if not self.text:
+            out: npt.NDArray[np.int64] = np.unique(
+                self.units[rows].astype(str), return_inverse=True
+            )[1].astype(np.int64)
+            return out
         of = self.codes[rows]
         present = np.bincount(of, minlength=self.texts) > 0
-        dense = np.cumsum(present) - 1
-        out: npt.NDArray[np.int64] = dense.astype(np.int64)[of]
+        out = (np.cumsum(present) - 1).astype(np.int64)[of]
         return out
+
+
+def _design(
+    ok: npt.NDArray[np.bool_],
+    treated: npt.NDArray[np.bool_],
+    cov: pd.DataFrame,
+    covariates: list[str],
+    w: Array,
+) -> Array | str:
+    """The WLS design of the rows ``ok``: intercept, mode, each covariate centred and scaled
+    (a constant one left out; the last ones left out while the columns are collinear);
+    or the covariate that differs only between the arms."""
+    import numpy as np
+
+    d = treated[ok].astype(float)
+    cols = [np.ones(d.size), d]
+    for c in covariates:
+        v = cov[c].to_numpy(dtype=float)[ok]
+        v = v - np.average(v, weights=w)
+        if np.ptp(v) == 0:
+            continue  # constant: nothing to adjust for
+        v = v / np.sqrt(np.average(v * v, weights=w))
+        if np.linalg.matrix_rank(np.column_stack([cols[0], d, v])) < 3:
+            return c
+        cols.append(v)
+    x: Array = np.column_stack(cols)
+    while np.linalg.matrix_rank(x) < x.shape[1] and x.shape[1] > 2:
+        x = x[:, :-1]  # covariates collinear among themselves: the last is left out
+    return x
+
+
+class _Designs:
+    """The designs of fit_today's outcomes by their rows: outcomes observed on the same
+    windows share one (it depends on nothing else), built and rank-checked once."""
+
+    def __init__(self) -> None:
+        self.seen: list[tuple[npt.NDArray[np.bool_], Array | str]] = []
+
+    def of(self, ok: npt.NDArray[np.bool_], build: Callable[[], Array | str]) -> Array | str:
+        import numpy as np
+
+        for rows, design in self.seen:
+            if np.array_equal(rows, ok):
+                return design
+        design = build()
+        self.seen.append((ok, design))
+        return design
 
 
 def cannot_effect(o: Outcome, level: float, why: str, windows: int = 0) -> Effect:
@@ -273,6 +331,7 @@ def _effect(  # noqa: PLR0917 - one outcome of fit_today, its arrays passed thro
     covariates: list[str],
     weight: Array,
     level: float,
+    designs: _Designs,
 ) -> Effect:
     import numpy as np
 
@@ -292,22 +351,11 @@ def _effect(  # noqa: PLR0917 - one outcome of fit_today, its arrays passed thro
     w = weight[ok]
     control = float(np.average(y[ok & ~treated], weights=weight[ok & ~treated]))
     yy = np.log(y[ok]) if o.log else y[ok]
-    d = treated[ok].astype(float)
-    cols = [np.ones(yy.size), d]
-    for c in covariates:
-        v = cov[c].to_numpy(dtype=float)[ok]
-        v = v - np.average(v, weights=w)
-        if np.ptp(v) == 0:
-            continue  # constant: nothing to adjust for
-        v = v / np.sqrt(np.average(v * v, weights=w))
-        if np.linalg.matrix_rank(np.column_stack([cols[0], d, v])) < 3:
-            return cannot_effect(o, level, f"{TRAFFIC[c]} differs only between the arms, "
-                                 "never within one: the mode cannot be told from it",
-                                 int(ok.sum()))  # fmt: skip
-        cols.append(v)
-    x = np.column_stack(cols)
-    while np.linalg.matrix_rank(x) < x.shape[1] and x.shape[1] > 2:
-        x = x[:, :-1]  # covariates collinear among themselves: the last is left out
+    x = designs.of(ok, lambda: _design(ok, treated, cov, covariates, w))
+    if isinstance(x, str):
+        return cannot_effect(o, level, f"{TRAFFIC[x]} differs only between the arms, "
+                             "never within one: the mode cannot be told from it",
+                             int(ok.sum()))  # fmt: skip
     b, se, df = wls_cr2(yy, x, w, groups, column=1)
     t = t_quantile(level, df) if math.isfinite(df) and df > 0 else math.inf
     lo, hi = b - t * se, b + t * se
