@@ -46,6 +46,7 @@ if TYPE_CHECKING:
     import pandas as pd
 
     Array = npt.NDArray[np.float64]
+    IntArray = npt.NDArray[np.int64]
 
 MIN_BIN = 8  # windows a bound rests on ("above": the MIN_BIN-th highest load)
 MIN_SIDE = 5  # windows missing (and meeting) the SLO before a unit counts as near saturation
@@ -170,6 +171,19 @@ def unit_capacity(load: Array, missed: npt.NDArray[np.bool_]) -> tuple[float, st
     return float((x[i - 1] + x[i]) / 2), "measured"
 
 
+def _texts(units: Sequence[object] | npt.NDArray[np.object_]) -> tuple[IntArray, list[str]]:
+    """``pd.factorize`` of the units' texts (``str``): code per row, texts by code in order
+    of first appearance; with no string made per row when every unit is a ``str``."""
+    import numpy as np
+    import pandas as pd
+
+    values = np.asarray(units, dtype=object)
+    codes, uniques = pd.factorize(values)
+    if not all(isinstance(u, str) for u in uniques) or (codes < 0).any():
+        codes, uniques = pd.factorize(np.asarray([str(u) for u in values], dtype=object))
+    return np.asarray(codes, dtype=np.int64), [str(u) for u in uniques]
+
+
 def fit_capacity(
     frame: pd.DataFrame,
     units: Sequence[object] | npt.NDArray[np.object_],
@@ -181,7 +195,6 @@ def fit_capacity(
 ) -> CapacityComparison:
     """Capacity of ``mode`` against ``none`` at the SLO (module docstring)."""
     import numpy as np
-    import pandas as pd
 
     slo = slo or Slo()
     check_level(level)
@@ -190,8 +203,7 @@ def fit_capacity(
         raise ConfigError("capacity is compared between an offload mode and 'none'")
     if len(units) != len(frame):
         raise ConfigError(f"units has {len(units)} entries for {len(frame)} frame rows")
-    unit_c, unit_u = pd.factorize(np.asarray([str(u) for u in units], dtype=object))
-    unit_names = [str(u) for u in unit_u]
+    unit_c, unit_names = _texts(units)
     modes = frame["offload_mode"].astype(str).to_numpy()
     load = frame["tokens_per_s"].to_numpy(dtype=float)
     missed = violations(frame, slo)

@@ -244,7 +244,9 @@ def ols_robust(y: Array, x: Array, groups: npt.NDArray[np.int64] | None, kind: s
     ``G/(G-1)·(n-1)/(n-p)``). ``method="pinv"`` (statsmodels' default): statsmodels 0.15
     computes the pseudo-inverse of the design for the robust covariances with either
     method (``"qr"`` adds a QR on top: 3.2 s against 1.8 s for HC3 on 1M × 12, one core),
-    and the SVD behind it is what rank-deficient designs need.
+    and the SVD behind it is what rank-deficient designs need. ``hasconst=True``: statsmodels
+    would otherwise look for an implicit constant in a √w-scaled design with two more SVDs
+    of ``x``; what it finds only enters R² and the F test, which are not read here.
     """
     import numpy as np
     from statsmodels.regression.linear_model import OLS
@@ -253,7 +255,7 @@ def ols_robust(y: Array, x: Array, groups: npt.NDArray[np.int64] | None, kind: s
         raise ValueError(f"unknown covariance {kind!r}")  # programming error
     if kind != "HC3" and groups is None:
         raise ValueError("cluster covariance needs groups")  # programming error
-    model = OLS(y, x)
+    model = OLS(y, x, hasconst=True)
     extra: CR2 | None = None
     if kind == "HC3":
         res = model.fit(cov_type="HC3")

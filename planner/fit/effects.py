@@ -22,7 +22,7 @@ the interval only through the engines' spread, which is why units, not windows, 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -171,8 +171,9 @@ def fit_today(
             MIN_WINDOWS_PER_ARM,
             require_n,
         )
-    eng, _ = engine_codes(data)  # one code per source/engine key
-    ut, uc = _count(unit[use & treated_all]), _count(unit[use & ~treated_all])
+    eng, _ = engine_codes(frame)  # one code per source/engine key (data's rows are frame's)
+    units_of = _Units(unit)
+    ut, uc = units_of.count(use & treated_all), units_of.count(use & ~treated_all)
     et, ec = _count(eng[use & treated_all]), _count(eng[use & ~treated_all])
     cov = traffic(data)
     bal = balance(cov[use], treated_all[use], req[use])
@@ -204,9 +205,11 @@ def fit_today(
         return TodayEffects(mode, ut, uc, et, ec, effects, bal, (), level, method,
                             assumptions, tuple(warns), False, why)  # fmt: skip
     covariates = [c for c in TRAFFIC if adjust]
+    designs = _Designs()
     with recorded_warnings() as caught:
         effects = tuple(
-            _effect(data, o, use, treated_all, unit, cov, covariates, req, level) for o in outcomes
+            _effect(data, o, use, treated_all, units_of, cov, covariates, req, level, designs)
+            for o in outcomes
         )
     warns += caught
     told = any(e.can_tell for e in effects)
@@ -222,6 +225,96 @@ def _count(values: npt.NDArray[np.object_] | npt.NDArray[np.int64]) -> int:
     return len({str(v) for v in pd.unique(values)}) if values.size else 0
 
 
+class _Units:
+    """The units of the rows as codes of their text: equal texts one code, numbered in
+    sorted text order, so a group of rows numbers its units as ``np.unique`` of the texts
+    does, with no string compared per row. Units not all ``str`` are read as before: the
+    distinct values' texts (count) and each row's text (groups)."""
+
+    def __init__(self, units: npt.NDArray[np.object_]) -> None:
+        import numpy as np
+        import pandas as pd
+
+        self.units = units
+        codes, uniques = pd.factorize(units, use_na_sentinel=False)
+        self.text = all(isinstance(u, str) for u in uniques)
+        names = np.asarray(uniques if self.text else [], dtype=object)
+        texts, rank = np.unique(names, return_inverse=True)
+        self.texts = texts.size
+        self.codes: npt.NDArray[np.int64] = (
+            rank.astype(np.int64)[codes] if self.text else np.zeros(0, dtype=np.int64)
+        )
+
+    def count(self, rows: npt.NDArray[np.bool_]) -> int:
+        """How many distinct units (as text) the rows have."""
+        import numpy as np
+
+        if not self.text:
+            return _count(self.units[rows])
+        return int(np.count_nonzero(np.bincount(self.codes[rows], minlength=self.texts)))
+
+    def groups(self, rows: npt.NDArray[np.bool_]) -> npt.NDArray[np.int64]:
+        """Per row of ``rows``: its unit's index among the rows' sorted unit texts."""
+        import numpy as np
+
+        if not self.text:
+            out: npt.NDArray[np.int64] = np.unique(
+                self.units[rows].astype(str), return_inverse=True
+            )[1].astype(np.int64)
+            return out
+        of = self.codes[rows]
+        present = np.bincount(of, minlength=self.texts) > 0
+        out = (np.cumsum(present) - 1).astype(np.int64)[of]
+        return out
+
+
+def _design(
+    ok: npt.NDArray[np.bool_],
+    treated: npt.NDArray[np.bool_],
+    cov: pd.DataFrame,
+    covariates: list[str],
+    w: Array,
+) -> Array | str:
+    """The WLS design of the rows ``ok``: intercept, mode, each covariate centred and scaled
+    (a constant one left out; the last ones left out while the columns are collinear);
+    or the covariate that differs only between the arms."""
+    import numpy as np
+
+    d = treated[ok].astype(float)
+    cols = [np.ones(d.size), d]
+    for c in covariates:
+        v = cov[c].to_numpy(dtype=float)[ok]
+        v = v - np.average(v, weights=w)
+        if np.ptp(v) == 0:
+            continue  # constant: nothing to adjust for
+        v = v / np.sqrt(np.average(v * v, weights=w))
+        if np.linalg.matrix_rank(np.column_stack([cols[0], d, v])) < 3:
+            return c
+        cols.append(v)
+    x: Array = np.column_stack(cols)
+    while np.linalg.matrix_rank(x) < x.shape[1] and x.shape[1] > 2:
+        x = x[:, :-1]  # covariates collinear among themselves: the last is left out
+    return x
+
+
+class _Designs:
+    """The designs of fit_today's outcomes by their rows: outcomes observed on the same
+    windows share one (it depends on nothing else), built and rank-checked once."""
+
+    def __init__(self) -> None:
+        self.seen: list[tuple[npt.NDArray[np.bool_], Array | str]] = []
+
+    def of(self, ok: npt.NDArray[np.bool_], build: Callable[[], Array | str]) -> Array | str:
+        import numpy as np
+
+        for rows, design in self.seen:
+            if np.array_equal(rows, ok):
+                return design
+        design = build()
+        self.seen.append((ok, design))
+        return design
+
+
 def cannot_effect(o: Outcome, level: float, why: str, windows: int = 0) -> Effect:
     scale = "ratio" if o.log else "difference"
     return Effect(o.name, o.label, o.unit, scale, math.nan, math.nan, nan_interval(level),
@@ -233,11 +326,12 @@ def _effect(  # noqa: PLR0917 - one outcome of fit_today, its arrays passed thro
     o: Outcome,
     use: npt.NDArray[np.bool_],
     treated: npt.NDArray[np.bool_],
-    unit: npt.NDArray[np.object_],
+    unit: _Units,
     cov: pd.DataFrame,
     covariates: list[str],
     weight: Array,
     level: float,
+    designs: _Designs,
 ) -> Effect:
     import numpy as np
 
@@ -250,29 +344,18 @@ def _effect(  # noqa: PLR0917 - one outcome of fit_today, its arrays passed thro
     if min(int((ok & treated).sum()), int((ok & ~treated).sum())) < MIN_WINDOWS_PER_ARM:
         return cannot_effect(o, level, f"fewer than {MIN_WINDOWS_PER_ARM} windows with {o.label} "
                        "in an arm", int(ok.sum()))  # fmt: skip
-    groups = np.unique(unit[ok].astype(str), return_inverse=True)[1].astype(np.int64)
-    if min(_count(unit[ok & treated]), _count(unit[ok & ~treated])) < MIN_UNITS:
+    groups = unit.groups(ok)
+    if min(unit.count(ok & treated), unit.count(ok & ~treated)) < MIN_UNITS:
         return cannot_effect(o, level, f"fewer than {MIN_UNITS} units report {o.label} in an arm",
                        int(ok.sum()))  # fmt: skip
     w = weight[ok]
     control = float(np.average(y[ok & ~treated], weights=weight[ok & ~treated]))
     yy = np.log(y[ok]) if o.log else y[ok]
-    d = treated[ok].astype(float)
-    cols = [np.ones(yy.size), d]
-    for c in covariates:
-        v = cov[c].to_numpy(dtype=float)[ok]
-        v = v - np.average(v, weights=w)
-        if np.ptp(v) == 0:
-            continue  # constant: nothing to adjust for
-        v = v / np.sqrt(np.average(v * v, weights=w))
-        if np.linalg.matrix_rank(np.column_stack([cols[0], d, v])) < 3:
-            return cannot_effect(o, level, f"{TRAFFIC[c]} differs only between the arms, "
-                                 "never within one: the mode cannot be told from it",
-                                 int(ok.sum()))  # fmt: skip
-        cols.append(v)
-    x = np.column_stack(cols)
-    while np.linalg.matrix_rank(x) < x.shape[1] and x.shape[1] > 2:
-        x = x[:, :-1]  # covariates collinear among themselves: the last is left out
+    x = designs.of(ok, lambda: _design(ok, treated, cov, covariates, w))
+    if isinstance(x, str):
+        return cannot_effect(o, level, f"{TRAFFIC[x]} differs only between the arms, "
+                             "never within one: the mode cannot be told from it",
+                             int(ok.sum()))  # fmt: skip
     b, se, df = wls_cr2(yy, x, w, groups, column=1)
     t = t_quantile(level, df) if math.isfinite(df) and df > 0 else math.inf
     lo, hi = b - t * se, b + t * se

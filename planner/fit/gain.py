@@ -461,6 +461,11 @@ def _t_quantiles(level: float, df: Array) -> Array:
     """Two-sided t critical values, one per ν (NaN ν, a contrast with no variance: normal)."""
     import numpy as np
 
-    out: Array = np.array([t_quantile(level, float(v) if np.isfinite(v) else math.inf)
-                           for v in df])  # fmt: skip
+    known: dict[float, float] = {}  # one quantile per distinct ν (often one ν for all)
+    for v in df.tolist():
+        nu = float(v) if math.isfinite(v) else math.inf
+        if nu not in known:
+            known[nu] = t_quantile(level, nu)
+    out: Array = np.array([known[float(v) if math.isfinite(v) else math.inf]
+                           for v in df.tolist()])  # fmt: skip
     return out

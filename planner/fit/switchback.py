@@ -75,7 +75,7 @@ from planner.fit.common import (
     require_history,
     t_quantile,
 )
-from planner.fit.units import engine_keys
+from planner.fit.units import engine_codes, engine_keys
 
 if TYPE_CHECKING:
     import numpy as np
@@ -137,15 +137,19 @@ def _modes(frame: pd.DataFrame) -> npt.NDArray[np.object_]:
 
 def find_switchbacks(frame: pd.DataFrame) -> tuple[str, ...]:
     """Engine keys (sorted) whose rows carry two or more known offload modes."""
+    import numpy as np
     import pandas as pd
 
     if not len(frame) or "offload_mode" not in frame.columns:
         return ()
-    keys, modes = engine_keys(frame), _modes(frame)
+    keys, names = engine_codes(frame, short=True)
+    modes = _modes(frame)
     known = modes != UNKNOWN_MODE
-    pairs = pd.DataFrame({"key": keys[known], "mode": modes[known]})
-    counts = pairs.groupby("key")["mode"].nunique()
-    return tuple(sorted(str(k) for k in counts.index[counts.to_numpy() >= 2]))
+    mode_c, mode_u = pd.factorize(modes[known])
+    width = max(len(mode_u), 1)
+    pairs = pd.unique(keys[known] * width + mode_c)  # each (engine, mode) seen once
+    per_key = np.bincount(pairs // width, minlength=len(names))
+    return tuple(sorted(names[i] for i in np.flatnonzero(per_key >= 2).tolist()))
 
 
 def _runs(

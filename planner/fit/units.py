@@ -15,9 +15,10 @@ ones offload does not change (the prefix-hit ratio is left out: offload changes 
 from __future__ import annotations
 
 import math
+import weakref
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     import numpy as np
@@ -50,10 +51,78 @@ def engine_keys(frame: pd.DataFrame) -> npt.NDArray[np.object_]:
     return out
 
 
+def engine_rows(frame: pd.DataFrame) -> dict[str, IntArray]:
+    """The row positions (ascending) of each :func:`engine_keys` key, by key: one stable
+    sort instead of a ``keys == key`` scan of every row per key."""
+    import numpy as np
+
+    codes, names = engine_codes(frame, short=True)
+    order = np.argsort(codes, kind="stable")
+    ends = np.cumsum(np.bincount(codes, minlength=len(names))).tolist()
+    return {name: order[a:b] for name, a, b in zip(names, [0, *ends[:-1]], ends, strict=True)}
+
+
+# id(frame) -> (the frame, weakly; its key columns' arrays; codes and keys by ``short``)
+_CODES: dict[int, tuple[Any, tuple[object, ...], dict[bool, tuple[IntArray, list[str]]]]] = {}
+
+
+def _columns_of(frame: pd.DataFrame) -> tuple[object, ...]:
+    """Where ``source`` and ``engine`` hold their values (None when absent): the array
+    they view (a fresh one for a column with nothing to share, e.g. a categorical: then no
+    cached codes are reused), the address, shape and strides."""
+    import numpy as np
+
+    out: list[object] = []
+    for name in ("source", "engine"):
+        if name not in frame.columns:
+            out.append(None)
+            continue
+        view = root = np.asarray(frame[name])
+        while isinstance(root.base, np.ndarray):
+            root = root.base
+        out.append((root, view.__array_interface__["data"][0], view.shape, view.strides))
+    return tuple(out)
+
+
 def engine_codes(frame: pd.DataFrame, *, short: bool = False) -> tuple[IntArray, list[str]]:
     """(code per row, the keys by code) of each row's ``source/engine`` key, equal keys one
     code, with no string made per row. ``short``: :func:`engine_keys`' keys (the source
-    alone when the engine is empty or missing); else always ``source/engine``."""
+    alone when the engine is empty or missing); else always ``source/engine``.
+
+    Computed once per frame and kept while the frame lives and its ``source`` / ``engine``
+    columns hold the same arrays (several fits and verdicts read the same frame's keys)."""
+    cols = _columns_of(frame)
+    entry = _CODES.get(id(frame))
+    if (
+        entry is None
+        or entry[0]() is not frame
+        or any(not _same(a, b) for a, b in zip(entry[1], cols, strict=True))
+    ):
+        entry = (weakref.ref(frame, _forget(id(frame))), cols, {})
+        _CODES[id(frame)] = entry
+    if short not in entry[2]:
+        entry[2][short] = _engine_codes(frame, short)
+    codes, names = entry[2][short]
+    return codes.copy(), list(names)
+
+
+def _same(a: Any, b: Any) -> bool:
+    """The same column array: one root array (identity), at the same place and shape."""
+    if a is None or b is None:
+        return a is b
+    return bool(a[0] is b[0] and a[1:] == b[1:])
+
+
+def _forget(key: int) -> Any:
+    """The weakref callback dropping a dead frame's cached codes."""
+
+    def drop(_: object) -> None:
+        _CODES.pop(key, None)
+
+    return drop
+
+
+def _engine_codes(frame: pd.DataFrame, short: bool) -> tuple[IntArray, list[str]]:
     import numpy as np
     import pandas as pd
 

@@ -37,6 +37,7 @@ if TYPE_CHECKING:
     import pandas as pd
 
     FloatArray = npt.NDArray[np.float64]
+    IntArray = npt.NDArray[np.int64]
 
 DAY_S = 86_400.0
 SEASONAL_MIN_SPAN_S = 2 * DAY_S  # two full days: the ETS heuristic needs two full cycles
@@ -317,26 +318,29 @@ def demand_series_from_frame(
         out: FloatArray = frame[name].to_numpy(dtype=np.float64, na_value=np.nan)[rows]
         return out
 
-    def text(name: str) -> npt.NDArray[np.object_]:
-        return frame[name].take(rows).to_numpy(dtype=object)
+    kind = frame["kind"].take(rows)
 
-    kind, delta, length = text("kind"), col("delta"), col("length_s")
+    def of_kind(*names: str) -> npt.NDArray[np.bool_]:
+        out: npt.NDArray[np.bool_] = kind.isin(names).to_numpy(dtype=bool)
+        return out
+
+    delta, length = col("delta"), col("length_s")
     with np.errstate(invalid="ignore", divide="ignore"):
         per_s = np.where(np.isnan(delta) | ~(length > 0), np.nan, delta / length)
-    value = np.where(kind == "counter", col("rate"), per_s)  # a histogram: observations/s
-    value = np.where((kind == "gauge") | (kind == "ratio"), col("mean"), value)
+    value = np.where(of_kind("counter"), col("rate"), per_s)  # a histogram: observations/s
+    value = np.where(of_kind("gauge", "ratio"), col("mean"), value)
     keep = np.isfinite(value)
     rows, value = rows[keep], value[keep]
     if rows.size == 0:
         raise SeriesError(f"no windows of signal {signal!r} with a value")
-    sources, start = text("source"), col("start")
-    src_codes, src_names = pd.factorize(sources)
+    start = col("start")
+    src_codes, src_names = _codes(frame["source"], rows)
     if isinstance(capacity_tokens, Mapping):
         missing = [i for i, s in enumerate(src_names.tolist()) if s not in capacity_tokens]
         if missing:
             at = int(np.flatnonzero(np.isin(src_codes, missing))[0])
             raise SeriesError(
-                f"capacity_tokens has no entry for source {sources[at]!r} "
+                f"capacity_tokens has no entry for source {src_names[src_codes[at]]!r} "
                 f"(signal {signal}, window start {start[at]:.0f})"
             )
         per_source = [float(capacity_tokens[s]) for s in src_names.tolist()]
@@ -344,7 +348,7 @@ def demand_series_from_frame(
     elif capacity_tokens is not None:
         value = value * capacity_tokens
     # Series key "source|k=v,…" (labels in name order), built once per distinct series.
-    lab_codes, lab_texts = pd.factorize(text("labels"))
+    lab_codes, lab_texts = _codes(frame["labels"], rows)
     width = max(len(lab_texts), 1)
     pair_codes, pairs = pd.factorize(src_codes.astype(np.int64) * width + lab_codes)
     keys = [
@@ -352,11 +356,67 @@ def demand_series_from_frame(
         + ",".join(f"{k}={v}" for k, v in json.loads(lab_texts[p % width]).items())
         for p in pairs.tolist()
     ]
-    series = np.asarray(keys, dtype=object)[pair_codes]
-    long = pd.DataFrame({"start": start, "series": series.tolist(), "value": value})
-    wide = long.pivot_table(index="start", columns="series", values="value", aggfunc="mean")
+    wide = _wide(start, pair_codes, keys, value)
+    if wide is None:  # several windows of one series at one start (or no start): their mean
+        series = np.asarray(keys, dtype=object)[pair_codes]
+        long = pd.DataFrame({"start": start, "series": series.tolist(), "value": value})
+        wide = long.pivot_table(index="start", columns="series", values="value", aggfunc="mean")
     wide = wide.interpolate(method="index", limit_area="inside").fillna(0.0)
     out = wide.sum(axis=1).astype(np.float64)
     out.index = out.index.astype(np.float64)
     out.name = signal
     return out
+
+
+def _codes(column: pd.Series, rows: IntArray) -> tuple[IntArray, npt.NDArray[np.object_]]:
+    """(code per row, the values by code) of ``column``'s values at ``rows``, equal values
+    one code: a categorical column's own codes when no value is missing (no string made
+    per row), else ``pd.factorize``."""
+    import numpy as np
+    import pandas as pd
+
+    if isinstance(column.dtype, pd.CategoricalDtype):
+        codes = column.cat.codes.to_numpy()[rows].astype(np.int64)
+        if not (codes < 0).any():
+            n = len(column.cat.categories)
+            used = np.flatnonzero(np.bincount(codes, minlength=n))
+            dense = np.full(n, -1, dtype=np.int64)
+            dense[used] = np.arange(used.size)
+            names = np.asarray(column.cat.categories, dtype=object)[used]
+            return dense[codes], names
+    codes, uniques = pd.factorize(column.take(rows).to_numpy(dtype=object))
+    return np.asarray(codes, dtype=np.int64), np.asarray(uniques, dtype=object)
+
+
+def _wide(
+    start: FloatArray, codes: IntArray, keys: list[str], value: FloatArray
+) -> pd.DataFrame | None:
+    """``pivot_table(index="start", columns="series", values="value", aggfunc="mean")`` of
+    the rows (series key ``keys[codes]``) when each (start, series) holds one row: then
+    the mean is the value itself. None when one holds several or a start is missing."""
+    import numpy as np
+    import pandas as pd
+
+    if np.isnan(start).any():
+        return None
+    row, at = pd.factorize(start, sort=True)
+    rank = np.argsort(np.asarray(keys, dtype=object), kind="stable")
+    col = np.empty(rank.size, dtype=np.int64)
+    col[rank] = np.arange(rank.size)
+    size = at.size * rank.size
+    cell = row.astype(np.int64) * rank.size + col[codes]
+    once = (
+        np.bincount(cell, minlength=size).max(initial=0) <= 1
+        if size <= 4 * cell.size  # a dense count is cheap next to the table itself
+        else pd.Index(cell).is_unique
+    )
+    if not once:
+        return None
+    values = np.full(size, np.nan)
+    values[cell] = value
+    names = pd.Index([keys[i] for i in rank.tolist()], name="series")
+    return pd.DataFrame(
+        values.reshape(at.size, rank.size),
+        index=pd.Index(np.asarray(at, dtype=np.float64), name="start"),
+        columns=names,
+    )

@@ -176,28 +176,31 @@ def split_groups(frame: pd.DataFrame, table_sources: Iterable[str] = ()) -> list
     is_engine = _engine_mask(frame)
     if not is_engine.any():  # no vLLM engine in the period: the rows' own groups
         is_engine = np.ones(len(frame), dtype=bool)
-    names = sorted({str(g) for g in group[is_engine]})
+    names = sorted({str(g) for g in set(group[is_engine].tolist())})
     member = {n: is_engine & (group == n) for n in names}
     shared_rows = np.zeros(len(frame), dtype=bool)
-    for g in sorted({str(x) for x in group[~is_engine]}):
+    for g in sorted({str(x) for x in set(group[~is_engine].tolist())}):
         rows = ~is_engine & (group == g)
         homes = [n for n in names if same_model(g, n)]
         if not homes:
             shared_rows |= rows
         for n in homes:
             member[n] = member[n] | rows
-    in_frame = {str(s) for s in source}
-    shared = sorted({str(s) for s in source[shared_rows]} | (set(table_sources) - in_frame))
+    in_frame = {str(s) for s in set(source.tolist())}
+    shared = sorted(
+        {str(s) for s in set(source[shared_rows].tolist())} | (set(table_sources) - in_frame)
+    )
     out = []
     for n in names:
         rows = member[n] | shared_rows
         eng = is_engine & (group == n)
-        pairs = sorted({(str(s), str(e)) for s, e in zip(source[eng], engine[eng], strict=True)})
+        both = set(zip(source[eng].tolist(), engine[eng].tolist(), strict=True))
+        pairs = sorted({(str(s), str(e)) for s, e in both})
         out.append(
             GroupSlice(
                 name=n,
                 engines=tuple(f"{s}/{e}" if e else s for s, e in pairs),
-                sources=frozenset({str(s) for s in source[rows]} | set(shared)),
+                sources=frozenset({str(s) for s in set(source[rows].tolist())} | set(shared)),
                 rows=rows,
                 shared=tuple(shared),
             )

@@ -135,10 +135,16 @@ def peak_flops(hw: Hardware) -> float:
 
 
 def _flops(hw: Hardware) -> Callable[[float], float]:
+    """The prefill FLOPs of a prompt length (rounded to whole tokens; each length costed
+    once: the MFU fit asks for one per window)."""
     model = hw.model
+    known: dict[int, float] = {}
 
     def flops(tokens: float) -> float:
-        return costmodel.prefill_flops(model, max(1, round(tokens)))
+        n = max(1, round(tokens))
+        if n not in known:
+            known[n] = costmodel.prefill_flops(model, n)
+        return known[n]
 
     return flops
 

@@ -49,7 +49,7 @@ from planner.fit.reuse import (
     lmcache_pool_gain,
     native_offload_gain,
 )
-from planner.fit.units import engine_keys
+from planner.fit.units import engine_rows
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -192,7 +192,7 @@ def _mean(parts: Sequence[dict[str, float | None] | None]) -> dict[str, float | 
 
 
 def _capacity_share(
-    frame: pd.DataFrame, keys: Any, engines: Sequence[str], slo: Slo
+    frame: pd.DataFrame, rows_of: Mapping[str, Any], engines: Sequence[str], slo: Slo
 ) -> tuple[float | None, str]:
     """Geometric mean capacity at the SLO (tokens/s per engine) of ``engines`` with a
     measured one, or None and why (planner/fit/capacity.py)."""
@@ -200,7 +200,7 @@ def _capacity_share(
 
     caps = []
     for key in engines:
-        rows = frame[keys == key]
+        rows = frame.iloc[rows_of[key]]
         value, status = unit_capacity(
             rows["tokens_per_s"].to_numpy(dtype=float), violations(rows, slo)
         )
@@ -381,16 +381,16 @@ def tier_section(
 
     from planner.model.costmodel import DEFAULT_MFU, prefill_tokens_per_second
 
-    keys = engine_keys(frame)
+    rows_of = engine_rows(frame)
     facts = {e.source: dict(e.facts or {}) for e in engines}
-    present = sorted(set(keys.tolist()))
+    present = sorted(rows_of)
     ready: list[tuple[str, ReuseInputs, float]] = []
     without: list[str] = []
     reasons: dict[str, str] = {}
     for key in present:
         source = key.split("/", 1)[0]
         try:
-            inputs, tok = _inputs(key, hists.get(key, {}), frame[keys == key],
+            inputs, tok = _inputs(key, hists.get(key, {}), frame.iloc[rows_of[key]],
                                        facts.get(source, {}))  # fmt: skip
         except ConfigError as exc:
             without.append(key)
@@ -430,7 +430,7 @@ def tier_section(
     hbm_gib = hbm_blocks * per_block / GIB
     sizes = [m * hbm_gib for m in MULTIPLES]
     prefill_tok_s = prefill_tokens_per_second(hw.model, hw.gpu, hw.tp, mfu=mfu or DEFAULT_MFU)
-    capacity, capacity_why = _capacity_share(frame, keys, [e.key for e in fitted], slo)
+    capacity, capacity_why = _capacity_share(frame, rows_of, [e.key for e in fitted], slo)
     lookups = sum(e.fit.inputs.lookups_per_s for e in fitted)
     today = sum(e.fit.inputs.hits_per_s for e in fitted) / lookups
     model_hit = float(np.mean([e.fit.reproduction.hit_ratio for e in fitted]))

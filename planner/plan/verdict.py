@@ -80,7 +80,7 @@ def run_verdicts(
     """Every mode's verdict (module docstring); a mode no engine ran is "cannot tell" with
     the experiment that would start one (engines drawn at random with ``seed``)."""
     slo = slo or Slo()
-    modes = set(frame["offload_mode"].astype(str)) if len(frame) else set()
+    modes = set(frame["offload_mode"].astype(str).unique().tolist()) if len(frame) else set()
     pools = pools_of(engines)
     out = {}
     for mode in MODES:
