@@ -1,0 +1,58 @@
+"""planner.fit.units.engine_codes: cached per frame, recomputed when the frame's source or
+engine column is replaced, and equal to a fresh computation each time."""
+
+from __future__ import annotations
+
+import gc
+
+import numpy as np
+import pandas as pd
+
+from planner.fit.units import _CODES, engine_codes, engine_keys
+
+
+def _frame() -> pd.DataFrame:
+    return pd.DataFrame(
+        {"source": ["b", "a", "b", "c"], "engine": ["0", "0", "1", ""], "x": [1.0, 2, 3, 4]}
+    )
+
+
+def _fresh(frame: pd.DataFrame, short: bool) -> list[str]:
+    codes, names = engine_codes(frame.copy(), short=short)
+    return [names[c] for c in codes]
+
+
+def test_codes_name_each_rows_key_and_are_cached() -> None:
+    f = _frame()
+    codes, names = engine_codes(f)
+    assert [names[c] for c in codes] == ["b/0", "a/0", "b/1", "c/"]
+    short_codes, short_names = engine_codes(f, short=True)
+    assert [short_names[c] for c in short_codes] == list(engine_keys(f))
+    assert id(f) in _CODES
+    codes[:] = 0  # a copy: the cache is not changed through it
+    again, _ = engine_codes(f)
+    assert [names[c] for c in again] == ["b/0", "a/0", "b/1", "c/"]
+
+
+def test_replaced_column_is_coded_again() -> None:
+    f = _frame()
+    engine_codes(f)
+    f["source"] = ["z", "z", "y", "y"]
+    codes, names = engine_codes(f)
+    assert [names[c] for c in codes] == ["z/0", "z/0", "y/1", "y/"]
+    assert [names[c] for c in codes] == _fresh(f, short=False)
+    f["engine"] = pd.Series(["0", "0", "0", "0"])
+    codes, names = engine_codes(f, short=True)
+    assert [names[c] for c in codes] == _fresh(f, short=True)
+
+
+def test_a_dead_frame_leaves_the_cache() -> None:
+    f = _frame()
+    engine_codes(f)
+    key = id(f)
+    del f
+    gc.collect()
+    assert key not in _CODES
+    g = pd.DataFrame({"source": np.array(["q"], dtype=object), "engine": ["1"]})
+    codes, names = engine_codes(g)
+    assert [names[c] for c in codes] == ["q/1"]
