@@ -16,7 +16,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import ColumnElement, Connection, select
+from sqlalchemy import ColumnElement, Connection, Executable, select
 
 from core.catalog import BUCKET_SIGNALS
 from core.errors import StoreError
@@ -115,7 +115,11 @@ class WindowReader:
             chunk_of, cols = chunks.decode_many(datas, numeric)
         except ValueError as exc:
             raise StoreError(f"{self.db.url}: an unreadable chunk: {exc}") from exc
-        lut = np.fromiter((index[int(r[0])] for r in chunk_rows), np.int64, len(chunk_rows))
+        ids = np.fromiter((r[0] for r in chunk_rows), np.int64, len(chunk_rows))
+        known = np.fromiter(index, np.int64, len(index))  # ascending: found by id
+        lut = np.searchsorted(known, ids)
+        if lut.size and not np.array_equal(known[np.minimum(lut, known.size - 1)], ids):
+            raise StoreError(f"{self.db.url}: a chunk of an unknown series")
         sid = lut[chunk_of] if chunk_of.size else np.zeros(0, dtype=np.int64)
         blob_list: list[bytes | None] | None = None
         if blobs:
@@ -280,17 +284,17 @@ def _fetch(
         where.append(c.hour >= chunks.hour_of(since))
     if until is not None:
         where.append(c.hour < until)
-    chunk_rows = list(conn.execute(
-        select(c.series_id, c.data).where(*where).order_by(c.series_id, c.hour)
-    ))  # fmt: skip
+    chunk_rows = _raw_rows(
+        conn, select(c.series_id, c.data).where(*where).order_by(c.series_id, c.hour)
+    )
     t = Chunk5mRow  # the downsampled tier: a chunk a series and day
     twhere: list[ColumnElement[bool]] = [t.series_id.in_(wanted)] if conds else []
     if since is not None:
         twhere.append(t.day >= math.floor(since / DAY_S) * DAY_S)
     if until is not None:
         twhere.append(t.day < until)
-    chunk_rows += conn.execute(
-        select(t.series_id, t.data).where(*twhere).order_by(t.series_id, t.day)
+    chunk_rows += _raw_rows(
+        conn, select(t.series_id, t.data).where(*twhere).order_by(t.series_id, t.day)
     )
     h = HeadRow
     cols = [h.__table__.c[name] for name in ("series_id", *_NUMERIC, "buckets")]
@@ -303,6 +307,16 @@ def _fetch(
         hwhere.append(h.buckets.is_not(None))
     head_rows = conn.execute(select(*cols).where(*hwhere)).all()
     return chunk_rows, head_rows
+
+
+def _raw_rows(conn: Connection, query: Executable) -> list[Any]:
+    """The rows of a query as the DBAPI cursor returns them, fetched at once (no Row
+    object per row)."""
+    result = conn.execute(query)
+    try:
+        return list(result.cursor.fetchall())
+    finally:
+        result.close()
 
 
 def _ranked(ranks: RankFn, series: Sequence[Series]) -> RankFn:
