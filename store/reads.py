@@ -91,7 +91,9 @@ class WindowReader:
             ).all()  # fmt: skip
             series = [(str(r[1]), str(r[2]), str(r[3]), str(r[4])) for r in found]
             index = {int(r[0]): i for i, r in enumerate(found)}
-            chunk_rows, head_rows = _fetch(conn, conds, since, until, only_buckets)
+            head_cols = ["series_id", *numeric, *(["buckets"] if blobs else [])]
+            chunk_rows, head_rows = _fetch(conn, conds, since, until, only_buckets=only_buckets,
+                                           head_columns=head_cols)  # fmt: skip
             ranks = _ranked(ranks, series)  # the database's order, read in this transaction
         return self._decode(series, index, chunk_rows, head_rows, numeric, since, until,
                             blobs, ranks)  # fmt: skip
@@ -115,21 +117,17 @@ class WindowReader:
             chunk_of, cols = chunks.decode_many(datas, numeric)
         except ValueError as exc:
             raise StoreError(f"{self.db.url}: an unreadable chunk: {exc}") from exc
-        ids = np.fromiter((r[0] for r in chunk_rows), np.int64, len(chunk_rows))
-        known = np.fromiter(index, np.int64, len(index))  # ascending: found by id
-        lut = np.searchsorted(known, ids)
-        if lut.size and not np.array_equal(known[np.minimum(lut, known.size - 1)], ids):
-            raise StoreError(f"{self.db.url}: a chunk of an unknown series")
+        lut = self._series_index(index, chunk_rows)
         sid = lut[chunk_of] if chunk_of.size else np.zeros(0, dtype=np.int64)
         blob_list: list[bytes | None] | None = None
         if blobs:
             blob_list = [b for data in datas for b in chunks.blobs_of(data)]
         if head_rows:
-            sid = np.concatenate([sid, [index[int(r[0])] for r in head_rows]])
-            for name in numeric:
-                j = 1 + _NUMERIC.index(name)
-                extra = np.array([r[j] for r in head_rows], dtype=np.float64)
-                cols[name] = np.concatenate([cols[name], extra])
+            sid = np.concatenate([sid, self._series_index(index, head_rows)])
+            width = len(numeric)
+            extra = np.array([r[1 : 1 + width] for r in head_rows], dtype=np.float64)
+            for j, name in enumerate(numeric):
+                cols[name] = np.concatenate([cols[name], extra.reshape(-1, width)[:, j]])
             if blob_list is not None:
                 blob_list += [None if r[-1] is None else bytes(r[-1]) for r in head_rows]
         start = cols["start"]
@@ -146,6 +144,18 @@ class WindowReader:
         nums = {k: v.astype(dtype_of(k)) if dtype_of(k) is not np.float64 else v
                 for k, v in cols.items()}  # fmt: skip
         return Read(series, sid, nums, blob_list, ranks)
+
+    def _series_index(self, index: dict[int, int], rows: Sequence[Any]) -> IntArray:
+        """The series index of each row (its first value: the series id)."""
+        import numpy as np
+
+        ids = np.fromiter((r[0] for r in rows), np.int64, len(rows))
+        known = np.fromiter(index, np.int64, len(index))  # ascending: found by id
+        at = np.searchsorted(known, ids)
+        if at.size and not np.array_equal(known[np.minimum(at, known.size - 1)], ids):
+            raise StoreError(f"{self.db.url}: a window of an unknown series")
+        out: IntArray = at.astype(np.int64)
+        return out
 
     def frame(
         self,
@@ -273,10 +283,12 @@ def _fetch(
     conds: list[ColumnElement[bool]],
     since: float | None,
     until: float | None,
+    *,
     only_buckets: bool,
+    head_columns: Sequence[str],
 ) -> tuple[Sequence[Any], Sequence[Any]]:
     """The chunks (series id, data) of both tiers overlapping [since, until) and the head
-    rows in it, of the series ``conds`` select."""
+    rows in it (``head_columns``), of the series ``conds`` select."""
     wanted = select(SeriesRow.id).where(*conds).scalar_subquery()
     c = ChunkRow
     where: list[ColumnElement[bool]] = [c.series_id.in_(wanted)] if conds else []
@@ -297,7 +309,7 @@ def _fetch(
         conn, select(t.series_id, t.data).where(*twhere).order_by(t.series_id, t.day)
     )
     h = HeadRow
-    cols = [h.__table__.c[name] for name in ("series_id", *_NUMERIC, "buckets")]
+    cols = [h.__table__.c[name] for name in head_columns]
     hwhere: list[ColumnElement[bool]] = [h.series_id.in_(wanted)] if conds else []
     if since is not None:
         hwhere.append(h.start >= since)
@@ -305,7 +317,7 @@ def _fetch(
         hwhere.append(h.start < until)
     if only_buckets:
         hwhere.append(h.buckets.is_not(None))
-    head_rows = conn.execute(select(*cols).where(*hwhere)).all()
+    head_rows = _raw_rows(conn, select(*cols).where(*hwhere))
     return chunk_rows, head_rows
 
 
