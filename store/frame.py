@@ -173,6 +173,9 @@ def sort_order(
     lab = np.asarray(ranks("labels", [s[3] for s in series]), dtype=np.int64)
     n_lab = int(lab.max()) + 1
     srcsig = src * (int(sig.max()) + 1) + sig
+    quick = _series_order(srcsig, sid, start)
+    if quick is not None:
+        return quick
     codes, uniques = pd.factorize(start)
     start_rank = np.empty(len(uniques), dtype=np.int64)
     start_rank[np.argsort(np.asarray(uniques), kind="stable")] = np.arange(len(uniques))
@@ -183,6 +186,28 @@ def sort_order(
         return order
     fallback: IntArray = np.lexsort((lab[sid], start, srcsig[sid]))
     return fallback
+
+
+def _series_order(
+    srcsig: IntArray, sid: IntArray, start: npt.NDArray[np.float64]
+) -> IntArray | None:
+    """sort_order when no two series read share a (source, signal) rank and each series'
+    starts rise in row order: the rows by that rank, stable (None: not so)."""
+    import numpy as np
+
+    used = np.flatnonzero(np.bincount(sid))
+    if np.unique(srcsig[used]).size != used.size or not (np.isfinite(start) & (start != 0)).all():
+        return None
+    if (sid[1:] >= sid[:-1]).all():
+        by_series, at = sid, start
+    else:
+        first = np.argsort(sid, kind="stable")
+        by_series, at = sid[first], start[first]
+    same = by_series[1:] == by_series[:-1]
+    if (at[1:][same] < at[:-1][same]).any():
+        return None
+    order: IntArray = np.argsort(srcsig[sid], kind="stable")
+    return order
 
 
 def python_ranks(_what: str, values: Sequence[str]) -> list[int]:
