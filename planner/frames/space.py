@@ -36,6 +36,12 @@ class Space:
         import numpy as np
         import pandas as pd
 
+        if key.size and key.size == len(self.keys) and np.array_equal(key, self.keys.to_numpy()):
+            # each row's key once, in row order: window i is row i
+            self.windows += 1
+            np.minimum(self.lo, length, out=self.lo)
+            np.maximum(self.hi, length, out=self.hi)
+            return np.arange(key.size, dtype=np.int64)
         row = self.keys.get_indexer(pd.Index(key))
         if (row < 0).any():
             self.keys = self.keys.append(pd.Index(pd.unique(key[row < 0])))
