@@ -201,12 +201,22 @@ def _series_order(
     if (sid[1:] >= sid[:-1]).all():
         by_series, at = sid, start
     else:
-        first = np.argsort(sid, kind="stable")
+        first = _stable_argsort(sid, srcsig.size)
         by_series, at = sid[first], start[first]
     same = by_series[1:] == by_series[:-1]
     if (at[1:][same] < at[:-1][same]).any():
         return None
-    order: IntArray = np.argsort(srcsig[sid], kind="stable")
+    rank = np.zeros(srcsig.size, dtype=np.int64)  # each used series' rank by (source, signal)
+    rank[used[np.argsort(srcsig[used])]] = np.arange(used.size)
+    return _stable_argsort(rank[sid], used.size)
+
+
+def _stable_argsort(keys: IntArray, top: int) -> IntArray:
+    """np.argsort(keys, kind="stable") of keys in [0, top): a radix sort when they fit 16 bits."""
+    import numpy as np
+
+    small = keys.astype(np.uint16) if top <= 1 << 16 else keys
+    order: IntArray = np.argsort(small, kind="stable")
     return order
 
 
