@@ -84,10 +84,11 @@ def decode(chunk: bytes) -> list[Row]:
 
 
 def decode_many(
-    chunks: Sequence[bytes], wanted: Sequence[str]
+    chunks: Sequence[bytes], wanted: Sequence[str], *, spare: int = 0
 ) -> tuple[npt.NDArray[np.int64], dict[str, npt.NDArray[np.float64]]]:
     """The rows of many chunks as columns: each row's chunk index and the ``wanted``
-    COLUMNS (NaN where a chunk has no value), chunks in order, rows in chunk order.
+    COLUMNS (NaN where a chunk has no value), chunks in order, rows in chunk order; the
+    columns have ``spare`` rows more at the end (NaN) for the caller to fill.
 
     Chunks of one layout (rows, columns) are inflated a batch at a time, only up to the
     last wanted column, and each wanted column is unshuffled straight into its place.
@@ -102,8 +103,11 @@ def decode_many(
     index = {c: COLUMNS.index(c) for c in wanted}
     out: dict[str, npt.NDArray[Any]] = {}
     for name, j in index.items():
-        everywhere = len(groups) == 1 and groups[0] >> j & 1
-        out[name] = np.empty(total, "<f8") if everywhere else np.full(total, np.nan, "<f8")
+        if len(groups) == 1 and groups[0] >> j & 1:  # every chunk has the column
+            out[name] = np.empty(total + spare, "<f8")
+            out[name][total:] = np.nan
+        else:
+            out[name] = np.full(total + spare, np.nan, "<f8")
     for key in groups:
         n, mask = key >> 16, key & 0xFFFF
         present = [j for j in range(len(COLUMNS)) if mask >> j & 1]

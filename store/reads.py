@@ -114,33 +114,34 @@ class WindowReader:
 
         datas = [bytes(r[1]) for r in chunk_rows]
         try:
-            chunk_of, cols = chunks.decode_many(datas, numeric)
+            chunk_of, cols = chunks.decode_many(datas, numeric, spare=len(head_rows))
         except ValueError as exc:
             raise StoreError(f"{self.db.url}: an unreadable chunk: {exc}") from exc
-        lut = self._series_index(index, chunk_rows)
-        sid = lut[chunk_of] if chunk_of.size else np.zeros(0, dtype=np.int64)
+        sid = np.empty(chunk_of.size + len(head_rows), dtype=np.int64)
+        np.take(self._series_index(index, chunk_rows), chunk_of, out=sid[: chunk_of.size])
         blob_list: list[bytes | None] | None = None
         if blobs:
             blob_list = [b for data in datas for b in chunks.blobs_of(data)]
         if head_rows:
-            sid = np.concatenate([sid, self._series_index(index, head_rows)])
+            sid[chunk_of.size :] = self._series_index(index, head_rows)
             width = len(numeric)
             extra = np.array([r[1 : 1 + width] for r in head_rows], dtype=np.float64)
             for j, name in enumerate(numeric):
-                cols[name] = np.concatenate([cols[name], extra.reshape(-1, width)[:, j]])
+                cols[name][chunk_of.size :] = extra.reshape(-1, width)[:, j]
             if blob_list is not None:
                 blob_list += [None if r[-1] is None else bytes(r[-1]) for r in head_rows]
-        start = cols["start"]
-        keep = np.ones(start.size, dtype=bool)
-        if since is not None:
-            keep &= start >= since
-        if until is not None:
-            keep &= start < until
-        if not keep.all():
-            sid = sid[keep]
-            cols = {k: v[keep] for k, v in cols.items()}
-            if blob_list is not None:
-                blob_list = [b for b, k in zip(blob_list, keep.tolist(), strict=True) if k]
+        if since is not None or until is not None:
+            start = cols["start"]
+            keep = np.ones(start.size, dtype=bool)
+            if since is not None:
+                keep &= start >= since
+            if until is not None:
+                keep &= start < until
+            if not keep.all():
+                sid = sid[keep]
+                cols = {k: v[keep] for k, v in cols.items()}
+                if blob_list is not None:
+                    blob_list = [b for b, k in zip(blob_list, keep.tolist(), strict=True) if k]
         nums = {k: v.astype(dtype_of(k)) if dtype_of(k) is not np.float64 else v
                 for k, v in cols.items()}  # fmt: skip
         return Read(series, sid, nums, blob_list, ranks)
