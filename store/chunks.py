@@ -122,13 +122,15 @@ def decode_many(
             cube = _inflate_many([chunks[i] for i in batch.tolist()], n, k, cut)
             first, m = int(batch[0]), batch.size
             for name, p in picked.items():
-                values = cube[:, p].transpose(0, 2, 1)  # (chunks, n, 8): each value's bytes
                 if int(batch[-1]) - first == m - 1:  # consecutive chunks: consecutive rows
                     at = int(offsets[first])
-                    out[name][at : at + m * n].view(np.uint8).reshape(m, n, 8)[...] = values
+                    values = out[name][at : at + m * n].view(np.uint8).reshape(m, n, 8)
+                    for byte in range(8):  # the shuffled planes back into each value
+                        values[:, :, byte] = cube[:, p, byte, :]
                 else:
                     rows = (offsets[batch][:, None] + np.arange(n)[None, :]).ravel()
-                    out[name][rows] = values.copy().view("<f8").ravel()
+                    values = cube[:, p].transpose(0, 2, 1).copy()
+                    out[name][rows] = values.view("<f8").ravel()
     chunk_of = np.repeat(np.arange(len(chunks), dtype=np.int64), sizes)
     return chunk_of, {c: v.astype(np.float64, copy=False) for c, v in out.items()}
 
