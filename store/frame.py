@@ -195,20 +195,17 @@ def _series_order(
     starts rise in row order: the rows by that rank, stable (None: not so)."""
     import numpy as np
 
-    used = np.flatnonzero(np.bincount(sid))
-    if np.unique(srcsig[used]).size != used.size or not (np.isfinite(start) & (start != 0)).all():
+    counts = np.bincount(sid, minlength=srcsig.size)
+    used = np.flatnonzero(counts)
+    if np.unique(srcsig[used]).size != used.size or not (np.isfinite(start).all() and start.all()):
         return None
-    if (sid[1:] >= sid[:-1]).all():
-        by_series, at = sid, start
-    else:
-        first = _stable_argsort(sid, srcsig.size)
-        by_series, at = sid[first], start[first]
-    same = by_series[1:] == by_series[:-1]
-    if (at[1:][same] < at[:-1][same]).any():
-        return None
-    rank = np.zeros(srcsig.size, dtype=np.int64)  # each used series' rank by (source, signal)
-    rank[used[np.argsort(srcsig[used])]] = np.arange(used.size)
-    return _stable_argsort(rank[sid], used.size)
+    by_rank = used[np.argsort(srcsig[used])]
+    rank = np.zeros(srcsig.size, dtype=np.int64)
+    rank[by_rank] = np.arange(used.size)
+    order = _stable_argsort(rank[sid], used.size)
+    rising = np.diff(start[order]) >= 0
+    rising[np.cumsum(counts[by_rank])[:-1] - 1] = True  # one series' last row, next's first
+    return order if rising.all() else None
 
 
 def _stable_argsort(keys: IntArray, top: int) -> IntArray:
