@@ -96,7 +96,7 @@ def decode_many(
     import numpy as np
 
     sizes, masks = layouts(chunks)
-    keys = sizes << 16 | masks
+    keys = sizes << 16 | (masks & (BUCKETS_BIT - 1))  # buckets or not: one layout
     groups = np.unique(keys).tolist()
     offsets = np.concatenate(([0], np.cumsum(sizes)))
     total = int(offsets[-1])
@@ -115,8 +115,8 @@ def decode_many(
         if not picked:
             continue
         k = 1 + max(picked.values())  # the columns inflated: up to the last one wanted
-        cut = k < len(present) or bool(mask & BUCKETS_BIT)
         members = np.arange(len(chunks)) if len(groups) == 1 else np.flatnonzero(keys == key)
+        cut = k < len(present) or bool((masks[members] & BUCKETS_BIT).any())
         for lo in range(0, members.size, _BATCH):
             batch = members[lo : lo + _BATCH]
             cube = _inflate_many([chunks[i] for i in batch.tolist()], n, k, cut)
