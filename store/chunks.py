@@ -27,6 +27,8 @@ BUCKETS_BIT = 1 << len(COLUMNS)
 HOUR_S = 3_600.0
 FORMAT = 1
 _HEADER = struct.Struct("<BHH")
+_HEADER_DTYPE = [("format", "u1"), ("n", "<u2"), ("mask", "<u2")]
+_BATCH = 4096  # chunks inflated at once
 # One window as a chunk row: the COLUMNS' values (None or NaN: NULL), then its buckets BLOB.
 Row = tuple[Any, ...]
 
@@ -82,33 +84,94 @@ def decode(chunk: bytes) -> list[Row]:
 
 
 def decode_many(
-    chunks: Sequence[bytes], wanted: Sequence[str]
+    chunks: Sequence[bytes], wanted: Sequence[str], *, spare: int = 0
 ) -> tuple[npt.NDArray[np.int64], dict[str, npt.NDArray[np.float64]]]:
     """The rows of many chunks as columns: each row's chunk index and the ``wanted``
-    COLUMNS (NaN where a chunk has no value), chunks in order, rows in chunk order."""
+    COLUMNS (NaN where a chunk has no value), chunks in order, rows in chunk order; the
+    columns have ``spare`` rows more at the end (NaN) for the caller to fill.
+
+    Chunks of one layout (rows, columns) are inflated a batch at a time, only up to the
+    last wanted column, and each wanted column is unshuffled straight into its place.
+    """
     import numpy as np
 
-    layouts = [layout(c) for c in chunks]
-    sizes = np.fromiter((n for n, _ in layouts), dtype=np.int64, count=len(layouts))
+    sizes, masks = layouts(chunks)
+    keys = sizes << 16 | (masks & (BUCKETS_BIT - 1))  # buckets or not: one layout
+    groups = np.unique(keys).tolist()
     offsets = np.concatenate(([0], np.cumsum(sizes)))
     total = int(offsets[-1])
-    out = {c: np.full(total, np.nan) for c in wanted}
     index = {c: COLUMNS.index(c) for c in wanted}
-    groups: dict[tuple[int, int], list[int]] = {}
-    for i, (n, mask) in enumerate(layouts):
-        groups.setdefault((n, mask & (BUCKETS_BIT - 1)), []).append(i)
-    for (n, mask), members in groups.items():
+    out: dict[str, npt.NDArray[Any]] = {}
+    for name, j in index.items():
+        if len(groups) == 1 and groups[0] >> j & 1:  # every chunk has the column
+            out[name] = np.empty(total + spare, "<f8")
+            out[name][total:] = np.nan
+        else:
+            out[name] = np.full(total + spare, np.nan, "<f8")
+    for key in groups:
+        n, mask = key >> 16, key & 0xFFFF
         present = [j for j in range(len(COLUMNS)) if mask >> j & 1]
-        k = len(present)
-        raw = b"".join(_inflate(chunks[i])[: k * n * 8] for i in members)
-        cube = np.frombuffer(raw, dtype=np.uint8).reshape(len(members), k, 8, n)
-        values = cube.transpose(0, 1, 3, 2).copy().view("<f8").reshape(len(members), k, n)
-        rows = (offsets[members][:, None] + np.arange(n)[None, :]).ravel()
-        for name, j in index.items():
-            if j in present:
-                out[name][rows] = values[:, present.index(j), :].ravel()
+        picked = {c: present.index(j) for c, j in index.items() if j in present}
+        if not picked:
+            continue
+        k = 1 + max(picked.values())  # the columns inflated: up to the last one wanted
+        members = np.arange(len(chunks)) if len(groups) == 1 else np.flatnonzero(keys == key)
+        cut = k < len(present) or bool((masks[members] & BUCKETS_BIT).any())
+        for lo in range(0, members.size, _BATCH):
+            batch = members[lo : lo + _BATCH]
+            cube = _inflate_many([chunks[i] for i in batch.tolist()], n, k, cut)
+            first, m = int(batch[0]), batch.size
+            for name, p in picked.items():
+                if int(batch[-1]) - first == m - 1:  # consecutive chunks: consecutive rows
+                    at = int(offsets[first])
+                    values = out[name][at : at + m * n].view(np.uint8).reshape(m, n, 8)
+                    for byte in range(8):  # the shuffled planes back into each value
+                        values[:, :, byte] = cube[:, p, byte, :]
+                else:
+                    rows = (offsets[batch][:, None] + np.arange(n)[None, :]).ravel()
+                    values = cube[:, p].transpose(0, 2, 1).copy()
+                    out[name][rows] = values.view("<f8").ravel()
     chunk_of = np.repeat(np.arange(len(chunks), dtype=np.int64), sizes)
-    return chunk_of, out
+    return chunk_of, {c: v.astype(np.float64, copy=False) for c, v in out.items()}
+
+
+def layouts(chunks: Sequence[bytes]) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
+    """The rows and the column bitmask of each chunk (ValueError: one is not a chunk)."""
+    import numpy as np
+
+    heads = b"".join([c[: _HEADER.size] for c in chunks])
+    if len(heads) != _HEADER.size * len(chunks):
+        for c in chunks:
+            layout(c)  # raises for the one shorter than its header
+    head = np.frombuffer(heads, dtype=_HEADER_DTYPE)
+    n, mask = head["n"].astype(np.int64), head["mask"].astype(np.int64)
+    bad = (head["format"] != FORMAT) | (n == 0) | (mask >> (len(COLUMNS) + 1) != 0)
+    if bad.any():
+        layout(chunks[int(np.flatnonzero(bad)[0])])  # raises
+    return n, mask
+
+
+def _inflate_many(chunks: Sequence[bytes], n: int, k: int, cut: bool) -> npt.NDArray[np.uint8]:
+    """The first ``k`` shuffled columns of chunks of ``n`` rows, as (chunks, k, 8, n) bytes;
+    ``cut``: the payloads hold more, inflate only that much."""
+    import numpy as np
+
+    size = k * n * 8
+    start = _HEADER.size
+    try:
+        if cut:
+            parts = [zlib.decompressobj().decompress(c[start:], size) for c in chunks]
+        else:
+            parts = [zlib.decompress(c[start:]) for c in chunks]
+    except zlib.error as exc:
+        raise ValueError(f"a chunk's data does not inflate: {exc}") from exc
+    raw = b"".join(parts)
+    if len(raw) != size * len(chunks):
+        short = [len(p) for p in parts if len(p) < size]
+        if short:
+            raise ValueError(f"a chunk of {n} rows and {k} columns holds {short[0]} bytes")
+        raw = b"".join([p[:size] for p in parts])
+    return np.frombuffer(raw, dtype=np.uint8).reshape(len(chunks), k, 8, n)
 
 
 def blobs_of(chunk: bytes) -> list[bytes | None]:

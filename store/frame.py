@@ -173,6 +173,9 @@ def sort_order(
     lab = np.asarray(ranks("labels", [s[3] for s in series]), dtype=np.int64)
     n_lab = int(lab.max()) + 1
     srcsig = src * (int(sig.max()) + 1) + sig
+    quick = _series_order(srcsig, sid, start)
+    if quick is not None:
+        return quick
     codes, uniques = pd.factorize(start)
     start_rank = np.empty(len(uniques), dtype=np.int64)
     start_rank[np.argsort(np.asarray(uniques), kind="stable")] = np.arange(len(uniques))
@@ -183,6 +186,35 @@ def sort_order(
         return order
     fallback: IntArray = np.lexsort((lab[sid], start, srcsig[sid]))
     return fallback
+
+
+def _series_order(
+    srcsig: IntArray, sid: IntArray, start: npt.NDArray[np.float64]
+) -> IntArray | None:
+    """sort_order when no two series read share a (source, signal) rank and each series'
+    starts rise in row order: the rows by that rank, stable (None: not so)."""
+    import numpy as np
+
+    counts = np.bincount(sid, minlength=srcsig.size)
+    used = np.flatnonzero(counts)
+    if np.unique(srcsig[used]).size != used.size or not (np.isfinite(start).all() and start.all()):
+        return None
+    by_rank = used[np.argsort(srcsig[used])]
+    rank = np.zeros(srcsig.size, dtype=np.int64)
+    rank[by_rank] = np.arange(used.size)
+    order = _stable_argsort(rank[sid], used.size)
+    rising = np.diff(start[order]) >= 0
+    rising[np.cumsum(counts[by_rank])[:-1] - 1] = True  # one series' last row, next's first
+    return order if rising.all() else None
+
+
+def _stable_argsort(keys: IntArray, top: int) -> IntArray:
+    """np.argsort(keys, kind="stable") of keys in [0, top): a radix sort when they fit 16 bits."""
+    import numpy as np
+
+    small = keys.astype(np.uint16) if top <= 1 << 16 else keys
+    order: IntArray = np.argsort(small, kind="stable")
+    return order
 
 
 def python_ranks(_what: str, values: Sequence[str]) -> list[int]:

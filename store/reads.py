@@ -16,7 +16,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import ColumnElement, Connection, select
+from sqlalchemy import ColumnElement, Connection, Executable, select
 
 from core.catalog import BUCKET_SIGNALS
 from core.errors import StoreError
@@ -91,7 +91,9 @@ class WindowReader:
             ).all()  # fmt: skip
             series = [(str(r[1]), str(r[2]), str(r[3]), str(r[4])) for r in found]
             index = {int(r[0]): i for i, r in enumerate(found)}
-            chunk_rows, head_rows = _fetch(conn, conds, since, until, only_buckets)
+            head_cols = ["series_id", *numeric, *(["buckets"] if blobs else [])]
+            chunk_rows, head_rows = _fetch(conn, conds, since, until, only_buckets=only_buckets,
+                                           head_columns=head_cols)  # fmt: skip
             ranks = _ranked(ranks, series)  # the database's order, read in this transaction
         return self._decode(series, index, chunk_rows, head_rows, numeric, since, until,
                             blobs, ranks)  # fmt: skip
@@ -112,36 +114,49 @@ class WindowReader:
 
         datas = [bytes(r[1]) for r in chunk_rows]
         try:
-            chunk_of, cols = chunks.decode_many(datas, numeric)
+            chunk_of, cols = chunks.decode_many(datas, numeric, spare=len(head_rows))
         except ValueError as exc:
             raise StoreError(f"{self.db.url}: an unreadable chunk: {exc}") from exc
-        lut = np.fromiter((index[int(r[0])] for r in chunk_rows), np.int64, len(chunk_rows))
-        sid = lut[chunk_of] if chunk_of.size else np.zeros(0, dtype=np.int64)
+        sid = np.empty(chunk_of.size + len(head_rows), dtype=np.int64)
+        np.take(self._series_index(index, chunk_rows), chunk_of, out=sid[: chunk_of.size])
         blob_list: list[bytes | None] | None = None
         if blobs:
             blob_list = [b for data in datas for b in chunks.blobs_of(data)]
         if head_rows:
-            sid = np.concatenate([sid, [index[int(r[0])] for r in head_rows]])
-            for name in numeric:
-                j = 1 + _NUMERIC.index(name)
-                extra = np.array([r[j] for r in head_rows], dtype=np.float64)
-                cols[name] = np.concatenate([cols[name], extra])
+            sid[chunk_of.size :] = self._series_index(index, head_rows)
+            width = len(numeric)
+            extra = np.array([r[1 : 1 + width] for r in head_rows], dtype=np.float64)
+            for j, name in enumerate(numeric):
+                cols[name][chunk_of.size :] = extra.reshape(-1, width)[:, j]
             if blob_list is not None:
                 blob_list += [None if r[-1] is None else bytes(r[-1]) for r in head_rows]
-        start = cols["start"]
-        keep = np.ones(start.size, dtype=bool)
-        if since is not None:
-            keep &= start >= since
-        if until is not None:
-            keep &= start < until
-        if not keep.all():
-            sid = sid[keep]
-            cols = {k: v[keep] for k, v in cols.items()}
-            if blob_list is not None:
-                blob_list = [b for b, k in zip(blob_list, keep.tolist(), strict=True) if k]
+        if since is not None or until is not None:
+            start = cols["start"]
+            keep = np.ones(start.size, dtype=bool)
+            if since is not None:
+                keep &= start >= since
+            if until is not None:
+                keep &= start < until
+            if not keep.all():
+                sid = sid[keep]
+                cols = {k: v[keep] for k, v in cols.items()}
+                if blob_list is not None:
+                    blob_list = [b for b, k in zip(blob_list, keep.tolist(), strict=True) if k]
         nums = {k: v.astype(dtype_of(k)) if dtype_of(k) is not np.float64 else v
                 for k, v in cols.items()}  # fmt: skip
         return Read(series, sid, nums, blob_list, ranks)
+
+    def _series_index(self, index: dict[int, int], rows: Sequence[Any]) -> IntArray:
+        """The series index of each row (its first value: the series id)."""
+        import numpy as np
+
+        ids = np.fromiter((r[0] for r in rows), np.int64, len(rows))
+        known = np.fromiter(index, np.int64, len(index))  # ascending: found by id
+        at = np.searchsorted(known, ids)
+        if at.size and not np.array_equal(known[np.minimum(at, known.size - 1)], ids):
+            raise StoreError(f"{self.db.url}: a window of an unknown series")
+        out: IntArray = at.astype(np.int64)
+        return out
 
     def frame(
         self,
@@ -269,10 +284,12 @@ def _fetch(
     conds: list[ColumnElement[bool]],
     since: float | None,
     until: float | None,
+    *,
     only_buckets: bool,
+    head_columns: Sequence[str],
 ) -> tuple[Sequence[Any], Sequence[Any]]:
     """The chunks (series id, data) of both tiers overlapping [since, until) and the head
-    rows in it, of the series ``conds`` select."""
+    rows in it (``head_columns``), of the series ``conds`` select."""
     wanted = select(SeriesRow.id).where(*conds).scalar_subquery()
     c = ChunkRow
     where: list[ColumnElement[bool]] = [c.series_id.in_(wanted)] if conds else []
@@ -280,20 +297,20 @@ def _fetch(
         where.append(c.hour >= chunks.hour_of(since))
     if until is not None:
         where.append(c.hour < until)
-    chunk_rows = list(conn.execute(
-        select(c.series_id, c.data).where(*where).order_by(c.series_id, c.hour)
-    ))  # fmt: skip
+    chunk_rows = _raw_rows(
+        conn, select(c.series_id, c.data).where(*where).order_by(c.series_id, c.hour)
+    )
     t = Chunk5mRow  # the downsampled tier: a chunk a series and day
     twhere: list[ColumnElement[bool]] = [t.series_id.in_(wanted)] if conds else []
     if since is not None:
         twhere.append(t.day >= math.floor(since / DAY_S) * DAY_S)
     if until is not None:
         twhere.append(t.day < until)
-    chunk_rows += conn.execute(
-        select(t.series_id, t.data).where(*twhere).order_by(t.series_id, t.day)
+    chunk_rows += _raw_rows(
+        conn, select(t.series_id, t.data).where(*twhere).order_by(t.series_id, t.day)
     )
     h = HeadRow
-    cols = [h.__table__.c[name] for name in ("series_id", *_NUMERIC, "buckets")]
+    cols = [h.__table__.c[name] for name in head_columns]
     hwhere: list[ColumnElement[bool]] = [h.series_id.in_(wanted)] if conds else []
     if since is not None:
         hwhere.append(h.start >= since)
@@ -301,8 +318,18 @@ def _fetch(
         hwhere.append(h.start < until)
     if only_buckets:
         hwhere.append(h.buckets.is_not(None))
-    head_rows = conn.execute(select(*cols).where(*hwhere)).all()
+    head_rows = _raw_rows(conn, select(*cols).where(*hwhere))
     return chunk_rows, head_rows
+
+
+def _raw_rows(conn: Connection, query: Executable) -> list[Any]:
+    """The rows of a query as the DBAPI cursor returns them, fetched at once (no Row
+    object per row)."""
+    result = conn.execute(query)
+    try:
+        return list(result.cursor.fetchall())
+    finally:
+        result.close()
 
 
 def _ranked(ranks: RankFn, series: Sequence[Series]) -> RankFn:

@@ -36,6 +36,16 @@ class Space:
         import numpy as np
         import pandas as pd
 
+        if not len(self.keys) and key.size and pd.unique(key).size == key.size:
+            self.keys = pd.Index(key.copy())  # a first signal with one window per key
+            self.windows = np.zeros(key.size, dtype=np.int64)
+            self.lo, self.hi = np.full(key.size, np.inf), np.full(key.size, -np.inf)
+        if key.size and key.size == len(self.keys) and np.array_equal(key, self.keys.to_numpy()):
+            # each row's key once, in row order: window i is row i
+            self.windows += 1
+            np.minimum(self.lo, length, out=self.lo)
+            np.maximum(self.hi, length, out=self.hi)
+            return np.arange(key.size, dtype=np.int64)
         row = self.keys.get_indexer(pd.Index(key))
         if (row < 0).any():
             self.keys = self.keys.append(pd.Index(pd.unique(key[row < 0])))

@@ -49,6 +49,7 @@ class FrameBuilder:
         self.mixed: set[int] = set()  # sources with one signal's windows in both spaces
         self.model_counts: Counter[tuple[int, bool, int]] = Counter()
         self.done: set[str] = set()
+        self._last_starts: tuple[FloatArray, IntArray] | None = None  # starts -> start ids
 
     def _ids(self, table: dict[str, int], values: object) -> IntArray:
         import numpy as np
@@ -77,11 +78,17 @@ class FrameBuilder:
             lut[c] = self.pairs.setdefault((s, e), len(self.pairs))
         pair = lut[combo]
         start = part["start"].to_numpy(dtype=np.float64)
-        at = self.starts.get_indexer(pd.Index(start))
-        if (at < 0).any():
-            self.starts = self.starts.append(pd.Index(pd.unique(start[at < 0])))
+        last = self._last_starts
+        if last is not None and np.array_equal(start, last[0]):
+            at = last[1]  # the previous signal's windows started at the same times
+        else:
             at = self.starts.get_indexer(pd.Index(start))
-        return (pair << _SHIFT) | at.astype(np.int64), pair, labelled
+            if (at < 0).any():
+                self.starts = self.starts.append(pd.Index(pd.unique(start[at < 0])))
+                at = self.starts.get_indexer(pd.Index(start))
+            at = at.astype(np.int64)
+            self._last_starts = (start, at)
+        return (pair << _SHIFT) | at, pair, labelled
 
     def add(self, signal: str, part: pd.DataFrame) -> None:
         """Turn one signal's windows (all of them, read_windows' order) into its columns."""

@@ -57,15 +57,41 @@ def signal_columns(
     """The columns one signal's windows make over ``n`` rows (``row``: each window's)."""
     import numpy as np
 
-    length = fields["length_s"]
+    if row.size == n and np.array_equal(row, np.arange(n)):
+        out = _own_rows(signal, fields)
+    else:
+        out = _summed(signal, row, n, fields)
+    for mean, total, count in DERIVED:
+        if total in out and count in out:
+            c = out[count]
+            with np.errstate(invalid="ignore", divide="ignore"):
+                out[mean] = np.where(c > 0, out.pop(total) / c, np.nan)
+            if count not in COLUMNS:
+                del out[count]
+    return out
+
+
+def _value(field: str, fields: dict[str, FloatArray]) -> FloatArray:
+    """A window's value of ``field``; ``rate``: a counter without a rate has delta / length."""
+    import numpy as np
+
+    if field != "rate":
+        return fields[field]
+    with np.errstate(invalid="ignore", divide="ignore"):
+        rate = fields["rate"]
+        out: FloatArray = np.where(np.isnan(rate), fields["delta"] / fields["length_s"], rate)
+    return out
+
+
+def _summed(
+    signal: str, row: IntArray, n: int, fields: dict[str, FloatArray]
+) -> dict[str, FloatArray]:
+    """signal_columns' columns, the windows of a row added (bincount) or their maximum."""
+    import numpy as np
+
     out: dict[str, FloatArray] = {}
     for name, field, how in _roles(signal):
-        if field == "rate":  # a counter without a rate: delta / length
-            with np.errstate(invalid="ignore", divide="ignore"):
-                rate = fields["rate"]
-                v = np.where(np.isnan(rate), fields["delta"] / length, rate)
-        else:
-            v = fields[field]
+        v = _value(field, fields)
         keep = ~np.isnan(v)
         idx = row[keep]
         if how == "wmean":  # weighted by the denominators (a missing one counts 1)
@@ -84,13 +110,26 @@ def signal_columns(
             if how == "mean":
                 res = res / np.maximum(cnt, 1)
         out[name] = np.where(cnt > 0, res, np.nan)
-    for mean, total, count in DERIVED:
-        if total in out and count in out:
-            c = out[count]
+    return out
+
+
+def _own_rows(signal: str, fields: dict[str, FloatArray]) -> dict[str, FloatArray]:
+    """signal_columns' columns when window i is row i: each sum, mean or maximum of one
+    value (0.0 + v, as bincount adds it; NaN where v is NaN)."""
+    import numpy as np
+
+    out: dict[str, FloatArray] = {}
+    for name, field, how in _roles(signal):
+        v = _value(field, fields)
+        if how == "wmean":
+            wt = np.where(np.isnan(fields["delta"]), 1.0, fields["delta"])
+            bottom = np.where(np.isnan(v), 0.0, wt + 0.0)
             with np.errstate(invalid="ignore", divide="ignore"):
-                out[mean] = np.where(c > 0, out.pop(total) / c, np.nan)
-            if count not in COLUMNS:
-                del out[count]
+                out[name] = np.where(bottom > 0, (v * wt + 0.0) / bottom, np.nan)
+        elif how == "max":
+            out[name] = v.copy()
+        else:
+            out[name] = v + 0.0
     return out
 
 

@@ -95,20 +95,11 @@ class WindowTable:
     def add(self, signal: str, rows: pd.DataFrame, keep: Iterable[str] | None = None) -> None:
         """Count one signal's rows (read_frame's columns) and keep ``keep`` of its columns
         (all when None; none when empty: the signal is only counted)."""
-        import numpy as np
         import pandas as pd
 
         if not len(rows):
             return
-        source = rows["source"].astype(str).to_numpy(dtype=object)
-        start = rows["start"].to_numpy(dtype=np.float64)
-        end = start + rows["length_s"].to_numpy(dtype=np.float64)
-        by = pd.DataFrame({"source": source, "first": start, "last": end}).groupby(
-            "source", sort=True
-        )
-        counted = pd.DataFrame(
-            {"windows": by.size(), "first": by["first"].min(), "last": by["last"].max()}
-        ).reset_index()
+        counted = _count(rows)
         counted.insert(0, "signal", signal)
         self.summary = pd.concat([self.summary, counted], ignore_index=True)
         cols = list(rows.columns) if keep is None else [c for c in rows.columns if c in set(keep)]
@@ -194,3 +185,38 @@ class WindowTable:
             if len(sub):
                 out.parts[signal] = sub
         return out
+
+
+def _count(rows: pd.DataFrame) -> pd.DataFrame:
+    """Per source (by name): its windows, first start and last end (NaN skipped), from the
+    categorical source's codes."""
+    import numpy as np
+    import pandas as pd
+
+    source = rows["source"]
+    start = rows["start"].to_numpy(dtype=np.float64)
+    end = start + rows["length_s"].to_numpy(dtype=np.float64)
+    if not isinstance(source.dtype, pd.CategoricalDtype) or (source.cat.codes < 0).any():
+        text = source.astype(str).to_numpy(dtype=object)
+        by = pd.DataFrame({"source": text, "first": start, "last": end}).groupby(
+            "source", sort=True
+        )
+        return pd.DataFrame(
+            {"windows": by.size(), "first": by["first"].min(), "last": by["last"].max()}
+        ).reset_index()
+    codes = source.cat.codes.to_numpy().astype(np.intp)
+    width = len(source.cat.categories)
+    windows = np.bincount(codes, minlength=width)
+    first, last = np.full(width, np.nan), np.full(width, np.nan)
+    np.fmin.at(first, codes, start)
+    np.fmax.at(last, codes, end)
+    cats = [str(c) for c in source.cat.categories]
+    at = sorted((i for i in range(width) if windows[i]), key=cats.__getitem__)
+    return pd.DataFrame(
+        {
+            "source": np.asarray([cats[i] for i in at], dtype=object),
+            "windows": windows[at].astype(np.int64),
+            "first": first[at],
+            "last": last[at],
+        }
+    )
