@@ -52,7 +52,7 @@ from planner.plan.groups import (
     pick_group,
     split_groups,
 )
-from planner.plan.observe import NEEDED_SIGNALS, modes_by_source, observe
+from planner.plan.observe import NEEDED_SIGNALS, Observed, modes_by_source, observe
 from planner.plan.record import GroupPlan, NoData, Plan, PlanDetails
 from planner.plan.tier import recommended_gib, tier_section
 from planner.plan.verdict import ModeVerdict, run_verdicts, verdict_section
@@ -290,24 +290,25 @@ def _plan(
     basis += facts_basis(in_window)
     hw_names, hw = hardware_of(in_window, basis)
     modes = {s: m for s, m in modes_by_source(in_window).items() if s in present}
-    happening, seen = observe(frame, windows, modes)
-    run.lap("observe")
     cap = kv_capacity(windows, {e.source: e.facts for e in in_window}, hw)
 
-    def verdicts_and_forecasts() -> tuple[dict[str, ModeVerdict], ForecastRun]:
+    def beside_the_fits() -> tuple[
+        tuple[dict[str, Any], Observed], dict[str, ModeVerdict], ForecastRun
+    ]:
+        seen = observe(frame, windows, modes)
         verdicts = {} if groups else run_verdicts(frame, in_window, slo=run.slo, seed=run.seed)
         fc = run_forecasts(windows, cap, horizon_s=run.horizon_s, seed=run.seed,
                            max_seconds=run.forecast_seconds)  # fmt: skip
-        return verdicts, fc
+        return seen, verdicts, fc
 
-    side = Forked(verdicts_and_forecasts)  # beside the fits: neither reads the other
+    side = Forked(beside_the_fits)  # neither reads what the other makes
     if groups:
         fits = skipped_fits(f"fitted per model group ({len(groups)} groups): see groups")
     else:
         fits = run_fits(frame, hw, seed=run.seed)
     run.lap("fits")
-    verdicts, fc = side.result()
-    run.lap("verdicts_forecasts")
+    (happening, seen), verdicts, fc = side.result()
+    run.lap("observe_verdicts_forecasts")
     u_now = seen.kv_util_p50
     for mode in ("native", "lmcache"):
         fits[EQUAL_KV + mode].entry["at_current_util"] = equal_kv_at(fits[EQUAL_KV + mode], u_now)

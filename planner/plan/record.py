@@ -39,8 +39,8 @@ class NoData(KvscopeError):
 @dataclass(frozen=True, slots=True, eq=False)
 class PlanDetails:
     """What the plots need beyond the JSON: the frame, the fit objects, the forecasts; and
-    the seconds each stage took (read, frame, observe, fits, then the verdicts and
-    forecasts still running beside the fits, cpu_tier, decide)."""
+    the seconds each stage took (read, frame, fits, then what still ran beside the fits:
+    observe, the verdicts and the forecasts; cpu_tier, decide)."""
 
     frame: pd.DataFrame
     fits: Mapping[str, FitRun]

@@ -34,8 +34,12 @@ def _odd() -> None:
     raise _Odd()
 
 
-def test_forked_value_is_computed_in_a_child_and_returned(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv(JOBS_ENV, raising=False)
+@pytest.fixture(autouse=True)
+def _two_jobs(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(JOBS_ENV, "2")  # the fork is opt-in
+
+
+def test_forked_value_is_computed_in_a_child_and_returned() -> None:
     assert can_fork()
     job = Forked(lambda: (os.getpid(), np.arange(3_000_000, dtype=np.float64)))  # 24 MB
     pid, arr = job.result()
@@ -64,11 +68,17 @@ def test_forked_child_killed_runs_the_stage_here() -> None:
     assert Forked(stage).result() == parent
 
 
-def test_no_fork_when_disabled_or_other_threads_run(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv(JOBS_ENV, "1")
-    assert not can_fork()
-    assert Forked(os.getpid).result() == os.getpid()
-    monkeypatch.delenv(JOBS_ENV)
+def test_no_fork_by_default_when_disabled_or_other_threads_run(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    for value in ("1", None):
+        if value is None:
+            monkeypatch.delenv(JOBS_ENV)
+        else:
+            monkeypatch.setenv(JOBS_ENV, value)
+        assert not can_fork()
+        assert Forked(os.getpid).result() == os.getpid()
+    monkeypatch.setenv(JOBS_ENV, "2")
     stop = threading.Event()
     other = threading.Thread(target=stop.wait)
     other.start()
@@ -107,7 +117,6 @@ def test_plan_is_the_same_with_and_without_the_fork(
 
 
 def test_no_fork_when_free_memory_is_below_this_process(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv(JOBS_ENV, raising=False)
     monkeypatch.setattr("planner.plan.fork.free_bytes", lambda: 1024.0)
     assert not can_fork()
     assert Forked(os.getpid).result() == os.getpid()

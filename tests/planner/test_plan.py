@@ -469,8 +469,8 @@ def test_plan_columnar_read_equals_window_read_exactly(tmp_path: Path) -> None:
         assert h["lmcache_healthy"] is False and h["prompt_tokens"]["p90_censored"] is True
         assert h["reprefill_share"]["value"] is not None
         assert plans[0].window["first"] == windows[0].start + 600
-        assert set(plans[0].details.seconds) == {"read", "frame", "observe", "fits",
-                                                 "verdicts_forecasts", "cpu_tier",
+        assert set(plans[0].details.seconds) == {"read", "frame", "fits",
+                                                 "observe_verdicts_forecasts", "cpu_tier",
                                                  "decide"}  # fmt: skip
 
 
