@@ -1,15 +1,13 @@
 """Run one stage of a plan in a forked child while this process runs another.
 
 ``Forked(fn)`` starts ``fn`` in a child made by ``os.fork`` (it reads this process's frame
-without a copy: pages are shared until written) and ``result()`` returns fn's value, sent back
-pickled through a pipe, or raises fn's exception. ``fn`` runs in this process instead, at
-``result()``, where a fork is not safe or not affordable: no ``os.fork``, other threads
-running (a fork copies only the calling thread, and any lock another thread holds stays
-locked in the child), less memory free (the machine's, or the cgroup's below its limit) than
-this process holds (the child may come to write as much), and unless ``KVSCOPE_PLAN_JOBS=2``
-asks for it: on 100 engines × 7 days the fork takes 1.6 s off 15 s and adds ~360 MB (the
-child's and the parent's new pages at once), so one process is the default. The value is
-the same either way; only the wall time and the memory differ.
+without a copy) and ``result()`` returns fn's value, pickled through a pipe, or raises fn's
+exception. Otherwise ``fn`` runs here at once (what only it reads can be freed before the next
+stage): by default, and where a fork is unsafe (no ``os.fork``; other threads running, whose
+locks would stay held in the child) or unaffordable (less free memory, machine or cgroup,
+than this process holds). ``KVSCOPE_PLAN_JOBS=2`` asks for the fork: on 100 engines × 7 days
+it takes ~1.7 s off 15 s but adds ~360 MB, so one process is the default. The value is the
+same either way.
 """
 
 from __future__ import annotations
@@ -76,13 +74,14 @@ def _rss_bytes() -> float:
 
 
 class Forked(Generic[T]):
-    """``fn()`` in a forked child when :func:`can_fork`, else in this process at
-    :meth:`result`."""
+    """``fn()`` in a forked child when :func:`can_fork`, else in this process at once;
+    :meth:`result` gives its value or raises its exception."""
 
     def __init__(self, fn: Callable[[], T]) -> None:
         self.fn = fn
         self.pid = 0
         self.fd = -1
+        self.done: tuple[bool, T | BaseException] | None = None
         if can_fork():
             read, write = os.pipe()
             pid = os.fork()
@@ -91,11 +90,25 @@ class Forked(Generic[T]):
                 _child(fn, write)
             os.close(write)
             self.pid, self.fd = pid, read
+            return
+        try:
+            self.done = (True, fn())
+        except Exception as exc:  # raised by result(), as a child's would be
+            self.done = (False, exc)
+
+    @property
+    def forked(self) -> bool:
+        """Whether ``fn`` runs in a child not yet waited for."""
+        return self.pid != 0
 
     def result(self) -> T:
         """fn's value, or fn's exception raised here."""
-        if not self.pid:
-            return self.fn()
+        if self.done is not None:
+            ok, value = self.done
+            if not ok:
+                assert isinstance(value, BaseException)
+                raise value
+            return value  # type: ignore[return-value]
         chunks = []
         with os.fdopen(self.fd, "rb") as pipe:
             while block := pipe.read(1 << 20):
