@@ -72,7 +72,6 @@ class WindowTable:
         import pandas as pd
 
         self.parts: dict[str, pd.DataFrame] = {}
-        self.released = False  # release_rows() was called: counts and spans only
         # one row per (signal, source): windows, first start, last end
         self.summary = pd.DataFrame(
             {"signal": [], "source": [], "windows": [], "first": [], "last": []}
@@ -130,23 +129,15 @@ class WindowTable:
             return math.nan, math.nan
         return float(self.summary["first"].min()), float(self.summary["last"].max())
 
-    def release_rows(self) -> None:
-        """Drop the kept rows (their memory back before the fits); the counts and spans
-        stay, and reading a row afterwards raises RuntimeError."""
-        self.parts = {}
-        self.released = True
-
     def part(self, signal: str) -> pd.DataFrame | None:
         """The kept rows of one signal (read_windows' order), None when it has none."""
-        if self.released:
-            raise RuntimeError(f"the rows of {signal!r} were released (release_rows)")
         return self.parts.get(signal)
 
     def rows(self, signal: str, sources: Iterable[str] | None = None) -> IntArray:
         """Positions in the signal's part of its rows (of these sources)."""
         import numpy as np
 
-        part = self.part(signal)
+        part = self.parts.get(signal)
         if part is None:
             return np.zeros(0, dtype=np.int64)
         if sources is None:
@@ -160,7 +151,7 @@ class WindowTable:
         """A float column of the signal's rows (all, or these positions); NaN = unknown."""
         import numpy as np
 
-        part = self.part(signal)
+        part = self.parts.get(signal)
         if part is None:
             return np.zeros(0, dtype=np.float64)
         out: FloatArray = part[column].to_numpy(dtype=np.float64, na_value=np.nan)
@@ -170,7 +161,7 @@ class WindowTable:
         """Category codes of the signal's ``source`` or ``labels`` (-1 = missing)."""
         import numpy as np
 
-        part = self.part(signal)
+        part = self.parts.get(signal)
         if part is None:
             return np.zeros(0, dtype=np.int64)
         out: IntArray = part[name].cat.codes.to_numpy().astype(np.int64)
@@ -178,13 +169,11 @@ class WindowTable:
 
     def names(self, signal: str) -> list[str]:
         """The signal's ``source`` categories (what its source codes stand for)."""
-        part = self.part(signal)
+        part = self.parts.get(signal)
         return [] if part is None else [str(c) for c in part["source"].cat.categories]
 
     def restrict(self, sources: Iterable[str]) -> WindowTable:
         """The windows of these sources only (unused categories dropped)."""
-        if self.released:
-            raise RuntimeError("the rows were released (release_rows)")
         wanted = set(sources)
         out = WindowTable()
         out.summary = self.summary[self.summary["source"].isin(wanted)].reset_index(drop=True)

@@ -302,8 +302,6 @@ def _plan(
         return seen, verdicts, fc
 
     side = Forked(beside_the_fits)  # neither reads what the other makes
-    if not side.forked:  # done here: the fits' peak without the kept windows' rows
-        windows.release_rows()
     if groups:
         fits = skipped_fits(f"fitted per model group ({len(groups)} groups): see groups")
     else:

@@ -2,12 +2,11 @@
 
 ``Forked(fn)`` starts ``fn`` in a child made by ``os.fork`` (it reads this process's frame
 without a copy) and ``result()`` returns fn's value, pickled through a pipe, or raises fn's
-exception. Otherwise ``fn`` runs here at once (what only it reads can be freed before the next
-stage): by default, and where a fork is unsafe (no ``os.fork``; other threads running, whose
-locks would stay held in the child) or unaffordable (less free memory, machine or cgroup,
-than this process holds). ``KVSCOPE_PLAN_JOBS=2`` asks for the fork: on 100 engines × 7 days
-it takes ~1.7 s off 15 s but adds ~360 MB, so one process is the default. The value is the
-same either way.
+exception. Otherwise ``fn`` runs here, at once: by default, and where a fork is unsafe (no
+``os.fork``; other threads running, whose locks would stay held in the child) or
+unaffordable (less free memory, machine or cgroup, than this process holds).
+``KVSCOPE_PLAN_JOBS=2`` asks for the fork: on 100 engines × 7 days it takes ~1.7 s off 15 s
+but adds ~360 MB, so one process is the default. The value is the same either way.
 """
 
 from __future__ import annotations

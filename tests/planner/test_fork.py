@@ -145,21 +145,3 @@ def test_without_a_fork_the_stage_runs_at_once_and_its_error_waits_for_result(
     with pytest.raises(ValueError, match="bad input"):
         failing.result()
 
-
-def test_released_window_rows_keep_counts_and_refuse_reads() -> None:
-    from core.records import Window
-    from planner.frames.table import WindowTable
-    from store.frame import windows_frame
-
-    ws = [Window("e1", "num_requests_running", (), 60.0 * i, 60.0, "gauge", 4, mean=1.0 + i)
-          for i in range(5)]  # fmt: skip
-    table = WindowTable(windows_frame(ws, ("source", "signal", "labels", "kind", "start",
-                                           "length_s", "mean")))  # fmt: skip
-    span, n = table.span(), len(table)
-    assert table.values("num_requests_running", "mean").tolist() == [1.0, 2.0, 3.0, 4.0, 5.0]
-    table.release_rows()
-    assert (table.span(), len(table), table.sources) == (span, n, {"e1"})
-    with pytest.raises(RuntimeError, match="released"):
-        table.values("num_requests_running", "mean")
-    with pytest.raises(RuntimeError, match="released"):
-        table.restrict({"e1"})
