@@ -51,7 +51,9 @@ def test_signals_latest_windows_match_store_values(
     client: TestClient, filled_app: tuple[object, Filled]
 ) -> None:
     _, filled = filled_app
+    before = time.time()
     resp = client.get(f"/v1/clusters/{CLUSTER}/signals", params={"since": "3h"})
+    after = time.time()
     assert resp.status_code == 200, resp.text
     body = resp.json()
     assert body["since_s"] == 3 * 3600
@@ -72,7 +74,10 @@ def test_signals_latest_windows_match_store_values(
     assert one["signals"]["preemptions_total"]["unit"] == "preemptions/s"
     assert one["signals"]["ttft_seconds"]["stat"] == "p90"
     assert one["offload"] in ("none", "native")
-    assert one["age_s"] >= 0
+    # now − the end of the engine's latest window, taken between the request's two clocks
+    end = max(sig["window_start"] + sig["window_s"] for sig in one["signals"].values())
+    assert max(0.0, before - end) - 1e-6 <= one["age_s"] <= max(0.0, after - end) + 1e-6
+    assert end == pytest.approx(last.start + last.length_s)
 
 
 def test_signals_short_since_before_latest_window_lists_no_engine(

@@ -397,6 +397,8 @@ def test_collector_health_ticks_move_counters_and_stamp_only_clean_ticks() -> No
     assert value(s, sm.COLLECTOR_STORE_ERRORS.name) == 1
     assert value(s, sm.COLLECTOR_TICK_LAG.name) == 0.25
     assert value(s, sm.COLLECTOR_LAST_SUCCESSFUL_TICK.name) == 300.0  # 200: a store error
+    h.ticked(_Stats(ticks=4, windows_written=9, store_errors=1, last_lag_s=-0.5), at=400.0)
+    assert value(parse(h.render()), sm.COLLECTOR_TICK_LAG.name) == 0.0  # early: no lag
 
 
 def test_collector_health_targets_change_drops_gone_series() -> None:

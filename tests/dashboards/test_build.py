@@ -108,9 +108,20 @@ def test_dashboards_hard_code_no_datasource_uid() -> None:
     assert "DS_PROMETHEUS" not in text and '"schemaVersion": 12' not in text
 
 
+def _divisions(expr: str) -> int:
+    """The division operators of a PromQL expression: every ``/`` outside a string (label
+    values may hold one), however it is spaced."""
+    return re.sub(r'"(?:[^"\\]|\\.)*"', '""', expr).count("/")
+
+
+def test_division_count_sees_every_spacing_and_skips_strings() -> None:
+    assert _divisions("a / b") == _divisions("a/b") == _divisions("a /b") == 1
+    assert _divisions('sum(x{path="/v1/a\\"/b"}) / (y > 0)') == 1
+
+
 def test_every_division_is_guarded_against_zero() -> None:
     for expr in _exprs():
-        assert expr.count(" / ") == expr.count(") > 0)"), expr
+        assert _divisions(expr) == expr.count(") > 0)"), expr
 
 
 def test_every_quantile_sums_by_le() -> None:
