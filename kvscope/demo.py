@@ -345,6 +345,7 @@ def run_demo(opts: DemoOptions, *, err: IO[str] | None = None) -> DemoResult:
     closed, and the interrupt re-raised. Nothing started here outlives the call.
     """
     from dashboards.build import write as write_surfaces
+    from kvscope.replan import save_plan
     from planner.plan import build_plan
     from planner.report.plots import write_plots
     from store.store import Store
@@ -380,7 +381,10 @@ def run_demo(opts: DemoOptions, *, err: IO[str] | None = None) -> DemoResult:
             horizon_s=opts.horizon_s,
             seed=opts.seed,
         )
-    print(f"kvscope demo: [3/4 plan] done in {_wall(time.monotonic() - t_plan)}", file=err)
+        # kept as `kvscope plan --save` keeps it: what the API serves after the demo
+        saved = save_plan(store, plan, got.cluster, created_at=time.time())
+    print(f"kvscope demo: [3/4 plan] done in {_wall(time.monotonic() - t_plan)}; saved as plan "
+          f"{', '.join(map(str, saved))} of cluster {got.cluster}", file=err)  # fmt: skip
     plots = tuple(write_plots(plan, opts.out, seed=opts.seed))
     print(
         f"kvscope demo: [4/4 plots] {len(plots)} PNG(s) in {opts.out}/: "
@@ -443,7 +447,8 @@ def next_steps(result: DemoResult) -> str:
     lines = [
         "Next steps",
         f"  API       kvscope serve --db {db}",
-        f"            then {API_URL}/docs, and the report at "
+        f"            then {API_URL}/docs, the saved plan at "
+        f"{API_URL}/v1/clusters/{quote(cluster, safe='')}/plan, and the report at "
         f"{API_URL}/v1/clusters/{quote(cluster, safe='')}/report",
         f"  report    kvscope report --db {db} --cluster {shlex.quote(cluster)} --since all "
         f"--out {report}",

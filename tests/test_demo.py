@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import itertools
+import json
 import math
 import os
 import re
@@ -119,6 +120,18 @@ def test_demo_short_run_stores_windows_for_every_engine(short_run: Run) -> None:
     last = max(w.start + w.length_s for w in windows)
     assert time.time() - 600 - EPOCH_ALIGN_S < last <= time.time()
     assert (last - short_run.result.scenario.duration_s) % EPOCH_ALIGN_S == 0
+
+
+def test_demo_short_run_saves_its_plan_as_plan_save_would(short_run: Run) -> None:
+    plan = short_run.result.plan
+    assert plan.cluster
+    with Store(f"sqlite:///{short_run.db}") as store:
+        saved = store.latest_plan(plan.cluster)
+    assert saved is not None, "the API would answer 404 for the demo's cluster"
+    decision = plan.decision
+    assert decision is not None and saved.mode == decision.mode
+    assert saved.document["decision"]["mode"] == decision.mode
+    assert f"saved as plan {saved.id} of cluster {plan.cluster}" in short_run.err
 
 
 def test_demo_short_run_summary_names_decision_and_files(short_run: Run) -> None:
@@ -320,6 +333,20 @@ def test_demo_cli_bad_option_exits_2_naming_it(
     assert message in proc.stderr
     assert "[1/4 simulate]" not in proc.stderr  # refused before anything started
     assert proc.stdout == ""
+
+
+def test_demo_cli_out_holds_the_database_unless_db_is_given(tmp_path: Path) -> None:
+    proc = subprocess.run(
+        _cli("--scenario", str(_scenario(tmp_path)), "--out", str(tmp_path / "o"), "--speed",
+             "2000", "--sim-hours", "0.2", "--json"),
+        capture_output=True, text=True, timeout=300, cwd=tmp_path, env=_env(), check=False,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    db = tmp_path / "o" / "demo.db"
+    assert json.loads(proc.stdout)["demo"]["db"] == f"sqlite:///{db}"
+    assert db.is_file() and not (tmp_path / "out").exists()
+    with Store(f"sqlite:///{db}") as store:
+        assert store.latest_plans(), "the demo saved no plan"
 
 
 def test_demo_cli_help_has_example() -> None:

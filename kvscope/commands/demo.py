@@ -17,11 +17,20 @@ def register(app: typer.Typer) -> None:
     @app.command("demo")
     def demo_cmd(  # noqa: PLR0917 - one parameter per CLI flag
         db: Annotated[
-            str, typer.Option("--db", help="store URL (a SQLite file is deleted first)")
-        ] = "sqlite:///out/demo.db",
-        out: Annotated[Path, typer.Option("--out", help="directory for the PNG plots")] = Path(
-            "out"
-        ),
+            str | None,
+            typer.Option(
+                "--db",
+                help="store URL (a SQLite file is deleted first) [default: sqlite:///OUT/demo.db]",
+            ),
+        ] = None,
+        out: Annotated[
+            Path,
+            typer.Option(
+                "--out",
+                help="directory for everything the demo writes: the database (unless --db), "
+                "plots, dashboards and rules",
+            ),
+        ] = Path("out"),
         speed: Annotated[
             float, typer.Option("--speed", help="simulated seconds per wall second")
         ] = 80.0,
@@ -45,10 +54,11 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """The main job end to end: a simulated vLLM/LMCache cluster serves live /metrics on
         127.0.0.1, the collector scrapes it on the simulated clock into SQLite, the planner
-        fits, forecasts, decides and sizes; summary on stdout, plots in --out, progress on
-        stderr. A run is reproducible for a seed (the SQLite file is recreated).
+        fits, forecasts, decides and sizes, and the plan is saved in the store (what the API
+        serves); summary on stdout, the database, plots, dashboards and rules in --out,
+        progress on stderr. A run is reproducible for a seed (the SQLite file is recreated).
 
-        Example: kvscope demo --sim-hours 4 --speed 80 --out out --db sqlite:///out/demo.db
+        Example: kvscope demo --sim-hours 4 --speed 80 --out out
 
         Example: kvscope demo --scenario diurnal_mixed_offload --sim-hours 1 --speed 200
         """
@@ -57,7 +67,7 @@ def register(app: typer.Typer) -> None:
 
         logging.basicConfig(level=logging.WARNING, format="kvscope: %(message)s", stream=sys.stderr)
         opts = DemoOptions(
-            db=db,
+            db=db or f"sqlite:///{out / 'demo.db'}",
             out=out,
             speed=speed,
             sim_hours=sim_hours,
