@@ -44,7 +44,7 @@ test-slow: apt-deps $(STAMP)
 lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
-	$(BIN)/mypy collector planner dashboards api kvscope tests benchmarks
+	$(BIN)/mypy core collector store planner dashboards api kvscope tests benchmarks
 
 bench: $(STAMP) apt-deps
 	@for b in benchmarks/bench_*.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done

@@ -144,4 +144,3 @@ def test_without_a_fork_the_stage_runs_at_once_and_its_error_waits_for_result(
     failing = Forked(_boom)
     with pytest.raises(ValueError, match="bad input"):
         failing.result()
-
