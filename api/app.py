@@ -30,6 +30,7 @@ from api.respond import dumps
 from api.routes import advise, clusters, costmodel, health, metrics, plans, report, signals
 from api.routes import targets as targets_routes
 from api.settings import ApiSettings, load_settings, resolve
+from api.telemetry import REFUSED, UNMATCHED, ApiTelemetry
 from collector.selfmetrics import kvscope_version
 
 access_log = logging.getLogger("kvscope.api.access")
@@ -58,8 +59,9 @@ class EdgeMiddleware:
     chunked body); logs each request as method, path (no query string, no headers: nothing
     that could hold a token), status and milliseconds."""
 
-    def __init__(self, app: ASGIApp) -> None:
+    def __init__(self, app: ASGIApp, telemetry: ApiTelemetry | None = None) -> None:
         self.app = app
+        self.telemetry = telemetry
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -70,9 +72,12 @@ class EdgeMiddleware:
         try:
             status = await self._answer(scope, receive, send)
         finally:
+            seconds = time.perf_counter() - start
+            if self.telemetry is not None:
+                self.telemetry.observe(_route_of(scope), scope["method"], status, seconds)
             if access_log.isEnabledFor(logging.INFO):
-                ms = (time.perf_counter() - start) * 1000
-                access_log.info("%s %s %d %.1fms", scope["method"], scope["path"], status, ms)
+                access_log.info("%s %s %d %.1fms", scope["method"], scope["path"], status,
+                                seconds * 1000)  # fmt: skip
 
     async def _answer(self, scope: Scope, receive: Receive, send: Send) -> int:
         """Serve the request (or refuse it); return the status sent (500 if none was)."""
@@ -128,8 +133,19 @@ class EdgeMiddleware:
                 return next(replay, None) or await receive()
 
             receive = receive_buffered
+        scope["kvscope_routed"] = True  # past the edge's checks: the router decides
         await self.app(scope, receive, send_status)
         return status
+
+
+def _route_of(scope: Scope) -> str:
+    """The template of the route that answered (FastAPI puts it in the scope), else
+    api.telemetry's UNMATCHED or, when no route was tried, REFUSED."""
+    route = scope.get("route")
+    path = getattr(route, "path", None)
+    if isinstance(path, str):
+        return path
+    return UNMATCHED if scope.get("kvscope_routed") else REFUSED
 
 
 async def _refuse(send: Send, status: int, error: str, field: str | None) -> int:
@@ -176,6 +192,7 @@ def create_app(settings: ApiSettings | None = None) -> FastAPI:
             settings.advise_workers, settings.advise_queue, retry_floor_s=settings.retry_after_s
         ),
         cache=TTLCache(settings.cache_ttl_s, settings.cache_entries),
+        telemetry=ApiTelemetry(kvscope_version()),
     )
 
     @asynccontextmanager
@@ -196,6 +213,6 @@ def create_app(settings: ApiSettings | None = None) -> FastAPI:
     for module in (health, clusters, signals, plans, report, advise, costmodel, metrics):
         app.include_router(module.router)
     app.include_router(targets_routes.router)
-    app.add_middleware(EdgeMiddleware)
+    app.add_middleware(EdgeMiddleware, telemetry=state.telemetry)
     app.openapi = lambda: _openapi(app, settings)  # type: ignore[method-assign]
     return app

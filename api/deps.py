@@ -26,6 +26,7 @@ from api.errors import ApiError
 from api.pool import Busy, HeavyPool
 from api.respond import dumps
 from api.settings import ApiSettings
+from api.telemetry import ApiTelemetry
 from core.errors import StoreError
 from store.store import Store
 
@@ -41,6 +42,7 @@ class AppState:
     settings: ApiSettings
     pool: HeavyPool
     cache: TTLCache[Any]
+    telemetry: ApiTelemetry  # the API's own request metrics (GET /metrics)
     coverage: dict[tuple[str, str], tuple[float, float]] = field(default_factory=dict)
     # encoded plan documents by (plan id, created_at): a stored plan is written once and
     # read on every GET …/plan, so its JSON is parsed and encoded once (a re-save of the

@@ -10,6 +10,7 @@ elsewhere — tests/collector/test_selfmetrics.py greps the tree for stray spell
 - the **collector**'s health (``kvscope collect --metrics-addr HOST:PORT``): its registry,
   fed by the collect loop, and the HTTP server that serves it are collector.health's
   (:class:`~collector.health.CollectorHealth`, :func:`~collector.health.serve_metrics`).
+- the **API**'s requests and build (``kvscope serve``'s ``/metrics``): api/telemetry.py.
 
 Naming follows Prometheus practice: the ``kvscope_`` namespace, no colon, base units as
 suffixes (``_seconds``, ``_ratio`` for 0–1 fractions, ``_tokens`` for KV tokens), ``_total`` on
@@ -32,6 +33,9 @@ from core.errors import ConfigError
 
 __all__ = [
     "ALL_METRICS",
+    "API_METRICS",
+    "API_REQUESTS",
+    "API_REQUEST_DURATION",
     "BOUNDS",
     "BUILD_INFO",
     "COLLECTOR_ANOMALIES",
@@ -381,6 +385,17 @@ BUILD_INFO = MetricDef(
 )  # fmt: skip
 
 
+API_REQUESTS = MetricDef(
+    "kvscope_api_requests_total", "counter", ("route", "method", "code"), "requests",
+    "Requests the API answered, by route template (\"unmatched\": no route; \"refused\": "
+    "turned away before routing, e.g. an oversized body), method and status code.",
+)  # fmt: skip
+API_REQUEST_DURATION = MetricDef(
+    "kvscope_api_request_duration_seconds", "histogram", ("route", "method"), "seconds",
+    "Time from a request's arrival to the end of its response, by route template and method.",
+)  # fmt: skip
+
+
 def kvscope_version() -> str:
     """The installed kvscope's version: BUILD_INFO's label, what `kvscope version` prints and
     what stored plans and the API's OpenAPI document carry ("unknown" in a checkout that was
@@ -411,7 +426,11 @@ COLLECTOR_METRICS: tuple[MetricDef, ...] = (
     COLLECTOR_INFO,
     BUILD_INFO,
 )
-ALL_METRICS: tuple[MetricDef, ...] = PLAN_METRICS + COLLECTOR_METRICS
+# the API's own (kvscope serve's /metrics, beside the planner gauges): api/telemetry.py
+API_METRICS: tuple[MetricDef, ...] = (API_REQUESTS, API_REQUEST_DURATION, BUILD_INFO)
+ALL_METRICS: tuple[MetricDef, ...] = (
+    PLAN_METRICS + COLLECTOR_METRICS + (API_REQUESTS, API_REQUEST_DURATION)
+)
 
 
 # --------------------------------------------------------------------------- documentation

@@ -2,7 +2,8 @@
 
 The planner gauges of the latest stored plan of every (cluster, group), named once in
 collector.selfmetrics; the closed loop's realised coverage appears for a cluster once its
-``/accuracy`` has been computed (scoring re-plans history: too heavy for every scrape).
+``/accuracy`` has been computed (scoring re-plans history: too heavy for every scrape); then
+the API's own requests, latencies and build (api/telemetry.py).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ router = APIRouter(tags=["metrics"], dependencies=[Depends(require_read)])
     },
 )
 def metrics(store: StoreDep, state: State) -> Response:
-    """kvscope_plan_* gauges (README: kvscope's own metrics)."""
-    body = render_plan_metrics(store, coverage=dict(state.coverage))
+    """kvscope_plan_* gauges and the API's own request metrics and build (README:
+    kvscope's own metrics)."""
+    body = render_plan_metrics(store, coverage=dict(state.coverage)) + state.telemetry.render()
     return Response(body, media_type=CONTENT_TYPE_LATEST)

@@ -615,7 +615,8 @@ def test_metric_names_follow_prometheus_naming() -> None:
         if m.unit in units:
             assert m.name.endswith(units[m.unit]), m.name
         assert len(m.labels) == len(set(m.labels)) and m.help.endswith("."), m.name
-        assert m.labels[:1] in ((), ("cluster",), ("target",), ("version",)), m.name
+        # cluster first (planner), target (collector), route (the API's requests)
+        assert m.labels[:1] in ((), ("cluster",), ("target",), ("route",), ("version",)), m.name
 
 
 def _metric_like(token: str) -> bool:
