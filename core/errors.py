@@ -11,6 +11,15 @@ class ConfigError(KvscopeError):
     """A setting, a targets file or a scenario file is wrong; the message names the key."""
 
 
+class InputError(ConfigError):
+    """One input failed a domain check; ``field`` is its key ("model", "tp", "tiers"), which
+    the API returns as the error body's ``field``."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(message)
+        self.field = field
+
+
 class URLRefused(ConfigError):
     """collector.urlguard refused a target URL; ``kind`` says why ("loopback", "scheme", …)."""
 

@@ -19,27 +19,12 @@ from api.errors import ApiError, responses
 from api.pool import Busy
 from api.respond import json_ok
 from api.schemas import AdviceOut, WhatIfIn
-from core.errors import ConfigError
+from core.errors import ConfigError, InputError
 from planner.advise import WhatIf, advise
 
 router = APIRouter(prefix="/v1", tags=["advise"], dependencies=[Depends(require_read)])
 
 CACHE_HEADER = "X-Kvscope-Cache"
-# `kvscope advise` flag (as WhatIf.check names it) -> field of the body
-_FLAG_FIELDS = {
-    "--tp": "tp",
-    "--prompt-tokens": "prompt_tokens",
-    "--output-tokens": "output_tokens",
-    "--engines": "engines",
-    "--qps": "qps",
-    "--duration": "duration_s",
-    "--prefix-share": "prefix_share",
-    "--prefix-tokens": "prefix_tokens",
-    "--cpu-gb": "cpu_gb",
-    "--router": "router",
-    "--scorer-weights": "scorer_weights",
-    "--model/--gpu/--tp/--vllm-version": "model",
-}
 
 
 def whatif_of(body: WhatIfIn) -> WhatIf:
@@ -63,12 +48,9 @@ def whatif_of(body: WhatIfIn) -> WhatIf:
     )
 
 
-def field_of(message: str) -> str | None:
-    """The body field a ConfigError of the advise path names (by its CLI flag)."""
-    for flag in sorted(_FLAG_FIELDS, key=len, reverse=True):
-        if message.startswith(flag):
-            return _FLAG_FIELDS[flag]
-    return None
+def field_of(exc: ConfigError) -> str | None:
+    """The body field a ConfigError of the advise path is about (an InputError's field)."""
+    return exc.field if isinstance(exc, InputError) else None
 
 
 def run_advise(whatif: WhatIf) -> dict[str, Any]:
@@ -103,7 +85,7 @@ async def advise_route(body: WhatIfIn, state: State) -> Response:
     try:
         whatif.check()
     except ConfigError as exc:
-        raise ApiError(422, str(exc), field_of(str(exc))) from exc
+        raise ApiError(422, str(exc), field_of(exc)) from exc
     key = json.dumps(body.model_dump(mode="json"), sort_keys=True)
     try:
         future, hit = state.cache.get_or_submit(
@@ -114,5 +96,5 @@ async def advise_route(body: WhatIfIn, state: State) -> Response:
     try:
         payload = await await_shared(future)
     except ConfigError as exc:
-        raise ApiError(422, str(exc), field_of(str(exc))) from exc
+        raise ApiError(422, str(exc), field_of(exc)) from exc
     return json_ok(payload, headers={CACHE_HEADER: "hit" if hit else "miss"})

@@ -14,6 +14,7 @@ from api.deps import require_read
 from api.errors import ApiError, responses
 from api.respond import json_ok
 from api.schemas import CompareTiersIn, CompareTiersOut, SavingsIn, SavingsOut
+from core.errors import InputError
 from planner import model as pm
 
 router = APIRouter(prefix="/v1/costmodel", tags=["costmodel"], dependencies=[Depends(require_read)])
@@ -25,7 +26,7 @@ def _fields() -> Iterator[None]:
     """An InputError of the planner's domain checks becomes a 422 naming the body field."""
     try:
         yield
-    except pm.answers.InputError as exc:
+    except InputError as exc:
         raise ApiError(422, str(exc), exc.field) from exc
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from core.errors import ConfigError
+from core.errors import ConfigError, InputError
 from planner.deploy import configs
 from planner.model import costmodel
 from planner.model.hardware import get_gpu, get_model
@@ -64,41 +64,56 @@ class WhatIf:
         return {**SCORER_DEFAULTS, **(self.scorer_weights or {})}
 
     def check(self) -> None:
-        """ConfigError naming the flag of the first bad value."""
+        """InputError of the first bad value: its message names the CLI flag, its ``field``
+        the attribute (the API body's field)."""
         ints = (
-            ("--tp", self.tp),
-            ("--prompt-tokens", self.prompt_tokens),
-            ("--output-tokens", self.output_tokens),
-            ("--engines", self.engines),
+            ("--tp", "tp", self.tp),
+            ("--prompt-tokens", "prompt_tokens", self.prompt_tokens),
+            ("--output-tokens", "output_tokens", self.output_tokens),
+            ("--engines", "engines", self.engines),
         )
-        for flag, value in ints:
+        for flag, name, value in ints:
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ConfigError(f"{flag} must be an integer >= 1, got {value!r}")
-        for flag, num in (("--qps", self.qps), ("--duration", self.duration_s)):
+                raise InputError(name, f"{flag} must be an integer >= 1, got {value!r}")
+        for flag, name, num in (
+            ("--qps", "qps", self.qps),
+            ("--duration", "duration_s", self.duration_s),
+        ):
             if not (math.isfinite(num) and num > 0):
-                raise ConfigError(f"{flag} must be a number > 0, got {num!r}")
+                raise InputError(name, f"{flag} must be a number > 0, got {num!r}")
         if not (math.isfinite(self.prefix_share) and 0 <= self.prefix_share <= 1):
-            raise ConfigError(f"--prefix-share must be in [0, 1], got {self.prefix_share!r}")
+            raise InputError(
+                "prefix_share", f"--prefix-share must be in [0, 1], got {self.prefix_share!r}"
+            )
         if self.prefix_tokens is not None and self.prefix_tokens < 1:
-            raise ConfigError(f"--prefix-tokens must be >= 1, got {self.prefix_tokens!r}")
+            raise InputError(
+                "prefix_tokens", f"--prefix-tokens must be >= 1, got {self.prefix_tokens!r}"
+            )
         if self.cpu_gb is not None and not (math.isfinite(self.cpu_gb) and self.cpu_gb > 0):
-            raise ConfigError(f"--cpu-gb must be a number > 0, got {self.cpu_gb!r}")
+            raise InputError("cpu_gb", f"--cpu-gb must be a number > 0, got {self.cpu_gb!r}")
         if self.router is not None and self.router not in ROUTERS:
-            raise ConfigError(f"--router must be one of {', '.join(ROUTERS)}, got {self.router!r}")
+            raise InputError(
+                "router", f"--router must be one of {', '.join(ROUTERS)}, got {self.router!r}"
+            )
         for key, weight in (self.scorer_weights or {}).items():
             if key not in SCORER_KEYS:
-                raise ConfigError(
-                    f"--scorer-weights: {key}: unknown key (known: {', '.join(SCORER_KEYS)})"
+                raise InputError(
+                    "scorer_weights",
+                    f"--scorer-weights: {key}: unknown key (known: {', '.join(SCORER_KEYS)})",
                 )
             if not (math.isfinite(weight) and weight >= 0):
-                raise ConfigError(f"--scorer-weights: {key} must be a number >= 0, got {weight!r}")
+                raise InputError(
+                    "scorer_weights",
+                    f"--scorer-weights: {key} must be a number >= 0, got {weight!r}",
+                )
         if not any(self.scorer_config().values()):
-            raise ConfigError(
-                f"--scorer-weights: {', '.join(SCORER_KEYS)} are all 0: nothing to score"
+            raise InputError(
+                "scorer_weights",
+                f"--scorer-weights: {', '.join(SCORER_KEYS)} are all 0: nothing to score",
             )
         try:
             configs.parse_vllm_version(self.vllm_version)
             model, gpu = get_model(self.model), get_gpu(self.gpu)
             costmodel.hbm_kv_capacity_tokens(model, gpu, self.tp)
         except ConfigError as exc:
-            raise ConfigError(f"--model/--gpu/--tp/--vllm-version: {exc}") from exc
+            raise InputError("model", f"--model/--gpu/--tp/--vllm-version: {exc}") from exc

@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
-from core.errors import ConfigError
+from core.errors import ConfigError, InputError
 from planner.model.breakeven import DEFAULT_MFU_RANGE, KV_DTYPES, case_note, compare_tiers
 from planner.model.costmodel import kv_bytes_per_token, kv_bytes_per_token_engine
 from planner.model.hardware import Catalog, builtin_catalog, with_kv_dtype
@@ -28,14 +28,6 @@ SAVINGS_FORMULA = (
     "reuses_per_hour = max(queries per lifetime − 1, 0) × hit_probability × lifetimes per "
     "hour; saved_usd_per_hour = saved_gpu_seconds_per_hour / 3600 × gpu_hour_usd"
 )
-
-
-class InputError(ConfigError):
-    """A domain check of one input failed; ``field`` is the input's key ("model", "tiers")."""
-
-    def __init__(self, field: str, message: str) -> None:
-        super().__init__(message)
-        self.field = field
 
 
 @contextmanager

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from core.errors import ConfigError
+from core.errors import ConfigError, InputError
 from planner.advise.question import parse_scorer_weights
 from planner.advise.sim import (
     ALT_MAX_REQUESTS,
@@ -73,8 +73,15 @@ def test_layout_engines_per_node_divide_engines(
     ],
 )
 def test_whatif_check_bad_value_names_the_flag(change: dict[str, Any], match: str) -> None:
-    with pytest.raises(ConfigError, match=match):
+    with pytest.raises(InputError, match=match) as caught:
         dataclasses.replace(SMALL, **change).check()
+    # the field is the value's attribute (the API body's field); model, gpu, tp and the
+    # vLLM version are checked together and reported on "model"
+    assert caught.value.field == (
+        "model" if {"model", "gpu", "vllm_version"} & set(change) or len(change) > 1 else
+        next(iter(change))
+    )  # fmt: skip
+    assert isinstance(caught.value, ConfigError)  # the CLI's exit 2 path
 
 
 def test_scenario_of_shared_prefix_groups_cpu_split_and_duration_cap() -> None:

@@ -6,7 +6,8 @@ from typing import Any
 
 import pytest
 
-from planner.model.answers import InputError, compare_tiers_payload, savings_payload
+from core.errors import InputError
+from planner.model.answers import compare_tiers_payload, savings_payload
 from planner.model.breakeven import compare_tiers
 from planner.model.savings import prefix_savings
 
