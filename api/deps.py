@@ -27,6 +27,7 @@ from api.pool import Busy, HeavyPool
 from api.respond import dumps
 from api.settings import ApiSettings
 from api.telemetry import ApiTelemetry
+from core.durations import parse_duration
 from core.errors import StoreError
 from store.store import Store
 
@@ -186,9 +187,6 @@ def known_cluster(cluster: ClusterPath, store: StoreDep) -> str:
 Cluster = Annotated[str, Depends(known_cluster)]
 
 
-_UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86_400.0, "w": 604_800.0}
-
-
-def duration_s(text: str) -> float:
-    """Seconds of a duration the schema's pattern accepted (``15m``: 1–9999 of s/m/h/d/w)."""
-    return float(text[:-1]) * _UNITS[text[-1]]
+def duration_s(text: str, what: str = "since") -> float:
+    """Seconds of a duration the schema's pattern accepted (core.durations.API_PATTERN)."""
+    return parse_duration(text, what)

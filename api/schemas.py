@@ -16,6 +16,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field
 
+from core.durations import API_PATTERN
 from planner.advise import SCORER_DEFAULTS
 
 JsonObject = dict[str, Any]
@@ -121,7 +122,7 @@ TargetName = Annotated[
         examples=["engine-0"],
     ),
 ]
-DURATION_PATTERN = r"^[1-9][0-9]{0,3}(s|m|h|d|w)$"
+DURATION_PATTERN = API_PATTERN  # core.durations: the CLI's grammar, bounded
 Duration = Annotated[
     str,
     Field(

@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+from core.durations import parse_duration
 from core.errors import ConfigError, KvscopeError
 from kvscope.cli import app
-from kvscope.commands.collect import parse_duration
 from store.store import Store
 from tests.collector.exposerver import bumping, expo_server
 from tests.services import free_port

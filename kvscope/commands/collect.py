@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import re
 import sys
 import time
 from collections.abc import Sequence
@@ -15,6 +14,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from collector.selfmetrics import kvscope_version
+from core.durations import parse_duration
 from core.errors import ConfigError
 from kvscope.commands.options import DbOpt, KeepOpt
 
@@ -27,8 +27,6 @@ if TYPE_CHECKING:
     from collector.spool import Spool
     from kvscope.config import Settings
 
-_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, "w": 604800.0}
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d|w)?\s*$")
 PROGRESS_EVERY_S = 10.0
 # /healthz fails after this many intervals without a scrape or tick, and never sooner than
 # STALE_MIN_S: a slow Prometheus query or a long tick is not a hung loop
@@ -46,19 +44,6 @@ _FLAGS = {
     "downsample_s": "--downsample-after",
     "checkpoint_s": "--checkpoint-every",
 }
-
-
-def parse_duration(text: str, what: str, *, allow_zero: bool = False) -> float:
-    """Seconds from ``500ms``, ``15s``, ``1m``, ``2h``, ``1d``, ``1w`` or a bare number (s)."""
-    m = _DURATION.match(text)
-    if m is None:
-        raise ConfigError(
-            f"{what}: {text!r} is not a duration (use e.g. 500ms, 15s, 1m, 2h, 7d, 1w)"
-        )
-    seconds = float(m.group(1)) * _UNITS[m.group(2) or "s"]
-    if seconds < 0 or (seconds == 0 and not allow_zero):
-        raise ConfigError(f"{what}: must be greater than 0, got {text!r}")
-    return seconds
 
 
 class _Progress:

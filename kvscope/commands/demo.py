@@ -62,7 +62,7 @@ def register(app: typer.Typer) -> None:
 
         Example: kvscope demo --scenario diurnal_mixed_offload --sim-hours 1 --speed 200
         """
-        from kvscope.commands.collect import parse_duration
+        from core.durations import parse_duration
         from kvscope.demo import DEFAULT_SCENARIO, DemoOptions, run_demo, summary
 
         logging.basicConfig(level=logging.WARNING, format="kvscope: %(message)s", stream=sys.stderr)

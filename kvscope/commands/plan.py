@@ -119,7 +119,7 @@ def register(app: typer.Typer) -> None:
         """
         from pydantic import ValidationError
 
-        from kvscope.commands.collect import parse_duration
+        from core.durations import parse_duration
         from kvscope.config import get_settings
         from kvscope.heap import reuse_freed_memory
         from planner.fit.capacity import Slo

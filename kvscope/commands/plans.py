@@ -213,7 +213,7 @@ def register(app: typer.Typer) -> None:
 
         Example: kvscope plans list --db sqlite:///kvscope.db --json
         """
-        from kvscope.commands.collect import parse_duration
+        from core.durations import parse_duration
 
         since_s = None if since.strip() == "all" else time.time() - parse_duration(since, "--since")
         with _store(db) as store:

@@ -62,7 +62,7 @@ def register(app: typer.Typer) -> None:
         """
         from pydantic import ValidationError
 
-        from kvscope.commands.collect import parse_duration
+        from core.durations import parse_duration
         from kvscope.commands.plan import check_sqlite_exists
         from kvscope.config import get_settings
         from planner.report import render_report

@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 import typer
 
+from core.durations import parse_duration
 from kvscope.cli import build_app
-from kvscope.commands.collect import parse_duration
 from tests.clirun import run_kvscope
 from tests.kubernetes.render import OVERLAYS, ROOT, Obj, containers, name_of, pod_spec, render
 
