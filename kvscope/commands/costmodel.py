@@ -58,8 +58,14 @@ def register(app: typer.Typer) -> None:
         tokens: Annotated[int, typer.Option("--tokens", help="prompt tokens")] = 4096,
         kv_dtype: KvOpt = "auto",
         compression: CompressionOpt = 1.0,
-        mfu_low: Annotated[float, typer.Option("--mfu-low")] = 0.2,
-        mfu_high: Annotated[float, typer.Option("--mfu-high")] = 0.6,
+        mfu_low: Annotated[
+            float,
+            typer.Option("--mfu-low", help="prefill MFU at the slow end of the re-prefill range"),
+        ] = 0.2,
+        mfu_high: Annotated[
+            float,
+            typer.Option("--mfu-high", help="prefill MFU at the fast end of the re-prefill range"),
+        ] = 0.6,
         catalog: CatalogOpt = None,
         as_json: JsonOpt = False,
     ) -> None:
