@@ -27,11 +27,16 @@ JOBS_ENV = "KVSCOPE_PLAN_JOBS"
 
 def can_fork() -> bool:
     """Whether a stage may run in a forked child here (module docstring)."""
-    if not hasattr(os, "fork") or threading.active_count() != 1:
+    if not hasattr(os, "fork") or _threads() != 1:
         return False
     if os.environ.get(JOBS_ENV, "1").strip() != "2":
         return False
     return free_bytes() >= _rss_bytes()
+
+
+def _threads() -> int:
+    """The threads of this process that Python runs."""
+    return threading.active_count()
 
 
 def free_bytes() -> float:

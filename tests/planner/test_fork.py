@@ -6,16 +6,18 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
+import sys
 import threading
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from planner.plan import build_plan
 from planner.plan.fork import JOBS_ENV, Forked, can_fork
-from store.store import Store
-from tests.planner.synthstore import fill_store, shifted_frame, sqlite_url, without_timings
+from tests.planner.synthstore import fill_store, shifted_frame, sqlite_url
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 class _Odd(Exception):
@@ -37,6 +39,9 @@ def _odd() -> None:
 @pytest.fixture(autouse=True)
 def _two_jobs(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(JOBS_ENV, "2")  # the fork is opt-in
+    # threads other tests of the session left running (servers, pools) would turn the fork
+    # off: these tests count only their own (test_no_fork_…_other_threads_run)
+    monkeypatch.setattr("planner.plan.fork._threads", lambda: 1)
 
 
 def test_forked_value_is_computed_in_a_child_and_returned() -> None:
@@ -79,11 +84,14 @@ def test_no_fork_by_default_when_disabled_or_other_threads_run(
         assert not can_fork()
         assert Forked(os.getpid).result() == os.getpid()
     monkeypatch.setenv(JOBS_ENV, "2")
+    baseline = threading.active_count()  # the real count: this test's thread and others'
     stop = threading.Event()
     other = threading.Thread(target=stop.wait)
     other.start()
     try:
-        assert not can_fork()
+        monkeypatch.setattr("planner.plan.fork._threads",
+                            lambda: threading.active_count() - baseline + 1)  # fmt: skip
+        assert not can_fork()  # one more thread than when the test began
         assert Forked(os.getpid).result() == os.getpid()
     finally:
         stop.set()
@@ -91,29 +99,42 @@ def test_no_fork_by_default_when_disabled_or_other_threads_run(
     assert can_fork()
 
 
-def test_plan_is_the_same_with_and_without_the_fork(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+_PLANS = """
+import json, os, sys
+import planner.plan.fork as fork
+from planner.plan import build_plan
+from store.store import Store
+from tests.planner.synthstore import without_timings
+forks = []
+real = os.fork
+def counted():
+    pid = real()
+    if pid:
+        forks.append(pid)
+    return pid
+fork.os.fork = counted
+out = []
+for jobs in ("1", "2"):
+    os.environ[fork.JOBS_ENV] = jobs
+    with Store(sys.argv[1]) as store:
+        plan = build_plan(store, cluster="c", forecast_seconds=60)
+    out.append({"forks": len(forks), "plan": without_timings(plan.to_dict())})
+print(json.dumps(out, sort_keys=True, default=str))
+"""
+
+
+def test_plan_is_the_same_with_and_without_the_fork(tmp_path: Path) -> None:
+    # in a process of its own: no thread another test left running turns the fork off
     url = sqlite_url(tmp_path / "fork.db")
     fill_store(url, shifted_frame(6, 200, seed=3), cluster="c")
-    forks = []
-    real_fork = os.fork
-
-    def counted_fork() -> int:
-        pid = real_fork()
-        if pid:
-            forks.append(pid)
-        return pid
-
-    monkeypatch.setattr("planner.plan.fork.os.fork", counted_fork)
-    plans = []
-    for jobs in ("1", "2"):
-        monkeypatch.setenv(JOBS_ENV, jobs)
-        with Store(url) as store:
-            plans.append(build_plan(store, cluster="c", forecast_seconds=60))
-        assert len(forks) == (0 if jobs == "1" else 1)
-    a, b = (json.dumps(without_timings(p.to_dict()), sort_keys=True) for p in plans)
-    assert a == b
+    env = {k: v for k, v in os.environ.items() if k != JOBS_ENV}
+    proc = subprocess.run([sys.executable, "-c", _PLANS, url], capture_output=True, text=True,
+                          timeout=300, env={**env, "PYTHONPATH": str(ROOT)},
+                          check=False)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    serial, forked = json.loads(proc.stdout)
+    assert (serial["forks"], forked["forks"]) == (0, 1)
+    assert serial["plan"] == forked["plan"]
 
 
 def test_no_fork_when_free_memory_is_below_this_process(monkeypatch: pytest.MonkeyPatch) -> None:
