@@ -331,6 +331,101 @@ async def scrape_all(
             await pool.aclose()
 
 
+class FetchFailed(Exception):
+    """A fetch that got no usable body: ``kind`` and ``message`` as a scrape outcome names
+    them (connect, refused, redirect, http_status, too_large, truncated, parse)."""
+
+    def __init__(self, kind: str, message: str) -> None:
+        super().__init__(f"{kind}: {message}")
+        self.kind = kind
+        self.message = message
+
+
+@dataclass
+class Progress:
+    """How much of a body a fetch has read so far (for the outcome of a failed one)."""
+
+    size: int = 0
+
+
+async def fetch_body(
+    conn: Connection, target: Target, *, max_body_bytes: int, progress: Progress | None = None
+) -> bytes:
+    """The target's /metrics body, inflated, at most ``max_body_bytes`` (enforced while
+    streaming, inflated bytes counted); redirects followed on the target's own origin only;
+    a guarded target's URL checked and its connection pinned to the checked address.
+    Raises FetchFailed; the caller bounds the time (asyncio.timeout)."""
+    at = progress if progress is not None else Progress()
+    chunks: list[bytes] = []
+    url = target.url
+    try:
+        checked: CheckedURL | None = None
+        if target.guard is not None:  # resolves once, in a thread (getaddrinfo blocks)
+            checked = await asyncio.to_thread(target.guard.check, target.url)
+        for _hop in range(MAX_REDIRECTS + 1):
+            pinned = None if checked is None else pinned_address(checked, url)
+            resp = await conn.get(url, REQUEST_HEADERS, connect_to=pinned)
+            try:
+                if resp.status in REDIRECTS and "location" in resp.headers:
+                    following = urljoin(url, resp.headers["location"])
+                    if not same_origin(following, target.url):
+                        raise FetchFailed(
+                            "redirect",
+                            f"HTTP {resp.status} to {following} refused: "
+                            "redirects are followed only on the target's own origin",
+                        )
+                    await conn.discard(resp)
+                    url = following
+                    continue
+                if resp.status != 200:
+                    raise FetchFailed("http_status", f"HTTP {resp.status} {resp.reason}".rstrip())
+                if resp.framing == "length" and resp.length > max_body_bytes:
+                    raise FetchFailed(
+                        "too_large",
+                        f"Content-Length {resp.length} exceeds the {max_body_bytes}-byte cap",
+                    )
+                encoding = resp.headers.get("content-encoding", "identity").strip().lower()
+                if encoding not in ("", "identity", *_WBITS):
+                    raise FetchFailed("parse", f"unsupported Content-Encoding {encoding!r}")
+                inflate = zlib.decompressobj(_WBITS[encoding]) if encoding in _WBITS else None
+                async for raw in conn.body(resp):
+                    data = raw
+                    while data:
+                        if inflate is None:
+                            chunk, data = data, b""
+                        else:  # at most one byte past the cap per step
+                            chunk = inflate.decompress(data, max_body_bytes - at.size + 1)
+                            data = inflate.unconsumed_tail
+                        at.size += len(chunk)
+                        if at.size > max_body_bytes:
+                            what = "inflated body" if inflate is not None else "body"
+                            raise FetchFailed(
+                                "too_large",
+                                f"{what} exceeds the {max_body_bytes}-byte cap (aborted)",
+                            )
+                        chunks.append(chunk)
+                if inflate is not None and not inflate.eof:
+                    raise FetchFailed(
+                        "truncated", f"{encoding} stream ends early ({at.size} bytes)"
+                    )
+                return b"".join(chunks)
+            finally:
+                conn.release()
+        raise FetchFailed("http_status", f"more than {MAX_REDIRECTS} redirects")
+    except URLRefused as exc:
+        raise FetchFailed("refused", str(exc)) from exc
+    except ConfigError as exc:  # the guard could not resolve the name
+        raise FetchFailed("connect", str(exc)) from exc
+    except zlib.error as exc:  # a broken gzip/deflate body
+        raise FetchFailed("parse", f"cannot inflate the body: {exc}") from exc
+    except BodyCutShort as exc:
+        # The server closed (or reset) the connection before the Content-Length or the
+        # last chunk: a partial exposition is never read (Prometheus: "unexpected EOF").
+        raise FetchFailed("truncated", f"body cut short after {at.size} bytes: {exc}") from exc
+    except (ConnectFailed, ProtocolError, ValueError) as exc:
+        raise FetchFailed("connect", f"{type(exc).__name__}: {exc}") from exc
+
+
 async def scrape_one(
     conn: Connection,
     target: Target,
@@ -342,7 +437,7 @@ async def scrape_one(
     """Scrape one target; every failure becomes an outcome with an ``error_kind``."""
     started = clock()
     t0 = time.perf_counter()
-    size = 0
+    at = Progress()
 
     def failed(kind: str, message: str) -> ScrapeResult:
         log.info("scrape %s (%s) failed: %s: %s", target.name, target.url, kind, message)
@@ -351,84 +446,20 @@ async def scrape_one(
             started=started,
             duration_s=time.perf_counter() - t0,
             up=False,
-            bytes=size,
+            bytes=at.size,
             error_kind=kind,
             error=message,
         )
         return ScrapeResult(target=target, outcome=outcome)
 
-    chunks: list[bytes] = []
-    url = target.url
     try:
         async with asyncio.timeout(timeout_s):
-            checked: CheckedURL | None = None
-            if target.guard is not None:  # resolves once, in a thread (getaddrinfo blocks)
-                checked = await asyncio.to_thread(target.guard.check, target.url)
-            for _hop in range(MAX_REDIRECTS + 1):
-                pinned = None if checked is None else pinned_address(checked, url)
-                resp = await conn.get(url, REQUEST_HEADERS, connect_to=pinned)
-                try:
-                    if resp.status in REDIRECTS and "location" in resp.headers:
-                        following = urljoin(url, resp.headers["location"])
-                        if not same_origin(following, target.url):
-                            return failed(
-                                "redirect",
-                                f"HTTP {resp.status} to {following} refused: "
-                                "redirects are followed only on the target's own origin",
-                            )
-                        await conn.discard(resp)
-                        url = following
-                        continue
-                    if resp.status != 200:
-                        return failed("http_status", f"HTTP {resp.status} {resp.reason}".rstrip())
-                    if resp.framing == "length" and resp.length > max_body_bytes:
-                        return failed(
-                            "too_large",
-                            f"Content-Length {resp.length} exceeds the {max_body_bytes}-byte cap",
-                        )
-                    encoding = resp.headers.get("content-encoding", "identity").strip().lower()
-                    if encoding not in ("", "identity", *_WBITS):
-                        return failed("parse", f"unsupported Content-Encoding {encoding!r}")
-                    inflate = zlib.decompressobj(_WBITS[encoding]) if encoding in _WBITS else None
-                    async for raw in conn.body(resp):
-                        data = raw
-                        while data:
-                            if inflate is None:
-                                chunk, data = data, b""
-                            else:  # at most one byte past the cap per step
-                                chunk = inflate.decompress(data, max_body_bytes - size + 1)
-                                data = inflate.unconsumed_tail
-                            size += len(chunk)
-                            if size > max_body_bytes:
-                                what = "inflated body" if inflate is not None else "body"
-                                return failed(
-                                    "too_large",
-                                    f"{what} exceeds the {max_body_bytes}-byte cap (aborted)",
-                                )
-                            chunks.append(chunk)
-                    if inflate is not None and not inflate.eof:
-                        return failed("truncated", f"{encoding} stream ends early ({size} bytes)")
-                    break
-                finally:
-                    conn.release()
-            else:
-                return failed("http_status", f"more than {MAX_REDIRECTS} redirects")
-    except URLRefused as exc:
-        return failed("refused", str(exc))
-    except ConfigError as exc:  # the guard could not resolve the name
-        return failed("connect", str(exc))
+            body = await fetch_body(conn, target, max_body_bytes=max_body_bytes, progress=at)
+    except FetchFailed as exc:
+        return failed(exc.kind, exc.message)
     except TimeoutError:
         return failed("timeout", f"no complete answer within {timeout_s:g} s")
-    except zlib.error as exc:  # a broken gzip/deflate body
-        return failed("parse", f"cannot inflate the body: {exc}")
-    except BodyCutShort as exc:
-        # The server closed (or reset) the connection before the Content-Length or the
-        # last chunk: a partial exposition is never read (Prometheus: "unexpected EOF").
-        return failed("truncated", f"body cut short after {size} bytes: {exc}")
-    except (ConnectFailed, ProtocolError, ValueError) as exc:
-        return failed("connect", f"{type(exc).__name__}: {exc}")
-
-    body = b"".join(chunks)
+    size = at.size
     try:
         text = body.decode("utf-8")
     except UnicodeDecodeError as exc:
