@@ -229,3 +229,46 @@ def test_inspect_body_cut_short_exits_2_truncated() -> None:
         thread.join(timeout=10)
     assert proc.returncode == 2
     assert f"truncated: body cut short after {len(body) // 2} bytes" in proc.stderr
+
+
+def _one_answer(response: bytes) -> tuple[Any, threading.Thread]:
+    """A socket server on 127.0.0.1 that answers one request with ``response``."""
+    import socket
+
+    srv = socket.create_server(("127.0.0.1", 0))
+
+    def answer() -> None:
+        conn, _ = srv.accept()
+        with conn:
+            conn.recv(65536)
+            conn.sendall(response)
+
+    thread = threading.Thread(target=answer, daemon=True)
+    thread.start()
+    return srv, thread
+
+
+def test_inspect_redirect_to_another_origin_is_refused() -> None:
+    srv, thread = _one_answer(b"HTTP/1.1 302 Found\r\nLocation: http://127.0.0.2:9/metrics\r\n"
+                              b"Content-Length: 0\r\n\r\n")  # fmt: skip
+    with srv:
+        proc = kvscope("inspect", f"http://127.0.0.1:{srv.getsockname()[1]}/metrics")
+        thread.join(timeout=10)
+    assert proc.returncode == 2
+    assert "redirect: HTTP 302 to http://127.0.0.2:9/metrics refused" in proc.stderr
+
+
+def test_inspect_inflated_body_over_the_cap_is_refused() -> None:
+    import gzip
+
+    body = gzip.compress(b"# padding\n" * 100_000)  # ~1 MB inflated from a few KB
+    head = (f"HTTP/1.1 200 OK\r\nContent-Encoding: gzip\r\nContent-Length: {len(body)}"
+            "\r\n\r\n").encode()  # fmt: skip
+    srv, thread = _one_answer(head + body)
+    with srv:
+        proc = kvscope("inspect", f"http://127.0.0.1:{srv.getsockname()[1]}/metrics",
+                       env={"KVSCOPE_MAX_BODY_BYTES": "65536"})  # fmt: skip
+        thread.join(timeout=10)
+    assert len(body) < 65536
+    assert proc.returncode == 2
+    assert "too_large: inflated body exceeds the 65536-byte cap" in proc.stderr

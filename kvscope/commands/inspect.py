@@ -34,9 +34,6 @@ import typer
 from core.errors import ConfigError, ParseError, ScrapeError
 from core.records import Snapshot
 
-# Ask for the classic text format: the `vllm:` colons then survive as written.
-_ACCEPT = "text/plain;version=0.0.4;q=0.9,*/*;q=0.1"
-
 
 def _decode(data: bytes, source: str) -> str:
     try:
@@ -59,31 +56,27 @@ def _read_file(path: str, max_bytes: int) -> str:
 
 
 def _read_url(url: str, timeout_s: float, max_bytes: int) -> str:
-    import httpx
+    """The body of one URL through the collector's own fetch (collector.sources.fetch_body:
+    its size cap counts inflated bytes, redirects stay on the URL's origin)."""
+    import asyncio
 
-    size = 0
-    in_body = False
+    from collector.sources import ClientPool, FetchFailed, Target, fetch_body
+
+    target = Target(name=url, url=url, kind="vllm")
+
+    async def get() -> bytes:
+        async with ClientPool() as pool:
+            conn = pool.client(target)
+            async with asyncio.timeout(timeout_s):
+                return await fetch_body(conn, target, max_body_bytes=max_bytes)
+
     try:
-        with (
-            httpx.Client(timeout=timeout_s, follow_redirects=True) as client,
-            client.stream("GET", url, headers={"Accept": _ACCEPT}) as resp,
-        ):
-            if resp.status_code != 200:
-                raise ScrapeError(url, "http_status", f"HTTP {resp.status_code}")
-            chunks: list[bytes] = []
-            in_body = True
-            for chunk in resp.iter_bytes():
-                size += len(chunk)
-                if size > max_bytes:
-                    raise ScrapeError(url, "too_large", f"body exceeds {max_bytes} bytes")
-                chunks.append(chunk)
-    except httpx.TimeoutException as exc:
+        data = asyncio.run(get())
+    except FetchFailed as exc:
+        raise ScrapeError(url, exc.kind, exc.message) from exc
+    except TimeoutError as exc:
         raise ScrapeError(url, "timeout", f"no complete answer in {timeout_s:g} s") from exc
-    except httpx.HTTPError as exc:
-        if in_body and isinstance(exc, (httpx.RemoteProtocolError, httpx.ReadError)):
-            raise ScrapeError(url, "truncated", f"body cut short after {size} bytes") from exc
-        raise ScrapeError(url, "connect", f"{type(exc).__name__}: {exc}") from exc
-    return _decode(b"".join(chunks), url)
+    return _decode(data, url)
 
 
 def read_source(source: str, timeout_s: float, max_bytes: int) -> str:
