@@ -31,7 +31,7 @@ from api.routes import advise, clusters, costmodel, health, metrics, plans, repo
 from api.routes import targets as targets_routes
 from api.settings import ApiSettings, load_settings, resolve
 from api.telemetry import REFUSED, UNMATCHED, ApiTelemetry
-from collector.selfmetrics import kvscope_version
+from core.kvscope_metrics import kvscope_version
 
 access_log = logging.getLogger("kvscope.api.access")
 

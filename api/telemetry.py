@@ -1,5 +1,5 @@
 """The API's own metrics: requests by route template, method and status, their latency,
-and the build (BUILD_INFO); names from collector.selfmetrics (API_METRICS).
+and the build (BUILD_INFO); names from core.kvscope_metrics (API_METRICS).
 
 :class:`ApiTelemetry` holds a prometheus_client registry of its own; EdgeMiddleware
 (api/app.py) records every HTTP request and GET /metrics appends :meth:`render` to the
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-from collector.selfmetrics import API_REQUEST_DURATION, API_REQUESTS, BUILD_INFO
+from core.kvscope_metrics import API_REQUEST_DURATION, API_REQUESTS, BUILD_INFO
 
 UNMATCHED = "unmatched"  # no route matched (a 404 or 405 of the router)
 REFUSED = "refused"  # turned away by EdgeMiddleware before routing

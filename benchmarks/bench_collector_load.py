@@ -25,7 +25,7 @@ Run: .venv/bin/python benchmarks/bench_collector_load.py [--interval 15] [--stea
   roll-up, outcomes, checkpoints; every 60 s the windows that closed). A tick's round is its
   GETs as the server saw them (hits clustered into rounds), timed from the tick's scheduled
   start to its last GET; the tick lag (how late a tick started) is the collector's own
-  health gauge (collector.selfmetrics COLLECTOR_TICK_LAG), its max from the JSON summary the
+  health gauge (core.kvscope_metrics COLLECTOR_TICK_LAG), its max from the JSON summary the
   collector prints after SIGTERM.
 Printed: per tick, targets, GETs, CPU-s, CPU-s per 1,000 scrapes and its ratio to the
 baseline's, round time and lag; the steady phase's CPU per interval and per 1,000 scrapes
@@ -57,7 +57,7 @@ sys.path.insert(0, str(ROOT))
 
 import httpx  # noqa: E402
 
-from collector.selfmetrics import (  # noqa: E402
+from core.kvscope_metrics import (  # noqa: E402
     COLLECTOR_SKIPPED_TICKS,
     COLLECTOR_TARGETS,
     COLLECTOR_TICK_LAG,
@@ -236,7 +236,7 @@ def write_file_sd(path: Path, hostport: str, n: int) -> None:
 
 
 def health(url: str) -> dict[str, float]:
-    """The collector's unlabelled health gauges we print (names from collector.selfmetrics)."""
+    """The collector's unlabelled health gauges we print (names from core.kvscope_metrics)."""
     wanted = {COLLECTOR_TICK_LAG.name, COLLECTOR_SKIPPED_TICKS.name, COLLECTOR_TARGETS.name}
     out: dict[str, float] = {}
     try:

@@ -2,7 +2,7 @@
 (``kvscope collect --metrics-addr HOST:PORT``).
 
 - :class:`CollectorHealth` holds its own CollectorRegistry of the collector metrics
-  collector.selfmetrics names (``COLLECTOR_METRICS``), fed by the collect loop: one
+  core.kvscope_metrics names (``COLLECTOR_METRICS``), fed by the collect loop: one
   :meth:`~CollectorHealth.scraped` per scrape (and :meth:`~CollectorHealth.anomalies` with the
   value anomalies of a scrape that was up), :meth:`~CollectorHealth.ticked` after each tick;
 - :func:`serve_metrics` serves a registry on HOST:PORT from a daemon thread
@@ -29,7 +29,8 @@ from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import make_wsgi_app
 
-from collector.selfmetrics import (
+from core.errors import ConfigError
+from core.kvscope_metrics import (
     BUILD_INFO,
     COLLECTOR_ANOMALIES,
     COLLECTOR_INFO,
@@ -48,7 +49,6 @@ from collector.selfmetrics import (
     COLLECTOR_WINDOWS_WRITTEN,
     SCRAPE_DURATION_BUCKETS,
 )
-from core.errors import ConfigError
 from core.records import Anomaly
 
 if TYPE_CHECKING:

@@ -9,7 +9,7 @@ fleet's KV use. Intervals are one metric with ``bound="estimate|lower|upper"``.
 
 from __future__ import annotations
 
-from collector.selfmetrics import (
+from core.kvscope_metrics import (
     COLLECTOR_TARGET_UP,
     COLLECTOR_TARGETS,
     COLLECTOR_TICK_LAG,

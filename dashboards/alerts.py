@@ -20,7 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
-from collector.selfmetrics import (
+from core.kvscope_metrics import (
     COLLECTOR_LAST_SUCCESSFUL_TICK,
     GAIN_MODES,
     PLAN_AGE,

@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
-from collector.selfmetrics import (
+from core.kvscope_metrics import (
     COLLECTOR_SCRAPE_DURATION,
     COLLECTOR_SCRAPES,
     COLLECTOR_WINDOWS_WRITTEN,
@@ -134,7 +134,7 @@ def _collector_p99(s: Scope, fl: tuple[str, ...]) -> str:
 
 
 _P50, _P99 = {"quantile": "0.5"}, {"quantile": "0.99"}
-# kvscope's own names come from collector.selfmetrics (never spelled twice)
+# kvscope's own names come from core.kvscope_metrics (never spelled twice)
 COLLECTOR_FAILED = str(COLLECTOR_SCRAPES).removesuffix("_total") + "_failed"
 WINDOWS_WRITTEN = str(COLLECTOR_WINDOWS_WRITTEN).removesuffix("_total")
 

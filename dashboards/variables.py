@@ -9,8 +9,8 @@ values come from ``label_values()`` of a cheap, exact-name selector (never
 
 from __future__ import annotations
 
-from collector.selfmetrics import PLAN_AGE
 from core import catalog
+from core.kvscope_metrics import PLAN_AGE
 from dashboards.config import MixinConfig
 from dashboards.grafana import Query, Variable
 from dashboards.promql import Scope

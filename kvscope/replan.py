@@ -36,8 +36,8 @@ from dataclasses import dataclass, field
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
-from collector.selfmetrics import kvscope_version
 from core.errors import ConfigError, KvscopeError, StoreError
+from core.kvscope_metrics import kvscope_version
 
 if TYPE_CHECKING:
     from planner.plan import Plan

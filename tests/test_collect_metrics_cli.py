@@ -15,7 +15,7 @@ from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from collector import selfmetrics as sm
+from core import kvscope_metrics as sm
 from tests.clirun import assert_one_line_error, run_kvscope
 from tests.collector.exposerver import bumping, expo_server
 from tests.services import free_port

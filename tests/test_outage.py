@@ -38,15 +38,15 @@ from typer.testing import CliRunner
 from collector.checkpoint import SUFFIX, Checkpoints
 from collector.health import CollectorHealth
 from collector.run import CollectStats, collect_direct
-from collector.selfmetrics import (
+from collector.sources import Target, TargetSet
+from collector.spool import Spool
+from core.errors import ConfigError
+from core.kvscope_metrics import (
     COLLECTOR_SPOOL_DROPPED,
     COLLECTOR_SPOOL_REPLAYED,
     COLLECTOR_SPOOLED_WINDOWS,
     MetricDef,
 )
-from collector.sources import Target, TargetSet
-from collector.spool import Spool
-from core.errors import ConfigError
 from core.records import Window
 from kvscope.cli import app
 from kvscope.replan import ReplanStats, run_every

@@ -1,7 +1,7 @@
 """GET /metrics: kvscope's own metrics in the Prometheus text format.
 
 The planner gauges of the latest stored plan of every (cluster, group), named once in
-collector.selfmetrics; the closed loop's realised coverage appears for a cluster once its
+core.kvscope_metrics; the closed loop's realised coverage appears for a cluster once its
 ``/accuracy`` has been computed (scoring re-plans history: too heavy for every scrape); then
 the API's own requests, latencies and build (api/telemetry.py).
 """
@@ -14,7 +14,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 
 from api.deps import State, StoreDep, require_read
 from api.errors import responses
-from collector.plan_metrics import render_plan_metrics
+from api.plan_metrics import render_plan_metrics
 
 router = APIRouter(tags=["metrics"], dependencies=[Depends(require_read)])
 

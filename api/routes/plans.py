@@ -170,7 +170,7 @@ def cpu_tier(cluster: Cluster, store: StoreDep, group: GroupQuery = None) -> Res
 
 def coverage_of(outcomes: Sequence[Any]) -> dict[tuple[str, str], tuple[float, float]]:
     """(realised, nominal) KV-demand coverage per (cluster, group) of scored outcomes, pooled
-    over their points (collector.plan_metrics.Coverage, for /metrics)."""
+    over their points (api.plan_metrics.Coverage, for /metrics)."""
     points: dict[tuple[str, str], list[float]] = {}
     for o in outcomes:
         if o.pending or o.kv_points <= 0:

@@ -13,9 +13,9 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from collector.selfmetrics import kvscope_version
 from core.durations import parse_duration
 from core.errors import ConfigError
+from core.kvscope_metrics import kvscope_version
 from kvscope.commands.options import DbOpt, KeepOpt
 
 if TYPE_CHECKING:

@@ -6,7 +6,7 @@ import json
 
 import typer
 
-from collector.selfmetrics import kvscope_version
+from core.kvscope_metrics import kvscope_version
 
 
 def register(app: typer.Typer) -> None:

@@ -11,7 +11,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from api.schemas import CpuTierOut
-from collector import selfmetrics as sm
+from core import kvscope_metrics as sm
 from store.store import Store
 from store.tables import SCHEMA_VERSION, PlanRecord
 from tests.api.conftest import AUTH, CHEAP_WHATIF, CLUSTER, Filled, assert_error

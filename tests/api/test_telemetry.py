@@ -1,6 +1,6 @@
 """The API's own metrics on GET /metrics: requests by route template (never the raw path),
 method and code, their latency histogram, and the build; names from
-collector.selfmetrics."""
+core.kvscope_metrics."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
 
 from api.telemetry import BUCKETS, REFUSED, UNMATCHED, ApiTelemetry
-from collector import selfmetrics as sm
+from core import kvscope_metrics as sm
 
 
 def _samples(text: str) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:

@@ -6,7 +6,7 @@
   production-stack router) served with counters and histograms growing at each scrape, so
   legacy-only spellings have data too;
 - ``kvscope collect`` scraping the simulated engines, serving its own ``--metrics-addr``;
-- the planner gauges of a stored plan (collector.plan_metrics, what ``kvscope serve``'s
+- the planner gauges of a stored plan (api.plan_metrics, what ``kvscope serve``'s
   ``/metrics`` renders) with every headline figure set;
 - Debian's Prometheus 2.42 scraping all of them every second, with the generated rule files
   loaded. ``trap=True`` rewrites every sample name's ``:`` to ``_`` (prometheus-client's
@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from collector.plan_metrics import render_plan_metrics
+from api.plan_metrics import render_plan_metrics
 from dashboards.build import RULES_DIR, artifacts
 from store.store import Store
 from store.tables import PlanRecord

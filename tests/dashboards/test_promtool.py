@@ -5,7 +5,7 @@ directory; the promtool test files are built here from the case table below
 (``yaml.safe_dump``), so no metric name is spelled in this file: vendor names come from
 core.catalog (each case runs with every spelling its inputs may have: the exported
 one, Prometheus' colon→underscore rewrite under OpenMetrics negotiation, and the
-catalogue's older spelling), kvscope's own from collector.selfmetrics.
+catalogue's older spelling), kvscope's own from core.kvscope_metrics.
 
 Every alert has cases that (a) fire with their labels and rendered annotations (promtool
 compares ``exp_annotations`` exactly, an omitted one as empty), (b) stay quiet, (c) for the
@@ -38,7 +38,8 @@ from typing import Any, Literal
 import pytest
 import yaml
 
-from collector.selfmetrics import (
+from core import catalog
+from core.kvscope_metrics import (
     ALL_METRICS,
     COLLECTOR_LAST_SUCCESSFUL_TICK,
     COLLECTOR_SCRAPES,
@@ -50,7 +51,6 @@ from collector.selfmetrics import (
     PLAN_SATURATION_PROBABILITY,
     PLAN_TIME_TO_SATURATION,
 )
-from core import catalog
 from dashboards.alerts import ALERTS, Alert
 from dashboards.build import RULES_DIR, artifacts
 from dashboards.config import DEFAULT

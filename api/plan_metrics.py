@@ -1,4 +1,4 @@
-"""The planner gauges of collector.selfmetrics (``PLAN_METRICS``) read from a store: the
+"""The planner gauges of core.kvscope_metrics (``PLAN_METRICS``) read from a store: the
 latest stored plan of every (cluster, group) — group "" is the whole-cluster plan — plus the
 closed loop's realised forecast coverage, which the caller passes in (collector does not
 import the planner).
@@ -20,7 +20,7 @@ from typing import Any, Protocol
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import GaugeMetricFamily, Metric
 
-from collector.selfmetrics import (
+from core.kvscope_metrics import (
     BOUNDS,
     GAIN_MODES,
     PLAN_AGE,
