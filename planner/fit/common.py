@@ -1,5 +1,5 @@
 """What every fit in :mod:`planner.fit.run` shares: result records, history checks, warning
-capture, robust covariances (statsmodels OLS; CR2 from planner.fit.cr2) and time budgets.
+capture, robust covariances (planner.fit.lsq; CR2 from planner.fit.cr2) and time budgets.
 
 Conventions of every fit result
 -------------------------------
@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING
 
 from core.errors import InsufficientHistory
 from planner.fit.cr2 import CR2, cr2
+from planner.fit.lsq import cov_cr1, cov_hc3, solve
 
 if TYPE_CHECKING:
     import numpy as np
@@ -236,45 +237,34 @@ class RobustOLS:
 
 
 def ols_robust(y: Array, x: Array, groups: npt.NDArray[np.int64] | None, kind: str) -> RobustOLS:
-    """OLS (statsmodels) with a robust covariance: ``kind`` "HC3", "cluster" (CR1) or "CR2"
-    (cluster, bias-reduced, with Bell–McCaffrey degrees of freedom: planner.fit.cr2, the
-    one covariance statsmodels lacks; use it with few clusters).
-
-    HC3 and CR1 are statsmodels' ``OLS.fit(cov_type="HC3" / "cluster")`` (CR1 scales by
-    ``G/(G-1)·(n-1)/(n-p)``). ``method="pinv"`` (statsmodels' default): statsmodels 0.15
-    computes the pseudo-inverse of the design for the robust covariances with either
-    method (``"qr"`` adds a QR on top: 3.2 s against 1.8 s for HC3 on 1M × 12, one core),
-    and the SVD behind it is what rank-deficient designs need. ``hasconst=True``: statsmodels
-    would otherwise look for an implicit constant in a √w-scaled design with two more SVDs
-    of ``x``; what it finds only enters R² and the F test, which are not read here.
+    """OLS with a robust covariance: ``kind`` "HC3", "cluster" (CR1) or "CR2" (cluster,
+    bias-reduced, with Bell–McCaffrey degrees of freedom: planner.fit.cr2; use it with few
+    clusters). The fit and the HC3 / CR1 sandwiches are statsmodels' ``OLS.fit(cov_type=…)``
+    computed by row blocks (planner.fit.lsq), so memory stays near one copy of ``x``.
     """
     import numpy as np
-    from statsmodels.regression.linear_model import OLS
 
     if kind not in ("HC3", "cluster", "CR2"):
         raise ValueError(f"unknown covariance {kind!r}")  # programming error
     if kind != "HC3" and groups is None:
         raise ValueError("cluster covariance needs groups")  # programming error
-    model = OLS(y, x, hasconst=True)
+    fit = solve(y, x)
     extra: CR2 | None = None
     if kind == "HC3":
-        res = model.fit(cov_type="HC3")
-        cov = np.asarray(res.cov_params(), dtype=np.float64)
+        cov = cov_hc3(x, fit)
     elif kind == "cluster":
-        res = model.fit(cov_type="cluster", cov_kwds={"groups": groups})
-        cov = np.asarray(res.cov_params(), dtype=np.float64)
+        assert groups is not None
+        cov = cov_cr1(x, fit, groups)
     else:
         assert groups is not None
-        res = model.fit()
-        bread = np.asarray(res.normalized_cov_params, dtype=np.float64)
-        extra = cr2(x, np.asarray(res.resid, dtype=np.float64), groups, bread)
+        extra = cr2(x, fit.resid, groups, fit.bread)
         cov = extra.cov
     clusters = int(np.unique(groups).size) if groups is not None else 0
     return RobustOLS(
-        params=np.asarray(res.params, dtype=np.float64),
+        params=fit.params,
         cov=cov,
         kind=kind,
-        df_resid=float(res.df_resid),
+        df_resid=float(x.shape[0] - fit.rank),
         clusters=clusters,
         cr2=extra,
     )
