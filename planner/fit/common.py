@@ -1,17 +1,10 @@
 """What every fit in :mod:`planner.fit.run` shares: result records, history checks, warning
 capture, robust covariances (statsmodels OLS; CR2 from planner.fit.cr2) and time budgets.
 
-Conventions of every fit result
--------------------------------
-* ``estimate`` with ``interval`` (``lo``, ``hi``, ``level``) — never a number without one.
-* ``n`` windows actually used, ``method`` (model + estimator + interval method),
-  ``assumptions`` (what must hold for the interval to mean what it says) and ``basis``
-  (facts about the data used: ranges, engines, modes).
-* ``warnings``: every warning raised by the numerical libraries during *this* fit, recorded
-  with :func:`warnings.catch_warnings` (no global filter is changed).
-* ``can_tell`` / ``why``: ``False`` with a plain-language reason when the data cannot answer
-  (no events, no overlap, an interval that is not bounded by the data, ...). The estimate
-  may still be filled in then; read it together with ``why``.
+Every result has ``estimate`` with ``interval``, ``n``, ``method``, ``assumptions``,
+``basis``, ``warnings`` (caught during this fit only) and ``can_tell`` / ``why``.
+
+Conventions: planner/fit/METHODS.md#common
 """
 
 from __future__ import annotations
@@ -72,7 +65,7 @@ class Estimate:
 
 @dataclass(frozen=True, slots=True)
 class FitResult:
-    """Fields common to every fit result (see the module docstring)."""
+    """Fields common to every fit result (METHODS.md#common)."""
 
     what: str
     estimate: float
@@ -240,13 +233,9 @@ def ols_robust(y: Array, x: Array, groups: npt.NDArray[np.int64] | None, kind: s
     (cluster, bias-reduced, with Bell–McCaffrey degrees of freedom: planner.fit.cr2, the
     one covariance statsmodels lacks; use it with few clusters).
 
-    HC3 and CR1 are statsmodels' ``OLS.fit(cov_type="HC3" / "cluster")`` (CR1 scales by
-    ``G/(G-1)·(n-1)/(n-p)``). ``method="pinv"`` (statsmodels' default): statsmodels 0.15
-    computes the pseudo-inverse of the design for the robust covariances with either
-    method (``"qr"`` adds a QR on top: 3.2 s against 1.8 s for HC3 on 1M × 12, one core),
-    and the SVD behind it is what rank-deficient designs need. ``hasconst=True``: statsmodels
-    would otherwise look for an implicit constant in a √w-scaled design with two more SVDs
-    of ``x``; what it finds only enters R² and the F test, which are not read here.
+    HC3 and CR1 are statsmodels' ``OLS.fit(cov_type=...)``; ``method="pinv"`` (its default) and
+    ``hasconst=True`` (no search for an implicit constant). Method:
+    planner/fit/METHODS.md#robust-ols-ols_robust
     """
     import numpy as np
     from statsmodels.regression.linear_model import OLS
