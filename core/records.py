@@ -59,7 +59,7 @@ class SignalSample:
 
 
 # What collector.parse found wrong with one sample, a value never a syntax error: the scrape
-# stays up and the sample is dropped or kept as its kind says (collector/parse.py's docstring).
+# stays up and the sample is dropped or kept as its kind says (collector/DESIGN.md#parse).
 AnomalyKind = Literal[
     "nan",  # NaN value (counter, bucket, count: dropped; gauge, _sum: see parse.py)
     "inf",  # +Inf or -Inf value
