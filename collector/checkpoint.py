@@ -232,7 +232,7 @@ class Checkpoints:
 
 
 def _file_of(lock_path: Path) -> Path:
-    """A lock's checkpoint file: this format's, else an earlier kvscope's JSON one."""
+    """A lock's checkpoint file: this format's, else a format-1 JSON one."""
     current = lock_path.with_suffix(SUFFIX)
     legacy = lock_path.with_suffix(".json")
     return legacy if not current.exists() and legacy.exists() else current

@@ -43,8 +43,8 @@ OFFLOAD_MODES: tuple[OffloadMode, ...] = ("none", "native", "lmcache")
 # (prometheus/client_python#1177; see tests/fixtures/metrics/README.md).
 ACCEPT_HEADER = "text/plain;version=0.0.4"
 # As Prometheus asks: gzip or nothing. The body is inflated here step by step: zlib's
-# max_length keeps each step within the body cap (httpx, used before, inflated a whole
-# network read at once before any size check: a 260 KB gzip bomb became a 67 MB chunk).
+# max_length keeps each step within the body cap (httpx inflates a whole network read at
+# once before any size check: a 260 KB gzip bomb becomes a 67 MB chunk).
 ACCEPT_ENCODING = "gzip"
 _WBITS = {"gzip": 16 + zlib.MAX_WBITS, "x-gzip": 16 + zlib.MAX_WBITS, "deflate": zlib.MAX_WBITS}
 USER_AGENT = "kvscope-collector"
@@ -249,7 +249,7 @@ class ClientPool:
 
     def _context(self) -> ssl.SSLContext:
         if self._tls is None:  # ~0.1 s: build it once, on the first https target
-            self._tls = httpx.create_ssl_context()  # httpx's trust store (certifi), as before
+            self._tls = httpx.create_ssl_context()  # httpx's trust store (certifi)
         return self._tls
 
     def client(self, target: Target) -> Connection:

@@ -40,8 +40,8 @@ TMP_MAX_AGE_S = 60.0
 _NAME = re.compile(r"^\d{20}-\d+-\d{6}-([0-9a-f]{12})-w(\d+)-o(\d+)\.seg$")
 _WINDOW_FIELDS = tuple(f.name for f in fields(Window))
 # A window without bucket counts is written without its last two fields (bucket_bounds,
-# bucket_counts): the lines of the windows of nearly every signal stay as an earlier kvscope
-# wrote them, and its segments are read as they are.
+# bucket_counts): the lines of the windows of nearly every signal keep the shorter field
+# list, and segments written with it are read as they are.
 _BUCKET_FIELDS = ("bucket_bounds", "bucket_counts")
 _PLAIN_FIELDS = tuple(f for f in _WINDOW_FIELDS if f not in _BUCKET_FIELDS)
 _OUTCOME_FIELDS = tuple(f.name for f in fields(ScrapeOutcome))
