@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import gc
 
+# a young-generation run every 50,000 net allocations (CPython: 700); measured in
+# benchmarks/README.md, "Measurements behind design choices"
 GEN0_THRESHOLD = 50_000
 GEN1_THRESHOLD = 20  # generation-0 runs per generation-1 run (CPython's default: 10)
 GEN2_THRESHOLD = 10  # generation-1 runs per full run (CPython's default)

@@ -38,11 +38,13 @@ __all__ = [
     "wilson",
 ]
 
+# saturated at 99 % of capacity: observed use is censored there (vLLM preempts instead of
+# exceeding it), so summed peaks seldom touch 100 % (METHODS.md#outcome)
 SATURATED_SHARE = 0.99
 SATURATION_VERDICTS = ("as_predicted", "earlier", "later", "not_reached_as_predicted",
                        "reached_unpredicted", "unknown")  # fmt: skip
 GAIN_MODES = ("native", "lmcache")
-MAX_PLANS = 2_000
+MAX_PLANS = 2_000  # the newest plans scored: three weeks of plans made every 15 min
 SUMMARY_LEVEL = 0.95
 _Z95 = 1.959963984540054  # standard normal 0.975 quantile
 # the later build_plan only has to build the KV series and fit the gains: its forecast is
