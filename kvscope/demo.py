@@ -331,7 +331,7 @@ def _serve_and_collect(
 
 
 def run_demo(opts: DemoOptions, *, err: IO[str] | None = None) -> DemoResult:
-    """Simulate, serve, collect, plan and plot (module docstring); progress on ``err``.
+    """Simulate, serve, collect, plan and plot (DESIGN.md#demo); progress on ``err``.
 
     Raises ConfigError on a bad option or scenario, StoreError on a bad store. KeyboardInterrupt
     (Ctrl-C) stops the collection: the windows so far are flushed to the store, the servers

@@ -51,7 +51,7 @@ def _set(libc: ctypes.CDLL, trim: int, mmap_max: int) -> bool:
 
 @contextmanager
 def reuse_freed_memory() -> Iterator[bool]:
-    """Keep freed blocks for reuse inside the block (module docstring); yields whether the
+    """Keep freed blocks for reuse inside the block (DESIGN.md#heap); yields whether the
     policy is in effect (False: not glibc, nothing changed)."""
     libc = _libc()
     active = libc is not None and _set(libc, TRIM_DURING, 0)

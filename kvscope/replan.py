@@ -182,7 +182,7 @@ def run_every(
     since_s: float | None,
     make_plan: Callable[[Store, str, float | None], Plan],
 ) -> ReplanStats:
-    """Re-plan every ``every_s`` until SIGINT / SIGTERM (module docstring): each round plans
+    """Re-plan every ``every_s`` until SIGINT / SIGTERM (DESIGN.md#replan): each round plans
     ``cluster`` or every cluster of the store with ``make_plan(store, cluster, since)`` over
     the ``since_s`` before it (None: all history) and saves the plans."""
     if not (math.isfinite(every_s) and every_s > 0):

@@ -83,7 +83,7 @@ def _num(value: float | None) -> float | str | None:
 
 
 def snapshot_json(snap: Snapshot) -> dict[str, Any]:
-    """The --json document for one snapshot (see the module docstring)."""
+    """The --json document for one snapshot (kvscope/DESIGN.md#inspect)."""
     series: list[dict[str, Any]] = []
     for s in sorted(snap.samples, key=lambda s: (s.signal, s.labels)):
         labels = dict(s.labels)
