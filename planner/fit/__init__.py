@@ -3,8 +3,9 @@
 ``preempt`` (preemption knee), ``gain`` (tokens/s at equal KV use: a diagnostic; with
 ``gain_curve`` and ``gain_crossings``), ``units``/``effects``/``capacity``/``switchback``
 (the verdict's units, today's effects, capacity at the SLO, a canary switchback), ``mfu``
-(prefill MFU), ``hitrate`` (LMCache L1 curve), ``reuse`` (hit ratio vs KV capacity from
-vLLM's residency histograms, AET), ``common`` (shared pieces), ``run`` (:func:`fit_all`).
+(prefill MFU), ``hitrate`` (LMCache L1 curve; ``HitRateFit.curve`` evaluates it), ``reuse``
+(hit ratio vs KV capacity from vLLM's residency histograms, AET), ``common`` (shared
+pieces), ``run`` (:func:`fit_all`, every fit the data supports).
 
 Methods: planner/fit/METHODS.md
 """

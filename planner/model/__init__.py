@@ -1,11 +1,12 @@
 """The domain model every other part of the planner stands on, with no state of its own.
 
-``hardware`` (GPUs, models, storage tiers from data/hardware.yaml, each figure sourced),
-``costmodel`` (KV bytes per token, prefill and tier transfer seconds, HBM KV capacity),
-``breakeven`` (B* and the break-even context per tier), ``savings`` (what a shared prefix
-saves), ``answers`` (compare-tiers and savings answers with their input checks),
-``sources`` (the ``[source: <id>]`` registry, data/sources.yaml), ``values`` (finite-or-None,
-JSON-ready numbers). Nothing here imports another planner sub-package.
+``hardware`` (GPUs, models, storage tiers from data/hardware.yaml, each figure sourced; a
+user YAML or a Hugging Face config.json adds entries), ``costmodel`` (KV bytes per token,
+prefill and tier transfer seconds, HBM KV capacity), ``breakeven`` (B* and the break-even
+context per tier), ``savings`` (what a shared prefix saves), ``answers`` (the CLI's and the
+API's compare-tiers and savings answers, with their input checks: ``InputError`` names the
+input), ``sources`` (the ``[source: <id>]`` registry, data/sources.yaml), ``values``
+(finite-or-None, JSON-ready numbers). Nothing here imports another planner sub-package.
 """
 
 from planner.model import answers, breakeven, costmodel, hardware, savings, sources, values
