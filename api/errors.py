@@ -1,14 +1,11 @@
 """Every error the API answers is JSON ``{"error": …, "field": …}`` with the right status.
 
-- 400: a credential in the query string (refused, never read);
-- 401: a missing or wrong bearer token; 403: writes disabled (no token configured);
-- 404: an unknown cluster, plan, target or path; 405: a method the path does not have;
-- 422: a bad field (FastAPI's validation errors reshaped; ConfigError of a domain check);
-- 413 / 414: a request body over 1 MiB / a query string over 8 KiB (api/app.py);
-- 429: the heavy-work pool is full (with Retry-After);
-- 503: the store is down or its schema is not current (StoreError), or a feature this build
-  lacks.
-An unexpected exception is logged with its traceback and answered 500 with no detail.
+400 a credential in the query string; 401 a missing or wrong bearer token; 403 writes
+disabled; 404 unknown cluster, plan, target or path; 405 a method the path lacks; 422 a bad
+field (validation errors reshaped, a domain ConfigError); 413 / 414 a body over 1 MiB / a
+query over 8 KiB (api/app.py); 429 the heavy-work pool is full (Retry-After); 503 the store
+is down or its schema not current, or a feature this build lacks. Anything unexpected is
+logged with its traceback and answered 500 with no detail.
 """
 
 from __future__ import annotations

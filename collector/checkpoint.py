@@ -1,48 +1,13 @@
 """Roll-up checkpoints: the state a restarted direct collector resumes from (kill -9 included).
 
-After every tick that closes windows, and at least every ``checkpoint_s`` (collector.run;
-``kvscope collect --checkpoint-every``, 0: after every tick), the collector writes every
-target's roll-up state (collector.rollup ``export_state``: the open window's accumulators
-and each series' last sample) to ``rollup-<pid>-<start>.ckpt`` in its state directory,
-atomically (``.tmp``, fsync, rename, fsync of the directory), and it holds an flock on
-``rollup-<pid>-<start>.lock`` while it runs.
+Every target's roll-up state is written atomically to ``rollup-<pid>-<start>.ckpt`` (MAGIC +
+marshal, format 4; format 1 JSON files are read too) after every tick that closes windows,
+at least every ``checkpoint_s`` and before a clean stop's flush, under an flock. At start
+:class:`Checkpoints` claims the states of collectors that are gone; a resumable state
+completes its open window, so a kill -9 loses only the samples since the last save, never a
+counter increase. The state directory must be writable by the collector only.
 
-The file is MAGIC followed by the ``marshal`` (format 4) of one dict of plain values: this
-runs for every target at every save (with ``checkpoint_s`` 0, every tick), and JSON's float
-formatting cost 5.4× marshal's on the same states (200 targets of vLLM 0.33's exposition:
-92 ms against 17 ms a save). marshal
-is Python's own format for .pyc files: like the store, the state directory must be writable
-by the collector only (marshal.loads is not for untrusted bytes), and a Python whose
-marshal cannot read the file (the format is not promised across versions) logs it as
-unreadable and starts those targets afresh, as after any unreadable checkpoint. Format 1
-files (JSON, ``.json``) of an earlier kvscope are still read.
-A clean stop writes it once more *before* flushing the open windows.
-
-At start, :class:`Checkpoints` reads the files whose lock nobody holds (their collector is
-gone; a running one's are left alone) and :meth:`~Checkpoints.claim` hands each target the
-newest state written for its name. The collect loop then (collector.run):
-
-* resumes it when it is *resumable* (:func:`resumable`: same URL and window length, its
-  newest sample not in the future and no older than ``stale_windows`` windows, the horizon
-  past which the roll-up forgets a series anyway). A restart inside the window the collector
-  stopped in completes that window; the part before the stop, which a clean stop had written
-  on its own, is replaced by the fuller version (store.store ``write_windows`` with
-  ``keep_fuller``). A restart in a later window closes the old one first: after a kill -9
-  that is the first time it is written, after a clean stop the same window again
-  (idempotent). The first counter window after the restart counts from the last sample
-  before it, so summing deltas across the restart loses nothing, and no delta is ever
-  counted from an implied 0.
-* otherwise writes the state's open window as it was (a kill -9 never wrote it) and starts
-  the target afresh (its first counter window then starts at its first sample).
-
-The only loss of a kill -9 is therefore the downtime plus the samples since the last
-checkpoint (with ``checkpoint_s`` 0, the tick that was running): a gap in the open window's
-gauges and sample counts, never a counter increase — the first sample after the restart
-counts from the checkpoint's, and a tick that closed windows wrote them before its save.
-
-A lock-free orphan file is deleted at the first save once every state in it was claimed
-(resumed, or handed out by :meth:`stale` past its horizon for its open window to be written);
-the others are let go of, for another collector of the same directory to resume.
+Design: collector/DESIGN.md#checkpoint
 """
 
 from __future__ import annotations
@@ -64,7 +29,7 @@ from core.records import Saved as Saved  # noqa: PLC0414 - its readers import it
 from core.records import Window
 
 log = logging.getLogger(__name__)
-FORMAT = 2  # MAGIC + marshal (module docstring)
+FORMAT = 2  # MAGIC + marshal (DESIGN.md#checkpoint)
 JSON_FORMAT = 1  # read only: kvscope's JSON checkpoints before format 2
 MAGIC = b"kvscope-checkpoint\n"
 SUFFIX = ".ckpt"
@@ -72,7 +37,7 @@ SUFFIX = ".ckpt"
 
 def resumable(saved: Saved, *, url: str, now: float, window_s: float, stale_windows: int) -> bool:
     """Whether the roll-up of a target now at ``url`` may carry on from ``saved`` at ``now``
-    (module docstring; a target whose URL changed is another engine: it starts afresh)."""
+    (DESIGN.md#checkpoint; a target whose URL changed is another engine: it starts afresh)."""
     try:
         same = float(saved.state["window_s"]) == window_s and saved.url == url
     except (KeyError, TypeError, ValueError):
@@ -128,7 +93,7 @@ def open_windows(saved: Saved, *, now: float) -> list[Window]:
 
 
 class Checkpoints:
-    """The checkpoint files of one state directory (module docstring)."""
+    """The checkpoint files of one state directory (DESIGN.md#checkpoint)."""
 
     def __init__(self, directory: Path, *, store_id: str) -> None:
         self.directory = directory
@@ -267,7 +232,7 @@ class Checkpoints:
 
 
 def _file_of(lock_path: Path) -> Path:
-    """A lock's checkpoint file: this format's, else an earlier kvscope's JSON one."""
+    """A lock's checkpoint file: this format's, else a format-1 JSON one."""
     current = lock_path.with_suffix(SUFFIX)
     legacy = lock_path.with_suffix(".json")
     return legacy if not current.exists() and legacy.exists() else current

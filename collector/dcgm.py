@@ -1,19 +1,11 @@
 """What NVIDIA's DCGM exporter says about an engine's GPUs, from the same Prometheus.
 
-vLLM exports neither the GPU type nor how many GPUs an engine spans; dcgm-exporter labels
-every per-GPU series with ``modelName`` (e.g. ``NVIDIA H100 80GB HBM3``), ``gpu`` / ``UUID``
-and ``Hostname``, and in Kubernetes mode with the consumer pod (``pod``/``namespace``, which
-Prometheus renames ``exported_pod``/``exported_namespace`` when the exporter's own pod labels
-clash). An engine is joined to its GPUs by:
+vLLM exports neither the GPU type nor how many GPUs an engine spans; dcgm-exporter's
+per-GPU series (catalog.DCGM_GPU_FAMILY) carry ``modelName`` and the consumer pod. An engine
+is joined to its GPUs by pod (GPU model and count: its TP) or else by host (the model only,
+when the node's GPUs are all of one model).
 
-1. pod: the engine's ``namespace``/``pod`` labels equal the GPUs' consumer pod → the GPU
-   model and the number of distinct GPUs the pod holds (its tensor-parallel degree; a
-   pipeline-parallel engine spanning pods is counted per pod);
-2. host: the engine's ``instance`` host equals the exporter's ``instance`` host or its
-   ``Hostname`` → the GPU model only (a node hosts several engines), when the node's GPUs
-   are all of one model.
-
-The series read is catalog.DCGM_GPU_FAMILY (a default dcgm-exporter counter).
+Design: collector/DESIGN.md#dcgm
 """
 
 from __future__ import annotations
@@ -61,7 +53,7 @@ def engine_gpus(
     engines: Mapping[str, Mapping[str, str]], series: Sequence[Mapping[str, str]]
 ) -> dict[str, GpuFacts]:
     """source -> its GPUs, for the engines (source -> labels: ``instance``, ``pod``,
-    ``namespace``) that DCGM's ``series`` (label sets) can be joined to (module docstring)."""
+    ``namespace``) that DCGM's ``series`` (label sets) can be joined to (DESIGN.md#dcgm)."""
     by_pod: dict[tuple[str, str], dict[str, set[str]]] = {}
     by_host: dict[str, set[str]] = {}
     for s in series:

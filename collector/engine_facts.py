@@ -1,33 +1,12 @@
 """What an engine says about itself: its offload mode and KV facts, from what it exposes.
 
-Both collect modes use it: direct scrapes pass a snapshot's info families, Prometheus mode
-the same families read back by instant query (collector.promsource.PrometheusSource.facts).
-The facts are the labels of ``cache_config_info`` / ``kv_offload_config_info`` (keys of
-core.catalog.FACTS), plus which canonical signals the engine serves.
+Both collect modes use it. The offload mode comes from the first rule that applies to
+``kv_offload_config_info``, ``cache_config_info``'s offloading labels, and the connectors'
+own series (else unknown); :func:`describe` merges the exposed facts with engines.yaml
+rules, the targets file and DCGM, keeping each fact's provenance (exposed, configured,
+assumed).
 
-The offload mode, first rule that applies (``offload_basis`` says which, with the word
-"exposed"):
-
-1. ``kv_offload_config_info`` present → native (vLLM 0.33 writes it only when the CPU
-   offloading spec runs);
-2. ``cache_config_info`` with ``kv_offloading_backend="lmcache"`` → lmcache; with a backend
-   and a ``kv_offloading_size`` that is not ``None`` → that backend. vLLM 0.33 writes
-   ``kv_offloading_backend="native"`` even when offloading is off: the size says it is on;
-3. native offload transfer counters served → native; the LMCache MP connector's lookup
-   histogram on the engine → lmcache;
-4. ``kv_offloading_size="None"`` and none of the above → none (offloading is off);
-5. else unknown (None): releases before the offloading labels say nothing either way.
-
-Where each fact stored per engine comes from (:func:`describe`), with its provenance
-("exposed: …", "configured: …", "assumed: …") kept in the facts under ``provenance``:
-
-- facts the engine exposes (``model``, ``offload``): an engines.yaml rule, then the target's
-  targets.yaml entry (the operator's word wins: "configured"), then the engine's own series
-  ("exposed"); an offload mode nothing says is assumed ``none``;
-- facts its metrics cannot say (``gpu``, ``tensor_parallel``, ``hbm_gb``, ``dram_gib``): the
-  DCGM exporter's series in the same Prometheus (collector.dcgm, "exposed"), then an
-  engines.yaml rule, then targets.yaml (issue order: discovery first, per-target lists last);
-  ``tensor_parallel`` nothing says is assumed 1 (vLLM's default ``tensor_parallel_size``).
+Rules: collector/DESIGN.md#engine_facts
 """
 
 from __future__ import annotations
@@ -60,7 +39,7 @@ Rows = Mapping[str, Sequence[Mapping[str, str]]]
 
 
 def offload_from_facts(facts: Rows, signals: Collection[str] = ()) -> tuple[str | None, str]:
-    """(offload mode or None, basis) of one engine (module docstring's rules)."""
+    """(offload mode or None, basis) of one engine (DESIGN.md#engine_facts)."""
     if facts.get(KV_OFFLOAD_CONFIG):
         return "native", f"exposed: {FACTS[KV_OFFLOAD_CONFIG]} present"
     rows = facts.get(CACHE_CONFIG) or ()
@@ -121,10 +100,11 @@ def describe(
     rules: EngineRules | None = None,
     gpus: GpuFacts | None = None,
 ) -> Described:
-    """One engine's facts from every place they come from, first that says wins (module
-    docstring). ``exposed``: :func:`engine_facts_of` of its series; ``model_label``: its
-    ``model_name``; ``labels``: what engines.yaml rules match on; ``configured``: the
-    targets.yaml values written for it (keys model, gpu, tensor_parallel, offload, pool)."""
+    """One engine's facts from every place they come from, first that says wins
+    (DESIGN.md#engine_facts). ``exposed``: :func:`engine_facts_of` of its series;
+    ``model_label``: its ``model_name``; ``labels``: what engines.yaml rules match on;
+    ``configured``: the targets.yaml values written for it (keys model, gpu, tensor_parallel,
+    offload, pool)."""
     ruled = rules.facts_for(labels or {}) if rules is not None else {}
     given = {k: v for k, v in (configured or {}).items() if v is not None}
     prov: dict[str, str] = {}

@@ -1,24 +1,11 @@
 """engines.yaml: the facts an engine's metrics cannot say, set by label matchers.
 
-::
+``rules: [{match: {label: regex, …}, set: {fact: value, …}}, …]``: matchers are regexes
+anchored at both ends (PromQL's ``=~``), all of a rule's must match, a missing label is "".
+Each fact comes from the first matching rule that sets it (``gpu``, ``hbm_gb``,
+``tensor_parallel``, ``dram_gib``, ``model``, ``offload``). Example: examples/engines.yaml.
 
-    rules:
-      - match: {model_name: ".*70[bB].*"}
-        set: {gpu: h200-141gb, tensor_parallel: 4}
-      - match: {instance: "10\\\\.0\\\\.3\\\\..*", job: vllm}
-        set: {gpu: h100-80gb, dram_gib: 2048}
-
-A matcher's value is a regular expression anchored at both ends, like PromQL's ``=~``; every
-matcher of a rule must match, and a label the engine lacks is the empty string (so it
-matches only a pattern that matches ""). The labels an engine offers are its ``source``
-(the target name, or Prometheus' ``instance``), ``instance``, ``model_name``, ``job`` and
-the labels of its info series or its target (``namespace``, ``pod``, …).
-
-Each fact takes its value from the first rule, in file order, that matches and sets it (the
-first match wins, as in a firewall: put specific rules first). Facts a rule may set:
-``gpu``, ``hbm_gb``, ``tensor_parallel``, ``dram_gib`` (CPU DRAM per node, GiB), and
-``model`` / ``offload`` to override what an engine exposes. Where a rule stands among the
-other places a fact comes from: collector.engine_facts.describe.
+Rules: collector/DESIGN.md#engine_rules
 """
 
 from __future__ import annotations
@@ -70,7 +57,8 @@ class EngineRules:
 
 
 def load_engine_rules(path: str | Path) -> EngineRules:
-    """Read and validate an engines.yaml (module docstring); ConfigError names what is wrong."""
+    """Read and validate an engines.yaml (DESIGN.md#engine_rules); ConfigError names what is
+    wrong."""
     p = Path(path)
     return parse_engine_rules(read_yaml(p, "engine rules file"), source=p.name)
 

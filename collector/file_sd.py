@@ -1,39 +1,12 @@
 """Prometheus file-based service discovery for direct mode (``kvscope collect --file-sd``).
 
-A file_sd file is what Prometheus' ``file_sd_configs`` reads
-(https://prometheus.io/docs/prometheus/latest/configuration/configuration/#file_sd_config):
-a JSON (``.json``) or YAML (``.yml``, ``.yaml``) list of target groups
-``{targets: ["host:port", ...], labels: {name: value, ...}}``. :class:`FileSD` reads the files
-named by paths or glob patterns (``*`` in the last path component only, Prometheus' rule) and
-makes each listed address a :class:`~collector.sources.Target`:
+:class:`FileSD` reads JSON/YAML file_sd files named by paths or globs, as Prometheus'
+``file_sd_configs`` does, and makes each listed address a Target (url from ``__scheme__``,
+``__metrics_path__``, ``__param_*``; name from ``instance``; kind from ``kind`` or ``job``;
+engine facts from labels). :meth:`FileSD.poll` re-parses a file when it changed (and every
+``refresh_s``); a file that stops parsing keeps its last good targets.
 
-- url: ``__scheme__`` (default http) ``://`` address ``__metrics_path__`` (default /metrics),
-  each ``__param_<name>`` label a query parameter. A group's own ``__address__`` label is
-  overridden by each listed target, as in Prometheus; every other ``__`` label
-  (``__meta_*``, ``__scrape_interval__``, ...) is ignored: one ``--interval`` for all.
-- name: the ``instance`` label, else the address (Prometheus' default ``instance``).
-- kind: the ``kind`` label (vllm or lmcache); without one, lmcache when the ``job`` label
-  contains "lmcache" (any case), else vllm.
-- cluster: the ``cluster`` label, else the collector's cluster.
-- engine metadata: the ``model``, ``gpu``, ``tensor_parallel`` and ``offload`` labels,
-  checked as the targets file's ``engine`` keys are.
-
-Other labels are allowed and unused; a label with an empty value is no label (Prometheus).
-Decoding follows Prometheus': YAML is strict (an unknown or repeated group key is an error)
-and its scalars are taken as written (``tensor_parallel: 2`` is the label value "2"); JSON
-ignores unknown group keys (logged) and wants string label values; an empty YAML file (or
-``null``) has no targets, an empty JSON file is invalid JSON.
-
-Reload: :meth:`FileSD.poll` (once per collect tick) lists the patterns again and stats each
-file (device, inode, size, mtime: a rename-replace changes the inode); a file is re-parsed
-only when that changed, and every ``refresh_s`` anyway (Prometheus' refresh_interval, 5 min)
-for a same-size rewrite within the mtime's resolution. A file no longer listed takes its
-targets with it; a new file adds its own. A file that cannot be read or parsed keeps the
-targets of its last good read (Prometheus: "only changes resulting in well-formed target
-groups are applied"); the error names the file, the group index and the key or label, is
-logged and returned to be counted. Two entries of the same name: the first in path order,
-then group, then target order is kept and the clash is logged (identical duplicates are
-merged quietly, as Prometheus merges identical targets).
+Rules: collector/DESIGN.md#file_sd
 """
 
 from __future__ import annotations
@@ -373,7 +346,7 @@ class FileSD:
         return {path: len(f.targets) for path, f in sorted(self._files.items())}
 
     def poll(self, reserved: Collection[str] = ()) -> list[str]:
-        """List the patterns, re-read what changed (module doc); this poll's errors, logged.
+        """List the patterns, re-read what changed (DESIGN.md#file_sd); this poll's errors, logged.
 
         ``reserved``: names another source owns (the targets file's): it wins a clash.
         """

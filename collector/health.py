@@ -1,15 +1,10 @@
 """The collector's own health metrics and their HTTP endpoint
 (``kvscope collect --metrics-addr HOST:PORT``).
 
-- :class:`CollectorHealth` holds its own CollectorRegistry of the collector metrics
-  core.kvscope_metrics names (``COLLECTOR_METRICS``), fed by the collect loop: one
-  :meth:`~CollectorHealth.scraped` per scrape (and :meth:`~CollectorHealth.anomalies` with the
-  value anomalies of a scrape that was up), :meth:`~CollectorHealth.ticked` after each tick;
-- :func:`serve_metrics` serves a registry on HOST:PORT from a daemon thread
-  (:func:`parse_listen_addr` checks the address first), and ``GET /healthz`` from a check
-  such as :meth:`~CollectorHealth.alive`: 200 while the loop scrapes or ticks, 503 once it
-  has done neither for ``stale_after_s`` (a liveness probe restarts a hung loop; a store or
-  target outage does not stop the ticks, so it does not restart the collector).
+:class:`CollectorHealth` holds a registry of the metrics core.kvscope_metrics names, fed
+per scrape and per tick; :func:`serve_metrics` serves it from a daemon thread, with
+``GET /healthz`` answering 503 once the loop has neither scraped nor ticked for
+``stale_after_s``. Design: collector/DESIGN.md#health
 """
 
 from __future__ import annotations

@@ -1,33 +1,12 @@
 """A lean HTTP/1.1 client for scraping: one keep-alive connection per target, GET only.
 
-Why not httpx here (it stays for everything else): a scrape is one small GET on a connection
-kept open, and httpx → httpcore → anyio → h11 spent 1.51 ms of CPU on each against 0.21 ms
-for this client (7×; ``benchmarks/bench_scrape.py``: 200 local targets of vLLM 0.33's 48 KB
-exposition, one keep-alive connection each, the same run) — per-request connection checks
-(a ``poll`` and a ``getpeername``) and layers of state machines. At 1,000 targets every
-10 s that difference alone is 13 % of a core.
+httpx stays for everything else; this client spends a fraction of its CPU per scrape
+(benchmarks/README.md, ``bench_scrape.py``). RFC 9112 as far as a scraper needs it: chunked
+or Content-Length framing, keep-alive, one resend of a GET on a connection the server closed
+while idle, TLS with SNI, ``connect_to`` a pinned address. Errors: :class:`ConnectFailed`,
+:class:`BodyCutShort`, :class:`ProtocolError`; timeouts are the caller's.
 
-What it does (RFC 9112, as far as a scraper needs it):
-
-- response framing: ``Transfer-Encoding: chunked`` (extensions and trailers skipped),
-  ``Content-Length`` (conflicting values refused), or the body up to the server's close;
-  no body for 1xx/204/304;
-- keep-alive: HTTP/1.1 unless ``Connection: close``, HTTP/1.0 only with ``keep-alive``; a
-  connection is reused only after its body was read to the end, and closed on any error,
-  timeout or cancellation (its state is then unknown);
-- a reused connection the server closed while idle (EOF or reset before the first byte of
-  the answer) is reopened once and the GET sent again — GET is idempotent, as Go's
-  net/http and browsers do it;
-- TLS with one shared context and the URL's host (or the name a pinned connection was
-  checked for) as SNI and certificate name;
-- ``connect_to``: connect to this address instead of resolving the host (collector.urlguard
-  pins a checked address), with the URL's Host header;
-- response heads over MAX_HEAD_BYTES are refused.
-
-Errors: :class:`ConnectFailed` (no connection, TLS failure, the server closed or reset before
-an answer), :class:`BodyCutShort` (closed before the Content-Length or the last chunk),
-:class:`ProtocolError` (an unreadable status line, header or chunk size). Timeouts are the
-caller's (``asyncio.timeout`` around the request).
+Design: collector/DESIGN.md#http1
 """
 
 from __future__ import annotations

@@ -1,75 +1,13 @@
 """Read one exposition (Prometheus text 0.0.4 or OpenMetrics text) into canonical signals.
 
-``read_exposition(text, target, timestamp) -> Snapshot`` makes one pass over the lines:
+``read_exposition(text, target, timestamp) -> Snapshot`` makes one pass over the lines,
+looking each sample name up in a table compiled from core.catalog (one dict lookup per
+line once a ``name{labels}`` prefix has been seen). As Prometheus does, a syntax error fails
+the whole exposition (``ParseError(target, line, reason)``) while value anomalies never do:
+each is recorded in ``Snapshot.anomalies``, dropped or kept by its kind. Fact families become
+``Snapshot.facts``; other families are listed in ``unknown_families``.
 
-* every sample name is looked up in a table compiled from core.catalog
-  (collector/signal_index.py: each spelling with its colon and ``vllm_``/``lmcache_``
-  rewrite, counters with and without ``_total``, histogram parts); ``_created`` samples
-  are skipped;
-* the steady state is one dict lookup per line: the ``name{labels}`` prefix of a canonical
-  line maps to (signal target, parsed labels) after its first sight, so only the value is
-  parsed again (the same prefixes recur in every scrape of every engine). Caches are bounded
-  (``cache_limit`` entries, cleared when full); one reader per thread;
-* histograms are assembled per series: value = ``_count`` (or the +Inf bucket when absent),
-  ``sum`` = ``_sum``, cumulative buckets sorted by numeric ``le``, ending with +Inf;
-* a production-stack router sample (label ``server``, no ``engine``) of a ``vllm:`` engine
-  name feeds the ``router_*`` signal of that name, never the engine signal;
-* where a deprecated spelling (rank > 0 in the catalogue) and the current one expose the same
-  canonical series, the current one wins: no double counting;
-* fact families (catalog.FACTS: cache config, KV offload config, LMCache target) become
-  ``Snapshot.facts`` with all their labels;
-* every other family is reported in ``unknown_families`` (sorted, never fatal) — including
-  ``python_*``, ``process_*`` and ``http_*``; ``*_created`` companions are never reported.
-
-Syntax errors fail the whole exposition, value anomalies never do (Prometheus' rule: its
-text parser, model/textparse/promparse.go, fails a scrape on a malformed line; what its
-storage refuses sample by sample is dropped and counted, the rest of the scrape is kept).
-
-*Syntax* — ``ParseError(target, line, reason)``: a malformed name, label set, value or
-timestamp, a duplicate label name, a ``__name__`` label inside the braces (Prometheus 2.42:
-``label name "__name__" is not unique: invalid sample``, target down), an unknown TYPE,
-content after ``# EOF``, a body that is not UTF-8. Blanks or tabs before ``#`` are accepted
-on comment, HELP and TYPE lines as on sample lines (Prometheus' lexer skips them).
-
-*Value anomalies* — per sample, recorded in ``Snapshot.anomalies`` (kind, name, labels as
-written, line, dropped or kept), counted per target and kind by collector.health and listed
-by ``kvscope inspect``; only canonical series are checked (unknown families are not read):
-
-* ``nan`` / ``inf`` / ``negative_counter`` on a counter sample: dropped. Prometheus stores
-  them (2.42 checked), and rate() over them is NaN or a spurious reset (prometheus_client lets
-  ``Counter.inc(nan)`` through and the counter stays NaN until the process restarts); the
-  window rollup (collector.rollup) treats the missing sample as a gap, the series' other
-  samples and every other series of the target are unaffected;
-* the same on a gauge: kept, as Prometheus keeps a NaN or infinite gauge; the rollup skips
-  non-finite gauge samples for its windows (``Rollup.skipped``), ``kvscope inspect`` shows
-  them;
-* the same on a histogram bucket: that histogram series is dropped for this exposition (a
-  kvscope histogram needs every bucket; a partial layout would read as a reset); on
-  ``_count``: the ``_count`` sample is dropped and the +Inf bucket counts instead (equal by
-  definition); NaN or ±Inf on ``_sum``: the sum is dropped (None), buckets and count kept;
-* ``duplicate_series``: a series (name + labels, or a histogram part or bucket bound) seen
-  again in one exposition: the first valid sample is kept, the later ones dropped, each
-  counted — Prometheus keeps the scrape and the first sample (2.42 checked), and since
-  prometheus/prometheus#12933 counts the rest in
-  ``prometheus_target_scrapes_sample_duplicate_timestamp_total``. A NaN in the current
-  spelling of a series leaves a deprecated spelling's value, when one is exposed;
-* ``type_conflict``: a second TYPE line for a family with a different type: kept (the first
-  type stands). Prometheus' text parser reads each TYPE line on its own and keeps the scrape
-  (2.42 checked: target up, samples stored, the last TYPE in its metadata); kvscope takes the
-  kind of every canonical signal from the catalogue, not from TYPE lines;
-* ``bad_bucket``: a ``_bucket`` sample without a numeric ``le``: that bucket is dropped, the
-  rest of its histogram kept (PromQL's histogram_quantile skips such a bucket);
-* ``histogram_no_inf_bucket``: a histogram without its +Inf bucket (or with ``_sum``/
-  ``_count`` only): dropped — Prometheus keeps the series but histogram_quantile answers NaN
-  for it, and the rollup needs the +Inf bucket;
-* ``histogram_not_cumulative``: bucket counts that decrease with ``le``: kept as exposed,
-  as Prometheus stores them; the rollup's quantiles make them monotonic exactly as
-  histogram_quantile does (``ensureMonotonic``).
-
-A counter that *decreases* between scrapes is a reset, a rollup matter: collector.rollup
-counts the increase across it as PromQL's increase()/rate() do and records it in
-``Window.resets``.
-The timestamp column is validated and ignored (the snapshot has one timestamp).
+Rules, per anomaly kind: collector/DESIGN.md#parse
 """
 
 from __future__ import annotations
@@ -746,6 +684,6 @@ def thread_reader() -> ExpositionReader:
 
 
 def read_exposition(text: str, target: str, timestamp: float) -> Snapshot:
-    """Read one exposition into a Snapshot (see the module docstring for the rules), with
+    """Read one exposition into a Snapshot (rules: DESIGN.md#parse), with
     this thread's reader."""
     return thread_reader().read(text, target, timestamp)

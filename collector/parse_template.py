@@ -1,28 +1,13 @@
 """The exposition reader's fast path: a target's next exposition with the same lines as its
 last one, only the sample values changed.
 
-A target exposes the same families, label sets, HELP and TYPE lines in the same order in
-every scrape; only values move. After :class:`collector.parse.ExpositionReader` has read an
-exposition in full with no anomaly, it keeps a :class:`Template` of it: every line that is
-not a sample is kept whole; a sample line is kept as its ``name{labels}`` prefix, with what
-its value feeds. The next exposition of that target is read against the template with a
-handful of C-level passes: split the lines, compare the kept lines, check that each sample
-line starts with its prefix and a blank, cut the values out (no blank in them: the line's
-last blank ends its prefix, as the full reader splits it), parse them with ``float`` (the
-full reader's own steady-state test for a value whose prefix it has seen: ``float`` takes
-it and it holds no ``_``), and check every value the full reader would check:
+After a clean full read, :class:`Template` keeps the non-sample lines and each sample's
+``name{labels}`` prefix; the next exposition is read against it in a few C-level passes with
+every check the full reader makes. Anything that differs or fails a check makes
+:meth:`Template.read` answer None and the full reader reads it, so the fast path answers only
+where the full reader's answer is known to be the same.
 
-* counters, buckets and ``_count``: finite and >= 0; gauges and ``_sum``: finite; the
-  counts of each histogram's buckets never decreasing with ``le``.
-
-This checks *more* than the full reader (a deprecated spelling's histogram it drops is
-checked too). Anything that differs from the template or fails a check — a new series, a
-line gone, a changed HELP or TYPE line, a value the full reader would flag or refuse —
-makes :meth:`Template.read` answer None and the full reader reads the exposition as it
-always does. So the fast path answers only where the full reader's answer is known to be
-the same: the same samples in the same order, the same facts and unknown families, no
-anomalies (tests/collector/test_parse_template.py compares the two on every fixture and a
-table of changed expositions).
+Design: collector/DESIGN.md#parse_template
 """
 
 from __future__ import annotations
@@ -50,7 +35,7 @@ def picker(idx: Sequence[int]) -> Callable[[Sequence[T]], tuple[T, ...]]:
 
 
 class Template:
-    """One target's exposition with the sample values taken out (see the module docstring).
+    """One target's exposition with the sample values taken out (DESIGN.md#parse_template).
 
     Line numbers are 0-based indexes into ``text.split("\\n")``; a sample's *position* is its
     index among the sample lines (the order of ``sample_lines``).

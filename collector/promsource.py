@@ -1,44 +1,12 @@
 """Windows from a Prometheus-compatible HTTP API (Prometheus, Thanos, Mimir: /api/v1/query_range).
 
-For clusters Prometheus already scrapes, kvscope reads the canonical windows back instead of
-scraping the engines itself. Each signal is ONE range query whose step is the window: at each
-evaluation time ``t`` the range ``[window]`` covers the window ``[t - window, t)``. The query
-joins its statistics with ``or``, each term tagged by a ``kvscope_stat`` label:
+Each signal is one range query whose step is the window, its statistics joined with ``or``
+and tagged by ``kvscope_stat`` (PromQL from the catalogue's ``promql_expr``); long ranges are
+split below Prometheus' 11,000 points per series. Every failed query is a ScrapeError whose
+``kind`` says why (``partial`` for a ``warnings`` entry that means missing data; PromQL
+annotations and Thanos' "No StoreAPIs matched" are accepted).
 
-* counter: ``increase`` → delta (rate = delta / window), ``resets``, ``count_over_time``
-  → samples, ``last_over_time`` → last;
-* gauge: ``avg_over_time`` / ``min_over_time`` / ``max_over_time`` / ``last_over_time``;
-* histogram: ``histogram_quantile(q, rate(bucket[w]))`` for p50/p90/p99, increases of the
-  count and the sum (delta, sum_delta, mean = sum_delta / delta); for the catalogue's
-  ``keep_buckets`` signals also ``increase(bucket[w])`` per ``le`` → the window's bucket
-  counts (``bucket_bounds`` / ``bucket_counts``, as the rollup keeps them), only when the
-  +Inf bucket is among them. Each bucket's increase is extrapolated to the window edges as
-  the count's is (fractional counts); a bucket layout that changes inside a window shows as
-  the union of both layouts, a layout of its own (the planner sums one layout: no mix).
-
-Derived ratios (core.catalog.DERIVED_RATIOS) are computed from the counter windows as the
-rollup does. PromQL comes from the catalogue (``promql_expr``), so no vendor name is spelled
-here. Prometheus refuses a range query of more than 11,000 points per series, so long ranges
-are split into chunks of at most ``max_points`` steps.
-
-Differences from the direct path worth knowing: ``increase`` extrapolates to the window edges
-(the rollup counts from the previous window's last sample), and gauge means are PromQL's plain
-averages of the samples in range (the rollup's are time-weighted); with regular scrapes both
-agree within a scrape interval's worth.
-
-Every failed query is a ScrapeError whose ``kind`` says why (collector.run_prometheus then
-re-queries the whole range at its next poll): ``connect`` (refused, reset mid-answer),
-``timeout`` (no answer in ``timeout_s``, after urllib3's two quick retries), ``http_status``
-(an error status; 502/503/504 still after the retries), ``parse`` (not a Prometheus API
-answer: a truncated or non-JSON body), ``partial`` (an answer that says it lacks data: a
-``warnings`` entry, which Prometheus gives when a remote-read store failed and Thanos when a
-StoreAPI did not answer with partial responses enabled — the series it sends are a subset,
-so accepting them would lose the rest for good). Two kinds of warning are not missing data
-and are accepted (logged once each): PromQL annotations (``PromQL info: …`` / ``PromQL
-warning: …``: "metric might not be a counter", a histogram's monotonicity fix; Prometheus put
-them in ``warnings`` from prometheus#12152 until prometheus#14327 gave infos a field of their
-own, Thanos still does) and Thanos' "No StoreAPIs matched for this query" (no store holds
-that range or those labels: there is nothing to wait for).
+Design, and how its windows differ from the direct path's: collector/DESIGN.md#promsource
 """
 
 from __future__ import annotations
@@ -75,7 +43,7 @@ DROPPED_LABELS = frozenset({"__name__", "instance", "job", STAT_LABEL})
 MAX_POINTS = 10_000
 QUANTILES = (("p50", 0.5), ("p90", 0.9), ("p99", 0.99))
 SourceFrom = Literal["instance", "job/instance"]
-# Warnings that are no missing data (module docstring): PromQL's annotations (promql/
+# Warnings that are no missing data (DESIGN.md#promsource): PromQL's annotations (promql/
 # annotations: "PromQL info" / "PromQL warning" prefixes) and Thanos' ErrorNoStoresMatched.
 ANNOTATION_PREFIXES = ("PromQL info:", "PromQL warning:")
 NO_STORE_MATCHED = "no storeapis matched for this query"
@@ -88,7 +56,7 @@ class _Partial(Exception):
 
 def missing_data_warnings(warnings: Iterable[object]) -> tuple[list[str], list[str]]:
     """(warnings that say data is missing, warnings that do not: annotations and "no store
-    matched") of a query answer's ``warnings`` (module docstring)."""
+    matched") of a query answer's ``warnings`` (DESIGN.md#promsource)."""
     missing, benign = [], []
     for w in map(str, warnings):
         text = w.strip()
@@ -226,7 +194,7 @@ class PrometheusSource:
 
     def _check_warnings(self, response: Any, *_args: Any, **_kw: Any) -> None:
         """requests' response hook: raise _Partial when the answer's ``warnings`` say data
-        is missing (module docstring); log each accepted warning once. The byte search
+        is missing (DESIGN.md#promsource); log each accepted warning once. The byte search
         keeps the JSON parse off the answers without warnings (nearly all)."""
         if response.status_code != 200 or b'"warnings"' not in response.content:
             return

@@ -1,42 +1,13 @@
 """Roll the snapshots of one source into fixed windows (one Window per series per window).
 
-Windows are [start, start + window_s) with ``start`` a multiple of ``window_s`` in UTC epoch
-seconds; the open window closes when a snapshot at or after its end arrives (``add``) or when
-the collector stops (``flush``). Semantics, chosen so the planner can trust every number:
+Windows are [start, start + window_s), ``start`` a multiple of ``window_s`` (UTC epoch s).
+Counters: PromQL's ``increase()`` with resets, deltas chained from the previous window's last
+sample; gauges: time-weighted means; histograms: observations and quantiles as PromQL's
+histogram_quantile, bucket deltas kept for ``keep_buckets`` signals; derived ratios;
+non-finite samples skipped and counted. ``export_state``/``restore_state`` carry it across
+a restart.
 
-* counters: ``delta`` is the increase as PromQL's ``increase()`` counts it (a value lower than
-  the previous one is a reset; the increase across it is the new value). The step from the last
-  sample of the previous window to the first of this one belongs to this window, so summing the
-  deltas of consecutive windows loses nothing. ``rate`` = delta / seconds covered (from that
-  previous sample, or the first sample of a new series, to the last sample). A series seen for
-  the first time with a single sample has ``delta``/``rate`` None (unknown, not 0). ``last`` is
-  the raw counter value.
-* gauges: ``mean`` is TIME-WEIGHTED: each sample holds until the next sample, the last one until
-  the window end (scrapes are not always evenly spaced; a missed scrape must not over-weight its
-  neighbours). ``min``/``max``/``last`` and ``samples`` as usual.
-* histograms: ``delta`` = observations, ``sum_delta``, ``rate`` = observations/s, ``mean`` =
-  sum_delta / delta, quantiles from the bucket deltas exactly as PromQL's histogram_quantile
-  (``histogram_quantile`` below). A drop of the count or of any bucket, or a change of bucket
-  layout, is a reset. Quantiles are None when the layout changed inside the window (ambiguous).
-  For the catalogue's ``keep_buckets`` signals (core.catalog BUCKET_SIGNALS) the window
-  also keeps its bucket deltas, per bucket (``bucket_bounds`` / ``bucket_counts``, the +Inf
-  bucket last), so that adding up consecutive windows gives each bucket's increase over their
-  span: the same reset rule (the increase across a reset is the new counts) and the same gaps
-  as the quantiles (none for want of deltas, a series' first sample, or for a layout change
-  inside the window).
-* ratios (derived): ``mean`` = Δnumerator / Δdenominator (None when Δdenominator is 0 or
-  unknown), ``delta`` = Δdenominator (its weight), for each label set present in both.
-* non-finite values: NaN and ±Inf samples are SKIPPED for every kind and counted in
-  ``Rollup.skipped`` (as are negative counter values and out-of-order snapshots). Our gauges are
-  fractions and queue lengths where an infinity only means a broken exporter; keeping it would
-  turn means and fits into inf/NaN and make the API's JSON invalid.
-
-Memory is bounded: a series not seen for ``stale_windows`` windows is forgotten (a series that
-comes back after that starts afresh, like a new series).
-
-``export_state`` / ``restore_state`` carry the whole state (open window, last sample of each
-series) across a restart as JSON: a restored roll-up produces exactly the windows it would
-have produced had it never stopped (collector.checkpoint).
+Semantics: collector/DESIGN.md#rollup
 """
 
 from __future__ import annotations
@@ -154,7 +125,7 @@ class _Acc:
 
 
 class Rollup:
-    """Roll the snapshots of one source into windows; see the module docstring for semantics."""
+    """Roll the snapshots of one source into windows; semantics: DESIGN.md#rollup."""
 
     def __init__(
         self,

@@ -1,34 +1,12 @@
 """The collect loop: scrape (or query Prometheus) on a fixed tick, roll up, write to the store.
 
-Direct mode: every ``interval_s`` all targets are scraped concurrently; each target has its
-own :class:`~collector.rollup.Rollup`; closed windows (of the kept signals: collector.keep)
-and every scrape outcome are written to the store. Ticks sit on multiples of the interval
-(no drift); a tick whose scrape is still running when the next one is due makes that next
-tick be skipped and counted, never overlap.
-With ``store_targets`` the targets table is re-read at every tick and its vllm/lmcache rows
-are scraped besides the targets file's (a file target wins a name clash): a target
-registered through the API is scraped from the next tick on, a deleted one is no longer
-scraped (its open windows are written). Those targets are checked by collector.urlguard at
-every scrape; a refused one is an outcome of kind ``refused``, never a stop.
-With ``file_sd`` (collector.file_sd) Prometheus file_sd files are re-read when they change and
-their targets scraped too: the targets file wins a name clash over them, they win over the
-store's; a file that stops parsing keeps its last targets (the error is logged and counted in
-``file_sd_errors``), a target gone from the files is no longer scraped from the next tick.
-A stop (SIGINT/SIGTERM, or ``stop.set()``) cancels the scrape in flight, flushes every open
-window to the store and returns the loop's own statistics.
+Direct mode: every ``interval_s`` all targets (the targets file, the store's table, file_sd
+files) are scraped concurrently, each into its own Rollup; closed windows of the kept signals
+and every scrape outcome go to the store through a spool, and each target's roll-up is
+checkpointed, so outages and kill -9 lose no counter increase. Ticks never drift or overlap;
+a stop flushes every open window. Prometheus mode lives in collector.run_prometheus.
 
-Outages and crashes (README "Reliability"): every write goes through a collector.spool.Spool
-that keeps what the store refused on local disk and writes it back, oldest first, once the
-store takes writes again (a leftover of a crash is written first at the next start). With a
-collector.checkpoint.Checkpoints (``kvscope collect`` keeps both in its state directory) each
-target's roll-up state is saved after every tick that closed windows, at least every
-``checkpoint_s`` (0: every tick) and before the stop's flush, and a restarted collector
-resumes from it: a kill -9 costs the downtime and the samples since the last save (a gap in
-the open window's gauges; counter increases are kept, counted from the checkpoint's sample),
-no window twice, no partial version of a window over a fuller one (windows are written with
-``keep_fuller``), no counter delta from an implied 0.
-
-Prometheus mode lives in collector.run_prometheus (same statistics, same stop handling).
+Design: collector/DESIGN.md#run
 """
 
 from __future__ import annotations
@@ -595,48 +573,14 @@ async def collect_direct(
     pruner: Pruner | None = None,
     keep: Keep = STORED_SIGNALS,
 ) -> CollectStats:
-    """Scrape ``targets`` every ``interval_s`` into ``store`` until stopped; see module doc.
+    """Scrape ``targets`` every ``interval_s`` into ``store`` until stopped (DESIGN.md#run).
 
-    ``once``: a single scrape of every target; its outcomes are written and the flush writes
-    the gauge and histogram-count windows a single sample gives (counter deltas and rates
-    need two samples, so they are None in those windows). The per-target timeout is at most
-    90 % of the interval, so a scrape round normally ends before the next tick.
-
-    ``clock`` and ``sleep`` put the loop on another clock than the wall's (kvscope demo runs
-    it on a simulated cluster's clock): ticks, lag and snapshot times follow ``clock``,
-    ``sleep(deadline, stop)`` waits for the next tick; timeouts stay in wall seconds.
-
-    ``health``: kvscope's own collector metrics, fed per scrape and per tick (None: not kept).
-
-    ``store_targets``: also scrape the store's targets table, re-read at every tick (module
-    doc); ``targets`` may then be empty.
-
-    ``engine_rules``: engines.yaml rules for the facts the engines' metrics cannot say.
-
-    ``file_sd``: also scrape the targets of Prometheus file_sd files, re-read when they change
-    (module doc, collector.file_sd); ``targets`` may then be empty too.
-
-    ``spool``: where windows and outcomes the store refused wait (collector.spool; None: in
-    memory only, bounded). Each tick spends at most half the interval (0.5 s at least)
-    writing them back, the stop at most STOP_DRAIN_BUDGET_S; the rest waits for the next.
-
-    ``checkpoints``: save each target's roll-up state and resume from the states a stopped
-    or killed collector left (collector.checkpoint; None: neither). A save follows every
-    tick that closed windows, every tick at least ``checkpoint_s`` after the last save
-    (0: every tick) and the stop, so a kill -9 loses the samples since the last save: a
-    gap in the open window's gauges, never a counter increase (the first sample after the
-    restart counts from the checkpoint's). Unless
-    ``once``, the states are also left in the store at the stop and taken from it at the
-    start, for a target that moved between collectors (store.handoff).
-
-    ``shard``: scrape only the targets (of every source) whose name hashes to this shard
-    (collector.shard, Prometheus' ``hashmod``).
-
-    ``pruner``: delete what is older than the retention, at the start and every hour, in a
-    worker thread (store.retention).
-
-    ``keep``: the signals whose windows are written, spooled included (collector.keep; the
-    default: the ones kvscope reads back; None: all).
+    ``once``: one scrape of every target. ``clock``/``sleep``: another clock than the wall's.
+    ``health``: kvscope's own metrics. ``store_targets`` / ``file_sd``: scrape those targets
+    too (``targets`` may then be empty). ``engine_rules``: engines.yaml. ``spool``: where what
+    the store refused waits (None: memory only). ``checkpoints`` / ``checkpoint_s``: save and
+    resume roll-up states (collector.checkpoint). ``shard``: this shard's targets only.
+    ``pruner``: retention every hour. ``keep``: the signals whose windows are written.
     """
     if not (math.isfinite(interval_s) and interval_s > 0):
         raise ConfigError(f"scrape interval must be > 0 seconds, got {interval_s}")

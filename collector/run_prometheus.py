@@ -1,22 +1,12 @@
 """The collect loop in Prometheus mode: back-fill, then poll a Prometheus-compatible API.
 
-Back-fill ``[now - since, now - settle]`` once, then every ``interval_s`` query the windows
-that closed since (collector.promsource); the store's upsert makes any overlap harmless. A
-range longer than ``BACKFILL_CHUNK_S`` (the back-fill, a poll after an outage) is read and
-written one chunk after the other, so memory stays bounded however long ``since`` is.
-Every source (``instance`` label) seen is registered as a target of the cluster, and as an
-engine when it serves vLLM signals, so cluster-scoped reads of the store find its windows.
-Only the kept signals are queried and written (collector.keep), besides the few whose
-presence tells an engine's offload mode (queried, never written).
+Back-fill ``[now - since, now - settle]`` once in BACKFILL_CHUNK_S chunks, then every
+``interval_s`` query the windows that closed since (collector.promsource); sources become
+targets and engines of the cluster. The cursor moves only once a poll's windows are written:
+a failed poll writes nothing and the next re-queries from the cursor; a failed facts query
+costs the facts of that poll only.
 
-Faults: the cursor (the start of the windows not yet read) moves only once a poll's windows
-are written. A poll whose windows query fails for any reason — Prometheus down or restarting
-(refused, or 422 "closed head" while it shuts down), a timeout, an error status, a truncated
-answer, a partial one (a ``warnings`` entry that says data is missing: collector.promsource)
-— writes nothing, is logged and counted by kind, and the next poll re-queries the whole range
-from the cursor; so once Prometheus answers again, the windows of the outage that it holds
-are read (the ones of a period it did not scrape itself do not exist and are not waited for).
-A failed engine-facts or DCGM query costs the facts of that poll only, never its windows.
+Design: collector/DESIGN.md#run_prometheus
 """
 
 from __future__ import annotations
@@ -73,13 +63,9 @@ async def collect_prometheus(
 
     ``settle_s`` keeps the newest windows out until Prometheus has ingested their last scrape.
     The first query failing raises ScrapeError; later failures are logged, counted and retried.
-    ``health``: kvscope's own collector metrics (each range query is a scrape of the source).
-    ``engine_rules``: engines.yaml, for the facts the engines' metrics cannot say.
-    ``pruner``: retention, run after each poll when due (store.retention).
-    ``chunk_s``: a longer range (the back-fill, a poll after an outage) is read and written
-    this much at a time (rounded down to whole windows, at least one), so memory and each
-    query's size stay bounded whatever ``since_s`` is.
-    ``keep``: the signals queried and written (collector.keep; None: all).
+    ``health``: kvscope's own metrics; ``engine_rules``: engines.yaml; ``pruner``: retention
+    after each poll when due; ``chunk_s``: a longer range is read and written this much at a
+    time; ``keep``: the signals queried and written (None: all). Design: DESIGN.md#run_prometheus
     """
     if not (math.isfinite(interval_s) and interval_s > 0):
         raise ConfigError(f"poll interval must be > 0 seconds, got {interval_s}")

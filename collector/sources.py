@@ -1,21 +1,12 @@
 """Direct scraping: the targets file and a bounded, concurrent scrape of every target.
 
-Prometheus' scrape semantics are the model: each scrape of each target yields one
-:class:`~core.records.ScrapeOutcome` (``up`` or an ``error_kind``), and one bad target
-(refused, slow, 500, oversized, cut short, malformed) never stops the others. Error kinds:
-``connect`` (refused, reset before an answer, TLS handshake), ``timeout`` (no complete answer
-in time, a slow drip included), ``truncated`` (the server closed before the whole body:
-short of its Content-Length or of the last chunk), ``http_status``, ``too_large`` (over the
-cap, decompressed bytes counted), ``parse`` (not UTF-8, undecodable gzip, a syntax error),
-``redirect``, ``refused`` (collector.urlguard). Value anomalies in a readable exposition
-(NaN counters, duplicate series, …) keep the scrape up (collector.parse).
+As Prometheus does, each scrape of each target yields one ScrapeOutcome (``up`` or an
+``error_kind``: connect, timeout, truncated, http_status, too_large, parse, redirect,
+refused) and one bad target never stops the others. Redirects are followed only on the
+target URL's scheme, host and port (at most MAX_REDIRECTS); a target with a ``guard`` is
+checked by collector.urlguard at every scrape and connected to the checked address.
 
-Redirects are followed (vLLM answers /metrics with a 307 to /metrics/) only while they stay
-on the target URL's scheme, host and port, at most MAX_REDIRECTS of them; a redirect
-anywhere else ends the scrape with error kind ``redirect`` (a target must not be able to
-send the collector to another host, e.g. a cloud-metadata address). A target with a
-``guard`` (one registered at run time, e.g. through the API) is checked by
-collector.urlguard at every scrape and connected to the address that was checked.
+Design: collector/DESIGN.md#sources
 """
 
 from __future__ import annotations
@@ -52,8 +43,8 @@ OFFLOAD_MODES: tuple[OffloadMode, ...] = ("none", "native", "lmcache")
 # (prometheus/client_python#1177; see tests/fixtures/metrics/README.md).
 ACCEPT_HEADER = "text/plain;version=0.0.4"
 # As Prometheus asks: gzip or nothing. The body is inflated here step by step: zlib's
-# max_length keeps each step within the body cap (httpx, used before, inflated a whole
-# network read at once before any size check: a 260 KB gzip bomb became a 67 MB chunk).
+# max_length keeps each step within the body cap (httpx inflates a whole network read at
+# once before any size check: a 260 KB gzip bomb becomes a 67 MB chunk).
 ACCEPT_ENCODING = "gzip"
 _WBITS = {"gzip": 16 + zlib.MAX_WBITS, "x-gzip": 16 + zlib.MAX_WBITS, "deflate": zlib.MAX_WBITS}
 USER_AGENT = "kvscope-collector"
@@ -258,7 +249,7 @@ class ClientPool:
 
     def _context(self) -> ssl.SSLContext:
         if self._tls is None:  # ~0.1 s: build it once, on the first https target
-            self._tls = httpx.create_ssl_context()  # httpx's trust store (certifi), as before
+            self._tls = httpx.create_ssl_context()  # httpx's trust store (certifi)
         return self._tls
 
     def client(self, target: Target) -> Connection:

@@ -1,40 +1,12 @@
 """The spool: windows and scrape outcomes the store refused, kept on local disk until it takes them.
 
-When a write fails (PostgreSQL stopped or restarting, SQLite locked past its busy timeout, the
-database's disk full) the collect loop hands the batch to :meth:`Spool.write`, which keeps it
-and retries at every later write, oldest first. How, following PostgreSQL's WAL and
-Prometheus' TSDB/WAL segments:
+Following PostgreSQL's WAL and Prometheus' WAL segments: a refused batch becomes fsync'd,
+checksummed segment files (memory only when the disk refuses), bounded by ``max_bytes``
+(oldest dropped first, counted); every write first replays the spool oldest first, deleting
+a segment only once the store took all of it (the store's upserts make a replay harmless).
+A segment refused for its content is set aside as ``NAME.bad`` after MAX_REJECTIONS.
 
-* **Disk first.** A refused batch becomes segment files (at most ``segment_records`` records
-  each) in the spool directory, each written to ``NAME.tmp``, fsync'd, renamed to ``NAME.seg``,
-  then the directory fsync'd: a reader sees a whole segment or none, so a crash mid-write
-  (kill -9, power loss) leaves at most a ``.tmp`` that is never read (removed once a minute
-  old). Nothing refused lives only in memory, so a kill -9 during an outage loses nothing.
-  A segment is a line of header (format, the store it is for, its counts), one JSON line per
-  record and a trailer with the count and the SHA-256 of what precedes it; one that does not
-  check out is renamed ``NAME.bad``, its records counted as dropped and logged at ERROR.
-* **Memory only when the disk refuses** (no directory, or writing the segment failed): at most
-  ``memory_records`` records; past that the oldest are dropped, counted, logged at ERROR.
-* **Bounded disk**: the segments of this store in the directory total at most ``max_bytes``
-  (plus the one batch being added); a new batch past it deletes the oldest segments first
-  (their records dropped, counted, logged at ERROR): the newest data is kept, as Prometheus'
-  WAL truncation keeps the head.
-* **Replay, oldest first, removed only after success.** Every write first drains the spool:
-  every segment of the directory meant for this store (a crashed collector's leftovers
-  included) in name order, which is time order, for at most ``budget_s``; the new batch goes to
-  the store only once the spool is empty, else into the spool behind the older ones. A
-  segment is deleted after the store took all of it: a crash in between replays it again,
-  which the store's idempotent upserts (windows unique on source + series + window start,
-  outcomes on target + start) make harmless.
-* **A segment the store refuses for its content** (not its availability: see
-  :func:`is_transient`) is passed over, the ones behind it still go; once it was refused in
-  ``MAX_REJECTIONS`` writes in which the store took other records it is set aside as
-  ``NAME.bad``, counted as dropped and logged. A store that refuses everything (a dropped
-  table) sets nothing aside: it all waits.
-
-Segments name the store they are for (its redacted URL): a directory shared by collectors of
-different stores leaves the others' segments alone. Collectors of one store may share one:
-any of them replays any segment (the same records twice are harmless, see above).
+Design: collector/DESIGN.md#spool
 """
 
 from __future__ import annotations
@@ -68,8 +40,8 @@ TMP_MAX_AGE_S = 60.0
 _NAME = re.compile(r"^\d{20}-\d+-\d{6}-([0-9a-f]{12})-w(\d+)-o(\d+)\.seg$")
 _WINDOW_FIELDS = tuple(f.name for f in fields(Window))
 # A window without bucket counts is written without its last two fields (bucket_bounds,
-# bucket_counts): the lines of the windows of nearly every signal stay as an earlier kvscope
-# wrote them, and its segments are read as they are.
+# bucket_counts): the lines of the windows of nearly every signal keep the shorter field
+# list, and segments written with it are read as they are.
 _BUCKET_FIELDS = ("bucket_bounds", "bucket_counts")
 _PLAIN_FIELDS = tuple(f for f in _WINDOW_FIELDS if f not in _BUCKET_FIELDS)
 _OUTCOME_FIELDS = tuple(f.name for f in fields(ScrapeOutcome))
@@ -157,7 +129,7 @@ def is_transient(exc: BaseException) -> bool:
 
 
 class Spool:
-    """Records the store refused, kept until it takes them (module docstring).
+    """Records the store refused, kept until it takes them (DESIGN.md#spool).
 
     ``directory`` None keeps them in memory only (bounded by ``memory_records``).
     ``store_id`` names the store the segments are for (the redacted URL).

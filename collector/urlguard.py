@@ -1,34 +1,12 @@
 """The SSRF guard for scrape targets registered at run time (``POST /v1/targets``, the store).
 
-A URL somebody else registered is checked before kvscope connects to it, and the connection
-then goes to the very address that was checked:
+A URL somebody else registered is checked before kvscope connects to it (http/https, no
+userinfo, every resolved address outside loopback, private, link-local and other special
+ranges unless allowlisted, cloud-metadata addresses always refused, only dotted-decimal
+IPv4), and the connection then goes to the very address that was checked
+(:func:`pinned_address`), so DNS rebinding cannot redirect the scrape.
 
-- scheme http or https only; no userinfo (``user:pass@``); no whitespace, control characters
-  or backslashes (where URL parsers disagree); an ASCII host (write IDNA names as ``xn--``);
-- the host is an IP literal, or a name resolved ONCE (``getaddrinfo``, or the injected
-  ``resolve``) of which EVERY address must pass: one bad answer refuses the URL, so a
-  round-robin name cannot smuggle in a private address;
-- refused unless allowlisted: loopback (127.0.0.0/8, ::1), private (10/8, 172.16/12,
-  192.168/16, 100.64/10 shared CGNAT, fc00::/7, fec0::/10), link-local (169.254/16, fe80::/10),
-  unspecified (0.0.0.0/8, ::), multicast, broadcast, and every other special-purpose
-  (reserved, documentation, benchmarking) range; IPv4-mapped (``::ffff:127.0.0.1``), NAT64
-  (``64:ff9b::/96``) and 6to4 (``2002::/16``) addresses are judged by the IPv4 address they
-  carry;
-- cloud-metadata addresses (169.254.169.254, fd00:ec2::254 and the AWS ECS/EKS credential
-  endpoints, Alibaba's 100.100.100.200) are refused even inside an allowlisted range;
-- IPv4 written as anything but four dotted decimals (``2130706433``, ``0177.0.0.1``,
-  ``0x7f.1``, ``127.1``) is read as C's ``inet_aton`` (and so ``getaddrinfo``) reads it, the
-  address it denotes is checked and named in the error, and the URL is refused even when that
-  address would pass: such spellings exist to get past filters, no exporter needs one, and
-  the Host header and logs would carry a spelling nobody recognises. A host whose last label
-  is a number but is no valid IPv4 (``1.2.3.256``, ``08.1.1.1``) is refused as malformed.
-
-:func:`pinned_address` gives the address to connect to, ``CheckedURL.pinned``; the scraper
-sends the original Host header (and, for https, the original name as TLS SNI and for
-certificate verification), so a DNS answer that changes between check and connect (DNS
-rebinding) cannot redirect the scrape. Redirects are the caller's to follow: the collector
-(collector.sources) follows only those that stay on the target URL's scheme, host and port,
-and re-pins them to the same checked address.
+Rules: collector/DESIGN.md#urlguard
 """
 
 from __future__ import annotations
@@ -114,7 +92,7 @@ class CheckedURL:
 def check_target_url(
     url: str, *, allow: Sequence[str] = (), resolve: Resolver | None = None
 ) -> CheckedURL:
-    """Check ``url`` against the rules of the module doc; ``allow``: CIDRs that may be reached.
+    """Check ``url`` against the rules of DESIGN.md#urlguard; ``allow``: CIDRs that may be reached.
 
     ``resolve(host, port)`` returns the addresses of a name (default: getaddrinfo); it is
     called at most once, and never for an IP literal. Raises URLRefused (a ConfigError)

@@ -1,18 +1,13 @@
 """The metric catalogue: the ONLY module where a vendor metric name is spelled.
 
 Every vLLM (0.11 → 0.33), LMCache (legacy ``lmcache:`` and MP ``lmcache_mp_``) and
-production-stack router family kvscope reads maps here onto one *canonical signal*.
-Facts and pitfalls: tests/fixtures/metrics/README.md and the reference notes on
-vLLM/LMCache metrics (families, labels, buckets per release).
-
-Naming convention for ``Spelling.family`` / ``SignalDef.exported``: the name handed to
-prometheus_client's constructor, i.e. counters WITHOUT ``_total`` (``vllm:num_preemptions``)
-and histograms without ``_bucket``/``_sum``/``_count``. ``export_sample_name()`` gives the
-sample name an exporter writes (``vllm:num_preemptions_total``).
-
-Accepted on input for every family: the ``vllm:``→``vllm_`` / ``lmcache:``→``lmcache_``
-rewrite (prometheus-client ≥ 0.23 under OpenMetrics negotiation), counters with and without
-``_total``; ``_created`` samples are ignored.
+production-stack router family kvscope reads maps onto one *canonical signal*; facts and
+pitfalls in tests/fixtures/metrics/README.md. ``Spelling.family`` / ``SignalDef.exported``
+is the name prometheus_client's constructor takes (counters WITHOUT ``_total``, histograms
+without ``_bucket``/``_sum``/``_count``); ``export_sample_name()`` gives the written sample
+name. Input also accepts the ``vllm:``→``vllm_`` / ``lmcache:``→``lmcache_`` rewrite
+(prometheus-client ≥ 0.23 under OpenMetrics) and counters with or without ``_total``;
+``_created`` samples are ignored.
 """
 
 from __future__ import annotations
@@ -553,23 +548,21 @@ def promql_expr(
     """A PromQL expression yielding ``signal`` in canonical labels without double counting.
 
     One term per spelling in rank order joined by ``or`` (which drops a deprecated series
-    where the current name has the same label set); const labels and renamed labels are
-    applied with ``label_replace``. With ``range_fn`` (``rate``, ``increase``, …) each term is
-    ``range_fn(selector[window])`` so the result can be aggregated directly, e.g.
-    ``sum by (le) (promql_expr("ttft_seconds", range_fn="rate"))``.
-
-    Within a term the colon and the underscore spelling are separate selectors joined by
-    ``or`` too: an exporter that switches between them (a restart under another client
-    version) has both in one range window, and one ``{__name__=~"a|b"}`` would give two
-    series with one label set once ``rate()`` drops the name (an evaluation error).
-    ``spelling_matchers`` adds matchers per spelling (e.g. a job filter that only the LMCache
-    server's names should get).
+    where the current name has the same label set); const and renamed labels applied with
+    ``label_replace``. With ``range_fn`` each term is ``range_fn(selector[window])``, so e.g.
+    ``sum by (le) (promql_expr("ttft_seconds", range_fn="rate"))`` works directly.
+    ``spelling_matchers`` adds matchers per spelling (e.g. a job filter for the LMCache
+    server's names only).
     """
     sig = _get(signal)
     terms = []
     for s in sig.spellings:
         own = _clean(spelling_matchers(s)) if spelling_matchers else ""
         extra = [router_matcher(signal), _clean(matchers), own]
+        # the colon and the underscore spelling are separate selectors joined by ``or``: an
+        # exporter that switches between them (a restart under another client version) has
+        # both in one range window, and one ``{__name__=~"a|b"}`` would give two series with
+        # one label set once ``rate()`` drops the name (an evaluation error)
         subterms = []
         for name in _with_rewrite([spelling_sample_name(sig.kind, s.family, part)]):
             sub = _selector((name,), extra)

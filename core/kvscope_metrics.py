@@ -1,27 +1,13 @@
 """kvscope's own metrics: the one module where every ``kvscope_`` metric name is spelled.
 
-Two groups, each a set of :class:`MetricDef` constants (import them; never spell a name
-elsewhere — tests/core/test_kvscope_metrics.py greps the tree for stray spellings):
+:class:`MetricDef` constants (import them; never spell a name elsewhere:
+tests/core/test_kvscope_metrics.py greps the tree for strays) for the planner's gauges of
+the latest stored plans (api.plan_metrics), the collector's health (collector.health) and
+the API's requests and build (api/telemetry.py). Names follow Prometheus practice; an
+interval is one metric with ``bound="estimate|lower|upper"``. The README's "kvscope's own
+metrics" table is :func:`markdown_table`'s output (``python -m core.kvscope_metrics``).
 
-- the **planner** gauges of the latest stored plan of every (cluster, group), plus the closed
-  loop's realised forecast coverage: api.plan_metrics reads them from a store
-  (:func:`~api.plan_metrics.render_plan_metrics`,
-  :class:`~api.plan_metrics.PlanCollector`).
-- the **collector**'s health (``kvscope collect --metrics-addr HOST:PORT``): its registry,
-  fed by the collect loop, and the HTTP server that serves it are collector.health's
-  (:class:`~collector.health.CollectorHealth`, :func:`~collector.health.serve_metrics`).
-- the **API**'s requests and build (``kvscope serve``'s ``/metrics``): api/telemetry.py.
-
-Naming follows Prometheus practice: the ``kvscope_`` namespace, no colon, base units as
-suffixes (``_seconds``, ``_ratio`` for 0–1 fractions, ``_tokens`` for KV tokens), ``_total`` on
-counters, ``_info`` on info gauges (value 1, facts in labels). Labels follow the
-kubernetes-mixin habit: ``cluster`` first, then what narrows it (``group``, ``mode``,
-``bound``; ``target`` for the collector). Intervals are one metric with
-``bound="estimate|lower|upper"`` rather than three names, so a dashboard draws the band from
-one query.
-
-The README's "kvscope's own metrics" table is :func:`markdown_table`'s output
-(``python -m core.kvscope_metrics`` prints it; a test keeps the two equal).
+Naming conventions: docs/architecture.md, "Conventions"
 """
 
 from __future__ import annotations

@@ -59,7 +59,7 @@ class SignalSample:
 
 
 # What collector.parse found wrong with one sample, a value never a syntax error: the scrape
-# stays up and the sample is dropped or kept as its kind says (collector/parse.py's docstring).
+# stays up and the sample is dropped or kept as its kind says (collector/DESIGN.md#parse).
 AnomalyKind = Literal[
     "nan",  # NaN value (counter, bucket, count: dropped; gauge, _sum: see parse.py)
     "inf",  # +Inf or -Inf value
@@ -124,21 +124,14 @@ class ScrapeOutcome:
 
 @dataclass(frozen=True, slots=True)
 class Window:
-    """One series rolled up over [start, start + length_s).
+    """One series rolled up over [start, start + length_s); the fields of each kind below.
 
     counter: ``delta`` (increase with resets handled), ``rate`` (delta per second), ``resets``.
-    gauge: ``mean``/``min``/``max``/``last``.
-    histogram: ``delta`` = observations in the window, ``sum_delta``, ``p50``/``p90``/``p99``
-    from bucket deltas (linear interpolation inside a bucket, as PromQL's histogram_quantile).
-    ratio (derived, e.g. prefix-cache hit ratio): ``mean`` = numerator delta / denominator
-    delta, ``delta`` = denominator delta (the weight).
-
-    ``bucket_bounds`` / ``bucket_counts``: the histogram's observations per bucket in the
-    window, kept only for the catalogue's ``keep_buckets`` signals (core.catalog
-    BUCKET_SIGNALS) and only when the window's bucket deltas are known in one layout:
-    ``bucket_bounds`` the finite upper bounds (increasing), ``bucket_counts`` one count per
-    bucket (NOT cumulative), ``len(bucket_bounds) + 1`` of them, the last one the +Inf
-    bucket's. ``bucket_counts == ()``: not kept.
+    gauge: ``mean``/``min``/``max``/``last``. histogram: ``delta`` observations, ``sum_delta``,
+    ``p50``/``p90``/``p99`` as PromQL's histogram_quantile. ratio (derived): ``mean`` =
+    numerator delta / denominator delta, ``delta`` = the denominator's (the weight).
+    ``bucket_bounds`` / ``bucket_counts``: per-bucket observations (not cumulative, +Inf last)
+    of ``keep_buckets`` signals, when known in one layout; ``()``: not kept.
     """
 
     source: str

@@ -1,17 +1,12 @@
 """The alerting rules: what pages an operator of a vLLM + LMCache cluster, and what does not.
 
-Each :class:`Alert` carries its expression, ``for``, severity and the mandatory ``summary``
-and ``description`` (monitoring-mixins convention), a ``runbook_url`` to its section of
-docs/runbooks.md, and a ``probe``: the quantity the alert compares, without the threshold,
-which the live-Prometheus test requires to return data (an alert over a series nobody
-exposes would stay silent forever).
+Each :class:`Alert` carries its expression, ``for``, severity, ``summary`` and
+``description``, a ``runbook_url`` into docs/runbooks.md and a ``probe`` (the compared
+quantity without its threshold, which the live-Prometheus test requires to return data).
+Counters only through the recording rules' ``rate()``, every ratio with a traffic floor,
+``absent()`` guards, and KV-cache use alone never pages.
 
-Design rules (from what the public vLLM/llm-d alerts get wrong):
-- counters only through the recording rules' ``rate()`` (so a restart's counter reset is a
-  missing point, not a spike or a drop below zero);
-- every ratio has a traffic floor, every "is it there" question an ``absent()`` guard, so a
-  target that vanishes pages instead of silencing its own alert;
-- KV-cache use alone never pages (vLLM runs it near full by design).
+Design rules: dashboards/DESIGN.md#alerts
 """
 
 from __future__ import annotations

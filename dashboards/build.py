@@ -1,15 +1,11 @@
 """Build every generated file, write it, or check the committed copies are current.
 
-``kvscope dashboards build [--out DIR] [--check]`` (kvscope/commands/dashboards.py) calls
-:func:`write` or :func:`check`. The files, relative to DIR (the repository root by default):
-
-- dashboards/generated/<uid>.json — the Grafana dashboards;
-- deploy/prometheus/rules/kvscope-records.yml and kvscope-alerts.yml — the rule files;
-- deploy/kubernetes/base/generated/*.yaml — the same rules as a PrometheusRule and the
-  dashboards as ConfigMaps for Grafana's sidecar (dashboards.kubernetes).
-
-Output is deterministic (no timestamps, stable key order), so ``--check`` is a byte
+``kvscope dashboards build [--out DIR] [--check]`` calls :func:`write` or :func:`check` for
+dashboards/generated/<uid>.json, deploy/prometheus/rules/kvscope-{records,alerts}.yml and
+deploy/kubernetes/base/generated/*.yaml. Output is deterministic, so ``--check`` is a byte
 comparison and a stale or hand-edited file fails CI with its path.
+
+Files: dashboards/DESIGN.md#build
 """
 
 from __future__ import annotations

@@ -1,15 +1,11 @@
 """The mixin's configuration: which series are whose, the thresholds, the runbook links.
 
-Like a monitoring mixin's ``_config`` (kubernetes-mixin, node-mixin): every selector and
-threshold an operator may need to change is one field here, and the generated dashboards and
-rules are a pure function of it. ``kvscope dashboards build`` uses :data:`DEFAULT`; the
-committed files under dashboards/generated and deploy/prometheus/rules are its output.
+Like a monitoring mixin's ``_config``: every selector and threshold an operator may change is
+one field, and the generated dashboards and rules are a pure function of it (:data:`DEFAULT`
+made the committed files). KV-cache use alone is no alarm (vLLM runs it near full by
+design); every ratio has a traffic floor. docs/runbooks.md gives each alert's reasoning.
 
-Thresholds and why they are where they are (docs/runbooks.md gives each alert's reasoning):
-- KV-cache use alone is not an alarm: vLLM pre-allocates the KV pool and runs it near full by
-  design, so 80–90 % is normal. Only use *with* requests waiting for it is (the saturation
-  alert), and preemptions per finished request (the storm alert).
-- Every ratio has a traffic floor, so an idle engine's 0/0 never fires or hides an alert.
+Thresholds: dashboards/DESIGN.md#config
 """
 
 from __future__ import annotations

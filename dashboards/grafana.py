@@ -1,17 +1,12 @@
 """Dashboards as plain data, rendered with grafanalib and normalised to current Grafana JSON.
 
-A dashboard is a :class:`Board` of :class:`Row`\\ s of :class:`Chart`\\ s (each with its
-:class:`Query`\\ s; a table may join its queries into :class:`Column`\\ s); :func:`render`
-lays them out on Grafana's 24-column grid, builds the grafanalib objects and hands their
-JSON to :func:`normalise`, the one place that turns grafanalib's schema-12 output into what
-Grafana 11.6+/12 stores:
+A :class:`Board` of :class:`Row`\\ s of :class:`Chart`\\ s (with :class:`Query`\\ s, a table's
+joined into :class:`Column`\\ s); :func:`render` lays them out on Grafana's 24-column grid and
+:func:`normalise` turns grafanalib's schema-12 JSON into what Grafana 11.6+/12 stores
+(schemaVersion 41, the ``${datasource}`` variable everywhere, legacy keys and nulls dropped,
+stable ids).
 
-- ``schemaVersion`` 41, ``id`` null, a stable ``uid`` per dashboard;
-- every datasource is the ``${datasource}`` variable as an object (``type`` + ``uid``), never
-  a hard-coded uid or a ``${DS_…}`` import input (provisioned dashboards cannot resolve it);
-- legacy keys grafanalib still writes (``rows``, ``style``, ``span``, ``hideControls``, …)
-  and every ``null`` dropped, query ``refId``\\ s A, B, …, panel ids 1..n;
-- ``maxDataPoints`` left to Grafana (grafanalib pins 100 points per panel).
+Rules: dashboards/DESIGN.md#grafana
 """
 
 from __future__ import annotations
@@ -294,7 +289,7 @@ def _variable(v: dict[str, Any]) -> dict[str, Any]:
 
 
 def normalise(raw: dict[str, Any], charts: list[Chart] | None = None) -> dict[str, Any]:
-    """grafanalib's dashboard JSON made schema-41 clean (see the module docstring);
+    """grafanalib's dashboard JSON made schema-41 clean (DESIGN.md#grafana);
     ``charts`` in panel order (rows excluded) put units, limits and mappings in place."""
     doc = {k: v for k, v in raw.items() if k not in _DASHBOARD_LEGACY}
     doc["id"] = None

@@ -1,16 +1,11 @@
 """PromQL over the catalogue: rates, guarded ratios and quantiles of canonical signals.
 
-Every vendor name comes from :func:`core.catalog.promql_expr`, which matches each
-signal's every spelling (vLLM 0.11–0.33 renames, ``_total`` or not, the ``vllm:``→``vllm_``
-OpenMetrics rewrite) and puts them in canonical labels without double counting. This module
-adds what the dashboards and rules need on top, each written once:
+Vendor names come from :func:`core.catalog.promql_expr`; on top, written once: counters only
+through ``rate()``/``increase()``, divisions as ``a / (b > 0)`` (no traffic, no point), and
+quantiles as ``histogram_quantile`` over summed bucket rates. A :class:`Scope` says where an
+expression runs (the rules' fixed window or a dashboard's ``$__rate_interval``).
 
-- counters are only ever read through ``rate()``/``increase()`` (never a lifetime ratio);
-- a division is ``a / (b > 0)``: no traffic gives no point, never NaN or ±Inf;
-- a quantile is ``histogram_quantile(q, sum by (le, …) (rate(…_bucket[w])))``.
-
-A :class:`Scope` says where an expression runs: the rules' fixed window and the config's
-selectors, or a dashboard's ``$__rate_interval`` and template variables.
+Conventions: dashboards/DESIGN.md#promql
 """
 
 from __future__ import annotations

@@ -1,15 +1,11 @@
 """The recording rules: every rate and ratio the dashboards and alerts read, named once.
 
-Names follow the mixin convention ``level:metric:operations`` (Prometheus' recording-rule
-best practice, kubernetes-mixin): the level is the labels the result keeps (``engine``: one
-series per engine, every target label kept; ``model_name``: the config's fleet labels;
-``instance``: per LMCache server or collector target), the metric is the vendor's family in
-canonical form, the operations end with the window (``rate5m``). A rule that only renames a
-gauge's spellings into one series has empty operations (``engine:vllm_kv_cache_usage_ratio:``).
+Names follow the mixin convention ``level:metric:operations`` (e.g.
+``engine:vllm_kv_cache_usage_ratio:``). A :class:`Record` is an expression builder rendered
+with the rules' scope in the rules file and with Grafana's ``$__rate_interval`` in a panel,
+so a panel and its rule never disagree.
 
-A :class:`Record` is an expression *builder*: the rules file renders it with the rules' scope
-(fixed window, config selectors); a dashboard panel renders the same builder with Grafana's
-``$__rate_interval`` and its template variables, so a panel and its rule never disagree.
+Naming: dashboards/DESIGN.md#records
 """
 
 from __future__ import annotations

@@ -1,19 +1,12 @@
 """`kvscope demo`: the main job end to end on the embedded default.
 
-A simulated cluster (planner.simulate: the bundled scenario ``demo``) serves live ``/metrics``
-per engine and LMCache pool on 127.0.0.1; the collector (collector.run.collect_direct)
-scrapes them into SQLite; the planner (planner.plan.build.build_plan) fits, forecasts, decides and
-sizes; planner.report.plots writes the PNGs. This module only wires them together.
+A simulated cluster (the bundled scenario ``demo``) serves live ``/metrics`` on 127.0.0.1,
+the collector scrapes it into SQLite, the planner fits, forecasts, decides and sizes, and
+planner.report.plots writes the PNGs; this module only wires them. The collector runs on the
+simulated clock, in lockstep with the simulation and aligned to the hour (EPOCH_ALIGN_S), so
+a run is a function of the scenario and its seed.
 
-Time: the fits need hours of windows over a range of KV use, so the collector runs on the
-*simulated* clock. The clock is ``epoch0 + simulated time`` with ``epoch0`` = now minus the
-simulated duration rounded down to the hour (EPOCH_ALIGN_S: the forecast buckets history at
-UTC-aligned 1/5/15/60 min, so a start off the hour would put other minutes in each bucket and
-change the plan between runs of one seed), so the store holds "recent" history. The
-collector and the simulation go in lockstep: while the collector sleeps to its next tick, the
-simulation is advanced to exactly that tick (paced at ``speed`` simulated seconds per wall
-second); during a scrape round it stands still. Every snapshot is therefore stamped with the
-simulated time it shows, and a run is a function of the scenario and its seed.
+Design: kvscope/DESIGN.md#demo
 """
 
 from __future__ import annotations
@@ -338,7 +331,7 @@ def _serve_and_collect(
 
 
 def run_demo(opts: DemoOptions, *, err: IO[str] | None = None) -> DemoResult:
-    """Simulate, serve, collect, plan and plot (module docstring); progress on ``err``.
+    """Simulate, serve, collect, plan and plot (DESIGN.md#demo); progress on ``err``.
 
     Raises ConfigError on a bad option or scenario, StoreError on a bad store. KeyboardInterrupt
     (Ctrl-C) stops the collection: the windows so far are flushed to the store, the servers

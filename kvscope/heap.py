@@ -1,28 +1,12 @@
 """The C heap's policy while kvscope plans: freed blocks are kept for the next array.
 
-A plan of 100 engines × 7 days holds columns of 12.75 M windows (~100 MB of float64 each)
-and makes temporaries of that size at every step of the read, the frame and the fits.
-glibc's malloc serves a request above its mmap threshold (which grows with use but never past
-32 MB on 64-bit, ``DEFAULT_MMAP_THRESHOLD_MAX`` in glibc's malloc.c) with a fresh ``mmap``
-and gives it back with ``munmap`` when it is freed, so every such temporary's pages are
-faulted in and zeroed by the kernel again (numpy asks for transparent huge pages on arrays of
-4 MB and more: the kernel zeroes 2 MB per fault). ``perf record`` of ``kvscope plan`` on
-benchmarks/bench_plan.py's store: 34 % of the process's samples in the kernel's
-``clear_page_erms``; 10–14 s of system time against 14–17 s of user time; 645,000 page
-faults for a peak of 2.6 GB.
+:func:`reuse_freed_memory`, around one plan: ``mallopt(M_MMAP_MAX, 0)`` and a high
+``M_TRIM_THRESHOLD``, so the plan's ~100 MB temporaries reuse freed heap blocks instead of
+being mmap'd, faulted in and zeroed by the kernel again each time (glibc caps its mmap
+threshold at 32 MB, ``DEFAULT_MMAP_THRESHOLD_MAX`` in malloc.c); on leaving,
+``malloc_trim(0)`` and glibc's defaults (mallopt(3)). Not glibc (musl, macOS): a no-op.
 
-:func:`reuse_freed_memory`, around one plan:
-
-* ``mallopt(M_MMAP_MAX, 0)``: every block comes from the heap, so a freed block serves the
-  next request of its size without a fault (when the heap cannot grow, glibc still maps);
-* ``mallopt(M_TRIM_THRESHOLD, TRIM_DURING)``: a free at the heap's top does not hand the
-  memory back at once.
-
-On leaving it, ``malloc_trim(0)`` hands every free page back and the two settings return to
-glibc's defaults (mallopt(3)): a ``kvscope plan --every`` process holds its peak only while
-it plans. Measured with benchmarks/bench_plan.py (``--baseline REV``, the same command of the
-revision before this module, alternated): see docs/scale.md. Not glibc (musl, macOS): a
-no-op.
+Why, and what it saves: kvscope/DESIGN.md#heap, benchmarks/README.md
 """
 
 from __future__ import annotations
@@ -67,7 +51,7 @@ def _set(libc: ctypes.CDLL, trim: int, mmap_max: int) -> bool:
 
 @contextmanager
 def reuse_freed_memory() -> Iterator[bool]:
-    """Keep freed blocks for reuse inside the block (module docstring); yields whether the
+    """Keep freed blocks for reuse inside the block (DESIGN.md#heap); yields whether the
     policy is in effect (False: not glibc, nothing changed)."""
     libc = _libc()
     active = libc is not None and _set(libc, TRIM_DURING, 0)

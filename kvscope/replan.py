@@ -1,24 +1,12 @@
 """`kvscope plan --save` and `kvscope plan --every`: plans kept in the store, re-made on a clock.
 
-``--save`` writes every record of the plan (planner.plan.plan_records: the cluster's, and
-each model group's when it was planned per group) with Store.save_plan, under kvscope's
-version and the time it was made. Saving a plan of the same history again replaces it
-(the store is idempotent on cluster, group and window range). The cluster is --cluster, else
-the store's only cluster; with several (or none) a ConfigError asks for --cluster.
+``--save`` writes every record of the plan with Store.save_plan (idempotent on cluster, group
+and window range). ``--every`` plans every cluster (or --cluster) on every multiple of the
+interval, never overlapping; a failing cluster is logged and counted, plans the store could
+not take wait in memory (MAX_UNSAVED) for the next rounds, and SIGINT / SIGTERM stop it with
+the JSON summary and exit 0.
 
-``--every`` is a long-running process like `kvscope collect`: one round at start, then one
-on every multiple of the interval (no drift; a round still running when the next is due
-makes that one be skipped and counted, never overlap). A round plans every cluster of the
-store (or the one given) over the ``--since`` before it and saves the plans. A cluster that
-fails (NoData, a store outage, any refusal) is logged on stderr and counted, never fatal.
-
-A store outage: the rounds during it fail (logged, counted as ``store`` errors) and the loop
-keeps its clock; a plan that was made but could not be saved (the store went away between
-the two) is kept in memory, at most MAX_UNSAVED records, and saved first at the next rounds
-(a plan's record is idempotent on cluster, group and window range, so a retry never
-duplicates it); the first round that reaches the store again says so (INFO).
-SIGINT / SIGTERM stop the loop: a plan being made is abandoned (nothing of it was written),
-a save in progress finishes; the JSON summary goes to stdout and the exit code is 0.
+Design: kvscope/DESIGN.md#replan
 """
 
 from __future__ import annotations
@@ -194,7 +182,7 @@ def run_every(
     since_s: float | None,
     make_plan: Callable[[Store, str, float | None], Plan],
 ) -> ReplanStats:
-    """Re-plan every ``every_s`` until SIGINT / SIGTERM (module docstring): each round plans
+    """Re-plan every ``every_s`` until SIGINT / SIGTERM (DESIGN.md#replan): each round plans
     ``cluster`` or every cluster of the store with ``make_plan(store, cluster, since)`` over
     the ``since_s`` before it (None: all history) and saves the plans."""
     if not (math.isfinite(every_s) and every_s > 0):

@@ -1,22 +1,12 @@
 """A window's bucket counts as the store keeps them: one small BLOB in ``windows.buckets``.
 
-Only the catalogue's ``keep_buckets`` histograms have them (core.catalog BUCKET_SIGNALS,
-core.records.Window ``bucket_bounds`` / ``bucket_counts``); every other row's column is
-NULL. The BLOB is self-describing (a row alone is decodable: no layout table to keep in step
-with retention, spools or hand-offs) and small:
+Only the catalogue's ``keep_buckets`` histograms have them; every other row's column is
+NULL. The BLOB is self-describing: a format byte, a width byte (:data:`WIDTHS`: zero, 8/16/32
+bit unsigned or float64 counts), a varint length, the finite bounds as zigzag-varint decimal
+mantissa and exponent (exact), then one count per bucket, +Inf last. Decoding caches each
+layout prefix.
 
-* byte 0: the format (1); byte 1: how the counts are written (:data:`WIDTHS`): all zero
-  (nothing written), little-endian unsigned 8, 16 or 32-bit integers, or float64 (a count
-  that is negative, fractional — Prometheus' extrapolated ``increase`` — or ≥ 2**32);
-* a varint: the byte length of the layout that follows;
-* the layout: per finite upper bound, the shortest decimal that reads back as that float
-  (``repr``) as a zigzag-varint mantissa and a zigzag-varint power of ten (vLLM's 21 KV
-  residency bounds, 0.001 … 1800: 42 bytes instead of 168 as float64); decoding is exact;
-* the counts, one per bucket (the +Inf bucket last): ``len(bounds) + 1`` of them.
-
-A KV residency window with fewer than 256 observations in each bucket is 3 + 42 + 22 = 67
-bytes (an idle one 45). Decoding caches each distinct layout prefix, so a read costs a slice,
-a dict look-up and a ``struct.unpack_from`` per row.
+Format: store/DESIGN.md#buckets
 """
 
 from __future__ import annotations
@@ -77,7 +67,7 @@ def _decimal(bound: float) -> tuple[int, int]:
 
 
 def encode_buckets(bounds: Sequence[float], counts: Sequence[float]) -> bytes:
-    """The BLOB of one window's bucket counts (module docstring). ValueError: bounds not
+    """The BLOB of one window's bucket counts (DESIGN.md#buckets). ValueError: bounds not
     finite and increasing, or not one count more than bounds, or a count not finite."""
     if len(counts) != len(bounds) + 1:
         raise ValueError(

@@ -1,15 +1,10 @@
 """Windows of one step (60 s) summed into windows of a longer one (STEP_S), per series.
 
-The windows of a series that start in one STEP_S bucket become one window, as the collector
-would have rolled it over the longer span: ``start`` the bucket's (a multiple of STEP_S, as
-the collector aligns its windows, so every signal of an engine shares it), ``length_s``,
-``samples``, ``resets``, ``delta`` and ``sum_delta`` summed; ``rate`` = Σdelta over the
-seconds the deltas covered (each window's delta / rate, its length when its rate is 0);
-``min`` / ``max`` / ``last`` as their names say. ``mean``: a gauge's weighted by length
-(time-weighted, as the roll-up's), a ratio's and a histogram's by delta (Σnum / Σden and
-Σsum / Σcount: exact). The quantiles p50 / p90 / p99 cannot be merged exactly without the
-buckets: the delta-weighted mean of the windows' quantiles stands in (an approximation).
-NaN is unknown throughout: a sum of nothing known is NaN, never 0.
+Counts and deltas are summed, rates re-derived, gauge means time-weighted, ratio and
+histogram means exact (Σnum / Σden); p50/p90/p99 are the delta-weighted mean of the windows'
+quantiles (an approximation). NaN is unknown throughout, never 0.
+
+Rules: store/DESIGN.md#downsample_math
 """
 
 from __future__ import annotations
@@ -77,7 +72,7 @@ def _last(x: Floats, first: Ints) -> Floats:
 def downsample(
     sid: Ints, cols: dict[str, Floats], delta_mean: npt.NDArray[np.bool_]
 ) -> tuple[Ints, dict[str, Floats]]:
-    """The longer windows of rows sorted by series then start (module docstring);
+    """The longer windows of rows sorted by series then start (DESIGN.md#downsample_math);
     ``delta_mean``: per row, whether its series' mean is weighted by delta."""
     import numpy as np
 

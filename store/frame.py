@@ -1,16 +1,11 @@
 """Columnar window reads: ``Store.read_frame`` hands windows back as one pandas DataFrame.
 
-The series asked for are found in ``series`` (their identities read once), then their
-chunks of the hours asked for (store/chunks.py: decoded a layout at a time with numpy, no
-Python object per window) and their head rows; labels are decoded once per series.
+Series found once, their chunks decoded a layout at a time with numpy, labels decoded once
+per series. Columns FRAME_COLUMNS (Categoricals for the text ones, int64 counts, float64
+with NaN for unknown), rows in read_windows' order unless ``ordered=False``;
+:func:`windows_frame` builds the same frame from Window records.
 
-Columns (FRAME_COLUMNS; ``columns=`` picks a subset, kept in this order): ``source``,
-``signal``, ``labels``, ``engine``, ``model_name``, ``kind`` are pandas Categoricals (labels:
-the canonical JSON text the store keeps; engine / model_name: those labels, NaN when absent);
-``samples`` and ``resets`` are int64; the rest float64 with NaN for NULL (unknown).
-Rows come in read_windows' order (source, signal, start, labels; text in the database's
-collation) unless ``ordered=False``. :func:`windows_frame` builds the same frame from Window
-records.
+Columns: store/DESIGN.md#frame
 """
 
 from __future__ import annotations

@@ -1,24 +1,11 @@
 """Roll-up hand-off through the store: a target moving to another collector loses nothing.
 
-A direct collector's checkpoints (collector.checkpoint) live in its own state directory, so
-they resume a restart on the same host. When a target moves to another collector — the
-targets re-sharded (``kvscope collect --shard I/N``), a collector replaced on another node —
-the new one has no checkpoint of it, and without one its first counter window would start
-at its first sample: the increase since the old collector's last sample would be lost.
+At a clean stop each collector leaves every target's roll-up state in ``rollup_states``; a
+collector that starts scraping a target takes the row (read and delete in one transaction)
+and resumes from the newer of it and its own checkpoint. Re-sharding loses nothing when the
+new collectors start within the stale horizon (5 windows) after the old ones stop.
 
-So at a clean stop each collector also leaves every target's roll-up state in the store's
-``rollup_states`` table (one row per target, replaced by a newer stop), and a collector
-that starts scraping a target *takes* the row: it reads and deletes it in one transaction,
-so two collectors never both resume one state (``DELETE … RETURNING``). The taker resumes
-from the newer of the store's state and its own checkpoint (by last sample), by the rule
-(collector.checkpoint ``resumable``: the same URL and window, its last sample no older than
-the roll-up's stale horizon); it deletes the row even when it resumes from its checkpoint,
-so a state it has moved past cannot be resumed by another collector later.
-
-Re-sharding that loses nothing: stop the old collectors, then start the new ones within
-the stale horizon (5 windows). A collector killed with -9 leaves no row: its successor on
-the same state directory resumes from the checkpoint, one elsewhere starts the target
-afresh.
+Design: store/DESIGN.md#handoff
 """
 
 from __future__ import annotations

@@ -1,20 +1,12 @@
 """PostgreSQL's ``chunks`` and ``chunks_5m``: range-partitioned on their time, one partition
 per UTC day.
 
-``chunks`` is partitioned on ``hour``, ``chunks_5m`` (the downsampled tier) on ``day``.
-Partitions are named ``chunks_pYYYYMMDD`` (``chunks_5m_pYYYYMMDD``) and hold [day, day + 1)
-in epoch seconds; each day is made for both tables at once. The writer makes the days of
-the hours it is about to seal before writing them
-(:class:`DayPartitions`: once per day per Store, under an advisory lock so that writers
-racing for the same day both succeed). A partition is made as a free-standing table then
-attached, which locks the parent in SHARE UPDATE EXCLUSIVE mode (reads and writes go on)
-where ``CREATE TABLE … PARTITION OF`` would lock it exclusively. There is no DEFAULT
-partition: a chunk without its day's partition is an error, never a catch-all that
-retention could not drop whole.
+The writer makes a day's partitions before sealing its hours (:class:`DayPartitions`, under
+an advisory lock), created free-standing then attached so reads and writes go on; no DEFAULT
+partition. :func:`drop_partitions_before` detaches whole days ``CONCURRENTLY`` and drops
+them.
 
-Retention (:func:`drop_partitions_before`) detaches the partitions wholly older than a
-cutoff ``CONCURRENTLY`` (writers and readers are never blocked) and drops them; the chunks
-of the day at the cutoff are left to store.retention.
+Design: store/DESIGN.md#partitions
 """
 
 from __future__ import annotations

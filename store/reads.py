@@ -169,7 +169,7 @@ class WindowReader:
         columns: Iterable[str] | None = None,
         ordered: bool = True,
     ) -> pd.DataFrame:
-        """Store.read_frame (store/frame.py's docstring)."""
+        """Store.read_frame (store/DESIGN.md#frame)."""
         import numpy as np
 
         cols = frame_columns(columns)

@@ -1,20 +1,11 @@
 """Retention: windows and scrape outcomes older than a cutoff dropped or deleted in batches.
 
-``kvscope db prune --older-than 30d`` runs it once; ``kvscope collect --retention 30d`` (or
-KVSCOPE_RETENTION_S) runs it from the collector at its start and then every
-:data:`PRUNE_EVERY_S`, in a worker thread, so scraping never waits for it.
+``kvscope db prune`` runs it once; ``kvscope collect --retention`` every PRUNE_EVERY_S in a
+worker thread. A window goes when it started before the cutoff: whole chunks in short
+batches, straddling chunks rewritten, whole PostgreSQL days dropped (:class:`Pruner` drops
+whole days only). Series, engines, targets, engine changes and plans are kept.
 
-A window is pruned when it *started* before the cutoff. Chunks wholly before it go whole,
-each batch of at most ``batch`` chunks its own short transaction (a writer waits for one
-batch at most); a chunk that straddles the cutoff is rewritten without its older windows;
-head rows before it are deleted. On PostgreSQL ``chunks`` is partitioned by day
-(store.partitions): the days wholly older than the cutoff are detached concurrently and
-dropped (the space back at once, no dead rows). The collector's hourly prune
-(:class:`Pruner`) passes ``whole_partitions``: it drops whole days only there (a window is
-kept at most one day longer than the retention), ``kvscope db prune`` deletes exactly what
-is older than the cutoff. A roll-up state left before the cutoff (store.handoff) goes too.
-Series, engines, targets, engine changes and plans are kept: they are small, and plans are
-the history ``kvscope plans`` compares against.
+Rules: store/DESIGN.md#retention
 """
 
 from __future__ import annotations
@@ -87,7 +78,7 @@ class RetentionStore:
     ) -> Pruned:
         """Delete windows that started, and outcomes of scrapes that started, before
         ``cutoff`` (epoch seconds): on PostgreSQL the windows' partitions wholly older are
-        dropped, the other rows deleted ``batch`` per transaction (module docstring).
+        dropped, the other rows deleted ``batch`` per transaction (DESIGN.md#retention).
 
         ``whole_partitions``: on PostgreSQL, keep the windows of the partition that holds the
         cutoff (dropped whole once it is wholly older); SQLite, without partitions, deletes
@@ -222,7 +213,7 @@ class Maintained(Protocol):
 
 class Pruner:
     """Runs a store's prune and downsampling every ``every_s`` from a collect loop, in a
-    worker thread (on PostgreSQL whole day partitions only: module docstring).
+    worker thread (on PostgreSQL whole day partitions only: DESIGN.md#retention).
     ``retention_s`` / ``downsample_s``: the ages past which windows are deleted / moved to
     the 5-minute tier (None: never; at least one is set)."""
 

@@ -200,66 +200,14 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Collect windows into the store until Ctrl-C / SIGTERM (then flush, exit 0).
 
-        Direct mode (--targets): scrape every target each --interval, roll into --window.
-
-        Prometheus mode (--prometheus URL): back-fill --since, then poll each --interval.
-
-        --once: one scrape per target; writes outcomes and gauge windows (counters need 2).
-
-        --metrics-addr HOST:PORT: the collector's own health metrics on /metrics.
-
-        --targets-from-store (with or without --targets): the targets registered in the
-        store are scraped too, from the next tick after they are registered until the tick
-        after they are deleted. Their URLs are checked at every scrape: loopback and private
-        addresses are refused (outcome "refused") unless --allow-network CIDR (or
-        KVSCOPE_ALLOWED_TARGET_NETWORKS) covers them; cloud-metadata addresses always are.
-
-        --file-sd PATH_OR_GLOB (with or without --targets): Prometheus file_sd files (JSON or
-        YAML lists of groups with targets and labels), checked every tick and re-read when they
-        change; a file that stops parsing keeps its last targets (error logged, counted).
-        Name: the instance label, else the address; kind: the kind label, else lmcache when
-        the job label contains "lmcache", else vllm; cluster, model, gpu, tensor_parallel,
-        offload labels as in the targets file; __scheme__, __metrics_path__, __param_*.
-        On a name clash the --targets file wins over file_sd, file_sd over the store.
-
-        --retention 30d (both modes): at the start and then every hour, windows and scrape
-        outcomes older than that are deleted in short batches, in the background (kvscope db
-        prune does it once); on PostgreSQL the windows go by whole days, their partitions
-        dropped once a day is wholly older than that.
-
-        --shard I/N (direct mode): of all those targets, scrape the ones whose name hashes to
-        I (Prometheus' hashmod: MD5, last 8 bytes, mod N), so N collectors with the same
-        sources and I = 0 … N-1 scrape each target exactly once, into one store. To change N,
-        stop the old collectors, then start the new ones: each target's roll-up is left in
-        the store at a stop and taken by the collector that scrapes it next, so a target
-        that changed shard loses no counter increase (within 5 windows).
-
-        Outages and restarts (direct mode): windows and outcomes the store refuses are spooled
-        in --state-dir (fsync'd segment files, at most KVSCOPE_SPOOL_MAX_BYTES, default 1 GiB;
-        past it the oldest are dropped, counted and logged) and written back oldest first once
-        it takes writes again, leftovers of a crash first at the next start. Each target's
-        roll-up is checkpointed there after every tick that closes windows and at least
-        every --checkpoint-every (60s; 0: every tick), so a restart (kill -9 included)
-        resumes its open window and counters: no window twice, no delta from an implied 0,
-        no counter increase lost; a kill -9 loses the gauge samples since the last save.
-
-        --keep used|all (both modes): used (the default) writes the windows of the signals
-        kvscope reads back (core/catalog.py's stored=True signals and their derived ratios);
-        all writes every signal of the catalogue.
-
-        Engine facts (both modes): model, KV blocks and offload mode from what each engine
-        exposes; GPU and TP from DCGM's series (Prometheus mode), then --engines rules,
-        then the targets file; what nothing says is assumed (TP 1, offload none) and the
-        plan lists it. A change (a restart with offload on) is recorded with its time.
-
-        JSON summary on stdout, progress on stderr.
+        Direct mode scrapes --targets, --targets-from-store and --file-sd targets each --interval
+        (on a name clash the --targets file wins over file_sd, file_sd over the store); Prometheus
+        mode (--prometheus URL) back-fills --since, then polls. Outages and restarts (--state-dir)
+        lose no counter increase. JSON summary on stdout; details in the README's Quickstart.
 
         Example: kvscope collect --targets examples/targets.yaml --db sqlite:///kvscope.db
-
         Example: kvscope collect --prometheus http://prometheus:9090 --engines engines.yaml
-
-        Example: kvscope collect --file-sd 'sd/*.json' --db sqlite:///kvscope.db
-        """
+        Example: kvscope collect --file-sd 'sd/*.json' --db sqlite:///kvscope.db"""
         try:
             summary = run_collect(
                 targets=targets,

@@ -66,9 +66,8 @@ def register(app: typer.Typer) -> None:
         write); engines, targets and plans are kept. JSON on stdout (partitions_dropped: the
         PostgreSQL day partitions of chunks dropped whole, whose windows `windows` counts).
 
-        PostgreSQL: the days wholly older are detached concurrently and dropped, the rest of
-        the day at the cutoff deleted in short batches. SQLite: short batches; it reuses the
-        freed pages (the file does not shrink until VACUUM). `kvscope collect --retention 30d`
+        PostgreSQL: whole older days detached concurrently and dropped, the rest in short batches.
+        SQLite: short batches (the file shrinks only at VACUUM). `kvscope collect --retention 30d`
         prunes every hour instead (on PostgreSQL whole days only).
 
         Example: kvscope db prune --older-than 30d --db sqlite:///out/kvscope.db

@@ -1,23 +1,11 @@
 """`kvscope inspect PATH_OR_URL [--json]`: what kvscope reads from one exposition.
 
-JSON (``--json``, one object on stdout)::
+``--json`` prints one object: ``series`` (one entry per signal and label set; a histogram's
+``_count`` and ``_sum``), ``unknown_families``, ``facts``, ``warnings`` (the value anomalies,
+read past) and ``warning_counts``; non-finite values as the strings "NaN", "+Inf", "-Inf". A
+syntax error or a truncated body is ``kvscope: error: <source>:<line>: <reason>``, exit 2.
 
-    {"series": [{"signal": "preemptions_total", "labels": {"engine": "0", …}, "value": 3.0}, …],
-     "unknown_families": ["python_info", …],
-     "facts": {"cache_config": [{"engine": "0", "block_size": "16", …}], …},
-     "warnings": [{"kind": "nan", "name": "vllm:…_total", "labels": {…}, "line": 555,
-                   "dropped": true, "detail": "counter value nan dropped"}, …],
-     "warning_counts": {"nan": 1, …}}
-
-One entry per (signal, label set) for counters and gauges; a histogram gives two entries,
-``<signal>_count`` and ``<signal>_sum`` (``null`` when the exposition has no ``_sum``).
-Non-finite values are written as the strings ``"NaN"``, ``"+Inf"``, ``"-Inf"`` (Prometheus
-spelling) so the output stays strict JSON. ``warnings`` are the value anomalies
-collector.parse found (NaN or negative counters, duplicate series, …; what each keeps or
-drops is in its docstring): the rest of the exposition is read and the exit status stays 0
-(one summary line goes to stderr). A malformed exposition (a syntax error) raises
-ParseError, which ``kvscope`` prints as ``kvscope: error: <source>:<line>: <reason>`` and
-exits 2; so does a body the server cut short (``truncated``).
+Output format: kvscope/DESIGN.md#inspect
 """
 
 from __future__ import annotations
@@ -95,7 +83,7 @@ def _num(value: float | None) -> float | str | None:
 
 
 def snapshot_json(snap: Snapshot) -> dict[str, Any]:
-    """The --json document for one snapshot (see the module docstring)."""
+    """The --json document for one snapshot (kvscope/DESIGN.md#inspect)."""
     series: list[dict[str, Any]] = []
     for s in sorted(snap.samples, key=lambda s: (s.signal, s.labels)):
         labels = dict(s.labels)

@@ -102,21 +102,14 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Decide none / native / lmcache from the store's history, forecast KV demand and size.
 
-        Engines serving different models (or on different GPUs / TP sizes) are fitted,
-        decided and sized per model group; --group picks one.
-
-        --save keeps the plan in the store; --every re-plans on a clock like `kvscope
-        collect` runs (a failing round is logged and counted; SIGTERM stops it, exit 0).
+        Planned per model group (model, GPU, TP; --group picks one). --save keeps the plan in the
+        store; --every re-plans on a clock until SIGTERM (a failing round is logged and counted).
 
         Example: kvscope plan --db sqlite:///kvscope.db --cluster prod --since 3d --horizon 7d
         --gpu-price 3.0 --json --plots plots/ --group 'llama-3.1-8b@h100:tp1'
-
         Example: kvscope plan --db sqlite:///kvscope.db --cluster prod --save
-
         Example: kvscope plan --slo-ttft 1s --slo-quantile p99 --json
-
-        Example: kvscope plan --every 15m --db postgresql+psycopg://kvscope@db/kvscope
-        """
+        Example: kvscope plan --every 15m --db postgresql+psycopg://kvscope@db/kvscope"""
         from pydantic import ValidationError
 
         from core.durations import parse_duration

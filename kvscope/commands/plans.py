@@ -229,14 +229,12 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """How each stored plan fared against what happened (the closed loop).
 
-        Every plan whose horizon has passed is compared with the windows that came later:
-        KV demand inside the forecast interval (realised vs nominal coverage), saturation
-        before / after the predicted bounds, the gain at current use inside its interval.
-        Plans whose horizon has not passed are pending. The statistics are described in
-        planner/plan/outcome.py.
+        Every plan whose horizon has passed is compared with the windows that came later: KV demand
+        inside the forecast interval (realised vs nominal coverage), saturation before / after the
+        predicted bounds, the capacity ratio inside its interval; the others are pending. The
+        statistics: planner/plan/METHODS.md#outcome.
 
         Example: kvscope plans accuracy --db sqlite:///kvscope.db --cluster prod
-
         Example: kvscope plans accuracy --db sqlite:///kvscope.db --json
         """
         from planner.plan import accuracy_summary, score_plans

@@ -165,18 +165,12 @@ def register(app: typer.Typer) -> None:
         bundled scenario (a file path wins over a bundled name; --list prints them).
 
         Example: kvscope simulate shared_prefix --json
-
         Example: kvscope simulate shared_prefix
         --compare none,native,lmcache --sweep gpu_memory_utilization=0.3:0.9:0.1 --json
-
         Example: kvscope simulate shared_prefix
         --serve 127.0.0.1:9100 --speed 30 --ports-file ports.json
-
         Example (repeats demo's 4 simulated hours until stopped):
-        kvscope simulate demo --serve 0.0.0.0:9100 --speed 4 --loop
-
-        Example: kvscope simulate --list
-        """
+        kvscope simulate demo --serve 0.0.0.0:9100 --speed 4 --loop"""
         from core.errors import ConfigError
         from planner.simulate.cluster import Simulation
         from planner.simulate.compare import compare, parse_modes, parse_sweep, render_table

@@ -1,18 +1,10 @@
 """`kvscope advise`: a what-if answer without history — cost model + a short simulation.
 
-From a workload described in a few numbers (model, GPU, TP, prompt/output tokens, QPS, the
-share of each prompt that is a shared prefix, how many distinct prefix tokens there are):
-
-1. the cost model gives KV bytes per token, HBM KV per engine, prefill seconds, the
-   break-even bandwidth B* and the break-even context of every storage tier;
-2. a seeded scenario of planner/simulate runs once per mode (none / native / lmcache) on
-   the same requests; per-engine KV use is sampled through the run;
-3. the simulated figures fill an Evidence record (``evidence_from_sim``), which is decided
-   (planner/decide/decision.py) and sized (planner/deploy/sizing.py) exactly like `kvscope plan`'s.
-
-Simulated gains are not measurements: they carry the simulator's error (the band of the
-what-if's working-set regime: its largest in-sample miss on published A/B runs, no coverage
-level; planner/advise/sim.py ``BANDS``) and one seed's noise.
+From a workload in a few numbers, the cost model gives KV bytes, HBM KV, prefill time and
+the tiers' break-evens; a seeded simulation runs once per mode on the same requests; its
+figures fill an Evidence record, decided and sized exactly like `kvscope plan`'s. Simulated
+gains are not measurements: they carry the simulator's error (the band of the working-set
+regime, planner/advise/sim.py ``BANDS``, no coverage level) and one seed's noise.
 """
 
 from __future__ import annotations

@@ -1,25 +1,11 @@
 """The evidence record the decider and the sizer consume.
 
-`kvscope plan` builds one Evidence per cluster or model group from the windows, the fits
-(planner/fit/run.py) and the forecast (planner/forecast/demand.py); tests and what-if questions
-build it
-by hand. Every field is optional: None means "unknown", which lowers the decision score of the
-decision and is named in its output. Fractions are 0–1, sizes GiB (LMCache --l1-size-gb and
-vLLM --kv-offloading-size are both GiB), times seconds.
+`kvscope plan` builds one Evidence per cluster or model group from the windows, the fits and
+the forecast; tests and what-if questions build it by hand. Every field is optional: None
+means "unknown", which lowers the decision score and is named in the output. Fractions are
+0–1, sizes GiB, times seconds.
 
-Where the fields come from (for the `kvscope plan` wiring):
-- kv_util_*, preemptions_per_1k, prompt_tokens_*, prefix/external hit ratios: quantiles and
-  ratios of the planner/frames/frames.py columns over the analysis window. prompt_tokens_mean is
-  exact (Σ histogram sum / Σ count); prompt_tokens_p90 is read from the histogram buckets
-  and, when its rank lies in the +Inf bucket (PromQL then returns the highest finite bound),
-  is only a lower bound: prompt_tokens_p90_censored says so.
-- native_capacity / lmcache_capacity from planner/plan/verdict.py: the capacity ratio at the
-  SLO (planner/fit/capacity.py, or the switchback of a canary), with the number of
-  independent units behind it; "cannot tell" below 2 units per arm.
-- demand_peak / time_to_saturation_s from planner.forecast.demand.Forecast: the highest point's
-  (mean, lo, hi) and (time_to_saturation_s, _lo_s, _hi_s); from the KV the request-rate
-  forecast implies when that lies wholly above (planner/forecast/little.py); demand_basis
-  says which and why.
+Where each field comes from: planner/decide/DECIDER.md#the-evidence-record-plannerdecideevidencepy
 """
 
 from __future__ import annotations
@@ -68,15 +54,10 @@ INTERVAL_KINDS = ("confidence", "largest_in_sample_miss")
 class CapacityEvidence:
     """The capacity of one offload mode relative to no offload, at the SLO.
 
-    ratio: capacity(mode) / capacity(none) — the load one engine sustains within the SLO
-    (planner/fit/capacity.py), 1.25 = +25 %; its interval is the reported one (90 % for
-    measured ratios). claim: the interval a measured vote reads (95 %: a claim of either sign
-    is wrong at most 2.5 % of the time). lower_bound: the offload units never reached the
-    SLO, so the ratio is at least ``ratio.lo`` (``ratio.hi`` is then the estimate, not an
-    upper end). units: independent units (engines, or pools) in the mode's arm and in the
-    control arm. can_tell False when the data could not separate the mode from noise or
-    from the units (why says what was missing, settle what would settle it). provenance:
-    "measured" or "simulated" (what-if runs: ``interval_kind`` "largest_in_sample_miss").
+    ``ratio`` = capacity(mode) / capacity(none) with its reported interval (90 % when
+    measured); ``claim`` the 95 % interval a measured vote reads; ``lower_bound``: the ratio is
+    at least ``ratio.lo``; ``units`` per arm; ``can_tell``/``why``/``settle``; ``provenance``
+    "measured" or "simulated". Fields: planner/decide/DECIDER.md, "The Evidence record".
     """
 
     can_tell: bool
@@ -155,16 +136,9 @@ _NON_NEGATIVE = (
 class Evidence:
     """What kvscope knows about one cluster or model group (None = unknown).
 
-    cross_engine_reuse: share of prompt tokens whose prefix is cached only on ANOTHER
-    engine (what sharing through LMCache could save); cross_node_reuse: the part of that
-    share whose other engine is on another node (needs an L2 tier to share).
-    reprefill_share: share of prompt tokens recomputed although this engine had computed
-    them before (preempted or evicted): what engine-local offload could save.
-    l1_hit_curve: (L1 GiB, hit rate) points of the LMCache hit-rate-vs-L1-size fit.
-    demand_*: the forecast's unit (demand_unit), engine_capacity: sustainable demand of one
-    engine in that unit.
-    prompt_tokens_p90_censored: the histogram put the p90's rank in its +Inf bucket, so
-    prompt_tokens_p90 is the top finite bucket bound, a lower bound of the real p90.
+    Fields such as ``cross_engine_reuse``, ``reprefill_share``, ``l1_hit_curve``, ``demand_*``,
+    ``engine_capacity`` and ``prompt_tokens_p90_censored`` (the p90 is only a lower bound) are
+    explained in planner/decide/DECIDER.md, "The Evidence record".
     """
 
     model: str | None = None

@@ -2,19 +2,9 @@
 
 Every function returns an exact shell fragment (arguments joined with shlex.join, JSON values
 made with json.dumps), so `shlex.split` and `json.loads` give the values back. Flag names are
-checked against the sources of vLLM 0.11.0–0.33.0 and LMCache 0.5.6 (cited per function);
-versions outside 0.11–0.33 raise ConfigError rather than guess.
-
-vLLM native CPU offload by version (vllm/config/cache.py, vllm/config/vllm.py,
-vllm/v1/kv_offload/cpu.py of each release's sdist):
-- 0.11.0: only `--kv-transfer-config` with OffloadingConnector and
-  `kv_connector_extra_config.num_cpu_blocks` (blocks per worker of `block_size` tokens).
-- 0.11.1–0.13.x: `--kv-offloading-size/--kv-offloading-backend` exist, but the native backend
-  fills in `num_cpu_blocks: 0` and CPUOffloadingSpec then raises "num_cpu_blocks must be
-  specified", so kvscope still emits the JSON with an explicit `num_cpu_blocks`.
-- 0.14.0+: `--kv-offloading-size GiB` (total across TP·PP ranks) turns native offload on
-  (`--kv-offloading-backend` defaults to native from 0.14.0; kvscope spells it out anyway);
-  it becomes `cpu_bytes_to_use = size · 2**30` in the extra config.
+checked against the sources of vLLM 0.11.0–0.33.0 and LMCache 0.5.6 (cited per function and
+constant; vLLM's native-offload flags by version at OFFLOADING_SIZE_FLAG_FROM); versions
+outside 0.11–0.33 raise ConfigError rather than guess.
 """
 
 from __future__ import annotations
@@ -28,7 +18,16 @@ from collections.abc import Mapping, Sequence
 from core.errors import ConfigError
 
 SUPPORTED_VLLM = ((0, 11), (0, 33))
-# vLLM 0.14.0: kv_offloading_size -> cpu_bytes_to_use works for the native backend.
+# vLLM native CPU offload by version (vllm/config/cache.py, vllm/config/vllm.py,
+# vllm/v1/kv_offload/cpu.py of each release's sdist):
+# - 0.11.0: only --kv-transfer-config with OffloadingConnector and
+#   kv_connector_extra_config.num_cpu_blocks (blocks per worker of block_size tokens);
+# - 0.11.1–0.13.x: --kv-offloading-size/--kv-offloading-backend exist, but the native backend
+#   fills in num_cpu_blocks: 0 and CPUOffloadingSpec then raises "num_cpu_blocks must be
+#   specified", so the JSON with an explicit num_cpu_blocks is emitted;
+# - 0.14.0+: --kv-offloading-size GiB (total across TP·PP ranks) turns native offload on
+#   (--kv-offloading-backend defaults to native from 0.14.0; spelled out anyway), and
+#   kv_offloading_size -> cpu_bytes_to_use = size · 2**30 works for the native backend.
 OFFLOADING_SIZE_FLAG_FROM = (0, 14)
 GIB = 1024**3
 # vLLM's default KV block size on CUDA (16 tokens; vllm/config/cache.py).

@@ -1,16 +1,13 @@
 """The statistical fits on an analysis frame, each with intervals and a "cannot tell" reason.
 
-- ``preempt``: preemptions vs KV use (a GLM with a hinge knee, profile-likelihood interval);
-- ``gain``: tokens/s per offload mode at equal KV use, and its break-even (``gain_curve``,
-  ``gain_crossings``): a diagnostic, not the effect of offload (offload changes KV use);
-- ``units``, ``effects``, ``capacity``, ``switchback``: the verdict's units of evidence (engines
-  or LMCache pools), today's effects, capacity at the SLO, and a canary run as a switchback;
-- ``mfu``: prefill MFU from TTFT on low-load windows;
-- ``hitrate``: the LMCache L1 hit-rate curve vs L1 size (``HitRateFit.curve`` evaluates it);
-- ``reuse``: the LRU hit ratio vs KV capacity from vLLM's sampled block-residency
-  histograms (AET), and what a native CPU offload or an LMCache pool of X GiB would add;
-- ``common``: estimates, intervals, weights and covariance pieces the fits share;
-- ``run``: :func:`fit_all`, every fit the data supports.
+``preempt`` (preemption knee), ``gain`` (tokens/s at equal KV use: a diagnostic; with
+``gain_curve`` and ``gain_crossings``), ``units``/``effects``/``capacity``/``switchback``
+(the verdict's units, today's effects, capacity at the SLO, a canary switchback), ``mfu``
+(prefill MFU), ``hitrate`` (LMCache L1 curve; ``HitRateFit.curve`` evaluates it), ``reuse``
+(hit ratio vs KV capacity from vLLM's residency histograms, AET), ``common`` (shared
+pieces), ``run`` (:func:`fit_all`, every fit the data supports).
+
+Methods: planner/fit/METHODS.md
 """
 
 from planner.fit.common import Estimate, FitResult, Interval

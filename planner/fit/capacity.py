@@ -1,32 +1,11 @@
 """Capacity at the SLO: the load one unit sustains within the latency target, per offload mode.
 
-Estimand: the served load (prompt + generated tokens per second of one engine) above which
-an engine no longer meets the SLO — a window meets it when its TTFT quantile is at or under
-the target and its waiting queue is not growing. The ratio of the modes' capacities is the
-gain sizing, the rules and the headline use; it is the quantity offload is bought for
-(more load per GPU at the same latency), unlike throughput at equal KV use, which offload
-itself changes.
+Per unit (an engine, or an engine's share of a pool): isotonic regression of SLO misses on
+window load, the capacity where the miss probability first exceeds one half (a bound,
+``status`` "above"/"below", when the unit never came near saturation). Between modes:
+Welch's t interval on log capacity over units, a pool counting once.
 
-Per unit (an engine, or an engine's share of a pool — see below): whether each window missed
-the SLO is made non-decreasing in its load (isotonic regression of the windows one by one,
-scipy's PAVA: the monotone maximum-likelihood estimate of the miss probability), and the
-capacity is the load where that estimate first exceeds one half (midway between the two
-windows it falls between). Windows are not binned first: a diurnal load leaves few windows
-at middle loads, and interpolating between the means of wide bins put the crossing as much
-as a fifth too low (the switchback study's dev split, docs/accuracy.md). A unit whose windows
-miss the SLO too rarely (fewer than MIN_SIDE windows) never came near saturation: its
-capacity is only known to exceed a load it carried (``status`` "above"). That bound is the
-MIN_BIN-th highest window load, not the highest: one minute's served load scatters around
-the offered load, and the single highest window overstated the sustained load by ~15 % in
-the dev split. One that misses the SLO at every load has ``status`` "below", the bound
-being the MIN_BIN-th lowest window load.
-
-Between modes: the mean of log capacity per arm, compared with Welch's t interval on units
-(statsmodels CompareMeans, Satterthwaite df) — engines of one LMCache pool are averaged into
-one unit first, so a pool counts once. Units whose capacity is only a lower bound enter with
-that bound, and the ratio is then itself a bound (``bound`` "lower" when only the offload
-arm is censored: the true ratio is at least that). With no control unit near saturation the
-data cannot tell.
+Method: planner/fit/METHODS.md#capacity
 """
 
 from __future__ import annotations
@@ -193,7 +172,7 @@ def fit_capacity(
     level: float = 0.90,
     claim_level: float = 0.95,
 ) -> CapacityComparison:
-    """Capacity of ``mode`` against ``none`` at the SLO (module docstring)."""
+    """Capacity of ``mode`` against ``none`` at the SLO (METHODS.md#capacity)."""
     import numpy as np
 
     slo = slo or Slo()

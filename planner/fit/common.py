@@ -1,17 +1,10 @@
 """What every fit in :mod:`planner.fit.run` shares: result records, history checks, warning
 capture, robust covariances (planner.fit.lsq; CR2 from planner.fit.cr2) and time budgets.
 
-Conventions of every fit result
--------------------------------
-* ``estimate`` with ``interval`` (``lo``, ``hi``, ``level``) — never a number without one.
-* ``n`` windows actually used, ``method`` (model + estimator + interval method),
-  ``assumptions`` (what must hold for the interval to mean what it says) and ``basis``
-  (facts about the data used: ranges, engines, modes).
-* ``warnings``: every warning raised by the numerical libraries during *this* fit, recorded
-  with :func:`warnings.catch_warnings` (no global filter is changed).
-* ``can_tell`` / ``why``: ``False`` with a plain-language reason when the data cannot answer
-  (no events, no overlap, an interval that is not bounded by the data, ...). The estimate
-  may still be filled in then; read it together with ``why``.
+Every result has ``estimate`` with ``interval``, ``n``, ``method``, ``assumptions``,
+``basis``, ``warnings`` (caught during this fit only) and ``can_tell`` / ``why``.
+
+Conventions: planner/fit/METHODS.md#common
 """
 
 from __future__ import annotations
@@ -73,7 +66,7 @@ class Estimate:
 
 @dataclass(frozen=True, slots=True)
 class FitResult:
-    """Fields common to every fit result (see the module docstring)."""
+    """Fields common to every fit result (METHODS.md#common)."""
 
     what: str
     estimate: float
@@ -241,6 +234,7 @@ def ols_robust(y: Array, x: Array, groups: npt.NDArray[np.int64] | None, kind: s
     bias-reduced, with Bell–McCaffrey degrees of freedom: planner.fit.cr2; use it with few
     clusters). The fit and the HC3 / CR1 sandwiches are statsmodels' ``OLS.fit(cov_type=…)``
     computed by row blocks (planner.fit.lsq), so memory stays near one copy of ``x``.
+    Method: planner/fit/METHODS.md#robust-ols-ols_robust
     """
     import numpy as np
 

@@ -1,37 +1,11 @@
 """The one covariance the planner computes by hand: CR2, with its Bell–McCaffrey degrees
-of freedom. statsmodels (0.15) has HC0–HC3, CR1 (``cov_type="cluster"``) and the
-jackknife CR3, but not the bias-reduced linearization, which is what few clusters need.
+of freedom (Bell & McCaffrey 2002, Survey Methodology 28(2); Imbens & Kolesár 2016;
+Pustejovsky & Tipton 2018). statsmodels (0.15) has HC0–HC3, CR1 and CR3, not this
+bias-reduced linearization, which is what few clusters need.
 
-CR2 (Bell & McCaffrey 2002, Survey Methodology 28(2); recommended with few clusters by
-Imbens & Kolesár 2016, Rev. Econ. Stat. 98(4), and Pustejovsky & Tipton 2018, J. Business
-& Economic Statistics 36(4)) for OLS ``y = Xβ + e`` with clusters g:
+Each cluster costs O(n_g p²) (no n_g × n_g matrix) and a contrast's ν O(G² p).
 
-    V = M (Σ_g X_g' A_g e_g e_g' A_g X_g) M,   M = (X'X)^(−1),  A_g = (I − H_gg)^(−1/2),
-
-H_gg = X_g M X_g' the cluster's block of the hat matrix. A weighted fit is passed as OLS on
-rows scaled by √w, so the working model is the inverse-variance one (clubSandwich's
-default ``target`` for weighted fits).
-
-Degrees of freedom for a contrast c'β (Bell & McCaffrey 2002, section 3; Pustejovsky &
-Tipton 2018, section 3.2, the Satterthwaite approximation of clubSandwich's
-``coef_test(..., test = "Satterthwaite")``) under the working model Var(e) = σ²I:
-with p_g = A_g X_g M c and e_g = (I − H)_g ε (the g rows of I − H),
-
-    c'Vc = Σ_g (p_g' e_g)² = ε' G G' ε,   G = [q_1 … q_G],  q_g = (I − H)_g' p_g,
-
-so c'Vc = σ² Σ_i λ_i χ²_1 with λ the eigenvalues of G'G, and matching the first two
-moments of a scaled χ²_ν gives ν = (Σλ)² / Σλ² = tr(G'G)² / ‖G'G‖²_F. The G × G matrix
-needs no n × n one: (I − H)_g (I − H)_h' = δ_gh I − X_g M X_h', hence
-
-    (G'G)_gh = δ_gh p_g'p_g − (X_g'p_g)' M (X_h'p_h).
-
-p_g is linear in c: p_g'p_g = c'L_g c and X_g'p_g = K_g c with the p × p matrices
-L_g = M X_g' A_g² X_g M and K_g = X_g' A_g X_g M, kept per cluster so a contrast's ν costs
-O(G² p) (the gain fit asks for one per utilization on a 401-point grid).
-
-Matrix functions of H_gg = Z Z' (Z = X_g M^(1/2)) come from the p × p Z'Z = V Λ V':
-f(Z Z') = I + Z V diag((f(λ) − 1)/λ) V' Z', so a cluster costs O(n_g p²) and never an
-n_g × n_g matrix (a cluster may hold a week of 1-minute windows).
+Method: planner/fit/METHODS.md#cr2
 """
 
 from __future__ import annotations
@@ -60,7 +34,7 @@ class CR2:
     kmat: Array  # K_g, (G, p, p)
 
     def df(self, contrasts: Array) -> Array:
-        """Bell–McCaffrey ν for each row c of ``contrasts`` (module docstring)."""
+        """Bell–McCaffrey ν for each row c of ``contrasts`` (METHODS.md#cr2)."""
         import numpy as np
 
         c = np.atleast_2d(contrasts)
@@ -78,7 +52,7 @@ class CR2:
 
 def cr2(x: Array, resid: Array, groups: npt.NDArray[np.int64], xtx_inv: Array) -> CR2:
     """CR2 of the OLS fit with design ``x``, residuals ``resid``, ``xtx_inv`` = (X'X)^(−1),
-    clusters ``groups`` (module docstring)."""
+    clusters ``groups`` (METHODS.md#cr2)."""
     import numpy as np
 
     lam, vec = np.linalg.eigh(xtx_inv)

@@ -1,22 +1,11 @@
 """What each offload mode does today: latency, preemptions and re-prefill at the cluster's load.
 
-Estimand: for each outcome, the difference between windows of engines running ``mode`` and
-windows of engines without offload, over the analysis period, at the traffic each engine
-carried, adjusted for traffic mix (planner/fit/units.py TRAFFIC). Latencies are compared on
-the log scale (a ratio: 0.8 = 20 % lower), counts per 1k requests as a difference.
+WLS of each outcome (log latency; counts per 1k requests) on the mode and the traffic mix,
+weighted by finished requests, errors clustered on units (engines or LMCache pools) with CR2
+and Bell–McCaffrey df (Imbens & Kolesár 2016). Cannot tell with fewer than MIN_UNITS units
+per arm (a lone canary: use a switchback).
 
-Model: weighted least squares of the outcome on ``[1, d, traffic − its mean]`` (d = 1 on the
-mode's windows), weighted by the window's finished requests (a window quantile or mean over
-more requests is less noisy). Errors are clustered on units — engines, or the LMCache pool
-engines share — with the bias-reduced CR2 and the Bell–McCaffrey degrees of freedom of the
-mode contrast (planner/fit/cr2.py; Imbens & Kolesár 2016, Rev. Econ. Stat. 98(4)): with
-2 + 2 units ν is about 2 and the interval is as wide as two engines per arm warrant.
-
-When the data cannot tell: fewer than MIN_UNITS units in either arm (one canary engine
-cannot separate the engine from the mode: run it as a switchback, planner/fit/switchback.py),
-or too few windows. The comparison is an association between engines: an engine-level
-difference the traffic covariates do not capture (hardware, a noisy neighbour) is part of
-the interval only through the engines' spread, which is why units, not windows, count.
+Method: planner/fit/METHODS.md#effects
 """
 
 from __future__ import annotations
@@ -147,7 +136,7 @@ def fit_today(
     outcomes: tuple[Outcome, ...] = OUTCOMES,
     adjust: bool = True,
 ) -> TodayEffects:
-    """The today estimand of ``mode`` against ``none`` (module docstring). ``units`` gives
+    """The today estimand of ``mode`` against ``none`` (METHODS.md#effects). ``units`` gives
     each frame row its unit (planner.fit.units.unit_keys). Raises InsufficientHistory when
     an arm has fewer than MIN_WINDOWS_PER_ARM windows with finished requests."""
     import numpy as np
@@ -228,8 +217,8 @@ def _count(values: npt.NDArray[np.object_] | npt.NDArray[np.int64]) -> int:
 class _Units:
     """The units of the rows as codes of their text: equal texts one code, numbered in
     sorted text order, so a group of rows numbers its units as ``np.unique`` of the texts
-    does, with no string compared per row. Units not all ``str`` are read as before: the
-    distinct values' texts (count) and each row's text (groups)."""
+    does, with no string compared per row. Units not all ``str`` are read through their texts:
+    the distinct values' texts (count) and each row's text (groups)."""
 
     def __init__(self, units: npt.NDArray[np.object_]) -> None:
         import numpy as np

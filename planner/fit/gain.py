@@ -1,102 +1,12 @@
 """Tokens/s vs KV utilization × offload mode: the equal-KV-use diagnostic of `kvscope plan`.
 
-This is not the effect of offload nor its capacity gain — offload itself lowers KV use, so
-comparing engines at equal KV use compares them at different loads; planner/fit/effects.py
-and planner/fit/capacity.py estimate those. It stays as a diagnostic under its own name
-("tokens/s at equal KV use") and its break-even KV use.
+Not the effect of offload nor its capacity gain (offload itself lowers KV use: effects.py and
+capacity.py estimate those). Fits the log-throughput gain g(u) of an offload mode over none,
+piecewise linear in log u on the modes' common support (WLS; errors clustered by engine with
+CR1, CR2 + Bell–McCaffrey df with few engines, else HC3), and locates its break-even u* with
+a Fieller interval (or a cluster bootstrap); ``can_tell`` False, with a reason, otherwise.
 
-Model
------
-With u a pressure measure (default ``kv_util``), d = 1 for windows of the offload mode
-and 0 for windows without offload, and B(x) a continuous piecewise-linear basis
-``[1, x − x̄, (x − κ_1)+, …, (x − κ_K)+]`` (knots κ at equally spaced quantiles of x),
-on the default log scale (``scale="log"``, x = log u, y = log tokens/s):
-
-    y_i = B(x_i)'β + d_i · B(x_i)'γ + ε_i ,   weighted by w_i,
-
-so ``none(u) = exp(B'β)`` and the *gain* ``g(u) = B'γ`` is the log of the throughput
-ratio: the relative gain is ``exp(g) − 1``. Why the log scale: the gain is a ratio (the
-simulator study defines the truth that way), window noise is multiplicative, and on the
-linear scale the absolute gain goes to 0 with the throughput as u → 0, so its estimate
-wandered across 0 at the low edge (``scale="linear"`` keeps the old model). Weights: a
-window's throughput is a sum over its requests, so var(log tokens/s) ≈ (1 + CV²)/requests;
-``w = max(requests, 1)`` (``weight=None``: unweighted). At low load a 60 s window of
-long-prompt requests has a log-throughput SD of 0.3–0.45 against 0.05–0.1 at high load
-(simulator telemetry), and unweighted fits chased that noise. K is chosen among 1–6 by
-leave-one-engine-out cross-validation, scored where the left-out engine lies inside the
-range the others cover (``planner.fit.gain_curve.choose_knots``; 3 with fewer than 4 engines),
-and never below 3: a curve tuned for prediction carries a bias of the order of its standard
-error, which the interval does not cover (undersmoothing; Hall 1992). The fit is
-restricted to the *common support*: the utilization range both modes cover (each mode's
-2nd–98th percentiles intersected), so neither curve is extrapolated;
-saturated windows (u > ``saturated``, 0.95: the cache pinned full, requests queued or
-preempted — every mode sits at u ≈ 1 there, so throughput is not a function of u) and, on
-the log scale, idle windows are left out, and ``basis`` counts them.
-
-Estimator and uncertainty
--------------------------
-Weighted least squares (statsmodels OLS on rows scaled by √w;
-``planner.fit.common.ols_robust``) with cluster-robust covariance by engine when each mode
-has ≥ 2 engines and there are ≥ 4 in all — engine-level differences then enter the gain's
-error, as they must when the mode is fixed per engine: CR1 (statsmodels' ``cluster``) with
-t(G−1) from MIN_CLUSTERS (10) engines, the bias-reduced CR2 below (CR1 is too narrow with
-few clusters, Cameron & Miller 2015) with the Bell–McCaffrey degrees of freedom of each
-utilization's gain contrast (Imbens & Kolesár 2016; Pustejovsky & Tipton 2018;
-planner.fit.cr2, the one covariance computed by hand) — and HC3 (statsmodels) otherwise
-(windows treated as independent; ``assumptions`` says what that leaves out). With few
-engines per mode the Bell–McCaffrey ν is small (0.14–3.9 over the support on 3 + 3 engines,
-``synthetic_frame(6, 240, seed=1)``; smallest at the edges, which few engines reach) where
-t(G−1) had G − 1 = 5: in a seeded
-Monte Carlo with a cluster-level effect (tests/planner/test_fit_cr2.py, 300 replicates)
-nominal 95 % intervals covered 0.937 with t(G−1) and 0.973 with t(ν) on 2 + 2 clusters,
-0.917 and 0.987 on 2 + 6. Pointwise intervals: Wald for g, mapped through exp − 1 for the
-relative gain (an end is +∞ where ν is so small that the t quantile overflows exp). The
-break-even u* solves g(u*) = 0: a sign change of the estimated gain that the data *locate*
-— between two utilizations where the gain's interval excludes 0 with opposite signs
-(:func:`located_crossings`). Its interval, by default, is Fieller's: the set
-{u : |g(u)| ≤ t·se(g(u))} of break-evens not rejected by a level-α test, i.e. the
-inversion of the pointwise test — it stays valid when g is flat
-(the delta method's ĝ'(u*) in the denominator does not) — namely the accepted stretch
-around u*, evaluated on a 401-point grid over the support. A sign change inside the
-accepted stretch at an edge of the support is reported with that stretch as its interval,
-open at the edge (u* may lie beyond the observed range; typically the small cost of offload
-below u* is not measurable, so only the upper end is bounded); a sign change inside an
-interior accepted stretch with the same sign on both sides is a wiggle, not a break-even.
-Which crossing answers "from which utilization on does offload pay off": a located rising
-one, else a rising one at an edge, else a located falling one, else the edge's; any other
-located crossing is named in ``why``. In seeded simulations with known truth (additive
-gain, i.e. a model the log fit does not assume; 240 windows per engine, engine random
-effects) the 90 % interval covered the true u* in 91 of 100 replicates with 20 engines
-and 84 of 100 with 4 + 4 (tests/planner/test_fit_gain.py checks 50); re-run on 4 + 4
-(``synthetic_frame(8, 240, seed=1000..1099)``) when CR2 took the Bell–McCaffrey ν: 88 of
-100, against 86 with t(G−1) on the same seeds, the data telling in 79 instead of 88 (the
-wider intervals reach the support's edge more often). Alternatively
-``interval_method="bootstrap"``: a seeded stratified cluster bootstrap (engines resampled
-with replacement within each mode; percentile interval), bounded by ``n_boot`` and
-``time_budget_s`` — it covered 86/100 (20 engines) and 80/100 (8 engines) with the linear
-model, so Fieller stays the default.
-
-Assumptions
------------
-Mean (log) throughput is a smooth function of u within each mode (piecewise linear with
-the chosen knots); the comparison is an association: when modes differ by engine,
-engine-level differences (model, GPU, traffic mix) are confounded with the mode unless the
-same engine ran both modes — with few engines per mode the interval does not cover that.
-HC3 treats windows as independent (serial correlation makes it too narrow); cluster errors
-need enough engines (CR2 softens, does not remove, that need).
-
-When the data cannot tell
--------------------------
-``can_tell`` is False with a reason when: a mode has too few windows; the utilization
-ranges do not overlap; there is no break-even in the support (``verdict`` then says
-``positive_throughout`` / ``negative_throughout``: the sign wherever the interval excludes
-0); the gain's interval contains 0 at every u (``undetermined``); the break-even interval
-reaches the edge of the support; or the gain changes sign (located) more than once.
-When no break-even is located but the interval contains 0 at the end of the support where
-one would lie (the low end when the gain is positive), only a bound is claimed:
-``positive_above`` with ``interval`` [lo, u_1] (u* <= u_1, the first u where the gain is
-significantly positive; open below) or ``negative_below`` with [u_2, hi] (u* >= u_2); the
-estimate stays NaN. A sharp knee whose small cost below u* is within the noise reads so.
+Method: planner/fit/METHODS.md#gain
 """
 
 from __future__ import annotations
@@ -143,7 +53,7 @@ if TYPE_CHECKING:
 
 NO_OFFLOAD = "none"
 # Windows whose mean KV utilization exceeds this are saturated (the cache pinned full,
-# requests queued or preempted): excluded from the gain fit (fit_gain's docstring).
+# requests queued or preempted): excluded from the gain fit (METHODS.md#gain).
 SATURATED_UTIL = 0.95
 NOT_OFFLOAD = frozenset({"none", "unknown"})
 
@@ -189,7 +99,7 @@ def fit_gain(
     time_budget_s: float = 10.0,
     seed: int = 0,
 ) -> GainFit:
-    """Fit the gain model (module docstring) of ``offload`` (default: every offload mode
+    """Fit the gain model (METHODS.md#gain) of ``offload`` (default: every offload mode
     pooled) against ``none``. Raises InsufficientHistory below ``min_windows`` windows."""
     import numpy as np
 

@@ -33,16 +33,11 @@ def located_crossings(
     """Sign changes of ``gain`` that the data locate: (root, lo, hi, rising) for each pair of
     consecutive grid points where the interval excludes 0 (``~ok``) with opposite signs.
 
-    [lo, hi] is the accepted stretch between them (the Fieller set around the crossing, on
-    the grid; widened to the root when the root falls between grid points) and root the
-    first sign change of the estimate between them — or, with ``pick="steep"``, the one
-    where the estimate crosses 0 most steeply: where the gain is flat near 0 for a stretch
-    and then turns (a knee), the estimate wanders across 0 along the flat part, shallowly,
-    and its first root there says nothing about where the gain turns. A sign change
-    inside a stretch of accepted points that reaches the edge of the grid, or that has the
-    same sign on both sides, is not located: the gain is not distinguishable from 0 there
-    (near u = 0 both modes' throughput, hence the absolute gain, go to 0, so the estimate
-    often wanders across 0 at the low edge).
+    [lo, hi] is the accepted stretch between them (widened to the root when it falls between
+    grid points); root the first sign change of the estimate between them, or with
+    ``pick="steep"`` the steepest one (a flat gain near 0 wanders across it shallowly). A sign
+    change in an accepted stretch reaching the grid's edge, or with one sign on both sides, is
+    not located. Method: planner/fit/METHODS.md#break-even
     """
     import numpy as np
 

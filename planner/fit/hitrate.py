@@ -1,57 +1,11 @@
 """LMCache L1 hit rate vs cache size: what hit rate would another size give, and what size
 reaches a target?
 
-Model
------
-For window i with L1 bytes in use C_i, requested (looked-up) tokens n_i and hit tokens
-y_i = h_i·n_i (h_i the window's token hit ratio),
+A binomial GLM (logit) of hit tokens on a natural cubic spline in ln(L1 bytes in use),
+statsmodels IRLS; covariance clustered by LMCache pool (CR1, t(G − 1)) from spline_df + 1
+pools, else HAC within each pool. Sizes are never looked for outside those seen.
 
-    E[y_i] = n_i · p(C_i),   logit p(C) = s(ln C),
-
-a binomial GLM with the logit link whose linear predictor s is a natural cubic regression
-spline in ln C (patsy's ``cr``: k basis functions, knots at quantiles of ln C, linear
-beyond the boundary knots). No shape is imposed: the curve is what the sizes seen support,
-and outside them it is an extrapolation (the predictions say so).
-
-Estimator and uncertainty
--------------------------
-statsmodels ``GLM`` (Binomial, logit; endog = [hit tokens, missed tokens]) by IRLS. The
-binomial variance is far too small for token hits (a request hits or misses a whole
-prefix of tokens at once), so only the mean model is taken from it: the covariance is
-cluster-robust (``cov_type="cluster"``, CR1) by LMCache pool — the frame's ``source``,
-whose LMCache server the L1 series come from (engines of one source share it) — with a
-Student t on G − 1 degrees of freedom. A cluster-robust covariance from G pools has rank
-at most G − 1 (the scores sum to zero), so it can carry a spline of k basis functions
-only from G ≥ k + 1 pools (k = ``spline_df``, default 6, fewer only when the sizes seen
-have fewer distinct quantiles). Capping k at G − 1 instead made the curve too stiff to
-follow a saturating one (3 df from 4 pools: the size estimate's 95 % interval covered
-the truth in 1 of 12 seeded synthetic clusters). With fewer pools the covariance is
-Newey–West HAC within each pool's window series (statsmodels ``hac-panel``, lags by
-Newey & West's rule, factor n / (n − k)) with t(n − k), and ``assumptions`` says so.
-Pointwise intervals are Wald on the logit scale (delta method: b(C)'Vb(C)), mapped
-through the logistic, so they stay in (0, 1). The spline's shape error is not in them:
-on seeded synthetic clusters without pool effects (so intervals far narrower than real
-pools give; benchmarks/accuracy/fitsynth.py, 12 seeds) it is up to 0.003 in hit
-ratio with 6 df, and the pointwise 95 % intervals at 2, 8 and 30 GB covered the true
-curve 77 % of the time from 12 pools (CR1), 84 % from 4 (then HC0, per window).
-
-``estimate``: the smallest size in the observed range at which the curve reaches
-``target_fraction`` of its hit ratio at the largest size seen (``hit_at_largest``), i.e.
-the size past which the sizes seen add less than 1 − q of their hit ratio. Its interval is
-the delta method on ln C for the root of p(C) = q·p(C_max); ``size_for_target_hit`` is the
-same for an absolute hit ratio. Neither is looked for outside the sizes seen.
-
-Assumptions
------------
-L1 *usage* stands in for the L1 *size*: it equals the capacity only when the cache is full
-(windows with evictions; ``only_evicting=True`` keeps just those). While a cache warms up,
-usage and hit rate rise together in time, so workload drift can masquerade as a size
-effect. One curve for every pool; pools independent of one another.
-
-The data cannot tell when sizes barely vary, when the hit ratio does not rise detectably
-from the smallest to the largest size seen (past saturation or independent of size), when
-the target fraction is already reached at the smallest size seen, or when the size's
-interval spans more than a factor of 100.
+Method: planner/fit/METHODS.md#hitrate
 """
 
 from __future__ import annotations
@@ -156,7 +110,7 @@ def fit_hitrate(
     min_windows: int = 30,
     spline_df: int = 6,
 ) -> HitRateFit:
-    """Fit the hit-rate curve (module docstring).
+    """Fit the hit-rate curve (METHODS.md#hitrate).
 
     ``weight``: the looked-up tokens behind each hit ratio (windows without a positive
     count are left out; every window counts 1 when the column is absent). ``sizes``: L1

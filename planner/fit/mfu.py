@@ -1,61 +1,11 @@
 """Effective prefill MFU from TTFT vs prompt length at low load.
 
-Model
------
-In windows where the engine is nearly idle (few running, none waiting) and no prompt waits
-for a load from an external KV cache, the time to first token is a fixed overhead plus the
-prefill compute:
+ttft = t0 + θ·F + ε on low-load windows, F the prefill FLOPs of the window's mean prompt net
+of its local prefix hits (cost model: linear + causal attention); MFU = 1/(θ·peak). WLS by
+TTFT count, CR2 by engine with Bell–McCaffrey df (HC3 with one engine), plus a shape check
+of the cost model's linear/quadratic mix.
 
-    ttft_i = t0 + θ · F_i + ε_i ,    MFU = 1 / (θ · peak),
-
-with F_i the forward FLOPs of prefilling the window's mean prompt P_i of which a share h_i
-is served by the local prefix cache: the P_i·(1 − h_i) uncached tokens attend to the h_i·P_i
-cached ones, so F_i = F(P_i) − F(h_i·P_i), F(P) being the FLOPs of a whole P-token prompt
-from the cost model (linear + causal attention; passed in as ``prefill_flops``). For that
-cost model the difference is exact: F(n | c) = 2N·n + attention over n·c + n(n+1)/2 pairs =
-F(n + c) − F(c) (planner.model.costmodel._causal_pairs). ``peak`` is the engine's peak FLOP/s (all
-its tensor-parallel GPUs). t0 absorbs scheduling, tokenisation, network and the first decode.
-
-Low load: ``running`` ≤ ``max_running``, ``waiting`` ≤ ``max_waiting``, and an external
-(KV connector: native offload, LMCache) hit ratio ≤ ``max_external_hit``, because tokens
-loaded from CPU/remote add a transfer time this model does not have. Local prefix hits are
-allowed (``max_prefix_hit``, default 1): their cost is in F_i above. A cap on local hits
-(0.1 before 2026-11-29) excluded every window of the demo (bundled scenario demo.yaml:
-64 shared 6k-token system prompts, local hit ratio ≥ 0.14 in every window, 0.36 on average)
-whatever the load, i.e. any shared-prefix workload. On the demo (seed 1) this fit gives
-0.498 [0.494, 0.501] for the simulator's MFU of 0.5 (293 windows of the 4 engines without
-offload); scenario variants with other load curves gave 0.494 [0.490, 0.497] and 0.494
-[0.491, 0.497] — the bias of the window means below, ~1 %.
-
-Estimator and uncertainty
--------------------------
-WLS with weights = TTFT observations per window (a window mean of m requests has variance
-∝ 1/m), fitted as OLS on rows scaled by √weight (statsmodels). Errors are clustered by
-engine — the independent unit, since one engine's windows share its load and drift —
-with the bias-reduced CR2 covariance and a Student t with the Bell–McCaffrey degrees of
-freedom of each coefficient (planner.fit.cr2; CR1 with t(G − 1) is too narrow with few
-engines), from 2 engines on. With one engine there is nothing to cluster on: HC3 with
-t(n − 2), and ``assumptions`` says the interval treats its windows as independent. The
-interval of θ maps to MFU through the monotone 1/(θ·peak), so the MFU interval is exact
-given θ's. A shape check refits with an extra linear term δ·P(1 − h); a robust test of
-δ = 0 (same covariance, same df rule) asks whether the cost model's linear/quadratic mix
-fits the data (``shape_p``; small = the MFU is an average over the prompt lengths seen).
-Also reported: the prefill rate (tokens/s) at the median prompt without hits,
-P/(θ·F(P)).
-
-Assumptions
------------
-Low load means no queueing and no decode interference (thresholds are parameters); the
-window means stand in for each request's. The linear FLOPs are exact; the attention term is
-not when a window mixes full hits (S cached tokens) and misses: with a share q of misses the
-formula over-counts q(1−q)S²/2 attention pairs per request, most at middling hit ratios,
-which tilts θ up and t0 below 0 (a ~1 % low MFU on the demo, where t0 came out −2 to −3 ms;
-a negative ``overhead_s`` is the sign). One MFU for all engines given (fit one model/GPU at
-a time).
-
-The data cannot tell when the TTFT does not rise detectably with prompt FLOPs (θ's interval
-reaches 0: MFU unbounded above), when prompt FLOPs barely vary, or when the estimate is
-above 1 (check ``peak_flops`` and the cost model).
+Method: planner/fit/METHODS.md#mfu
 """
 
 from __future__ import annotations
@@ -119,7 +69,7 @@ def fit_mfu(
 
     ``prefill_flops(prompt_tokens)`` returns the FLOPs of one whole prompt (e.g.
     ``lambda s: costmodel.prefill_flops(model, s, 0)``); the cached part of a prompt is
-    subtracted (module docstring). Raises InsufficientHistory when fewer than
+    subtracted (METHODS.md#mfu). Raises InsufficientHistory when fewer than
     ``min_windows`` low-load windows have TTFT and prompt-length data.
     """
     import numpy as np
@@ -244,7 +194,7 @@ def _flops_after_cache(
     prefill_flops: Callable[[float], float], prompt: Array, cached: Array
 ) -> Array:
     """FLOPs of prefilling ``prompt − cached`` tokens after ``cached`` context tokens:
-    F(prompt) − F(cached), exact for a causal cost model (module docstring)."""
+    F(prompt) − F(cached), exact for a causal cost model (METHODS.md#mfu)."""
     import numpy as np
 
     whole = np.array([float(prefill_flops(float(p))) for p in prompt])

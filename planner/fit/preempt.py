@@ -1,82 +1,12 @@
 """Preemptions vs KV-cache pressure: where do preemptions start, and how fast do they grow?
 
-Model
------
-For window i of length t_i with mean KV utilization u_i, the preemption count is
+A Poisson (or NegBin2, after Cameron & Trivedi's overdispersion test) GLM of the window's
+preemptions with a hinge at the knee k in mean KV use, fitted by statsmodels on exact
+sufficient statistics per (bin, window length); k by profile likelihood with a χ²₁ interval
+(Feder 1975), slope and base rate by engine-clustered Wald intervals united over the knee's
+interval.
 
-    y_i ~ Poisson(μ_i)   or   NegBin2(μ_i, α)  (Var = μ + α μ²),
-    log μ_i = log t_i + a + b · max(0, u_i − k),
-
-a log-linear count GLM with a *hinge* at the knee k: below k the rate is the constant
-exp(a) per second, above it the log-rate rises by b per unit of utilization. k is "the
-utilization where preemptions start"; b is the steepness after that.
-
-Estimator
----------
-* u is binned into ``bins`` equal-width bins (default 2000, i.e. 5e-4 of a 0–1 range) and
-  each bin represented by its mean u. Given the binned covariate, windows sharing (bin, t)
-  have the same μ, so (count, Σy) per (bin, t) are *exact* sufficient statistics for both
-  families with α fixed; per (bin, t, engine) plus Σy² they give the exact robust scores.
-  A million windows therefore cost as much as a few thousand rows.
-* For each k on a grid over the 2nd–98th percentile range of u (both sides hold data) the
-  GLM is fitted by statsmodels (``GLM`` with the Poisson / NegativeBinomial family, IRLS,
-  warm-started from the neighbouring k) on the (bin, t) cells: response Σy/c with
-  ``var_weights`` c, offset log t; k̂ maximises the profile log-likelihood ℓ_p(k).
-* Overdispersion: Cameron & Trivedi's (1990, J. Econometrics 46) auxiliary regression
-  ((y−μ̂)² − y)/μ̂ = α μ̂ + ε at the Poisson fit; one-sided test of α = 0. When it rejects at
-  ``dispersion_alpha`` the profile is recomputed with NegBin2, α fixed at that moment
-  estimate (treated as known). ``family`` says which was used.
-* Fits and covariances are statsmodels' (``GLM``; ``fit(cov_type="cluster")`` on the
-  (bin, t, engine) cells, or ``stats.sandwich_covariance`` fed the per-window score sums
-  for HC0); what is computed here is only the aggregation to cells.
-  tests/planner/test_fit_preempt.py checks the result on cells against statsmodels' GLM on
-  the windows themselves.
-
-Uncertainty
------------
-* Knee: profile-likelihood interval {k : 2(ℓ_p(k̂) − ℓ_p(k)) ≤ χ²₁(level)}, interpolated
-  between grid points. The hinge is continuous in k, so the χ²₁ calibration holds
-  asymptotically (Feder 1975, Ann. Statist. 3, continuous segmented regression).
-* Slope b and base rate exp(a): robust Wald intervals — cluster-robust by engine (CR1,
-  Student t with G−1 df) from 2 engines on, since one engine's windows share its workload
-  and drift; with one engine the HC0 sandwich per window, and ``assumptions`` says the
-  windows are then treated as independent — computed at every knee inside the knee
-  interval and *united* (a projection interval), so the knee's uncertainty is carried into
-  them (conservative rather than conditional on k̂). ``cov_type`` and ``clusters`` record
-  which. CR1 is biased down with few clusters (Cameron & Miller 2015, J. Human Resources
-  50(2), section VI); below 10 engines ``assumptions`` says so.
-
-Which utilization: the window mean (``kv_util``, default)
---------------------------------------------------------
-vLLM preempts when no KV block is free, i.e. when the cache is full, so the window's peak
-looks like the natural covariate. But ``kv_util_max`` is the largest of the few scraped
-samples of an instantaneous gauge (4 per 60 s window at a 15 s scrape), and its knee is a
-property of the scrape interval. On the demo (bundled scenario demo.yaml with its earlier
-load, the rising quarter of a 16 h sine, 8 -> 16 req/s; seed 1, 4 simulated h, 8 engines
-pooled; the simulation sampled every second), the knee [95 %] on the window max of samples
-taken every 30 s / 15 s (= ``kv_util_max``) / 5 s / 1 s is 0.28 / 0.52 (lower ends not
-bounded) / 0.84 [0.82, 0.85] / 0.98 [0.97, 0.98]; on the window mean of the 15 s / 1 s
-samples 0.27 / 0.30 (lower ends not bounded). A sampled max thus moves from 0.28 to 0.98
-with the scrape interval and, sampled finely, converges to "the cache is full": true by
-construction, no use for planning. The mean estimates the time-averaged use whatever the
-scrape interval and is what KV-demand forecasts and sizing work in, so it stays the
-default. On the demo it shows what long shared prompts do: the rate rises smoothly
-(log-rate +10 per unit of mean use) from the lowest mean use seen, with no flat stretch
-below, hence no bounded knee. ``util="kv_util_max"`` fits the peak where scrapes are dense
-enough (≤ 5 s above) to make it one.
-
-Assumptions
------------
-Windows independent given u for the knee interval (bursts of preemptions clustered in time
-make it too narrow; the cluster-robust slope errors allow within-engine correlation); one
-knee and one slope for all engines pooled (fit engines of different models/GPUs
-separately); ``util`` represents the pressure during the window.
-
-The data cannot tell when: no preemptions at all (then they start above the largest
-utilization seen, if at all); the likelihood-ratio cut is not reached inside the grid (the
-knee is not bounded by the data: at the lower end, the rate keeps falling down to the
-lowest utilization seen, with no flat base rate to put a knee on); the slope interval
-contains 0 (no detectable rise).
+Method: planner/fit/METHODS.md#preempt
 """
 
 from __future__ import annotations
@@ -151,7 +81,7 @@ def fit_preemption(
     dispersion_alpha: float = 0.05,
     maxiter: int = 50,
 ) -> PreemptionFit:
-    """Fit the hinge count GLM (module docstring) and return the knee with its interval.
+    """Fit the hinge count GLM (METHODS.md#preempt) and return the knee with its interval.
 
     Raises :class:`core.errors.InsufficientHistory` with fewer than ``min_windows``
     windows that have ``util``, ``count`` and ``exposure``.
@@ -403,16 +333,10 @@ def _profile(cells: _Cells, grid: Array, alpha: float, maxiter: int) -> tuple[Ar
 
 def _robust_cov(cells: _Cells, k: float, beta: Array, alpha: float, cluster: bool) -> Array:
     """Robust covariance of β at knee k: statsmodels' GLM on the (bin, t, engine) cells with
-    ``cov_type="cluster"`` by engine (CR1), or the HC0 sandwich per window.
+    ``cov_type="cluster"`` by engine (CR1, n counting windows), or the HC0 sandwich per window
+    from per-cell score sums; built at β with no refit.
 
-    β is the MLE on the (bin, t) cells, which is the MLE on the finer cells as well (the
-    same sufficient statistics), so statsmodels' GLM results are built at β, no refit. A
-    cell's score is the sum of its windows' scores, so summed per engine they are the
-    engine's. CR1's factor ``G/(G-1)·(n-1)/(n-p)`` is applied here with n counting windows,
-    as statsmodels' GLM on the windows does (statsmodels' own would count cells). HC0 needs
-    Σ_i s_i² x x' over windows; within a cell it is x x'·Σ_i (y_i − μ)²/(1 + αμ)² =
-    x x'·(Σy² − 2μΣy + cμ²)/(1 + αμ)², passed to statsmodels' sandwich as score rows
-    x·√(that) with the inverse observed information of the GLM on cells as bread.
+    Method: planner/fit/METHODS.md#preempt (robust covariance on cells)
     """
     import numpy as np
     from statsmodels.genmod.generalized_linear_model import GLMResults

@@ -1,119 +1,13 @@
 """KV-block reuse: the LRU hit ratio vs KV capacity, and what a CPU tier of X GiB would add,
 from vLLM's sampled block-residency histograms by the average-eviction-time (AET) model of
-Hu et al. [source: hu-aet-2016].
+Hu et al. [source: hu-aet-2016]; inputs from vLLM ``--kv-cache-metrics``
+[source: vllm-kv-cache-metrics].
 
-Inputs (vLLM ``--kv-cache-metrics`` [source: vllm-kv-cache-metrics])
---------------------------------------------------------------------
-vLLM samples a block at allocation with probability ``s`` (``--kv-cache-metrics-sample``,
-default 0.01). A sampled block keeps its last ≤ 4 access times — an access is a prefix-cache
-hit on it (``BlockPool.touch``); the allocation itself is not one — and when the block is
-evicted (its slot reallocated) vLLM observes its lifetime, its idle time since the last
-access (or since allocation) and the ≤ 3 gaps between those accesses. So:
+The reuse-gap density below the HBM eviction time is corrected for under-counting and
+censoring; three tail families extrapolate past it; native CPU offload and an LMCache pool
+are LRUs on the engine's stream. Intervals are model-based (bootstrap ∪ tails ∪ anchors).
 
-* the reuse-gap histogram holds only *hits*: a reuse after eviction is a new block (a miss),
-  so the gaps are censored at the block's eviction age;
-* a residency with k hits records max(0, min(k − 1, 3)) gaps: the gap from allocation to the
-  first hit is never recorded, nor are hits before the last four;
-* idle-before-evict is the eviction age (time since the last access when the LRU reaches
-  the block), i.e. the censoring time; its median is the HBM eviction time ``T_hbm``;
-* blocks never evicted in the window (always-resident hot blocks) record nothing.
-
-Model (AET)
------------
-The access stream of the LRU is every hit plus every allocation (prompt misses, decode-time
-and partial blocks all take an LRU slot): λ = hits/s + allocations/s. F(t) = P(the next
-reuse of an accessed block comes within t). An LRU whose eviction time is T holds
-C(T) = λ ∫_0^T (1 − F(t)) dt blocks and hits a fraction F(T) of its accesses; the curve is
-h(C) = F(T(C)) (hits/s = λ·F; the prefix-cache hit ratio is that over lookups/s).
-
-F below T_hbm, from the gap histogram
--------------------------------------
-1. *Under-count*, corrected with the measured hits. Under a renewal model (each access is
-   followed by a hit with probability p, whatever came before) a residency's hits k are
-   geometric, P(k ≥ j) = p^j, so it carries p/(1 − p) hits and records p² + p³ + p⁴ gaps:
-   each recorded gap stands for w = 1/(p(1 − p³)) hits. p is the measured ratio
-   hits/(hits + allocations) (= H, the hit ratio of the access stream). The sampled blocks
-   carry s·hits/s·window hits; what the renewal weights do not account for (hits of hot
-   blocks, which record ≤ 3 gaps per residency however often they are hit, or none when
-   never evicted) is spread over the buckets below T_hbm in proportion to count × T_hbm/t
-   (a block reused every t seconds collects ~T_hbm/t hits per residency but records ≤ 3),
-   so it lands on short gaps and barely moves the density near T_hbm. When w over-counts
-   instead (more gaps recorded than the renewal model allows) w is lowered to hits/gaps.
-   ``rho`` (recorded gaps over what the renewal model predicts) says how far the workload
-   is from renewal (IRM Zipf(0.9): 0.3; a renewal trace: 1.0).
-2. *Censoring*: a gap of length t is seen only when the eviction age exceeded it, so the
-   density of reuse gaps per access is f(t) = m(t)/(A·S(t)) (inverse probability of
-   censoring weighting: m the corrected hit-gap counts, A the sampled accesses, S the
-   survival of the idle-before-evict distribution, averaged over each bucket).
-3. *Normalisation*: f is scaled by ``kappa`` so that F(T_hbm) equals the measured H
-   (``kappa`` ≠ 1 measures how far the censoring correction and the counts disagree).
-
-Beyond T_hbm, extrapolated tails
---------------------------------
-The histogram says nothing past the eviction age. Three tail families continue f past
-T_hbm, fitted (weighted by the recorded counts) to the corrected density of the complete
-buckets just below it (the bucket holding T_hbm is left out: its censoring is known only
-as a straight line across the bucket): ``exponential`` (decay time T_hbm/max(−β, 1), β the
-log-log slope over [T_hbm/8, T_hbm]), ``power`` (f ∝ t^β) and ``lognormal`` (a quadratic
-in ln t over [T_hbm/64, T_hbm], when it bends down). Every tail is capped by
-what today's lookups miss minus a floor of accesses that can never hit (``unhittable_per_s``:
-e.g. one partial, never-hashed block per request): only lookups can hit, so the accesses
-past the prompt misses (decode-time blocks) never do, and no family adds more than
-(lookups − hits − floor) / λ of the accesses (≤ 1 − H − floor).
-Every number past T_hbm is *extrapolated* (flagged); when the capacity asked for needs the
-reuse-time distribution past the top finite bucket of vLLM's histogram (1800 s) or the
-families disagree widely (spread > max(1 pp, half the largest)), the answer is "cannot
-tell", with the bounds.
-
-Tiers
------
-* *vLLM native CPU offload* (kvscope's simulator, planner/simulate/offload.py, and vLLM's
-  OffloadingConnector): every computed full block is written to an engine-local CPU LRU,
-  and every request's blocks are offered again when it leaves the GPU (the simulator) or
-  touched at lookup (vLLM), so the CPU LRU sees the engine's *whole* access stream, not just
-  its misses. Two LRUs on one stream are inclusive: the smaller holds the most recent blocks
-  of the larger. A block hits in HBM or CPU iff its reuse gap is within the longer eviction
-  time, so HBM + a CPU tier of C_cpu blocks hits F(T(max(C_hbm, C_cpu))): a CPU tier no
-  larger than HBM adds nothing, a larger one acts as an HBM of its own size (not of
-  C_hbm + C_cpu).
-* *LMCache pool* (planner/simulate/lmcache.py): lookups touch the chunks found and stores
-  write the rest, so L1 is an LRU over the merged stream of the engines it serves, with one
-  eviction time T_L for all: C_L = Σ_e λ_e ∫_0^{T_L} (1 − F_e), and engine e hits
-  F_e(max(T_hbm,e, T_L)). Per-engine histograms cannot see one engine reusing another's
-  blocks, so this is a *lower bound* (cross-engine reuse only shortens gaps). Chunk
-  granularity (256 tokens) is ignored.
-
-Each size X (GiB) becomes blocks by ``bytes_per_block`` (block_size × KV bytes per token of
-the engine: :func:`bytes_per_block`). Outputs per X: the extra prefix-cache hit ratio
-(extra hits/s over lookups/s) and the avoided re-prefill tokens/s (extra hits/s ×
-block_size). The *knee* is the smallest size past the onset of gains at which the marginal
-extra hits per GiB fall below ``knee_fraction`` (default 0.1) of their initial slope.
-
-Accuracy against brute force (tests/planner/test_fit_reuse.py: exact LRU simulations of
-250k-access traces recorded the vLLM way, sample rate 1 unless said): IRM Zipf(0.9)
-reproduces today's hit ratio within 0.1 pp and predicts 2× and 4× HBM within 0.6 and 2.6 pp
-(sample rate 0.1: 0.7 pp at 2×) and a 3× write-through CPU tier within 1.6 pp; a CPU tier of
-half the HBM adds 0 (brute force < 0.2 pp); two pooled engines with disjoint streams within
-0.1 pp. A renewal trace whose second reuse mode (120 s) lies past T_hbm (16 s) is "cannot
-tell" at 2× and 4× with the truth inside the interval: the histogram cannot see that mode.
-The fit cannot tell at all when the model misses today's hit ratio by more than
-max(5 pp, 25 % of it) (``reproduction``).
-
-Interval (model-based, not a confidence interval over independent units)
-------------------------------------------------------------------------
-Every estimate carries a *model-based interval*, the union over
-(i) sampling error — a parametric bootstrap redrawing every histogram bucket as Poisson at
-its sampled count (``n_boot`` replicates, percentile interval at ``level``), refitting
-everything; (ii) the tail-family envelope; (iii) the HBM reproduction error — each number
-computed twice, anchored at the measured (T_hbm, H) and along the model's own curve, which
-at C = num_gpu_blocks gives ``reproduction.hit_ratio`` instead of the measured one. The point
-estimate is the median over families and anchors. Gaps of one residency are not independent
-(≤ 3 per block) and hot blocks' hits are concentrated, so the bootstrap understates
-sampling error. The renewal under-count correction is itself a model choice and is not in
-the interval: under independent references with skewed popularity its hits-per-gap weight
-near T_hbm was 15 % low (Zipf 0.9) to 14 % high (Zipf 0.6) on the benchmark traces.
-T_hbm is the median idle-before-evict interpolated linearly within its bucket (as
-Prometheus' histogram_quantile); with the 10-20 s or 30-60 s buckets that is up to ~10 % off.
+Method: planner/fit/METHODS.md#reuse
 """
 
 from __future__ import annotations
@@ -721,7 +615,7 @@ def fit_reuse(
     inputs: ReuseInputs, *, level: float = 0.9, n_boot: int = 200, seed: int = 0
 ) -> ReuseFit:
     """Fit the reuse-time distribution of one engine (or one LMCache pool's merged stream)
-    and check it reproduces today's HBM hit ratio (see the module docstring)."""
+    and check it reproduces today's HBM hit ratio (planner/fit/METHODS.md#reuse)."""
     import numpy as np
 
     check_level(level)
@@ -939,7 +833,7 @@ def native_offload_gain(
     knee_fraction: float = 0.1,
 ) -> TierGain:
     """What vLLM's native CPU offload of each size (GiB per engine) adds to one engine: an
-    inclusive LRU over the engine's whole access stream (module docstring)."""
+    inclusive LRU over the engine's whole access stream (METHODS.md#reuse)."""
     return _tier_gain("native", [fit], sizes_gib, bytes_per_block, knee_fraction)
 
 

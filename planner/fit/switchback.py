@@ -1,57 +1,11 @@
 """The offload effect on one canary engine switched on and off in blocks of time (a switchback).
 
-With one engine per arm a comparison between engines cannot separate the engine from the
-mode. A *switchback* runs offload on a canary in alternating blocks of time; the frame then
-holds rows of the same engine in different modes (planner/frames/groups.py gives each row
-the mode of the engine's regime at its start), while the other engines (controls) keep
-their mode and measure what changes with time alone.
+y = α_engine + τ_time-block + β·offload + z'γ + ε on log outcomes, weighted by requests, with
+a washout after every switch (Bojinov, Simchi-Levi & Zhao 2023) and errors clustered by time
+block (CR2 with Bell–McCaffrey df, or Driscoll–Kraay with ``cov="hac"``). The controls'
+windows measure each time block's common level.
 
-Blocks and time blocks
-----------------------
-A *switching* engine is one whose rows carry two or more offload modes
-(:func:`find_switchbacks`); its *blocks* are the maximal runs of its windows, sorted by
-start, in one mode (:func:`switchback_blocks`; consecutive blocks of one mode in a schedule
-are one block here). The block starts of every switching engine
-cut the calendar into *time blocks* ``[start, next start)`` (the last ends where the last
-block ends); every engine's windows fall into them, so the controls' windows of a time block
-measure its common level. Windows outside the span of the switchback are left out.
-
-Model
------
-For window i of engine e in time block b, with d_i = 1 when the row's mode is ``offload``
-and 0 when it is ``none``, and z the traffic-mix covariates given (centred),
-
-    y_i = α_e + τ_b + β·d_i + z_i'γ + ε_i ,   weighted by w_i (requests, at least 1),
-
-y = log outcome by default (the effect is a ratio: ``ratio`` = exp β). β compares each
-switching engine with itself, on against off, net of what the controls saw in the same
-time blocks. Without a control (and one switching schedule) τ_b is not identified apart
-from β; the fit then drops τ_b and says so: a time trend then biases β unless the schedule
-is randomized (planner/plan/design.py's :func:`switchback_schedule`).
-
-Carry-over: after a switch the CPU tier fills (or empties) and the prefix cache of the
-restarted engine is cold, so the first ``washout_s`` seconds of every block but an engine's
-first are dropped from that engine (Bojinov, Simchi-Levi & Zhao 2023, "Design and analysis
-of switchback experiments", Management Science 69(7): under carry-over of order m their
-estimator uses only the periods whose assignment agrees with the m before it). The waiting
-queue carries over too: a block that inherits a backlog spends its first minutes serving
-the other mode's overload, so the washout lasts, past ``washout_s``, while the queue keeps
-falling window over window (:func:`carried_over`). Windows of
-other offload modes, with a missing or (log scale) non-positive outcome, or with a missing
-covariate are dropped too; ``dropped`` counts each reason.
-
-Uncertainty
------------
-The units are time blocks, never windows: errors are clustered by time block with the
-bias-reduced CR2 and the Bell–McCaffrey degrees of freedom of the β contrast
-(planner/fit/cr2.py, via planner.fit.common.ols_robust; few clusters need it: Imbens &
-Kolesár 2016; Pustejovsky & Tipton 2018); the interval is β ± t(ν)·se at ``level``.
-``cov="hac"``: Driscoll–Kraay (statsmodels ``cov_type="hac-groupsum"``: scores summed over
-engines per window, then Newey–West with Bartlett weights over the window series, ``maxlags``
-the median block length in windows, small-sample factor n/(n − p)) with t(G − 1), G the
-time blocks. Both assume blocks (in HAC: windows further apart than a block) independent
-once τ_b is removed; autocorrelation that outlasts a block makes both too narrow
-(planner/plan/design.py sizes blocks from the integrated autocorrelation time).
+Method: planner/fit/METHODS.md#switchback
 """
 
 from __future__ import annotations
@@ -109,7 +63,7 @@ class Block:
 @dataclass(frozen=True, slots=True)
 class SwitchbackFit(FitResult):
     """``estimate`` = β, the offload effect on ``outcome`` (log scale when ``log``) with its
-    ``interval`` at ``interval.level`` over time blocks (module docstring)."""
+    ``interval`` at ``interval.level`` over time blocks (METHODS.md#switchback)."""
 
     offload: str
     outcome: str
@@ -274,7 +228,7 @@ def fit_switchback(
     cov: str = "cr2",
     min_windows: int = 30,
 ) -> SwitchbackFit:
-    """The offload effect β of the switchback model (module docstring) of ``offload``
+    """The offload effect β of the switchback model (METHODS.md#switchback) of ``offload``
     against ``none`` on ``outcome``. Raises InsufficientHistory when fewer than
     ``min_windows`` windows of the two modes have a usable outcome."""
     import numpy as np
@@ -525,7 +479,7 @@ def fit_switchback(
 def _hac(
     ys: Array, xs: Array, *, j: int, starts: Array, window_s: float, blocks: Sequence[Block]
 ) -> tuple[float, float, int]:
-    """β, its Driscoll–Kraay variance and the lags used (module docstring)."""
+    """β, its Driscoll–Kraay variance and the lags used (METHODS.md#switchback)."""
     import numpy as np
     from statsmodels.regression.linear_model import OLS
 

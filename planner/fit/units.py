@@ -1,15 +1,11 @@
 """Units of evidence and traffic mix: what the offload estimands compare.
 
 A *unit* is what can be assigned a mode independently of the others: an engine, or the
-LMCache pool that several engines share (their hits, misses and evictions all go through
-one L1, so one engine's traffic changes the others' outcomes). Windows of one unit are
-never independent evidence; every interval of planner/fit/effects.py and
-planner/fit/capacity.py is clustered on units.
+LMCache pool several engines share. Windows of one unit are never independent evidence;
+effects and capacity cluster on units. TRAFFIC lists the traffic-mix covariates offload
+does not change (routers send different loads and prompt lengths to different engines).
 
-Traffic mix: prompt-aware routers (llm-d's prefix scorer, prefix affinity) and unequal
-weights send different prompt lengths and loads to different engines, so engines of two
-modes can differ in what they serve as well as in the mode. The covariates below are the
-ones offload does not change (the prefix-hit ratio is left out: offload changes it).
+Method: planner/fit/METHODS.md#units
 """
 
 from __future__ import annotations

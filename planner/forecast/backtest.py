@@ -1,21 +1,12 @@
 """Rolling-origin backtest of one fitted candidate (Tashman 2000), shared origins for all.
 
-Origins are the indices of the first held-out bucket. ``plan_backtest`` puts them over the
-last part of the history: each holds out ``h_b`` buckets (the forecast horizon when the
-history allows, halved until >= 3 origins fit), origins are ``h_b // 2`` apart (so held-out
-stretches overlap and start at different times of day), 5 to 24 of them, aiming at >= 60
-held-out points, and the first origin leaves ``train_min`` buckets to fit on.
+``plan_backtest`` places 5–24 origins over the last part of the history, each holding out
+``h_b`` buckets; ``backtest`` forecasts from each with the parameters fixed (no look-ahead)
+and pools coverage, MAPE, MASE (Hyndman & Koehler 2006) and the interval score (Gneiting &
+Raftery 2007, eq. 43) that ranks the candidates. Pooled points are serially correlated:
+the figures are indicative.
 
-``backtest`` forecasts from every origin with the parameters fixed (estimated once on the
-data before the first origin: no look-ahead) and pools every (origin, step):
-- coverage: the share of held-out values inside the clipped (>= 0) interval;
-- MAPE (%): withheld (None) when some actual is < 5 % of the mean actual, where it explodes;
-- MASE: mean absolute error / in-sample MAE of the (seasonal) naive forecast on the training
-  data (Hyndman & Koehler 2006), None when that MAE is 0 (a constant series);
-- interval score (Gneiting & Raftery 2007, eq. 43): width + (2/alpha) x the miss distance,
-  the proper score the candidates are ranked by.
-The pooled points are serially correlated (overlapping windows, autocorrelated errors), so
-these figures are indicative, not tight estimates.
+Method: planner/forecast/METHODS.md#backtest
 """
 
 from __future__ import annotations

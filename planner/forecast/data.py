@@ -1,24 +1,11 @@
 """Turn raw demand observations into the regular series the forecast models see.
 
-Kept apart from the models (planner/forecast/models.py) and the API (planner/forecast/demand.py):
-this module only decides the modelling cadence, averages raw points into UTC-aligned buckets,
-fills short gaps, drops history before a long gap and checks that enough history is left.
+Decides the modelling cadence (hourly with a daily season from 2 full days, else the
+coarsest of 15/5/1 min giving >= 72 points), averages raw points into UTC-aligned buckets,
+interpolates gaps of <= 3 buckets, drops history before a longer gap, clips negatives to 0
+and requires >= 24 points (InsufficientHistory otherwise).
 
-Rules (the thresholds a reader needs, all in one place):
-- Modelling cadence. With >= 2 full days of history (and an input cadence <= 1 h) the series
-  is modelled hourly with daily seasonal period 24: statsmodels' seasonal fits with period 288
-  (5 min) or 1440 (1 min) take far longer than the few seconds a forecast may take. With less
-  history, the coarsest of 15 min / 5 min / 1 min that still yields >= 72 points is used
-  (never finer than the input cadence) and no seasonality is modelled.
-- A bucket's value is the mean (or max, ``agg="max"``) of the raw points in it; its timestamp
-  is its start, so a point t stands for [t, t + cadence). A first or last bucket that holds
-  less than half of the raw points it should is dropped (a partial bucket is noisier).
-- Gaps of <= 3 empty buckets are filled by linear interpolation. A longer gap is "long": the
-  history before it is dropped (with a note) and the rest is prepared again; if what is left is
-  too short, InsufficientHistory names the gap.
-- Demand is non-negative: negative raw values are clipped to 0 and the number clipped noted.
-- At least 24 modelling points are required (16 to fit before the first backtest origin,
-  8 held out); fewer raise InsufficientHistory(what, 24, available).
+Rules: planner/forecast/METHODS.md#data
 """
 
 from __future__ import annotations
@@ -267,16 +254,12 @@ def demand_series_from_windows(
 ) -> pd.Series:
     """Cluster-level demand from Window records (pure: no store access).
 
-    Per series (source + labels) the value of a window is: gauge/ratio ``mean``; counter
-    ``rate``; histogram ``delta / length_s`` (observations per second, e.g. the request rate
-    from ``e2e_latency_seconds``). With ``capacity_tokens`` (one number for every engine, or a
-    mapping from Window.source to that engine's HBM KV capacity in tokens = num_gpu_blocks ×
-    block_size) each value is multiplied by it: KV tokens in use = usage ratio × capacity.
-    Series are summed per window start; inside a series' own lifetime a missing window is
-    interpolated (so one late scrape is not read as a drop in demand), outside it the series
-    contributes 0 (an engine that was not there). Returns a Series indexed by window start
-    (epoch seconds), named after the signal. :func:`demand_series_from_frame` does the same
-    from the columnar frame of ``Store.read_frame``.
+    Per series a window's value is its mean (gauge/ratio), rate (counter) or delta / length_s
+    (histogram), times ``capacity_tokens`` when given (one number, or per Window.source); series
+    are summed per window start, a missing window inside a series' lifetime interpolated, 0
+    outside it. Returns a Series indexed by window start (epoch s), named after the signal;
+    :func:`demand_series_from_frame` does the same from ``Store.read_frame``'s frame.
+    Rules: planner/forecast/METHODS.md#data
     """
     from store.frame import windows_frame
 

@@ -1,46 +1,12 @@
 """Demand forecast: KV tokens in use or request rate, with intervals, backtest and saturation.
 
-How a forecast is made (each step is stated again in ``Forecast.assumptions``):
+History prepared (data.py), candidates fitted (models.py), ranked by a rolling-origin
+backtest's interval score (backtest.py), the winner refitted and forecast with intervals
+clipped at 0, and its time to saturation found (saturation.py). Deterministic: seeded draws,
+work bounded by counts; ``max_seconds`` only guards, and ``Forecast.truncated`` says what it
+cut.
 
-1. History (planner/forecast/data.py): resampled to UTC-aligned buckets, hourly with a daily
-   season (period 24) when >= 2 full days are available, else 15/5/1-min buckets and no
-   season; short gaps interpolated, history before a long gap dropped; < 24 points raise
-   InsufficientHistory(what, 24, available).
-2. Candidates (planner/forecast/models.py), cheapest first: (seasonal) naive, ETS(A,Ad,N),
-   ETS(A,A,N) or the seasonal ETS(A,Ad,A)/(A,A,A), and a SARIMAX regression with AR(1)
-   errors (+ daily Fourier terms when seasonal).
-3. Rolling-origin backtest (planner/forecast/backtest.py; Tashman 2000), the same origins
-   for every candidate: parameters are estimated once on the data before the first origin,
-   then each origin re-filters the states on the data up to it (no look-ahead) and
-   forecasts the next ``h_b`` buckets, with ``h_b`` = the forecast horizon when the history
-   allows, halved until >= 3 origins fit. Scores pool every (origin, step): interval
-   coverage, MAPE (withheld when actuals come near 0), MASE (scaled by the in-sample
-   (seasonal) naive MAE, Hyndman & Koehler 2006) and the interval score (Gneiting & Raftery
-   2007, eq. 43), which rewards narrow intervals and penalises misses. The model with the
-   lowest mean interval score wins; AIC is not used (ETS and SARIMAX likelihoods here are
-   not comparable).
-4. The winner is refitted on all the history and forecasts ``horizon_s``; intervals at
-   ``level`` are clipped at 0 (demand is non-negative) and that is noted (the backtest
-   scores the clipped intervals, i.e. what is reported).
-5. Saturation (planner/forecast/saturation.py; ``capacity`` given): the point forecast is
-   placed at bucket midpoints and linearly interpolated; ``time_to_saturation_s`` is when
-   it first reaches capacity, ``_lo_s`` when the upper bound does (at that time
-   P(demand >= capacity) reaches (1-level)/2) and ``_hi_s`` when the lower bound does
-   (P reaches (1+level)/2); these are crossings of the pointwise band, not quantiles of a
-   first-passage time. None with a note when not within the horizon; 0 when the last
-   observed bucket is already at capacity. ``saturation_probability`` is the share of the
-   simulated paths of the fitted model (seeded by ``seed``, parameters fixed) that reach
-   capacity within the horizon, with its Monte Carlo standard error.
-
-Reproducibility: the result is a function of the series and the arguments only. Every random
-draw comes from ``numpy.random.default_rng(seed)``; the work is bounded by counts, not by the
-clock: each optimiser is capped (maxiter 200 ETS, 50 SARIMAX), the backtest has at most 24
-origins, and the simulation draws at most ``MAX_SIM_DRAWS`` values (paths = that / steps,
-between 200 and 1000). ``max_seconds`` is only a guard (statsmodels' one-off import
-excluded): a candidate after the first, or the simulation, that would start past it is
-skipped, and ``Forecast.truncated`` says what was cut, because such a result depends on the
-machine's speed. Timings (``fit_seconds``) are measurements, not results: ``to_dict(timings=
-False)`` leaves them out.
+Method: planner/forecast/METHODS.md#demand
 """
 
 from __future__ import annotations
@@ -178,7 +144,7 @@ def forecast_demand(
     models: tuple[str, ...] | None = None,
     agg: str = "mean",
 ) -> Forecast:
-    """Forecast ``series`` ``horizon_s`` ahead; see the module docstring for the method.
+    """Forecast ``series`` ``horizon_s`` ahead; method: planner/forecast/METHODS.md#demand.
 
     ``models`` restricts the candidates (keys of planner.forecast.models.SPECS, e.g.
     ``("snaive",)`` for the baseline); ``agg="max"`` models each bucket's peak instead of

@@ -1,35 +1,11 @@
 """KV demand implied by the request-rate forecast (Little's law), and which forecast sizes.
 
-The KV-demand forecast and the request-rate forecast are extrapolated separately
-(planner/plan/forecast.py) and can contradict each other. Little's law (Little 1961: the mean
-number in a stable system = arrival rate × mean time in it) links them: the KV tokens in use
-are held by the running requests, so
+KV in use ≈ λ × W × K × P (Little 1961; P the bucket peak factor) telescopes to c = mean
+bucket-peak KV / mean request rate, estimated with a batch-means interval; the implied KV
+forecast is c × the rate forecast. ``reconcile`` sizes on the KV forecast unless the implied
+one lies wholly above it.
 
-    KV in use ≈ λ × W × K,   and the KV forecast models bucket *peaks*: × P
-
-with, all estimated from the same windows over the same stretch of history (``factors``):
-
-- λ  request rate (requests/s): ``request_success_total`` rate summed over engines (finished
-  requests: equal to arrivals in a stable system, capped by capacity when saturated);
-- W  mean time in the engine while holding KV (s) = mean running requests / λ, Little's law on
-  the running set; running requests from ``requests_running`` summed over engines;
-- K  mean KV tokens per running request = mean KV tokens in use / mean running requests (KV in
-  use = usage ratio × HBM KV capacity, summed; prefix sharing and block rounding included);
-- P  peak factor = mean bucket-peak KV / mean bucket-mean KV at the KV forecast's cadence.
-
-λ̄·W·K·P telescopes to c = mean bucket-peak KV / mean request rate (KV token·s per request, ×
-the peak factor): c is what is estimated, with an interval from batch means (the stretch cut
-into contiguous blocks, one ratio per block, a t interval over the blocks: they are assumed
-roughly independent). Without ``requests_running`` W and K are not separated (c is still
-known). The implied KV forecast is c × the rate forecast; its bounds multiply the rate
-forecast's bounds by c's bounds of the same side (conservative: wider than the level when the
-two errors are independent). It assumes the request mix (prompt/output lengths, prefix
-sharing, time in engine) stays as over the stretch: a rate forecast cannot see a mix change.
-
-``reconcile`` compares the two peak forecasts over their common horizon and picks the one
-sizing follows: the KV forecast when their intervals overlap (it measures the quantity
-directly, with fewer assumptions) or when it is higher; the implied KV when its interval lies
-wholly above the KV forecast's (the more demanding one, so the fleet is not undersized).
+Method: planner/forecast/METHODS.md#little
 """
 
 from __future__ import annotations
@@ -60,7 +36,7 @@ Point = tuple[float, float, float, float]  # (bucket start, mean, lo, hi)
 
 @dataclass(frozen=True, slots=True)
 class LittleFactors:
-    """Little's-law factors over the stretch (see the module docstring)."""
+    """Little's-law factors over the stretch (METHODS.md#little)."""
 
     per_request: float  # c: bucket-peak KV per (request/s), i.e. KV token·s per request × P
     per_request_lo: float

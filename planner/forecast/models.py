@@ -1,26 +1,11 @@
 """The candidate demand models: fit once, predict from any origin with the parameters fixed.
 
-Every candidate is fitted on a series scaled to mean |y| = 1 (the optimisers' tolerances are
-then the same for 10 tokens and 10^8 tokens; additive models are scale-equivariant) and
-predicts (mean, lower, upper) for ``steps`` buckets after the data it is given. Candidates:
+``naive`` / ``snaive`` (FPP3 §5.5), statsmodels ETS with additive errors (FPP3 §8), and
+SARIMAX regressions on [1, t] (+ daily Fourier terms, FPP3 §12.1) with AR(1) errors, each
+fitted on a series scaled to mean |y| = 1. Intervals treat parameters as known and errors as
+Gaussian; the backtest checks them. Fit warnings are recorded, never raised.
 
-- ``naive`` / ``snaive``: last value / value one season ago; interval sigma·sqrt(h) resp.
-  sigma·sqrt(floor((h-1)/m) + 1) with sigma the RMS of the (seasonal) differences of the
-  training data (Hyndman & Athanasopoulos, FPP3 §5.5). The baseline every model must beat.
-- ``ets_*``: statsmodels ETSModel with additive errors (A,Ad,N), (A,A,N), (A,Ad,A), (A,A,A);
-  heuristic initial states (FPP3 §8; needs >= 10 points, and two full seasons when seasonal),
-  so only the smoothing (and damping) parameters are optimised. Intervals: the exact formulas
-  for these additive-error models (``summary_frame``), Gaussian errors.
-- ``sarimax`` / ``sarimax_fourier``: statsmodels SARIMAX as a regression on [1, t] (+ 3 daily
-  Fourier pairs: "dynamic harmonic regression", FPP3 §12.1) with AR(1) errors. The regression
-  coefficients live in the state vector (``mle_regression=False``) and the scale is
-  concentrated out, so the optimiser sees one parameter: a seasonal SARIMAX with period 24 or
-  an ARIMA(1,1,1) took 1-7 s per fit here, this takes ~0.1 s. Intervals: Kalman-filter
-  forecast variances (``get_forecast().summary_frame``).
-
-All intervals treat the estimated parameters as known (no parameter uncertainty) and assume
-Gaussian errors: the rolling-origin backtest in planner/forecast/demand.py is what checks them.
-Warnings from each fit or prediction are recorded (never raised, never globally ignored).
+Method: planner/forecast/METHODS.md#models
 """
 
 from __future__ import annotations

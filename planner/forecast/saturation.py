@@ -1,19 +1,11 @@
 """Time to HBM saturation from a forecast band, and the simulated crossing probability.
 
-The point forecast (bucket means) is placed at bucket midpoints and linearly interpolated
-from the last observed bucket; the first time it reaches capacity is the time to saturation.
-The upper bound reaching capacity gives the earliest time (there P(demand >= capacity)
-reaches (1-level)/2), the lower bound the latest (P reaches (1+level)/2): crossings of the
-pointwise band, not quantiles of a first-passage time. The probability that demand reaches
-capacity at some bucket within the horizon comes from seeded simulated paths of the fitted
-model (parameters fixed): 1000 paths, fewer for long horizons so that paths × steps stays
-within MAX_SIM_DRAWS (never under 200). The path count depends on the horizon only, never on
-the clock, so identical input gives identical draws; its Monte Carlo standard error
-sqrt(p(1-p)/paths) is reported beside the probability (1000 paths: at most 1.6 points).
-When no path saturates (or all do) that error is 0, which overstates certainty:
-:func:`rule_of_three` gives the 95 % one-sided bound instead, P < 3/paths (or > 1 - 3/paths)
-(Hanley & Lippman-Hand 1983, "If nothing goes wrong, is everything all right?", JAMA
-249(13):1743-1745).
+Crossing times of the interpolated point forecast and of the band's bounds (not quantiles
+of a first-passage time); the probability of reaching capacity within the horizon from
+200–1000 seeded simulated paths, with its Monte Carlo standard error, or the rule-of-three
+bound when no path (or every path) saturates (Hanley & Lippman-Hand 1983, JAMA 249(13)).
+
+Method: planner/forecast/METHODS.md#saturation
 """
 
 from __future__ import annotations

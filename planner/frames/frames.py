@@ -1,56 +1,11 @@
 """Windows -> one analysis frame per (source, engine, window start).
 
-The fits in :mod:`planner.fit.run` work on a plain pandas DataFrame with one row per engine and
-window. This module builds it from :class:`core.records.Window` records (or from a
-DataFrame holding the same fields, which is how a store can hand back millions of windows
-without creating a Python object per window).
+Builds the pandas DataFrame the fits read, one row per engine ``(source, engine label)`` and
+window, from :class:`core.records.Window` records or an equivalent DataFrame. Series of one
+signal on one engine and window are combined (counts added, means averaged or added);
+a missing signal is a NaN column, never an error. ``group`` is the engine's model group.
 
-An *engine* is ``(source, engine label)``. A series without an ``engine`` label (an LMCache
-server, LMCache legacy ``worker_id`` series) is attached to the source's only engine when
-the source has exactly one, else to an engine named ``""`` of that source.
-
-Several series of one signal on one engine and window (``request_success_total`` by
-``finished_reason``, L1 usage per backend) are combined: counter and histogram counts/sums
-are added, gauge means are averaged (``kv_cache_usage_ratio``, ``requests_*``) or added
-(L1 bytes), maxima take the maximum, quantiles the mean (one series in practice).
-Windows of all signals are assumed aligned on the same ``start`` (the collector rolls up
-every series of a source on one clock).
-
-Columns (NaN when the signal is missing; never an error):
-
-========================  =================================================================
-tokens_per_s              prompt + generation tokens per second
-prompt_tokens_per_s       prompt tokens per second (computed + cached)
-output_tokens_per_s       generation tokens per second
-preemptions               preemptions in the window (counter delta)
-kv_util, kv_util_max      mean and max of ``kv_cache_usage_ratio`` (0-1)
-running, waiting          mean of ``requests_running`` / ``requests_waiting``
-prefix_hit_ratio          local prefix-cache hits / queries (tokens)
-prefix_queries            prefix-cache queries in the window, tokens (``prefix_hit_ratio``'s weight)
-external_hit_ratio        external (KV connector) prefix-cache hits / queries
-ttft_mean_s               TTFT histogram sum / count of the window
-ttft_p50_s, _p90_s, _p99_s  TTFT quantiles of the window (from its bucket deltas)
-ttft_count                TTFT observations in the window (the weight of ``ttft_mean_s``)
-e2e_mean_s                end-to-end latency histogram sum / count of the window
-prompt_tokens_mean        mean prompt length of requests finished in the window
-requests                  finished requests (``request_success_total`` delta)
-lmcache_hit_ratio         LMCache hit tokens / requested tokens
-lmcache_requested_tokens  LMCache requested tokens (the weight of ``lmcache_hit_ratio``)
-l1_usage_bytes            LMCache L1 bytes in use (mean over the window)
-l1_usage_ratio            LMCache L1 used / total (mean)
-l1_evicted_chunks         L1 evictions in the window
-offload_cpu_usage_ratio   vLLM native offload CPU usage (mean)
-offload_mode              engine metadata: none | native | lmcache | unknown
-group                     the engine's model group (planner/frames/groups.py): served model, GPU, TP
-window_s                  window length in seconds
-========================  =================================================================
-
-The *group* of an engine is its served model — the ``model_name`` label of its series (the
-most common one among its series that carry an ``engine`` label, else among all of its
-series), else the ``model`` of its engine record — plus the record's ``gpu`` and
-``tensor_parallel`` when known. An engine whose model is known neither way is in the group
-``"unknown"``. Fits across groups mix engines whose throughput and KV capacity differ
-(an 8B model on one GPU against a 70B on four), so `kvscope plan` fits each group apart.
+Columns and rules: planner/frames/METHODS.md#frames
 """
 
 from __future__ import annotations
@@ -230,7 +185,7 @@ def engine_frame(
     windows: Sequence[Window] | pd.DataFrame,
     engines_meta: Mapping[str, object] | None = None,
 ) -> pd.DataFrame:
-    """One row per (source, engine, window start); see the module docstring for columns.
+    """One row per (source, engine, window start); columns: METHODS.md#frames.
 
     ``windows``: Window records, or a DataFrame with their fields (see :func:`_table`).
     ``engines_meta`` maps a source (or ``"source/engine"``) to its engine record; its

@@ -1,18 +1,10 @@
 """The model group of each engine of an analysis frame (planner/frames/frames.py's ``group``).
 
-An engine's group is its served model plus the GPU and tensor-parallel size its engine
-record gives (:func:`group_name`): fits and decisions are made per group, since pooling an
-8B model on one GPU with a 70B on four mixes throughputs and KV capacities that have
-nothing in common. The served model is the ``model_name`` label most common among the
-engine's series that carry an ``engine`` label (vLLM's own series; LMCache's legacy series
-name the HF path instead), else among all its series, else the record's ``model``.
+An engine's group is its served model plus its GPU and tensor-parallel size
+(:func:`group_name`): fits and decisions are made per group. :func:`split_groups` splits a
+frame by group; rows of sources that name no group's model are shared by every group.
 
-:func:`split_groups` splits a frame by group. The groups are those of its *engine* rows
-(rows with a KV-utilization or token figure). Rows of other sources (an LMCache server
-scraped as its own target) join the group whose model they name (their ``model_name``
-label); rows naming no group's model are *shared*: they count in every group (an LMCache
-server serving several models' engines). Sources of the window table with no frame row
-at all (only an LMCache health gauge, say) are shared as well.
+Rules: planner/frames/METHODS.md#groups
 """
 
 from __future__ import annotations
@@ -165,7 +157,7 @@ def _engine_mask(frame: pd.DataFrame) -> npt.NDArray[np.bool_]:
 
 
 def split_groups(frame: pd.DataFrame, table_sources: Iterable[str] = ()) -> list[GroupSlice]:
-    """The frame's model groups, by name (module docstring); [] for an empty frame."""
+    """The frame's model groups, by name (METHODS.md#groups); [] for an empty frame."""
     import numpy as np
 
     if not len(frame):

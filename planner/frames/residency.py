@@ -1,29 +1,11 @@
 """KV residency histograms: the bucket counts of the residency families summed per engine or pool.
 
-A hit-ratio-vs-capacity curve needs the *distribution* of vLLM's KV block reuse gaps (and of
-its lifetime and idle-before-eviction siblings) and of the LMCache MP server's L1 chunk reuse
-gaps, not three quantiles a window. The collector keeps the bucket counts of each window of
-these histograms — the catalogue's ``keep_buckets`` signals (core.catalog
-BUCKET_SIGNALS), read back with ``Store.read_buckets`` — and :func:`residency_histograms`
-sums them over a time range:
+:func:`residency_histograms` sums the kept bucket counts (``Store.read_buckets``) of vLLM's
+KV block families per engine and of LMCache's L1 reuse gaps per pool over a time range;
+per key and signal only the windows of the latest bucket layout are summed, the others
+counted in :attr:`BucketCounts.dropped`.
 
-* the key is the engine for vLLM's families: ``source/engine`` (``source`` alone for a
-  series without an ``engine`` label), the engine key planner.fit.units.engine_keys gives a
-  frame row;
-* and the LMCache pool for the L1 family: the LMCache server's series carry no ``engine``
-  label, so by the same rule their key is the server's source (its pool); the series of
-  its L1 tags (one per server in LMCache 0.5.6, ``_default``) are summed.
-
-Selectors are the plan's (``cluster``, ``since``/``until`` as ``Store.read_frame`` takes
-them) plus ``sources``, e.g. a model group's (planner.frames.groups.GroupSlice.sources).
-
-Bucket layouts: counts of two layouts cannot be added bucket by bucket (an exporter
-upgraded between windows with other bounds; a window in which the layout changed has no
-counts at all, as it has no quantiles: collector.rollup). Per key and signal only the windows
-of the *latest* layout — the newest window's (ties: the last series by labels) — are summed;
-the others are counted in :attr:`BucketCounts.dropped`. Each series' windows are added in
-start order, then the series of a key in labels order: integer counts (a direct collector's)
-are exact; Prometheus mode's fractional ones as exact as float64 additions are.
+Rules: planner/frames/METHODS.md#residency
 """
 
 from __future__ import annotations
@@ -48,8 +30,8 @@ class BucketCounts:
 
     ``bounds``: the finite upper bounds (increasing); ``counts``: one per bucket, not
     cumulative, ``len(bounds) + 1`` of them, the last the +Inf bucket's. ``windows``: the
-    windows summed; ``dropped``: the windows of other bucket layouts left out (module
-    docstring)."""
+    windows summed; ``dropped``: the windows of other bucket layouts left out
+    (METHODS.md#residency)."""
 
     bounds: tuple[float, ...]
     counts: tuple[float, ...]
@@ -77,7 +59,7 @@ def key_of(source: str, labels: Labels) -> str:
 
 def combine(sums: Iterable[BucketSum]) -> dict[str, dict[str, BucketCounts]]:
     """key -> signal -> the counts of the series' BucketSums (``Store.sum_buckets``) of the
-    latest layout added up, the others' windows counted as dropped (module docstring)."""
+    latest layout added up, the others' windows counted as dropped (METHODS.md#residency)."""
     groups: dict[tuple[str, str], list[BucketSum]] = {}
     for b in sums:
         groups.setdefault((key_of(b.source, b.labels), b.signal), []).append(b)
@@ -105,7 +87,7 @@ def residency_histograms(
     signals: Sequence[str] = RESIDENCY_SIGNALS,
 ) -> dict[str, dict[str, BucketCounts]]:
     """key (engine or LMCache pool) -> signal -> bucket counts summed over the windows with
-    ``since <= start < until`` (module docstring). ``signals``: some of the catalogue's
+    ``since <= start < until`` (METHODS.md#residency). ``signals``: some of the catalogue's
     keep_buckets signals (another one is a ConfigError: its buckets are never kept). A
     family no window has is absent from the result, never an error."""
     unknown = sorted(set(signals) - BUCKET_SIGNALS)

@@ -1,15 +1,11 @@
 """`kvscope plan`: from the store's windows to a decision, a forecast, sizing and configs.
 
-``build_plan(store, …)`` reads the windows and engine metadata of a cluster, builds the
-analysis frame (planner/frames/frames.py), states what is happening (planner/plan/observe.py),
-runs every fit the data supports (planner/plan/fits.py: preemption knee, offload gain per
-mode, prefill MFU, LMCache hit-rate curve), forecasts KV demand against HBM KV capacity
-and the request rate (planner/plan/forecast.py), fills an Evidence record, decides
-(planner/decide/decision.py) and sizes (planner/deploy/sizing.py). A fit or forecast the data cannot
-support is a ``can_tell: false`` entry with the reason, never an exception.
+``build_plan(store, …)`` reads a cluster's windows and engine metadata, builds the analysis
+frame, observes, fits, forecasts, fills an Evidence record, decides and sizes. What the data
+cannot support is a ``can_tell: false`` entry with the reason, never an exception; Evidence
+fields no metric fills stay None (EVIDENCE_GAPS says why).
 
-Evidence fields this module cannot fill from metrics stay None (EVIDENCE_GAPS says why);
-the decider names them as unknown and lowers its decision score.
+Method: planner/plan/METHODS.md#build
 """
 
 from __future__ import annotations
@@ -146,18 +142,13 @@ def build_plan(
     group: str | None = None,
     slo: Slo | None = None,
 ) -> Plan:
-    """Read, fit, forecast, decide and size (module docstring). Raises NoData when the store
+    """Read, fit, forecast, decide and size (METHODS.md#build). Raises NoData when the store
     has no windows for the cluster and period, ConfigError on a bad argument (an unknown
     ``group`` among them, naming the known ones).
 
-    Engines of several model groups (planner/plan/groups.py) are planned per group: the
-    result pools their observations and holds each group's plan in ``groups``. ``group``
-    plans that group alone. With one group the plan is the same as without groups.
-
-    The windows are read a signal at a time as columnar frames (Store.read_frame,
-    planner/plan/windows.py); ``columnar=False`` reads Window records (read_windows) instead
-    and converts them: the same plan, much slower for millions of windows, kept as the
-    reference the columnar path is tested against.
+    Several model groups are planned per group (``groups``; ``group`` plans one alone).
+    Windows are read a signal at a time as columnar frames; ``columnar=False`` reads Window
+    records instead (the slower reference the columnar path is tested against).
     """
     from planner.frames.frames import engine_frame
     from planner.plan.windows import finish_frame, read_windows

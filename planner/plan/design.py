@@ -1,23 +1,11 @@
 """The experiment designs a plan proposes: pure functions of a frame or of numbers, no store.
 
-* :func:`random_assignment`: which engines to switch — a seeded random choice, never the
-  busiest or the idlest (a choice by load confounds the mode with the load); engines that
-  share an LMCache pool are assigned together, since the pool is then the unit.
-* A *switchback* on one canary (planner/fit/switchback.py analyses it): offload on and off
-  in blocks of :func:`switchback_block_s` seconds, in the order of
-  :func:`switchback_schedule`, for :func:`blocks_needed` blocks, with the block noise
-  ``sigma_block`` from :func:`block_sigma` on the history.
+:func:`random_assignment` (seeded, never by load; pools assigned whole) and a switchback on
+one canary: block length from the integrated autocorrelation time (Sokal 1997), blocks in
+randomized pairs (after Bojinov, Simchi-Levi & Zhao 2023, Management Science 69(7)), the
+number of blocks from the between-block noise.
 
-Block length. The mean of L windows of a series with integrated autocorrelation time τ has
-the variance of L/τ independent windows (Sokal 1997, "Monte Carlo methods in statistical
-mechanics: foundations and new algorithms", in Functional Integration, Springer), and two
-adjacent block means are nearly independent once L is several τ; the washout after each
-switch (dropped by the fit) comes on top.
-
-Schedule. Bojinov, Simchi-Levi & Zhao (2023, "Design and analysis of switchback
-experiments", Management Science 69(7)) randomize the assignment of every block; this is
-the paired variant: each consecutive pair of blocks holds one block of each mode, in a
-random order, so the arms balance exactly and no trend lines up with the mode.
+Method: planner/plan/METHODS.md#design
 """
 
 from __future__ import annotations
@@ -276,7 +264,7 @@ def blocks_needed(
 
 def switchback_schedule(n_blocks: int, *, seed: int) -> tuple[str, ...]:
     """``n_blocks`` of "on" / "off": each consecutive pair one of each in a random order
-    (an odd last block: either), seeded (module docstring)."""
+    (an odd last block: either), seeded (METHODS.md#design)."""
     import numpy as np
 
     if n_blocks < 2:

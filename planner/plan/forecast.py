@@ -1,20 +1,11 @@
 """The demand forecasts of `kvscope plan`: KV tokens in use against HBM KV capacity, and the
 request rate, each with its interval, backtest and (for KV) time to saturation.
 
-HBM KV capacity per engine, in order of trust:
-1. ``num_gpu_blocks × block_size`` from the engine's cache-config info family
-   (core.catalog.FACTS["cache_config"]; the collector stores them as engine facts):
-   what vLLM actually allocated;
-2. the cost model's ``hbm_kv_capacity_tokens`` for the engine's model/GPU/TP at vLLM's
-   default gpu_memory_utilization 0.9 (a prior: weights and reserve estimated);
-3. neither for some engine: demand is forecast in *engines' worth of KV* (Σ usage ratios)
-   against the number of engines, which needs no capacity at all.
+HBM KV capacity per engine from vLLM's cache-config facts, else the cost model's prior, else
+demand in engines' worth of KV. Sizing follows the KV forecast unless the KV the rate
+forecast implies (Little's law) lies wholly above it; ``demand_basis`` says which and why.
 
-The request-rate forecast is turned into the KV demand it implies (Little's law with factors
-from the same windows, planner/forecast/little.py); sizing follows the KV forecast unless the
-implied KV lies wholly above it, and ``demand_basis`` says which one drove it and why.
-A simulated P(saturation) of exactly 0 or 1 carries ``saturation_probability_bound``, its
-rule-of-three 95 % bound (planner/forecast/saturation.py); otherwise that field is null.
+Method: planner/plan/METHODS.md#forecast
 """
 
 from __future__ import annotations
@@ -100,7 +91,7 @@ class ForecastRun:
 def kv_capacity(
     windows: Windows, facts: Mapping[str, Mapping[str, Any]], hw: Hardware | None
 ) -> Capacity | None:
-    """HBM KV capacity of every engine that reports KV usage (module docstring).
+    """HBM KV capacity of every engine that reports KV usage (METHODS.md#forecast).
 
     ``windows``: Window records or their table (planner/frames/table.py).
     """

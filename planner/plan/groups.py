@@ -2,7 +2,7 @@
 
 The groups and their rows come from planner/frames/groups.py (:func:`split_groups`).
 
-With one group the plan is made on everything, as before groups existed. ``--group NAME``
+With one group the plan is the one made on all engines together. ``--group NAME``
 plans that group alone; with several groups and no ``--group``, `kvscope plan` plans each
 group apart and pools only the observations (planner/plan/build.py).
 """

@@ -1,75 +1,12 @@
 """The closed loop: every stored plan whose horizon has passed, scored against what happened.
 
-A stored plan (store.tables.PlanRecord, `kvscope plan --save`) predicted, for the stretch
-after its history, ``[window_until, window_until + horizon_s]``:
+What happened is read by the plan's own path (:func:`build_plan` on the later windows, same
+cluster and model group). Per plan: coverage of the KV-demand forecast's bucket intervals,
+whether saturation came earlier, later or as predicted (within one bucket), and whether the
+later capacity estimate lies in the plan's interval; :func:`accuracy_summary` pools them
+with Wilson intervals (Wilson 1927, JASA 22(158)), indicative as the points are correlated.
 
-- KV demand: ``document["forecast"]["kv_demand"]["points"]``, one ``(bucket start, mean, lo,
-  hi)`` per bucket of ``cadence_s`` from ``origin_epoch`` (planner/forecast/demand.py), each
-  bucket's peak (the plan forecasts bucket maxima: saturation happens at peaks) with its
-  pointwise interval at ``level`` (0.9 by default);
-- when that demand reaches the HBM KV capacity (``capacity_total``):
-  ``time_to_saturation_lo_s`` (the upper bound reaches it) to ``time_to_saturation_hi_s``
-  (the lower bound does), seconds after ``origin_epoch``, None = not within the horizon;
-- per offload mode, the capacity ratio at the SLO (headline ``capacity_<mode>`` with
-  ``_lo`` / ``_hi``, a 90 % interval; ``_hi`` None when only a lower bound was known).
-
-What happened is read by the plan's own path, never re-derived: :func:`build_plan` over the
-windows of ``[window_until, horizon end)`` (horizon end = the later of window_until +
-horizon_s and the end of the last forecast bucket), same cluster, same model group. Its KV
-series is the one the plan forecast, built the same way (planner/plan/forecast.py: usage
-ratio × each engine's num_gpu_blocks × block_size, summed per window start), and its capacity
-ratios are the plan's (planner/plan/verdict.py) on later windows.
-
-Scores of one plan (:class:`PlanOutcome`):
-
-- **Coverage.** The realised series is put on the forecast's buckets
-  (planner.forecast.data.rebucket with the bucket maximum, as the forecast modelled it; a
-  partial first or last bucket is dropped). ``kv_points`` = buckets with both a forecast
-  point and a realised value; ``kv_covered`` = those with ``lo <= realised <= hi``;
-  ``coverage = kv_covered / kv_points`` (None when kv_points = 0). Calibrated intervals cover
-  a share ``level`` on average. A realised series in other units than the plan's (capacity
-  known then, not now) is not compared.
-- **Saturation.** Demand counts as saturated in a bucket whose realised peak reaches
-  SATURATED_SHARE (99 %) of the plan's capacity: observed use is censored at capacity (vLLM
-  preempts instead of exceeding it), so the summed peaks of several engines seldom touch
-  100 % exactly. ``saturated_at`` = the first such bucket's midpoint (the forecast places its
-  points at bucket midpoints, planner/forecast/saturation.py); ``s = saturated_at -
-  origin_epoch`` is compared with the predicted ``[lo, hi]`` with a tolerance ``tol`` of one
-  bucket (the resolution of both):
-
-  - predicted lo None (not even the upper bound reaches capacity within the horizon): reached
-    → ``reached_unpredicted``; not reached over the whole horizon → ``not_reached_as_predicted``;
-  - lo given: ``s < lo - tol`` → ``earlier``; hi given and ``s > hi + tol`` → ``later``; else
-    ``as_predicted``. Not reached: hi given and the data run past ``hi + tol`` → ``later``;
-    hi None and the data cover the horizon → ``as_predicted`` (the band allows saturation
-    beyond the horizon);
-  - ``unknown``: the plan has no KV forecast or capacity, no later data, other units, or the
-    later data stop before the verdict is known ("data cover" = the last realised bucket ends
-    within ``tol`` of the forecast's end; gaps inside are not seen).
-
-- **Capacity.** For each mode the plan gave an interval for: the later plan's two-sided
-  capacity ratio of that mode. ``measured`` = its estimate (None: the later data cannot tell,
-  or give only a lower bound); ``inside`` = ``lo <= measured <= hi`` (hi +∞ for a lower
-  bound; None without measured). Both estimates carry noise: with independent estimates of
-  equal standard error and an unchanged truth, a 90 % interval holds the later estimate with
-  probability P(|Z| <= 1.645/√2) ≈ 75 %, not 90 %.
-
-A plan not yet due (``window_until + horizon_s`` after ``now``) is returned with ``pending``
-True and nothing compared.
-
-:func:`accuracy_summary` pools the scored plans: coverage = Σ kv_covered / Σ kv_points with a
-95 % Wilson score interval (Wilson 1927, JASA 22(158):209-212) on that share, against the
-nominal level weighted by points (Σ level·kv_points / Σ kv_points: what calibrated intervals
-would cover). The pooled points are serially correlated (the buckets of one forecast share
-its errors; successive plans overlap their horizons), so the effective sample is smaller than
-the count and the Wilson interval is too narrow: the pooled coverage is indicative, as the
-forecast's own backtest (planner/forecast/backtest.py) says of its coverage. Gain checks are
-pooled the same way (share inside, Wilson interval; see the ≈ 75 % above).
-
-Cost: one :func:`build_plan` per due plan (its fits and a minimal forecast), ≈ 1 s on a small
-store, shared by plans of the same cluster, group and later stretch; nothing is cached
-between calls. Scoring reads the newest MAX_PLANS plans (2,000: three weeks of plans made
-every 15 min), documents included.
+Method: planner/plan/METHODS.md#outcome
 """
 
 from __future__ import annotations
@@ -101,11 +38,13 @@ __all__ = [
     "wilson",
 ]
 
+# saturated at 99 % of capacity: observed use is censored there (vLLM preempts instead of
+# exceeding it), so summed peaks seldom touch 100 % (METHODS.md#outcome)
 SATURATED_SHARE = 0.99
 SATURATION_VERDICTS = ("as_predicted", "earlier", "later", "not_reached_as_predicted",
                        "reached_unpredicted", "unknown")  # fmt: skip
 GAIN_MODES = ("native", "lmcache")
-MAX_PLANS = 2_000
+MAX_PLANS = 2_000  # the newest plans scored: three weeks of plans made every 15 min
 SUMMARY_LEVEL = 0.95
 _Z95 = 1.959963984540054  # standard normal 0.975 quantile
 # the later build_plan only has to build the KV series and fit the gains: its forecast is
@@ -127,7 +66,7 @@ class CapacityCheck:
 
 @dataclass(frozen=True, slots=True)
 class PlanOutcome:
-    """A stored plan scored against the windows that came after it (module docstring)."""
+    """A stored plan scored against the windows that came after it (METHODS.md#outcome)."""
 
     plan_id: int
     cluster: str
@@ -248,7 +187,7 @@ def _realised(later: Plan | None, kv: Mapping[str, Any], cadence: float) -> dict
 
 def score_plan(rec: PlanRecord, later: Plan | None, *, now: float) -> PlanOutcome:
     """One stored plan against ``later``, the plan of the windows after it (None: no later
-    windows); pending when its horizon ends after ``now`` (module docstring)."""
+    windows); pending when its horizon ends after ``now`` (METHODS.md#outcome)."""
     kv = _kv(rec.document)
     level = finite(kv.get("level")) or FORECAST_LEVEL
     ident = (int(rec.id or 0), rec.cluster, rec.group, rec.created_at, horizon_end(rec), level)
@@ -353,7 +292,7 @@ def _share(k: int, n: int) -> dict[str, Any]:
 
 
 def accuracy_summary(outcomes: Sequence[PlanOutcome]) -> dict[str, Any]:
-    """The closed loop pooled over plans (module docstring): plans scored and pending, the
+    """The closed loop pooled over plans (METHODS.md#outcome): plans scored and pending, the
     realised KV-demand coverage against its nominal level, the saturation verdicts, the gain
     checks inside / outside their intervals."""
     scored = [o for o in outcomes if not o.pending]

@@ -1,18 +1,11 @@
 """The experiment a plan proposes when a mode's verdict cannot tell.
 
-Never chosen by load (selecting the busiest engines confounds load with the mode):
+Never chosen by load: a switchback of the canary when one unit runs the mode, else the mode
+on engines (or whole LMCache pools) drawn at random until each arm has MIN_UNITS, else
+(no window near the SLO) the load that would settle it. Sized to detect a 20 % change of
+TTFT p90 (an assumption) with 80 % power at a 95 % level.
 
-* one unit runs the mode (a canary), or a switchback is already under way: a *switchback*
-  of that engine — its offload switched on and off in randomized pairs of blocks; the block
-  length from the measured autocorrelation of its TTFT, the number of blocks from the
-  between-block noise of its history (planner/plan/design.py), seeded and recorded;
-* no unit, or too few: the mode on engines (or whole LMCache pools) drawn at random from
-  those without offload, seeded and recorded, until each arm has MIN_UNITS;
-* enough units but no window near the SLO: nothing to switch; the plan says which load
-  would settle it.
-
-The smallest effect worth detecting is a 20 % change of the canary's TTFT p90 (an
-assumption, stated in the entry), with 80 % power at a 95 % level.
+Method: planner/plan/METHODS.md#proposal
 """
 
 from __future__ import annotations
@@ -51,7 +44,7 @@ def propose(
     seed: int,
     why: str,
 ) -> dict[str, Any]:
-    """The proposed experiment for ``mode`` (module docstring) as a JSON-ready entry."""
+    """The proposed experiment for ``mode`` (METHODS.md#proposal) as a JSON-ready entry."""
     keys = engine_keys(frame)
     modes = frame["offload_mode"].astype(str).to_numpy()
     with_mode = sorted(set(keys[modes == mode].tolist()) - set(switching))

@@ -1,31 +1,12 @@
 """The plan's "What a CPU tier would buy": from each engine's own reuse, before anything is
 deployed.
 
-Per engine, vLLM's sampled KV residency histograms (``--kv-cache-metrics``; the store keeps
-their bucket counts: planner/frames/residency.py) and the engine's prefix-cache lookups and
-hits give an LRU hit-ratio curve by the average-eviction-time model (planner/fit/reuse.py,
-[source: hu-aet-2016]). From it, for a CPU tier of 0.5×, 1×, 2× and 4× the engine's HBM KV
-size:
+Per engine, the AET hit-ratio curve from vLLM's residency histograms (planner/fit/reuse.py,
+[source: hu-aet-2016]) gives, for a native CPU tier or an LMCache pool of 0.5×–4× the HBM KV
+size, the extra hit ratio, the re-prefill avoided and its GPU cost, the modelled capacity at
+the SLO, and a recommended size. Intervals are model-based, not over engines.
 
-* the prefix-cache hit ratio with the tier, and the extra over today's;
-* the re-prefill tokens/s it avoids (extra block hits × block size) and the prefill
-  GPU-seconds an hour they cost today (at the cluster's measured prefill MFU when the fit has
-  one, through planner/model/costmodel.py ``prefill_tokens_per_second``);
-* the capacity at the SLO it would give, modelled: the share of an engine's GPU time at its
-  measured capacity (planner/fit/capacity.py, the verdict's estimand) that prefilling the
-  avoided tokens takes, ratio = 1 / (1 − that share). Without a window near saturation the
-  capacity cannot be told;
-* a recommended size: the knee past which each GiB adds less than a tenth of the first
-  GiB's hits.
-
-Two tiers: vLLM's native CPU offload (per engine; inclusive with HBM, so a tier no larger
-than HBM adds nothing) and an LMCache L1 pool shared by a node's engines (their streams
-merged; a lower bound, as one engine's reuse of another's blocks is invisible per engine).
-
-Every interval is model-based — the Poisson bootstrap of the sampled counts, the tail
-families past the HBM eviction time and the HBM reproduction error — not a confidence interval
-over engines; cluster totals add the engines' ends (an envelope). Numbers past the HBM
-eviction time are extrapolated and say so.
+Method: planner/plan/METHODS.md#tier
 """
 
 from __future__ import annotations
@@ -376,7 +357,7 @@ def tier_section(
     engines_per_node: int | None,
     seed: int,
 ) -> dict[str, Any]:
-    """The ``cpu_tier`` section of a plan (module docstring)."""
+    """The ``cpu_tier`` section of a plan (METHODS.md#tier)."""
     import numpy as np
 
     from planner.model.costmodel import DEFAULT_MFU, prefill_tokens_per_second

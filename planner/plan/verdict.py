@@ -1,19 +1,11 @@
 """The offload verdict of `kvscope plan`: per mode, what it does today, its capacity at the
 SLO and the bill, each with its interval and the units behind it.
 
-Per offload mode present (native, lmcache) against engines without offload:
+Today's effects (planner/fit/effects.py), capacity at the SLO (planner/fit/capacity.py) and
+GPU-hours saved at the forecast peak (planner/deploy/sizing.py), over units: engines or the
+LMCache pools they share. Fewer than 2 units per arm: "cannot tell", with an experiment.
 
-* *today* — planner/fit/effects.py: TTFT quantiles, end-to-end latency, preemptions and
-  re-prefill per 1k requests at the load each engine carried, adjusted for traffic mix;
-* *capacity* — planner/fit/capacity.py: the load an engine sustains within the SLO; the
-  ratio between modes is what the rules (R7) and sizing read (Evidence.<mode>_capacity);
-* *the bill* — engines at the forecast peak with and without the mode, GPU-hours a day
-  saved (planner/deploy/sizing.py engine_bill), filled once the forecast is known.
-
-Units are engines, or the LMCache pool engines share (``pool`` in the engine's facts: the
-targets file's ``engine.pool``); an LMCache engine with no pool is counted with every other
-unmapped one (planner/fit/units.py). Fewer than 2 units per arm: "cannot tell", and the plan
-proposes the experiment that would settle it.
+Method: planner/plan/METHODS.md#verdict
 """
 
 from __future__ import annotations
@@ -77,7 +69,7 @@ def run_verdicts(
     slo: Slo | None = None,
     seed: int = 0,
 ) -> dict[str, ModeVerdict]:
-    """Every mode's verdict (module docstring); a mode no engine ran is "cannot tell" with
+    """Every mode's verdict (METHODS.md#verdict); a mode no engine ran is "cannot tell" with
     the experiment that would start one (engines drawn at random with ``seed``)."""
     slo = slo or Slo()
     modes = set(frame["offload_mode"].astype(str).unique().tolist()) if len(frame) else set()

@@ -1,25 +1,12 @@
 """The HTML report (`kvscope report`, and the API's report page): one self-contained page.
 
-For people who would rather look than read: the decision with its decision score (a rule
-score, not a probability), the plots of planner/report/plots.py inlined as
-``data:image/png;base64`` images, the decision's reasons with their sources linked, the
-observations, what a CPU tier would buy, fits, forecast and sizing with their intervals and
-where each number comes from (the fit's method and basis, the plan's basis lines), and the
-closed-loop table (stored plans scored against what happened since).
-
-The page loads nothing: CSS is inline, images are data URIs, there is no script, and its
-Content-Security-Policy (``default-src 'none'``) tells the browser to refuse anything else.
-The only external addresses are the reasons' ``source_url`` links (http/https only). Every
-string from data is HTML-escaped.
-
-- :func:`render_report_html` is pure (a Plan, the scored outcomes, their summary -> the page);
-- :func:`render_report` reads a store: builds the plan, scores the stored plans, renders.
-
-This module is the page's skeleton (head, style, navigation, the plots, the order of the
-sections); the rest is in html_parts (escaping, formatters, the headline's cards),
-html_sections (decision, observations, fits, forecast, sizing, basis), html_offload and
-html_tier (the offload verdict, what a CPU tier would buy) and html_loop (the
-closed-loop table: :func:`closed_loop`, :func:`closed_loop_html`, re-exported here).
+The decision and its score, plots inlined as data URIs, reasons with their sources linked,
+observations, the CPU tier, fits, forecast and sizing with intervals and basis, the
+closed-loop table. The page loads nothing (inline CSS, no script, CSP ``default-src
+'none'``); its only external addresses are the reasons' http/https ``source_url`` links, and
+every string from data is HTML-escaped. :func:`render_report_html` is pure;
+:func:`render_report` reads a store. This module is the skeleton; html_parts, html_sections,
+html_offload, html_tier and html_loop (``closed_loop``, re-exported here) hold the rest.
 """
 
 from __future__ import annotations

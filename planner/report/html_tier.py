@@ -100,7 +100,7 @@ def _tier(name: str, t: Mapping[str, Any], capacity_basis: str) -> Html:
 
 def cpu_tier_html(d: Mapping[str, Any], anchor: str) -> Html:
     """The section of a plan's JSON ``d``, or a note that it has none (several model groups,
-    or a plan made before the section existed)."""
+    or a stored plan whose JSON has no such section)."""
     t = d.get("cpu_tier")
     out = [f'<section id="{_e(anchor)}"><h2>{_e(TITLE)}</h2>']
     if not isinstance(t, Mapping) or not t:

@@ -1,14 +1,9 @@
 """PNG plots of a plan's fits and forecast (`kvscope plan --plots DIR`).
 
-One file per fit that ran: preemptions vs KV utilization with the fitted hinge curve, its
-band and the knee interval; throughput vs utilization per offload mode with the fitted
-curves, and the gain with its pointwise band and the break-even interval; the KV demand
-forecast with its interval and the capacity line; the LMCache hit-rate curve when fitted;
-what a CPU tier would buy (planner/report/plot_tier.py) when the plan's ``cpu_tier`` section
-has a curve.
-:func:`write_plots` writes them as files, :func:`plot_pngs` renders the same figures to PNG
-bytes in memory (the HTML report inlines them). matplotlib (Agg backend) is imported inside
-the functions only.
+One file per fit that ran (preemption hinge, throughput and gain per offload mode, KV demand
+forecast against capacity, LMCache hit-rate curve, the CPU tier via plot_tier.py).
+:func:`write_plots` writes files, :func:`plot_pngs` the same figures as PNG bytes (the HTML
+report inlines them). matplotlib (Agg) is imported inside the functions only.
 """
 
 from __future__ import annotations

@@ -1,26 +1,12 @@
 """The cluster: engines, LMCache pools, the router and the global event loop.
 
-Events live in one heap ordered by (time, insertion sequence), so ties resolve in the order
-they were created and a run is a pure function of the scenario and its seed. Engines post
-the end of their current segment (one mixed step or a jump of k decode steps); an arrival
-that an engine could admit earlier cuts its jump at the next step boundary.
+One heap of events ordered by (time, insertion sequence), so a run is a pure function of the
+scenario and its seed; SWITCH events restart switchback canaries, LOOP events start a looping
+run's next loop. `Simulation.advance_to(t)` runs up to simulated time t (repeatable, for a
+server); `run()` goes to the end and returns the summary. A served cluster
+(``retain_requests=False``) keeps no per-request record, so its memory stays bounded.
 
-With `cluster.switchback` a SWITCH event at each block whose state differs from the last
-restarts the canaries with their new connector (Engine.restart) and sends the requests they
-held again through the router (switchback.py; PARAMETERS.md, "Switchback"); `switches` holds
-every regime with its time.
-
-`Simulation.advance_to(t)` processes every event up to simulated time t and can be called
-repeatedly (a server renders telemetry between calls); `run()` goes to the end and returns
-the summary.
-
-A served cluster (planner/simulate/serve.py) builds it with ``retain_requests=False``: no
-per-request record is kept once its telemetry is recorded (the summary of `run()` needs them,
-the live counters and histograms do not), observations wait at most SERVED_BUFFER deep to be
-bucketed (scraped or not), and the content tree is pruned whenever it has doubled
-(ContentTree.prune), so memory does not grow with the requests served. ``loop=True``
-repeats the workload with period ``duration_s`` (workload.py) and the clock runs on forever:
-a LOOP event at every boundary starts the next loop's arrivals; counters keep growing.
+Design: planner/simulate/METHODS.md#cluster
 """
 
 from __future__ import annotations
@@ -78,7 +64,7 @@ class Simulation:
         loop, the benchmark's baseline); None = as far as the next event. `loop`: repeat the
         workload every `duration_s`, forever. `retain_requests=False`: keep no per-request
         record (`completed` stays empty, `run()` refuses), prune the content tree and bucket
-        telemetry in small batches, so memory stays bounded (module docstring)."""
+        telemetry in small batches, so memory stays bounded (METHODS.md#cluster)."""
         self.scenario = scenario
         self.loop = loop
         self.retain_requests = retain_requests

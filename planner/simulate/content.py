@@ -1,17 +1,11 @@
 """Content identity: a prefix tree of token segments shared by every cache of a simulation.
 
 A request's prompt is a path of segments; two requests share KV exactly as far as their
-paths share nodes (a block's hash covers every token before it, as in vLLM's and LMCache's
-chained hashes). Node ids only ever increase, so nothing downstream depends on whether a
-node's table is a list or a dict.
+paths share nodes (as vLLM's and LMCache's chained block hashes do). A batch run keeps nodes
+in lists; a served or looping run builds the tree ``sparse`` and ``prune(live)`` drops what
+nothing can reach, so memory stays bounded.
 
-A batch run keeps every node in lists (the fastest lookup; the run's summary needs every
-request anyway). A served or looping run builds the tree ``sparse`` (dicts) and calls
-``prune(live)`` now and then: nodes that no live request, cache or workload catalogue can
-reach are dropped, so memory stays bounded however long the run. Dropping a node nothing
-holds changes no lookup (no cache has blocks of it, and no future request can name it),
-only the "computed before anywhere" memory the re-prefill count keeps (``hw``): content
-that every cache has evicted and that is built again later is counted as a first prefill.
+Design: planner/simulate/METHODS.md#content
 """
 
 from __future__ import annotations

@@ -1,21 +1,11 @@
 """One simulated vLLM v1 engine: continuous batching, chunked prefill, paged KV, preemption.
 
-Scheduling follows vLLM v1's Scheduler.schedule() with these documented simplifications:
-- decode tokens are scheduled before prefill chunks (vLLM walks `running` in admission
-  order; with max_num_batched_tokens >= max_num_seqs both agree except when an older request
-  is still chunk-prefilling);
-- when blocks run out the newest running request is preempted (recompute policy), its
-  blocks freed (they stay cached for prefix hits until evicted) and it is put at the front
-  of the waiting queue; no waiting request is admitted in a step that preempted;
-- waiting requests are admitted FCFS while the token budget, max_num_seqs and free blocks
-  allow; the prefix-cache hit is capped so the last token is recomputed (vLLM does so);
-- a KV connector hit is loaded asynchronously (native offload: the request waits while
-  the batch runs) or inside the step (LMCache in-process connector, blocking). As in vLLM,
-  requests behind one that is loading are admitted meanwhile, and when its load is done it
-  joins the end of the running queue, so it is the next preemption victim
-  (`cluster.resume_after_load: in_place` is the what-if where it keeps its place).
-Decode-only stretches are advanced k steps at once (decode.py). Step times come from
-planner.model.costmodel.step_seconds (roofline); see PARAMETERS.md.
+Scheduling follows vLLM v1's Scheduler.schedule() (decodes before prefill chunks, FCFS
+admission, recompute preemption of the newest request, the prefix hit capped at prompt − 1,
+connector loads async or blocking); decode-only stretches advance k steps at once
+(decode.py); step times from planner.model.costmodel.step_seconds (roofline).
+
+Design: planner/simulate/METHODS.md#engine; parameters: PARAMETERS.md
 """
 
 from __future__ import annotations

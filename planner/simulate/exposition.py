@@ -1,24 +1,11 @@
 """Simulator telemetry -> Prometheus text format 0.0.4, as vLLM 0.33 and LMCache 0.5.6 expose it.
 
-Rendering goes through prometheus_client's own ``generate_latest`` (the function vLLM's
-``/metrics`` route and LMCache's HTTP frontend call), fed by a custom collector: ``# HELP`` /
-``# TYPE`` lines, counters as ``<family>_total``, histograms as cumulative ``_bucket{le=…}``
-ending with ``+Inf`` then ``_count`` and ``_sum``, labels sorted, values in Go float spelling
-(``1e+06``). Every family name comes from core.catalog (``export_spelling``); no vendor
-name is spelled here.
+Rendered by prometheus_client's own ``generate_latest`` from a custom collector; every family
+name comes from core.catalog (``export_spelling``). vLLM endpoints render like vLLM under
+``PROMETHEUS_MULTIPROC_DIR`` (no ``_created``), LMCache ones like ``lmcache server``;
+``python_*``/``process_*`` families are left out.
 
-Choices, each what a real deployment also shows:
-
-* vLLM endpoints render like vLLM under ``PROMETHEUS_MULTIPROC_DIR`` (``--api-server-count > 1``,
-  production-stack): no ``_created`` series. Each simulated engine is its own vLLM server
-  (data-parallel size 1), so its series carry ``engine="0"``; the endpoint (Prometheus'
-  ``instance``) tells engines apart. ``vllm:kv_offload_*`` only for engines with native
-  offload (vLLM's OffloadingConnector; the LMCache connector exports none of them).
-* LMCache endpoints render like ``lmcache server`` (OpenTelemetry -> prometheus_client): no
-  ``_created``, an instrument appears only after its first measurement (zero counters are
-  left out; observable gauges always appear), ``cache_salt`` is absent (empty salt), L1 series
-  carry ``backend="dram"``/``l1_tag="_default"``, and ``target_info`` holds the resource.
-* ``python_*``/``process_*`` families are not rendered (collectors report them as unknown).
+Design: planner/simulate/METHODS.md#exposition
 """
 
 from __future__ import annotations
@@ -266,7 +253,7 @@ def engine_view(snap: EngineSnapshot, cfg: EngineConfig) -> EndpointView:
     """The ``/metrics`` of one simulated vLLM 0.33 server.
 
     Signals the snapshot holds that the catalogue does not know are not rendered; offload
-    families only for native offload (see the module docstring).
+    families only for native offload (METHODS.md#exposition).
     """
     native = snap.offload == "native"
     series = _known(snap.counters.items())

@@ -1,17 +1,10 @@
 """Paged KV memory: the GPU block pool with prefix caching, and the prefix LRU of CPU tiers.
 
-Both work on segments of the ContentTree instead of individual blocks: a block belongs to the
-segment holding its last token, and what a pool keeps of a segment is a run of its blocks
-from the segment's start (vLLM frees a request's blocks tail-first, so eviction eats
-sequences from the end; a hit needs the leading blocks). That makes a 6,000-token prompt
-a handful of dictionary operations instead of 375 block objects, with the same accounting.
+Both count blocks per segment of the ContentTree (a run of leading blocks per segment, as
+vLLM frees tail-first), not block objects. GPU accounting follows vLLM v1's BlockPool:
+usage = (pinned + private) / total, the rest free or evictable cached.
 
-GPU pool accounting (vLLM v1 BlockPool semantics, counted in blocks):
-    pinned  = blocks referenced by running requests (hashed, full)
-    private = partial (unhashed) last blocks of running requests
-    cached  = hashed blocks present in HBM, referenced or not
-    usage   = (pinned + private) / total          # vLLM kv_cache_usage_perc
-    available for allocation = total - pinned - private   (free + evictable cached)
+Design: planner/simulate/METHODS.md#kvcache
 """
 
 from __future__ import annotations

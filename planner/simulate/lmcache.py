@@ -2,27 +2,12 @@
 256 tokens with LRU eviction, plus an optional L2 tier, so one engine's prefill serves
 another engine's hit.
 
-Model (LMCache 0.3-0.5 with vLLM's LMCache connector; the 0.3.x in-process code is cited as
-[source: lmcache-0.3.3-source]):
-- lookup: each admitted request asks the pool for the longest chunk prefix in L1 ∪ L2
-  (`lookup_overhead_s`, blocking the scheduler step); hits beyond the GPU prefix hit are loaded.
-  A lookup is an access: the chunks it finds become most recently used in the tier that has
-  them, whether or not the GPU already holds them (0.3.x pins them and `touch_cache()`s).
-- load: L1 -> GPU at `bandwidth_gbps` per GPU plus `latency_ms` per chunk; L2 -> L1 -> GPU at the
-  L2 tier's bandwidth and per-object latency. `l2_promote` (default) keeps the L2 chunks in
-  L1; without it (0.3.x's retrieve) each is read into a transient buffer of the L1 allocator,
-  which evicts L1's LRU chunks when L1 is full and is freed after the load. The in-process
-  connector loads inside the forward pass, so by default the load blocks the step
-  (`async_load: true` makes it overlap like native offload).
-- store: the full chunks of a request's prompt from the end of LMCache's own hit are written
-  to L1 (and through to L2) asynchronously — also the chunks the GPU prefix cache supplied
-  when LMCache lacks them; `store_overhead_s` per storing step is the blocking part.
-  `save_unfull_chunk` also keeps the unfull last chunk of each prompt (an object no other
-  prompt can hit); `save_decode_cache` also stores the chunks filled during decode (0.3.3's
-  vLLM v1 adapter did so regardless of the flag), written here when the request leaves the
-  GPU.
-- metrics: the MP server's L1 chunk reuse-gap histogram, LMCache's default sampling of 1 % of
-  the chunks (`--metrics-sample-rate`), observed on L1 writes and reads (residency.py).
+Models LMCache 0.3–0.5 with vLLM's LMCache connector [source: lmcache-0.3.3-source]: a
+lookup is an access (blocking ``lookup_overhead_s``), loads L1/L2 -> GPU (blocking unless
+``async_load``), stores written through asynchronously, the MP server's sampled L1 chunk
+reuse-gap histogram.
+
+Design: planner/simulate/METHODS.md#lmcache
 """
 
 from __future__ import annotations

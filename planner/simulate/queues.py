@@ -1,17 +1,12 @@
 """Requests leaving and re-entering a simulated engine's batch: async loads that finish,
 their entry into the running queue, the no-deadlock escape, and preemption (a mixin of
-Engine, which owns and initialises the attributes below; split from engine.py to keep
-modules short).
+Engine, which owns and initialises the attributes below).
 
-Queue order follows vLLM v1's Scheduler (vllm/v1/core/sched/scheduler.py):
-- a preempted request is prepended to `waiting` (`_preempt_request`), but requests whose
-  async KV loads are done stay ahead of it: vLLM parks them in `skipped_waiting`, which the
-  FCFS policy serves first (`_select_waiting_queue_for_scheduling`);
-- a request whose load is done is scheduled like a new one and appended to `running`
-  (`self.running.append(request)`), behind every request admitted while it loaded; FCFS
-  preemption takes the last of `running` (`self.running.pop()`), so a request resumed from
-  the CPU is the next victim. Under HBM pressure this can starve it: each time it comes
-  back it is the newest again (PARAMETERS.md, "Resume order after a load").
+Queue order follows vLLM v1's Scheduler (vllm/v1/core/sched/scheduler.py): loads done go
+ahead of a preempted request (``skipped_waiting``), and a request resumed after a load is
+appended to ``running``, so it is the next preemption victim.
+
+Design: planner/simulate/METHODS.md#queues
 """
 
 from __future__ import annotations

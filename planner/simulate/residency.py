@@ -1,68 +1,12 @@
 """KV residency metrics of simulated engines and LMCache pools: vLLM's ``--kv-cache-metrics``
-block histograms and LMCache's L1 chunk reuse gaps, observed when and as the real exporters
-observe them.
+block histograms [source: vllm-kv-cache-metrics] and LMCache's L1 chunk reuse gaps
+[source: lmcache-mp-l1-lifecycle], observed when and as the real exporters observe them.
 
-vLLM [source: vllm-kv-cache-metrics] — vllm/v1/core/kv_cache_metrics.py at commit
-0ad8e2ada595a691f570b3a75718843b1a0b8e19, vllm/v1/core/block_pool.py at commit
-c59cb7941357443da7c5eef75cfa8697d683d228, vllm/config/observability.py, vllm/v1/metrics/loggers.py:
+A sampled block is tracked as (segment, block index): born at the step that allocates it,
+accessed at each prefix hit covering it, observed (lifetime, idle, ≤ 3 reuse gaps) at the
+step whose allocation evicts it; sampling draws from a stream of its own.
 
-* ``--kv-cache-metrics`` (ObservabilityConfig.kv_cache_metrics, default False) gives the
-  scheduler's BlockPool a KVCacheMetricsCollector(sample_rate=``--kv-cache-metrics-sample``,
-  default 0.01, validated 0 < rate <= 1) and registers the three histograms below.
-* Allocation: BlockPool.get_new_blocks calls ``on_block_allocated`` for every block it hands
-  out, prefix caching on or off. The block is sampled iff ``random.random() < sample_rate``;
-  a sampled block gets BlockMetricsState: birth = last_access = now, access_history =
-  deque(maxlen=4), keyed by block id.
-* Access: BlockPool.touch, i.e. a prefix-cache hit (the computed blocks a request is given
-  when the scheduler allocates its slots), calls ``on_block_accessed``: last_access = now and
-  now is appended to the history. Nothing is observed at an access.
-* Eviction: BlockPool._maybe_evict_cached_block calls ``on_block_evicted`` first thing, for
-  every block get_new_blocks pops off the free queue while prefix caching is on (hashed or
-  not: a request's unfilled last block freed without a hash too) and for connector-driven
-  evict_blocks. The state is popped and one KVCacheEvictionEvent recorded: lifetime = now -
-  birth, idle = now - last_access, reuse gaps = differences of consecutive times in the
-  history (at most 3; the allocation is not in it, so a block hit once gives none). The
-  PrometheusStatLogger observes the lifetime and idle histograms (catalogue signals
-  kv_block_lifetime_seconds, kv_block_idle_before_evict_seconds) once per event and the
-  reuse-gap one (kv_block_reuse_gap_seconds) once per gap, buckets 0.001 … 1800 s
-  (catalog.KV_RESIDENCY_BUCKETS).
-* Hence: a block still resident is never observed, and with prefix caching off nothing is
-  (get_new_blocks then never calls _maybe_evict_cached_block). BlockPool.free_blocks puts
-  freed blocks without a hash at the front of the free queue (reused first), hashed ones at
-  the back (LRU). reset_prefix_cache clears the collector.
-
-The simulator (kvcache.py works on content segments, not block objects) tracks a sampled
-block as (segment, absolute block index):
-
-* born when the engine plans the step that allocates it: a prefill chunk's blocks at that
-  step's start; a decode block at the start of the decode step whose token opens it (decode
-  jumps are replayed from a per-engine step log); a block first allocated unfilled (a chunk
-  boundary, a prompt's last block) keeps the time it was allocated then;
-* accessed at each admission whose prefix-cache hit covers it (the hit is capped so the last
-  token is recomputed, as in vLLM), at the step's planning time;
-* evicted when BlockPool.evict takes it (the simulator evicts lazily at allocation, LRU,
-  tail blocks first, as vLLM does), at the step whose allocation needed it (inside a decode
-  jump: the step at which the jump's allocations have used up the free blocks);
-* a request's unfilled last block, freed, is observed when an allocation reuses it (free
-  unhashed blocks first, the last freed first);
-* sampling: Bernoulli(rate) per allocated block, drawn as geometric skips from a
-  ``random.Random`` stream of the tracker's own, so no other draw of a run moves.
-* Not simulated: vLLM's duplicate blocks (two requests computing the same block at once, the
-  recomputed last block of a fully cached prompt): the simulator shares their content, so
-  they are never born.
-
-LMCache [source: lmcache-mp-l1-lifecycle] — lmcache/v1/mp_observability/subscribers/metrics/
-l1_lifecycle.py at commit e04d10d358e720fe8032bc403d584f8c55d66aeb: the MP server registers
-L1LifecycleSubscriber whenever its metrics are on, with ``--metrics-sample-rate`` (default
-0.01). A key is sampled iff ``hash(key) % 1_000_003 < int(rate * 1_000_003)`` (the same key
-always gets the same decision). L1_WRITE_FINISHED (also _AND_READ_RESERVED, an L2 prefetch
-landing in L1): a key not tracked and sampled starts being tracked (last access = now); a
-tracked key written again observes a gap and starts over. L1_READ_FINISHED: a tracked key
-observes the reuse gap (catalogue signal lmcache_l1_chunk_reuse_gap_seconds) = now - last
-access, then last access = now. L1_KEYS_EVICTED: the key stops being tracked. In the
-simulator a key is (segment, chunk index); writes are the chunks a store writes to L1
-(chunks present are skipped, as LMCache skips them), reads the L1 chunks a load brings to
-the GPU, evictions PrefixLRU's.
+Design, and the vLLM / LMCache code read (with commits): planner/simulate/METHODS.md#residency
 """
 
 from __future__ import annotations
@@ -158,7 +102,7 @@ class _Decode(Protocol):
 
 
 class KVResidency:
-    """The KVCacheMetricsCollector of one simulated engine (see the module docstring).
+    """The KVCacheMetricsCollector of one simulated engine (METHODS.md#residency).
 
     The engine sets ``now`` to the time of the step it plans or commits; ``jump`` is set
     while a decode jump's aggregated allocations are applied, so an allocation's ordinal maps
@@ -371,8 +315,8 @@ class KVResidency:
 
 
 class L1Lifecycle:
-    """LMCache's L1LifecycleSubscriber as far as the reuse-gap histogram goes (module
-    docstring): tracked chunks (node, chunk index) -> last access."""
+    """LMCache's L1LifecycleSubscriber as far as the reuse-gap histogram goes
+    (METHODS.md#residency): tracked chunks (node, chunk index) -> last access."""
 
     __slots__ = ("end", "hist", "last", "now", "start", "threshold", "unit")
 

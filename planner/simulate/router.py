@@ -1,33 +1,11 @@
 """Which engine a request goes to: round_robin, least_loaded, prefix_affinity, scorer.
 
-`round_robin` with `cluster.load_shares` is a weighted split (nginx's smooth weighted round
-robin: each engine gains its weight per request, the one with the most credit is picked and
-pays the total), so a canary can take a smaller or larger share than the others.
+`round_robin` with `cluster.load_shares` is nginx's smooth weighted round robin. `scorer` is
+llm-d's endpoint picker: a weighted sum of prefix, CPU-prefix, KV, queue and no-hit-LRU
+scores (weights and indexes in router_spec.py), over a `routed` or `cached` prefix index;
+ties go to a start that rotates per request, so a run stays a function of its seed.
 
-`scorer` is llm-d's endpoint picker (llm-d-inference-scheduler; weights and indexes in
-router_spec.py): every engine gets
-
-    prefix · (leading prompt blocks its GPU prefix index holds / prompt blocks considered)
-  + cpu_prefix · (the same against its CPU-tier index)
-  + kv · (1 − KV use)
-  + queue · ((max − waiting) / (max − min) waiting over the engines; 1 when all equal)
-  + no_hit_lru · (a request no GPU index matches: 1 − rank / (n − 1), rank 0 for the engine
-    least recently sent such a request, engines never sent one first; else 0.5 for all)
-
-and the highest wins (pkg/plugins/scorer/no_hit_lru.go; GIE's prefix, kv-cache-utilization
-and queue scorers). The prefix indexes (`prefix_index`):
-- routed (llm-d's approx-prefix-cache-producer, its default): what the picker itself sent to
-  each engine, the first `max_prefix_blocks` blocks of every prompt, in an LRU per engine as
-  large as its GPU KV cache (autoTune: vLLM's num_gpu_blocks) and, for cpu_prefix, as its CPU
-  tier (or `cpu_index_blocks`, llm-d's lruCapacityPerServer). It does not see evictions, so a
-  prefix the engine evicted keeps drawing its requests while the index remembers it. The
-  LRU here evicts whole segments, tails first (kvcache.PrefixLRU); llm-d's evicts blocks, the
-  prompt's head first: both lose the match once a prefix is older than the capacity.
-- cached (llm-d's precise-prefix-cache-scorer, fed by vLLM's KV events): the engine's real
-  HBM prefix cache, and its own CPU tier (native offload, or an LMCache pool of this engine
-  alone; a pool shared by several engines does not tell them apart).
-The state is read when the request arrives. Ties (llm-d: random) go to the first engine from
-a start that rotates per request, so a run stays a function of its seed.
+Design: planner/simulate/METHODS.md#router
 """
 
 from __future__ import annotations
@@ -43,7 +21,7 @@ from planner.simulate.scenario import ClusterSpec
 
 
 class Router:
-    """Picks an engine for each request (module docstring)."""
+    """Picks an engine for each request (METHODS.md#router)."""
 
     def __init__(self, policy: str, engines: list[Engine], spec: ClusterSpec) -> None:
         self.policy = policy

@@ -1,46 +1,12 @@
 """Serve a simulated cluster's live metrics: one ``/metrics`` per engine and per LMCache pool.
 
-``serve_scenario(scenario, "HOST:PORT", speed=…)`` runs the simulation in scaled real time
-(simulated seconds = wall seconds × speed) and answers Prometheus like a real vLLM 0.33 /
-LMCache 0.5.6 cluster would: engine i on ``port + i``, then LMCache pool j on
-``port + n_engines + j`` (``port`` 0: any free ports). Each port is its own
-``ThreadingHTTPServer`` with a single route, ``GET /metrics``; everything else is 404.
+``serve_scenario(scenario, "HOST:PORT", speed=…)`` runs the simulation in scaled real time;
+engine i answers on ``port + i``, LMCache pool j on ``port + n_engines + j``, always in text
+format 0.0.4. The endpoints are announced as one JSON line on stdout (and in ``ports_file``).
+Without ``loop`` the final values are served until SIGINT/SIGTERM; with it the workload
+repeats and counters only grow. Memory stays bounded however long it runs.
 
-The body is always the classic text format with ``Content-Type: text/plain; version=0.0.4;
-charset=utf-8`` whatever the ``Accept`` header, so Prometheus (which asks for OpenMetrics
-first) keeps the ``vllm:`` colons. One lock guards the simulation: the main loop advances it
-in small slices, a request copies one endpoint's telemetry under the lock (microseconds) and
-renders outside it; nothing is rendered in the simulation loop.
-
-The endpoints are announced as one JSON line on stdout (and written to ``ports_file``)::
-
-    {"engines": [{"engine": 0, "node": 0, "offload": "native", "lmcache": null,
-                  "url": "http://127.0.0.1:9100/metrics"}, …],
-     "lmcache": [{"pool": 0, "node": 0, "scope": "node", "engines": [2, 3],
-                  "url": "http://127.0.0.1:9104/metrics"}],
-     "model_name": "llama-3.1-8b", "speed": 30.0, "scenario": "…", "duration_s": 600.0,
-     "loop": false}
-
-A scenario with ``cluster.switchback`` marks its canaries ``"switching": true`` (their
-``offload`` is the mode they start with) and adds ``"switchback": {"engines": […], "mode":
-"native", "block_s": 1800.0, "seed": 1}``. A canary's restart changes what its ``/metrics``
-says about itself (``cache_config_info``'s ``kv_offloading_size``, ``kv_offload_config_info``),
-so a collector records each change by itself (engine_changes, at the first scrape that shows
-it); the targets and file_sd files leave a canary's offload out, since a configured mode
-would win over the exposed one.
-
-``targets_file`` gets the same endpoints as a ``kvscope collect --targets`` file and
-``file_sd(doc)`` gives Prometheus ``file_sd_configs`` targets.
-
-Without ``loop`` the simulation stops at the scenario's ``duration_s``; the endpoints keep
-serving the final values until SIGINT/SIGTERM, which shut every server down and return 0.
-With ``loop`` (``kvscope simulate demo --serve 0.0.0.0:9100 --speed 4 --loop``) the workload
-repeats with period ``duration_s`` (a diurnal day looped; each loop draws fresh arrivals,
-seeded from the seed and the loop index; shared prefixes, sessions and caches carry over) and
-the simulated clock runs on until SIGINT/SIGTERM: counters only ever grow, as a real engine's
-do between restarts, so Prometheus never sees a reset. Either way the served simulation keeps
-no per-request record (cluster.py, ``retain_requests=False``): memory stays bounded however
-long it runs (benchmarks/bench_sim_memory.py).
+Design, and the announcement's shape: planner/simulate/METHODS.md#serve
 """
 
 from __future__ import annotations
@@ -274,7 +240,7 @@ class ClusterServer:
         self._threads.clear()
 
     def document(self) -> dict[str, Any]:
-        """The endpoints announcement (see the module docstring)."""
+        """The endpoints announcement (METHODS.md#serve)."""
         live = self.live
         sb = live.scenario.cluster.switchback
         doc: dict[str, Any] = {
@@ -386,7 +352,7 @@ def serve_scenario(
     err: IO[str] | None = None,
 ) -> int:
     """Serve ``scenario`` live on ``address`` (HOST:PORT) until SIGINT/SIGTERM or ``stop``;
-    ``loop`` repeats its workload forever (module docstring).
+    ``loop`` repeats its workload forever (METHODS.md#serve).
 
     Prints the endpoints JSON line on ``out`` (stdout), progress on ``err`` (stderr);
     ``ports_file`` gets the same document, ``targets_file`` a ``kvscope collect --targets``

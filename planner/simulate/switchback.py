@@ -1,19 +1,11 @@
 """`cluster.switchback`: canary engines whose offload is switched on and off in blocks of time,
 as an operator evaluates offload on one engine (a switchback experiment).
 
-Time is cut into blocks of `block_s` from t = 0; in an "on" block the listed engines run the
-section's `mode` (native or lmcache), in an "off" block no offload. Which blocks are on:
-- `schedule: [on, off, ...]`: block b is ``schedule[b mod len(schedule)]`` (cycled, so a run
-  longer than the list, or a looping server, goes on with it);
-- otherwise randomized pairs: blocks 2p and 2p + 1 are (on, off) or (off, on), each with
-  probability 1/2, drawn pair after pair from ``random.Random(seed)`` (seed: the section's,
-  by default the scenario's); `start` fixes the order of pair 0 only (every later pair is the
-  same whatever `start` says). Every complete pair has one block of each, so on and off
-  time differ by at most one block, and no block's state follows from the time of day.
+Blocks of `block_s` from t = 0, on or off by an explicit cycled `schedule` or by randomized
+(on, off)/(off, on) pairs from ``random.Random(seed)``. A block whose state differs from the
+previous one's restarts the listed engines with the new configuration (Engine.restart).
 
-A block whose state differs from the previous block's is a switch: each listed engine is
-restarted with the new configuration at the block's start (Engine.restart; cluster.py
-Simulation._switch; PARAMETERS.md, "Switchback"). Equal neighbours (off, off) are no switch.
+Design: planner/simulate/METHODS.md#switchback; PARAMETERS.md, "Switchback"
 """
 
 from __future__ import annotations

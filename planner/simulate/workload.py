@@ -1,27 +1,11 @@
 """Request streams: the requests a workload sends, open-loop arrivals and follow-ups.
 
-A request's prompt (request.py) is a path of segments in the global ContentTree (content.py);
-two requests share KV exactly as far as their paths share nodes. The last node of a path is
-the request's own output.
-Every random stream has its own random.Random seeded with a string (sha512-seeded, so no
-dependence on PYTHONHASHSEED).
+A request's prompt is a path of segments in the global ContentTree; every random stream has
+its own string-seeded random.Random. Looping (``period``) restarts the arrival process each
+period with fresh draws while the content catalogue, ids, sessions and clients carry over;
+stages (a rate ramp) run one pass.
 
-Looping (``period``: a served cluster that runs for days): the arrival process starts again
-every ``period`` simulated seconds, in loop-local time (a diurnal rate has the same shape in
-every loop), with random streams seeded from (seed, loop index) so each loop draws fresh
-arrivals; loop 0 is exactly the run without looping. What persists across a boundary is what
-persists in a real cluster: the content catalogue (system prompts, prefix groups and their
-questions, documents, trace prefixes: the same nodes, so caches stay warm), request ids (one
-counter, never reused), sessions (a multi-turn conversation started before the boundary goes
-on after it; new ones get new ids) and closed-loop clients (in flight across the boundary;
-those a ``num_requests`` cap had stopped start again). ``num_requests``, a finite
-shared-prefix dataset (re-shuffled) and a trace replay (shifted by the loop's start; records at
-or after ``period`` are never sent) apply per loop.
-
-Stages (a rate ramp, workload_spec.py): one pass, not with looping. Stage k issues its
-int(qps·duration_s) requests; when the last of them has finished (or been refused), stage
-k+1 starts `stage_gap_s` later. ``stage_starts`` / ``stage_first_rid`` record where each
-stage began, for the per-stage summary.
+Design: planner/simulate/METHODS.md#workload
 """
 
 from __future__ import annotations
@@ -52,8 +36,8 @@ class Workload:
     def __init__(
         self, spec: WorkloadSpec, seed: int, tree: ContentTree, *, period: float | None = None
     ) -> None:
-        """`period`: loop the arrival process every `period` simulated seconds (module
-        docstring); None = one pass (a batch run)."""
+        """`period`: loop the arrival process every `period` simulated seconds
+        (METHODS.md#workload); None = one pass (a batch run)."""
         self.spec = spec
         self.tree = tree
         self.seed = seed

@@ -1,20 +1,10 @@
 """The `workload:` section of a scenario: kind, arrivals and length distributions.
 
-Kinds: synthetic (independent prompts), shared_prefix (system prompts / tenants shared by a
-group of prompts, like SGLang bench_serving's generated-shared-prefix dataset), multi_turn
-(sessions whose every turn re-sends the whole history), rag (a question over k documents
-drawn by Zipf popularity from a corpus) and trace (JSONL replay).
+Kinds: synthetic, shared_prefix, multi_turn, rag, trace. Arrivals: `concurrency` (closed
+loop) or `qps` with poisson / bursty / diurnal arrivals; `stages` is a rate ramp as
+inference-perf runs one [source: inference-perf-loadgen].
 
-Arrivals: `concurrency: N` is a closed loop (N clients, each sends its next request when the
-previous one completes, after `think_time_s`); `qps: R` is an open loop with
-`arrival: poisson | bursty | diurnal` (bursty = gamma inter-arrival times with shape
-`burstiness` < 1, as vLLM's benchmark_serving --burstiness; diurnal = a sinusoidal rate
-qps·(1 + amplitude·sin(2πt/period)) by thinning). `stages: [{qps, duration_s}, ...]` is a
-rate ramp as inference-perf runs one [source: inference-perf-loadgen]: stage k sends
-int(qps·duration_s) requests at Poisson (or bursty) times, waits until every one of them has
-finished, then `stage_gap_s` idle seconds (its `load.interval`) before the next stage; a
-finite dataset is cycled and, with `stage_dataset: restart` (inference-perf: request numbers
-start at 0 in every stage), every stage starts again from its first item.
+Design: planner/simulate/METHODS.md#workload_spec
 """
 
 from __future__ import annotations

@@ -198,7 +198,7 @@ def test_serve_metrics_healthz_follows_the_check_and_metrics_stay_served() -> No
         assert _status(base + "/healthz") == (503, "stale: no\n")
         status, body = _status(srv.url)  # the exposition is unaffected
         assert status == 200 and sm.COLLECTOR_TARGETS.name in body
-    # without a check /healthz is just another path of the exposition, as before
+    # without a check /healthz is just another path of the exposition
     with serve_metrics(f"127.0.0.1:{free_port()}", h.registry) as srv:
         status, body = _status(srv.url.removesuffix("/metrics") + "/healthz")
         assert status == 200 and sm.COLLECTOR_TARGETS.name in body

@@ -414,8 +414,7 @@ MALFORMED = [
     ("comment-like text after blanks", "  #TYPE\n" + OK + "  foo#bar 1\n", 3,
      "invalid character '#'"),
 ]  # fmt: skip
-# Value anomalies were ParseErrors in this table until the scrape kept them (collector/parse.py
-# docstring); they are ANOMALIES below.
+# Value anomalies keep the scrape (collector/DESIGN.md#parse): they are ANOMALIES below.
 
 
 @pytest.mark.parametrize(

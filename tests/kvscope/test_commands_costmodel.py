@@ -106,7 +106,8 @@ def test_compare_tiers_70b_fp8_4k_ceph_hdd_text_shows_previous_figures() -> None
     result = RUNNER.invoke(app, ["costmodel", *COMPARE_70B_4K_CEPH])
     assert result.exit_code == 0, result.output
     rows = [line.split() for line in result.stdout.splitlines() if line.startswith(("fp8", "bf16"))]
-    # previously printed as "fp8 KV: 0.671 GB, read 0.889–6.95 s vs re-prefill 0.168–0.43 s"
+    # the figures of the one-line form "fp8 KV: 0.671 GB, read 0.889–6.95 s vs re-prefill
+    # 0.168–0.43 s"
     assert rows == [
         ["fp8", "163,840", "0.671", "ceph-hdd", "0.889–6.95", "0.168–0.43", "re-prefill"],
         ["bf16", "327,680", "1.34", "ceph-hdd", "1.7–13.7", "0.168–0.43", "re-prefill"],

@@ -171,7 +171,7 @@ def test_engine_frame_offload_mode_from_meta_by_source_or_engine_key() -> None:
 
 def test_engine_frame_offload_mode_follows_recorded_changes_per_window() -> None:
     """An engine restarted with offload on: its windows before the switch count as none,
-    from the switch on as native (store.tables.EngineChange); one regime: as before."""
+    from the switch on as native (store.tables.EngineChange); one regime: one mode throughout."""
     from store.tables import EngineChange, EngineRecord
 
     windows = [win("kv_cache_usage_ratio", "gauge", start=T0 + 60 * k, source=s, mean=0.5)

@@ -174,7 +174,7 @@ def test_plan_one_model_store_output_has_no_groups(tmp_path: Path) -> None:
     assert "group" not in d and "groups" not in d
     assert not any("model group" in b for b in plain.basis)
     assert "Model groups" not in summary_text(d) and "model group" not in summary_text(d)
-    # one group: the decision, sizing and configs stay at the top level, as before groups
+    # one group: the decision, sizing and configs stay at the top level, as without groups
     assert set(d) == TOP_KEYS and plain.decision is not None
     assert d["decision"]["mode"] in MODES and d["decision"] == json_ready(plain.decision.to_dict())
     assert isinstance(d["sizing"], dict) and isinstance(d["configs"], dict)

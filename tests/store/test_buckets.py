@@ -381,7 +381,7 @@ def test_spool_keeps_bucket_counts_and_reads_a_segment_of_an_earlier_kvscope() -
     assert _decode(_encode("sqlite:///k.db", windows, []))[1] == windows
     plain = [w for w in windows if not w.bucket_counts]
     data = _encode("sqlite:///k.db", plain, [])
-    assert b"bucket" not in data and b"[], []" not in data  # lines as before schema 9
+    assert b"bucket" not in data and b"[], []" not in data  # lines without the bucket fields
     assert _decode(data)[1] == plain
 
 
