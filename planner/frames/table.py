@@ -113,6 +113,10 @@ class WindowTable:
     def __len__(self) -> int:
         return int(self.summary["windows"].sum())
 
+    def drop_rows(self) -> None:
+        """Forget the kept rows; the counts (len, sources, span) stay."""
+        self.parts.clear()
+
     @property
     def sources(self) -> set[str]:
         """Every source with a window of any signal."""
