@@ -10,7 +10,8 @@
 - ``reuse``: the LRU hit ratio vs KV capacity from vLLM's sampled block-residency
   histograms (AET), and what a native CPU offload or an LMCache pool of X GiB would add;
 - ``common``: estimates, intervals, weights and covariance pieces the fits share;
-- ``run``: :func:`fit_all`, every fit the data supports.
+- ``registry``: every fit the planner runs (``FITS``: name, description, function, inputs);
+- ``run``: :func:`fit_all`, the registered fits on a frame, each one's failure isolated.
 """
 
 from planner.fit.common import Estimate, FitResult, Interval
@@ -18,6 +19,7 @@ from planner.fit.gain import GainFit, GainPoint, fit_gain
 from planner.fit.hitrate import HitRateFit, fit_hitrate
 from planner.fit.mfu import MfuFit, fit_mfu
 from planner.fit.preempt import PreemptionFit, fit_preemption
+from planner.fit.registry import EQUAL_KV, FIT_NAMES, FITS, FitSpec
 from planner.fit.reuse import (
     Histogram,
     ReuseFit,
@@ -27,9 +29,10 @@ from planner.fit.reuse import (
     lmcache_pool_gain,
     native_offload_gain,
 )
-from planner.fit.run import FitReport, Skipped, fit_all
+from planner.fit.run import FitOutcome, FitReport, fit_all, not_fitted
 
-__all__ = ["Estimate", "FitReport", "FitResult", "GainFit", "GainPoint", "Histogram",
-           "HitRateFit", "Interval", "MfuFit", "PreemptionFit", "ReuseFit", "ReuseInputs",
-           "Skipped", "TierGain", "fit_all", "fit_gain", "fit_hitrate", "fit_mfu",
-           "fit_preemption", "fit_reuse", "lmcache_pool_gain", "native_offload_gain"]  # fmt: skip
+__all__ = ["EQUAL_KV", "FITS", "FIT_NAMES", "Estimate", "FitOutcome", "FitReport", "FitResult",
+           "FitSpec", "GainFit", "GainPoint", "Histogram", "HitRateFit", "Interval", "MfuFit",
+           "PreemptionFit", "ReuseFit", "ReuseInputs", "TierGain", "fit_all", "fit_gain",
+           "fit_hitrate", "fit_mfu", "fit_preemption", "fit_reuse", "lmcache_pool_gain",
+           "native_offload_gain", "not_fitted"]  # fmt: skip
