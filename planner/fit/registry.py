@@ -80,11 +80,11 @@ FIT_NAMES: tuple[str, ...] = tuple(spec.name for spec in FITS)
 
 
 def fit_specs(names: Iterable[str] | None = None) -> tuple[FitSpec, ...]:
-    """The registered fits called ``names`` in registry order (every one for None); an
-    unknown name is a ConfigError naming the registered fits."""
+    """The registered fits called ``names`` (one name may be a plain string) in registry
+    order, every one for None; an unknown name is a ConfigError naming the registered fits."""
     if names is None:
         return FITS
-    wanted = set(names)
+    wanted = {names} if isinstance(names, str) else set(names)
     unknown = sorted(wanted - {spec.name for spec in FITS})
     if unknown:
         known = ", ".join(spec.name for spec in FITS)

@@ -111,6 +111,7 @@ def test_fit_all_runs_only_the_named_fits_in_registry_order(frame: pd.DataFrame)
     with pytest.raises(ConfigError, match="'prefill_mfu' was not run"):
         report.result("prefill_mfu")
     assert fit_specs() == FITS
+    assert [s.name for s in fit_specs("prefill_mfu")] == ["prefill_mfu"]  # a name, not letters
 
 
 def test_fit_all_bad_level_is_refused_before_any_fit(frame: pd.DataFrame) -> None:
