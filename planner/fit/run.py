@@ -1,87 +1,98 @@
-"""The planner's fitted models, and :func:`fit_all` running every fit the data supports.
+"""The orchestrator: :func:`fit_all` runs the registered fits (planner.fit.registry) on a
+frame, each timed and isolated (lacking history, a refusal or an error becomes that fit's
+outcome with a reason; the others still run).
 
-One module per model (each documents its model, estimator, interval method and
-assumptions, and says when the data cannot tell):
-
-* :func:`fit_preemption` (planner.fit.preempt) — preemptions vs KV utilization: the knee
-  where preemptions start (profile likelihood) and the rate's rise above it.
-* :func:`fit_gain` (planner.fit.gain) — throughput vs utilization × offload mode: the
-  gain of offload at each utilization and the break-even utilization.
-* :func:`fit_mfu` (planner.fit.mfu) — effective prefill MFU from TTFT vs prompt length at
-  low load.
-* :func:`fit_hitrate` (planner.fit.hitrate) — LMCache L1 hit ratio vs size, for sizing.
-
-Every fit takes a frame from :func:`planner.frames.frames.engine_frame`, checks the history it
-needs first (raising :class:`core.errors.InsufficientHistory`), records warnings per
-fit, seeds its RNG, bounds its time and returns a frozen result with an interval beside
-every number (see :mod:`planner.fit.common`).
-
-A frame whose engines form several model groups (its ``group`` column: served model, GPU,
-TP; planner/frames/groups.py) is fitted per group: throughput against KV utilization of an
-8B model on one GPU and of a 70B on four has no common curve. :func:`fit_all` then returns
-each group's report in ``groups`` and fits nothing across them.
+A frame of several model groups (its ``group`` column: served model, GPU, TP) is fitted
+per group, since an 8B model on one GPU and a 70B on four share no curve; the report then
+holds each group's report and nothing fitted across them. Methods: planner/fit/METHODS.md
 """
 
 from __future__ import annotations
 
+import logging
 import time
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, fields
-from functools import partial
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from core.errors import ConfigError, InsufficientHistory
-from planner.fit.common import Estimate, FitResult, Interval
-from planner.fit.gain import NOT_OFFLOAD, GainFit, GainPoint, fit_gain
+from core.errors import ConfigError, InsufficientHistory, KvscopeError
+from planner.fit.common import Estimate, FitResult, Interval, check_level
+from planner.fit.gain import GainFit, GainPoint, fit_gain
 from planner.fit.hitrate import HitPrediction, HitRateFit, fit_hitrate
 from planner.fit.mfu import MfuFit, fit_mfu
 from planner.fit.preempt import PreemptionFit, fit_preemption
+from planner.fit.registry import FIT_NAMES, FITS, NO_COST, FitInputs, FitSpec, arguments, fit_specs
 from planner.model.values import json_ready
 
 if TYPE_CHECKING:
     import pandas as pd
 
 __all__ = [
-    "Estimate", "FitReport", "FitResult", "GainFit", "GainPoint", "HitPrediction",
-    "HitRateFit", "Interval", "MfuFit", "PreemptionFit", "Skipped", "fit_all", "fit_gain",
-    "fit_hitrate", "fit_mfu", "fit_preemption",
+    "FITS", "FIT_NAMES", "Estimate", "FitOutcome", "FitReport", "FitResult", "FitSpec",
+    "GainFit", "GainPoint", "HitPrediction", "HitRateFit", "Interval", "MfuFit",
+    "PreemptionFit", "fit_all", "fit_gain", "fit_hitrate", "fit_mfu", "fit_preemption",
+    "not_fitted",
 ]  # fmt: skip
+
+log = logging.getLogger(__name__)
+Flops = Callable[[float], float]
+SEVERAL_COST = "one cost model for several model groups: pass prefill_flops per group"
+SKIPPED_KEYS = ("name", "what", "why", "required", "available")  # FitReport.as_dict's skipped
 
 
 @dataclass(frozen=True, slots=True)
-class Skipped:
-    """A fit :func:`fit_all` could not run, and why (history counts when that was the cause)."""
+class FitOutcome:
+    """One registered fit on one frame: its result, or None and ``why`` (with the history
+    counts when that was the cause); ``seconds``, its wall time, when it ran."""
 
+    name: str
     what: str
-    reason: str
+    result: FitResult | None
+    why: str | None = None
     required: int | None = None
     available: int | None = None
+    seconds: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
 class FitReport:
-    """Every fit the data supported; the others are listed in ``skipped``."""
+    """Each selected fit's outcome, in registry order; with several model groups, each
+    group's report in ``groups`` (and every outcome here says why nothing was fitted)."""
 
-    preemption: PreemptionFit | None
-    gains: tuple[GainFit, ...]
-    mfu: MfuFit | None
-    hitrate: HitRateFit | None
-    skipped: tuple[Skipped, ...]
-    seconds: tuple[tuple[str, float], ...]  # wall time per fit
-    groups: tuple[tuple[str, FitReport], ...] = ()  # (group, its report) with several groups
+    fits: tuple[FitOutcome, ...]
+    groups: tuple[tuple[str, FitReport], ...] = ()
+
+    def result(self, name: str) -> FitResult | None:
+        """Fit ``name``'s result (None when it could not run); ConfigError for a name
+        that is not registered or not in this report."""
+        for outcome in self.fits:
+            if outcome.name == name:
+                return outcome.result
+        fit_specs([name])  # an unregistered name: the ConfigError names the registered fits
+        held = ", ".join(o.name for o in self.fits) or "none"
+        raise ConfigError(f"fit {name!r} was not run: this report holds {held}")
+
+    @property
+    def skipped(self) -> tuple[FitOutcome, ...]:
+        """The fits that could not run, each with its reason."""
+        return tuple(o for o in self.fits if o.result is None)
+
+    @property
+    def seconds(self) -> tuple[tuple[str, float], ...]:
+        """(name, wall time) of each fit that ran, successful or not."""
+        return tuple((o.name, o.seconds) for o in self.fits if o.seconds is not None)
 
     def as_dict(self) -> dict[str, Any]:
-        """JSON-ready form (NaN and infinities become None); ``groups`` (each group's
-        report and its ``name``) only when the frame held several model groups."""
+        """JSON-ready form (NaN and infinities become None): ``fits`` (each result by
+        name), ``skipped``, ``seconds``; ``groups`` only with several model groups."""
         out: dict[str, Any] = {
-            f.name: json_ready(getattr(self, f.name)) for f in fields(self) if f.name != "groups"
+            "fits": {o.name: json_ready(o.result) for o in self.fits},
+            "skipped": [{k: getattr(o, k) for k in SKIPPED_KEYS} for o in self.skipped],
+            "seconds": {name: json_ready(s) for name, s in self.seconds},
         }
         if self.groups:
             out["groups"] = [{"name": name, **r.as_dict()} for name, r in self.groups]
         return out
-
-
-Flops = Callable[[float], float]
 
 
 def fit_all(
@@ -94,22 +105,29 @@ def fit_all(
     seed: int = 0,
     target_fraction: float = 0.9,
     group: str | None = None,
+    fits: Iterable[str] | None = None,
+    no_cost: str = NO_COST,
 ) -> FitReport:
-    """Run every fit on ``frame``; a fit lacking history is listed in ``skipped``.
+    """Run the registered fits (``fits``: those names; every one by default) on ``frame``,
+    each timed and isolated: lacking history, a refusal or a failure is that fit's outcome
+    with ``why``, and the others run. MFU needs ``prefill_flops`` and ``peak_flops`` (else
+    ``no_cost`` is its reason); each gain fit needs engines of its offload mode.
 
-    The gain is fitted once per offload mode present (``native``, ``lmcache``) against
-    ``none``. The MFU fit runs only with ``prefill_flops`` and ``peak_flops`` (from the cost
-    model and the hardware table). Errors other than InsufficientHistory propagate.
-
-    Model groups (module docstring): with several, each group is fitted alone and its
-    report is in ``groups`` (the top-level fits are then None, with one ``skipped`` entry
-    saying why); ``prefill_flops`` / ``peak_flops`` may map a group to its own (one cost
-    model for several groups is not applied: a model's FLOPs are not another's). ``group``
-    fits that group alone; an unknown one is a ConfigError naming the groups.
+    Several model groups (module docstring) are each fitted alone into ``groups``; the
+    cost arguments may map a group to its own (one cost model is not applied to several).
+    ``group`` fits that group alone. An unknown group or fit name is a ConfigError.
     """
     from planner.frames.groups import split_groups
 
-    fit = partial(_fit_one, util=util, level=level, seed=seed, target_fraction=target_fraction)
+    check_level(level)
+    specs = fit_specs(fits)
+
+    def inputs(part: pd.DataFrame, name: str | None, *, several: bool = False) -> FitInputs:
+        if several:  # one cost model is not applied to several model groups
+            return FitInputs(part, util, level, seed, target_fraction, None, None, SEVERAL_COST)
+        flops, peak = _of(prefill_flops, name), _of(peak_flops, name)
+        return FitInputs(part, util, level, seed, target_fraction, flops, peak, no_cost)
+
     parts = split_groups(frame) if "group" in frame.columns else []
     if group is not None:
         known = ", ".join(repr(g.name) for g in parts) or "none"
@@ -118,22 +136,23 @@ def fit_all(
             raise ConfigError(f"group {group!r} is not in the frame; its groups are {known}")
         frame = frame[parts[0].rows]
     if len(parts) <= 1:
-        name = parts[0].name if parts else None
-        return fit(frame, _of(prefill_flops, name), _of(peak_flops, name))
+        return _fit_group(specs, inputs(frame, parts[0].name if parts else None))
     one_model = prefill_flops is not None and not isinstance(prefill_flops, Mapping)
-    reports = []
-    for g in parts:
-        if one_model:
-            why = "one cost model for several model groups: pass prefill_flops per group"
-            reports.append((g.name, fit(frame[g.rows], None, None, no_cost=why)))
-        else:
-            flops, peak = _of(prefill_flops, g.name), _of(peak_flops, g.name)
-            reports.append((g.name, fit(frame[g.rows], flops, peak)))
+    reports = tuple(
+        (g.name, _fit_group(specs, inputs(frame[g.rows], g.name, several=one_model))) for g in parts
+    )
     why = (
         f"the frame holds {len(parts)} model groups ({', '.join(g.name for g in parts)}): "
         "each is fitted alone (groups); no fit across them"
     )
-    return FitReport(None, (), None, None, (Skipped("all", why),), (), tuple(reports))
+    return not_fitted(why, specs, groups=reports)
+
+
+def not_fitted(
+    why: str, specs: Iterable[FitSpec] = FITS, *, groups: tuple[tuple[str, FitReport], ...] = ()
+) -> FitReport:
+    """A report in which every fit of ``specs`` did not run, for the same reason."""
+    return FitReport(tuple(FitOutcome(s.name, s.what, None, why) for s in specs), groups)
 
 
 def _of(value: Any, name: str | None) -> Any:
@@ -143,60 +162,28 @@ def _of(value: Any, name: str | None) -> Any:
     return value
 
 
-def _fit_one(
-    frame: pd.DataFrame,
-    prefill_flops: Flops | None,
-    peak_flops: float | None,
-    *,
-    util: str,
-    level: float,
-    seed: int,
-    target_fraction: float,
-    no_cost: str | None = None,
-) -> FitReport:
-    """Every fit on one frame (one model group)."""
-    skipped: list[Skipped] = []
-    seconds: list[tuple[str, float]] = []
+def _fit_group(specs: Iterable[FitSpec], inputs: FitInputs) -> FitReport:
+    """Every fit of ``specs`` on one frame (one model group)."""
+    return FitReport(tuple(_attempt(spec, inputs) for spec in specs))
 
-    def run(what: str, fn: Callable[[], Any]) -> Any:
-        t0 = time.perf_counter()
-        try:
-            return fn()
-        except InsufficientHistory as exc:
-            skipped.append(Skipped(what, str(exc), exc.required, exc.available))
-            return None
-        finally:
-            seconds.append((what, time.perf_counter() - t0))
 
-    preemption = run("preemption", lambda: fit_preemption(frame, util=util, level=level))
-    modes: list[str] = []
-    if "offload_mode" in frame.columns:
-        modes = sorted(str(m) for m in frame["offload_mode"].dropna().unique()
-                       if str(m) not in NOT_OFFLOAD)  # fmt: skip
-    if not modes:
-        skipped.append(Skipped("gain", "no windows from engines with offload (native|lmcache)"))
-    gains: list[GainFit] = []
-    for mode in modes:
-        g = run(f"gain/{mode}", partial(fit_gain, frame, offload=mode, util=util, level=level,
-                                        seed=seed))  # fmt: skip
-        if g is not None:
-            gains.append(g)
-    mfu = None
-    if prefill_flops is None or peak_flops is None:
-        skipped.append(
-            Skipped("mfu", no_cost or "no cost model given (prefill_flops and peak_flops)")
-        )
+def _attempt(spec: FitSpec, inputs: FitInputs) -> FitOutcome:
+    """One fit on one frame; whatever stops it becomes its outcome's ``why``."""
+    t0 = time.perf_counter()
+    required = available = None
+    try:
+        args = arguments(spec, inputs)
+        if isinstance(args, str):  # an input it needs is missing: not run, not timed
+            return FitOutcome(spec.name, spec.what, None, args)
+        result = spec.fn(inputs.frame, **args)
+    except InsufficientHistory as exc:
+        why, required, available = str(exc), exc.required, exc.available
+    except KvscopeError as exc:
+        why = f"fit refused: {exc}"
+    except Exception as exc:  # loop boundary: one failing fit must not stop the others
+        log.warning("fit %s failed: %s", spec.name, exc, exc_info=True)
+        why = f"fit failed: {type(exc).__name__}: {exc}"
     else:
-        flops, peak = prefill_flops, peak_flops
-        mfu = run("mfu", lambda: fit_mfu(frame, flops, peak, level=level))
-    hitrate = run(
-        "hitrate", lambda: fit_hitrate(frame, level=level, target_fraction=target_fraction)
-    )
-    return FitReport(
-        preemption=preemption,
-        gains=tuple(gains),
-        mfu=mfu,
-        hitrate=hitrate,
-        skipped=tuple(skipped),
-        seconds=tuple(seconds),
-    )
+        return FitOutcome(spec.name, spec.what, result, seconds=time.perf_counter() - t0)
+    seconds = time.perf_counter() - t0
+    return FitOutcome(spec.name, spec.what, None, why, required, available, seconds)

@@ -20,6 +20,8 @@ from planner.decide.decision import decide
 from planner.decide.evidence import Evidence
 from planner.deploy.sizing import size
 from planner.fit.capacity import Slo
+from planner.fit.registry import EQUAL_KV
+from planner.fit.run import fit_all, not_fitted
 from planner.frames.residency import residency_histograms
 from planner.frames.table import PLAN_COLUMNS, WindowTable, names
 from planner.plan.basis import (
@@ -32,13 +34,14 @@ from planner.plan.basis import (
     plan_cost,
 )
 from planner.plan.fits import (
-    EQUAL_KV,
+    LEVEL,
+    NO_HW,
     Hardware,
+    cost_model,
     equal_kv_at,
+    fit_runs,
     hit_curve,
     mfu_evidence,
-    run_fits,
-    skipped_fits,
 )
 from planner.plan.forecast import ForecastRun, kv_capacity, run_forecasts
 from planner.plan.fork import Forked
@@ -296,9 +299,12 @@ def _plan(
     side = Forked(beside_the_fits)  # neither reads what the other makes
     windows.drop_rows()  # nothing below reads them (~1.3 GB at 1,000 engines × 7 days)
     if groups:
-        fits = skipped_fits(f"fitted per model group ({len(groups)} groups): see groups")
+        report = not_fitted(f"fitted per model group ({len(groups)} groups): see groups")
     else:
-        fits = run_fits(frame, hw, seed=run.seed)
+        flops, peak = cost_model(hw)
+        report = fit_all(frame, prefill_flops=flops, peak_flops=peak, no_cost=NO_HW,
+                         level=LEVEL, seed=run.seed)  # fmt: skip
+    fits = fit_runs(report)
     run.lap("fits")
     (happening, seen), verdicts, fc = side.result()
     run.lap("observe_verdicts_forecasts")

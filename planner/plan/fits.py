@@ -8,36 +8,24 @@ Each entry has the same keys (``estimate``, ``interval``, ``n``, ``method``, ``c
 
 from __future__ import annotations
 
-import logging
-import math
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from core.errors import InsufficientHistory, KvscopeError
 from planner.decide.evidence import ValueCI
 from planner.fit.common import Estimate, FitResult, Interval
-from planner.frames.table import names
 from planner.model import costmodel
 from planner.model.hardware import GPU, Model
 from planner.model.values import finite
 
 if TYPE_CHECKING:
-    import pandas as pd
-
     from planner.fit.gain import GainFit
     from planner.fit.hitrate import HitRateFit
+    from planner.fit.run import FitReport
 
-log = logging.getLogger(__name__)
 GIB = 1024**3
-FIT_NAMES = (
-    "preemption_knee", "equal_kv_native", "equal_kv_lmcache", "prefill_mfu", "lmcache_hitrate"
-)  # fmt: skip
-# The diagnostic fit of tokens/s against KV use per mode (planner/fit/gain.py) is named for
-# what it measures: tokens/s at equal KV use, not a throughput gain (offload lowers KV use).
-EQUAL_KV = "equal_kv_"
 LEVEL = 0.95
+NO_HW = "model/gpu/tp unknown or not in the hardware catalogue: no FLOPs"
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,21 +100,6 @@ def entry_of(fit: FitResult, seconds: float) -> dict[str, Any]:
     }
 
 
-def _run(name: str, what: str, call: Callable[[], FitResult]) -> FitRun:
-    """Run one fit; every expected refusal becomes a can't-tell entry."""
-    t0 = time.perf_counter()
-    try:
-        fit = call()
-    except InsufficientHistory as exc:
-        return FitRun(name, None, cannot_entry(what, str(exc), exc.available))
-    except KvscopeError as exc:
-        return FitRun(name, None, cannot_entry(what, f"fit refused: {exc}"))
-    except Exception as exc:  # loop boundary: one failing fit must not sink the plan
-        log.warning("plan: fit %s failed: %s", name, exc, exc_info=True)
-        return FitRun(name, None, cannot_entry(what, f"fit failed: {type(exc).__name__}: {exc}"))
-    return FitRun(name, fit, entry_of(fit, time.perf_counter() - t0))
-
-
 def peak_flops(hw: Hardware) -> float:
     """Dense peak of the engine's GPUs in the model's GEMM dtype (costmodel's rule: FP8
     weights run FP8 GEMMs, else bf16; datasheet figures in planner/model/data/hardware.yaml)."""
@@ -149,122 +122,22 @@ def _flops(hw: Hardware) -> Callable[[float], float]:
     return flops
 
 
-NO_HW = "model/gpu/tp unknown or not in the hardware catalogue: no FLOPs"
-_WHAT = {
-    "preemption_knee": "preemption knee",
-    "equal_kv_native": "tokens/s at equal KV use (native vs none)",
-    "equal_kv_lmcache": "tokens/s at equal KV use (lmcache vs none)",
-    "prefill_mfu": "prefill MFU",
-    "lmcache_hitrate": "LMCache L1 hit-rate curve",
-}
+def cost_model(hw: Hardware | None) -> tuple[Callable[[float], float] | None, float | None]:
+    """The MFU fit's ``prefill_flops`` and ``peak_flops`` for ``hw`` (None without it)."""
+    return (_flops(hw), peak_flops(hw)) if hw is not None else (None, None)
 
 
-def run_fits(frame: pd.DataFrame, hw: Hardware | None, *, seed: int = 0) -> dict[str, FitRun]:
-    """Every fit the data supports (FIT_NAMES), each a FitRun, through planner.fit.run.fit_all.
-
-    fit_all lists a fit lacking history as skipped; any other failure of it (a refused
-    argument, a numerical error) is caught here and the fits are rerun one by one, so one
-    failing fit becomes a can't-tell entry instead of sinking the others.
-    """
-    from planner.fit.run import fit_all
-
-    try:
-        report = fit_all(
-            frame,
-            prefill_flops=_flops(hw) if hw else None,
-            peak_flops=peak_flops(hw) if hw else None,
-            level=LEVEL,
-            seed=seed,
-        )
-    except Exception as exc:  # loop boundary: isolate the fits instead
-        log.warning("plan: fit_all failed (%s); running the fits one by one", exc)
-        return _isolated(frame, hw, seed=seed)
-    took = dict(report.seconds)
-    found: dict[str, FitResult | None] = {
-        "preemption_knee": report.preemption,
-        "prefill_mfu": report.mfu,
-        "lmcache_hitrate": report.hitrate,
-        **{f"{EQUAL_KV}{g.offload}": g for g in report.gains},
-    }
-    why: dict[str, str] = {}
-    for sk in report.skipped:
-        name = {
-            "preemption": "preemption_knee",
-            "mfu": "prefill_mfu",
-            "hitrate": "lmcache_hitrate",
-        }.get(sk.what, sk.what.replace("gain/", EQUAL_KV))
-        why[name] = NO_HW if name == "prefill_mfu" and hw is None else sk.reason
-    modes = names(frame["offload_mode"])
+def fit_runs(report: FitReport) -> dict[str, FitRun]:
+    """Each fit of ``report`` (planner.fit.run.fit_all) by name, with its JSON entry."""
     runs: dict[str, FitRun] = {}
-    for name in FIT_NAMES:
-        fit = found.get(name)
-        if fit is not None:
-            key = {
-                "preemption_knee": "preemption",
-                "prefill_mfu": "mfu",
-                "lmcache_hitrate": "hitrate",
-            }.get(name, name.replace(EQUAL_KV, "gain/"))
-            runs[name] = FitRun(name, fit, entry_of(fit, took.get(key, math.nan)))
-            continue
-        reason = why.get(name)
-        if reason is None and name.startswith(EQUAL_KV):
-            mode = name.removeprefix(EQUAL_KV)
-            reason = f"no engine ran {mode} offload" if mode not in modes else "not fitted"
-        available = next(
-            (
-                sk.available
-                for sk in report.skipped
-                if sk.reason == reason and sk.available is not None
-            ),
-            0,
-        )
-        runs[name] = FitRun(
-            name, None, cannot_entry(_WHAT[name], reason or "not fitted", available)
-        )
-    for run in runs.values():
-        _extras(run)
-    return runs
-
-
-def _isolated(frame: pd.DataFrame, hw: Hardware | None, *, seed: int) -> dict[str, FitRun]:
-    """The fits one by one, each failure its own can't-tell entry."""
-    from planner.fit.gain import fit_gain
-    from planner.fit.hitrate import fit_hitrate
-    from planner.fit.mfu import fit_mfu
-    from planner.fit.preempt import fit_preemption
-
-    modes = names(frame["offload_mode"])
-    runs = {
-        "preemption_knee": _run(
-            "preemption_knee", "preemption knee", lambda: fit_preemption(frame, level=LEVEL)
-        )
-    }
-    for mode in ("native", "lmcache"):
-        name, what = f"{EQUAL_KV}{mode}", _WHAT[f"{EQUAL_KV}{mode}"]
-        if mode not in modes:
-            runs[name] = FitRun(name, None, cannot_entry(what, f"no engine ran {mode} offload"))
-        elif "none" not in modes:
-            runs[name] = FitRun(
-                name, None, cannot_entry(what, "no engine ran without offload to compare with")
-            )
+    for o in report.fits:
+        if o.result is not None:
+            run = FitRun(o.name, o.result, entry_of(o.result, o.seconds or 0.0))
         else:
-            runs[name] = _run(
-                name,
-                what,
-                lambda m=mode: fit_gain(frame, offload=m, level=LEVEL, seed=seed),  # type: ignore[misc]
-            )
-    if hw is None:
-        runs["prefill_mfu"] = FitRun("prefill_mfu", None, cannot_entry("prefill MFU", NO_HW))
-    else:
-        flops, peak = _flops(hw), peak_flops(hw)
-        runs["prefill_mfu"] = _run(
-            "prefill_mfu", "prefill MFU", lambda: fit_mfu(frame, flops, peak, level=LEVEL)
-        )
-    runs["lmcache_hitrate"] = _run(
-        "lmcache_hitrate", "LMCache L1 hit-rate curve", lambda: fit_hitrate(frame, level=LEVEL)
-    )
-    for run in runs.values():
+            entry = cannot_entry(o.what, o.why or "not fitted", o.available or 0)
+            run = FitRun(o.name, None, entry)
         _extras(run)
+        runs[o.name] = run
     return runs
 
 
@@ -360,8 +233,3 @@ def hit_curve(run: FitRun, points: int = 24) -> tuple[tuple[float, float], ...] 
     if not all(finite(r) is not None for r in rates):
         return None
     return tuple((s / GIB, min(max(r, 0.0), 1.0)) for s, r in zip(sizes, rates, strict=True))
-
-
-def skipped_fits(why: str) -> dict[str, FitRun]:
-    """Every fit as a can't-tell entry with the same reason (a plan that fits nothing)."""
-    return {name: FitRun(name, None, cannot_entry(_WHAT[name], why)) for name in FIT_NAMES}

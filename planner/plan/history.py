@@ -35,7 +35,7 @@ def _capacity(mode: str, c: CapacityEvidence | None) -> dict[str, Any]:
 
 def _equal_kv(plan: Plan, mode: str) -> dict[str, Any]:
     """The equal-KV-use diagnostic's break-even and its relative tokens/s at current KV use."""
-    from planner.plan.fits import EQUAL_KV
+    from planner.fit.registry import EQUAL_KV
 
     entry = plan.fits.get(EQUAL_KV + mode) or {}
     at = entry.get("at_current_util") or {}

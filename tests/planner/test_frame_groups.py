@@ -12,6 +12,7 @@ from benchmarks.accuracy.fitsynth import synthetic_frame
 from core.errors import ConfigError
 from core.records import Window, labels_of
 from planner.fit.preempt import fit_preemption
+from planner.fit.registry import FIT_NAMES
 from planner.fit.run import fit_all
 from planner.frames.frames import engine_frame
 from planner.frames.groups import UNKNOWN_GROUP, group_name, same_model, split_groups
@@ -124,34 +125,37 @@ def _two_group_frame() -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
 def test_fit_all_two_groups_fits_each_alone_and_nothing_across() -> None:
     a, b, both = _two_group_frame()
     report = fit_all(both)
-    assert report.preemption is None and report.gains == () and report.hitrate is None
-    assert [s.what for s in report.skipped] == ["all"]
-    assert "2 model groups (a, b)" in report.skipped[0].reason
+    assert [o.name for o in report.skipped] == list(FIT_NAMES)  # nothing fitted across them
+    assert all(o.why and "2 model groups (a, b)" in o.why for o in report.skipped)
+    assert report.seconds == ()
     assert [name for name, _ in report.groups] == ["a", "b"]
     for (_, sub), frame in zip(report.groups, (a, b), strict=True):
-        assert sub.preemption is not None
-        assert sub.preemption.estimate == pytest.approx(fit_preemption(frame).estimate, rel=1e-9)
-        assert sub.preemption.n == len(frame)
+        knee = sub.result("preemption_knee")
+        assert knee is not None
+        assert knee.estimate == pytest.approx(fit_preemption(frame).estimate, rel=1e-9)
+        assert knee.n == len(frame)
     d = json.loads(json.dumps(report.as_dict(), allow_nan=False))
     assert [g["name"] for g in d["groups"]] == ["a", "b"]
-    assert d["groups"][0]["preemption"]["estimate"] == pytest.approx(
-        report.groups[0][1].preemption.estimate  # type: ignore[union-attr]
-    )
+    first = report.groups[0][1].result("preemption_knee")
+    assert first is not None
+    assert d["groups"][0]["fits"]["preemption_knee"]["estimate"] == pytest.approx(first.estimate)
 
 
 def test_fit_all_one_cost_model_for_two_groups_skips_their_mfu() -> None:
     _, _, both = _two_group_frame()
     report = fit_all(both, prefill_flops=lambda t: 1e9 * t, peak_flops=1e15)
     for _, sub in report.groups:
-        assert sub.mfu is None
-        assert any(s.what == "mfu" and "several model groups" in s.reason for s in sub.skipped)
+        assert sub.result("prefill_mfu") is None
+        assert any(s.name == "prefill_mfu" and s.why and "several model groups" in s.why
+                   for s in sub.skipped)  # fmt: skip
 
 
 def test_fit_all_group_argument_fits_that_group_and_rejects_unknown() -> None:
     a, _, both = _two_group_frame()
     report = fit_all(both, group="a")
-    assert report.groups == () and report.preemption is not None
-    assert report.preemption.estimate == pytest.approx(fit_preemption(a).estimate, rel=1e-9)
+    knee = report.result("preemption_knee")
+    assert report.groups == () and knee is not None
+    assert knee.estimate == pytest.approx(fit_preemption(a).estimate, rel=1e-9)
     assert "groups" not in report.as_dict()
     with pytest.raises(ConfigError, match=r"'c' is not in the frame; its groups are 'a', 'b'"):
         fit_all(both, group="c")

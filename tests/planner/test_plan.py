@@ -349,18 +349,20 @@ def test_observe_lmcache_server_source_counts_for_lmcache_mode() -> None:
     assert ev.kv_util_p50 == pytest.approx(0.7) and happening["kv_util"]["max"] == 1.0
 
 
-def test_run_fits_one_refused_fit_leaves_the_others_standing() -> None:
+def test_plan_fits_one_refused_fit_leaves_the_others_standing() -> None:
     import dataclasses
 
     from benchmarks.accuracy.fitsynth import synthetic_frame
-    from planner.plan.fits import run_fits
+    from planner.fit.run import fit_all
+    from planner.plan.fits import cost_model, fit_runs
 
     frame = synthetic_frame(3, 150, seed=4)
-    # A GPU entry without FLOPs: fit_all's MFU fit refuses it (ConfigError).
+    # A GPU entry without FLOPs: the MFU fit refuses it (ConfigError).
     hw = Hardware(
         get_model("llama-3.1-8b"), dataclasses.replace(get_gpu("h100"), bf16_flops=0.0), 1
     )
-    runs = run_fits(frame, hw)
+    flops, peak = cost_model(hw)
+    runs = fit_runs(fit_all(frame, prefill_flops=flops, peak_flops=peak))
     assert runs["prefill_mfu"].result is None
     assert runs["prefill_mfu"].entry["why"].startswith("fit refused: peak_flops must be")
     assert runs["preemption_knee"].result is not None

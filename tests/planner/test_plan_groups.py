@@ -19,9 +19,9 @@ import pytest
 
 from core.errors import ConfigError
 from planner.fit.preempt import fit_preemption
+from planner.fit.registry import FIT_NAMES
 from planner.model.values import json_ready
 from planner.plan import Plan, build_plan
-from planner.plan.fits import FIT_NAMES
 from planner.report.plan_text import summary_text
 from store.store import Store
 from tests.planner.groupstore import BIG, SMALL, fill_two_models
