@@ -36,8 +36,9 @@ import pytest
 from typer.testing import CliRunner
 
 from collector.checkpoint import SUFFIX, Checkpoints
+from collector.config import DirectConfig
 from collector.health import CollectorHealth
-from collector.run import CollectStats, collect_direct
+from collector.run import CollectStats, DirectParts, collect_direct
 from collector.sources import Target, TargetSet
 from collector.spool import Spool
 from core.errors import ConfigError
@@ -229,11 +230,23 @@ async def _collect(
     """collect_direct with its state directory as `kvscope collect` gives it."""
     with Checkpoints(state / "rollup", store_id=store.url) as checkpoints:
         return await collect_direct(
-            targets, store, interval_s=interval_s, window_s=window_s, timeout_s=5.0,
-            concurrency=8, max_body_bytes=1 << 20, stop=stop, health=health,
-            spool=Spool(state / "spool", store_id=store.url), checkpoints=checkpoints,
-            checkpoint_s=checkpoint_s,
-        )  # fmt: skip
+            targets,
+            store,
+            DirectConfig(
+                interval_s=interval_s,
+                window_s=window_s,
+                timeout_s=5.0,
+                concurrency=8,
+                max_body_bytes=1 << 20,
+                checkpoint_s=checkpoint_s,
+            ),
+            DirectParts(
+                health=health,
+                spool=Spool(state / "spool", store_id=store.url),
+                checkpoints=checkpoints,
+            ),
+            stop=stop,
+        )
 
 
 def _metric(health: CollectorHealth, metric: MetricDef) -> float:
