@@ -50,7 +50,7 @@ from core.kvscope_metrics import (
 )
 from core.records import Window
 from kvscope.cli import app
-from kvscope.replan import ReplanStats, run_every
+from kvscope.replan import ReplanConfig, ReplanStats, run_every
 from planner.plan import Plan, build_plan
 from store.store import Store
 from tests.collector.exposerver import ExpoServer, expo_server, set_sample
@@ -388,9 +388,7 @@ def test_run_every_postgres_stopped_keeps_running_saves_kept_plan_after(
         raise AssertionError("the stop interrupts the plan being made")
 
     with caplog.at_level(logging.WARNING, logger="kvscope.replan"), Store(url) as store:
-        stats: ReplanStats = run_every(
-            store, every_s=0.05, cluster="synth", since_s=None, make_plan=make_plan
-        )
+        stats: ReplanStats = run_every(store, ReplanConfig(0.05, cluster="synth"), make_plan)
         (plan,) = store.plans(cluster="synth")
     assert (stats.rounds, stats.rounds_failed, stats.interrupted) == (3, 2, True)
     assert dict(stats.failures) == {"store": 3} and stats.plans_saved == 1
