@@ -24,13 +24,13 @@ from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
 from collector.checkpoint import Checkpoints, Saved, newest, open_windows, resume
+from collector.config import DirectConfig
 from collector.engine_facts import describe, engine_facts_of
 from collector.engine_rules import EngineRules
 from collector.file_sd import Discovered, FileSD
 from collector.health import CollectorHealth
-from collector.keep import Keep, kept_windows
+from collector.keep import kept_windows
 from collector.rollup import Rollup
-from collector.shard import Shard
 from collector.sources import (
     TARGET_KINDS,
     ClientPool,
@@ -43,8 +43,7 @@ from collector.sources import (
 )
 from collector.spool import Spool, SpoolCounts
 from collector.urlguard import URLPolicy
-from core.catalog import STORED_SIGNALS
-from core.errors import ConfigError, KvscopeError
+from core.errors import KvscopeError
 from core.records import ScrapeOutcome, Snapshot, Window
 from store.retention import Pruner
 from store.store import Store
@@ -241,6 +240,38 @@ class StoreTargets:
     cluster: str | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class LoopParts:
+    """What a collect loop reports to and works with besides its source and the store.
+
+    ``progress``: called after each tick; ``health``: kvscope's own collector metrics;
+    ``engine_rules``: engines.yaml, for the facts the engines' metrics cannot say;
+    ``pruner``: retention, at the start and every hour (store.retention). None: not used.
+    """
+
+    progress: Progress | None = None
+    health: CollectorHealth | None = None
+    engine_rules: EngineRules | None = None
+    pruner: Pruner | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class DirectParts(LoopParts):
+    """LoopParts plus the direct loop's own: other target sources, local state, the clock.
+
+    ``store_targets``, ``file_sd``: more targets, re-read every tick; ``spool``: where
+    refused writes wait; ``checkpoints``: roll-up states saved and resumed; ``clock`` and
+    ``sleep``: the loop's time (collect_direct's docstring).
+    """
+
+    store_targets: StoreTargets | None = None
+    file_sd: FileSD | None = None
+    spool: Spool | None = None
+    checkpoints: Checkpoints | None = None
+    clock: Clock = time.time
+    sleep: SleepUntil = sleep_until
+
+
 class _KeepFuller:
     """The store as the spool's sink: windows written with ``keep_fuller`` (a partial version
     of a window never replaces a fuller one; collector.checkpoint)."""
@@ -262,38 +293,27 @@ class _Direct:
         self,
         targets: TargetSet,
         store: Store,
-        window_s: float,
+        config: DirectConfig,
+        parts: DirectParts,
         stats: CollectStats,
-        health: CollectorHealth | None = None,
-        *,
-        rules: EngineRules | None = None,
-        file_sd: FileSD | None = None,
-        spool: Spool | None = None,
-        checkpoints: Checkpoints | None = None,
-        checkpoint_s: float = 0.0,
-        clock: Clock = time.time,
-        drain_budget_s: float | None = None,
-        shard: Shard | None = None,
-        handoff: bool = False,
-        keep: Keep = STORED_SIGNALS,
     ):
-        self.keep = keep  # the signals written (collector.keep; None: all)
-        self.shard = shard  # splits file_sd's and the store's targets at every tick
-        self.handoff = handoff  # take and leave roll-up states in the store (store.handoff)
+        self.keep = config.keep  # the signals written (collector.keep; None: all)
+        self.shard = config.shard  # splits file_sd's and the store's targets at every tick
+        self.handoff = not config.once  # take and leave roll-up states in the store
         self.targets = targets
-        self.file_sd = file_sd
+        self.file_sd = parts.file_sd
         self.discovered: dict[str, Discovered] = {}  # file_sd targets as registered in the store
-        self.rules = rules  # engines.yaml (collector.engine_rules)
+        self.rules = parts.engine_rules  # engines.yaml (collector.engine_rules)
         self.store = store
         self.stats = stats
-        self.health = health
-        self.window_s = window_s
-        self.spool = spool if spool is not None else Spool(None, store_id=store.url)
+        self.health = parts.health
+        self.window_s = config.window_s
+        self.spool = parts.spool if parts.spool is not None else Spool(None, store_id=store.url)
         stats.spool = self.spool.counts
         self.sink = _KeepFuller(store)
-        self.drain_budget_s = drain_budget_s
-        self.checkpoints = checkpoints
-        self.clock = clock
+        self.drain_budget_s = max(0.5, 0.5 * config.interval_s)
+        self.checkpoints = parts.checkpoints
+        self.clock = parts.clock
         self.urls: dict[str, str] = {}  # target -> the URL its roll-up state is of
         self.leftover: list[Window] = []  # open windows of checkpoints not resumed
         self.rollups: dict[str, Rollup] = {}
@@ -303,7 +323,7 @@ class _Direct:
         self.clusters = {t.name: targets.cluster for t in targets}  # where engines register
         self.registered: list[Target] = []  # the store's targets as last read
         self.saves = 0  # checkpoints written
-        self.checkpoint_s = checkpoint_s  # at most this long between checkpoints (0: each tick)
+        self.checkpoint_s = config.checkpoint_s  # at most this long between saves (0: each tick)
         self.saved_at: float | None = None  # clock() of the last save
 
     def current(self, source: StoreTargets | None) -> list[Target]:
@@ -550,28 +570,10 @@ def _outcome_kind(outcome: ScrapeOutcome) -> str:
 async def collect_direct(
     targets: TargetSet,
     store: Store,
+    config: DirectConfig,
+    parts: DirectParts | None = None,
     *,
-    interval_s: float,
-    window_s: float,
-    timeout_s: float,
-    concurrency: int,
-    max_body_bytes: int,
-    once: bool = False,
-    max_ticks: int | None = None,
     stop: asyncio.Event | None = None,
-    progress: Progress | None = None,
-    clock: Clock = time.time,
-    sleep: SleepUntil = sleep_until,
-    health: CollectorHealth | None = None,
-    store_targets: StoreTargets | None = None,
-    engine_rules: EngineRules | None = None,
-    file_sd: FileSD | None = None,
-    spool: Spool | None = None,
-    checkpoints: Checkpoints | None = None,
-    checkpoint_s: float = 0.0,
-    shard: Shard | None = None,
-    pruner: Pruner | None = None,
-    keep: Keep = STORED_SIGNALS,
 ) -> CollectStats:
     """Scrape ``targets`` every ``interval_s`` into ``store`` until stopped (DESIGN.md#run).
 
@@ -582,20 +584,15 @@ async def collect_direct(
     resume roll-up states (collector.checkpoint). ``shard``: this shard's targets only.
     ``pruner``: retention every hour. ``keep``: the signals whose windows are written.
     """
-    if not (math.isfinite(interval_s) and interval_s > 0):
-        raise ConfigError(f"scrape interval must be > 0 seconds, got {interval_s}")
+    parts = parts if parts is not None else DirectParts()
+    interval_s, clock, health = config.interval_s, parts.clock, parts.health
     stats = CollectStats(mode="direct")
     stop = stop if stop is not None else asyncio.Event()
-    limit = 1 if once else max_ticks
-    timeout = min(timeout_s, 0.9 * interval_s) if not once else timeout_s
-    if shard is not None:
-        targets = TargetSet(targets.cluster, tuple(shard.select(targets)))
+    limit = 1 if config.once else config.max_ticks
+    if config.shard is not None:
+        targets = TargetSet(targets.cluster, tuple(config.shard.select(targets)))
     register_targets(store, targets)
-    state = _Direct(
-        targets, store, window_s, stats, health, rules=engine_rules, file_sd=file_sd,
-        spool=spool, checkpoints=checkpoints, checkpoint_s=checkpoint_s, clock=clock,
-        drain_budget_s=max(0.5, 0.5 * interval_s), shard=shard, handoff=not once, keep=keep,
-    )  # fmt: skip
+    state = _Direct(targets, store, config, parts, stats)
     async with ClientPool() as client:
         index = math.floor(clock() / interval_s)  # the first tick runs at once
         scheduled = clock()
@@ -604,63 +601,90 @@ async def collect_direct(
             stats.last_lag_s = max(0.0, began - scheduled)
             stats.max_lag_s = max(stats.max_lag_s, stats.last_lag_s)
             try:
-                now = state.current(store_targets)
-                if health is not None:
-                    health.set_targets(t.name for t in now)
-                await client.retain(now)
-                results = await unless_stopped(
-                    scrape_all(
-                        now,
-                        timeout_s=timeout,
-                        concurrency=concurrency,
-                        max_body_bytes=max_body_bytes,
-                        client=client,
-                        clock=clock,
-                    ),
-                    stop,
-                )
-                if results is None:
+                if not await _direct_round(state, client, config, parts, stop):
                     break
-                closed = state.absorb(results)
-                state.save_checkpoint(force=closed > 0)
-                if pruner is not None:
-                    pruner.tick(clock())
             except Exception as exc:  # loop boundary: a bug in one round must not end collection
                 log.exception("collect round failed")
                 stats.loop_errors += 1
                 stats.last_error = f"internal: {type(exc).__name__}: {exc}"
             stats.ticks += 1
             stats.last_tick_s = clock() - began
-            if progress is not None:
-                progress(stats)
-            if health is not None:
-                health.ticked(stats)
-                health.spooled(stats.spool)
+            _report(stats, parts)
             if limit is not None and stats.ticks >= limit:
                 break
-            following = math.floor(clock() / interval_s) + 1
-            if following - index > 1:  # the scrape overran whole ticks: skip them, never overlap
-                stats.skipped_ticks += following - index - 1
-                log.warning(
-                    "scrape round took %.3f s > interval %g s: skipped %d tick(s)",
-                    stats.last_tick_s,
-                    interval_s,
-                    following - index - 1,
-                )
-            index = following
+            index = _next_index(stats, index, clock(), interval_s)
             scheduled = index * interval_s
-            await sleep(scheduled, stop)
+            await parts.sleep(scheduled, stop)
     state.save_checkpoint()  # the open windows still open: a restart inside them resumes them
     state.leave_states()  # the same, for a collector elsewhere that takes a target over
     state.flush()
-    if pruner is not None:
-        await pruner.close()
-    if progress is not None:
-        progress(stats)
+    if parts.pruner is not None:
+        await parts.pruner.close()
+    if parts.progress is not None:
+        parts.progress(stats)
     if health is not None:
         health.ticked(stats)  # the flush's windows (no tick: the last-success stamp stays)
         health.spooled(stats.spool)
     return stats
+
+
+async def _direct_round(
+    state: _Direct,
+    client: ClientPool,
+    config: DirectConfig,
+    parts: DirectParts,
+    stop: asyncio.Event,
+) -> bool:
+    """One tick: scrape this tick's targets, roll up, write, checkpoint, prune; False when
+    the stop came during the scrape."""
+    interval_s = config.interval_s
+    timeout = min(config.timeout_s, 0.9 * interval_s) if not config.once else config.timeout_s
+    now = state.current(parts.store_targets)
+    if parts.health is not None:
+        parts.health.set_targets(t.name for t in now)
+    await client.retain(now)
+    results = await unless_stopped(
+        scrape_all(
+            now,
+            timeout_s=timeout,
+            concurrency=config.concurrency,
+            max_body_bytes=config.max_body_bytes,
+            client=client,
+            clock=parts.clock,
+        ),
+        stop,
+    )
+    if results is None:
+        return False
+    closed = state.absorb(results)
+    state.save_checkpoint(force=closed > 0)
+    if parts.pruner is not None:
+        parts.pruner.tick(parts.clock())
+    return True
+
+
+def _report(stats: CollectStats, parts: LoopParts) -> None:
+    """After a tick: the progress callback and the health metrics."""
+    if parts.progress is not None:
+        parts.progress(stats)
+    if parts.health is not None:
+        parts.health.ticked(stats)
+        parts.health.spooled(stats.spool)
+
+
+def _next_index(stats: CollectStats, index: int, now: float, interval_s: float) -> int:
+    """The next tick's index; the ticks a scrape round overran are skipped (never overlap),
+    counted and logged."""
+    following = math.floor(now / interval_s) + 1
+    if following - index > 1:
+        stats.skipped_ticks += following - index - 1
+        log.warning(
+            "scrape round took %.3f s > interval %g s: skipped %d tick(s)",
+            stats.last_tick_s,
+            interval_s,
+            following - index - 1,
+        )
+    return following
 
 
 def run_until_signalled(main: Callable[[asyncio.Event], Coroutine[Any, Any, T]]) -> T:

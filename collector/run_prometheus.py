@@ -17,24 +17,19 @@ import math
 import time
 from collections.abc import Mapping, Sequence
 
+from collector.config import PrometheusConfig
 from collector.dcgm import engine_gpus
 from collector.engine_facts import ENGINE_FACTS, Described, describe, engine_facts_of
 from collector.engine_rules import EngineRules
-from collector.health import CollectorHealth
-from collector.keep import Keep, kept_windows, query_signals
+from collector.keep import kept_windows, query_signals
 from collector.promsource import PrometheusSource
-from collector.run import CollectStats, Progress, next_tick, sleep_until, unless_stopped
-from core.catalog import DERIVED_RATIOS, SIGNALS, STORED_SIGNALS
-from core.errors import ConfigError, KvscopeError, ScrapeError
+from collector.run import CollectStats, LoopParts, next_tick, sleep_until, unless_stopped
+from core.catalog import DERIVED_RATIOS, SIGNALS
+from core.errors import KvscopeError, ScrapeError
 from core.records import Window
-from store.retention import Pruner
 from store.store import Store
 
 log = logging.getLogger(__name__)
-# A range longer than this (the back-fill, a poll after an outage) is read and written an hour
-# at a time: all of it at once held every window in memory (200 engines × 6 h: 3.1 M windows)
-# and made each query as large as the range (benchmarks/bench_prometheus_mode.py).
-BACKFILL_CHUNK_S = 3600.0
 # A derived ratio's window (lmcache_hit_ratio, …) is of its numerator's source: without this
 # an LMCache server's hit-ratio windows made it a "vllm" source, registered as an engine.
 _RATIO_NUMERATOR = {ratio: numerator for ratio, numerator, _ in DERIVED_RATIOS}
@@ -43,21 +38,10 @@ _RATIO_NUMERATOR = {ratio: numerator for ratio, numerator, _ in DERIVED_RATIOS}
 async def collect_prometheus(
     source: PrometheusSource,
     store: Store,
+    config: PrometheusConfig,
+    parts: LoopParts | None = None,
     *,
-    cluster: str,
-    window_s: float,
-    since_s: float,
-    interval_s: float,
-    settle_s: float = 30.0,
-    once: bool = False,
-    max_polls: int | None = None,
     stop: asyncio.Event | None = None,
-    progress: Progress | None = None,
-    health: CollectorHealth | None = None,
-    engine_rules: EngineRules | None = None,
-    pruner: Pruner | None = None,
-    chunk_s: float = BACKFILL_CHUNK_S,
-    keep: Keep = STORED_SIGNALS,
 ) -> CollectStats:
     """Back-fill windows of ``[now - since_s, now - settle_s]``, then poll every ``interval_s``.
 
@@ -67,31 +51,30 @@ async def collect_prometheus(
     after each poll when due; ``chunk_s``: a longer range is read and written this much at a
     time; ``keep``: the signals queried and written (None: all). Design: DESIGN.md#run_prometheus
     """
-    if not (math.isfinite(interval_s) and interval_s > 0):
-        raise ConfigError(f"poll interval must be > 0 seconds, got {interval_s}")
-    if not (math.isfinite(since_s) and since_s > 0):
-        raise ConfigError(f"--since must be > 0 seconds, got {since_s}")
+    parts = parts if parts is not None else LoopParts()
+    cluster, window_s, keep = config.cluster, config.window_s, config.keep
+    health, engine_rules = parts.health, parts.engine_rules
     stats = CollectStats(mode="prometheus")
     stop = stop if stop is not None else asyncio.Event()
-    limit = 1 if once else max_polls
+    limit = 1 if config.once else config.max_polls
     await asyncio.to_thread(source.check)
     store.upsert_cluster(cluster)
     store.upsert_target(source.url, source.url, kind="prometheus", cluster=cluster)
     known: set[str] = set()
     described: dict[str, Described] = {}  # source -> the engine facts last stored
-    cursor = math.floor((time.time() - since_s) / window_s) * window_s
+    cursor = math.floor((time.time() - config.since_s) / window_s) * window_s
     first = cursor  # the back-fill's start
     # the back-fill's regimes (queried once, at its first windows) and how many of them are
     # registered: each chunk registers the instants up to its end
     history: list[tuple[float, dict[str, dict[str, list[dict[str, str]]]]]] | None = None
     applied = 0
     failed = 0  # polls failed in a row
-    chunk = max(1, math.floor(chunk_s / window_s)) * window_s
+    chunk = max(1, math.floor(config.chunk_s / window_s)) * window_s
     windows: list[Window] | None = []
     signals = query_signals(keep)
     while not stop.is_set():
         began = time.time()
-        end = math.floor((began - settle_s) / window_s) * window_s
+        end = math.floor((began - config.settle_s) / window_s) * window_s
         stats.scrapes += 1
         while end > cursor:  # a back-fill longer than chunk_s: one chunk after the other
             upto = min(end, cursor + chunk)
@@ -156,20 +139,25 @@ async def collect_prometheus(
             log.info("poll: %d windows", stats.windows_written - written_before)
         if windows is None:
             break
-        if pruner is not None:
-            pruner.tick(time.time())
-        stats.ticks += 1
-        stats.last_tick_s = time.time() - began
-        if progress is not None:
-            progress(stats)
-        if health is not None:
-            health.ticked(stats)
+        _polled(stats, parts, began)
         if limit is not None and stats.ticks >= limit:
             break
-        await sleep_until(next_tick(time.time(), interval_s), stop)
-    if pruner is not None:
-        await pruner.close()
+        await sleep_until(next_tick(time.time(), config.interval_s), stop)
+    if parts.pruner is not None:
+        await parts.pruner.close()
     return stats
+
+
+def _polled(stats: CollectStats, parts: LoopParts, began: float) -> None:
+    """After a poll: retention when due, the tick counted, progress and health told."""
+    if parts.pruner is not None:
+        parts.pruner.tick(time.time())
+    stats.ticks += 1
+    stats.last_tick_s = time.time() - began
+    if parts.progress is not None:
+        parts.progress(stats)
+    if parts.health is not None:
+        parts.health.ticked(stats)
 
 
 def _utc(t: float) -> str:

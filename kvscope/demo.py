@@ -228,27 +228,24 @@ def _collect(
     err: IO[str],
     keep: Keep,
 ) -> CollectStats:
-    from collector.run import collect_direct, run_until_signalled
+    from collector.config import DirectConfig
+    from collector.run import DirectParts, collect_direct, run_until_signalled
 
     clock = SimClock(live, epoch0, speed)
     duration = live.sim.end_time
     progress = _Progress(clock, duration, len(targets), err)
+    config = DirectConfig(
+        interval_s=SCRAPE_INTERVAL_S,
+        window_s=WINDOW_S,
+        timeout_s=10.0,
+        concurrency=64,
+        max_body_bytes=32 * 1024 * 1024,
+        max_ticks=round(duration / SCRAPE_INTERVAL_S),  # the last at duration - interval
+        keep=keep,
+    )
+    parts = DirectParts(progress=progress, clock=clock, sleep=clock.sleep_until)
     stats = run_until_signalled(
-        lambda stop: collect_direct(
-            targets,
-            store,
-            interval_s=SCRAPE_INTERVAL_S,
-            window_s=WINDOW_S,
-            timeout_s=10.0,
-            concurrency=64,
-            max_body_bytes=32 * 1024 * 1024,
-            max_ticks=round(duration / SCRAPE_INTERVAL_S),  # the last at duration - interval
-            stop=stop,
-            progress=progress,
-            clock=clock,
-            sleep=clock.sleep_until,
-            keep=keep,
-        )
+        lambda stop: collect_direct(targets, store, config, parts, stop=stop)
     )
     progress(stats, final=True)
     if stats.ticks < round(duration / SCRAPE_INTERVAL_S):  # SIGINT/SIGTERM stopped the loop

@@ -174,19 +174,28 @@ class _Stopper:
             raise _Interrupted
 
 
+@dataclass(frozen=True, slots=True)
+class ReplanConfig:
+    """The --every loop: a round every ``every_s`` seconds planning ``cluster`` (None: every
+    cluster of the store) over the ``since_s`` before each round (None: all history)."""
+
+    every_s: float
+    cluster: str | None = None
+    since_s: float | None = None
+
+    def __post_init__(self) -> None:
+        if not (math.isfinite(self.every_s) and self.every_s > 0):
+            raise ConfigError(f"--every must be a positive duration, got {self.every_s!r} s")
+
+
 def run_every(
     store: Store,
-    *,
-    every_s: float,
-    cluster: str | None,
-    since_s: float | None,
+    config: ReplanConfig,
     make_plan: Callable[[Store, str, float | None], Plan],
 ) -> ReplanStats:
-    """Re-plan every ``every_s`` until SIGINT / SIGTERM (DESIGN.md#replan): each round plans
-    ``cluster`` or every cluster of the store with ``make_plan(store, cluster, since)`` over
-    the ``since_s`` before it (None: all history) and saves the plans."""
-    if not (math.isfinite(every_s) and every_s > 0):
-        raise ConfigError(f"--every must be a positive duration, got {every_s!r} s")
+    """Re-plan every ``config.every_s`` until SIGINT / SIGTERM: each round
+    plans with ``make_plan(store, cluster, since)`` and saves the plans (DESIGN.md#replan)."""
+    every_s = config.every_s
     stats = ReplanStats(every_s)
     stopper = _Stopper()
     with stopper.installed():
@@ -194,7 +203,7 @@ def run_every(
         while not stopper.stop.is_set():
             started = time.time()
             try:
-                saved, clusters = _round(store, stats, stopper, cluster, since_s, make_plan)
+                saved, clusters = _round(store, stats, stopper, config, make_plan)
             except _Interrupted:
                 stats.interrupted = True
                 break
@@ -207,15 +216,15 @@ def run_every(
     return stats
 
 
-def _round(  # noqa: PLR0917 - the loop's state and the round's arguments
+def _round(
     store: Store,
     stats: ReplanStats,
     stopper: _Stopper,
-    cluster: str | None,
-    since_s: float | None,
+    config: ReplanConfig,
     make_plan: Callable[[Store, str, float | None], Plan],
 ) -> tuple[int, int]:
     """One round; (plans saved, clusters planned)."""
+    cluster, since_s = config.cluster, config.since_s
     started = time.time()
     stats.rounds += 1
     failed = saved = 0

@@ -36,8 +36,9 @@ import pytest
 from typer.testing import CliRunner
 
 from collector.checkpoint import SUFFIX, Checkpoints
+from collector.config import DirectConfig
 from collector.health import CollectorHealth
-from collector.run import CollectStats, collect_direct
+from collector.run import CollectStats, DirectParts, collect_direct
 from collector.sources import Target, TargetSet
 from collector.spool import Spool
 from core.errors import ConfigError
@@ -49,7 +50,7 @@ from core.kvscope_metrics import (
 )
 from core.records import Window
 from kvscope.cli import app
-from kvscope.replan import ReplanStats, run_every
+from kvscope.replan import ReplanConfig, ReplanStats, run_every
 from planner.plan import Plan, build_plan
 from store.store import Store
 from tests.collector.exposerver import ExpoServer, expo_server, set_sample
@@ -229,11 +230,23 @@ async def _collect(
     """collect_direct with its state directory as `kvscope collect` gives it."""
     with Checkpoints(state / "rollup", store_id=store.url) as checkpoints:
         return await collect_direct(
-            targets, store, interval_s=interval_s, window_s=window_s, timeout_s=5.0,
-            concurrency=8, max_body_bytes=1 << 20, stop=stop, health=health,
-            spool=Spool(state / "spool", store_id=store.url), checkpoints=checkpoints,
-            checkpoint_s=checkpoint_s,
-        )  # fmt: skip
+            targets,
+            store,
+            DirectConfig(
+                interval_s=interval_s,
+                window_s=window_s,
+                timeout_s=5.0,
+                concurrency=8,
+                max_body_bytes=1 << 20,
+                checkpoint_s=checkpoint_s,
+            ),
+            DirectParts(
+                health=health,
+                spool=Spool(state / "spool", store_id=store.url),
+                checkpoints=checkpoints,
+            ),
+            stop=stop,
+        )
 
 
 def _metric(health: CollectorHealth, metric: MetricDef) -> float:
@@ -375,9 +388,7 @@ def test_run_every_postgres_stopped_keeps_running_saves_kept_plan_after(
         raise AssertionError("the stop interrupts the plan being made")
 
     with caplog.at_level(logging.WARNING, logger="kvscope.replan"), Store(url) as store:
-        stats: ReplanStats = run_every(
-            store, every_s=0.05, cluster="synth", since_s=None, make_plan=make_plan
-        )
+        stats: ReplanStats = run_every(store, ReplanConfig(0.05, cluster="synth"), make_plan)
         (plan,) = store.plans(cluster="synth")
     assert (stats.rounds, stats.rounds_failed, stats.interrupted) == (3, 2, True)
     assert dict(stats.failures) == {"store": 3} and stats.plans_saved == 1

@@ -8,6 +8,7 @@ import logging
 import sys
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
@@ -23,9 +24,14 @@ if TYPE_CHECKING:
     from contextlib import AbstractContextManager
 
     from collector.checkpoint import Checkpoints
+    from collector.config import CollectConfig, DirectConfig, PrometheusConfig
     from collector.health import CollectorHealth
+    from collector.keep import Keep
+    from collector.run import CollectStats, LoopParts
+    from collector.shard import Shard
     from collector.spool import Spool
     from kvscope.config import Settings
+    from store.store import Store
 
 PROGRESS_EVERY_S = 10.0
 # /healthz fails after this many intervals without a scrape or tick, and never sooner than
@@ -76,371 +82,453 @@ def retention_seconds(text: str, what: str) -> float:
     return seconds
 
 
+TargetsOpt = Annotated[
+    Path | None, typer.Option("--targets", help="targets YAML (see examples/targets.yaml)")
+]
+PrometheusOpt = Annotated[
+    str | None,
+    typer.Option("--prometheus", help="read windows from this Prometheus/Thanos/Mimir URL"),
+]
+IntervalOpt = Annotated[
+    str | None, typer.Option("--interval", help="scrape / poll interval, e.g. 15s")
+]
+WindowOpt = Annotated[str | None, typer.Option("--window", help="rollup window, e.g. 60s")]
+OnceOpt = Annotated[bool, typer.Option("--once", help="one scrape (or one back-fill), then exit")]
+ClusterNameOpt = Annotated[
+    str | None, typer.Option("--cluster", help="cluster name (overrides the file's)")
+]
+BackfillOpt = Annotated[
+    str, typer.Option("--since", help="Prometheus mode: back-fill this far back")
+]
+TimeoutOpt = Annotated[
+    str | None, typer.Option("--timeout", help="per-target scrape timeout, e.g. 10s")
+]
+SourceLabelOpt = Annotated[
+    str,
+    typer.Option("--source-label", help="Prometheus mode: instance or job/instance"),
+]
+SettleOpt = Annotated[
+    str,
+    typer.Option("--settle", help="Prometheus mode: leave out windows younger than this"),
+]
+QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="no progress lines")]
+MetricsAddrOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--metrics-addr",
+        help="serve the collector's own /metrics on HOST:PORT, e.g. 127.0.0.1:9464",
+    ),
+]
+TargetsFromStoreOpt = Annotated[
+    bool,
+    typer.Option(
+        "--targets-from-store",
+        help="also scrape the store's targets table (POST /v1/targets), re-read each tick",
+    ),
+]
+AllowNetworkOpt = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--allow-network",
+        metavar="CIDR",
+        help="store targets may point into this private/loopback network (repeatable)",
+    ),
+]
+EnginesOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--engines",
+        help="engines.yaml: GPU, TP, DRAM by label matcher (examples/engines.yaml)",
+    ),
+]
+FileSdOpt = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--file-sd",
+        metavar="PATH_OR_GLOB",
+        help="also scrape Prometheus file_sd JSON/YAML target files, re-read on change "
+        "(repeatable)",
+    ),
+]
+RetentionOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--retention",
+        help="delete windows and outcomes older than this every hour, e.g. 30d (>= 1h; "
+        "KVSCOPE_RETENTION_S)",
+    ),
+]
+DownsampleOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--downsample-after",
+        help="every hour, turn the 1-minute windows of days older than this into "
+        "5-minute ones, e.g. 7d (the default; 'never' keeps minutes; "
+        "KVSCOPE_DOWNSAMPLE_S)",
+    ),
+]
+ShardOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--shard",
+        metavar="I/N",
+        envvar="KVSCOPE_SHARD",
+        help="direct mode: scrape only the targets whose name hashes to shard I of N "
+        "(Prometheus' hashmod)",
+    ),
+]
+CheckpointOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--checkpoint-every",
+        metavar="DURATION",
+        help="direct mode: at most this long between roll-up checkpoints, besides the "
+        "one after each tick that closes windows (default 60s; 0: after every tick)",
+    ),
+]
+StateDirOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--state-dir",
+        help="direct mode's local state: windows the store refused, roll-up checkpoints "
+        "(default: DBFILE-state beside a SQLite file, else under $XDG_STATE_HOME/kvscope)",
+    ),
+]
+
+
+@dataclass(frozen=True, slots=True)
+class CollectFlags:
+    """The flags of `kvscope collect` as given (unchecked: collect_config checks them)."""
+
+    targets: Path | None = None
+    prometheus: str | None = None
+    db: str | None = None
+    interval: str | None = None
+    window: str | None = None
+    once: bool = False
+    cluster: str | None = None
+    since: str = "1h"
+    timeout: str | None = None
+    source_label: str = "instance"
+    settle: str = "30s"
+    quiet: bool = False
+    metrics_addr: str | None = None
+    targets_from_store: bool = False
+    allow_network: tuple[str, ...] = ()
+    engines: Path | None = None
+    file_sd: tuple[str, ...] = ()
+    retention: str | None = None
+    downsample_after: str | None = None
+    shard: str | None = None
+    checkpoint_every: str | None = None
+    state_dir: Path | None = None
+    keep: str = "used"
+
+
+def collect_cmd(  # noqa: PLR0917 - one parameter per CLI flag
+    targets: TargetsOpt = None,
+    prometheus: PrometheusOpt = None,
+    db: DbOpt = None,
+    interval: IntervalOpt = None,
+    window: WindowOpt = None,
+    once: OnceOpt = False,
+    cluster: ClusterNameOpt = None,
+    since: BackfillOpt = "1h",
+    timeout: TimeoutOpt = None,
+    source_label: SourceLabelOpt = "instance",
+    settle: SettleOpt = "30s",
+    quiet: QuietOpt = False,
+    metrics_addr: MetricsAddrOpt = None,
+    targets_from_store: TargetsFromStoreOpt = False,
+    allow_network: AllowNetworkOpt = None,
+    engines: EnginesOpt = None,
+    file_sd: FileSdOpt = None,
+    retention: RetentionOpt = None,
+    downsample_after: DownsampleOpt = None,
+    shard: ShardOpt = None,
+    checkpoint_every: CheckpointOpt = None,
+    state_dir: StateDirOpt = None,
+    keep: KeepOpt = "used",
+) -> None:
+    """Collect windows into the store until Ctrl-C / SIGTERM (then flush, exit 0).
+
+    Direct mode scrapes --targets, --targets-from-store and --file-sd targets each --interval
+    (on a name clash the --targets file wins over file_sd, file_sd over the store); Prometheus
+    mode (--prometheus URL) back-fills --since, then polls. Outages and restarts (--state-dir)
+    lose no counter increase. JSON summary on stdout; details in the README's Quickstart.
+
+    Example: kvscope collect --targets examples/targets.yaml --db sqlite:///kvscope.db
+    Example: kvscope collect --prometheus http://prometheus:9090 --engines engines.yaml
+    Example: kvscope collect --file-sd 'sd/*.json' --db sqlite:///kvscope.db"""
+    flags = CollectFlags(
+        targets=targets, prometheus=prometheus, db=db, interval=interval, window=window,
+        once=once, cluster=cluster, since=since, timeout=timeout, source_label=source_label,
+        settle=settle, quiet=quiet, metrics_addr=metrics_addr,
+        targets_from_store=targets_from_store, allow_network=tuple(allow_network or ()),
+        engines=engines, file_sd=tuple(file_sd or ()), retention=retention,
+        downsample_after=downsample_after, shard=shard, checkpoint_every=checkpoint_every,
+        state_dir=state_dir, keep=keep,
+    )  # fmt: skip
+    try:
+        summary = run_collect(collect_config(flags))
+    except KeyboardInterrupt:  # Ctrl-C before the loop installed its handler
+        print("kvscope: interrupted before collecting", file=sys.stderr)
+        raise typer.Exit(130) from None
+    typer.echo(json.dumps(summary))
+
+
 def register(app: typer.Typer) -> None:
-    @app.command("collect")
-    def collect_cmd(  # noqa: PLR0917 - one parameter per CLI flag
-        targets: Annotated[
-            Path | None, typer.Option("--targets", help="targets YAML (see examples/targets.yaml)")
-        ] = None,
-        prometheus: Annotated[
-            str | None,
-            typer.Option("--prometheus", help="read windows from this Prometheus/Thanos/Mimir URL"),
-        ] = None,
-        db: DbOpt = None,
-        interval: Annotated[
-            str | None, typer.Option("--interval", help="scrape / poll interval, e.g. 15s")
-        ] = None,
-        window: Annotated[
-            str | None, typer.Option("--window", help="rollup window, e.g. 60s")
-        ] = None,
-        once: Annotated[
-            bool, typer.Option("--once", help="one scrape (or one back-fill), then exit")
-        ] = False,
-        cluster: Annotated[
-            str | None, typer.Option("--cluster", help="cluster name (overrides the file's)")
-        ] = None,
-        since: Annotated[
-            str, typer.Option("--since", help="Prometheus mode: back-fill this far back")
-        ] = "1h",
-        timeout: Annotated[
-            str | None, typer.Option("--timeout", help="per-target scrape timeout, e.g. 10s")
-        ] = None,
-        source_label: Annotated[
-            str,
-            typer.Option("--source-label", help="Prometheus mode: instance or job/instance"),
-        ] = "instance",
-        settle: Annotated[
-            str,
-            typer.Option("--settle", help="Prometheus mode: leave out windows younger than this"),
-        ] = "30s",
-        quiet: Annotated[bool, typer.Option("--quiet", "-q", help="no progress lines")] = False,
-        metrics_addr: Annotated[
-            str | None,
-            typer.Option(
-                "--metrics-addr",
-                help="serve the collector's own /metrics on HOST:PORT, e.g. 127.0.0.1:9464",
-            ),
-        ] = None,
-        targets_from_store: Annotated[
-            bool,
-            typer.Option(
-                "--targets-from-store",
-                help="also scrape the store's targets table (POST /v1/targets), re-read each tick",
-            ),
-        ] = False,
-        allow_network: Annotated[
-            list[str] | None,
-            typer.Option(
-                "--allow-network",
-                metavar="CIDR",
-                help="store targets may point into this private/loopback network (repeatable)",
-            ),
-        ] = None,
-        engines: Annotated[
-            Path | None,
-            typer.Option(
-                "--engines",
-                help="engines.yaml: GPU, TP, DRAM by label matcher (examples/engines.yaml)",
-            ),
-        ] = None,
-        file_sd: Annotated[
-            list[str] | None,
-            typer.Option(
-                "--file-sd",
-                metavar="PATH_OR_GLOB",
-                help="also scrape Prometheus file_sd JSON/YAML target files, re-read on change "
-                "(repeatable)",
-            ),
-        ] = None,
-        retention: Annotated[
-            str | None,
-            typer.Option(
-                "--retention",
-                help="delete windows and outcomes older than this every hour, e.g. 30d (>= 1h; "
-                "KVSCOPE_RETENTION_S)",
-            ),
-        ] = None,
-        downsample_after: Annotated[
-            str | None,
-            typer.Option(
-                "--downsample-after",
-                help="every hour, turn the 1-minute windows of days older than this into "
-                "5-minute ones, e.g. 7d (the default; 'never' keeps minutes; "
-                "KVSCOPE_DOWNSAMPLE_S)",
-            ),
-        ] = None,
-        shard: Annotated[
-            str | None,
-            typer.Option(
-                "--shard",
-                metavar="I/N",
-                envvar="KVSCOPE_SHARD",
-                help="direct mode: scrape only the targets whose name hashes to shard I of N "
-                "(Prometheus' hashmod)",
-            ),
-        ] = None,
-        checkpoint_every: Annotated[
-            str | None,
-            typer.Option(
-                "--checkpoint-every",
-                metavar="DURATION",
-                help="direct mode: at most this long between roll-up checkpoints, besides the "
-                "one after each tick that closes windows (default 60s; 0: after every tick)",
-            ),
-        ] = None,
-        state_dir: Annotated[
-            Path | None,
-            typer.Option(
-                "--state-dir",
-                help="direct mode's local state: windows the store refused, roll-up checkpoints "
-                "(default: DBFILE-state beside a SQLite file, else under $XDG_STATE_HOME/kvscope)",
-            ),
-        ] = None,
-        keep: KeepOpt = "used",
-    ) -> None:
-        """Collect windows into the store until Ctrl-C / SIGTERM (then flush, exit 0).
-
-        Direct mode scrapes --targets, --targets-from-store and --file-sd targets each --interval
-        (on a name clash the --targets file wins over file_sd, file_sd over the store); Prometheus
-        mode (--prometheus URL) back-fills --since, then polls. Outages and restarts (--state-dir)
-        lose no counter increase. JSON summary on stdout; details in the README's Quickstart.
-
-        Example: kvscope collect --targets examples/targets.yaml --db sqlite:///kvscope.db
-        Example: kvscope collect --prometheus http://prometheus:9090 --engines engines.yaml
-        Example: kvscope collect --file-sd 'sd/*.json' --db sqlite:///kvscope.db"""
-        try:
-            summary = run_collect(
-                targets=targets,
-                prometheus=prometheus,
-                db=db,
-                interval=interval,
-                window=window,
-                once=once,
-                cluster=cluster,
-                since=since,
-                timeout=timeout,
-                source_label=source_label,
-                settle=settle,
-                quiet=quiet,
-                metrics_addr=metrics_addr,
-                targets_from_store=targets_from_store,
-                allow_network=allow_network,
-                engines=engines,
-                file_sd=file_sd,
-                state_dir=state_dir,
-                checkpoint_every=checkpoint_every,
-                shard=shard,
-                retention=retention,
-                keep=keep,
-                downsample_after=downsample_after,
-            )
-        except KeyboardInterrupt:  # Ctrl-C before the loop installed its handler
-            print("kvscope: interrupted before collecting", file=sys.stderr)
-            raise typer.Exit(130) from None
-        typer.echo(json.dumps(summary))
+    app.command("collect")(collect_cmd)
 
 
-def run_collect(
-    *,
-    targets: Path | None,
-    prometheus: str | None,
-    db: str | None,
-    interval: str | None,
-    window: str | None,
-    once: bool,
-    cluster: str | None,
-    since: str,
-    timeout: str | None,
-    source_label: str,
-    settle: str,
-    quiet: bool,
-    metrics_addr: str | None = None,
-    targets_from_store: bool = False,
-    allow_network: Sequence[str] | None = None,
-    engines: Path | None = None,
-    file_sd: Sequence[str] | None = None,
-    state_dir: Path | None = None,
-    shard: str | None = None,
-    retention: str | None = None,
-    checkpoint_every: str | None = None,
-    keep: str = "used",
-    downsample_after: str | None = None,
-) -> dict[str, object]:
-    """Validate the flags, run the loop, return the JSON summary."""
-    from pydantic import ValidationError
+# --------------------------------------------------------------------------- the flags
 
-    from collector import run, run_prometheus
+
+def collect_config(flags: CollectFlags) -> CollectConfig:
+    """The run's config from the flags and the settings, checked once: a ConfigError names
+    the flag (or the KVSCOPE_ variable) that was wrong."""
+    from collector.config import CollectConfig
     from collector.keep import parse_keep
-    from kvscope.config import get_settings
-    from store.store import Store
+    from collector.shard import Shard
 
-    if targets_from_store and prometheus is not None:
+    _check_modes(flags)
+    keep = parse_keep(flags.keep)
+    shard = Shard.parse(flags.shard) if flags.shard is not None else None
+    _check_sources(flags)
+    settings = _settings(flags)
+    return CollectConfig(
+        db=settings.db,
+        loop=_loop_config(flags, settings, keep, shard),
+        default_cluster=settings.cluster,
+        cluster=flags.cluster,
+        targets=flags.targets,
+        targets_from_store=flags.targets_from_store,
+        allowed_networks=settings.allowed_target_networks,
+        file_sd=flags.file_sd,
+        prometheus=flags.prometheus,
+        source_from="job/instance" if flags.source_label == "job/instance" else "instance",
+        query_timeout_s=settings.scrape_timeout_s,
+        engines=flags.engines,
+        metrics_addr=flags.metrics_addr,
+        state_dir=settings.state_dir,
+        spool_max_bytes=settings.spool_max_bytes,
+        spool_memory_windows=settings.spool_memory_windows,
+        retention_s=settings.retention_s,
+        downsample_s=settings.downsample_s,
+        keep_name=flags.keep,
+        quiet=flags.quiet,
+    )
+
+
+def _check_modes(flags: CollectFlags) -> None:
+    """The direct-mode flags are refused with --prometheus."""
+    prometheus = flags.prometheus is not None
+    if flags.targets_from_store and prometheus:
         raise ConfigError("--targets-from-store is direct mode: not with --prometheus")
-    if allow_network and not targets_from_store:
+    if flags.allow_network and not flags.targets_from_store:
         raise ConfigError("--allow-network applies to --targets-from-store targets only")
-    if file_sd and prometheus is not None:
+    if flags.file_sd and prometheus:
         raise ConfigError("--file-sd is direct mode: not with --prometheus")
-    if checkpoint_every is not None and prometheus is not None:
+    if flags.checkpoint_every is not None and prometheus:
         raise ConfigError("--checkpoint-every is direct mode: not with --prometheus")
-    if shard is not None and prometheus is not None:
+    if flags.shard is not None and prometheus:
         raise ConfigError(
             "--shard splits scrape targets (direct mode): a Prometheus is read whole, "
             "one collector per Prometheus or cluster"
         )
-    from collector.shard import Shard
 
-    kept = parse_keep(keep)
-    sharding = Shard.parse(shard) if shard is not None else None
-    if (targets is None and not targets_from_store and not file_sd) == (prometheus is None):
+
+def _check_sources(flags: CollectFlags) -> None:
+    """Exactly one mode; the file_sd patterns, --source-label and --metrics-addr well-formed."""
+    from collector.file_sd import check_pattern
+    from collector.health import parse_listen_addr
+
+    direct = flags.targets is not None or flags.targets_from_store or bool(flags.file_sd)
+    if direct == (flags.prometheus is not None):
         raise ConfigError(
             "give exactly one of --targets FILE or --prometheus URL "
             "(or --targets-from-store, --file-sd)"
         )
-    for pattern in file_sd or ():
-        from collector.file_sd import check_pattern
-
+    for pattern in flags.file_sd:
         try:
             check_pattern(pattern)
         except ConfigError as exc:
             raise ConfigError(f"--file-sd {exc}") from exc
-    if source_label not in ("instance", "job/instance"):
-        raise ConfigError(f"--source-label must be instance or job/instance, got {source_label!r}")
-    if metrics_addr is not None:
-        from collector.health import parse_listen_addr
+    if flags.source_label not in ("instance", "job/instance"):
+        raise ConfigError(
+            f"--source-label must be instance or job/instance, got {flags.source_label!r}"
+        )
+    if flags.metrics_addr is not None:
+        parse_listen_addr(flags.metrics_addr, "--metrics-addr")
 
-        parse_listen_addr(metrics_addr, "--metrics-addr")
+
+def _settings(flags: CollectFlags) -> Settings:
+    """The settings (KVSCOPE_ variables) with the flags over them; a bad value names its flag."""
+    from pydantic import ValidationError
+
+    from kvscope.config import get_settings
+
+    def seconds(text: str | None, flag: str, *, allow_zero: bool = False) -> float | None:
+        return None if text is None else parse_duration(text, flag, allow_zero=allow_zero)
+
     try:
-        settings = get_settings(
-            db=db,
-            cluster=cluster,
-            scrape_interval_s=None if interval is None else parse_duration(interval, "--interval"),
-            window_s=None if window is None else parse_duration(window, "--window"),
-            scrape_timeout_s=None if timeout is None else parse_duration(timeout, "--timeout"),
-            allowed_target_networks=tuple(allow_network) if allow_network else None,
-            state_dir=state_dir,
-            retention_s=None if retention is None else retention_seconds(retention, "--retention"),
-            **_downsample(downsample_after),
-            checkpoint_s=None
-            if checkpoint_every is None
-            else parse_duration(checkpoint_every, "--checkpoint-every", allow_zero=True),
+        return get_settings(
+            db=flags.db,
+            cluster=flags.cluster,
+            scrape_interval_s=seconds(flags.interval, "--interval"),
+            window_s=seconds(flags.window, "--window"),
+            scrape_timeout_s=seconds(flags.timeout, "--timeout"),
+            allowed_target_networks=flags.allow_network or None,
+            state_dir=flags.state_dir,
+            retention_s=None
+            if flags.retention is None
+            else retention_seconds(flags.retention, "--retention"),
+            **_downsample(flags.downsample_after),
+            checkpoint_s=seconds(flags.checkpoint_every, "--checkpoint-every", allow_zero=True),
         )
     except ValidationError as exc:
         first = exc.errors()[0]
         field = ".".join(map(str, first["loc"]))
         flag = _FLAGS.get(field, field)
         raise ConfigError(f"{flag} (or KVSCOPE_{field.upper()}): {first['msg']}") from exc
+
+
+def _loop_config(
+    flags: CollectFlags, settings: Settings, keep: Keep, shard: Shard | None
+) -> DirectConfig | PrometheusConfig:
+    """The direct loop's config, or (with --prometheus) the Prometheus loop's."""
+    from collector.config import DirectConfig, PrometheusConfig
+
+    if flags.prometheus is None:
+        return DirectConfig(
+            interval_s=settings.scrape_interval_s,
+            window_s=settings.window_s,
+            timeout_s=settings.scrape_timeout_s,
+            concurrency=settings.scrape_concurrency,
+            max_body_bytes=settings.max_body_bytes,
+            once=flags.once,
+            checkpoint_s=settings.checkpoint_s,
+            shard=shard,
+            keep=keep,
+        )
+    return PrometheusConfig(
+        cluster=settings.cluster,
+        window_s=settings.window_s,
+        since_s=parse_duration(flags.since, "--since"),
+        interval_s=settings.scrape_interval_s,
+        settle_s=parse_duration(flags.settle, "--settle", allow_zero=True),
+        once=flags.once,
+        keep=keep,
+    )
+
+
+# --------------------------------------------------------------------------- the run
+
+
+def run_collect(config: CollectConfig) -> dict[str, object]:
+    """Run the loop ``config`` describes until stopped; the JSON summary."""
+    from collector import run
+    from collector.config import DirectConfig
+    from collector.engine_rules import load_engine_rules
+    from store.retention import Pruner
+    from store.store import Store
+
     logging.basicConfig(
-        level=logging.ERROR if quiet else logging.WARNING,
+        level=logging.ERROR if config.quiet else logging.WARNING,
         format="kvscope: %(message)s",
         stream=sys.stderr,
     )
     logging.getLogger("urllib3").setLevel(logging.ERROR)  # its retries end in one ScrapeError
-    progress = _Progress(quiet)
-    from collector.engine_rules import load_engine_rules
-
-    rules = load_engine_rules(engines) if engines is not None else None
-    with Store(settings.db) as store:
+    progress = _Progress(config.quiet)
+    rules = load_engine_rules(config.engines) if config.engines is not None else None
+    state: Path | None = None
+    with Store(config.db) as store:
         store.migrate()
-        from collector.gcpolicy import tune_heap
-        from store.retention import Pruner
-
         pruner = (
-            Pruner(store, settings.retention_s, downsample_s=settings.downsample_s)
-            if settings.retention_s or settings.downsample_s
+            Pruner(store, config.retention_s, downsample_s=config.downsample_s)
+            if config.retention_s or config.downsample_s
             else None
         )
-        if targets is not None or targets_from_store or file_sd:
-            from collector.file_sd import FileSD
-            from collector.sources import TargetSet, load_targets
-            from collector.urlguard import URLPolicy
-
-            target_set = (
-                load_targets(targets, cluster=cluster)
-                if targets is not None
-                else TargetSet(cluster=settings.cluster, targets=())
-            )
-            store_targets = (
-                run.StoreTargets(URLPolicy(settings.allowed_target_networks), cluster=cluster)
-                if targets_from_store
-                else None
-            )
-            discovery = FileSD(file_sd, cluster=target_set.cluster) if file_sd else None
-            own = sharding.select(target_set) if sharding is not None else list(target_set)
-            health = _health(
-                metrics_addr, target_set.cluster, "direct", [t.name for t in own],
-                shard=str(sharding or "0/1"), interval_s=settings.scrape_interval_s,
-            )  # fmt: skip
-            state = _state_dir(settings.state_dir, settings.db)
-            spool, checkpoints = _local_state(state, store.url, settings)
-            with _serving(metrics_addr, health, quiet), _closing(checkpoints):
-                tune_heap()  # collector.gcpolicy: after start-up, before the loop
-                stats = run.run_until_signalled(
-                    lambda stop: run.collect_direct(
-                        target_set,
-                        store,
-                        interval_s=settings.scrape_interval_s,
-                        window_s=settings.window_s,
-                        timeout_s=settings.scrape_timeout_s,
-                        concurrency=settings.scrape_concurrency,
-                        max_body_bytes=settings.max_body_bytes,
-                        once=once,
-                        stop=stop,
-                        progress=progress,
-                        health=health,
-                        store_targets=store_targets,
-                        engine_rules=rules,
-                        file_sd=discovery,
-                        spool=spool,
-                        checkpoints=checkpoints,
-                        checkpoint_s=settings.checkpoint_s,
-                        shard=sharding,
-                        pruner=pruner,
-                        keep=kept,
-                    )
-                )
-            cluster_name = target_set.cluster
+        parts = run.LoopParts(progress=progress, engine_rules=rules, pruner=pruner)
+        if isinstance(config.loop, DirectConfig):
+            stats, cluster_name, state = _run_direct(config, config.loop, store, parts)
         else:
-            assert prometheus is not None
-            state = None
-            from collector.promsource import PrometheusSource
-
-            since_s = parse_duration(since, "--since")
-            settle_s = parse_duration(settle, "--settle", allow_zero=True)
-            with PrometheusSource(
-                prometheus,
-                timeout_s=settings.scrape_timeout_s,
-                source_from="job/instance" if source_label == "job/instance" else "instance",
-            ) as source:
-                health = _health(metrics_addr, settings.cluster, "prometheus", [source.url],
-                                 interval_s=settings.scrape_interval_s)  # fmt: skip
-                with _serving(metrics_addr, health, quiet):
-                    tune_heap()
-                    stats = run.run_until_signalled(
-                        lambda stop: run_prometheus.collect_prometheus(
-                            source,
-                            store,
-                            cluster=settings.cluster,
-                            window_s=settings.window_s,
-                            since_s=since_s,
-                            interval_s=settings.scrape_interval_s,
-                            settle_s=settle_s,
-                            once=once,
-                            stop=stop,
-                            progress=progress,
-                            health=health,
-                            engine_rules=rules,
-                            pruner=pruner,
-                            keep=kept,
-                        )
-                    )
-            cluster_name = settings.cluster
-    if not quiet:
+            stats, cluster_name = _run_prometheus(config, config.loop, store, parts)
+    if not config.quiet:
         print(stats.progress_line(), file=sys.stderr, flush=True)
     out: dict[str, object] = {**stats.summary(), "cluster": cluster_name, "db": store.url,
-                              "keep": keep}  # fmt: skip
+                              "keep": config.keep_name}  # fmt: skip
     if pruner is not None:
         out["retention"] = pruner.summary()
     return out | ({"state_dir": str(state)} if state is not None else {})
+
+
+def _run_direct(
+    config: CollectConfig, loop: DirectConfig, store: Store, parts: LoopParts
+) -> tuple[CollectStats, str, Path | None]:
+    """Direct mode: the targets' sources, the health server, the local state, then the loop;
+    (its statistics, the cluster, the state directory)."""
+    from collector import run
+    from collector.file_sd import FileSD
+    from collector.gcpolicy import tune_heap
+    from collector.sources import TargetSet, load_targets
+    from collector.urlguard import URLPolicy
+
+    target_set = (
+        load_targets(config.targets, cluster=config.cluster)
+        if config.targets is not None
+        else TargetSet(cluster=config.default_cluster, targets=())
+    )
+    store_targets = (
+        run.StoreTargets(URLPolicy(config.allowed_networks), cluster=config.cluster)
+        if config.targets_from_store
+        else None
+    )
+    discovery = FileSD(config.file_sd, cluster=target_set.cluster) if config.file_sd else None
+    own = loop.shard.select(target_set) if loop.shard is not None else list(target_set)
+    health = _health(
+        config.metrics_addr, target_set.cluster, "direct", [t.name for t in own],
+        shard=str(loop.shard or "0/1"), interval_s=loop.interval_s,
+    )  # fmt: skip
+    state = _state_dir(config.state_dir, config.db)
+    spool, checkpoints = _local_state(state, store.url, config)
+    direct = run.DirectParts(
+        progress=parts.progress, health=health, engine_rules=parts.engine_rules,
+        pruner=parts.pruner, store_targets=store_targets, file_sd=discovery, spool=spool,
+        checkpoints=checkpoints,
+    )  # fmt: skip
+    with _serving(config.metrics_addr, health, config.quiet), _closing(checkpoints):
+        tune_heap()  # collector.gcpolicy: after start-up, before the loop
+        stats = run.run_until_signalled(
+            lambda stop: run.collect_direct(target_set, store, loop, direct, stop=stop)
+        )
+    return stats, target_set.cluster, state
+
+
+def _run_prometheus(
+    config: CollectConfig, loop: PrometheusConfig, store: Store, parts: LoopParts
+) -> tuple[CollectStats, str]:
+    """Prometheus mode: the source, the health server, then the loop; (its statistics, the
+    cluster)."""
+    from collector import run, run_prometheus
+    from collector.gcpolicy import tune_heap
+    from collector.promsource import PrometheusSource
+
+    assert config.prometheus is not None
+    with PrometheusSource(
+        config.prometheus, timeout_s=config.query_timeout_s, source_from=config.source_from
+    ) as source:
+        health = _health(config.metrics_addr, loop.cluster, "prometheus", [source.url],
+                         interval_s=loop.interval_s)  # fmt: skip
+        with_health = replace(parts, health=health)
+        with _serving(config.metrics_addr, health, config.quiet):
+            tune_heap()
+            stats = run.run_until_signalled(
+                lambda stop: run_prometheus.collect_prometheus(
+                    source, store, loop, with_health, stop=stop
+                )
+            )
+    return stats, loop.cluster
 
 
 def _state_dir(configured: Path | None, db: str) -> Path | None:
@@ -453,12 +541,12 @@ def _state_dir(configured: Path | None, db: str) -> Path | None:
 
 
 def _local_state(
-    state: Path | None, store_id: str, settings: Settings
+    state: Path | None, store_id: str, config: CollectConfig
 ) -> tuple[Spool, Checkpoints | None]:
     """The spool (``STATE/spool``) and the roll-up checkpoints (``STATE/rollup``)."""
     from collector.checkpoint import Checkpoints
 
-    spool = _spool(state, store_id, settings)
+    spool = _spool(state, store_id, config)
     if state is None:
         return spool, None
     try:
@@ -467,15 +555,15 @@ def _local_state(
         raise ConfigError(f"--state-dir {state}: {exc.strerror or exc}") from exc
 
 
-def _spool(state: Path | None, store_id: str, settings: Settings) -> Spool:
+def _spool(state: Path | None, store_id: str, config: CollectConfig) -> Spool:
     """Where windows the store refuses wait: ``STATE/spool`` (None: in memory only)."""
     from collector.spool import Spool
 
     return Spool(
         None if state is None else state / "spool",
         store_id=store_id,
-        max_bytes=settings.spool_max_bytes,
-        memory_records=settings.spool_memory_windows,
+        max_bytes=config.spool_max_bytes,
+        memory_records=config.spool_memory_windows,
     )
 
 

@@ -103,8 +103,10 @@ def test_prometheus_and_direct_modes_store_each_engines_exposed_offload(tmp_path
     """The demo cluster (none, native and LMCache engines) scraped by a real Prometheus: the
     collector in Prometheus mode registers every engine with the mode it runs, as the direct
     mode does from a targets file that does not say (the issue-11 bug: all were 'none')."""
+    from collector.config import PrometheusConfig
     from collector.engine_rules import parse_engine_rules
     from collector.promsource import PrometheusSource
+    from collector.run import LoopParts
     from collector.run_prometheus import collect_prometheus
     from store.store import Store
     from tests import services
@@ -140,9 +142,21 @@ def test_prometheus_and_direct_modes_store_each_engines_exposed_offload(tmp_path
                     store.migrate()
                     import asyncio
 
-                    stats = asyncio.run(collect_prometheus(
-                        source, store, cluster="c", window_s=5.0, since_s=10.0,
-                        interval_s=1.0, settle_s=1.0, once=True, engine_rules=rules))  # fmt: skip
+                    stats = asyncio.run(
+                        collect_prometheus(
+                            source,
+                            store,
+                            PrometheusConfig(
+                                cluster="c",
+                                window_s=5.0,
+                                since_s=10.0,
+                                interval_s=1.0,
+                                settle_s=1.0,
+                                once=True,
+                            ),
+                            LoopParts(engine_rules=rules),
+                        )
+                    )
                     assert stats.windows_written > 0, stats
                     engines = {e.source: e for e in store.engines("c")}
         assert {s: e.offload for s, e in engines.items()} == want
@@ -243,6 +257,7 @@ def test_prometheus_backfill_dates_an_engine_restart_with_offload_on(tmp_path: P
     not the whole history as the mode of its last instant."""
     import asyncio
 
+    from collector.config import PrometheusConfig
     from collector.promsource import PrometheusSource
     from collector.run_prometheus import collect_prometheus
     from core.catalog import CACHE_CONFIG_INFO, KV_OFFLOAD_CONFIG_INFO, exposed_names
@@ -284,9 +299,20 @@ def test_prometheus_backfill_dates_an_engine_restart_with_offload_on(tmp_path: P
             time.sleep(1.5)
             with Store(f"sqlite:///{tmp_path / 'h.db'}") as store, PrometheusSource(url) as src:
                 store.migrate()
-                asyncio.run(collect_prometheus(
-                    src, store, cluster="c", window_s=1.0, since_s=time.time() - began + 2,
-                    interval_s=1.0, settle_s=0.0, once=True))  # fmt: skip
+                asyncio.run(
+                    collect_prometheus(
+                        src,
+                        store,
+                        PrometheusConfig(
+                            cluster="c",
+                            window_s=1.0,
+                            since_s=time.time() - began + 2,
+                            interval_s=1.0,
+                            settle_s=0.0,
+                            once=True,
+                        ),
+                    )
+                )
                 (engine,) = store.engines("c")
     regimes = [(c.offload, c.facts.get("num_cpu_blocks")) for c in engine.changes]
     assert regimes == [("none", None), ("native", 400)], engine.changes

@@ -28,9 +28,10 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from collector.config import DirectConfig
 from collector.health import CollectorHealth
 from collector.parse import read_exposition
-from collector.run import CollectStats, collect_direct
+from collector.run import CollectStats, DirectParts, collect_direct
 from collector.sources import Target, TargetSet
 from core import kvscope_metrics as sm
 from core.catalog import exposed_names
@@ -366,11 +367,20 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Run:
                 time.sleep(0.01)
             stats = asyncio.run(
                 collect_direct(
-                    targets, store, interval_s=INTERVAL_S, window_s=1.2, timeout_s=TIMEOUT_S,
-                    concurrency=len(targets), max_body_bytes=MAX_BODY, max_ticks=TICKS,
-                    health=health, keep=None,  # every signal: each series of TEXT is checked
+                    targets,
+                    store,
+                    DirectConfig(
+                        interval_s=INTERVAL_S,
+                        window_s=1.2,
+                        timeout_s=TIMEOUT_S,
+                        concurrency=len(targets),
+                        max_body_bytes=MAX_BODY,
+                        max_ticks=TICKS,
+                        keep=None,  # every signal: each series of TEXT is checked
+                    ),
+                    DirectParts(health=health),
                 )
-            )  # fmt: skip
+            )
             outcomes: dict[str, list[ScrapeOutcome]] = {}
             for o in store.outcomes():
                 outcomes.setdefault(o.target, []).append(o)

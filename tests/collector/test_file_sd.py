@@ -18,8 +18,9 @@ from typing import Any
 
 import pytest
 
+from collector.config import DirectConfig
 from collector.file_sd import FileSD, check_pattern, load_file_sd, parse_file_sd
-from collector.run import CollectStats, StoreTargets, collect_direct
+from collector.run import CollectStats, DirectParts, StoreTargets, collect_direct
 from collector.sources import EngineMeta, Target, TargetSet
 from collector.urlguard import URLPolicy
 from core.errors import ConfigError
@@ -385,11 +386,19 @@ def _collect(
 
     return asyncio.run(
         collect_direct(
-            targets or TargetSet("file", ()), store, interval_s=0.1, window_s=60.0,
-            timeout_s=1.0, concurrency=4, max_body_bytes=1 << 20, max_ticks=ticks,
-            progress=progress, store_targets=source, file_sd=sd,
+            targets or TargetSet("file", ()),
+            store,
+            DirectConfig(
+                interval_s=0.1,
+                window_s=60.0,
+                timeout_s=1.0,
+                concurrency=4,
+                max_body_bytes=1 << 20,
+                max_ticks=ticks,
+            ),
+            DirectParts(progress=progress, store_targets=source, file_sd=sd),
         )
-    )  # fmt: skip
+    )
 
 
 def _group(base: str, path: str, **labels: str) -> dict[str, object]:

@@ -14,9 +14,10 @@ from pathlib import Path
 
 import pytest
 
+from collector.config import DirectConfig, PrometheusConfig
 from collector.health import CollectorHealth, parse_listen_addr, serve_metrics
 from collector.promsource import PrometheusSource
-from collector.run import collect_direct
+from collector.run import DirectParts, LoopParts, collect_direct
 from collector.run_prometheus import collect_prometheus
 from collector.sources import Target, TargetSet
 from core import kvscope_metrics as sm
@@ -95,9 +96,20 @@ def test_collect_direct_with_health_counts_match_the_loop(tmp_path: Path) -> Non
         stats = asyncio.run(
             # 0.5 s ticks: a scrape's deadline is the tick's, and a 0.05 s one timed out the
             # 554-line fixture under a loaded CI machine (an "up" counted as a timeout)
-            collect_direct(targets, store, interval_s=0.5, window_s=1.0, timeout_s=5,
-                           concurrency=4, max_body_bytes=1 << 24, max_ticks=4, health=h)
-        )  # fmt: skip
+            collect_direct(
+                targets,
+                store,
+                DirectConfig(
+                    interval_s=0.5,
+                    window_s=1.0,
+                    timeout_s=5,
+                    concurrency=4,
+                    max_body_bytes=1 << 24,
+                    max_ticks=4,
+                ),
+                DirectParts(health=h),
+            )
+        )
     s = parse(h.render())
     # every tick scrapes both targets once; under a loaded machine a scrape can still miss
     # its tick's deadline (a timeout), so the counts are checked against the loop's own
@@ -130,9 +142,15 @@ def test_collect_prometheus_with_health_counts_each_query(
         store.migrate()
         h.set_targets([source.url])
         stats = asyncio.run(
-            collect_prometheus(source, store, cluster="prom", window_s=2, since_s=60,
-                               interval_s=0.5, settle_s=0, max_polls=2, health=h)
-        )  # fmt: skip
+            collect_prometheus(
+                source,
+                store,
+                PrometheusConfig(
+                    cluster="prom", window_s=2, since_s=60, interval_s=0.5, settle_s=0, max_polls=2
+                ),
+                LoopParts(health=h),
+            )
+        )
     s = parse(h.render())
     queries = value(s, sm.COLLECTOR_SCRAPES.name, target=source.url, outcome="up")
     assert queries >= 1 and value(s, f"{sm.COLLECTOR_SCRAPE_DURATION}_count") == queries

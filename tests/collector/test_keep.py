@@ -13,9 +13,10 @@ from pathlib import Path
 import pytest
 
 from api.routes.signals import SIGNALS as API_SIGNALS
+from collector.config import DirectConfig, PrometheusConfig
 from collector.keep import KEEP_CHOICES, kept_windows, parse_keep, query_signals
 from collector.promsource import PrometheusSource
-from collector.run import collect_direct
+from collector.run import DirectParts, collect_direct
 from collector.run_prometheus import collect_prometheus
 from collector.sources import Target, TargetSet
 from collector.spool import Sink, Spool, Written
@@ -160,11 +161,12 @@ def test_collect_direct_default_keeps_stored_signals_only_spool_included(
         url = srv.add("/m", bumping(text, "preemptions_total", 0, 5.0))
         targets = TargetSet("c", (Target("e0", url, "vllm"),))
         for name, store in stores.items():
-            run = functools.partial(
-                collect_direct, targets, store, interval_s=0.2, window_s=0.4, timeout_s=5.0,
-                concurrency=2, max_body_bytes=1 << 20, max_ticks=6, spool=spools[name],
+            config = functools.partial(
+                DirectConfig, interval_s=0.2, window_s=0.4, timeout_s=5.0, concurrency=2,
+                max_body_bytes=1 << 20, max_ticks=6,
             )  # fmt: skip
-            asyncio.run(run(keep=None) if name == "all" else run())  # the default: used
+            loop = config(keep=None) if name == "all" else config()  # the default: used
+            asyncio.run(collect_direct(targets, store, loop, DirectParts(spool=spools[name])))
     used = {w.signal for w in stores["used"].read_windows()}
     every = {w.signal for w in stores["all"].read_windows()}
     assert used and used <= STORED_SIGNALS
@@ -199,10 +201,19 @@ def test_collect_prometheus_default_queries_and_writes_stored_signals_only(
         with source:
             asyncio.run(
                 collect_prometheus(
-                    source, store, cluster="prom", window_s=2, since_s=60, interval_s=0.5,
-                    settle_s=0, once=True, keep=None if name == "all" else STORED_SIGNALS,
+                    source,
+                    store,
+                    PrometheusConfig(
+                        cluster="prom",
+                        window_s=2,
+                        since_s=60,
+                        interval_s=0.5,
+                        settle_s=0,
+                        once=True,
+                        keep=None if name == "all" else STORED_SIGNALS,
+                    ),
                 )
-            )  # fmt: skip
+            )
         asked[name] = source.asked
     assert asked["all"] and all(a is None for a in asked["all"])
     assert asked["used"] and all(a == query_signals(STORED_SIGNALS) for a in asked["used"])

@@ -32,8 +32,9 @@ from typing import Any
 
 import pytest
 
+from collector.config import PrometheusConfig
 from collector.promsource import PrometheusSource, missing_data_warnings
-from collector.run import CollectStats
+from collector.run import CollectStats, LoopParts
 from collector.run_prometheus import collect_prometheus
 from core.catalog import CACHE_CONFIG_INFO, exposed_names
 from core.records import Window
@@ -275,10 +276,19 @@ def _under_fault(
         with FewSignals(proxy.url, timeout_s=QUERY_TIMEOUT_S) as source:
             stats = asyncio.run(
                 collect_prometheus(
-                    source, store, cluster=cluster, window_s=WINDOW_S, since_s=6,
-                    interval_s=POLL_S, settle_s=SETTLE_S, stop=stop, progress=progress,
+                    source,
+                    store,
+                    PrometheusConfig(
+                        cluster=cluster,
+                        window_s=WINDOW_S,
+                        since_s=6,
+                        interval_s=POLL_S,
+                        settle_s=SETTLE_S,
+                    ),
+                    LoopParts(progress=progress),
+                    stop=stop,
                 )
-            )  # fmt: skip
+            )
     finally:
         proxy.disarm()
     assert fault.spent, f"the fault never fired: {fault}"
@@ -431,11 +441,19 @@ def test_collect_prometheus_restarted_mid_run_next_poll_fills_gap(
             async def scenario(source: PrometheusSource) -> CollectStats:
                 task = asyncio.ensure_future(
                     collect_prometheus(
-                        source, store, cluster="r", window_s=WINDOW_S, since_s=8,
-                        interval_s=POLL_S, settle_s=2.0, stop=stop,
-                        keep=None,  # every signal: each series of the engine is checked
+                        source,
+                        store,
+                        PrometheusConfig(
+                            cluster="r",
+                            window_s=WINDOW_S,
+                            since_s=8,
+                            interval_s=POLL_S,
+                            settle_s=2.0,
+                            keep=None,  # every signal: each series of the engine is checked
+                        ),
+                        stop=stop,
                     )
-                )  # fmt: skip
+                )
                 await asyncio.sleep(2.0)
                 marks["stopped"] = time.time()
                 await asyncio.to_thread(prom.stop)

@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from collector.run import CollectStats, StoreTargets, collect_direct
+from collector.config import DirectConfig
+from collector.run import CollectStats, DirectParts, StoreTargets, collect_direct
 from collector.sources import Target, TargetSet
 from collector.urlguard import URLPolicy
 from store.store import Store
@@ -49,10 +50,19 @@ def _collect(
 
     return asyncio.run(
         collect_direct(
-            targets, store, interval_s=0.1, window_s=60.0, timeout_s=1.0, concurrency=4,
-            max_body_bytes=1 << 20, max_ticks=ticks, progress=progress, store_targets=source,
+            targets,
+            store,
+            DirectConfig(
+                interval_s=0.1,
+                window_s=60.0,
+                timeout_s=1.0,
+                concurrency=4,
+                max_body_bytes=1 << 20,
+                max_ticks=ticks,
+            ),
+            DirectParts(progress=progress, store_targets=source),
         )
-    )  # fmt: skip
+    )
 
 
 def _hits(srv: ExpoServer, path: str) -> int:

@@ -18,6 +18,7 @@ import requests
 import yaml
 
 from collector.checkpoint import Saved
+from collector.config import DirectConfig
 from collector.rollup import Rollup
 from collector.run import CollectStats, collect_direct
 from collector.shard import Shard, hashmod
@@ -190,13 +191,15 @@ async def _fleet(targets: TargetSet, db: str, count: int, ticks: int) -> list[Co
             collect_direct(
                 targets,
                 stores[i],
-                interval_s=0.25,
-                window_s=1.0,
-                timeout_s=5.0,
-                concurrency=16,
-                max_body_bytes=64 * 1024,
-                max_ticks=ticks,
-                shard=Shard(i, count),
+                DirectConfig(
+                    interval_s=0.25,
+                    window_s=1.0,
+                    timeout_s=5.0,
+                    concurrency=16,
+                    max_body_bytes=64 * 1024,
+                    max_ticks=ticks,
+                    shard=Shard(i, count),
+                ),
             )
             for i in range(count)
         ]

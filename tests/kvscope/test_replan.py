@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from core.errors import ConfigError, StoreError
-from kvscope.replan import resolve_cluster, run_every
+from kvscope.replan import ReplanConfig, resolve_cluster, run_every
 from planner.plan import NoData, Plan, build_plan
 from store.store import Store
 from tests.planner.synthstore import fill_store, shifted_frame, sqlite_url
@@ -36,7 +36,7 @@ def test_run_every_failing_rounds_logged_and_counted_then_saves(
 
     before = signal.getsignal(signal.SIGTERM)
     with caplog.at_level(logging.WARNING, logger="kvscope.replan"), Store(url) as store:
-        stats = run_every(store, every_s=0.01, cluster=None, since_s=None, make_plan=make_plan)
+        stats = run_every(store, ReplanConfig(every_s=0.01), make_plan)
         (saved,) = store.plans()
     assert signal.getsignal(signal.SIGTERM) == before  # the handlers are given back
     assert (stats.rounds, stats.rounds_failed, stats.plans_saved) == (4, 2, 1)
@@ -66,7 +66,7 @@ def test_run_every_since_is_relative_to_each_round(tmp_path: Path) -> None:
     with Store(url) as store:
         store.migrate()
         store.upsert_engine("c", "e0", offload="none")
-        stats = run_every(store, every_s=0.01, cluster="c", since_s=3600.0, make_plan=make_plan)
+        stats = run_every(store, ReplanConfig(every_s=0.01, cluster="c", since_s=3600.0), make_plan)
     assert len(seen) == 2 and seen[0] is not None and seen[1] is not None
     assert 0 < seen[1] - seen[0] < 60 and stats.failures["no_data"] == 1
 

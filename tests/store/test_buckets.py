@@ -21,6 +21,7 @@ import sqlalchemy
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from collector.config import DirectConfig
 from collector.parse import read_exposition
 from collector.promsource import PrometheusSource, _buckets, signal_query
 from collector.rollup import Rollup, per_bucket
@@ -405,9 +406,20 @@ def test_collect_direct_writes_bucket_counts_of_real_scrapes(tmp_path: Path) -> 
         store.migrate()
         engine = Target("e1", srv.add("/e1", _steps(GAP, ENGINE)), "vllm")
         server = Target("lmc", srv.add("/l", _steps(L1_FAMILY, POOL)), "lmcache")
-        asyncio.run(collect_direct(TargetSet("c", (engine, server)), store, interval_s=0.2,
-                                   window_s=1.0, timeout_s=5.0, concurrency=4,
-                                   max_body_bytes=1 << 20, max_ticks=12))  # fmt: skip
+        asyncio.run(
+            collect_direct(
+                TargetSet("c", (engine, server)),
+                store,
+                DirectConfig(
+                    interval_s=0.2,
+                    window_s=1.0,
+                    timeout_s=5.0,
+                    concurrency=4,
+                    max_body_bytes=1 << 20,
+                    max_ticks=12,
+                ),
+            )
+        )
         got = store.read_buckets()
         assert [w for w in store.read_windows() if w.bucket_counts] == got
     assert {(w.source, w.signal) for w in got} == {("e1", GAP), ("lmc", L1_FAMILY)}
