@@ -1,12 +1,17 @@
-"""The samples of a Prometheus text exposition by name, for tests that read one."""
+"""The samples of a Prometheus text exposition by name, and promtool's lint of one, for tests
+that read or check an exposition."""
 
 from __future__ import annotations
+
+import subprocess
+from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
 
 from core.kvscope_metrics import MetricDef
 
 Series = dict[str, list[tuple[dict[str, str], float]]]
+PROMTOOL = Path("/usr/bin/promtool")  # Debian's prometheus package
 
 
 def parse(text: bytes | str) -> Series:
@@ -33,3 +38,12 @@ def labelsets(series: Series, metric: MetricDef, **labels: str) -> list[dict[str
         for lab, _ in series.get(metric.name, [])
         if all(lab.get(k) == w for k, w in labels.items())
     ]
+
+
+def assert_promtool_clean(text: bytes) -> None:
+    """promtool ``check metrics`` passes ``text`` with no finding at all."""
+    proc = subprocess.run(
+        [str(PROMTOOL), "check", "metrics"], input=text, capture_output=True, timeout=30,
+        check=False,
+    )  # fmt: skip
+    assert proc.returncode == 0 and proc.stdout == proc.stderr == b"", (proc, text.decode())

@@ -4,7 +4,6 @@ PostgreSQL for the latest-plan query), and promtool's lint of their exposition."
 from __future__ import annotations
 
 import math
-import subprocess
 import uuid
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -17,12 +16,11 @@ from api.plan_metrics import PlanCollector, render_plan_metrics
 from core import kvscope_metrics as sm
 from store.store import Store
 from store.tables import PLAN_HEADLINE, PlanRecord
-from tests.samples import Series, labelsets, parse, value
+from tests.samples import PROMTOOL, Series, assert_promtool_clean, labelsets, parse, value
 from tests.tierdoc import CANNOT, SECTION, section
 
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURE = ROOT / "tests" / "fixtures" / "metrics" / "vllm-0.33.0-metrics-default.txt"
-PROMTOOL = Path("/usr/bin/promtool")
 NOW = 1_764_000_000.0
 # the offload section of a plan (planner/plan/verdict.py): native measured, lmcache cannot tell
 # the offload section of a plan (planner/plan/verdict.py): native measured, lmcache cannot tell
@@ -316,8 +314,4 @@ def test_plan_modes_equal_the_planners() -> None:
 @pytest.mark.skipif(not PROMTOOL.exists(), reason="promtool not installed")
 def test_plan_exposition_passes_promtool_lint(two_plans: Store) -> None:
     text = render_plan_metrics(two_plans, now=NOW, coverage={("prod-a", ""): (0.82, 0.9)})
-    proc = subprocess.run(
-        [str(PROMTOOL), "check", "metrics"], input=text, capture_output=True, timeout=30,
-        check=False,
-    )  # fmt: skip
-    assert proc.returncode == 0 and proc.stdout == proc.stderr == b"", (proc, text.decode())
+    assert_promtool_clean(text)

@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import re
 import socket
-import subprocess
 import urllib.error
 import urllib.request
 from dataclasses import dataclass
@@ -25,12 +24,11 @@ from core.errors import ConfigError
 from store.store import Store
 from tests.collector.conftest import LiveProm
 from tests.collector.exposerver import expo_server
-from tests.samples import labelsets, parse, value
+from tests.samples import PROMTOOL, assert_promtool_clean, labelsets, parse, value
 from tests.services import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURE = ROOT / "tests" / "fixtures" / "metrics" / "vllm-0.33.0-metrics-default.txt"
-PROMTOOL = Path("/usr/bin/promtool")
 NOW = 1_764_000_000.0
 # --------------------------------------------------------------------------- collector health
 
@@ -274,18 +272,10 @@ def test_serve_metrics_port_in_use_raises_config_error() -> None:
                           what="--m")  # fmt: skip
 
 
-def _promtool_lint(text: bytes) -> None:
-    proc = subprocess.run(
-        [str(PROMTOOL), "check", "metrics"], input=text, capture_output=True, timeout=30,
-        check=False,
-    )  # fmt: skip
-    assert proc.returncode == 0 and proc.stdout == proc.stderr == b"", (proc, text.decode())
-
-
 @pytest.mark.skipif(not PROMTOOL.exists(), reason="promtool not installed")
 def test_health_exposition_passes_promtool_lint() -> None:
     h = CollectorHealth(version="0.1.0", cluster="c", mode="direct", targets=["a", "b"])
     h.scraped("a", "up", 0.01)
     h.scraped("b", "connect", 0.5)
     h.ticked(_Stats(ticks=1, windows_written=3), at=NOW)
-    _promtool_lint(h.render())
+    assert_promtool_clean(h.render())
