@@ -19,6 +19,7 @@ from typing import Any
 
 import typer
 
+from collector.gcpolicy import tune_heap
 from core.errors import ConfigError, ParseError, ScrapeError
 from core.records import Snapshot
 
@@ -46,6 +47,7 @@ def _read_file(path: str, max_bytes: int) -> str:
 def _read_url(url: str, timeout_s: float, max_bytes: int) -> str:
     """The body of one URL through the collector's own fetch (collector.sources.fetch_body:
     its size cap counts inflated bytes, redirects stay on the URL's origin)."""
+    # start-up: asyncio and the collector's HTTP client (~150 ms) only for a URL
     import asyncio
 
     from collector.sources import ClientPool, FetchFailed, Target, fetch_body
@@ -143,27 +145,29 @@ def render_table(doc: dict[str, Any]) -> str:
     return "\n".join(out)
 
 
+def inspect_cmd(
+    source: str = typer.Argument(..., help="exposition file or http(s):// /metrics URL"),
+    as_json: bool = typer.Option(False, "--json", help="one JSON object on stdout"),
+) -> None:
+    """Show the canonical signals kvscope reads from one /metrics exposition.
+
+    Example: kvscope inspect http://10.0.0.5:8000/metrics --json
+    """
+    # start-up: the parser and the settings (pydantic, ~140 ms) only when the command runs
+    from collector.parse import read_exposition
+    from kvscope.config import get_settings
+
+    settings = get_settings()
+    text = read_source(source, settings.scrape_timeout_s, settings.max_body_bytes)
+    tune_heap()  # a big exposition's labels and samples live until the read ends
+    doc = snapshot_json(read_exposition(text, source, time.time()))
+    if as_json:
+        typer.echo(json.dumps(doc, allow_nan=False))
+    else:
+        typer.echo(render_table(doc))
+    if doc["warnings"]:  # warnings, not errors: the exit status stays 0
+        typer.echo(f"kvscope: warning: {source}: {warning_summary(doc)}", err=True)
+
+
 def register(app: typer.Typer) -> None:
-    @app.command("inspect")
-    def inspect_cmd(
-        source: str = typer.Argument(..., help="exposition file or http(s):// /metrics URL"),
-        as_json: bool = typer.Option(False, "--json", help="one JSON object on stdout"),
-    ) -> None:
-        """Show the canonical signals kvscope reads from one /metrics exposition.
-
-        Example: kvscope inspect http://10.0.0.5:8000/metrics --json
-        """
-        from collector.gcpolicy import tune_heap
-        from collector.parse import read_exposition
-        from kvscope.config import get_settings
-
-        settings = get_settings()
-        text = read_source(source, settings.scrape_timeout_s, settings.max_body_bytes)
-        tune_heap()  # a big exposition's labels and samples live until the read ends
-        doc = snapshot_json(read_exposition(text, source, time.time()))
-        if as_json:
-            typer.echo(json.dumps(doc, allow_nan=False))
-        else:
-            typer.echo(render_table(doc))
-        if doc["warnings"]:  # warnings, not errors: the exit status stays 0
-            typer.echo(f"kvscope: warning: {source}: {warning_summary(doc)}", err=True)
+    app.command("inspect")(inspect_cmd)

@@ -9,8 +9,10 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
+from core.durations import parse_duration
 from core.errors import ConfigError
 from kvscope.commands.options import DbOpt, JsonOpt
+from kvscope.commands.plan import check_sqlite_exists
 
 if TYPE_CHECKING:
     from planner.plan import PlanOutcome
@@ -22,9 +24,9 @@ NO_PLANS = "no stored plans: `kvscope plan --save` (or --every 15m) keeps them"
 
 
 def _store(db: str | None) -> Store:
+    # start-up: the settings (pydantic) and the store (sqlalchemy) only when a command runs
     from pydantic import ValidationError
 
-    from kvscope.commands.plan import check_sqlite_exists
     from kvscope.config import get_settings
     from store.store import Store
 
@@ -64,6 +66,7 @@ def _peak(h: Mapping[str, float | None]) -> str:
 
 
 def _saturation(h: Mapping[str, float | None]) -> str:
+    # start-up: the planner (numpy, pandas; ~0.5 s) only when a command runs
     from planner.plan.forecast import hours
 
     lo, hi = h.get("saturation_lo_s"), h.get("saturation_hi_s")
@@ -82,6 +85,7 @@ def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
 
 
 def _record_dict(rec: PlanRecord) -> dict[str, Any]:
+    # start-up: the planner (numpy) only when a command runs
     from planner.model.values import json_ready
 
     out: dict[str, Any] = json_ready(
@@ -187,6 +191,56 @@ def accuracy_text(outcomes: Sequence[PlanOutcome], summary: Mapping[str, Any]) -
     return _table(header, rows) + "\n" + "\n".join(lines) + "\n"
 
 
+def list_cmd(
+    db: DbOpt = None,
+    cluster: ClusterOpt = None,
+    since: Annotated[
+        str, typer.Option("--since", help="plans made this far back, e.g. 7d, or 'all'")
+    ] = "all",
+    as_json: JsonOpt = False,
+) -> None:
+    """The stored plans, newest first (the history).
+
+    Per plan: when it was made, cluster and model group, the history it used, the mode,
+    decision score, break-evens, forecast peak and time to saturation.
+
+    Example: kvscope plans list --db sqlite:///kvscope.db --cluster prod --since 7d
+
+    Example: kvscope plans list --db sqlite:///kvscope.db --json
+    """
+    since_s = None if since.strip() == "all" else time.time() - parse_duration(since, "--since")
+    with _store(db) as store:
+        records = store.plans(cluster, since=since_s)
+    if as_json:
+        typer.echo(json.dumps({"plans": [_record_dict(r) for r in records]}, indent=2))
+    else:
+        typer.echo(list_text(records), nl=False)
+
+
+def accuracy_cmd(db: DbOpt = None, cluster: ClusterOpt = None, as_json: JsonOpt = False) -> None:
+    """How each stored plan fared against what happened (the closed loop).
+
+    Every plan whose horizon has passed is compared with the windows that came later: KV demand
+    inside the forecast interval (realised vs nominal coverage), saturation before / after the
+    predicted bounds, the capacity ratio inside its interval; the others are pending. The
+    statistics: planner/plan/METHODS.md#outcome.
+
+    Example: kvscope plans accuracy --db sqlite:///kvscope.db --cluster prod
+    Example: kvscope plans accuracy --db sqlite:///kvscope.db --json
+    """
+    # start-up: the planner (numpy, pandas; ~0.5 s) only when the command runs
+    from planner.plan import accuracy_summary, score_plans
+
+    with _store(db) as store:
+        outcomes = score_plans(store, cluster)
+    summary = accuracy_summary(outcomes)
+    if as_json:
+        payload = {"outcomes": [o.to_dict() for o in outcomes], "summary": summary}
+        typer.echo(json.dumps(payload, indent=2))
+    else:
+        typer.echo(accuracy_text(outcomes, summary), nl=False)
+
+
 def register(app: typer.Typer) -> None:
     sub = typer.Typer(
         help="Stored plans (`kvscope plan --save`): the history, and the closed loop that "
@@ -194,56 +248,5 @@ def register(app: typer.Typer) -> None:
         no_args_is_help=True,
     )
     app.add_typer(sub, name="plans")
-
-    @sub.command("list")
-    def list_cmd(
-        db: DbOpt = None,
-        cluster: ClusterOpt = None,
-        since: Annotated[
-            str, typer.Option("--since", help="plans made this far back, e.g. 7d, or 'all'")
-        ] = "all",
-        as_json: JsonOpt = False,
-    ) -> None:
-        """The stored plans, newest first (the history).
-
-        Per plan: when it was made, cluster and model group, the history it used, the mode,
-        decision score, break-evens, forecast peak and time to saturation.
-
-        Example: kvscope plans list --db sqlite:///kvscope.db --cluster prod --since 7d
-
-        Example: kvscope plans list --db sqlite:///kvscope.db --json
-        """
-        from core.durations import parse_duration
-
-        since_s = None if since.strip() == "all" else time.time() - parse_duration(since, "--since")
-        with _store(db) as store:
-            records = store.plans(cluster, since=since_s)
-        if as_json:
-            typer.echo(json.dumps({"plans": [_record_dict(r) for r in records]}, indent=2))
-        else:
-            typer.echo(list_text(records), nl=False)
-
-    @sub.command("accuracy")
-    def accuracy_cmd(
-        db: DbOpt = None, cluster: ClusterOpt = None, as_json: JsonOpt = False
-    ) -> None:
-        """How each stored plan fared against what happened (the closed loop).
-
-        Every plan whose horizon has passed is compared with the windows that came later: KV demand
-        inside the forecast interval (realised vs nominal coverage), saturation before / after the
-        predicted bounds, the capacity ratio inside its interval; the others are pending. The
-        statistics: planner/plan/METHODS.md#outcome.
-
-        Example: kvscope plans accuracy --db sqlite:///kvscope.db --cluster prod
-        Example: kvscope plans accuracy --db sqlite:///kvscope.db --json
-        """
-        from planner.plan import accuracy_summary, score_plans
-
-        with _store(db) as store:
-            outcomes = score_plans(store, cluster)
-        summary = accuracy_summary(outcomes)
-        if as_json:
-            payload = {"outcomes": [o.to_dict() for o in outcomes], "summary": summary}
-            typer.echo(json.dumps(payload, indent=2))
-        else:
-            typer.echo(accuracy_text(outcomes, summary), nl=False)
+    sub.command("list")(list_cmd)
+    sub.command("accuracy")(accuracy_cmd)

@@ -9,8 +9,10 @@ import typer
 from core.kvscope_metrics import kvscope_version
 
 
+def version_cmd() -> None:
+    """Print kvscope's version. Example: kvscope version"""
+    typer.echo(json.dumps({"kvscope": kvscope_version()}))
+
+
 def register(app: typer.Typer) -> None:
-    @app.command("version")
-    def version_cmd() -> None:
-        """Print kvscope's version. Example: kvscope version"""
-        typer.echo(json.dumps({"kvscope": kvscope_version()}))
+    app.command("version")(version_cmd)
