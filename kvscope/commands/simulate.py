@@ -3,7 +3,7 @@
 SCENARIO is a YAML file or the name of a bundled scenario (planner/simulate/scenarios/;
 `kvscope simulate --list`).
 
-Machine output (--json) is one JSON object on stdout; progress goes to stderr. The planner
+Machine output (--json) is one JSON object on stdout; progress goes to stderr. The simulator's
 imports stay inside the command so `kvscope --help` stays fast.
 """
 
@@ -11,10 +11,14 @@ from __future__ import annotations
 
 import json
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+
+from core.errors import ConfigError
+from planner.simulate.scenarios import bundled_directory, bundled_names, scenario_file
 
 SUMMARY_ROWS = (
     ("completed_requests", "completed requests", "{:.0f}"),
@@ -34,9 +38,9 @@ SUMMARY_ROWS = (
 
 
 def _apply_sets(raw: dict[str, Any], sets: list[str]) -> dict[str, Any]:
+    # start-up: yaml and the scenario reader (~60 ms) only when the command runs
     import yaml
 
-    from core.errors import ConfigError
     from planner.simulate.scenario import resolve_dotted, set_dotted
 
     for item in sets:
@@ -84,146 +88,200 @@ def _summary_text(result: dict[str, Any]) -> str:
 
 def _bundled() -> str:
     """The bundled scenario names, for the help and the errors (planner/simulate/scenarios/)."""
-    from planner.simulate.scenarios import bundled_names
-
     return ", ".join(bundled_names())
 
 
+ScenarioArg = Annotated[
+    str | None,
+    typer.Argument(
+        metavar="SCENARIO",
+        show_default=False,
+        help=f"scenario YAML file, or a bundled scenario: {_bundled()}",
+    ),
+]
+ListOpt = Annotated[
+    bool, typer.Option("--list", help="print the bundled scenarios (name, file) and exit")
+]
+JsonOpt = Annotated[bool, typer.Option("--json", help="one JSON object on stdout")]
+CompareOpt = Annotated[
+    str | None,
+    typer.Option("--compare", help="offload modes side by side, e.g. none,native,lmcache"),
+]
+SweepOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--sweep",
+        help="with --compare: key=start:stop:step (or key=v1,v2) of any numeric "
+        "scenario key, dotted (cluster.gpu_memory_utilization) or bare",
+    ),
+]
+SetOpt = Annotated[
+    list[str] | None,
+    typer.Option("--set", help="override a scenario key: key=value (repeatable)"),
+]
+ServeOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--serve",
+        help="HOST:PORT: serve live /metrics per engine and "
+        "LMCache pool on consecutive ports (0: any free ports)",
+    ),
+]
+SpeedOpt = Annotated[
+    float, typer.Option("--speed", help="with --serve: simulated seconds per second")
+]
+LoopOpt = Annotated[
+    bool,
+    typer.Option(
+        "--loop",
+        help="with --serve: repeat the workload every duration_s (fresh arrivals each "
+        "loop, counters keep growing) until stopped, instead of serving the final values",
+    ),
+]
+PortsFileOpt = Annotated[
+    Path | None,
+    typer.Option("--ports-file", help="with --serve: write the endpoints JSON here"),
+]
+TargetsFileOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--targets-file",
+        help="with --serve: write a `kvscope collect --targets` file for the endpoints",
+    ),
+]
+FileSdFileOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--file-sd-file",
+        help="with --serve: write a Prometheus file_sd JSON file for the endpoints "
+        "(`kvscope collect --file-sd` reads it too)",
+    ),
+]
+
+
+@dataclass(frozen=True, slots=True)
+class LiveFlags:
+    """--serve HOST:PORT and the flags that go with it (planner.simulate.serve)."""
+
+    address: str
+    speed: float = 1.0
+    loop: bool = False
+    ports_file: Path | None = None
+    targets_file: Path | None = None
+    file_sd_file: Path | None = None
+
+
+def simulate_cmd(
+    ctx: typer.Context,
+    scenario_arg: ScenarioArg = None,
+    *,
+    list_bundled: ListOpt = False,
+    as_json: JsonOpt = False,
+    compare_modes: CompareOpt = None,
+    sweep: SweepOpt = None,
+    sets: SetOpt = None,
+    serve: ServeOpt = None,
+    speed: SpeedOpt = 1.0,
+    loop: LoopOpt = False,
+    ports_file: PortsFileOpt = None,
+    targets_file: TargetsFileOpt = None,
+    file_sd_file: FileSdFileOpt = None,
+) -> None:
+    """Simulate a vLLM (+ native offload / LMCache) cluster from a scenario file or a
+    bundled scenario (a file path wins over a bundled name; --list prints them).
+
+    Example: kvscope simulate shared_prefix --json
+    Example: kvscope simulate shared_prefix
+    --compare none,native,lmcache --sweep gpu_memory_utilization=0.3:0.9:0.1 --json
+    Example: kvscope simulate shared_prefix
+    --serve 127.0.0.1:9100 --speed 30 --ports-file ports.json
+    Example (repeats demo's 4 simulated hours until stopped):
+    kvscope simulate demo --serve 0.0.0.0:9100 --speed 4 --loop"""
+    # start-up: the scenario reader (~50 ms) only when the command runs
+    from planner.simulate.scenario import read_scenario_file
+
+    if list_bundled:
+        _list_bundled()
+        return
+    if scenario_arg is None:
+        raise ConfigError(f"missing SCENARIO: a scenario YAML file or one of {_bundled()}")
+    # open for the whole command: compare() re-reads relative paths (a trace) per run
+    scenario = ctx.with_resource(scenario_file(scenario_arg))
+    raw = _apply_sets(read_scenario_file(scenario), sets or [])
+    if loop and serve is None:
+        raise ConfigError(
+            "--loop needs --serve HOST:PORT: it repeats a served simulation forever "
+            "(a --json summary needs a run that ends)"
+        )
+    if serve is not None:  # live metrics: planner/simulate/serve.py
+        if compare_modes is not None or sweep is not None:
+            raise ConfigError("--serve runs one scenario live; drop --compare/--sweep")
+        live = LiveFlags(serve, speed, loop, ports_file, targets_file, file_sd_file)
+        raise typer.Exit(_serve_live(raw, scenario, live))
+    if compare_modes is None:
+        if sweep is not None:
+            raise ConfigError("--sweep needs --compare (the modes to sweep)")
+        _run_one(raw, scenario, as_json)
+    else:
+        _run_compare(raw, scenario, compare_modes, sweep, as_json)
+
+
 def register(app: typer.Typer) -> None:
-    @app.command("simulate")
-    def simulate_cmd(
-        ctx: typer.Context,
-        scenario_arg: Annotated[
-            str | None,
-            typer.Argument(
-                metavar="SCENARIO",
-                show_default=False,
-                help=f"scenario YAML file, or a bundled scenario: {_bundled()}",
-            ),
-        ] = None,
-        *,
-        list_bundled: Annotated[
-            bool, typer.Option("--list", help="print the bundled scenarios (name, file) and exit")
-        ] = False,
-        as_json: Annotated[bool, typer.Option("--json", help="one JSON object on stdout")] = False,
-        compare_modes: Annotated[
-            str | None,
-            typer.Option("--compare", help="offload modes side by side, e.g. none,native,lmcache"),
-        ] = None,
-        sweep: Annotated[
-            str | None,
-            typer.Option(
-                "--sweep",
-                help="with --compare: key=start:stop:step (or key=v1,v2) of any numeric "
-                "scenario key, dotted (cluster.gpu_memory_utilization) or bare",
-            ),
-        ] = None,
-        sets: Annotated[
-            list[str] | None,
-            typer.Option("--set", help="override a scenario key: key=value (repeatable)"),
-        ] = None,
-        serve: Annotated[
-            str | None,
-            typer.Option(
-                "--serve",
-                help="HOST:PORT: serve live /metrics per engine and "
-                "LMCache pool on consecutive ports (0: any free ports)",
-            ),
-        ] = None,
-        speed: Annotated[
-            float, typer.Option("--speed", help="with --serve: simulated seconds per second")
-        ] = 1.0,
-        loop: Annotated[
-            bool,
-            typer.Option(
-                "--loop",
-                help="with --serve: repeat the workload every duration_s (fresh arrivals each "
-                "loop, counters keep growing) until stopped, instead of serving the final values",
-            ),
-        ] = False,
-        ports_file: Annotated[
-            Path | None,
-            typer.Option("--ports-file", help="with --serve: write the endpoints JSON here"),
-        ] = None,
-        targets_file: Annotated[
-            Path | None,
-            typer.Option(
-                "--targets-file",
-                help="with --serve: write a `kvscope collect --targets` file for the endpoints",
-            ),
-        ] = None,
-        file_sd_file: Annotated[
-            Path | None,
-            typer.Option(
-                "--file-sd-file",
-                help="with --serve: write a Prometheus file_sd JSON file for the endpoints "
-                "(`kvscope collect --file-sd` reads it too)",
-            ),
-        ] = None,
-    ) -> None:
-        """Simulate a vLLM (+ native offload / LMCache) cluster from a scenario file or a
-        bundled scenario (a file path wins over a bundled name; --list prints them).
+    app.command("simulate")(simulate_cmd)
 
-        Example: kvscope simulate shared_prefix --json
-        Example: kvscope simulate shared_prefix
-        --compare none,native,lmcache --sweep gpu_memory_utilization=0.3:0.9:0.1 --json
-        Example: kvscope simulate shared_prefix
-        --serve 127.0.0.1:9100 --speed 30 --ports-file ports.json
-        Example (repeats demo's 4 simulated hours until stopped):
-        kvscope simulate demo --serve 0.0.0.0:9100 --speed 4 --loop"""
-        from core.errors import ConfigError
-        from planner.simulate.cluster import Simulation
-        from planner.simulate.compare import compare, parse_modes, parse_sweep, render_table
-        from planner.simulate.scenario import parse_scenario, read_scenario_file
-        from planner.simulate.scenarios import bundled_directory, bundled_names, scenario_file
 
-        if list_bundled:
-            with bundled_directory() as directory:
-                for name in bundled_names():
-                    typer.echo(f"{name:24}{directory / f'{name}.yaml'}")
-            return
-        if scenario_arg is None:
-            raise ConfigError(f"missing SCENARIO: a scenario YAML file or one of {_bundled()}")
-        # open for the whole command: compare() re-reads relative paths (a trace) per run
-        scenario = ctx.with_resource(scenario_file(scenario_arg))
-        raw = _apply_sets(read_scenario_file(scenario), sets or [])
-        where = str(scenario)
-        if loop and serve is None:
-            raise ConfigError(
-                "--loop needs --serve HOST:PORT: it repeats a served simulation forever "
-                "(a --json summary needs a run that ends)"
-            )
-        if serve is not None:  # live metrics: planner/simulate/serve.py
-            from planner.simulate.serve import serve_scenario
+def _list_bundled() -> None:
+    """--list: one line per bundled scenario, its name and its file."""
+    with bundled_directory() as directory:
+        for name in bundled_names():
+            typer.echo(f"{name:24}{directory / f'{name}.yaml'}")
 
-            if compare_modes is not None or sweep is not None:
-                raise ConfigError("--serve runs one scenario live; drop --compare/--sweep")
-            sc = parse_scenario(raw, where=where, base_dir=scenario.parent)
-            raise typer.Exit(serve_scenario(sc, serve, speed=speed, loop=loop,
-                                            ports_file=ports_file,
-                                            targets_file=targets_file,
-                                            file_sd_file=file_sd_file))  # fmt: skip
-        if compare_modes is None:
-            if sweep is not None:
-                raise ConfigError("--sweep needs --compare (the modes to sweep)")
-            sc = parse_scenario(raw, where=where, base_dir=scenario.parent)
-            print(
-                f"kvscope simulate: {sc.name}: {sc.cluster.num_engines} engines, "
-                f"{sc.duration_s:g} s …",
-                file=sys.stderr,
-            )
-            result = Simulation(sc).run()
-            payload = result.to_dict()
-            if as_json:
-                typer.echo(json.dumps(payload, indent=2))
-            else:
-                typer.echo(_summary_text(payload))
-            return
-        modes = parse_modes(compare_modes)
-        sw = parse_sweep(sweep) if sweep else None
-        parse_scenario(raw, where=where, base_dir=scenario.parent)  # fail fast on a bad file
-        out = compare(raw, modes, sw, where=where, base_dir=scenario.parent)
-        if as_json:
-            typer.echo(json.dumps(out, indent=2))
-        else:
-            typer.echo(render_table(out), nl=False)
+
+def _serve_live(raw: dict[str, Any], scenario: Path, live: LiveFlags) -> int:
+    """--serve: the scenario served live until stopped; the exit status."""
+    # start-up: the simulator and its HTTP servers (~140 ms) only with --serve
+    from planner.simulate.scenario import parse_scenario
+    from planner.simulate.serve import serve_scenario
+
+    sc = parse_scenario(raw, where=str(scenario), base_dir=scenario.parent)
+    return serve_scenario(sc, live.address, speed=live.speed, loop=live.loop,
+                          ports_file=live.ports_file, targets_file=live.targets_file,
+                          file_sd_file=live.file_sd_file)  # fmt: skip
+
+
+def _run_one(raw: dict[str, Any], scenario: Path, as_json: bool) -> None:
+    """One simulation of the scenario; its summary (or its JSON) on stdout."""
+    # start-up: the simulator (~100 ms) only when the command runs
+    from planner.simulate.cluster import Simulation
+    from planner.simulate.scenario import parse_scenario
+
+    sc = parse_scenario(raw, where=str(scenario), base_dir=scenario.parent)
+    print(
+        f"kvscope simulate: {sc.name}: {sc.cluster.num_engines} engines, {sc.duration_s:g} s …",
+        file=sys.stderr,
+    )
+    result = Simulation(sc).run()
+    payload = result.to_dict()
+    if as_json:
+        typer.echo(json.dumps(payload, indent=2))
+    else:
+        typer.echo(_summary_text(payload))
+
+
+def _run_compare(
+    raw: dict[str, Any], scenario: Path, compare_modes: str, sweep: str | None, as_json: bool
+) -> None:
+    """--compare (and --sweep): the modes side by side; the table (or the JSON) on stdout."""
+    # start-up: the simulator (~100 ms) only when the command runs
+    from planner.simulate.compare import compare, parse_modes, parse_sweep, render_table
+    from planner.simulate.scenario import parse_scenario
+
+    where = str(scenario)
+    modes = parse_modes(compare_modes)
+    sw = parse_sweep(sweep) if sweep else None
+    parse_scenario(raw, where=where, base_dir=scenario.parent)  # fail fast on a bad file
+    out = compare(raw, modes, sw, where=where, base_dir=scenario.parent)
+    if as_json:
+        typer.echo(json.dumps(out, indent=2))
+    else:
+        typer.echo(render_table(out), nl=False)
