@@ -13,42 +13,49 @@ import typer
 from core.durations import parse_duration
 from kvscope.commands.options import KeepOpt
 
+DemoDbOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--db",
+        help="store URL (a SQLite file is deleted first) [default: sqlite:///OUT/demo.db]",
+    ),
+]
+OutOpt = Annotated[
+    Path,
+    typer.Option(
+        "--out",
+        help="directory for everything the demo writes: the database (unless --db), "
+        "plots, dashboards and rules",
+    ),
+]
+SpeedOpt = Annotated[float, typer.Option("--speed", help="simulated seconds per wall second")]
+SimHoursOpt = Annotated[
+    float, typer.Option("--sim-hours", help="simulated history to collect, in hours")
+]
+SeedOpt = Annotated[int, typer.Option("--seed", help="seed of the simulation and fits")]
+ScenarioOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--scenario",
+        help="scenario YAML file or bundled scenario name (kvscope simulate --list) "
+        "[default: demo]",
+    ),
+]
+HorizonOpt = Annotated[str, typer.Option("--horizon", help="forecast horizon, e.g. 1d")]
+PlanJsonOpt = Annotated[
+    bool, typer.Option("--json", help="print the plan JSON instead of the summary")
+]
+
 
 def demo_cmd(  # noqa: PLR0917 - one parameter per CLI flag
-    db: Annotated[
-        str | None,
-        typer.Option(
-            "--db",
-            help="store URL (a SQLite file is deleted first) [default: sqlite:///OUT/demo.db]",
-        ),
-    ] = None,
-    out: Annotated[
-        Path,
-        typer.Option(
-            "--out",
-            help="directory for everything the demo writes: the database (unless --db), "
-            "plots, dashboards and rules",
-        ),
-    ] = Path("out"),
-    speed: Annotated[
-        float, typer.Option("--speed", help="simulated seconds per wall second")
-    ] = 80.0,
-    sim_hours: Annotated[
-        float, typer.Option("--sim-hours", help="simulated history to collect, in hours")
-    ] = 4.0,
-    seed: Annotated[int, typer.Option("--seed", help="seed of the simulation and fits")] = 1,
-    scenario: Annotated[
-        str | None,
-        typer.Option(
-            "--scenario",
-            help="scenario YAML file or bundled scenario name (kvscope simulate --list) "
-            "[default: demo]",
-        ),
-    ] = None,
-    horizon: Annotated[str, typer.Option("--horizon", help="forecast horizon, e.g. 1d")] = "1d",
-    as_json: Annotated[
-        bool, typer.Option("--json", help="print the plan JSON instead of the summary")
-    ] = False,
+    db: DemoDbOpt = None,
+    out: OutOpt = Path("out"),
+    speed: SpeedOpt = 80.0,
+    sim_hours: SimHoursOpt = 4.0,
+    seed: SeedOpt = 1,
+    scenario: ScenarioOpt = None,
+    horizon: HorizonOpt = "1d",
+    as_json: PlanJsonOpt = False,
     keep: KeepOpt = "used",
 ) -> None:
     """The main job end to end: a simulated vLLM/LMCache cluster serves live /metrics on
