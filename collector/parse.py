@@ -299,6 +299,8 @@ class ExpositionReader:
                 return snapshot
         return self._read(text, target, timestamp)
 
+    # long: the per-line hot loop of every scrape: a helper for its histogram or uncached
+    # lines adds a call per line (bench_parse: warm reads ~2 % slower, cold up to ~5 %)
     def _read(self, text: str, target: str, timestamp: float) -> Snapshot:
         series = self._series
         series_get = series.get

@@ -271,6 +271,16 @@ def _l2(
     return L2Choice(kind, scope, configs.l2_adapter_json(kind, fields), reason)
 
 
+@dataclass(frozen=True, slots=True)
+class _Memory:
+    """What the CPU tiers are sized from, in GiB (None: unknown)."""
+
+    kv_gib: float | None  # HBM KV of one engine
+    working_gib: float | None  # the working set (the distinct prefixes' KV)
+    usable: float | None  # DRAM per node left after the reserve
+    per_node: int  # engines per node (1 when unknown)
+
+
 def size(
     evidence: Evidence,
     decision: Decision,
@@ -296,6 +306,53 @@ def size(
     if mode == "none":
         return Sizing(mode, engines, None, None, "", None, None, {}, (), tuple(unknown))
     model, gpu = _resolve(ev, unknown)
+    mem = _memory(ev, model, gpu, dram_reserve_fraction, unknown)
+    native_gib = None
+    if mode in ("native", "both"):
+        if mem.kv_gib is None:
+            return _without_hardware(mode, engines, notes, unknown)
+        native_gib = _native_gib(
+            ev, mode, mem, kv_gib=mem.kv_gib, eviction_watermark=eviction_watermark, notes=notes
+        )
+    l1_gib, basis, capped = None, "", False
+    if mode in ("lmcache", "both"):
+        l1 = _l1(ev, mem, native_gib, target_hit_rate, eviction_watermark)
+        if l1 is None:
+            return _without_hardware(mode, engines, notes, unknown)
+        l1_gib, basis, capped = l1
+    l2 = (
+        _l2(ev, decision, capped=capped, params=l2_params, notes=notes, unknown=unknown)
+        if l1_gib is not None
+        else None
+    )
+    lmcache = _LMCacheServer(lmcache_host, lmcache_port, eviction_watermark, isolated_ipc)
+    out = _configs(
+        ev, mode, model, native_gib=native_gib, l1_gib=l1_gib, l2=l2, lmcache=lmcache,
+        notes=notes, unknown=unknown,
+    )  # fmt: skip
+    return Sizing(
+        mode,
+        engines,
+        native_gib,
+        l1_gib,
+        basis,
+        eviction_watermark if l1_gib else None,
+        l2,
+        out,
+        tuple(notes),
+        tuple(unknown),
+    )
+
+
+def _memory(
+    ev: Evidence,
+    model: Model | None,
+    gpu: GPU | None,
+    dram_reserve_fraction: float,
+    unknown: list[str],
+) -> _Memory:
+    """An engine's HBM KV, the working set and the usable DRAM per node, as far as known;
+    ``unknown`` says what is not."""
     tp, per_node = ev.tp or 1, ev.engines_per_node or 1
     if ev.engines_per_node is None:
         unknown.append("engines_per_node (1 assumed)")
@@ -313,61 +370,106 @@ def size(
         unknown.append("cpu_dram_per_node_gib (no DRAM cap applied)")
     else:
         usable = ev.cpu_dram_per_node_gib * (1 - dram_reserve_fraction)
+    return _Memory(kv_gib, working_gib, usable, per_node)
 
-    native_gib = None
-    if mode in ("native", "both"):
-        if kv_gib is None:
-            return _without_hardware(mode, engines, notes, unknown)
-        if ev.cpu_tier_native_gib:
-            # the knee of the engines' own reuse curve (planner/plan/tier.py)
-            need = ev.cpu_tier_native_gib
-            notes.append(
-                f"native CPU buffer from the engines' reuse curve: {need:.0f} GiB, the size past "
-                "which more CPU adds little (the plan's 'What a CPU tier would buy')"
-            )
-        else:
-            need = max(
-                kv_gib,
-                working_gib / eviction_watermark if working_gib else NATIVE_TO_HBM_KV * kv_gib,
-            )
-        share = usable / per_node / (2 if mode == "both" else 1) if usable is not None else None
-        native_gib = float(math.floor(min(need, share) if share is not None else need))
-        if share is not None and share < kv_gib:
-            notes.append(
-                f"DRAM allows {share:.0f} GiB per engine, less than its HBM KV ({kv_gib:.0f} GiB)"
-            )
 
-    l1_gib, basis, capped = None, "", False
-    if mode in ("lmcache", "both"):
-        safety = 1 / eviction_watermark  # the working set sits at the eviction trigger
-        if ev.l1_hit_curve:
-            curve_gib, goal = l1_from_curve(ev.l1_hit_curve, target_hit_rate)
-            need, basis = curve_gib, f"hit-rate curve: {goal:.0%} hit rate"
-        elif ev.cpu_tier_pool_gib:
-            need = ev.cpu_tier_pool_gib * safety
-            basis = f"the engines' reuse curve: {ev.cpu_tier_pool_gib:.0f} GiB / watermark"
-        elif working_gib is not None:
-            need, basis = working_gib * safety, f"working set {working_gib:.1f} GiB / watermark"
-        elif kv_gib is not None:
-            need, basis = per_node * kv_gib, "HBM KV of the node's engines (KVBM: CPU >= device)"
-        else:
-            return _without_hardware(mode, engines, notes, unknown)
-        cap = usable - per_node * (native_gib or 0) if usable is not None else None
-        capped = cap is not None and need > cap
-        l1_gib = float(math.ceil(min(need, cap) if cap is not None else need))
-        if capped:
-            basis += f", capped by DRAM ({cap:.0f} GiB usable)"
-        if l1_gib < 1:
-            raise ConfigError(f"no DRAM left for the LMCache L1 ({cap} GiB usable)")
-    l2 = (
-        _l2(ev, decision, capped=capped, params=l2_params, notes=notes, unknown=unknown)
-        if l1_gib is not None
-        else None
-    )
+def _native_gib(
+    ev: Evidence,
+    mode: str,
+    mem: _Memory,
+    *,
+    kv_gib: float,
+    eviction_watermark: float,
+    notes: list[str],
+) -> float:
+    """The native CPU buffer per engine: the engines' reuse-curve knee, else the working
+    set at the watermark (at least the HBM KV), capped by its share of the DRAM."""
+    if ev.cpu_tier_native_gib:
+        # the knee of the engines' own reuse curve (planner/plan/tier.py)
+        need = ev.cpu_tier_native_gib
+        notes.append(
+            f"native CPU buffer from the engines' reuse curve: {need:.0f} GiB, the size past "
+            "which more CPU adds little (the plan's 'What a CPU tier would buy')"
+        )
+    else:
+        working_gib = mem.working_gib
+        need = max(
+            kv_gib,
+            working_gib / eviction_watermark if working_gib else NATIVE_TO_HBM_KV * kv_gib,
+        )
+    usable, per_node = mem.usable, mem.per_node
+    share = usable / per_node / (2 if mode == "both" else 1) if usable is not None else None
+    native_gib = float(math.floor(min(need, share) if share is not None else need))
+    if share is not None and share < kv_gib:
+        notes.append(
+            f"DRAM allows {share:.0f} GiB per engine, less than its HBM KV ({kv_gib:.0f} GiB)"
+        )
+    return native_gib
 
+
+def _l1(
+    ev: Evidence,
+    mem: _Memory,
+    native_gib: float | None,
+    target_hit_rate: float | None,
+    eviction_watermark: float,
+) -> tuple[float, str, bool] | None:
+    """(GiB, basis, capped by DRAM) of the LMCache L1 per node: from the hit-rate curve,
+    else the reuse curve, the working set or the node's HBM KV; None when none is known."""
+    working_gib, kv_gib, per_node = mem.working_gib, mem.kv_gib, mem.per_node
+    safety = 1 / eviction_watermark  # the working set sits at the eviction trigger
+    if ev.l1_hit_curve:
+        curve_gib, goal = l1_from_curve(ev.l1_hit_curve, target_hit_rate)
+        need, basis = curve_gib, f"hit-rate curve: {goal:.0%} hit rate"
+    elif ev.cpu_tier_pool_gib:
+        need = ev.cpu_tier_pool_gib * safety
+        basis = f"the engines' reuse curve: {ev.cpu_tier_pool_gib:.0f} GiB / watermark"
+    elif working_gib is not None:
+        need, basis = working_gib * safety, f"working set {working_gib:.1f} GiB / watermark"
+    elif kv_gib is not None:
+        need, basis = per_node * kv_gib, "HBM KV of the node's engines (KVBM: CPU >= device)"
+    else:
+        return None
+    usable = mem.usable
+    cap = usable - per_node * (native_gib or 0) if usable is not None else None
+    capped = cap is not None and need > cap
+    l1_gib = float(math.ceil(min(need, cap) if cap is not None else need))
+    if capped:
+        basis += f", capped by DRAM ({cap:.0f} GiB usable)"
+    if l1_gib < 1:
+        raise ConfigError(f"no DRAM left for the LMCache L1 ({cap} GiB usable)")
+    return l1_gib, basis, capped
+
+
+@dataclass(frozen=True, slots=True)
+class _LMCacheServer:
+    """Where the LMCache server listens and how it runs (the configs' options)."""
+
+    host: str
+    port: int
+    eviction_watermark: float
+    isolated_ipc: bool
+
+
+def _configs(
+    ev: Evidence,
+    mode: str,
+    model: Model | None,
+    *,
+    native_gib: float | None,
+    l1_gib: float | None,
+    l2: L2Choice | None,
+    lmcache: _LMCacheServer,
+    notes: list[str],
+    unknown: list[str],
+) -> dict[str, str]:
+    """The vLLM (and LMCache server) command lines of ``mode`` at these sizes; none, with
+    a note, for a vLLM version they do not support."""
+    tp = ev.tp or 1
     version = ev.vllm_version or LATEST_VLLM
     if ev.vllm_version is None:
         unknown.append(f"vllm_version ({LATEST_VLLM} assumed for the configs)")
+    host, port, ipc = lmcache.host, lmcache.port, lmcache.isolated_ipc
     out: dict[str, str] = {}
     try:
         per_gpu = kv_bytes_per_token(model, tp) if model is not None else None
@@ -376,45 +478,28 @@ def size(
                 version, native_gib, kv_bytes_per_token_per_gpu=per_gpu, tp=tp
             )
         if l1_gib is not None:
-            host = None if lmcache_host in ("localhost", "127.0.0.1") else "0.0.0.0"
             out["lmcache_server"] = configs.lmcache_server_command(
                 l1_gib,
-                host=host,
-                port=lmcache_port,
-                eviction_trigger_watermark=eviction_watermark,
+                host=None if host in ("localhost", "127.0.0.1") else "0.0.0.0",
+                port=port,
+                eviction_trigger_watermark=lmcache.eviction_watermark,
                 l2_adapters=[l2.spec] if l2 else [],
-                isolated_ipc=isolated_ipc,
+                isolated_ipc=ipc,
             )
             if mode == "both" and native_gib is not None:
                 out["vllm"] = configs.vllm_both_args(
-                    version,
-                    native_gib,
-                    lmcache_host,
-                    lmcache_port,
-                    kv_bytes_per_token_per_gpu=per_gpu,
-                    tp=tp,
-                    isolated_ipc=isolated_ipc,
-                )
+                    version, native_gib, host, port, kv_bytes_per_token_per_gpu=per_gpu, tp=tp,
+                    isolated_ipc=ipc,
+                )  # fmt: skip
             else:
                 out["vllm"] = configs.vllm_lmcache_mp_args(
-                    version, lmcache_host, lmcache_port, world_size=tp, isolated_ipc=isolated_ipc
+                    version, host, port, world_size=tp, isolated_ipc=ipc
                 )
             notes.append(K8S_NOTES)
     except ConfigError as exc:
         notes.append(f"no configs: {exc}")
         unknown.append("a supported vllm_version (0.11–0.33)")
-    return Sizing(
-        mode,
-        engines,
-        native_gib,
-        l1_gib,
-        basis,
-        eviction_watermark if l1_gib else None,
-        l2,
-        out,
-        tuple(notes),
-        tuple(unknown),
-    )
+    return out
 
 
 def _without_hardware(

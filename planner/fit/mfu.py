@@ -15,6 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
+from core.errors import ConfigError
 from planner.fit.common import (
     Estimate,
     FitResult,
@@ -53,6 +54,30 @@ class MfuFit(FitResult):
     prompt_range: tuple[float, float]
 
 
+@dataclass(frozen=True, slots=True)
+class _Windows:
+    """The low-load windows' arrays, one entry per window."""
+
+    ttft: Array  # mean TTFT (s)
+    prompt: Array  # mean prompt tokens
+    w: Array  # weight: the TTFT count (1 where missing)
+    hit: Array  # local + external hit ratio
+    new_tokens: Array  # prompt tokens prefilled (not cached)
+    flops: Array  # prefill FLOPs net of the cached part
+    groups: npt.NDArray[np.int64]  # engine
+
+
+@dataclass(frozen=True, slots=True)
+class _Regression:
+    """The WLS of TTFT on [1, FLOPs / scale] and the cost-model shape check."""
+
+    ols: RobustOLS
+    df: Array  # ν per coefficient
+    scale: float  # the mean FLOPs the regressor is divided by
+    shape_p: float
+    warnings: tuple[str, ...]
+
+
 def fit_mfu(
     frame: pd.DataFrame,
     prefill_flops: Callable[[float], float],
@@ -74,13 +99,33 @@ def fit_mfu(
     """
     import numpy as np
 
-    from core.errors import ConfigError
-
     check_level(level)
     if not (math.isfinite(peak_flops) and peak_flops > 0):
         raise ConfigError(f"peak_flops must be a positive number of FLOP/s, got {peak_flops}")
     data = _low_load(frame, max_running, max_waiting, max_prefix_hit, max_external_hit)
     require_history(f"{WHAT} (low-load windows)", len(data), min_windows)
+    win = _windows(data, prefill_flops)
+    load = (
+        f"running <= {max_running}, waiting <= {max_waiting}, "
+        f"prefix hit <= {max_prefix_hit}, external hit <= {max_external_hit}"
+    )
+    fit = _unanswered(win, level=level, peak_flops=peak_flops, load=load)
+    flops = win.flops
+    spread = float(np.std(flops) / np.mean(flops)) if np.mean(flops) > 0 else 0.0
+    if spread < 0.1:
+        return replace(
+            fit,
+            why=f"prompt FLOPs barely vary (FLOPs CV {spread:.2f} < 0.1): overhead and "
+            "compute time cannot be separated",
+        )
+    reg = _regress(win, fit.cov_type)
+    return _answer(fit, reg, prefill_flops=prefill_flops, peak_flops=peak_flops, level=level)
+
+
+def _windows(data: pd.DataFrame, prefill_flops: Callable[[float], float]) -> _Windows:
+    """The windows' TTFT, prompt, weight, hit ratio, new tokens, FLOPs and engine."""
+    import numpy as np
+
     ttft = data["ttft_mean_s"].to_numpy(dtype=float)
     prompt = data["prompt_tokens_mean"].to_numpy(dtype=float)
     w = data["ttft_count"].to_numpy(dtype=float) if "ttft_count" in data else np.ones(len(data))
@@ -92,16 +137,21 @@ def fit_mfu(
             hit = 1.0 - (1.0 - hit) * (1.0 - np.clip(np.where(np.isfinite(h), h, 0.0), 0, 1))
     new_tokens = prompt * (1.0 - hit)  # cached tokens need no prefill ...
     flops = _flops_after_cache(prefill_flops, prompt, prompt * hit)  # ... but are attended to
-    groups = engine_groups(data)
-    n_eng = int(np.unique(groups).size)
+    return _Windows(ttft, prompt, w, hit, new_tokens, flops, engine_groups(data))
+
+
+def _unanswered(win: _Windows, *, level: float, peak_flops: float, load: str) -> MfuFit:
+    """The answer when the data cannot tell: what the fit rests on, how it is made."""
+    import numpy as np
+
+    prompt = win.prompt
+    n_eng = int(np.unique(win.groups).size)
     cov_type = "CR2" if n_eng >= 2 else "HC3"
-    n = len(data)
+    n = len(prompt)
     ref = float(np.median(prompt))
     basis = (
-        f"{n} low-load windows (running <= {max_running}, waiting <= {max_waiting}, "
-        f"prefix hit <= {max_prefix_hit}, external hit <= {max_external_hit}) "
-        f"from {n_eng} engines",
-        f"mean local+external hit {fmt(float(np.mean(hit)))}: cached tokens attended to, "
+        f"{n} low-load windows ({load}) from {n_eng} engines",
+        f"mean local+external hit {fmt(float(np.mean(win.hit)))}: cached tokens attended to, "
         "not prefilled",
         f"prompt tokens (window means) in [{fmt(prompt.min())}, {fmt(prompt.max())}], "
         f"peak {fmt(peak_flops)} FLOP/s",
@@ -128,24 +178,25 @@ def fit_mfu(
     method = f"WLS ttft ~ t0 + θ·[F(prompt) − F(cached)], weights = TTFT count; {errors}"
     nan_est = Estimate(math.nan, nan_interval(level))
     # the answer when the data cannot tell; the fitted one replaces what it learns
-    fit = MfuFit(
+    return MfuFit(
         what=WHAT, unit="fraction of peak", n=n, method=method, assumptions=assumptions,
         basis=basis, cov_type=cov_type, prompt_range=(float(prompt.min()), float(prompt.max())),
         reference_prompt_tokens=ref, estimate=math.nan, interval=nan_interval(level),
         warnings=(), can_tell=False, why="", seconds_per_flop=nan_est, overhead_s=nan_est,
         prefill_tokens_per_s=nan_est, shape_p=math.nan,
     )  # fmt: skip
-    spread = float(np.std(flops) / np.mean(flops)) if np.mean(flops) > 0 else 0.0
-    if spread < 0.1:
-        return replace(
-            fit,
-            why=f"prompt FLOPs barely vary (FLOPs CV {spread:.2f} < 0.1): overhead and "
-            "compute time cannot be separated",
-        )
+
+
+def _regress(win: _Windows, cov_type: str) -> _Regression:
+    """WLS of TTFT on FLOPs in units of the mean prompt's, and the p-value of an extra term
+    linear in the new tokens (the cost model's shape check)."""
+    import numpy as np
+
+    ttft, flops, new_tokens, w, groups = win.ttft, win.flops, win.new_tokens, win.w, win.groups
+    n = len(ttft)
     scale = float(np.mean(flops))  # work in units of the mean prompt's FLOPs
     with recorded_warnings() as caught:
         fit1 = _wls(ttft, np.column_stack([np.ones(n), flops / scale]), w, groups, cov_type)
-        params = fit1.params
         lin = new_tokens / max(float(np.mean(new_tokens)), 1e-12)
         x2 = np.column_stack([np.ones(n), flops / scale, lin])
         shape_p = math.nan
@@ -155,21 +206,32 @@ def fit_mfu(
             df2 = float(fit2.df(np.array([0.0, 0.0, 1.0]))[0])
             shape_p = _two_sided_p(float(fit2.params[2]) / se2, df2)
         df1 = fit1.df(np.eye(2))  # per coefficient: Bell–McCaffrey (CR2) or n − 2 (HC3)
-    tq0, tq1 = (t_quantile(level, float(d)) for d in df1)
-    se = np.sqrt(np.maximum(np.diag(fit1.cov), 0.0))
+    return _Regression(fit1, df1, scale, shape_p, tuple(caught))
+
+
+def _answer(
+    fit: MfuFit,
+    reg: _Regression,
+    *,
+    prefill_flops: Callable[[float], float],
+    peak_flops: float,
+    level: float,
+) -> MfuFit:
+    """MFU = 1/(θ·peak), t0 and the prefill rate at the median prompt, with intervals."""
+    import numpy as np
+
+    params, scale, ref = reg.ols.params, reg.scale, fit.reference_prompt_tokens
+    tq0, tq1 = (t_quantile(level, float(d)) for d in reg.df)
+    se = np.sqrt(np.maximum(np.diag(reg.ols.cov), 0.0))
     t0_iv = Interval(float(params[0] - tq0 * se[0]), float(params[0] + tq0 * se[0]), level)
     theta = float(params[1]) / scale
     th_lo = float(params[1] - tq1 * se[1]) / scale
     th_hi = float(params[1] + tq1 * se[1]) / scale
     f_ref = float(prefill_flops(ref))
-
-    def inv(x: float, k: float) -> float:
-        return k / x if x > 0 else math.inf
-
-    mfu = inv(theta * peak_flops, 1.0)
-    mfu_iv = Interval(inv(th_hi * peak_flops, 1.0), inv(th_lo * peak_flops, 1.0), level)
-    rate_iv = Interval(inv(th_hi * f_ref, ref), inv(th_lo * f_ref, ref), level)
-    rate = Estimate(inv(theta * f_ref, ref), rate_iv, "tokens/s")
+    mfu = _inv(theta * peak_flops, 1.0)
+    mfu_iv = Interval(_inv(th_hi * peak_flops, 1.0), _inv(th_lo * peak_flops, 1.0), level)
+    rate_iv = Interval(_inv(th_hi * f_ref, ref), _inv(th_lo * f_ref, ref), level)
+    rate = Estimate(_inv(theta * f_ref, ref), rate_iv, "tokens/s")
     t0 = Estimate(float(params[0]), t0_iv, "s")
     why = ""
     if th_lo <= 0:
@@ -180,14 +242,18 @@ def fit_mfu(
         fit,
         estimate=mfu,
         interval=mfu_iv,
-        warnings=tuple(caught),
+        warnings=reg.warnings,
         can_tell=not why,
         why=why,
         seconds_per_flop=Estimate(theta, Interval(th_lo, th_hi, level), "s/FLOP"),
         overhead_s=t0,
         prefill_tokens_per_s=rate,
-        shape_p=shape_p,
+        shape_p=reg.shape_p,
     )
+
+
+def _inv(x: float, k: float) -> float:
+    return k / x if x > 0 else math.inf
 
 
 def _flops_after_cache(

@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
+from core.errors import ConfigError
 from planner.fit.capacity import QUEUE_GROWTH_SHARE
 from planner.fit.common import (
     Estimate,
@@ -29,6 +30,7 @@ from planner.fit.common import (
     require_history,
     t_quantile,
 )
+from planner.fit.gain_curve import window_weights
 from planner.fit.units import engine_codes, engine_keys
 
 if TYPE_CHECKING:
@@ -214,6 +216,66 @@ def _dummies(codes: npt.NDArray[np.int64]) -> Array:
     return out
 
 
+@dataclass(frozen=True, slots=True)
+class _Rows:
+    """The frame's rows as arrays, one entry per row."""
+
+    keys: npt.NDArray[np.object_]  # engine key
+    modes: npt.NDArray[np.object_]  # offload mode (UNKNOWN_MODE when missing)
+    starts: Array
+    y: Array  # the outcome as collected
+    waiting: Array  # mean waiting queue (NaN where not collected)
+    finished: Array  # finished requests (NaN where not collected)
+
+
+@dataclass(frozen=True, slots=True)
+class _Switches:
+    """The engines that ran both modes, their blocks, and per row its block (-1: none) and
+    whether the washout after a switch drops it."""
+
+    engines: tuple[str, ...]
+    blocks: tuple[Block, ...]
+    block_of: npt.NDArray[np.int64]  # index into ``blocks``
+    washed: npt.NDArray[np.bool_]
+
+
+@dataclass(frozen=True, slots=True)
+class _Kept:
+    """The rows a switchback fit uses, what the others were dropped for, and per frame row
+    its time block and covariates."""
+
+    used: npt.NDArray[np.int64]  # positions of the rows used
+    dropped: tuple[tuple[str, int], ...]  # (reason, windows), in the order applied
+    cell: npt.NDArray[np.int64]  # time block (-1 or the last cut and past: outside)
+    z: Array  # the covariates' values
+
+
+@dataclass(frozen=True, slots=True)
+class _Design:
+    """The switchback model's weighted design and what its estimate needs."""
+
+    xs: Array  # intercept, engine and time-block effects, the mode, covariates; times √w
+    ys: Array  # the outcome (logged when log) times √w
+    j: int  # the mode's column
+    cells: npt.NDArray[np.int64]  # each row's time block, 0-based (the clusters)
+    n_cells: int
+    time_effects: bool  # τ_b in the model (False without a control)
+    weighted: bool
+    weighting: str
+
+
+@dataclass(frozen=True, slots=True)
+class _Effect:
+    """β of the mode, its variance and degrees of freedom, and how they were estimated."""
+
+    beta: float
+    var: float
+    df: float
+    cov_type: str  # "CR2" | "HAC"
+    method: str
+    warnings: tuple[str, ...]
+
+
 def fit_switchback(
     frame: pd.DataFrame,
     *,
@@ -232,11 +294,65 @@ def fit_switchback(
     against ``none`` on ``outcome``. Raises InsufficientHistory when fewer than
     ``min_windows`` windows of the two modes have a usable outcome."""
     import numpy as np
-    import pandas as pd
 
-    from core.errors import ConfigError
-    from planner.fit.gain_curve import window_weights
+    _check_options(
+        frame, offload, level, cov=cov, washout_s=washout_s,
+        min_blocks_per_arm=min_blocks_per_arm, covariates=covariates,
+    )  # fmt: skip
+    what = f"offload effect on {outcome} ({offload} vs none, switchback)"
+    need = ("source", "start", "offload_mode", outcome)
+    if not len(frame) or not all(c in frame.columns for c in need):
+        require_history(what, 0, min_windows)
+    window_s = _window_s(frame)
+    rows = _rows(frame, outcome)
+    in_pair = (rows.modes == NO_OFFLOAD) | (rows.modes == offload)
+    bad_y = ~np.isfinite(rows.y) | ((rows.y <= 0.0) if log else False)
+    require_history(what, int((in_pair & ~bad_y).sum()), min_windows)
+    sw = _switches(rows, in_pair, window_s, washout_s)
+    controls = tuple(sorted({str(k) for k in rows.keys[in_pair]} - set(sw.engines)))
+    base = _unanswered(
+        what, offload, outcome, log=log, level=level, washout_s=washout_s,
+        switching=sw.engines, controls=controls,
+    )  # fmt: skip
+    if not sw.engines:
+        return replace(
+            base,
+            why=f"no engine ran both none and {offload}: a switchback needs an engine whose "
+            "offload is switched on and off",
+        )
+    kept = _kept(
+        frame, rows, sw, in_pair=in_pair, bad_y=bad_y, covariates=covariates, log=log,
+        washout_s=washout_s,
+    )  # fmt: skip
+    is_off = rows.modes[kept.used] == offload
+    fit, arms, short = _counted(base, rows, sw, kept=kept, is_off=is_off)
+    require_history(what, int(kept.used.size), min_windows)
+    dm = _design(frame, rows, kept, is_off, weight=weight, log=log, covariates=covariates)
+    fit = replace(
+        fit,
+        time_blocks=dm.n_cells,
+        time_effects=dm.time_effects,
+        assumptions=_assumptions(outcome, log, covariates, washout_s, dm.time_effects),
+        basis=(*fit.basis, dm.weighting),
+    )
+    why = _too_few_blocks(arms, short, min_blocks_per_arm)
+    if not _identified(dm.xs, dm.j):
+        return replace(fit, why=why or "the mode is not identified apart from the engines")
+    effect = _regress(dm, cov, starts=rows.starts[kept.used], window_s=window_s, blocks=sw.blocks)
+    return _answer(fit, effect, why=why, level=level, log=log)
 
+
+def _check_options(
+    frame: pd.DataFrame,
+    offload: str,
+    level: float,
+    *,
+    cov: str,
+    washout_s: float,
+    min_blocks_per_arm: int,
+    covariates: Sequence[str],
+) -> None:
+    """ConfigError for an option fit_switchback cannot use."""
     check_level(level)
     if cov not in COV_TYPES:
         raise ConfigError(f"cov must be one of {', '.join(COV_TYPES)}: {cov!r}")
@@ -249,44 +365,62 @@ def fit_switchback(
     missing = [c for c in covariates if c not in frame.columns]
     if missing:
         raise ConfigError(f"covariates not in the frame: {', '.join(missing)}")
-    what = f"offload effect on {outcome} ({offload} vs none, switchback)"
-    need = ("source", "start", "offload_mode", outcome)
-    if not len(frame) or not all(c in frame.columns for c in need):
-        require_history(what, 0, min_windows)
-    window_s = _window_s(frame)
+
+
+def _rows(frame: pd.DataFrame, outcome: str) -> _Rows:
     keys = engine_keys(frame)
     modes = _modes(frame)
     starts = frame["start"].to_numpy(dtype=float)
-    y_raw = frame[outcome].to_numpy(dtype=float)
-    in_pair = (modes == NO_OFFLOAD) | (modes == offload)
-    bad_y = ~np.isfinite(y_raw) | ((y_raw <= 0.0) if log else False)
+    y = frame[outcome].to_numpy(dtype=float)
     waiting, finished = _queue(frame)
-    require_history(what, int((in_pair & ~bad_y).sum()), min_windows)
+    return _Rows(keys, modes, starts, y, waiting, finished)
 
-    # switching engines of this comparison, their blocks, the washout after each switch
+
+def _switches(
+    rows: _Rows, in_pair: npt.NDArray[np.bool_], window_s: float, washout_s: float
+) -> _Switches:
+    """The switching engines of this comparison, their blocks, the washout after each
+    switch."""
+    import numpy as np
+    import pandas as pd
+
+    keys, modes, starts = rows.keys, rows.modes, rows.starts
     pair_frame = pd.DataFrame({"key": keys[in_pair], "mode": modes[in_pair]})
     n_modes = pair_frame.groupby("key")["mode"].nunique()
     switching = tuple(sorted(str(k) for k in n_modes.index[n_modes.to_numpy() >= 2]))
     blocks: list[Block] = []
-    washed = np.zeros(len(frame), dtype=bool)
-    block_of = np.full(len(frame), -1, dtype=np.int64)  # index into ``blocks``
+    washed = np.zeros(len(keys), dtype=bool)
+    block_of = np.full(len(keys), -1, dtype=np.int64)  # index into ``blocks``
     for key in switching:
-        rows = np.flatnonzero(keys == key)
-        rows = rows[np.argsort(starts[rows], kind="stable")]
-        runs = _runs(starts[rows], modes[rows], window_s, key)
+        these_rows = np.flatnonzero(keys == key)
+        these_rows = these_rows[np.argsort(starts[these_rows], kind="stable")]
+        runs = _runs(starts[these_rows], modes[these_rows], window_s, key)
         pos = 0
         for i, b in enumerate(runs):
-            these = rows[pos : pos + b.windows]
+            these = these_rows[pos : pos + b.windows]
             pos += b.windows
             block_of[these] = len(blocks)
             if i > 0:
-                washed[these] = carried_over(starts[these], waiting[these], finished[these],
-                                             b.start, washout_s)  # fmt: skip
+                washed[these] = carried_over(starts[these], rows.waiting[these],
+                                             rows.finished[these], b.start, washout_s)  # fmt: skip
             blocks.append(b)
-    controls = tuple(sorted({str(k) for k in keys[in_pair]} - set(switching)))
+    return _Switches(switching, tuple(blocks), block_of, washed)
 
+
+def _unanswered(
+    what: str,
+    offload: str,
+    outcome: str,
+    *,
+    log: bool,
+    level: float,
+    washout_s: float,
+    switching: tuple[str, ...],
+    controls: tuple[str, ...],
+) -> SwitchbackFit:
+    """The answer before any window is counted: the data cannot tell yet."""
     level_nan = nan_interval(level)
-    base = SwitchbackFit(
+    return SwitchbackFit(
         what=what, estimate=math.nan, interval=level_nan, unit=f"log {outcome}" if log
         else outcome, n=0, method="", assumptions=(), basis=(), warnings=(), can_tell=False,
         why="", offload=offload, outcome=outcome, log=log,
@@ -295,16 +429,25 @@ def fit_switchback(
         windows_by_arm=((NO_OFFLOAD, 0), (offload, 0)), switching=switching, controls=controls,
         time_blocks=0, time_effects=False, dropped=(), washout_s=float(washout_s),
     )  # fmt: skip
-    if not switching:
-        return replace(
-            base,
-            why=f"no engine ran both none and {offload}: a switchback needs an engine whose "
-            "offload is switched on and off",
-        )
 
-    # time blocks from every switching engine's blocks; windows outside them are left out
-    cuts = _time_blocks(blocks)
-    cell = np.searchsorted(cuts, starts, side="right") - 1
+
+def _kept(
+    frame: pd.DataFrame,
+    rows: _Rows,
+    sw: _Switches,
+    *,
+    in_pair: npt.NDArray[np.bool_],
+    bad_y: npt.NDArray[np.bool_],
+    covariates: Sequence[str],
+    log: bool,
+    washout_s: float,
+) -> _Kept:
+    """The rows used and the windows dropped per reason; time blocks cut from every
+    switching engine's blocks: windows outside them are left out."""
+    import numpy as np
+
+    cuts = _time_blocks(sw.blocks)
+    cell = np.searchsorted(cuts, rows.starts, side="right") - 1
     outside = (cell < 0) | (cell >= cuts.size - 1)
     z = frame[list(covariates)].to_numpy(dtype=float) if covariates else np.zeros((len(frame), 0))
     bad_z = ~np.isfinite(z).all(axis=1)
@@ -313,7 +456,7 @@ def fit_switchback(
         (f"outcome missing{' or <= 0' if log else ''}", bad_y),
         (
             f"washout ({fmt(washout_s)} s after a switch, then while an inherited queue drains)",
-            washed,
+            sw.washed,
         ),
         ("outside the switchback's time blocks", outside),
         ("a covariate missing", bad_z),
@@ -323,11 +466,25 @@ def fit_switchback(
     for reason, mask in steps:
         dropped.append((reason, int((keep & mask).sum())))
         keep &= ~mask
-    dropped_t = tuple(dropped)
-    rows = np.flatnonzero(keep)
-    is_off = modes[rows] == offload
-    sw_rows = block_of[rows] >= 0
-    used_blocks = np.unique(block_of[rows][sw_rows])
+    return _Kept(np.flatnonzero(keep), tuple(dropped), cell, z)
+
+
+def _counted(
+    base: SwitchbackFit,
+    rows: _Rows,
+    sw: _Switches,
+    *,
+    kept: _Kept,
+    is_off: npt.NDArray[np.bool_],
+) -> tuple[SwitchbackFit, tuple[tuple[str, int], ...], list[str]]:
+    """The fit with the blocks and windows used per arm, the controls and what was dropped;
+    the blocks per arm and the switching engines with fewer than 2 blocks used."""
+    import numpy as np
+
+    blocks, switching, offload = sw.blocks, sw.engines, base.offload
+    used, dropped = kept.used, kept.dropped
+    sw_rows = sw.block_of[used] >= 0
+    used_blocks = np.unique(sw.block_of[used][sw_rows])
     per_arm = {m: sum(1 for i in used_blocks.tolist() if blocks[i].mode == m)
                for m in (NO_OFFLOAD, offload)}  # fmt: skip
     per_engine = {k: len({i for i in used_blocks.tolist() if blocks[i].engine == k})
@@ -337,38 +494,54 @@ def fit_switchback(
         (NO_OFFLOAD, int((sw_rows & ~is_off).sum())),
         (offload, int((sw_rows & is_off).sum())),
     )
-    controls = tuple(sorted({str(k) for k in keys[rows]} - set(switching)))
-    dropped_text = ", ".join(f"{c} {r}" for r, c in dropped_t if c) or "none"
+    controls = tuple(sorted({str(k) for k in rows.keys[used]} - set(switching)))
+    dropped_text = ", ".join(f"{c} {r}" for r, c in dropped if c) or "none"
     fit = replace(
         base,
-        n=int(rows.size),
+        n=int(used.size),
         blocks_by_arm=arms,
         windows_by_arm=win_arms,
         controls=controls,
-        dropped=dropped_t,
+        dropped=dropped,
         basis=(
             f"switching engines: {', '.join(switching)}; controls: {len(controls)}",
             f"blocks used: none {arms[0][1]}, {offload} {arms[1][1]}; windows of the "
             f"switching engines: none {win_arms[0][1]}, {offload} {win_arms[1][1]}",
-            f"windows used {rows.size}; dropped: {dropped_text}",
+            f"windows used {used.size}; dropped: {dropped_text}",
         ),
     )
-    require_history(what, int(rows.size), min_windows)
+    return fit, arms, [k for k, c in per_engine.items() if c < 2]
 
-    # design: intercept, engine and time-block effects, the mode, centred covariates
-    weights, weighting = window_weights(frame.iloc[rows], weight)
-    w = np.ones(rows.size) if weights is None else weights
-    y = y_raw[rows]
+
+def _design(
+    frame: pd.DataFrame,
+    rows: _Rows,
+    kept: _Kept,
+    is_off: npt.NDArray[np.bool_],
+    *,
+    weight: str | None,
+    log: bool,
+    covariates: Sequence[str],
+) -> _Design:
+    """Design: intercept, engine and time-block effects, the mode, centred covariates;
+    without a control the time-block effects, confounded with the mode, are left out."""
+    import numpy as np
+    import pandas as pd
+
+    used, cell, z = kept.used, kept.cell, kept.z
+    weights, weighting = window_weights(frame.iloc[used], weight)
+    w = np.ones(used.size) if weights is None else weights
+    y = rows.y[used]
     y = np.log(y) if log else y
-    eng_codes = pd.factorize(keys[rows], sort=True)[0].astype(np.int64)
-    cell_codes = pd.factorize(cell[rows], sort=True)[0].astype(np.int64)
+    eng_codes = pd.factorize(rows.keys[used], sort=True)[0].astype(np.int64)
+    cell_codes = pd.factorize(cell[used], sort=True)[0].astype(np.int64)
     n_cells = int(cell_codes.max()) + 1
     d = is_off.astype(np.float64)
-    zc = z[rows] - (w @ z[rows]) / w.sum() if covariates else z[rows]
+    zc = z[used] - (w @ z[used]) / w.sum() if covariates else z[used]
     time_fx = _dummies(cell_codes)
-    parts = [np.ones((rows.size, 1)), _dummies(eng_codes), time_fx, d[:, None], zc]
+    parts = [np.ones((used.size, 1)), _dummies(eng_codes), time_fx, d[:, None], zc]
     x = np.hstack(parts)
-    j = 1 + (int(eng_codes.max()) if rows.size else 0) + time_fx.shape[1]
+    j = 1 + (int(eng_codes.max()) if used.size else 0) + time_fx.shape[1]
     sw = np.sqrt(w)
     xs, ys = x * sw[:, None], y * sw
     time_effects = True
@@ -377,6 +550,12 @@ def fit_switchback(
         j -= time_fx.shape[1]
         xs = x * sw[:, None]
         time_effects = False
+    return _Design(xs, ys, j, cell_codes, n_cells, time_effects, weights is not None, weighting)
+
+
+def _assumptions(
+    outcome: str, log: bool, covariates: Sequence[str], washout_s: float, time_effects: bool
+) -> tuple[str, ...]:
     assumptions = [
         f"{'log ' if log else ''}{outcome} = engine + time block + mode effect"
         + (f" + {', '.join(covariates)} (centred)" if covariates else "")
@@ -393,61 +572,76 @@ def fit_switchback(
             "no control engine: time-block effects are confounded with the mode and left "
             "out, so a time trend that follows the schedule biases the effect"
         )
-    fit = replace(
-        fit,
-        time_blocks=n_cells,
-        time_effects=time_effects,
-        assumptions=tuple(assumptions),
-        basis=(*fit.basis, weighting),
-    )
-    short = [k for k, c in per_engine.items() if c < 2]
+    return tuple(assumptions)
+
+
+def _too_few_blocks(
+    arms: tuple[tuple[str, int], ...], short: list[str], min_blocks_per_arm: int
+) -> str:
+    """Why the blocks used cannot tell (too few per arm, or an engine showing one mode
+    only), or ""."""
     few = [f"{c} block{'s' if c != 1 else ''} of {m}" for m, c in arms if c < min_blocks_per_arm]
-    why = ""
     if few:
-        why = (
+        return (
             f"only {' and '.join(few)} with windows after the washout; at least "
             f"{min_blocks_per_arm} per arm are needed (the blocks, not the windows, are the "
             "units)"
         )
-    elif short:
-        why = (
+    if short:
+        return (
             f"fewer than 2 blocks with windows after the washout on {', '.join(short)}: "
             "it shows one mode only"
         )
-    if not _identified(xs, j):
-        return replace(fit, why=why or "the mode is not identified apart from the engines")
+    return ""
 
-    c = np.zeros(x.shape[1])
+
+def _regress(
+    dm: _Design, cov: str, *, starts: Array, window_s: float, blocks: Sequence[Block]
+) -> _Effect:
+    """β and its variance: CR2 clustered by time block (t with Bell–McCaffrey ν) or
+    Driscoll–Kraay HAC over windows (t with G − 1)."""
+    import numpy as np
+
+    xs, ys, j, n_cells = dm.xs, dm.ys, dm.j, dm.n_cells
+    estimator = "WLS" if dm.weighted else "OLS"
+    c = np.zeros(xs.shape[1])
     c[j] = 1.0
     with recorded_warnings() as caught:
         if cov == "cr2":
-            res = ols_robust(ys, xs, cell_codes, "CR2")
+            res = ols_robust(ys, xs, dm.cells, "CR2")
             beta, var = float(res.params[j]), float(res.cov[j, j])
             df = float(res.df(c)[0])
             cov_type = "CR2"
             method = (
-                f"{'WLS' if weights is not None else 'OLS'}, engine + time-block fixed "
+                f"{estimator}, engine + time-block fixed "
                 f"effects; CR2 clustered by time block ({n_cells}), t with Bell–McCaffrey ν"
             )
         else:
-            beta, var, lags = _hac(
-                ys, xs, j=j, starts=starts[rows], window_s=window_s, blocks=blocks
-            )
+            beta, var, lags = _hac(ys, xs, j=j, starts=starts, window_s=window_s, blocks=blocks)
             df = float(n_cells - 1)
             cov_type = "HAC"
             method = (
-                f"{'WLS' if weights is not None else 'OLS'}, engine + time-block fixed "
+                f"{estimator}, engine + time-block fixed "
                 f"effects; Driscoll–Kraay HAC over windows (Bartlett, {lags} lags), "
                 f"t with G − 1 = {n_cells - 1}"
             )
-    se = math.sqrt(var) if var > 0 else math.nan
+    return _Effect(beta, var, df, cov_type, method, tuple(caught))
+
+
+def _answer(
+    fit: SwitchbackFit, effect: _Effect, *, why: str, level: float, log: bool
+) -> SwitchbackFit:
+    """The fit with β, its t interval and exp β (on the log scale); without a defined
+    interval, β alone and why."""
+    beta, df = effect.beta, effect.df
+    se = math.sqrt(effect.var) if effect.var > 0 else math.nan
     if not (math.isfinite(se) and math.isfinite(df) and df > 0):
         return replace(
             fit,
             estimate=beta,
-            method=method,
-            cov_type=cov_type,
-            warnings=tuple(caught),
+            method=effect.method,
+            cov_type=effect.cov_type,
+            warnings=effect.warnings,
             why=why or f"the interval is not defined (se {fmt(se)}, ν {fmt(df)})",
         )
     half = t_quantile(level, df) * se
@@ -459,7 +653,7 @@ def fit_switchback(
             "ratio",
         )
         if log
-        else Estimate(math.nan, level_nan, "ratio")
+        else Estimate(math.nan, nan_interval(level), "ratio")
     )
     return replace(
         fit,
@@ -468,9 +662,9 @@ def fit_switchback(
         ratio=ratio,
         se=se,
         df=df,
-        cov_type=cov_type,
-        method=method,
-        warnings=tuple(caught),
+        cov_type=effect.cov_type,
+        method=effect.method,
+        warnings=effect.warnings,
         can_tell=not why,
         why=why,
     )

@@ -346,6 +346,10 @@ def cannot(why: str, engines_without: Sequence[str] = ()) -> dict[str, Any]:
     }
 
 
+# (a native gain or a pool's LMCache gain, the engines it covers)
+_Gains = list[tuple[TierGain, list[_Engine]]]
+
+
 def tier_section(
     frame: pd.DataFrame,
     engines: Sequence[EngineRecord],
@@ -360,48 +364,13 @@ def tier_section(
     """The ``cpu_tier`` section of a plan (METHODS.md#tier)."""
     import numpy as np
 
-    from planner.model.costmodel import DEFAULT_MFU, prefill_tokens_per_second
-
     rows_of = engine_rows(frame)
-    facts = {e.source: dict(e.facts or {}) for e in engines}
     present = sorted(rows_of)
-    ready: list[tuple[str, ReuseInputs, float]] = []
-    without: list[str] = []
-    reasons: dict[str, str] = {}
-    for key in present:
-        source = key.split("/", 1)[0]
-        try:
-            inputs, tok = _inputs(key, hists.get(key, {}), frame.iloc[rows_of[key]],
-                                       facts.get(source, {}))  # fmt: skip
-        except ConfigError as exc:
-            without.append(key)
-            reasons[key] = str(exc)
-            continue
-        ready.append((key, inputs, tok))
-    fitted: list[_Engine] = []
+    ready, without, reasons = _ready(frame, engines, hists, rows_of, present)
     chosen = _spread(ready)
-    for key, inputs, tok in chosen:
-        try:
-            fit = fit_reuse(inputs, level=LEVEL, n_boot=N_BOOT, seed=seed)
-        except (ConfigError, KvscopeError) as exc:
-            without.append(key)
-            reasons[key] = str(exc)
-            continue
-        if not fit.can_tell:
-            without.append(key)
-            reasons[key] = fit.why
-            continue
-        fitted.append(_Engine(key, fit, tok))
+    fitted = _fit_engines(chosen, seed=seed, without=without, reasons=reasons)
     if not fitted:
-        if not any(hists.get(k) for k in present):
-            why = (
-                "no engine exports vLLM's KV residency histograms (kv_block_reuse_gap_seconds "
-                "and its siblings): turn --kv-cache-metrics on"
-            )
-        else:
-            first = next(iter(reasons.items()), ("", "no engine"))
-            why = f"no engine's reuse curve could be fitted ({first[0]}: {first[1]})"
-        return cannot(why, without)
+        return cannot(_why_none_fitted(hists, present, reasons), without)
     if hw is None:
         return cannot("model/GPU/TP unknown: a GiB of CPU tier cannot be turned into KV blocks",
                       without)  # fmt: skip
@@ -409,33 +378,14 @@ def tier_section(
     per_block = bytes_per_block(hw.model, bsize)
     hbm_blocks = float(np.median([e.fit.inputs.hbm_blocks for e in fitted]))
     hbm_gib = hbm_blocks * per_block / GIB
-    sizes = [m * hbm_gib for m in MULTIPLES]
-    prefill_tok_s = prefill_tokens_per_second(hw.model, hw.gpu, hw.tp, mfu=mfu or DEFAULT_MFU)
-    capacity, capacity_why = _capacity_share(frame, rows_of, [e.key for e in fitted], slo)
+    price = _pricing(frame, rows_of, fitted, hw, mfu=mfu, slo=slo)
     lookups = sum(e.fit.inputs.lookups_per_s for e in fitted)
     today = sum(e.fit.inputs.hits_per_s for e in fitted) / lookups
-    model_hit = float(np.mean([e.fit.reproduction.hit_ratio for e in fitted]))
-    measured = float(np.mean([e.fit.hit_ratio for e in fitted]))
-    price = _Pricing(prefill_tok_s, hw.tp, capacity, capacity_why)
-    grid = [CURVE_TOP * hbm_gib * i / (CURVE_POINTS - 1) for i in range(CURVE_POINTS)]
     # engines with histograms each engine tried stands for (MAX_FITTED; 1 below it)
     scale = len(ready) / len(chosen)
-    native = [(native_offload_gain(e.fit, [*sizes, *grid], bytes_per_block=per_block), [e])
-              for e in fitted]  # fmt: skip
-    per_node = max(1, engines_per_node or 1)
-    pools = [fitted[i : i + per_node] for i in range(0, len(fitted), per_node)]
-    if per_node == 1:
-        # a pool of one engine is one LRU over that engine's stream, as native offload
-        lm = [(_as_pool(g), engs) for g, engs in native]
-    else:
-        pool_gib = hbm_gib * len(pools[0])
-        pool_sizes = [m * pool_gib for m in MULTIPLES]
-        pool_grid = [CURVE_TOP * pool_gib * i / (CURVE_POINTS - 1) for i in range(CURVE_POINTS)]
-        lm = [(lmcache_pool_gain([e.fit for e in p], [*pool_sizes, *pool_grid],
-                                 bytes_per_block=per_block), p)
-              for p in pools]  # fmt: skip
+    native, lm, per_pool = _gains(fitted, hbm_gib, per_block, engines_per_node)
     scope = (
-        f"per node pool of {per_node} engine(s)"
+        f"per node pool of {max(1, engines_per_node or 1)} engine(s)"
         if engines_per_node
         else "per engine (node topology unknown: a pool of one engine, the smallest merge)"
     )
@@ -457,28 +407,144 @@ def tier_section(
         "interval": INTERVAL.format(level=LEVEL * 100),
         "method": _METHOD,
         "assumptions": list(native[0][0].assumptions),
-        "hbm": {
-            "gib_per_engine": hbm_gib,
-            "blocks_per_engine": int(hbm_blocks),
-            "block_size": bsize,
-            "hit_ratio_measured": measured,
-            "hit_ratio_model": model_hit,
-            "reproduction_error": model_hit - measured,
-            "eviction_time_s": float(np.median([e.fit.t_hbm for e in fitted])),
-            "sample_rate": float(np.median([e.fit.inputs.sample_rate for e in fitted])),
-        },
-        "capacity_basis": capacity_why
-        + (f": {capacity:,.0f} tokens/s per engine at the SLO" if capacity else ""),
+        "hbm": _hbm(fitted, hbm_blocks, hbm_gib, bsize),
+        "capacity_basis": price.capacity_why
+        + (f": {price.capacity:,.0f} tokens/s per engine at the SLO" if price.capacity else ""),
         "native": {
             **_tier("native", native, hbm_gib, today, scope="per engine", price=price, scale=scale),
             "curve": _curve(native, today),
         },
         "lmcache": {
             **_tier(
-                "lmcache", lm, hbm_gib * len(pools[0]), today, scope=scope, price=price, scale=scale
+                "lmcache", lm, hbm_gib * per_pool, today, scope=scope, price=price, scale=scale
             ),
             "curve": _curve(lm, today),
         },
+    }
+
+
+def _ready(
+    frame: pd.DataFrame,
+    engines: Sequence[EngineRecord],
+    hists: Mapping[str, Mapping[str, BucketCounts]],
+    rows_of: Mapping[str, Any],
+    present: Sequence[str],
+) -> tuple[list[tuple[str, ReuseInputs, float]], list[str], dict[str, str]]:
+    """(key, ReuseInputs, tokens/s) of each engine whose inputs are complete; the others'
+    keys and why."""
+    facts = {e.source: dict(e.facts or {}) for e in engines}
+    ready: list[tuple[str, ReuseInputs, float]] = []
+    without: list[str] = []
+    reasons: dict[str, str] = {}
+    for key in present:
+        source = key.split("/", 1)[0]
+        try:
+            inputs, tok = _inputs(key, hists.get(key, {}), frame.iloc[rows_of[key]],
+                                       facts.get(source, {}))  # fmt: skip
+        except ConfigError as exc:
+            without.append(key)
+            reasons[key] = str(exc)
+            continue
+        ready.append((key, inputs, tok))
+    return ready, without, reasons
+
+
+def _fit_engines(
+    chosen: Sequence[tuple[str, ReuseInputs, float]],
+    *,
+    seed: int,
+    without: list[str],
+    reasons: dict[str, str],
+) -> list[_Engine]:
+    """The engines whose reuse curve can tell; the others join ``without`` with why."""
+    fitted: list[_Engine] = []
+    for key, inputs, tok in chosen:
+        try:
+            fit = fit_reuse(inputs, level=LEVEL, n_boot=N_BOOT, seed=seed)
+        except (ConfigError, KvscopeError) as exc:
+            without.append(key)
+            reasons[key] = str(exc)
+            continue
+        if not fit.can_tell:
+            without.append(key)
+            reasons[key] = fit.why
+            continue
+        fitted.append(_Engine(key, fit, tok))
+    return fitted
+
+
+def _why_none_fitted(
+    hists: Mapping[str, Mapping[str, BucketCounts]],
+    present: Sequence[str],
+    reasons: Mapping[str, str],
+) -> str:
+    if not any(hists.get(k) for k in present):
+        return (
+            "no engine exports vLLM's KV residency histograms (kv_block_reuse_gap_seconds "
+            "and its siblings): turn --kv-cache-metrics on"
+        )
+    first = next(iter(reasons.items()), ("", "no engine"))
+    return f"no engine's reuse curve could be fitted ({first[0]}: {first[1]})"
+
+
+def _pricing(
+    frame: pd.DataFrame,
+    rows_of: Mapping[str, Any],
+    fitted: Sequence[_Engine],
+    hw: Hardware,
+    *,
+    mfu: float | None,
+    slo: Slo,
+) -> _Pricing:
+    """Prefill tokens/s of one engine at the MFU and the engines' capacity at the SLO."""
+    from planner.model.costmodel import DEFAULT_MFU, prefill_tokens_per_second
+
+    prefill_tok_s = prefill_tokens_per_second(hw.model, hw.gpu, hw.tp, mfu=mfu or DEFAULT_MFU)
+    capacity, capacity_why = _capacity_share(frame, rows_of, [e.key for e in fitted], slo)
+    return _Pricing(prefill_tok_s, hw.tp, capacity, capacity_why)
+
+
+def _gains(
+    fitted: Sequence[_Engine], hbm_gib: float, per_block: float, engines_per_node: int | None
+) -> tuple[_Gains, _Gains, int]:
+    """Each engine's native gain, each node pool's LMCache gain (at the multiples of HBM,
+    then along the curve) and the engines per pool."""
+    sizes = [m * hbm_gib for m in MULTIPLES]
+    grid = [CURVE_TOP * hbm_gib * i / (CURVE_POINTS - 1) for i in range(CURVE_POINTS)]
+    native = [(native_offload_gain(e.fit, [*sizes, *grid], bytes_per_block=per_block), [e])
+              for e in fitted]  # fmt: skip
+    per_node = max(1, engines_per_node or 1)
+    pools = [list(fitted[i : i + per_node]) for i in range(0, len(fitted), per_node)]
+    if per_node == 1:
+        # a pool of one engine is one LRU over that engine's stream, as native offload
+        lm = [(_as_pool(g), engs) for g, engs in native]
+    else:
+        pool_gib = hbm_gib * len(pools[0])
+        pool_sizes = [m * pool_gib for m in MULTIPLES]
+        pool_grid = [CURVE_TOP * pool_gib * i / (CURVE_POINTS - 1) for i in range(CURVE_POINTS)]
+        lm = [(lmcache_pool_gain([e.fit for e in p], [*pool_sizes, *pool_grid],
+                                 bytes_per_block=per_block), p)
+              for p in pools]  # fmt: skip
+    return native, lm, len(pools[0])
+
+
+def _hbm(
+    fitted: Sequence[_Engine], hbm_blocks: float, hbm_gib: float, bsize: int
+) -> dict[str, Any]:
+    """The HBM the tiers are measured against and how well the model reproduces its hits."""
+    import numpy as np
+
+    model_hit = float(np.mean([e.fit.reproduction.hit_ratio for e in fitted]))
+    measured = float(np.mean([e.fit.hit_ratio for e in fitted]))
+    return {
+        "gib_per_engine": hbm_gib,
+        "blocks_per_engine": int(hbm_blocks),
+        "block_size": bsize,
+        "hit_ratio_measured": measured,
+        "hit_ratio_model": model_hit,
+        "reproduction_error": model_hit - measured,
+        "eviction_time_s": float(np.median([e.fit.t_hbm for e in fitted])),
+        "sample_rate": float(np.median([e.fit.inputs.sample_rate for e in fitted])),
     }
 
 

@@ -225,97 +225,21 @@ def parse_scenario(raw: object, where: str = "scenario", base_dir: Path | None =
 
 
 def _parse_cluster(sec: Section) -> ClusterSpec:
-    nodes = sec.integer("nodes", 1, low=1, high=4096, source="default: 1 node")
-    gpn = sec.integer("gpus_per_node", 8, low=1, high=64, source="default: 8 GPUs per node")
-    gpu_name = sec.string("gpu", "h100-80gb", source="default: H100 SXM5 80 GB")
-    model_name = sec.string("model", "llama-3.1-8b", source="default: Llama-3.1-8B")
-    kv_dtype = sec.choice(
-        "kv_cache_dtype",
-        "auto",
-        ("auto", "bf16", "fp16", "fp8"),
-        source="default: vLLM --kv-cache-dtype auto",
-    )
-    try:
-        gpu = get_gpu(gpu_name)
-    except ConfigError as exc:
-        raise sec.fail("gpu", str(exc)) from exc
-    try:
-        model = with_kv_dtype(get_model(model_name), kv_dtype)
-    except ConfigError as exc:
-        raise sec.fail("model", str(exc)) from exc
-    tp = sec.integer("tensor_parallel", 1, low=1, source="default: TP 1")
-    if tp > gpn:
-        raise sec.fail("tensor_parallel", f"{tp} is larger than gpus_per_node ({gpn})")
-    if gpn % tp:
-        raise sec.fail("tensor_parallel", f"{tp} does not divide gpus_per_node ({gpn})")
+    nodes, gpn, gpu, model, tp = _hardware(sec)
     try:
         kv_gpu = costmodel.kv_bytes_per_token(model, tp)
     except ConfigError as exc:
         raise sec.fail("tensor_parallel", str(exc)) from exc
-    util = sec.number(
-        "gpu_memory_utilization", 0.9, low=0.0, low_open=True, high=1.0, source=SRC_VLLM_CACHE
-    )
-    reserve = sec.number(
-        "activation_reserve_gb",
-        costmodel.DEFAULT_ACTIVATION_RESERVE_BYTES / GB,
-        low=0.0,
-        source=SRC_RESERVE,
-    )
-    block = sec.integer("block_size", 16, low=1, high=256, source=SRC_VLLM_CACHE)
-    blocks_given = sec.optional_integer(
-        "num_gpu_blocks",
-        source="derived: HBM x utilization - weights - reserve, / KV bytes per token",
-    )
-    try:
-        capacity = costmodel.hbm_kv_capacity_tokens(model, gpu, tp, util, reserve * GB)
-    except ConfigError as exc:
-        raise sec.fail("gpu_memory_utilization", str(exc)) from exc
-    num_blocks = blocks_given if blocks_given is not None else capacity // block
-    if num_blocks < 1:
-        raise sec.fail("gpu_memory_utilization", f"leaves no KV block for {model.name}")
-    seqs_default, budget_default = vllm_batch_defaults(gpu)
-    max_seqs = sec.integer("max_num_seqs", seqs_default, low=1, high=65536, source=SRC_VLLM_BATCH)
-    budget = sec.integer("max_num_batched_tokens", budget_default, low=1, source=SRC_VLLM_BATCH)
-    if budget < max_seqs:
-        raise sec.fail(
-            "max_num_batched_tokens",
-            f"{budget} is smaller than max_num_seqs ({max_seqs}); vLLM rejects it",
-        )
+    util, block, num_blocks = _kv_blocks(sec, model, gpu, tp)
+    max_seqs, budget = _batch_limits(sec, gpu)
     max_len = _max_model_len(sec, model, num_blocks * block)
-    mfu = sec.number("mfu", costmodel.DEFAULT_MFU, low=0.0, low_open=True, high=1.0, source=SRC_MFU)
-    hbm_eff = sec.number(
-        "hbm_efficiency",
-        costmodel.DEFAULT_HBM_EFFICIENCY,
-        low=0.0,
-        low_open=True,
-        high=1.0,
-        source=SRC_HBM,
-    )
-    pcie = (
-        sec.number(
-            "pcie_gbps",
-            gpu.pcie_Bps / GB,
-            low=0.0,
-            low_open=True,
-            source=f"default: {gpu.name} pcie (hardware catalogue)",
-        )
-        * GB
-    )
-    overhead = sec.number(
-        "step_overhead_s", costmodel.DEFAULT_STEP_OVERHEAD_S, low=0.0, source=SRC_OVERHEAD
-    )
+    mfu, hbm_eff, pcie, overhead = _speeds(sec, gpu)
     router = sec.choice("router", "round_robin", ROUTERS, source="default: round_robin")
     scorer = parse_scorer(sec, router)
     resume = sec.choice("resume_after_load", "append", RESUME_ORDERS, source=SRC_RESUME)
     prefix = sec.boolean("enable_prefix_caching", True, source="default: vLLM v1 enables it")
-    offload = sec.choice("offload", "none", OFFLOAD_MODES, source="default: no offload")
     n_engines = nodes * (gpn // tp)
-    per_engine = _engines_offload(sec, offload, n_engines)
-    switchback = parse_switchback(sec, per_engine, lmcache_scope_given=sec.has("lmcache_scope"))
-    any_offload = any(m != "none" for m in per_engine) or switchback is not None
-    cpu_gb = sec.number("cpu_cache_gb", 100.0 if any_offload else 0.0, low=0.0, source=SRC_CPU)
-    if any_offload and cpu_gb <= 0:
-        raise sec.fail("cpu_cache_gb", "must be > 0 when an engine offloads")
+    offload, per_engine, switchback, cpu_gb = _offload(sec, n_engines)
     scope = sec.choice("lmcache_scope", "node", SCOPES, source=SRC_SCOPE)
     native = parse_native(sec.section("native"))
     lmc = parse_lmcache(sec.section("lmcache"))
@@ -352,6 +276,116 @@ def _parse_cluster(sec: Section) -> ClusterSpec:
         switchback=switchback,
         load_shares=shares,
     )
+
+
+def _hardware(sec: Section) -> tuple[int, int, GPU, Model, int]:
+    """(nodes, gpus_per_node, gpu, model with its KV dtype, tensor_parallel)."""
+    nodes = sec.integer("nodes", 1, low=1, high=4096, source="default: 1 node")
+    gpn = sec.integer("gpus_per_node", 8, low=1, high=64, source="default: 8 GPUs per node")
+    gpu_name = sec.string("gpu", "h100-80gb", source="default: H100 SXM5 80 GB")
+    model_name = sec.string("model", "llama-3.1-8b", source="default: Llama-3.1-8B")
+    kv_dtype = sec.choice(
+        "kv_cache_dtype",
+        "auto",
+        ("auto", "bf16", "fp16", "fp8"),
+        source="default: vLLM --kv-cache-dtype auto",
+    )
+    try:
+        gpu = get_gpu(gpu_name)
+    except ConfigError as exc:
+        raise sec.fail("gpu", str(exc)) from exc
+    try:
+        model = with_kv_dtype(get_model(model_name), kv_dtype)
+    except ConfigError as exc:
+        raise sec.fail("model", str(exc)) from exc
+    tp = sec.integer("tensor_parallel", 1, low=1, source="default: TP 1")
+    if tp > gpn:
+        raise sec.fail("tensor_parallel", f"{tp} is larger than gpus_per_node ({gpn})")
+    if gpn % tp:
+        raise sec.fail("tensor_parallel", f"{tp} does not divide gpus_per_node ({gpn})")
+    return nodes, gpn, gpu, model, tp
+
+
+def _kv_blocks(sec: Section, model: Model, gpu: GPU, tp: int) -> tuple[float, int, int]:
+    """(gpu_memory_utilization, block_size, KV blocks per engine): the blocks given, else
+    what HBM x utilization leaves after the weights and the activation reserve."""
+    util = sec.number(
+        "gpu_memory_utilization", 0.9, low=0.0, low_open=True, high=1.0, source=SRC_VLLM_CACHE
+    )
+    reserve = sec.number(
+        "activation_reserve_gb",
+        costmodel.DEFAULT_ACTIVATION_RESERVE_BYTES / GB,
+        low=0.0,
+        source=SRC_RESERVE,
+    )
+    block = sec.integer("block_size", 16, low=1, high=256, source=SRC_VLLM_CACHE)
+    blocks_given = sec.optional_integer(
+        "num_gpu_blocks",
+        source="derived: HBM x utilization - weights - reserve, / KV bytes per token",
+    )
+    try:
+        capacity = costmodel.hbm_kv_capacity_tokens(model, gpu, tp, util, reserve * GB)
+    except ConfigError as exc:
+        raise sec.fail("gpu_memory_utilization", str(exc)) from exc
+    num_blocks = blocks_given if blocks_given is not None else capacity // block
+    if num_blocks < 1:
+        raise sec.fail("gpu_memory_utilization", f"leaves no KV block for {model.name}")
+    return util, block, num_blocks
+
+
+def _batch_limits(sec: Section, gpu: GPU) -> tuple[int, int]:
+    """(max_num_seqs, max_num_batched_tokens), by default vLLM's for ``gpu``."""
+    seqs_default, budget_default = vllm_batch_defaults(gpu)
+    max_seqs = sec.integer("max_num_seqs", seqs_default, low=1, high=65536, source=SRC_VLLM_BATCH)
+    budget = sec.integer("max_num_batched_tokens", budget_default, low=1, source=SRC_VLLM_BATCH)
+    if budget < max_seqs:
+        raise sec.fail(
+            "max_num_batched_tokens",
+            f"{budget} is smaller than max_num_seqs ({max_seqs}); vLLM rejects it",
+        )
+    return max_seqs, budget
+
+
+def _speeds(sec: Section, gpu: GPU) -> tuple[float, float, float, float]:
+    """(mfu, hbm_efficiency, PCIe bytes/s, step_overhead_s) of the cost model."""
+    mfu = sec.number("mfu", costmodel.DEFAULT_MFU, low=0.0, low_open=True, high=1.0, source=SRC_MFU)
+    hbm_eff = sec.number(
+        "hbm_efficiency",
+        costmodel.DEFAULT_HBM_EFFICIENCY,
+        low=0.0,
+        low_open=True,
+        high=1.0,
+        source=SRC_HBM,
+    )
+    pcie = (
+        sec.number(
+            "pcie_gbps",
+            gpu.pcie_Bps / GB,
+            low=0.0,
+            low_open=True,
+            source=f"default: {gpu.name} pcie (hardware catalogue)",
+        )
+        * GB
+    )
+    overhead = sec.number(
+        "step_overhead_s", costmodel.DEFAULT_STEP_OVERHEAD_S, low=0.0, source=SRC_OVERHEAD
+    )
+    return mfu, hbm_eff, pcie, overhead
+
+
+def _offload(
+    sec: Section, n_engines: int
+) -> tuple[str, tuple[str, ...], SwitchbackSpec | None, float]:
+    """(offload, each engine's mode, the switchback, cpu_cache_gb): a CPU cache is needed
+    once an engine offloads."""
+    offload = sec.choice("offload", "none", OFFLOAD_MODES, source="default: no offload")
+    per_engine = _engines_offload(sec, offload, n_engines)
+    switchback = parse_switchback(sec, per_engine, lmcache_scope_given=sec.has("lmcache_scope"))
+    any_offload = any(m != "none" for m in per_engine) or switchback is not None
+    cpu_gb = sec.number("cpu_cache_gb", 100.0 if any_offload else 0.0, low=0.0, source=SRC_CPU)
+    if any_offload and cpu_gb <= 0:
+        raise sec.fail("cpu_cache_gb", "must be > 0 when an engine offloads")
+    return offload, per_engine, switchback, cpu_gb
 
 
 def _parse_engine(sec: Section, cluster: ClusterSpec) -> ClusterSpec:

@@ -168,67 +168,13 @@ def _length(sec: Section, name: str, default: int | None, *, low: int = 1) -> Le
 
 def parse_workload(sec: Section, base_dir: Path | None) -> WorkloadSpec:
     kind = sec.choice("kind", "synthetic", KINDS, source="default: synthetic")
-    conc = sec.optional_integer("concurrency")
-    qps = sec.number("qps", record=False) if sec.has("qps") else None
-    if qps is not None:
-        if qps <= 0:
-            raise sec.fail("qps", f"must be > 0, got {qps!r}")
-        sec.params.append(Param(sec.key("qps"), qps, "scenario"))
-    else:
-        sec.raw("qps")
-    stages = _stages(sec)
-    if kind == "trace" and (conc is not None or qps is not None):
-        raise sec.fail(
-            "concurrency" if conc is not None else "qps", "a trace replays its own arrival times"
-        )
-    if stages:
-        if kind not in STAGED_KINDS:
-            raise sec.fail("stages", f"a rate ramp needs kind {', '.join(STAGED_KINDS)}")
-        if conc is not None or qps is not None:
-            raise sec.fail(
-                "concurrency" if conc is not None else "qps",
-                "stages set the rate of each step: give no qps or concurrency with them",
-            )
-    elif kind != "trace" and (conc is None) == (qps is None):
-        raise sec.fail("concurrency", "give exactly one of concurrency (closed loop) or qps")
-    arrival = sec.choice("arrival", "poisson", ARRIVALS, source="default: poisson")
-    if stages and arrival == "diurnal":
-        raise sec.fail("arrival", "a stage's rate is constant: poisson or bursty")
-    if arrival != "poisson" and qps is None and not stages:
-        raise sec.fail("arrival", "needs qps (open loop)")
-    burst = sec.number(
-        "burstiness",
-        0.25 if arrival == "bursty" else 1.0,
-        low=0.0,
-        low_open=True,
-        source="default: gamma shape 0.25 (vLLM benchmark_serving --burstiness)"
-        if arrival == "bursty"
-        else "default: 1 (Poisson)",
-    )
-    period = sec.number(
-        "diurnal_period_s", 86_400.0, low=0.0, low_open=True, source="default: one day"
-    )
-    amp = sec.number("diurnal_amplitude", 0.5, low=0.0, high=1.0, source="default: ±50 %")
+    conc, qps, stages = _rate(sec, kind)
+    arrival, burst, period, amp = _arrival(sec, qps, stages)
     think = sec.number("think_time_s", 0.0, low=0.0, source="default: no think time")
     num = sec.optional_integer("num_requests", source="default: unlimited (duration-bound)")
     if num is not None and stages:
         raise sec.fail("num_requests", "each stage sends int(qps x duration_s) requests")
-    gap, stage_dataset = 0.0, "restart"
-    if stages:  # recorded only with stages, so other workloads' parameter lists are unchanged
-        gap = sec.number(
-            "stage_gap_s", 0.0, low=0.0, source="default: 0 (inference-perf load.interval)"
-        )
-        stage_dataset = sec.choice(
-            "stage_dataset",
-            "restart",
-            ("restart", "continue"),
-            source="default: restart (inference-perf numbers each stage's requests from 0)",
-        )
-    else:
-        for key in ("stage_gap_s", "stage_dataset"):
-            if sec.has(key):
-                raise sec.fail(key, "applies only with stages")
-            sec.raw(key)
+    gap, stage_dataset = _stage_options(sec, stages)
     need_prompt = kind == "synthetic"
     prompt = _length(sec, "prompt_tokens", None if need_prompt else 1)
     output = _length(sec, "output_tokens", 256)
@@ -254,16 +200,7 @@ def parse_workload(sec: Section, base_dir: Path | None) -> WorkloadSpec:
     k_docs = sec.integer("docs_per_request", 3, low=1)
     if kind == "rag" and k_docs > documents:
         raise sec.fail("docs_per_request", f"must be <= documents ({documents})")
-    trace: tuple[TraceRecord, ...] = ()
-    if kind == "trace":
-        path = Path(sec.string("path", "trace.jsonl"))
-        if not path.is_absolute() and base_dir is not None:
-            path = base_dir / path
-        scale = sec.number("time_scale", 1.0, low=0.0, low_open=True)
-        trace = load_trace(path, scale)
-    else:
-        sec.raw("path")
-        sec.raw("time_scale")
+    trace = _trace(sec, kind, base_dir)
     sec.finish()
     return WorkloadSpec(
         kind,
@@ -294,6 +231,95 @@ def parse_workload(sec: Section, base_dir: Path | None) -> WorkloadSpec:
         gap,
         stage_dataset,
     )
+
+
+def _rate(sec: Section, kind: str) -> tuple[int | None, float | None, tuple[Stage, ...]]:
+    """(concurrency, qps, stages): exactly one sets the load, except for a trace, which
+    replays its own arrival times."""
+    conc = sec.optional_integer("concurrency")
+    qps = sec.number("qps", record=False) if sec.has("qps") else None
+    if qps is not None:
+        if qps <= 0:
+            raise sec.fail("qps", f"must be > 0, got {qps!r}")
+        sec.params.append(Param(sec.key("qps"), qps, "scenario"))
+    else:
+        sec.raw("qps")
+    stages = _stages(sec)
+    if kind == "trace" and (conc is not None or qps is not None):
+        raise sec.fail(
+            "concurrency" if conc is not None else "qps", "a trace replays its own arrival times"
+        )
+    if stages:
+        if kind not in STAGED_KINDS:
+            raise sec.fail("stages", f"a rate ramp needs kind {', '.join(STAGED_KINDS)}")
+        if conc is not None or qps is not None:
+            raise sec.fail(
+                "concurrency" if conc is not None else "qps",
+                "stages set the rate of each step: give no qps or concurrency with them",
+            )
+    elif kind != "trace" and (conc is None) == (qps is None):
+        raise sec.fail("concurrency", "give exactly one of concurrency (closed loop) or qps")
+    return conc, qps, stages
+
+
+def _arrival(
+    sec: Section, qps: float | None, stages: tuple[Stage, ...]
+) -> tuple[str, float, float, float]:
+    """(arrival, burstiness, diurnal_period_s, diurnal_amplitude)."""
+    arrival = sec.choice("arrival", "poisson", ARRIVALS, source="default: poisson")
+    if stages and arrival == "diurnal":
+        raise sec.fail("arrival", "a stage's rate is constant: poisson or bursty")
+    if arrival != "poisson" and qps is None and not stages:
+        raise sec.fail("arrival", "needs qps (open loop)")
+    burst = sec.number(
+        "burstiness",
+        0.25 if arrival == "bursty" else 1.0,
+        low=0.0,
+        low_open=True,
+        source="default: gamma shape 0.25 (vLLM benchmark_serving --burstiness)"
+        if arrival == "bursty"
+        else "default: 1 (Poisson)",
+    )
+    period = sec.number(
+        "diurnal_period_s", 86_400.0, low=0.0, low_open=True, source="default: one day"
+    )
+    amp = sec.number("diurnal_amplitude", 0.5, low=0.0, high=1.0, source="default: ±50 %")
+    return arrival, burst, period, amp
+
+
+def _stage_options(sec: Section, stages: tuple[Stage, ...]) -> tuple[float, str]:
+    """(stage_gap_s, stage_dataset): given only with stages."""
+    gap, stage_dataset = 0.0, "restart"
+    if stages:  # recorded only with stages, so other workloads' parameter lists are unchanged
+        gap = sec.number(
+            "stage_gap_s", 0.0, low=0.0, source="default: 0 (inference-perf load.interval)"
+        )
+        stage_dataset = sec.choice(
+            "stage_dataset",
+            "restart",
+            ("restart", "continue"),
+            source="default: restart (inference-perf numbers each stage's requests from 0)",
+        )
+    else:
+        for key in ("stage_gap_s", "stage_dataset"):
+            if sec.has(key):
+                raise sec.fail(key, "applies only with stages")
+            sec.raw(key)
+    return gap, stage_dataset
+
+
+def _trace(sec: Section, kind: str, base_dir: Path | None) -> tuple[TraceRecord, ...]:
+    """The records a trace workload replays (relative paths from ``base_dir``); none for the
+    other kinds."""
+    if kind != "trace":
+        sec.raw("path")
+        sec.raw("time_scale")
+        return ()
+    path = Path(sec.string("path", "trace.jsonl"))
+    if not path.is_absolute() and base_dir is not None:
+        path = base_dir / path
+    scale = sec.number("time_scale", 1.0, low=0.0, low_open=True)
+    return load_trace(path, scale)
 
 
 def _stages(sec: Section) -> tuple[Stage, ...]:
