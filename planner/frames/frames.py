@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import operator
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from core.catalog import ENGINE_LABEL
@@ -202,7 +203,47 @@ def engine_frame(
     n_eng = len(eng_u) + 1  # +1: code of "no engine label"
     if src_c.size == 0:
         return pd.DataFrame({c: pd.Series(dtype=_dtype(c)) for c in COLUMNS})
-    # Engine key per window; a series without an engine label joins its source's only engine.
+    pair, pair_u = _engine_keys(src_c, eng_c, n_eng)
+    mod_c, mod_u = coded.get("model", (np.full(src_c.size, -1, dtype=np.int64), []))
+    pair_model = pair_models(pair, pair_u, eng_c >= 0, mod_c, len(mod_u))
+    start_c, start_u = pd.factorize(num["start"])
+    n_start = len(start_u)
+    row_c, rows = _row_codes(pair * n_start + start_c, len(src_u) * n_eng * n_start, src_c.size)
+    n = rows.size
+    key_of_row = rows // n_start
+    length = num["length_s"]
+    sel = _Signals.of(num, sig_c, sig_u, row_c, n)
+    src_names = np.asarray([str(x) for x in src_u] + [""], dtype=object)
+    eng_names = np.asarray([str(x) for x in eng_u] + [""], dtype=object)
+    cols: dict[str, object] = {
+        "source": src_names[key_of_row // n_eng],
+        "engine": eng_names[key_of_row % n_eng],
+        "start": np.asarray(start_u, dtype=float)[rows % n_start],
+        "window_s": np.bincount(row_c, weights=length, minlength=n)
+        / np.bincount(row_c, minlength=n),
+    }
+    for col, signal, field, how in _SIMPLE:
+        cols[col] = sel.agg(signal, field, how)
+    _ratio_columns(cols, sel)
+    add_derived(cols)  # type: ignore[arg-type]
+    frame = pd.DataFrame(cols)
+    frame["offload_mode"], frame["group"] = modes_and_groups(
+        src_names, eng_names, key_of_row, n_eng, engines_meta or {},
+        [str(m) for m in mod_u], pair_u, pair_model, frame["start"].to_numpy(),
+    )  # fmt: skip
+    frame = frame.sort_values(["source", "engine", "start"], kind="stable", ignore_index=True)
+    return frame[list(COLUMNS)]
+
+
+def _engine_keys(
+    src_c: npt.NDArray[np.int64], eng_c: npt.NDArray[np.int64], n_eng: int
+) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
+    """Engine key per window and the distinct keys (before any remapping).
+
+    A series without an engine label joins its source's only engine.
+    """
+    import numpy as np
+
     pair = src_c * n_eng + np.where(eng_c < 0, n_eng - 1, eng_c)
     pair_u = np.unique(pair)
     engines_of: dict[int, list[int]] = {}
@@ -218,43 +259,80 @@ def engine_frame(
         lut = np.array(list(remap.keys())), np.array(list(remap.values()))
         for a, b in zip(*lut, strict=True):
             pair[pair == a] = b
-    mod_c, mod_u = coded.get("model", (np.full(src_c.size, -1, dtype=np.int64), []))
-    pair_model = pair_models(pair, pair_u, eng_c >= 0, mod_c, len(mod_u))
-    start_c, start_u = pd.factorize(num["start"])
-    n_start = len(start_u)
-    size = len(src_u) * n_eng * n_start
-    if size <= 4 * src_c.size + 1_000_000:
-        row_c, rows = _dense(pair * n_start + start_c, size)
-    else:  # sparse keys: hash instead of a dense table
-        rc, ru = pd.factorize(pair * n_start + start_c)
-        row_c, rows = rc.astype(np.int64), np.asarray(ru, dtype=np.int64)
-    n = rows.size
-    key_of_row = rows // n_start
-    length = num["length_s"]
-    sig_index = {str(s): i for i, s in enumerate(sig_u)}
-    # Rows of each signal as one slice of a (radix-)sorted order: per-signal work then
-    # scales with that signal's windows, not with all of them.
-    order = np.argsort(sig_c.astype(np.int16 if len(sig_u) < 32000 else np.int64), kind="stable")
-    bounds = np.searchsorted(sig_c[order], np.arange(len(sig_u) + 1))
+    return pair, pair_u
 
-    def pick(signal: str, field: str) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.float64]]:
+
+def _row_codes(
+    keys: npt.NDArray[np.int64], size: int, n_windows: int
+) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
+    """(row code per window, key per row) of the (engine, start) keys in ``[0, size)``."""
+    import numpy as np
+    import pandas as pd
+
+    if size <= 4 * n_windows + 1_000_000:
+        return _dense(keys, size)
+    # sparse keys: hash instead of a dense table
+    rc, ru = pd.factorize(keys)
+    return rc.astype(np.int64), np.asarray(ru, dtype=np.int64)
+
+
+@dataclass(frozen=True, slots=True)
+class _Signals:
+    """The windows of each signal as one slice of a (radix-)sorted order: per-signal work
+    then scales with that signal's windows, not with all of them."""
+
+    num: dict[str, npt.NDArray[np.float64]]
+    row_c: npt.NDArray[np.int64]
+    n: int
+    sig_index: dict[str, int]
+    order: npt.NDArray[np.int64]
+    bounds: npt.NDArray[np.int64]
+
+    @classmethod
+    def of(
+        cls,
+        num: dict[str, npt.NDArray[np.float64]],
+        sig_c: npt.NDArray[np.int64],
+        sig_u: list[object],
+        row_c: npt.NDArray[np.int64],
+        n: int,
+    ) -> _Signals:
+        import numpy as np
+
+        sig_index = {str(s): i for i, s in enumerate(sig_u)}
+        order = np.argsort(
+            sig_c.astype(np.int16 if len(sig_u) < 32000 else np.int64), kind="stable"
+        )
+        bounds = np.searchsorted(sig_c[order], np.arange(len(sig_u) + 1))
+        return cls(num, row_c, n, sig_index, order, bounds)
+
+    def pick(
+        self, signal: str, field: str
+    ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.float64]]:
         """(row code, value) of the signal's windows with a value in ``field``."""
-        code = sig_index.get(signal)
+        import numpy as np
+
+        num = self.num
+        code = self.sig_index.get(signal)
         if code is None or (field not in num and field != "rate"):
             return np.zeros(0, dtype=np.int64), np.zeros(0)
-        idx = order[bounds[code] : bounds[code + 1]]
+        idx = self.order[self.bounds[code] : self.bounds[code + 1]]
         if field == "rate":  # a counter without a rate: delta / length
             rate = num["rate"][idx] if "rate" in num else np.full(idx.size, np.nan)
             delta = num["delta"][idx] if "delta" in num else np.full(idx.size, np.nan)
             with np.errstate(invalid="ignore", divide="ignore"):
-                v = np.where(np.isnan(rate), delta / length[idx], rate)
+                v = np.where(np.isnan(rate), delta / num["length_s"][idx], rate)
         else:
             v = num[field][idx]
         keep = ~np.isnan(v)
-        return row_c[idx][keep], v[keep]
+        return self.row_c[idx][keep], v[keep]
 
-    def agg(signal: str, field: str, how: str) -> npt.NDArray[np.float64]:
-        idx, v = pick(signal, field)
+    def agg(self, signal: str, field: str, how: str) -> npt.NDArray[np.float64]:
+        """Per row: the ``how`` ("sum", "mean", "max") of the signal's ``field``; NaN if none."""
+        import numpy as np
+
+        n = self.n
+        idx, v = self.pick(signal, field)
         cnt = np.bincount(idx, minlength=n)
         if how == "max":
             res = np.full(n, -np.inf)
@@ -265,50 +343,39 @@ def engine_frame(
                 res = res / np.maximum(cnt, 1)
         return np.where(cnt > 0, res, np.nan)
 
-    def wmean(signal: str) -> npt.NDArray[np.float64]:
+    def wmean(self, signal: str) -> npt.NDArray[np.float64]:
         """Mean of a ratio's series weighted by their denominators (a missing one counts 1)."""
-        code = sig_index.get(signal)
+        import numpy as np
+
+        num, n = self.num, self.n
+        code = self.sig_index.get(signal)
         if code is None or "mean" not in num:
             return np.full(n, np.nan)
-        idx = order[bounds[code] : bounds[code + 1]]
+        idx = self.order[self.bounds[code] : self.bounds[code + 1]]
         v = num["mean"][idx]
         wt = num["delta"][idx] if "delta" in num else np.ones(idx.size)
         keep = ~np.isnan(v)
         wt = np.where(np.isnan(wt), 1.0, wt)[keep]
-        top = np.bincount(row_c[idx][keep], weights=v[keep] * wt, minlength=n)
-        bottom = np.bincount(row_c[idx][keep], weights=wt, minlength=n)
+        top = np.bincount(self.row_c[idx][keep], weights=v[keep] * wt, minlength=n)
+        bottom = np.bincount(self.row_c[idx][keep], weights=wt, minlength=n)
         with np.errstate(invalid="ignore", divide="ignore"):
             return np.where(bottom > 0, top / bottom, np.nan)
 
-    src_names = np.asarray([str(x) for x in src_u] + [""], dtype=object)
-    eng_names = np.asarray([str(x) for x in eng_u] + [""], dtype=object)
-    cols: dict[str, object] = {
-        "source": src_names[key_of_row // n_eng],
-        "engine": eng_names[key_of_row % n_eng],
-        "start": np.asarray(start_u, dtype=float)[rows % n_start],
-        "window_s": np.bincount(row_c, weights=length, minlength=n)
-        / np.bincount(row_c, minlength=n),
-    }
-    for col, signal, field, how in _SIMPLE:
-        cols[col] = agg(signal, field, how)
+
+def _ratio_columns(cols: dict[str, object], sel: _Signals) -> None:
+    """The hit-ratio columns (and their weights): the derived ratio weighted by its
+    denominator where present, else the counters' ratio."""
+    import numpy as np
+
     for col, ratio, numer, denom in _RATIOS:
-        # Prefer the derived ratio (weighted by its denominator); fall back to the counters.
-        w = agg(ratio, "delta", "sum")
-        r = wmean(ratio)
-        d_num, d_den = agg(numer, "delta", "sum"), agg(denom, "delta", "sum")
+        w = sel.agg(ratio, "delta", "sum")
+        r = sel.wmean(ratio)
+        d_num, d_den = sel.agg(numer, "delta", "sum"), sel.agg(denom, "delta", "sum")
         with np.errstate(invalid="ignore", divide="ignore"):
             fallback = np.where(d_den > 0, d_num / d_den, np.nan)
         cols[col] = np.where(np.isnan(r), fallback, r)
         if col in _RATIO_WEIGHT:
             cols[_RATIO_WEIGHT[col]] = np.where(np.isnan(w), d_den, w)
-    add_derived(cols)  # type: ignore[arg-type]
-    frame = pd.DataFrame(cols)
-    frame["offload_mode"], frame["group"] = modes_and_groups(
-        src_names, eng_names, key_of_row, n_eng, engines_meta or {},
-        [str(m) for m in mod_u], pair_u, pair_model, frame["start"].to_numpy(),
-    )  # fmt: skip
-    frame = frame.sort_values(["source", "engine", "start"], kind="stable", ignore_index=True)
-    return frame[list(COLUMNS)]
 
 
 def add_derived(cols: dict[str, npt.NDArray[np.float64]]) -> None:
