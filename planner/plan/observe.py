@@ -256,103 +256,25 @@ def observe(
     ``windows``: Window records or their table (planner/frames/table.py); ``modes`` maps a
     source to its offload mode (engine metadata).
     """
-    import numpy as np
-
     windows = WindowTable.of(windows)
     rows = _engine_rows(frame)
     out: dict[str, Any] = {}
-    p50, p95 = quantiles(rows["kv_util"].to_numpy(dtype=float), [0.5, 0.95])
-    kv_max = finite(np.nanmax(rows["kv_util_max"].to_numpy(dtype=float))) if len(rows) else None
-    n_kv = int(rows["kv_util"].notna().sum())
-    out["kv_util"] = {
-        "p50": p50,
-        "p95": p95,
-        "max": kv_max,
-        "windows": n_kv,
-        "basis": "quantiles of per-engine window means of kv_cache_usage_ratio; max = the "
-        "largest in-window maximum",
-    }
-
-    pre = float(np.nansum(rows["preemptions"].to_numpy(dtype=float)))
-    req = float(np.nansum(rows["requests"].to_numpy(dtype=float)))
-    counted = "finished requests (request_success_total)"
-    if req <= 0:
-        req = float(np.nansum(rows["ttft_count"].to_numpy(dtype=float)))
-        counted = "TTFT observations (no request_success_total): requests that got a token"
-    per_1k = 1000.0 * pre / req if req > 0 and rows["preemptions"].notna().any() else None
-    out["preemptions"] = {
-        "per_1k_requests": per_1k,
-        "preemptions": pre,
-        "requests": req,
-        "basis": f"Σ preemptions / Σ {counted} × 1000",
-    }
-
+    out["kv_util"] = _kv_util(rows)
+    p50, p95 = out["kv_util"]["p50"], out["kv_util"]["p95"]
+    out["preemptions"] = _preemptions(rows)
+    per_1k = out["preemptions"]["per_1k_requests"]
     share, why = reprefill_share(windows)
     out["reprefill_share"] = {"value": share, "basis": why}
-
     mode, mode_basis = current_mode(modes)
-    deployed = {s for s, m in modes.items() if m == mode} if mode not in (None, "none") else None
-    hits: dict[str, Any] = {}
-    for key, ratio in (
-        ("prefix", "prefix_cache_hit_ratio"),
-        ("external", "external_prefix_cache_hit_ratio"),
-        ("lmcache", "lmcache_hit_ratio"),
-    ):
-        value, weight = pooled_ratio(windows, ratio)
-        hits[key] = {"ratio": value, "queried_tokens": weight}
-    hits["basis"] = "pooled over the period: Σ hit tokens / Σ queried tokens"
-    out["hit_ratios"] = hits
-    ext = hits["external"]["ratio"]
-    if deployed is not None:
-        ext = pooled_ratio(windows, "external_prefix_cache_hit_ratio", deployed)[0]
-        hits["external_deployed"] = {"ratio": ext, "engines_mode": mode}
+    out["hit_ratios"], ext = _hit_ratios(windows, modes, mode)
+    hits = out["hit_ratios"]
     out["current_mode"] = {"mode": mode, "basis": mode_basis}
-
-    counts = rows["ttft_count"].to_numpy(dtype=float)
-    tsum = float(np.nansum(rows["ttft_mean_s"].to_numpy(dtype=float) * counts))
-    out["ttft"] = {
-        "p90_s": weighted_median(rows["ttft_p90_s"].to_numpy(dtype=float), np.nan_to_num(counts)),
-        "worst_window_p90_s": quantiles(rows["ttft_p90_s"].to_numpy(dtype=float), [1.0])[0],
-        "mean_s": tsum / float(np.nansum(counts)) if np.nansum(counts) > 0 else None,
-        "requests": float(np.nansum(counts)),
-        "basis": "p90: request-weighted median of the windows' histogram p90s (approximation); "
-        "mean: Σ TTFT sum / Σ count",
-    }
-    cluster_tps = rows.groupby("start")["tokens_per_s"].sum(min_count=1).dropna()
-    mean_tps, p95_tps = quantiles(cluster_tps.to_numpy(dtype=float), [0.5, 0.95])
-    out["tokens_per_s"] = {
-        "cluster_mean": finite(cluster_tps.mean()) if len(cluster_tps) else None,
-        "cluster_p50": mean_tps,
-        "cluster_p95": p95_tps,
-        "basis": "prompt + generation token rates summed over engines per window start",
-    }
-    prompt_mean, prompt_p90, censored = prompt_lengths(windows)
-    out["prompt_tokens"] = {
-        "mean": prompt_mean,
-        "p90": prompt_p90,
-        "p90_censored": censored,
-        "basis": "request_prompt_tokens histogram: mean = Σ sum / Σ count (exact); p90 = "
-        "request-weighted median of the windows' p90s (approximation)"
-        + (
-            "; censored: the p90 lies in the +Inf bucket of the median windows, so it is only "
-            "known as >= the top finite bucket bound (vLLM's buckets end below max_model_len)"
-            if censored
-            else ""
-        ),
-    }
-    by_mode: dict[str, Any] = {}
-    # LMCache servers scraped as their own targets have no engine rows: their hit counters
-    # belong to the lmcache mode.
-    signals = set(windows.summary["signal"])
-    servers = windows.sources_of(s for s in signals if str(s).startswith("lmcache_"))
-    servers -= names(rows["source"])
-    for m in sorted(names(rows["offload_mode"])):
-        sub = rows[rows["offload_mode"].astype(str) == m]
-        sources = names(sub["source"]) | {s for s, mm in modes.items() if mm == m}
-        if m == "lmcache":
-            sources |= servers
-        by_mode[m] = _mode_summary(sub, windows, sources)
-    out["by_mode"] = by_mode
+    out["ttft"] = _ttft(rows)
+    out["tokens_per_s"] = _tokens_per_s(rows)
+    out["prompt_tokens"] = _prompt_tokens(windows)
+    prompt_mean, prompt_p90 = out["prompt_tokens"]["mean"], out["prompt_tokens"]["p90"]
+    censored = out["prompt_tokens"]["p90_censored"]
+    out["by_mode"] = _by_mode(rows, windows, modes)
     healthy = lmcache_health(windows)
     out["lmcache_healthy"] = healthy
     evidence = Observed(
@@ -370,6 +292,127 @@ def observe(
         engines=len(rows.groupby(["source", "engine"])) or None,
     )
     return out, evidence
+
+
+def _kv_util(rows: pd.DataFrame) -> dict[str, Any]:
+    """Quantiles of the engines' window-mean KV use, and the largest in-window maximum."""
+    import numpy as np
+
+    p50, p95 = quantiles(rows["kv_util"].to_numpy(dtype=float), [0.5, 0.95])
+    kv_max = finite(np.nanmax(rows["kv_util_max"].to_numpy(dtype=float))) if len(rows) else None
+    n_kv = int(rows["kv_util"].notna().sum())
+    return {
+        "p50": p50,
+        "p95": p95,
+        "max": kv_max,
+        "windows": n_kv,
+        "basis": "quantiles of per-engine window means of kv_cache_usage_ratio; max = the "
+        "largest in-window maximum",
+    }
+
+
+def _preemptions(rows: pd.DataFrame) -> dict[str, Any]:
+    """Preemptions per 1000 finished requests (TTFT observations when none are counted)."""
+    import numpy as np
+
+    pre = float(np.nansum(rows["preemptions"].to_numpy(dtype=float)))
+    req = float(np.nansum(rows["requests"].to_numpy(dtype=float)))
+    counted = "finished requests (request_success_total)"
+    if req <= 0:
+        req = float(np.nansum(rows["ttft_count"].to_numpy(dtype=float)))
+        counted = "TTFT observations (no request_success_total): requests that got a token"
+    per_1k = 1000.0 * pre / req if req > 0 and rows["preemptions"].notna().any() else None
+    return {
+        "per_1k_requests": per_1k,
+        "preemptions": pre,
+        "requests": req,
+        "basis": f"Σ preemptions / Σ {counted} × 1000",
+    }
+
+
+def _hit_ratios(
+    windows: WindowTable, modes: Mapping[str, str], mode: str | None
+) -> tuple[dict[str, Any], float | None]:
+    """(pooled hit ratios, the external one on the engines of the deployed ``mode`` if any,
+    else over all)."""
+    deployed = {s for s, m in modes.items() if m == mode} if mode not in (None, "none") else None
+    hits: dict[str, Any] = {}
+    for key, ratio in (
+        ("prefix", "prefix_cache_hit_ratio"),
+        ("external", "external_prefix_cache_hit_ratio"),
+        ("lmcache", "lmcache_hit_ratio"),
+    ):
+        value, weight = pooled_ratio(windows, ratio)
+        hits[key] = {"ratio": value, "queried_tokens": weight}
+    hits["basis"] = "pooled over the period: Σ hit tokens / Σ queried tokens"
+    ext = hits["external"]["ratio"]
+    if deployed is not None:
+        ext = pooled_ratio(windows, "external_prefix_cache_hit_ratio", deployed)[0]
+        hits["external_deployed"] = {"ratio": ext, "engines_mode": mode}
+    return hits, ext
+
+
+def _ttft(rows: pd.DataFrame) -> dict[str, Any]:
+    """Request-weighted median of the windows' TTFT p90s, the worst one, and the mean."""
+    import numpy as np
+
+    counts = rows["ttft_count"].to_numpy(dtype=float)
+    tsum = float(np.nansum(rows["ttft_mean_s"].to_numpy(dtype=float) * counts))
+    return {
+        "p90_s": weighted_median(rows["ttft_p90_s"].to_numpy(dtype=float), np.nan_to_num(counts)),
+        "worst_window_p90_s": quantiles(rows["ttft_p90_s"].to_numpy(dtype=float), [1.0])[0],
+        "mean_s": tsum / float(np.nansum(counts)) if np.nansum(counts) > 0 else None,
+        "requests": float(np.nansum(counts)),
+        "basis": "p90: request-weighted median of the windows' histogram p90s (approximation); "
+        "mean: Σ TTFT sum / Σ count",
+    }
+
+
+def _tokens_per_s(rows: pd.DataFrame) -> dict[str, Any]:
+    """The cluster's token rate (summed over engines per window start): mean, p50, p95."""
+    cluster_tps = rows.groupby("start")["tokens_per_s"].sum(min_count=1).dropna()
+    mean_tps, p95_tps = quantiles(cluster_tps.to_numpy(dtype=float), [0.5, 0.95])
+    return {
+        "cluster_mean": finite(cluster_tps.mean()) if len(cluster_tps) else None,
+        "cluster_p50": mean_tps,
+        "cluster_p95": p95_tps,
+        "basis": "prompt + generation token rates summed over engines per window start",
+    }
+
+
+def _prompt_tokens(windows: WindowTable) -> dict[str, Any]:
+    """Mean and p90 prompt length from the request_prompt_tokens histogram."""
+    prompt_mean, prompt_p90, censored = prompt_lengths(windows)
+    return {
+        "mean": prompt_mean,
+        "p90": prompt_p90,
+        "p90_censored": censored,
+        "basis": "request_prompt_tokens histogram: mean = Σ sum / Σ count (exact); p90 = "
+        "request-weighted median of the windows' p90s (approximation)"
+        + (
+            "; censored: the p90 lies in the +Inf bucket of the median windows, so it is only "
+            "known as >= the top finite bucket bound (vLLM's buckets end below max_model_len)"
+            if censored
+            else ""
+        ),
+    }
+
+
+def _by_mode(rows: pd.DataFrame, windows: WindowTable, modes: Mapping[str, str]) -> dict[str, Any]:
+    """The summary per offload mode (:func:`_mode_summary`)."""
+    by_mode: dict[str, Any] = {}
+    # LMCache servers scraped as their own targets have no engine rows: their hit counters
+    # belong to the lmcache mode.
+    signals = set(windows.summary["signal"])
+    servers = windows.sources_of(s for s in signals if str(s).startswith("lmcache_"))
+    servers -= names(rows["source"])
+    for m in sorted(names(rows["offload_mode"])):
+        sub = rows[rows["offload_mode"].astype(str) == m]
+        sources = names(sub["source"]) | {s for s, mm in modes.items() if mm == m}
+        if m == "lmcache":
+            sources |= servers
+        by_mode[m] = _mode_summary(sub, windows, sources)
+    return by_mode
 
 
 def p90_censored(w: Window) -> bool:
