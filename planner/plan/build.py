@@ -36,6 +36,7 @@ from planner.plan.basis import (
 from planner.plan.fits import (
     LEVEL,
     NO_HW,
+    FitRun,
     Hardware,
     cost_model,
     equal_kv_at,
@@ -57,10 +58,14 @@ from planner.plan.tier import recommended_gib, tier_section
 from planner.plan.verdict import ModeVerdict, run_verdicts, verdict_section
 
 if TYPE_CHECKING:
+    from collections.abc import Mapping
     from typing import Any
 
     import pandas as pd
 
+    from planner.decide.decision import Decision
+    from planner.deploy.sizing import Sizing
+    from planner.fit.run import FitReport
     from store.store import Store
     from store.tables import EngineRecord
 
@@ -264,24 +269,7 @@ def _plan(
     meta = {e.source: e for e in engines}
     present = names(frame["source"])
     in_window = [e for e in engines if e.source in present]
-    basis: list[str] = [
-        f"{len(windows)} windows of {len(present)} source(s) from {run.store.url}"
-        + (f", cluster {run.cluster!r}" if run.cluster else ""),
-        *notes,
-    ]
-    if not groups:
-        basis.append(
-            "decision: rules R1–R9 of planner/decide/DECIDER.md; each reason names its source "
-            "(measured, the cost model, or a published figure cited as [source: <id>], with its "
-            "source_id and source_url; `kvscope sources <id>` prints it)"
-        )
-    servers = {t.name for t in run.store.targets(run.cluster) if t.kind == "lmcache"}
-    unregistered = sorted(present - set(meta) - servers)  # an LMCache server is no engine
-    if unregistered:
-        basis.append(
-            f"{len(unregistered)} source(s) without engine metadata (offload mode "
-            f"unknown): {', '.join(unregistered[:5])}"
-        )
+    basis = _opening_basis(run, windows, present, meta, notes, grouped=bool(groups))
     basis += facts_basis(in_window)
     hw_names, hw = hardware_of(in_window, basis)
     modes = {s: m for s, m in modes_by_source(in_window).items() if s in present}
@@ -298,30 +286,14 @@ def _plan(
 
     side = Forked(beside_the_fits)  # neither reads what the other makes
     windows.drop_rows()  # nothing below reads them (~1.3 GB at 1,000 engines × 7 days)
-    if groups:
-        report = not_fitted(f"fitted per model group ({len(groups)} groups): see groups")
-    else:
-        flops, peak = cost_model(hw)
-        report = fit_all(frame, prefill_flops=flops, peak_flops=peak, no_cost=NO_HW,
-                         level=LEVEL, seed=run.seed)  # fmt: skip
-    fits = fit_runs(report)
+    fits = fit_runs(_fit_report(run, frame, hw, len(groups)))
     run.lap("fits")
     (happening, seen), verdicts, fc = side.result()
     run.lap("observe_verdicts_forecasts")
     u_now = seen.kv_util_p50
     for mode in ("native", "lmcache"):
         fits[EQUAL_KV + mode].entry["at_current_util"] = equal_kv_at(fits[EQUAL_KV + mode], u_now)
-    measured = Evidence(
-        model=hw_names["model"],
-        gpu=hw_names["gpu"],
-        tp=hw_names["tp"],
-        native_capacity=verdicts["native"].evidence if verdicts else None,
-        lmcache_capacity=verdicts["lmcache"].evidence if verdicts else None,
-        effective_mfu=mfu_evidence(fits["prefill_mfu"]),
-        l1_hit_curve=hit_curve(fits["lmcache_hitrate"]),
-        lmcache_up_fraction=run.lmcache_up,
-        cpu_dram_per_node_gib=dram_of(in_window),
-    )
+    measured = _measured(run, hw_names, verdicts, fits, in_window)
     evidence = fc.evidence.apply(seen.apply(measured))
     cpu_tier = None if groups else _cpu_tier(run, frame, in_window, hw, evidence, present)
     if cpu_tier is not None:
@@ -332,25 +304,9 @@ def _plan(
         )
     run.lap("cpu_tier")
     decision = None if groups else decide(evidence)
-    sizing, sizing_error = None, None
-    if decision is not None:
-        try:
-            sizing = size(evidence, decision)
-        except ConfigError as exc:
-            sizing_error = str(exc)
+    sizing, sizing_error = _sizing(evidence, decision)
     basis += plan_basis(evidence, fits, fc)
-    first, last = windows.span()
-    window = {
-        "since": run.since,
-        "until": run.until,
-        "first": first,
-        "last": last,
-        "first_utc": _iso(first),
-        "last_utc": _iso(last),
-        "windows": len(windows),
-        "engines": evidence.engines or 0,
-        "sources": len(present),
-    }
+    window = _window_section(run, windows, evidence.engines, len(present))
     run.lap("decide")
     offload = verdict_section(verdicts, evidence, run.slo) if verdicts else None
     return Plan(
@@ -371,3 +327,95 @@ def _plan(
         group,
         groups,
     )
+
+
+def _opening_basis(
+    run: _Run,
+    windows: WindowTable,
+    present: set[str],
+    meta: Mapping[str, EngineRecord],
+    notes: list[str],
+    *,
+    grouped: bool,
+) -> list[str]:
+    """The plan's first basis lines: what was read, the notes, the decision rules (unless
+    ``grouped``) and the sources without engine metadata."""
+    basis: list[str] = [
+        f"{len(windows)} windows of {len(present)} source(s) from {run.store.url}"
+        + (f", cluster {run.cluster!r}" if run.cluster else ""),
+        *notes,
+    ]
+    if not grouped:
+        basis.append(
+            "decision: rules R1–R9 of planner/decide/DECIDER.md; each reason names its source "
+            "(measured, the cost model, or a published figure cited as [source: <id>], with its "
+            "source_id and source_url; `kvscope sources <id>` prints it)"
+        )
+    servers = {t.name for t in run.store.targets(run.cluster) if t.kind == "lmcache"}
+    unregistered = sorted(present - set(meta) - servers)  # an LMCache server is no engine
+    if unregistered:
+        basis.append(
+            f"{len(unregistered)} source(s) without engine metadata (offload mode "
+            f"unknown): {', '.join(unregistered[:5])}"
+        )
+    return basis
+
+
+def _fit_report(run: _Run, frame: pd.DataFrame, hw: Hardware | None, n_groups: int) -> FitReport:
+    """Every fit of the frame, or (several model groups: ``n_groups`` > 0) none."""
+    if n_groups:
+        return not_fitted(f"fitted per model group ({n_groups} groups): see groups")
+    flops, peak = cost_model(hw)
+    return fit_all(frame, prefill_flops=flops, peak_flops=peak, no_cost=NO_HW,
+                   level=LEVEL, seed=run.seed)  # fmt: skip
+
+
+def _measured(
+    run: _Run,
+    hw_names: dict[str, Any],
+    verdicts: dict[str, ModeVerdict],
+    fits: dict[str, FitRun],
+    in_window: list[EngineRecord],
+) -> Evidence:
+    """The Evidence of the hardware, the capacity verdicts and the fits (before the
+    observations and forecasts apply theirs)."""
+    return Evidence(
+        model=hw_names["model"],
+        gpu=hw_names["gpu"],
+        tp=hw_names["tp"],
+        native_capacity=verdicts["native"].evidence if verdicts else None,
+        lmcache_capacity=verdicts["lmcache"].evidence if verdicts else None,
+        effective_mfu=mfu_evidence(fits["prefill_mfu"]),
+        l1_hit_curve=hit_curve(fits["lmcache_hitrate"]),
+        lmcache_up_fraction=run.lmcache_up,
+        cpu_dram_per_node_gib=dram_of(in_window),
+    )
+
+
+def _sizing(evidence: Evidence, decision: Decision | None) -> tuple[Sizing | None, str | None]:
+    """(sizing, why it could not be made) of the decision; (None, None) without one."""
+    sizing, sizing_error = None, None
+    if decision is not None:
+        try:
+            sizing = size(evidence, decision)
+        except ConfigError as exc:
+            sizing_error = str(exc)
+    return sizing, sizing_error
+
+
+def _window_section(
+    run: _Run, windows: WindowTable, engines: int | None, sources: int
+) -> dict[str, Any]:
+    """The plan's ``window`` section: the period asked for and the one the windows span."""
+    first, last = windows.span()
+    return {
+        "since": run.since,
+        "until": run.until,
+        "first": first,
+        "last": last,
+        "first_utc": _iso(first),
+        "last_utc": _iso(last),
+        "windows": len(windows),
+        "engines": engines or 0,
+        "sources": sources,
+    }
