@@ -96,6 +96,22 @@ class HitRateFit(FitResult):
         return _expit(eta - self.t_crit * se), _expit(eta + self.t_crit * se)
 
 
+@dataclass(frozen=True, slots=True)
+class _Windows:
+    """The usable windows: L1 sizes, hit ratios, looked-up tokens, evicting flags, pools."""
+
+    c: Array
+    h: Array
+    trials: Array
+    evicting: npt.NDArray[np.bool_]
+    groups: npt.NDArray[np.int64]
+    pools: int  # LMCache pools (sources) in the data
+
+    @property
+    def n(self) -> int:
+        return len(self.c)
+
+
 def fit_hitrate(
     frame: pd.DataFrame,
     *,
@@ -121,6 +137,68 @@ def fit_hitrate(
     """
     import numpy as np
 
+    _check_options(level, target_fraction, target_hit, spline_df)
+    win = _windows(frame, size, hit, weight, only_evicting=only_evicting, min_windows=min_windows)
+    c, n = win.c, win.n
+    lc = np.log(c)
+    knots = _knots(lc, spline_df)
+    k = len(knots) if len(knots) >= 3 else 2
+    cov_type = "cluster" if win.pools >= k + 1 else "HAC"
+    c_lo, c_hi = float(c.min()), float(c.max())
+    out = _unanswered(win, k, cov_type, target_fraction)
+    nan_est = Estimate(math.nan, nan_interval(level))
+    empty: dict[str, Any] = {
+        "estimate": math.nan, "interval": nan_interval(level), "hit_at_largest": nan_est,
+        "predictions": (), "spline_df": 0, "knots_ln_bytes": (), "coef": (), "coef_cov": (),
+        "t_crit": math.nan,
+    }  # fmt: skip
+    if float(np.std(c) / max(float(np.mean(c)), 1e-300)) < 0.05:
+        return HitRateFit(
+            **out, **empty, warnings=(), can_tell=False,
+            why="L1 usage barely varies (CV < 0.05): no curve can be fitted",
+        )  # fmt: skip
+    with recorded_warnings() as caught:
+        coef, cov = _glm(win.h, win.trials, _basis(lc, knots), win.groups, cov_type)
+    tq = t_quantile(level, win.pools - 1 if cov_type == "cluster" else n - k)
+    fit = HitRateFit(
+        **out, estimate=math.nan, interval=nan_interval(level), warnings=(), can_tell=False,
+        why="", hit_at_largest=nan_est, predictions=(), spline_df=k,
+        knots_ln_bytes=tuple(float(x) for x in knots), coef=tuple(float(x) for x in coef),
+        coef_cov=tuple(tuple(float(x) for x in row) for row in cov), t_crit=tq,
+    )  # fmt: skip
+    top = _hit_at(fit, c_hi, level)
+    grid = sorted(set(sizes)) if sizes is not None else [
+        *np.quantile(c, [0.25, 0.5, 0.75]).tolist(), 2 * c_hi, 4 * c_hi]  # fmt: skip
+    with recorded_warnings() as more:
+        preds = _predict(fit, np.asarray(grid, dtype=float), level)
+        for_hit = _size_for(fit, target_hit, None, level) if target_hit is not None else None
+        size_q = _size_for(fit, target_fraction * top.value, target_fraction, level)
+        rise_lo = _rise_lower_bound(fit, c_lo, c_hi)
+    caught.extend(more)
+    why = _why_not(
+        size_q, rise_lo, size_range=(c_lo, c_hi), target_fraction=target_fraction, level=level
+    )
+    return HitRateFit(
+        **(out | {"size_for_target_hit": for_hit}),
+        estimate=size_q.value,
+        interval=size_q.interval,
+        warnings=tuple(caught),
+        can_tell=not why,
+        why=why,
+        hit_at_largest=top,
+        predictions=preds,
+        spline_df=k,
+        knots_ln_bytes=fit.knots_ln_bytes,
+        coef=fit.coef,
+        coef_cov=fit.coef_cov,
+        t_crit=tq,
+    )
+
+
+def _check_options(
+    level: float, target_fraction: float, target_hit: float | None, spline_df: int
+) -> None:
+    """ConfigError for an option fit_hitrate does not accept."""
     from core.errors import ConfigError
 
     check_level(level)
@@ -130,6 +208,16 @@ def fit_hitrate(
         raise ConfigError(f"target_hit must be in (0, 1), got {target_hit}")
     if spline_df < 2:
         raise ConfigError(f"spline_df must be at least 2, got {spline_df}")
+
+
+def _windows(
+    frame: pd.DataFrame, size: str, hit: str, weight: str, *, only_evicting: bool,
+    min_windows: int,
+) -> _Windows:  # fmt: skip
+    """The usable windows (only the evicting ones when asked) as arrays; raises
+    InsufficientHistory below ``min_windows``."""
+    import numpy as np
+
     data = _usable(frame, size, hit, weight)
     ev = data["l1_evicted_chunks"] if "l1_evicted_chunks" in data.columns else None
     evicting = (ev > 0).to_numpy() if ev is not None else np.zeros(len(data), dtype=bool)
@@ -141,30 +229,15 @@ def fit_hitrate(
     trials = data[weight].to_numpy(dtype=float) if weight in data.columns else np.ones(len(data))
     groups = _pools(data)
     pools = int(np.unique(groups).size)
-    n = len(data)
-    lc = np.log(c)
-    knots = _knots(lc, spline_df)
-    k = len(knots) if len(knots) >= 3 else 2
-    cov_type = "cluster" if pools >= k + 1 else "HAC"
+    return _Windows(c, h, trials, evicting, groups, pools)
+
+
+def _unanswered(win: _Windows, k: int, cov_type: str, target_fraction: float) -> dict[str, Any]:
+    """The fields known before the curve is fitted: what is fitted, how, on which windows,
+    and the errors' assumption for ``cov_type`` with a ``k``-df curve."""
+    c, h, evicting, pools, n = win.c, win.h, win.evicting, win.pools, win.n
     c_lo, c_hi = float(c.min()), float(c.max())
-    if cov_type == "cluster":
-        errors = f"CR1 by LMCache pool ({pools} pools), t({pools - 1})"
-        few = f"; below {MIN_CLUSTERS} pools CR1 is biased down" if pools < MIN_CLUSTERS else ""
-        independence = (
-            f"errors clustered by LMCache pool ({pools} sources: independent across pools, "
-            f"any correlation within one){few}"
-        )
-    else:
-        errors = (
-            f"Newey–West HAC within each pool's window series ({pools} LMCache "
-            f"pool{'s' if pools != 1 else ''}, {hac_lags(n)} lags), t(n − {k})"
-        )
-        independence = (
-            f"{pools} LMCache pool{'s' if pools != 1 else ''}: too few for cluster-robust "
-            f"errors on a {k}-df curve (needs {k + 1}); the intervals allow correlation between "
-            f"a pool's windows up to {hac_lags(n)} windows apart (HAC) and describe these "
-            "pools, not pools in general"
-        )
+    errors, independence = _errors_text(pools, n, k, cov_type)
     out: dict[str, Any] = {
         "what": WHAT, "unit": "bytes", "n": n, "cov_type": cov_type, "clusters": pools,
         "method": f"binomial GLM (logit) of hit / looked-up tokens on a natural cubic "
@@ -187,37 +260,45 @@ def fit_hitrate(
         "target_fraction": target_fraction, "size_range": (c_lo, c_hi),
         "evicting_share": float(evicting.mean()), "size_for_target_hit": None,
     }  # fmt: skip
-    nan_est = Estimate(math.nan, nan_interval(level))
-    empty: dict[str, Any] = {
-        "estimate": math.nan, "interval": nan_interval(level), "hit_at_largest": nan_est,
-        "predictions": (), "spline_df": 0, "knots_ln_bytes": (), "coef": (), "coef_cov": (),
-        "t_crit": math.nan,
-    }  # fmt: skip
-    if float(np.std(c) / max(np.mean(c), 1e-300)) < 0.05:
-        return HitRateFit(
-            **out, **empty, warnings=(), can_tell=False,
-            why="L1 usage barely varies (CV < 0.05): no curve can be fitted",
-        )  # fmt: skip
-    with recorded_warnings() as caught:
-        coef, cov = _glm(h, trials, _basis(lc, knots), groups, cov_type)
-    tq = t_quantile(level, pools - 1 if cov_type == "cluster" else n - k)
-    fit = HitRateFit(
-        **out, estimate=math.nan, interval=nan_interval(level), warnings=(), can_tell=False,
-        why="", hit_at_largest=nan_est, predictions=(), spline_df=k,
-        knots_ln_bytes=tuple(float(x) for x in knots), coef=tuple(float(x) for x in coef),
-        coef_cov=tuple(tuple(float(x) for x in row) for row in cov), t_crit=tq,
-    )  # fmt: skip
-    lo_hi = fit.curve_interval([c_hi])
-    top = Estimate(float(fit.curve([c_hi])[0]), Interval(float(lo_hi[0][0]),
-                                                         float(lo_hi[1][0]), level))  # fmt: skip
-    grid = sorted(set(sizes)) if sizes is not None else [
-        *np.quantile(c, [0.25, 0.5, 0.75]).tolist(), 2 * c_hi, 4 * c_hi]  # fmt: skip
-    with recorded_warnings() as more:
-        preds = _predict(fit, np.asarray(grid, dtype=float), level)
-        for_hit = _size_for(fit, target_hit, None, level) if target_hit is not None else None
-        size_q = _size_for(fit, target_fraction * top.value, target_fraction, level)
-        rise_lo = _rise_lower_bound(fit, c_lo, c_hi)
-    caught.extend(more)
+    return out
+
+
+def _errors_text(pools: int, n: int, k: int, cov_type: str) -> tuple[str, str]:
+    """How the errors are estimated (for the method) and the independence it assumes."""
+    if cov_type == "cluster":
+        errors = f"CR1 by LMCache pool ({pools} pools), t({pools - 1})"
+        few = f"; below {MIN_CLUSTERS} pools CR1 is biased down" if pools < MIN_CLUSTERS else ""
+        independence = (
+            f"errors clustered by LMCache pool ({pools} sources: independent across pools, "
+            f"any correlation within one){few}"
+        )
+    else:
+        errors = (
+            f"Newey–West HAC within each pool's window series ({pools} LMCache "
+            f"pool{'s' if pools != 1 else ''}, {hac_lags(n)} lags), t(n − {k})"
+        )
+        independence = (
+            f"{pools} LMCache pool{'s' if pools != 1 else ''}: too few for cluster-robust "
+            f"errors on a {k}-df curve (needs {k + 1}); the intervals allow correlation between "
+            f"a pool's windows up to {hac_lags(n)} windows apart (HAC) and describe these "
+            "pools, not pools in general"
+        )
+    return errors, independence
+
+
+def _hit_at(fit: HitRateFit, size: float, level: float) -> Estimate:
+    """The fitted hit ratio at one L1 size with its pointwise interval."""
+    lo_hi = fit.curve_interval([size])
+    return Estimate(float(fit.curve([size])[0]), Interval(float(lo_hi[0][0]),
+                                                          float(lo_hi[1][0]), level))  # fmt: skip
+
+
+def _why_not(
+    size_q: Estimate, rise_lo: float, *, size_range: tuple[float, float], target_fraction: float,
+    level: float,
+) -> str:  # fmt: skip
+    """Why the size for ``target_fraction`` is not pinned down ("" when it is)."""
+    c_lo, c_hi = size_range
     why = ""
     if not rise_lo > 0:
         why = (
@@ -237,21 +318,7 @@ def fit_hitrate(
             f"not pinned down ({level:.0%} interval [{fmt(size_q.interval.lo)}, "
             f"{fmt(size_q.interval.hi)}] bytes)"
         )
-    return HitRateFit(
-        **(out | {"size_for_target_hit": for_hit}),
-        estimate=size_q.value,
-        interval=size_q.interval,
-        warnings=tuple(caught),
-        can_tell=not why,
-        why=why,
-        hit_at_largest=top,
-        predictions=preds,
-        spline_df=k,
-        knots_ln_bytes=fit.knots_ln_bytes,
-        coef=fit.coef,
-        coef_cov=fit.coef_cov,
-        t_crit=tq,
-    )
+    return why
 
 
 def _usable(frame: pd.DataFrame, size: str, hit: str, weight: str) -> pd.DataFrame:

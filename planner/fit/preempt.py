@@ -68,6 +68,49 @@ class _Cells:
     g: npt.NDArray[np.int64]  # engine (or -1 when not split by engine)
 
 
+@dataclass(frozen=True, slots=True)
+class _Windows:
+    """The usable windows as arrays: utilization, preemptions, length, engine."""
+
+    u: Array
+    y: Array
+    t: Array
+    groups: npt.NDArray[np.int64]
+    n_eng: int
+
+
+@dataclass(frozen=True, slots=True)
+class _Setup:
+    """What is known before the knee is fitted: how, on which windows, which errors."""
+
+    util: str
+    level: float
+    n: int
+    method: str
+    assumptions: tuple[str, ...]
+    basis: tuple[str, ...]
+    cov_type: str  # "cluster" | "HC0"
+
+
+@dataclass(frozen=True, slots=True)
+class _Knee:
+    """The profile likelihood over the knee grid and the family it was profiled under."""
+
+    cells: _Cells  # by (bin, window length, engine): for the robust covariance
+    grid: Array
+    lr: Array  # 2·(ℓ_max − ℓ_p(k)) at each grid point
+    betas: list[Array]  # (a, b) at each grid point
+    i_hat: int
+    cut: float
+    k_lo: float
+    k_hi: float
+    open_lo: bool
+    open_hi: bool
+    nb: bool
+    a_nb: float
+    p_disp: float
+
+
 def fit_preemption(
     frame: pd.DataFrame,
     *,
@@ -89,6 +132,64 @@ def fit_preemption(
     import numpy as np
 
     check_level(level)
+    win = _windows(frame, util, count, exposure, min_windows=min_windows)
+    u, y, n_eng = win.u, win.y, win.n_eng
+    fr = _unanswered(win, util, level, bins)
+    n, cov_type = fr.n, fr.cov_type
+    if y.sum() == 0:
+        return _cannot(
+            fr,
+            f"no preemptions in {n} windows: they start above the largest {util} seen "
+            f"({fmt(u.max())}), if at all",
+        )
+    lo_k, hi_k = (float(q) for q in np.quantile(u, [0.02, 0.98]))
+    if hi_k - lo_k < 1e-3:
+        return _cannot(
+            fr, f"{util} barely varies ({fmt(lo_k)}–{fmt(hi_k)}): no knee can be located"
+        )
+    with recorded_warnings() as caught:
+        knee = _profile_knee(
+            win, lo_k, hi_k, level=level, grid_points=grid_points, bins=bins,
+            dispersion_alpha=dispersion_alpha, maxiter=maxiter,
+        )  # fmt: skip
+        tq = t_quantile(level, n_eng - 1 if cov_type == "cluster" else math.inf)
+        a_iv, b_iv = _united_intervals(knee, tq, cluster=cov_type == "cluster")
+    a_hat, b_hat = (float(v) for v in knee.betas[knee.i_hat])
+    k_hat = float(knee.grid[knee.i_hat])
+    slope = Estimate(b_hat, Interval(b_iv[0], b_iv[1], level), f"log-rate per unit {util}")
+    base = Estimate(math.exp(a_hat), Interval(math.exp(a_iv[0]), math.exp(a_iv[1]), level), "1/s")
+    why = _why_not(knee, slope, util, lo_k, hi_k)
+    family = "negative_binomial" if knee.nb else "poisson"
+    how = f"CR1 by engine ({n_eng} engines), t({n_eng - 1})" if cov_type == "cluster" else "HC0"
+    return PreemptionFit(
+        what=WHAT,
+        estimate=k_hat,
+        interval=Interval(knee.k_lo, knee.k_hi, level),
+        unit=util,
+        n=n,
+        method=f"{fr.method}; {family}; slope/base rate: {how} Wald, united over knee CI",
+        assumptions=fr.assumptions,
+        basis=fr.basis,
+        warnings=tuple(caught),
+        can_tell=not why,
+        why=why,
+        slope=slope,
+        base_rate=base,
+        family=family,
+        dispersion_alpha=float(knee.a_nb),
+        dispersion_p=float(knee.p_disp),
+        cov_type=cov_type,
+        clusters=n_eng if cov_type == "cluster" else 1,
+        profile=tuple(zip(knee.grid.tolist(), knee.lr.tolist(), strict=True)),
+        util_column=util,
+    )
+
+
+def _windows(
+    frame: pd.DataFrame, util: str, count: str, exposure: str, *, min_windows: int
+) -> _Windows:
+    """The windows with a positive length and a count, as arrays; raises
+    InsufficientHistory below ``min_windows``."""
     data = _usable(frame, [util, count, exposure])
     if len(data):
         data = data[(data[exposure] > 0) & (data[count] >= 0)]
@@ -98,6 +199,13 @@ def fit_preemption(
     t = data[exposure].to_numpy(dtype=float)
     groups = engine_groups(data)
     n_eng = int(groups.max()) + 1 if groups.size else 0
+    return _Windows(u, y, t, groups, n_eng)
+
+
+def _unanswered(win: _Windows, util: str, level: float, bins: int) -> _Setup:
+    """The method, assumptions, basis and error kind (cluster by engine, or HC0 with one
+    engine) before anything is fitted."""
+    u, y, n_eng = win.u, win.y, win.n_eng
     n = int(y.size)
     basis = (
         f"{n} windows from {n_eng} engines",
@@ -127,102 +235,93 @@ def fit_preemption(
         f"{util} binned into {bins} bins (their mean values) before fitting",
         errors,
     )
+    return _Setup(util, level, n, method, assumptions, basis, cov_type)
 
-    def cannot(why: str) -> PreemptionFit:
-        nan = Estimate(math.nan, nan_interval(level))
-        return PreemptionFit(
-            what=WHAT, estimate=math.nan, interval=nan_interval(level), unit=util, n=n,
-            method=method, assumptions=assumptions, basis=basis, warnings=(), can_tell=False,
-            why=why, slope=nan, base_rate=nan, family="none", dispersion_alpha=math.nan,
-            dispersion_p=math.nan, cov_type="none", clusters=0, profile=(), util_column=util,
-        )  # fmt: skip
 
-    if y.sum() == 0:
-        return cannot(
-            f"no preemptions in {n} windows: they start above the largest {util} seen "
-            f"({fmt(u.max())}), if at all"
-        )
-    lo_k, hi_k = (float(q) for q in np.quantile(u, [0.02, 0.98]))
-    if hi_k - lo_k < 1e-3:
-        return cannot(f"{util} barely varies ({fmt(lo_k)}–{fmt(hi_k)}): no knee can be located")
-    with recorded_warnings() as caught:
-        ub = _bin(u, bins)
-        cells = _collapse(ub, t, y, groups, by_engine=True)
-        coarse = _collapse(ub, t, y, groups, by_engine=False)
-        grid = np.linspace(lo_k, hi_k, grid_points)
-        prof, betas = _profile(coarse, grid, 0.0, maxiter)
-        i_hat = int(np.argmax(prof))
-        mu = t * np.exp(betas[i_hat][0] + betas[i_hat][1] * np.maximum(0.0, ub - grid[i_hat]))
-        alpha, p_disp = _dispersion_test(y, mu)
-        nb = p_disp < dispersion_alpha and alpha > 0
-        a_nb = alpha if nb else 0.0
-        if nb:
-            prof, betas = _profile(coarse, grid, a_nb, maxiter)
-        cut = chi2_quantile(level)
-        # Refine: a second grid as dense over the region within the cut (+ one step).
-        step = float(grid[1] - grid[0])
-        near = grid[2.0 * (prof.max() - prof) <= cut + 1.0]
-        fine = np.linspace(max(lo_k, near.min() - step), min(hi_k, near.max() + step), grid_points)
-        fprof, fbetas = _profile(coarse, fine, a_nb, maxiter)
-        grid = np.concatenate([grid, fine])
-        order = np.argsort(grid, kind="stable")
-        grid, prof = grid[order], np.concatenate([prof, fprof])[order]
-        betas = [(betas + fbetas)[i] for i in order]
-        lr = 2.0 * (prof.max() - prof)
-        k_lo, k_hi, open_lo, open_hi = _interval_from_profile(grid, lr, cut)
-        i_hat = int(np.argmin(lr))
-        tq = t_quantile(level, n_eng - 1 if cov_type == "cluster" else math.inf)
-        inside = np.flatnonzero(lr <= cut)
-        a_iv, b_iv = [math.inf, -math.inf], [math.inf, -math.inf]
-        for i in inside:
-            beta = betas[i]
-            cov = _robust_cov(cells, float(grid[i]), beta, a_nb, cov_type == "cluster")
-            for j, iv in ((0, a_iv), (1, b_iv)):
-                se = math.sqrt(max(float(cov[j, j]), 0.0))
-                iv[0] = min(iv[0], float(beta[j]) - tq * se)
-                iv[1] = max(iv[1], float(beta[j]) + tq * se)
-    a_hat, b_hat = (float(v) for v in betas[i_hat])
-    k_hat = float(grid[i_hat])
-    slope = Estimate(b_hat, Interval(b_iv[0], b_iv[1], level), f"log-rate per unit {util}")
-    base = Estimate(math.exp(a_hat), Interval(math.exp(a_iv[0]), math.exp(a_iv[1]), level), "1/s")
+def _cannot(fr: _Setup, why: str) -> PreemptionFit:
+    """The answer when no knee can be fitted."""
+    level, util = fr.level, fr.util
+    nan = Estimate(math.nan, nan_interval(level))
+    return PreemptionFit(
+        what=WHAT, estimate=math.nan, interval=nan_interval(level), unit=util, n=fr.n,
+        method=fr.method, assumptions=fr.assumptions, basis=fr.basis, warnings=(),
+        can_tell=False, why=why, slope=nan, base_rate=nan, family="none",
+        dispersion_alpha=math.nan, dispersion_p=math.nan, cov_type="none", clusters=0,
+        profile=(), util_column=util,
+    )  # fmt: skip
+
+
+def _profile_knee(
+    win: _Windows, lo_k: float, hi_k: float, *, level: float, grid_points: int, bins: int,
+    dispersion_alpha: float, maxiter: int,
+) -> _Knee:  # fmt: skip
+    """Profile the knee over [lo_k, hi_k] (Poisson, then NB2 when overdispersed), refine
+    the grid near the χ²₁ cut and read the knee's interval from the profile."""
+    import numpy as np
+
+    u, y, t, groups = win.u, win.y, win.t, win.groups
+    ub = _bin(u, bins)
+    cells = _collapse(ub, t, y, groups, by_engine=True)
+    coarse = _collapse(ub, t, y, groups, by_engine=False)
+    grid = np.linspace(lo_k, hi_k, grid_points)
+    prof, betas = _profile(coarse, grid, 0.0, maxiter)
+    i_hat = int(np.argmax(prof))
+    mu = t * np.exp(betas[i_hat][0] + betas[i_hat][1] * np.maximum(0.0, ub - grid[i_hat]))
+    alpha, p_disp = _dispersion_test(y, mu)
+    nb = p_disp < dispersion_alpha and alpha > 0
+    a_nb = alpha if nb else 0.0
+    if nb:
+        prof, betas = _profile(coarse, grid, a_nb, maxiter)
+    cut = chi2_quantile(level)
+    # Refine: a second grid as dense over the region within the cut (+ one step).
+    step = float(grid[1] - grid[0])
+    near = grid[2.0 * (prof.max() - prof) <= cut + 1.0]
+    fine = np.linspace(max(lo_k, near.min() - step), min(hi_k, near.max() + step), grid_points)
+    fprof, fbetas = _profile(coarse, fine, a_nb, maxiter)
+    grid = np.concatenate([grid, fine])
+    order = np.argsort(grid, kind="stable")
+    grid, prof = grid[order], np.concatenate([prof, fprof])[order]
+    betas = [(betas + fbetas)[i] for i in order]
+    lr = 2.0 * (prof.max() - prof)
+    k_lo, k_hi, open_lo, open_hi = _interval_from_profile(grid, lr, cut)
+    i_hat = int(np.argmin(lr))
+    return _Knee(cells, grid, lr, betas, i_hat, cut, k_lo, k_hi, open_lo, open_hi, nb, a_nb, p_disp)
+
+
+def _united_intervals(knee: _Knee, tq: float, *, cluster: bool) -> tuple[list[float], list[float]]:
+    """Wald intervals of a and b (t quantile ``tq``) united over every knee inside the
+    knee's interval."""
+    import numpy as np
+
+    inside = np.flatnonzero(knee.lr <= knee.cut)
+    a_iv, b_iv = [math.inf, -math.inf], [math.inf, -math.inf]
+    for i in inside:
+        beta = knee.betas[i]
+        cov = _robust_cov(knee.cells, float(knee.grid[i]), beta, knee.a_nb, cluster)
+        for j, iv in ((0, a_iv), (1, b_iv)):
+            se = math.sqrt(max(float(cov[j, j]), 0.0))
+            iv[0] = min(iv[0], float(beta[j]) - tq * se)
+            iv[1] = max(iv[1], float(beta[j]) + tq * se)
+    return a_iv, b_iv
+
+
+def _why_not(knee: _Knee, slope: Estimate, util: str, lo_k: float, hi_k: float) -> str:
+    """Why the knee is not pinned down ("" when it is)."""
     why = ""
-    if open_lo or open_hi:
-        side = "lower" if open_lo else "upper"
+    if knee.open_lo or knee.open_hi:
+        side = "lower" if knee.open_lo else "upper"
         why = (
             f"the knee's {side} end is not bounded by the data (the likelihood-ratio cut "
             f"is not reached inside [{fmt(lo_k)}, {fmt(hi_k)}])"
         )
-        if open_lo and not open_hi:
+        if knee.open_lo and not knee.open_hi:
             why += (
                 f": the preemption rate keeps falling down to the lowest {util} seen, with "
                 "no flat base rate below to put a knee on"
             )
     elif slope.interval.lo <= 0:
         why = "no detectable rise of the preemption rate above the knee (slope CI includes 0)"
-    family = "negative_binomial" if nb else "poisson"
-    how = f"CR1 by engine ({n_eng} engines), t({n_eng - 1})" if cov_type == "cluster" else "HC0"
-    return PreemptionFit(
-        what=WHAT,
-        estimate=k_hat,
-        interval=Interval(k_lo, k_hi, level),
-        unit=util,
-        n=n,
-        method=f"{method}; {family}; slope/base rate: {how} Wald, united over knee CI",
-        assumptions=assumptions,
-        basis=basis,
-        warnings=tuple(caught),
-        can_tell=not why,
-        why=why,
-        slope=slope,
-        base_rate=base,
-        family=family,
-        dispersion_alpha=float(a_nb),
-        dispersion_p=float(p_disp),
-        cov_type=cov_type,
-        clusters=n_eng if cov_type == "cluster" else 1,
-        profile=tuple(zip(grid.tolist(), lr.tolist(), strict=True)),
-        util_column=util,
-    )
+    return why
 
 
 def _usable(frame: pd.DataFrame, cols: list[str]) -> pd.DataFrame:
