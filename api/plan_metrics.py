@@ -136,7 +136,7 @@ def _bounds(d: Mapping[str, Any] | None, est: str = "estimate") -> list[tuple[st
     return [(b, v) for b, raw in pairs if (v := _finite(raw)) is not None]
 
 
-def _add_offload(out: _Families, key: tuple[str, str], document: Mapping[str, Any]) -> None:
+def _add_offload(out: _Families, key: tuple[str, str], document: Mapping[str, Any]) -> None:  # noqa: PLR0912 - one branch per optional plan field it exports
     """Today's effects and the bill of each mode (the plan's ``offload`` section)."""
     section = document.get("offload")
     modes = section.get("modes") if isinstance(section, Mapping) else None

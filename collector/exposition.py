@@ -90,7 +90,7 @@ def _plain_pairs(text: str) -> list[tuple[str, str]] | None:
     return pairs
 
 
-def diagnose_labels(text: str) -> str:
+def diagnose_labels(text: str) -> str:  # noqa: PLR0912 - a scanner: a branch per token class of the label grammar
     """Why ``text`` is not a valid label string (called only after the fast check failed)."""
     i, n = 0, len(text)
     while True:

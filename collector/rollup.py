@@ -305,7 +305,7 @@ class Rollup:
         acc.last = value
         self._state[key] = _Point("gauge", ts, value)
 
-    def _add_histogram(self, key: SeriesKey, sample: SignalSample, ts: float) -> None:
+    def _add_histogram(self, key: SeriesKey, sample: SignalSample, ts: float) -> None:  # noqa: PLR0912 - each histogram reset / bucket change case in line, per sample
         bounds, counts = sample.bounds, sample.counts
         if not bounds or len(bounds) != len(counts):
             self.skipped["malformed_histogram"] += 1

@@ -35,7 +35,7 @@ log = logging.getLogger(__name__)
 _RATIO_NUMERATOR = {ratio: numerator for ratio, numerator, _ in DERIVED_RATIOS}
 
 
-async def collect_prometheus(
+async def collect_prometheus(  # noqa: PLR0912, PLR0915 - the collector's loop: start, each tick, stop
     source: PrometheusSource,
     store: Store,
     config: PrometheusConfig,

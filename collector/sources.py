@@ -339,7 +339,7 @@ class Progress:
     size: int = 0
 
 
-async def fetch_body(
+async def fetch_body(  # noqa: PLR0912, PLR0915 - each way a scrape fails, named as Prometheus does
     conn: Connection, target: Target, *, max_body_bytes: int, progress: Progress | None = None
 ) -> bytes:
     """The target's /metrics body, inflated, at most ``max_body_bytes`` (enforced while

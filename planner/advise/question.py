@@ -63,7 +63,7 @@ class WhatIf:
         """The scorer's weights, the unnamed ones at llm-d's defaults."""
         return {**SCORER_DEFAULTS, **(self.scorer_weights or {})}
 
-    def check(self) -> None:
+    def check(self) -> None:  # noqa: PLR0912 - one check per field of the question, each naming it
         """InputError of the first bad value: its message names the CLI flag, its ``field``
         the attribute (the API body's field)."""
         ints = (

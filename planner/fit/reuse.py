@@ -391,7 +391,7 @@ def _tail_mass(tail: _Tail, t_hbm: float, t: Array) -> Array:
     return out
 
 
-def _body(
+def _body(  # noqa: PLR0915 - the fit's steps in order, each may end it with a reason
     inp: ReuseInputs,
     gap: Array,
     idle: Array,
@@ -611,7 +611,7 @@ def _hbm_hits(cv: _Curve, lam: float, caps: Array) -> tuple[Array, Array]:
     return out, t
 
 
-def fit_reuse(
+def fit_reuse(  # noqa: PLR0912, PLR0915 - each input check names its own field
     inputs: ReuseInputs, *, level: float = 0.9, n_boot: int = 200, seed: int = 0
 ) -> ReuseFit:
     """Fit the reuse-time distribution of one engine (or one LMCache pool's merged stream)

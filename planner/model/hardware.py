@@ -268,7 +268,7 @@ def with_kv_dtype(model: Model, kv_dtype: str) -> Model:
     return dataclasses.replace(model, kv_bytes_per_elem=sizes[kv_dtype])
 
 
-def _parse_catalog(doc: object, where: str, base: Catalog | None, base_dir: Path | None) -> Catalog:
+def _parse_catalog(doc: object, where: str, base: Catalog | None, base_dir: Path | None) -> Catalog:  # noqa: PLR0912 - one branch per catalogue key, each with its own error
     if doc is None:
         doc = {}
     if not isinstance(doc, dict):

@@ -112,7 +112,7 @@ def switchback_today(frame: pd.DataFrame, mode: str, level: float) -> TodayEffec
                         tuple(warns), told, why)  # fmt: skip
 
 
-def switchback_capacity(
+def switchback_capacity(  # noqa: PLR0915 - the capacity estimate's steps in order
     frame: pd.DataFrame,
     engine: str,
     mode: str,

@@ -277,7 +277,7 @@ class Simulation:
         self.now = max(self.now, t)
         self.wall_s += _time.perf_counter() - started
 
-    def _loop(self, t: float, settle: bool) -> None:
+    def _loop(self, t: float, settle: bool) -> None:  # noqa: PLR0912 - the simulator's event loop, one function as vLLM's scheduler
         # the hottest loop of a run: _schedule and _push are inlined, and the event count and
         # last event time are kept in locals (written back however the loop ends)
         heap, engines, version, tree = self.heap, self.engines, self.version, self.tree

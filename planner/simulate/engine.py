@@ -268,7 +268,7 @@ class Engine(EngineQueues):
         )
 
     # --- planning ---------------------------------------------------------------------------
-    def _plan(self, now: float) -> None:
+    def _plan(self, now: float) -> None:  # noqa: PLR0912, PLR0915 - one scheduler step in one function, as vLLM's schedule()
         if self.loading:
             self._promote_loaded(now)
         dec, pool, res = self.dec, self.pool, self.res
@@ -340,7 +340,7 @@ class Engine(EngineQueues):
         self.seg, self.seg_chunks, self.seg_k, self.seg_a = MIXED, chunks, 1, secs
         self.seg_end = now + secs
 
-    def _admit(self, now: float, budget: int, chunks: list[tuple[Req, int]]) -> tuple[float, int]:
+    def _admit(self, now: float, budget: int, chunks: list[tuple[Req, int]]) -> tuple[float, int]:  # noqa: PLR0912, PLR0915 - admission in one pass, as vLLM's schedule() admits
         """Admit waiting requests FCFS; returns (blocking seconds, budget left)."""
         pool, conn, bs = self.pool, self.conn, self.bs
         waiting, extra = self.waiting, 0.0

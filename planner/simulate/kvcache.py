@@ -111,7 +111,7 @@ class BlockPool:
         )
 
     # --- allocation -------------------------------------------------------------------------
-    def reserve(self, req: Req, target_tokens: int) -> bool:
+    def reserve(self, req: Req, target_tokens: int) -> bool:  # noqa: PLR0912, PLR0915 - one allocation decision, as vLLM's allocate_slots
         """Hold blocks for `target_tokens` of req's sequence (hits are shared, the rest is
         allocated, evicting LRU cached blocks as needed). False, and nothing changed, when
         the pool cannot supply them."""
