@@ -16,6 +16,7 @@ from typer.testing import CliRunner
 from core.durations import parse_duration
 from core.errors import ConfigError, KvscopeError
 from kvscope.cli import app
+from kvscope.commands.collect import CollectFlags, _settings
 from store.store import Store
 from tests.collector.exposerver import bumping, expo_server
 from tests.services import free_port
@@ -171,3 +172,22 @@ def test_parse_duration_units_give_seconds(text: str, seconds: float) -> None:
 def test_parse_duration_malformed_raises_config_error(text: str) -> None:
     with pytest.raises(ConfigError, match="--x"):
         parse_duration(text, "--x")
+
+
+@pytest.mark.parametrize(
+    ("flag", "env", "expected"),
+    [
+        (None, None, 7 * 86_400.0),  # the settings' default
+        ("3d", None, 3 * 86_400.0),
+        ("never", None, None),
+        (" never ", "86400", None),  # the flag wins over KVSCOPE_DOWNSAMPLE_S
+        (None, "86400", 86_400.0),
+    ],
+)
+def test_collect_downsample_after_flag_reaches_the_settings(
+    flag: str | None, env: str | None, expected: float | None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("KVSCOPE_DOWNSAMPLE_S", raising=False)
+    if env is not None:
+        monkeypatch.setenv("KVSCOPE_DOWNSAMPLE_S", env)
+    assert _settings(CollectFlags(downsample_after=flag)).downsample_s == expected
