@@ -213,7 +213,7 @@ def _gpus(
         return None
 
 
-def _register_sources(
+def _register_sources(  # noqa: PLR0913 - the loop's parts it wires together, once
     store: Store,
     *,
     cluster: str,

@@ -174,7 +174,7 @@ class Inventory:
             result = conn.execute(delete(TargetRow).where(TargetRow.name == name))
         return bool(result.rowcount)
 
-    def upsert_engine(
+    def upsert_engine(  # noqa: PLR0913 - one parameter per engine fact stored
         self,
         cluster: str,
         source: str,

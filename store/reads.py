@@ -98,7 +98,7 @@ class WindowReader:
         return self._decode(series, index, chunk_rows, head_rows, numeric, since, until,
                             blobs, ranks)  # fmt: skip
 
-    def _decode(  # noqa: PLR0917 - the parts of one read
+    def _decode(  # noqa: PLR0917, PLR0913 - the parts of one read
         self,
         series: list[Series],
         index: dict[int, int],

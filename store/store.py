@@ -190,7 +190,7 @@ class Store:
         """Forget a scrape target; False when there was none (Inventory.delete_target)."""
         return self.inventory.delete_target(name)
 
-    def upsert_engine(
+    def upsert_engine(  # noqa: PLR0913 - one parameter per engine fact stored
         self,
         cluster: str,
         source: str,

@@ -257,7 +257,7 @@ def vllm_both_args(
     return shlex.join(["--kv-transfer-config", _json(config)])
 
 
-def lmcache_server_command(
+def lmcache_server_command(  # noqa: PLR0913 - one parameter per lmcache_server flag written
     l1_size_gb: float,
     *,
     host: str | None = None,

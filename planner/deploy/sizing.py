@@ -281,7 +281,7 @@ class _Memory:
     per_node: int  # engines per node (1 when unknown)
 
 
-def size(
+def size(  # noqa: PLR0913 - keyword-only sizing inputs, each with a default
     evidence: Evidence,
     decision: Decision,
     *,
@@ -451,7 +451,7 @@ class _LMCacheServer:
     isolated_ipc: bool
 
 
-def _configs(
+def _configs(  # noqa: PLR0913 - the sizing's parts, passed through once
     ev: Evidence,
     mode: str,
     model: Model | None,

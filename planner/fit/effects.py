@@ -310,7 +310,7 @@ def cannot_effect(o: Outcome, level: float, why: str, windows: int = 0) -> Effec
                   math.nan, windows, False, why)  # fmt: skip
 
 
-def _effect(  # noqa: PLR0917 - one outcome of fit_today, its arrays passed through
+def _effect(  # noqa: PLR0917, PLR0913 - one outcome of fit_today, its arrays passed through
     data: pd.DataFrame,
     o: Outcome,
     use: npt.NDArray[np.bool_],

@@ -119,7 +119,7 @@ class _Model:
     ok: npt.NDArray[np.bool_]  # its interval contains 0 there (the Fieller acceptance set)
 
 
-def fit_gain(
+def fit_gain(  # noqa: PLR0913 - keyword-only fit options with defaults, as statsmodels' fit() takes them
     frame: pd.DataFrame,
     *,
     offload: str | None = None,

@@ -79,7 +79,7 @@ def edge_crossing(
     return None
 
 
-def bootstrap_break_even(
+def bootstrap_break_even(  # noqa: PLR0913 - the fit's arrays and its bootstrap options
     design: Array, y: Array, d: Array, g: npt.NDArray[np.int64], *, curve: GainCurve,
     root: float, fine: Array, level: float, n_boot: int, budget_s: float, seed: int,
 ) -> tuple[float, float, bool, bool, int]:  # fmt: skip

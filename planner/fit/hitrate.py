@@ -112,7 +112,7 @@ class _Windows:
         return len(self.c)
 
 
-def fit_hitrate(
+def fit_hitrate(  # noqa: PLR0913 - keyword-only fit options with defaults
     frame: pd.DataFrame,
     *,
     size: str = "l1_usage_bytes",

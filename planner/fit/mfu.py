@@ -78,7 +78,7 @@ class _Regression:
     warnings: tuple[str, ...]
 
 
-def fit_mfu(
+def fit_mfu(  # noqa: PLR0913 - keyword-only fit options with defaults
     frame: pd.DataFrame,
     prefill_flops: Callable[[float], float],
     peak_flops: float,

@@ -111,7 +111,7 @@ class _Knee:
     p_disp: float
 
 
-def fit_preemption(
+def fit_preemption(  # noqa: PLR0913 - keyword-only fit options with defaults
     frame: pd.DataFrame,
     *,
     util: str = "kv_util",

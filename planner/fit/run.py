@@ -95,7 +95,7 @@ class FitReport:
         return out
 
 
-def fit_all(
+def fit_all(  # noqa: PLR0913 - keyword-only inputs of the fits it runs
     frame: pd.DataFrame,
     *,
     util: str = "kv_util",

@@ -276,7 +276,7 @@ class _Effect:
     warnings: tuple[str, ...]
 
 
-def fit_switchback(
+def fit_switchback(  # noqa: PLR0913 - keyword-only fit options with defaults
     frame: pd.DataFrame,
     *,
     offload: str,

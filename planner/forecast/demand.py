@@ -171,7 +171,7 @@ class _Notes:
 _Scored = tuple[float, int, ModelSpec, CandidateScore, Scores]
 
 
-def forecast_demand(
+def forecast_demand(  # noqa: PLR0913 - keyword-only forecast options with defaults
     series: pd.Series,
     *,
     horizon_s: float,
@@ -449,7 +449,7 @@ def _clipped(
     return (mean, lo, hi), points
 
 
-def _saturation(
+def _saturation(  # noqa: PLR0913 - the forecast's parts, passed through once
     final: Fitted,
     s: _Setup,
     band: Band,

@@ -75,7 +75,7 @@ def pair_models(
     return np.where(use.sum(axis=1) > 0, use.argmax(axis=1), out)
 
 
-def modes_and_groups(  # noqa: PLR0917 - the engine keys' parts, computed once
+def modes_and_groups(  # noqa: PLR0917, PLR0913 - the engine keys' parts, computed once
     src_names: npt.NDArray[np.object_],
     eng_names: npt.NDArray[np.object_],
     key_of_row: npt.NDArray[np.int64],

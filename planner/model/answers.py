@@ -98,7 +98,7 @@ def compare_tiers_payload(
     }
 
 
-def savings_payload(
+def savings_payload(  # noqa: PLR0913 - one parameter per field of the savings question (the API's)
     *,
     model: str,
     gpu: str,

@@ -286,7 +286,7 @@ def case_note(model: Model, gpu: GPU, tp: int, tier: Tier, tokens: int) -> str |
     return LLAMA_70B_4K_CEPH_HDD_NOTE if case == LLAMA_70B_4K_CEPH_HDD_CASE else None
 
 
-def compare_tiers(
+def compare_tiers(  # noqa: PLR0913 - keyword-only options of the comparison
     model: Model | str,
     gpu: GPU | str,
     tp: int,

@@ -152,7 +152,7 @@ def _allreduce_seconds(model: Model, gpu: GPU, tp: int, tokens: int) -> float:
     return 2.0 * model.layers * (ALLREDUCE_LATENCY_S + ring)
 
 
-def step_seconds(
+def step_seconds(  # noqa: PLR0913 - one parameter per input of the roofline step time
     model: Model,
     gpu: GPU,
     tp: int,
@@ -276,7 +276,7 @@ def step_seconds_fn(
     return fn
 
 
-def prefill_seconds(
+def prefill_seconds(  # noqa: PLR0913 - one parameter per input of the roofline step time
     model: Model,
     gpu: GPU,
     tp: int,

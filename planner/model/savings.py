@@ -32,7 +32,7 @@ class Savings:
     assumptions: tuple[str, ...]
 
 
-def prefix_savings(  # noqa: PLR0917 - the issue's positional signature
+def prefix_savings(  # noqa: PLR0917, PLR0913 - the issue's positional signature
     model: Model | str,
     gpu: GPU | str,
     tp: int,

@@ -136,7 +136,7 @@ class _Run:
                     self.lmcache_up)  # fmt: skip
 
 
-def build_plan(
+def build_plan(  # noqa: PLR0913 - keyword-only plan options (kvscope plan's flags)
     store: Store,
     *,
     cluster: str | None = None,

@@ -134,7 +134,7 @@ def _grid(starts: Array, values: Array, window_s: float) -> Array:
     return out
 
 
-def switchback_block_s(
+def switchback_block_s(  # noqa: PLR0913 - keyword-only design inputs with defaults
     frame: pd.DataFrame,
     engine_key: str,
     outcome: str,

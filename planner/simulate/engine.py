@@ -98,7 +98,7 @@ class Engine(EngineQueues):
         "waiting",
     )
 
-    def __init__(
+    def __init__(  # noqa: PLR0913 - the engine's configuration, keyword-only
         self,
         idx: int,
         node: int,

@@ -338,7 +338,7 @@ def _stop_on_sigterm(stop: threading.Event) -> Iterator[None]:
         signal.signal(signal.SIGTERM, previous)
 
 
-def serve_scenario(
+def serve_scenario(  # noqa: PLR0913 - keyword-only serving options (simulate --serve's flags)
     scenario: Scenario,
     address: str,
     *,
