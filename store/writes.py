@@ -21,7 +21,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 
 from core.errors import StoreError
 from core.records import Window
-from store import chunks, partitions
+from store import chunks, partitions, sealing
 from store.buckets import encode_buckets
 from store.db import Database, no_partition
 from store.partitions import DAY_S, check_start
@@ -176,6 +176,15 @@ class WindowWriter:
     ) -> None:
         """Merge ``into``'s rows into the chunks (``have``: those stored already) and write
         them back."""
+        self._upsert_chunks(conn, self._chunk_values(have, into, keep_fuller))
+
+    @staticmethod
+    def _chunk_values(
+        have: dict[tuple[int, float], bytes],
+        into: dict[tuple[int, float], list[chunks.Row]],
+        keep_fuller: bool,
+    ) -> list[dict[str, Any]]:
+        """The chunk rows of ``into``'s rows merged into the stored chunks (``have``)."""
         values = []
         for key, new in sorted(into.items()):
             old = chunks.decode(have[key]) if key in have else []
@@ -185,6 +194,11 @@ class WindowWriter:
             except ValueError as exc:
                 raise StoreError(f"series {key[0]} hour {key[1]:.0f}: {exc}") from exc
             values.append({"series_id": key[0], "hour": key[1], "n": len(rows), "data": data})
+        return values
+
+    @staticmethod
+    def _upsert_chunks(conn: Connection, values: list[dict[str, Any]]) -> None:
+        """Insert or replace chunk rows (series_id, hour, n, data), in the order given."""
         if not values:
             return
         insert = sqlite.insert if conn.dialect.name == "sqlite" else postgresql.insert
@@ -277,33 +291,33 @@ class WindowWriter:
         return self.seal_many(dict.fromkeys((str(s) for s in names), end))
 
     def _seal_rows(self, conn: Connection, sources: list[str], below: float) -> int:
-        """In ``conn``'s transaction: the sources' head rows before ``below`` into chunks."""
-        names = ", ".join(HEAD_COLUMNS)
-        pg = conn.dialect.name == "postgresql"
-        mark = "%s" if pg else "?"
-        of_sources = f"SELECT id FROM series WHERE source IN ({', '.join([mark] * len(sources))})"
-        sql = (f"DELETE FROM head WHERE start < {mark} AND series_id IN ({of_sources}) "
-               f"RETURNING {names}")  # fmt: skip
-        driver: Any = conn.connection.driver_connection
-        cursor = driver.cursor(binary=True) if pg else driver.cursor()  # binary: cheaper floats
-        try:
-            cursor.execute(sql, (below, *sources))
-            gone = cursor.fetchall()
-        finally:
-            cursor.close()
-        if not gone:
+        """In ``conn``'s transaction: the sources' head rows before ``below`` into chunks
+        (store/sealing.py takes them out as columns; each series-hour one chunk, merged with
+        the chunk another writer may have made of it meanwhile)."""
+        taken = sealing.take(conn, sources, below)
+        if taken is None:
             return 0
-        gone.sort(key=lambda r: (r[0], r[1]))
-        into: dict[tuple[int, float], list[chunks.Row]] = {}
-        hour_of = chunks.hour_of
-        for r in gone:
-            into.setdefault((r[0], hour_of(r[1])), []).append(r[1:])
-        days = {int(h // DAY_S) for _, h in into}
-        if pg and self.db.days.missing(days):
+        days = {int(h // DAY_S) for h in {h for _, h in taken.keys}}
+        if conn.dialect.name == "postgresql" and self.db.days.missing(days):
             partitions.make_days(conn, days)
             self.db.days.add(days)
-        self._put_chunks(conn, self._chunks(conn, set(into)), into, keep_fuller=False)
-        return len(gone)
+        have = self._chunks(conn, set(taken.keys))
+        offsets = taken.offsets.tolist()
+        try:
+            data = chunks.encode_many(taken.values, offsets, taken.blobs)
+        except ValueError as exc:  # a series-hour of 65,536 windows or more
+            sizes = zip(taken.keys, offsets, offsets[1:], strict=False)
+            sid, hour = next(k for k, lo, hi in sizes if hi - lo >= 65_536)
+            raise StoreError(f"series {sid} hour {hour:.0f}: {exc}") from exc
+        values = []
+        for i, (key, chunk) in enumerate(zip(taken.keys, data, strict=True)):
+            n = offsets[i + 1] - offsets[i]
+            if key in have:  # merged with the stored chunk
+                values += self._chunk_values(have, {key: taken.rows(i)}, keep_fuller=False)
+            else:
+                values.append({"series_id": key[0], "hour": key[1], "n": n, "data": chunk})
+        self._upsert_chunks(conn, values)
+        return int(taken.series.size)
 
     def seal_all(self) -> int:
         """Seal every source's hours older than its newest hour in the head."""
