@@ -13,9 +13,10 @@ from sqlalchemy import select
 
 from core.records import Labels, Window
 from store import chunks
+from store.buckets import encode_buckets
 from store.store import Store
 from store.tables import ChunkRow
-from store.writes import _row, merge
+from store.writes import merge
 
 ENGINE: Labels = (("engine", "0"),)
 GAP = "kv_block_reuse_gap_seconds"  # a keep_buckets histogram
@@ -38,6 +39,12 @@ def _windows(source: str, start: float, rng: random.Random) -> list[Window]:
     ]  # fmt: skip
 
 
+def _chunk_row(w: Window) -> chunks.Row:
+    blob = encode_buckets(w.bucket_bounds, w.bucket_counts) if w.bucket_counts else None
+    return (w.start, w.length_s, w.samples, w.delta, w.rate, w.resets, w.mean, w.min, w.max,
+            w.last, w.p50, w.p90, w.p99, w.sum_delta, blob)  # fmt: skip
+
+
 def _stored(store: Store) -> dict[tuple[int, float], bytes]:
     with store.db.tx("reading chunks") as conn:
         found = conn.execute(select(ChunkRow.series_id, ChunkRow.hour, ChunkRow.data)).all()
@@ -50,7 +57,7 @@ def _expected(store: Store, windows: list[Window]) -> dict[tuple[int, float], by
     for w in windows:
         sid = store.writer.ids.get(w.source, w.signal, w.labels)
         assert sid is not None
-        into.setdefault((sid, chunks.hour_of(w.start)), {})[w.start] = _row(sid, w)[1:]
+        into.setdefault((sid, chunks.hour_of(w.start)), {})[w.start] = _chunk_row(w)
     return {k: chunks.encode([rows[s] for s in sorted(rows)]) for k, rows in into.items()}
 
 
@@ -96,7 +103,7 @@ def test_seal_merges_a_chunk_another_writer_made(db_url: str) -> None:
             assert sid is not None
             key = (sid, T0)
             old = chunks.decode(before[key])
-            new = [_row(sid, v)[1:] for v in late if v.signal == w.signal]
+            new = [_chunk_row(v) for v in late if v.signal == w.signal]
             assert stored[key] == chunks.encode(merge(old, new, keep_fuller=False))
         assert len(b.read_windows(until=T0 + HOUR)) == 3 * (60 + 1)  # one start new
 
