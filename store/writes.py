@@ -151,12 +151,13 @@ class WindowWriter:
             self._lock(conn, sources)
             have = self._chunks(conn, keys) if keys else {}
             into: dict[tuple[int, float], list[chunks.Row]] = {}
-            chunked: set[int] = set()
-            for i in late if have else ():
-                key = (rows[i][0], hour_of(rows[i][1]))
-                if key in have:
-                    into.setdefault(key, []).append(rows[i][1:])
-                    chunked.add(i)
+            chunked: set[int] = set()  # the rows put in a chunk
+            if have:
+                for i in late:
+                    key = (rows[i][0], hour_of(rows[i][1]))
+                    if key in have:
+                        into.setdefault(key, []).append(rows[i][1:])
+                        chunked.add(i)
             head = [r for i, r in enumerate(rows) if i not in chunked] if chunked else rows
             made = self._upsert_head(conn, head, keep_fuller) if head else None
             if into:
@@ -339,7 +340,7 @@ class WindowWriter:
             data = chunks.encode_many(taken.values, offsets, taken.blobs)
         except ValueError as exc:  # a series-hour of 65,536 windows or more
             sizes = zip(taken.keys, offsets, offsets[1:], strict=False)
-            sid, hour = next(k for k, lo, hi in sizes if hi - lo >= 65_536)
+            sid, hour = next((k for k, lo, hi in sizes if hi - lo >= 65_536), taken.keys[0])
             raise StoreError(f"series {sid} hour {hour:.0f}: {exc}") from exc
         values = []
         for i, (key, chunk) in enumerate(zip(taken.keys, data, strict=True)):
