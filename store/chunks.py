@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 import struct
 import zlib
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -41,23 +41,51 @@ def hour_of(start: float) -> float:
 def encode(rows: Sequence[Row]) -> bytes:
     """One chunk of ``rows`` (each COLUMNS' values then the buckets BLOB or None), which
     the caller has put in start order, one row per start."""
+    width = len(COLUMNS)
+    blobs = {i: r[width] for i, r in enumerate(rows) if r[width]}
+    return encode_many([r[:width] for r in rows], [0, len(rows)], blobs)[0]
+
+
+def encode_many(
+    values: npt.ArrayLike, offsets: npt.ArrayLike, blobs: Mapping[int, bytes]
+) -> list[bytes]:
+    """The chunks of consecutive rows of ``values`` (a row per window: COLUMNS' values, NaN
+    or None for NULL): chunk i holds rows ``offsets[i]:offsets[i + 1]`` and the buckets
+    BLOBs ``blobs`` has of them (by row). Each is :func:`encode`'s of its rows; the values
+    are shuffled one numpy pass per layout (rows, columns present), not one per chunk."""
     import numpy as np
 
-    n = len(rows)
-    if not 0 < n < 65_536:
-        raise ValueError(f"a chunk holds 1 to 65535 windows, got {n}")
     width = len(COLUMNS)
-    values = np.array([r[:width] for r in rows], dtype=np.float64).reshape(n, width)
-    present = ~np.isnan(values).all(axis=0)
-    mask = int(np.dot(present, 1 << np.arange(width)))
-    cols = np.ascontiguousarray(values[:, present].T)  # (k, n)
-    payload = cols.astype("<f8").view(np.uint8).reshape(-1, n, 8).transpose(0, 2, 1).tobytes()
-    blobs = [r[width] for r in rows]
-    if any(blobs):
-        mask |= BUCKETS_BIT
-        lengths = np.array([len(b) if b else 0 for b in blobs], dtype="<u4")
-        payload += lengths.tobytes() + b"".join(bytes(b) for b in blobs if b)
-    return _HEADER.pack(FORMAT, n, mask) + zlib.compress(payload, 1)
+    table = np.asarray(values, dtype=np.float64).reshape(-1, width)
+    bounds = np.asarray(offsets, dtype=np.int64)
+    sizes = np.diff(bounds)
+    if ((sizes <= 0) | (sizes >= 65_536)).any():
+        bad = sizes[(sizes <= 0) | (sizes >= 65_536)]
+        raise ValueError(f"a chunk holds 1 to 65535 windows, got {int(bad[0])}")
+    if not sizes.size:
+        return []
+    present = np.logical_or.reduceat(~np.isnan(table), bounds[:-1], axis=0)  # (chunks, width)
+    masks = present.astype(np.int64) @ (1 << np.arange(width, dtype=np.int64))
+    layouts = sizes << 16 | masks
+    payloads: list[bytes] = [b""] * sizes.size
+    for key in np.unique(layouts).tolist():
+        n, cols = key >> 16, [j for j in range(width) if key >> j & 1]
+        members = np.flatnonzero(layouts == key)
+        cube = np.ascontiguousarray(table[:, cols][bounds[members][:, None] + np.arange(n)],
+                                    dtype="<f8")  # (chunks, n, k) # fmt: skip
+        planes = cube.view(np.uint8).reshape(members.size, n, len(cols), 8)
+        raw = planes.transpose(0, 2, 3, 1).tobytes()  # per chunk: k columns' 8 byte planes
+        size = len(cols) * 8 * n
+        for i, c in enumerate(members.tolist()):
+            payloads[c] = raw[i * size : (i + 1) * size]
+    with_blobs = np.searchsorted(bounds, [r for r, b in blobs.items() if b], side="right") - 1
+    for c in set(with_blobs.tolist()):
+        got = [blobs.get(r) for r in range(int(bounds[c]), int(bounds[c + 1]))]
+        lengths = struct.pack(f"<{len(got)}I", *(len(b) if b else 0 for b in got))
+        payloads[c] += lengths + b"".join(bytes(b) for b in got if b)
+        masks[c] |= BUCKETS_BIT
+    layout = zip(sizes.tolist(), masks.tolist(), payloads, strict=True)
+    return [_HEADER.pack(FORMAT, n, mask) + zlib.compress(p, 1) for n, mask, p in layout]
 
 
 def layout(chunk: bytes) -> tuple[int, int]:

@@ -14,30 +14,40 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Sequence
-from typing import Any, cast
+from itertools import islice
+from typing import Any
 
 from sqlalchemy import Connection, func, select, tuple_
 from sqlalchemy.dialects import postgresql, sqlite
 
 from core.errors import StoreError
 from core.records import Window
-from store import chunks, partitions
+from store import chunks, partitions, sealing
 from store.buckets import encode_buckets
 from store.db import Database, no_partition
-from store.partitions import DAY_S, check_start
+from store.partitions import DAY_S, MAX_ABS_START, check_start
 from store.series import SeriesIds
 from store.tables import ChunkRow, HeadRow, SeriesRow
 
 HEAD_COLUMNS = ("series_id", *chunks.COLUMNS, "buckets")
 _SOURCE_LOCK = 0x6B76  # pg_advisory_xact_lock(class, hashtext(source)): one source's writes
-_STAGING = "kvscope_head_in"
+_STAGING = "kvscope_head_in"  # a session's temporary table the head's rows are copied into
+# its columns (HEAD_COLUMNS) as a binary COPY sends them: samples and resets as int8, so that
+# an integer out of the head's int4 range fails the insert, as a text COPY failed
+_STAGING_TYPES = ["int4", *("int8" if c in ("samples", "resets") else "float8"
+                            for c in chunks.COLUMNS), "bytea"]  # fmt: skip
+_STAGING_DDL = (f"CREATE TEMPORARY TABLE IF NOT EXISTS {_STAGING} ("
+                + ", ".join(f"{c} {t}" for c, t in zip(HEAD_COLUMNS, _STAGING_TYPES, strict=True))
+                + ") ON COMMIT DELETE ROWS")  # fmt: skip
 _LOOKUP = 500  # (series, hour) pairs per chunk look-up
 
 
-def _row(sid: int, w: Window) -> tuple[Any, ...]:
-    blob = _buckets_blob(w) if w.bucket_counts else None
-    return (sid, w.start, w.length_s, w.samples, w.delta, w.rate, w.resets, w.mean, w.min,
-            w.max, w.last, w.p50, w.p90, w.p99, w.sum_delta, blob)  # fmt: skip
+def _refuse_start(w: Window) -> None:
+    """A StoreError for a window whose start no store holds (not finite, or on PostgreSQL
+    beyond what a day partition can; partitions.check_start)."""
+    if not math.isfinite(w.start):
+        raise StoreError(f"window {w.source} {w.signal} has a non-finite start: {w.start}")
+    check_start(w.start, f"window {w.source} {w.signal}")
 
 
 def _buckets_blob(w: Window) -> bytes:
@@ -75,42 +85,24 @@ class WindowWriter:
         """Upsert windows; return how many were written (Store.write_windows)."""
         self.db.require_schema()
         written = 0
-        batch: list[Window] = []
-        for w in windows:
-            if not math.isfinite(w.start):
-                raise StoreError(f"window {w.source} {w.signal} has a non-finite start: {w.start}")
-            batch.append(w)
-            if len(batch) >= self.batch_size:
-                written += self._batch(batch, keep_fuller)
-                batch = []
-        if batch:
+        todo = iter(windows)
+        while batch := list(islice(todo, self.batch_size)):
             written += self._batch(batch, keep_fuller)
         return written
 
     def _batch(self, ws: list[Window], keep_fuller: bool) -> int:
-        pg = self.db.dialect == "postgresql"
-        if pg:
-            for w in ws:
-                check_start(w.start, f"window {w.source} {w.signal}")
-        ids = self.ids
         newest: dict[str, float] = {}
-        rows: list[tuple[str, tuple[Any, ...]]] = []
-        missing: list[Window] = []
-        for w in ws:
-            sid = ids.get(w.source, w.signal, w.labels)
-            if sid is None:
-                missing.append(w)
-            else:
-                rows.append((w.source, _row(sid, w)))
-            if newest.get(w.source, -math.inf) < w.start:
-                newest[w.source] = w.start
+        rows, late, missing = self._rows(ws, newest)
         if missing:
             named = {(w.source, w.signal, w.labels, w.kind) for w in missing}
             with self.db.tx(f"naming {len(named)} series", write=True) as conn:
-                ids.resolve(conn, named)
-            rows += [(w.source, _row(cast(int, ids.get(w.source, w.signal, w.labels)), w))
-                     for w in missing]  # fmt: skip
-        self._locked_write(rows, keep_fuller, sorted(newest))
+                self.ids.resolve(conn, named)
+            more, more_late, unnamed = self._rows(missing, newest)
+            if unnamed:
+                raise StoreError(f"{len(unnamed)} series got no id in {self.db.url}")
+            late += [len(rows) + i for i in more_late]
+            rows += more
+        self._locked_write(rows, late, keep_fuller, sorted(newest))
         due = {}
         for source, start in newest.items():
             hour = chunks.hour_of(start)
@@ -120,26 +112,58 @@ class WindowWriter:
             self.seal_many(due)
         return len(ws)
 
+    def _rows(
+        self, ws: list[Window], newest: dict[str, float]
+    ) -> tuple[list[tuple[Any, ...]], list[int], list[Window]]:
+        """The head rows (HEAD_COLUMNS) of the windows whose series have ids, the indexes of
+        those maybe in a chunk already (their source sealed past them, or not known sealed),
+        and the windows without a series id yet; ``newest``: each source's newest start."""
+        bound = MAX_ABS_START if self.db.dialect == "postgresql" else math.inf
+        ids, sealed, inf = self.ids.ids, self.sealed_below, math.inf
+        rows: list[tuple[Any, ...]] = []
+        late: list[int] = []
+        missing: list[Window] = []
+        for w in ws:  # one pass, attributes read once: the collector's per-window cost
+            start, source = w.start, w.source
+            if not -bound < start < bound:
+                _refuse_start(w)
+            sid = ids.get((source, w.signal, w.labels))
+            if sid is None:
+                missing.append(w)
+                continue
+            if start < sealed.get(source, inf):
+                late.append(len(rows))
+            if start > newest.get(source, -inf):
+                newest[source] = start
+            rows.append((sid, start, w.length_s, w.samples, w.delta, w.rate, w.resets, w.mean,
+                         w.min, w.max, w.last, w.p50, w.p90, w.p99, w.sum_delta,
+                         _buckets_blob(w) if w.bucket_counts else None))  # fmt: skip
+        return rows, late, missing
+
     def _locked_write(
-        self, rows: list[tuple[str, tuple[Any, ...]]], keep_fuller: bool, sources: list[str]
+        self, rows: list[tuple[Any, ...]], late: list[int], keep_fuller: bool, sources: list[str]
     ) -> None:
+        """In one transaction under the sources' locks: ``rows`` into the head, those of
+        ``late`` whose series-hour has a chunk into the chunk instead."""
         hour_of = chunks.hour_of
-        sealed = self.sealed_below
-        inf = math.inf  # below a sealed hour boundary: maybe in a chunk already
-        late = {(r[0], hour_of(r[1])) for s, r in rows if r[1] < sealed.get(s, inf)}
+        keys = {(rows[i][0], hour_of(rows[i][1])) for i in late}
         with self.db.tx(f"writing {len(rows)} windows", write=True) as conn:
             self._lock(conn, sources)
-            have = self._chunks(conn, late) if late else {}
-            head = [r for _, r in rows if not have or (r[0], hour_of(r[1])) not in have]
-            if head:
-                self._upsert_head(conn, head, keep_fuller)
+            have = self._chunks(conn, keys) if keys else {}
+            into: dict[tuple[int, float], list[chunks.Row]] = {}
+            chunked: set[int] = set()  # the rows put in a chunk
             if have:
-                into: dict[tuple[int, float], list[chunks.Row]] = {}
-                for _, r in rows:
-                    key = (r[0], hour_of(r[1]))
+                for i in late:
+                    key = (rows[i][0], hour_of(rows[i][1]))
                     if key in have:
-                        into.setdefault(key, []).append(r[1:])
+                        into.setdefault(key, []).append(rows[i][1:])
+                        chunked.add(i)
+            head = [r for i, r in enumerate(rows) if i not in chunked] if chunked else rows
+            made = self._upsert_head(conn, head, keep_fuller) if head else None
+            if into:
                 self._put_chunks(conn, have, into, keep_fuller)
+        if made is not None:  # committed: the staging table stays for the session
+            made[_STAGING] = True
 
     def _lock(self, conn: Connection, sources: Iterable[str]) -> None:
         """PostgreSQL: the sources' advisory locks, taken in one statement, in name order."""
@@ -176,6 +200,15 @@ class WindowWriter:
     ) -> None:
         """Merge ``into``'s rows into the chunks (``have``: those stored already) and write
         them back."""
+        self._upsert_chunks(conn, self._chunk_values(have, into, keep_fuller))
+
+    @staticmethod
+    def _chunk_values(
+        have: dict[tuple[int, float], bytes],
+        into: dict[tuple[int, float], list[chunks.Row]],
+        keep_fuller: bool,
+    ) -> list[dict[str, Any]]:
+        """The chunk rows of ``into``'s rows merged into the stored chunks (``have``)."""
         values = []
         for key, new in sorted(into.items()):
             old = chunks.decode(have[key]) if key in have else []
@@ -185,6 +218,11 @@ class WindowWriter:
             except ValueError as exc:
                 raise StoreError(f"series {key[0]} hour {key[1]:.0f}: {exc}") from exc
             values.append({"series_id": key[0], "hour": key[1], "n": len(rows), "data": data})
+        return values
+
+    @staticmethod
+    def _upsert_chunks(conn: Connection, values: list[dict[str, Any]]) -> None:
+        """Insert or replace chunk rows (series_id, hour, n, data), in the order given."""
         if not values:
             return
         insert = sqlite.insert if conn.dialect.name == "sqlite" else postgresql.insert
@@ -197,23 +235,32 @@ class WindowWriter:
 
     def _upsert_head(
         self, conn: Connection, rows: list[tuple[Any, ...]], keep_fuller: bool
-    ) -> None:
+    ) -> dict[Any, Any] | None:
+        """Upsert head rows; on PostgreSQL, the connection's info when this transaction made
+        its staging table (the caller marks it made once the transaction commits)."""
         sql = self._upsert_sql(conn, keep_fuller)
         if conn.dialect.name == "sqlite":
             conn.exec_driver_sql(sql, rows)  # executemany: a key repeated keeps its last row
-            return
+            return None
         # one statement touches a row once; a NaN goes as NaN (every read takes it for
         # unknown, as NULL), which spares a Python test per value
         unique = {(r[0], r[1]): r for r in rows}
+        info = conn.connection.info
+        made = None if info.get(_STAGING) else info
         with conn.connection.driver_connection.cursor() as cursor:  # type: ignore[union-attr]
-            cursor.execute(
-                f"CREATE TEMPORARY TABLE IF NOT EXISTS {_STAGING} ON COMMIT DELETE ROWS AS "
-                f"SELECT {', '.join(HEAD_COLUMNS)} FROM head WITH NO DATA"
-            )
-            with cursor.copy(f"COPY {_STAGING} ({', '.join(HEAD_COLUMNS)}) FROM STDIN") as copy:
-                for row in unique.values():
-                    copy.write_row(row)
+            if made is not None:
+                cursor.execute(_STAGING_DDL)
+            # binary: no float formatted as text here nor parsed on the server
+            with cursor.copy(f"COPY {_STAGING} FROM STDIN (FORMAT BINARY)") as copy:
+                copy.set_types(_STAGING_TYPES)
+                try:
+                    for row in unique.values():
+                        copy.write_row(row)
+                except (TypeError, ValueError, OverflowError) as exc:  # as the server refused text
+                    what = f"writing {len(rows)} windows failed on {self.db.url}"
+                    raise StoreError(f"{what}: a value not of its column's type: {exc}") from exc
         conn.exec_driver_sql(sql)
+        return made
 
     def _upsert_sql(self, conn: Connection, keep_fuller: bool) -> str:
         """The head upsert, made once: executemany of HEAD_COLUMNS tuples on SQLite, from a
@@ -277,33 +324,33 @@ class WindowWriter:
         return self.seal_many(dict.fromkeys((str(s) for s in names), end))
 
     def _seal_rows(self, conn: Connection, sources: list[str], below: float) -> int:
-        """In ``conn``'s transaction: the sources' head rows before ``below`` into chunks."""
-        names = ", ".join(HEAD_COLUMNS)
-        pg = conn.dialect.name == "postgresql"
-        mark = "%s" if pg else "?"
-        of_sources = f"SELECT id FROM series WHERE source IN ({', '.join([mark] * len(sources))})"
-        sql = (f"DELETE FROM head WHERE start < {mark} AND series_id IN ({of_sources}) "
-               f"RETURNING {names}")  # fmt: skip
-        driver: Any = conn.connection.driver_connection
-        cursor = driver.cursor(binary=True) if pg else driver.cursor()  # binary: cheaper floats
-        try:
-            cursor.execute(sql, (below, *sources))
-            gone = cursor.fetchall()
-        finally:
-            cursor.close()
-        if not gone:
+        """In ``conn``'s transaction: the sources' head rows before ``below`` into chunks
+        (store/sealing.py takes them out as columns; each series-hour one chunk, merged with
+        the chunk another writer may have made of it meanwhile)."""
+        taken = sealing.take(conn, sources, below)
+        if taken is None:
             return 0
-        gone.sort(key=lambda r: (r[0], r[1]))
-        into: dict[tuple[int, float], list[chunks.Row]] = {}
-        hour_of = chunks.hour_of
-        for r in gone:
-            into.setdefault((r[0], hour_of(r[1])), []).append(r[1:])
-        days = {int(h // DAY_S) for _, h in into}
-        if pg and self.db.days.missing(days):
+        days = {int(h // DAY_S) for h in {h for _, h in taken.keys}}
+        if conn.dialect.name == "postgresql" and self.db.days.missing(days):
             partitions.make_days(conn, days)
             self.db.days.add(days)
-        self._put_chunks(conn, self._chunks(conn, set(into)), into, keep_fuller=False)
-        return len(gone)
+        have = self._chunks(conn, set(taken.keys))
+        offsets = taken.offsets.tolist()
+        try:
+            data = chunks.encode_many(taken.values, offsets, taken.blobs)
+        except ValueError as exc:  # a series-hour of 65,536 windows or more
+            sizes = zip(taken.keys, offsets, offsets[1:], strict=False)
+            sid, hour = next((k for k, lo, hi in sizes if hi - lo >= 65_536), taken.keys[0])
+            raise StoreError(f"series {sid} hour {hour:.0f}: {exc}") from exc
+        values = []
+        for i, (key, chunk) in enumerate(zip(taken.keys, data, strict=True)):
+            n = offsets[i + 1] - offsets[i]
+            if key in have:  # merged with the stored chunk
+                values += self._chunk_values(have, {key: taken.rows(i)}, keep_fuller=False)
+            else:
+                values.append({"series_id": key[0], "hour": key[1], "n": n, "data": chunk})
+        self._upsert_chunks(conn, values)
+        return int(taken.series.size)
 
     def seal_all(self) -> int:
         """Seal every source's hours older than its newest hour in the head."""

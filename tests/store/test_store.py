@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import sqlite3
@@ -124,6 +125,24 @@ def test_nan_values_stored_as_unknown(store: Store) -> None:
 def test_non_finite_start_refused_with_store_error(store: Store, start: float) -> None:
     with pytest.raises(StoreError, match="non-finite start"):
         store.write_windows([win(start=start)])
+
+
+@pytest.mark.parametrize(
+    ("values", "says"),
+    [({"samples": 2**40}, "out of range"), ({"resets": 2**31}, "out of range"),
+     ({"samples": 4.5}, "not of its column's type"), ({"mean": "x"}, "not of its column's type")],
+)  # fmt: skip
+def test_value_outside_its_column_refused_on_postgres(
+    store: Store, values: dict[str, Any], says: str
+) -> None:
+    if store.dialect != "postgresql":
+        pytest.skip("SQLite keeps what its columns' affinity allows")
+    bad = dataclasses.replace(win(start=T0), **values)
+    with pytest.raises(StoreError, match=says):  # binary COPY: refused as the text one was
+        store.write_windows([win(start=T0 + 60.0), bad])
+    assert store.read_windows() == []
+    store.write_windows([win()])  # the connection writes on
+    assert len(store.read_windows()) == 1
 
 
 def test_schema_newer_than_code_refused(db_url: str) -> None:
