@@ -38,6 +38,13 @@ def hour_of(start: float) -> float:
     return math.floor(start / HOUR_S) * HOUR_S
 
 
+def hours_of(starts: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:
+    """:func:`hour_of` of each start."""
+    import numpy as np
+
+    return np.floor(starts / HOUR_S) * HOUR_S
+
+
 def encode(rows: Sequence[Row]) -> bytes:
     """One chunk of ``rows`` (each COLUMNS' values then the buckets BLOB or None), which
     the caller has put in start order, one row per start."""

@@ -50,7 +50,7 @@ class Taken:
             at = np.empty_like(order)
             at[order] = np.arange(order.size)
             self.blobs = {int(at[i]): b for i, b in self.blobs.items()}
-        hours = np.floor(self.values[:, 0] / chunks.HOUR_S) * chunks.HOUR_S  # chunks.hour_of
+        hours = chunks.hours_of(self.values[:, 0])
         cut = np.flatnonzero((self.series[1:] != self.series[:-1]) | (hours[1:] != hours[:-1]))
         self.offsets = np.concatenate(([0], cut + 1, [order.size])).astype(np.int64)
         firsts = self.offsets[:-1]

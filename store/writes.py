@@ -330,7 +330,7 @@ class WindowWriter:
         taken = sealing.take(conn, sources, below)
         if taken is None:
             return 0
-        days = {int(h // DAY_S) for h in {h for _, h in taken.keys}}
+        days = {int(h // DAY_S) for _, h in taken.keys}
         if conn.dialect.name == "postgresql" and self.db.days.missing(days):
             partitions.make_days(conn, days)
             self.db.days.add(days)
