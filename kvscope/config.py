@@ -58,6 +58,12 @@ class Settings(BaseSettings):
         (), description="CIDRs, comma-separated in KVSCOPE_ALLOWED_TARGET_NETWORKS"
     )
 
+    @field_validator("downsample_s", mode="before")
+    @classmethod
+    def _never(cls, value: Any) -> Any:
+        """'never' (KVSCOPE_DOWNSAMPLE_S or --downsample-after): keep the 1-minute windows."""
+        return None if isinstance(value, str) and value.strip() == "never" else value
+
     @field_validator("allowed_target_networks", mode="before")
     @classmethod
     def _split_networks(cls, value: Any) -> Any:

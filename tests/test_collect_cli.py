@@ -182,6 +182,8 @@ def test_parse_duration_malformed_raises_config_error(text: str) -> None:
         ("never", None, None),
         (" never ", "86400", None),  # the flag wins over KVSCOPE_DOWNSAMPLE_S
         (None, "86400", 86_400.0),
+        (None, "never", None),
+        ("1d", "never", 86_400.0),
     ],
 )
 def test_collect_downsample_after_flag_reaches_the_settings(

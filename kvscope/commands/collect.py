@@ -372,7 +372,7 @@ def _settings(flags: CollectFlags) -> Settings:
         return None if text is None else parse_duration(text, flag, allow_zero=allow_zero)
 
     try:
-        settings = get_settings(
+        return get_settings(
             db=flags.db,
             cluster=flags.cluster,
             scrape_interval_s=seconds(flags.interval, "--interval"),
@@ -391,9 +391,6 @@ def _settings(flags: CollectFlags) -> Settings:
         field = ".".join(map(str, first["loc"]))
         flag = _FLAGS.get(field, field)
         raise ConfigError(f"{flag} (or KVSCOPE_{field.upper()}): {first['msg']}") from exc
-    if _never_downsample(flags.downsample_after):  # get_settings drops None overrides
-        settings = settings.model_copy(update={"downsample_s": None})
-    return settings
 
 
 def _loop_config(
@@ -616,14 +613,11 @@ def _serving(
     return server
 
 
-def _downsample(flag: str | None) -> dict[str, float | None]:
-    """The settings override of --downsample-after (none given or never: the settings' own;
-    never is applied by _settings, as get_settings drops None)."""
-    if flag is None or _never_downsample(flag):
+def _downsample(flag: str | None) -> dict[str, float | str]:
+    """The settings override of --downsample-after (none given: the settings' own; never
+    goes as it is, Settings reads it)."""
+    if flag is None:
         return {}
+    if flag.strip() == "never":
+        return {"downsample_s": flag}
     return {"downsample_s": retention_seconds(flag, "--downsample-after")}
-
-
-def _never_downsample(flag: str | None) -> bool:
-    """Whether --downsample-after says never (the 1-minute windows are kept as they are)."""
-    return flag is not None and flag.strip() == "never"
