@@ -1,10 +1,11 @@
 """The chunk: the windows of one series that start in one UTC hour, stored as one value.
 
 Layout: a 5-byte header (format, rows ``n``, a bitmask of the COLUMNS that hold a value in
-some row) then zlib (level 1) of the present columns, each ``n`` little-endian float64
-(NaN for NULL) byte-shuffled (all first bytes, then all second bytes, …: the high bytes of
-nearby values repeat, which is what deflate finds); then, when ``buckets`` is present, ``n``
-uint32 lengths and the rows' bucket BLOBs (store/buckets.py; length 0 for NULL).
+some row) then, compressed, the present columns, each ``n`` little-endian float64 (NaN for
+NULL) byte-shuffled (all first bytes, then all second bytes, …: the high bytes of nearby
+values repeat), and when ``buckets`` is present ``n`` uint32 lengths and the rows' bucket
+BLOBs (store/buckets.py; length 0 for NULL). Format 2 (written): one zstd frame, level 3,
+with its checksum; format 1 (read only, stores written before): zlib level 1.
 Rows are in start order, unique on start. :func:`decode_many` turns many chunks into columns
 with one numpy pass per layout instead of one per chunk.
 """
@@ -17,6 +18,8 @@ import zlib
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+import zstandard
+
 if TYPE_CHECKING:
     import numpy as np
     import numpy.typing as npt
@@ -25,7 +28,9 @@ COLUMNS = ("start", "length_s", "samples", "delta", "rate", "resets", "mean", "m
            "last", "p50", "p90", "p99", "sum_delta")  # fmt: skip
 BUCKETS_BIT = 1 << len(COLUMNS)
 HOUR_S = 3_600.0
-FORMAT = 1
+FORMAT = 2  # zstd; DESIGN.md#chunks has the measurements behind the codec
+ZLIB_FORMAT = 1  # read only: the chunks of stores written before format 2
+_ZSTD_LEVEL = 3
 _HEADER = struct.Struct("<BHH")
 _HEADER_DTYPE = [("format", "u1"), ("n", "<u2"), ("mask", "<u2")]
 _BATCH = 4096  # chunks inflated at once
@@ -92,7 +97,8 @@ def encode_many(
         payloads[c] += lengths + b"".join(bytes(b) for b in got if b)
         masks[c] |= BUCKETS_BIT
     layout = zip(sizes.tolist(), masks.tolist(), payloads, strict=True)
-    return [_HEADER.pack(FORMAT, n, mask) + zlib.compress(p, 1) for n, mask, p in layout]
+    compress = zstandard.ZstdCompressor(level=_ZSTD_LEVEL, write_checksum=True).compress
+    return [_HEADER.pack(FORMAT, n, mask) + compress(p) for n, mask, p in layout]
 
 
 def layout(chunk: bytes) -> tuple[int, int]:
@@ -100,8 +106,9 @@ def layout(chunk: bytes) -> tuple[int, int]:
     if len(chunk) < _HEADER.size:
         raise ValueError(f"a chunk of {len(chunk)} bytes is shorter than its header")
     fmt, n, mask = _HEADER.unpack_from(chunk)
-    if fmt != FORMAT or n == 0 or mask >> (len(COLUMNS) + 1):
-        raise ValueError(f"not a chunk of format {FORMAT} (format {fmt}, {n} rows, mask {mask})")
+    if fmt not in (FORMAT, ZLIB_FORMAT) or n == 0 or mask >> (len(COLUMNS) + 1):
+        known = f"{ZLIB_FORMAT} or {FORMAT}"
+        raise ValueError(f"not a chunk of format {known} (format {fmt}, {n} rows, mask {mask})")
     return n, mask
 
 
@@ -180,7 +187,8 @@ def layouts(chunks: Sequence[bytes]) -> tuple[npt.NDArray[np.int64], npt.NDArray
             layout(c)  # raises for the one shorter than its header
     head = np.frombuffer(heads, dtype=_HEADER_DTYPE)
     n, mask = head["n"].astype(np.int64), head["mask"].astype(np.int64)
-    bad = (head["format"] != FORMAT) | (n == 0) | (mask >> (len(COLUMNS) + 1) != 0)
+    fmt = head["format"]
+    bad = ((fmt != FORMAT) & (fmt != ZLIB_FORMAT)) | (n == 0) | (mask >> (len(COLUMNS) + 1) != 0)
     if bad.any():
         layout(chunks[int(np.flatnonzero(bad)[0])])  # raises
     return n, mask
@@ -193,12 +201,12 @@ def _inflate_many(chunks: Sequence[bytes], n: int, k: int, cut: bool) -> npt.NDA
 
     size = k * n * 8
     start = _HEADER.size
+    unzstd = zstandard.ZstdDecompressor().decompress
     try:
-        if cut:
-            parts = [zlib.decompressobj().decompress(c[start:], size) for c in chunks]
-        else:
-            parts = [zlib.decompress(c[start:]) for c in chunks]
-    except zlib.error as exc:
+        parts = [unzstd(memoryview(c)[start:]) if c[0] == FORMAT
+                 else zlib.decompressobj().decompress(c[start:], size) if cut
+                 else zlib.decompress(c[start:]) for c in chunks]  # fmt: skip
+    except (zstandard.ZstdError, zlib.error) as exc:
         raise ValueError(f"a chunk's data does not inflate: {exc}") from exc
     raw = b"".join(parts)
     if len(raw) != size * len(chunks):
@@ -219,9 +227,12 @@ def blobs_of(chunk: bytes) -> list[bytes | None]:
 
 
 def _inflate(chunk: bytes) -> bytes:
+    data = memoryview(chunk)[_HEADER.size :]
     try:
-        return zlib.decompress(memoryview(chunk)[_HEADER.size :])
-    except zlib.error as exc:
+        if chunk[0] == FORMAT:
+            return zstandard.ZstdDecompressor().decompress(data)
+        return zlib.decompress(data)
+    except (zstandard.ZstdError, zlib.error) as exc:
         raise ValueError(f"a chunk's data does not inflate: {exc}") from exc
 
 
