@@ -216,8 +216,8 @@ def engine_frame(
     src_names = np.asarray([str(x) for x in src_u] + [""], dtype=object)
     eng_names = np.asarray([str(x) for x in eng_u] + [""], dtype=object)
     cols: dict[str, object] = {
-        "source": src_names[key_of_row // n_eng],
-        "engine": eng_names[key_of_row % n_eng],
+        "source": coded_text(src_names, key_of_row // n_eng),
+        "engine": coded_text(eng_names, key_of_row % n_eng),
         "start": np.asarray(start_u, dtype=float)[rows % n_start],
         "window_s": np.bincount(row_c, weights=length, minlength=n)
         / np.bincount(row_c, minlength=n),
@@ -233,6 +233,21 @@ def engine_frame(
     )  # fmt: skip
     frame = frame.sort_values(["source", "engine", "start"], kind="stable", ignore_index=True)
     return frame[list(COLUMNS)]
+
+
+def coded_text(names: npt.NDArray[np.object_], codes: npt.NDArray[np.int64]) -> pd.Categorical:
+    """``names[codes]`` as a categorical of the names it holds, sorted, as the frame's source
+    and engine columns are: the fits' hash passes over engines (``pd.factorize``, groupby)
+    then read integer codes, not strings, and sorting by them sorts by name."""
+    import numpy as np
+    import pandas as pd
+
+    used = np.flatnonzero(np.bincount(codes, minlength=len(names)))  # the names it holds
+    cats, of_used = np.unique(names[used], return_inverse=True)
+    code_of = np.full(len(names), -1, dtype=np.int64)
+    code_of[used] = of_used.reshape(-1)
+    out: pd.Categorical = pd.Categorical.from_codes(code_of[codes], categories=pd.Index(cats))
+    return out
 
 
 def _engine_keys(

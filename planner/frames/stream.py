@@ -16,7 +16,7 @@ from collections import Counter
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
-from planner.frames.frames import COLUMNS, _dtype
+from planner.frames.frames import COLUMNS, _dtype, coded_text
 from planner.frames.groups import modes_and_groups
 from planner.frames.space import Space, mean_lengths, present
 from planner.frames.stream_columns import DERIVED, fields_of, final_columns, signal_columns
@@ -177,8 +177,8 @@ class FrameBuilder:
         mode, group = modes_and_groups(src_names, eng_names, p_src[fp] * n_eng + eng_idx, n_eng,
                                        meta, models, pair_u, pair_model, starts)  # fmt: skip
         data: dict[str, object] = {
-            "source": src_names[p_src[fp]][order],
-            "engine": eng_names[eng_idx][order],
+            "source": coded_text(src_names, p_src[fp][order]),
+            "engine": coded_text(eng_names, eng_idx[order]),
             "start": starts[order],
             "window_s": window_s[order],
             "offload_mode": mode[order],

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 from core.catalog import DERIVED_RATIOS
 from planner.frames.frames import SIGNALS as FRAME_SIGNALS
-from planner.frames.frames import engine_frame
+from planner.frames.frames import coded_text, engine_frame
 from planner.frames.stream import FrameBuilder, fields_of
 from planner.frames.table import WindowTable
 from planner.plan.forecast import KV_SIGNAL, RATE_SIGNAL, RUNNING_SIGNAL
@@ -109,7 +109,11 @@ def finish_frame(
     )  # fmt: skip
     exact = engine_frame(again, meta)
     keep = frame[~frame["source"].isin(inexact).to_numpy(dtype=bool)]
+    import numpy as np
     import pandas as pd
 
     out = pd.concat([keep, exact], ignore_index=True)
+    for column in ("source", "engine"):  # the parts' categories differ: one sorted set again
+        codes, names = pd.factorize(out[column].astype(str))
+        out[column] = coded_text(np.asarray(names, dtype=object), codes)
     return out.sort_values(["source", "engine", "start"], kind="stable", ignore_index=True)
