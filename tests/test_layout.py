@@ -10,7 +10,7 @@ kvscope wires them):
   collector or store imports the planner, the api or the dashboards;
 - planner, api and dashboards import collector only through its public modules
   (COLLECTOR_PUBLIC); only kvscope/ imports api/;
-- planner.simulate imports only planner.model, planner.simulate, core.catalog and the
+- planner.simulate imports only planner.domain, planner.simulate, core.catalog and the
   exception tree (core.errors);
 - api/ and dashboards/ import the planner through its sub-packages' faces (``planner.fit``,
   not ``planner.fit.gain``) and collector through its public modules;
@@ -176,10 +176,10 @@ def _violations() -> list[str]:
             if ttop == "api" and top not in ("api", "kvscope"):
                 bad.append(f"{at}: only kvscope/ wires the api (its modules are its own)")
             if name.startswith("planner.simulate"):
-                allowed = ("planner.model", "planner.simulate", "core.catalog",
+                allowed = ("planner.domain", "planner.simulate", "core.catalog",
                            "core.errors")  # fmt: skip
                 if not any(target == a or target.startswith(a + ".") for a in allowed):
-                    bad.append(f"{at}: planner.simulate imports only planner.model and "
+                    bad.append(f"{at}: planner.simulate imports only planner.domain and "
                                "core.catalog (and the exception tree)")  # fmt: skip
             if top in ("api", "dashboards") and ttop == "planner" and target.count(".") != 1:
                 bad.append(f"{at}: use the sub-package's public face (planner.<sub>)")
@@ -225,5 +225,6 @@ def test_layout_edges_count_function_level_and_parent_package_imports() -> None:
     graph = _edges()
     # planner.plan.build imports store.store inside a function (or under TYPE_CHECKING)
     assert "store.store" in graph["planner.plan.build"]
-    # importing planner.model.costmodel also runs planner/model/__init__.py
-    assert "planner.model" in graph["planner.simulate.engine"]
+    # importing planner.domain.costmodel also runs planner/domain/__init__.py
+    assert "planner.domain" in graph["planner.simulate.engine"]
+

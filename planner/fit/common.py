@@ -1,4 +1,4 @@
-"""What every fit in :mod:`planner.fit.run` shares: result records, history checks, warning
+"""What every fit in :mod:`planner.fit.orchestrate` shares: result records, history checks, warning
 capture, robust covariances (planner.fit.lsq; CR2 from planner.fit.cr2) and time budgets.
 
 Every result has ``estimate`` with ``interval``, ``n``, ``method``, ``assumptions``,
