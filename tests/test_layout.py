@@ -228,3 +228,36 @@ def test_layout_edges_count_function_level_and_parent_package_imports() -> None:
     # importing planner.domain.costmodel also runs planner/domain/__init__.py
     assert "planner.domain" in graph["planner.simulate.engine"]
 
+
+# File names that may repeat among the product modules: mirrors of one concept seen from
+# another room (docs/architecture.md#conventions). Any other repeat is a name with two meanings.
+MIRRORS: dict[str, frozenset[str]] = {
+    # kvscope/commands/X.py: the CLI of X; api/routes/X.py: its REST route; X.py: X itself
+    "advise.py": frozenset({"api/routes/advise.py", "kvscope/commands/advise.py"}),
+    "costmodel.py": frozenset(
+        {"planner/domain/costmodel.py", "api/routes/costmodel.py", "kvscope/commands/costmodel.py"}
+    ),
+    "db.py": frozenset({"store/db.py", "kvscope/commands/db.py"}),
+    "demo.py": frozenset({"kvscope/demo.py", "kvscope/commands/demo.py"}),
+    "plans.py": frozenset({"store/plans.py", "api/routes/plans.py", "kvscope/commands/plans.py"}),
+    "report.py": frozenset({"api/routes/report.py", "kvscope/commands/report.py"}),
+    # planner/simulate/X.py: the simulator's side of what X.py elsewhere measures or reads
+    "exposition.py": frozenset({"collector/exposition.py", "planner/simulate/exposition.py"}),
+    "residency.py": frozenset({"planner/frames/residency.py", "planner/simulate/residency.py"}),
+    "switchback.py": frozenset({"planner/fit/switchback.py", "planner/simulate/switchback.py"}),
+}
+
+
+def _repeated_file_names() -> dict[str, set[str]]:
+    """File name -> its product modules' paths, for names more than one module has."""
+    where: dict[str, set[str]] = {}
+    for path in MODULES.values():
+        if path.name != "__init__.py":
+            where.setdefault(path.name, set()).add(path.relative_to(ROOT).as_posix())
+    return {name: paths for name, paths in where.items() if len(paths) > 1}
+
+
+def test_layout_file_names_repeat_only_as_listed_mirrors() -> None:
+    bad = {name: sorted(paths) for name, paths in _repeated_file_names().items()
+           if frozenset(paths) != MIRRORS.get(name, frozenset())}  # fmt: skip
+    assert bad == {}, f"one file name, two meanings (rename one, or list a mirror): {bad}"
