@@ -4,7 +4,7 @@
 ``gain_curve`` and ``gain_crossings``), ``units``/``effects``/``capacity``/``switchback``
 (the verdict's units, today's effects, capacity at the SLO, a canary switchback), ``mfu``
 (prefill MFU), ``hitrate`` (LMCache L1 curve), ``reuse`` (hit ratio vs KV capacity, AET),
-``common`` and ``lsq`` (shared pieces, least squares by row blocks), ``registry`` (every
+``common`` and ``lsq`` (shared pieces, least squares in passes over rows), ``registry`` (every
 fit the planner runs: name, description, function, inputs), ``orchestrate`` (:func:`fit_all`: the
 registered fits on a frame, each one's failure isolated). Methods: planner/fit/METHODS.md
 """
