@@ -3,7 +3,7 @@
 Paths (a contract; dashboards, alert rules and compose rely on them): /healthz, /readyz,
 /v1/clusters[/{cluster}/engines|signals|plan|plans|forecast|accuracy|report], POST
 /v1/advise, POST /v1/costmodel/compare-tiers|savings, GET/POST /v1/targets, DELETE
-/v1/targets/{name}, /metrics. Errors: api/errors.py; auth: api/deps.py; heavy work:
+/v1/targets/{name}, /metrics. Errors: api/error_responses.py; auth: api/deps.py; heavy work:
 api/pool.py and api/cache.py.
 
 Nothing here reads the environment or opens the store at import or at creation: settings
@@ -22,15 +22,15 @@ from urllib.parse import parse_qsl
 from fastapi import FastAPI
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from api import errors
+from api import error_responses
 from api.cache import TTLCache
 from api.deps import AppState
 from api.pool import HeavyPool
+from api.request_metrics import REFUSED, UNMATCHED, ApiTelemetry
 from api.respond import dumps
 from api.routes import advise, clusters, costmodel, health, metrics, plans, report, signals
 from api.routes import targets as targets_routes
 from api.settings import ApiSettings, load_settings, resolve
-from api.telemetry import REFUSED, UNMATCHED, ApiTelemetry
 from core.kvscope_metrics import kvscope_version
 
 access_log = logging.getLogger("kvscope.api.access")
@@ -140,7 +140,7 @@ class EdgeMiddleware:
 
 def _route_of(scope: Scope) -> str:
     """The template of the route that answered (FastAPI puts it in the scope), else
-    api.telemetry's UNMATCHED or, when no route was tried, REFUSED."""
+    api.request_metrics's UNMATCHED or, when no route was tried, REFUSED."""
     route = scope.get("route")
     path = getattr(route, "path", None)
     if isinstance(path, str):
@@ -209,7 +209,7 @@ def create_app(settings: ApiSettings | None = None) -> FastAPI:
         lifespan=lifespan,
     )
     app.state.kvscope = state
-    errors.install(app)
+    error_responses.install(app)
     for module in (health, clusters, signals, plans, report, advise, costmodel, metrics):
         app.include_router(module.router)
     app.include_router(targets_routes.router)

@@ -22,11 +22,11 @@ from typing import Annotated, Any, TypeVar
 from fastapi import Depends, Path, Request
 
 from api.cache import TTLCache
-from api.errors import ApiError
+from api.error_responses import ApiError
 from api.pool import Busy, HeavyPool
+from api.request_metrics import ApiTelemetry
 from api.respond import dumps
 from api.settings import ApiSettings
-from api.telemetry import ApiTelemetry
 from core.durations import parse_duration
 from core.errors import StoreError
 from store.store import Store

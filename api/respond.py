@@ -3,7 +3,7 @@
 Routes declare their response model for the OpenAPI document and return :func:`json_ok`:
 FastAPI does not re-validate a Response, so a large plan document is serialised once. JSON
 has no NaN or infinity: a non-finite number becomes null (the planner's own rule,
-planner.model.values).
+planner.domain.values).
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from typing import Any
 
 from fastapi.responses import Response
 
-from planner.model import json_ready
+from planner.domain import json_ready
 
 
 def dumps(payload: Any) -> bytes:

@@ -1,7 +1,7 @@
 """The API's request and response models (pydantic stays here, at the edge).
 
 Every field has real bounds and an example. Names of models, GPUs and tiers are checked
-exactly against the built-in catalogue (planner/model/data/hardware.yaml) and listed as an
+exactly against the built-in catalogue (planner/domain/data/hardware.yaml) and listed as an
 ``enum`` in the OpenAPI document; the catalogue is read when the schema or a request first
 needs it, not at import. Bounds beyond the CLI's own checks keep one request cheap: prompt +
 output tokens stay within every catalogued model's context (40,960 tokens), a what-if
@@ -47,9 +47,9 @@ def _nullable(schema: dict[str, Any]) -> None:
 @functools.cache
 def catalog_names(kind: Literal["models", "gpus", "tiers"]) -> tuple[str, ...]:
     """Canonical names and aliases of one section of the built-in catalogue, sorted."""
-    from planner import model as planner_model
+    from planner import domain
 
-    cat = planner_model.hardware.builtin_catalog()
+    cat = domain.hardware.builtin_catalog()
     table: Any = getattr(cat, kind)
     names = set(table) | {alias for alias, name in cat.aliases.items() if name in table}
     return tuple(sorted(names))

@@ -106,7 +106,7 @@ class Step:
 async def drive(server: Server, path: str, seconds: float, concurrency: int) -> Step:
     """``concurrency`` workers, each on its own keep-alive connection (one small client each:
     httpcore's pool scans all its connections per request, so ONE client of 64 connections
-    would cap the rate itself — collector.sources.ClientPool), each sending its next GET when
+    would cap the rate itself — collector.scrape.ClientPool), each sending its next GET when
     the last answered: WARMUP_S unmeasured, then ``seconds`` measured."""
     step = Step()
     limits = httpx.Limits(max_connections=1, max_keepalive_connections=1)

@@ -66,7 +66,7 @@ from tests.services import free_port  # noqa: E402
 
 FIXTURE = ROOT / "tests" / "fixtures" / "metrics" / "vllm-0.33.0-metrics-default.txt"
 CLK_TCK = os.sysconf("SC_CLK_TCK")
-CONCURRENCY = 64  # kvscope's default scrape_concurrency (kvscope/config.py)
+CONCURRENCY = 64  # kvscope's default scrape_concurrency (kvscope/cli_settings.py)
 SAMPLE_BEFORE_S = 1.5  # CPU sampled, and the file_sd file rewritten, this long before a tick
 STARTUP_S = 8.0  # imports + the loop's immediate first tick (100 new targets registered)
 SAMPLE = re.compile(r"^([^\s{]+)(\{[^}]*\})? (\S+)$")
@@ -199,7 +199,7 @@ def cpu_s(pid: int) -> float:
 async def baseline(base: str, paths: list[str], rounds: int) -> tuple[float, float]:
     """(CPU-s, wall-s) of one round of bare GETs over ``paths`` (median of ``rounds``)."""
     limits = httpx.Limits(max_connections=1, max_keepalive_connections=1)
-    tls = httpx.create_ssl_context()  # ~20 ms each: one for all, as collector.sources does
+    tls = httpx.create_ssl_context()  # ~20 ms each: one for all, as collector.scrape does
     clients = [
         httpx.AsyncClient(base_url=base, timeout=30, limits=limits, verify=tls) for _ in paths
     ]

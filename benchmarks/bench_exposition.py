@@ -22,9 +22,9 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from collector.parse import read_exposition  # noqa: E402
 from core import catalog  # noqa: E402
 from planner.simulate.exposition import engine_view, render  # noqa: E402
+from planner.simulate.metrics_server import LiveCluster  # noqa: E402
 from planner.simulate.scenario import load_scenario  # noqa: E402
 from planner.simulate.scenarios import scenario_file  # noqa: E402
-from planner.simulate.serve import LiveCluster  # noqa: E402
 
 
 def _best(fn: Callable[[], object], n: int = 200, rounds: int = 5) -> float:

@@ -3,8 +3,8 @@
 Measures, on a seeded synthetic cluster (benchmarks.accuracy.fitsynth) of ~1M engine-windows:
 * the frame build (planner.frames.frames.engine_frame) from ~12M columnar windows, with string and
   with categorical source/engine/signal columns;
-* each fit of planner.fit.run.fit_all (preemption knee, gain per offload mode, MFU, hit rate)
-  and the whole report.
+* each fit of planner.fit.orchestrate.fit_all (preemption knee, gain per offload mode, MFU, hit
+  rate) and the whole report.
 
 Baselines (same run):
 * one plain ``numpy.linalg.lstsq`` on the gain fit's design matrix (1M × 10) — the least a
@@ -122,7 +122,7 @@ def numbers(report: Any) -> dict[str, Any]:
 
 def timed_fit_all(frame: pd.DataFrame) -> tuple[float, Any]:
     from benchmarks.accuracy.fitsynth import H100_BF16_FLOPS, llama8b_prefill_flops
-    from planner.fit.run import fit_all
+    from planner.fit.orchestrate import fit_all
 
     t0 = time.perf_counter()
     report = fit_all(frame, prefill_flops=llama8b_prefill_flops, peak_flops=H100_BF16_FLOPS)

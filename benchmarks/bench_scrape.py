@@ -10,7 +10,7 @@ every target, 64 at a time, one keep-alive connection per target:
 
 * httpx     one ``httpx.AsyncClient`` per target (the collector's client before http1);
 * http1     collector.http1.Connection (the collector's client);
-* scrape    collector.sources.scrape_all with its ClientPool: GET, inflate/cap, parse in a
+* scrape    collector.scrape.scrape_all with its ClientPool: GET, inflate/cap, parse in a
             worker thread, the outcome — what ``kvscope collect`` spends per scrape before
             roll-up and store.
 
@@ -34,7 +34,7 @@ sys.path.insert(0, str(ROOT))
 
 from benchmarks.bench_collector_load import CONCURRENCY, baseline  # noqa: E402
 from collector.http1 import Connection, HTTPClientError  # noqa: E402
-from collector.sources import ClientPool, Target, scrape_all  # noqa: E402
+from collector.scrape import ClientPool, Target, scrape_all  # noqa: E402
 from tests.services import free_port  # noqa: E402
 
 SERVER = (

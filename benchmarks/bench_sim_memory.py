@@ -51,9 +51,9 @@ def child(scenario_name: str, hours: float, *, trace: bool, retaining: bool) -> 
     import numpy  # noqa: F401  (the first histogram flush imports it: count it in set-up)
 
     from planner.simulate.cluster import Simulation
+    from planner.simulate.metrics_server import LiveCluster
     from planner.simulate.scenario import load_scenario
     from planner.simulate.scenarios import scenario_file
-    from planner.simulate.serve import LiveCluster
 
     with scenario_file(scenario_name) as path:
         scenario = load_scenario(path)

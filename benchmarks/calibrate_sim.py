@@ -8,7 +8,7 @@ The summary (metric_summary) gives, per metric class, the mean absolute error, t
 the sign wrong, the largest-miss band and that band rebuilt leaving one publication out;
 identity rows (HBM only vs HBM only, 0 vs 0 by construction) are in none of its figures.
 
-Published rows not in planner/model/data/sources.yaml's text alone are in
+Published rows not in planner/domain/data/sources.yaml's text alone are in
 benchmarks/calibration_data.json with their source URL and date.
 - llm-d tiered-prefix-cache guide [source: llm-d-tiered-prefix-cache]: 16x H100, 8 servers at
   TP2, Qwen3-32B, 250 groups x 5 prompts, 16,000-token system prompt; HBM only vs CPU tier.
@@ -16,7 +16,7 @@ benchmarks/calibration_data.json with their source URL and date.
   (calibration_data.json `load`), llm-d's optimized-baseline picker for HBM only and its
   tier-aware one for the CPU tier (`routers`), 5 seeds (their SD: one run's spread).
 
-Published figures (entries of planner/model/data/sources.yaml; `kvscope sources <id>`):
+Published figures (entries of planner/domain/data/sources.yaml; `kvscope sources <id>`):
 - GKE tiered KV cache (Google Cloud / LMCache blog 2025-10-07) [source: gke-tiered-kv-2025]:
   8x H100, Llama-3.3-70B,
   SGLang bench_serving generated-shared-prefix, 20 requests per system prompt, question 256,

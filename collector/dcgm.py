@@ -28,7 +28,7 @@ class GpuFacts:
 
 def gpu_slug(model_name: str) -> str:
     """``NVIDIA H100 80GB HBM3`` → ``nvidia-h100-80gb-hbm3`` (the hardware catalogue's alias
-    spelling, planner/model/data/hardware.yaml)."""
+    spelling, planner/domain/data/hardware.yaml)."""
     return re.sub(r"[^a-z0-9.]+", "-", model_name.strip().lower()).strip("-")
 
 

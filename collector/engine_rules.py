@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from collector.sources import read_yaml
+from collector.scrape import read_yaml
 from core.errors import ConfigError
 from core.records import OFFLOAD_MODES
 

@@ -24,7 +24,7 @@ from urllib.parse import quote, urlencode, urlsplit
 
 import yaml
 
-from collector.sources import OFFLOAD_MODES, TARGET_KINDS, EngineMeta, Target, TargetKind
+from collector.scrape import OFFLOAD_MODES, TARGET_KINDS, EngineMeta, Target, TargetKind
 from core.errors import ConfigError
 
 log = logging.getLogger(__name__)

@@ -72,7 +72,7 @@ class _Hist:
 _DUPLICATE = _Hist(-1, -1, 0, "")
 
 
-class _Acc:
+class _ReadState:
     """What one read() accumulates besides the hot-loop locals."""
 
     __slots__ = ("anomalies", "declared", "facts", "kinds", "unknown", "unknown_names")
@@ -217,7 +217,7 @@ class ExpositionReader:
         entry = self._labels[text] = (full, no_le, le, base[3], bound)
         return entry
 
-    def _meta(self, line: str, acc: _Acc, lineno: int) -> bool:
+    def _meta(self, line: str, acc: _ReadState, lineno: int) -> bool:
         """A line starting with ``#`` (leading blanks removed): record a TYPE, skip HELP and
         comments; True at ``# EOF``."""
         if not line.startswith("# TYPE "):
@@ -308,7 +308,7 @@ class ExpositionReader:
         index_get = INDEX.get
         names_ok = self._names
         limit = self._limit
-        acc = _Acc()
+        acc = _ReadState()
         values: dict[tuple[str, Labels], tuple[int, float, int]] = {}  # (rank, value, line)
         hists: dict[tuple[str, Labels], _Hist] = {}
         last_spell, last_labels, h = -1, None, None
@@ -610,7 +610,7 @@ def _le(bound: float) -> str:
     return "+Inf" if bound == _INF else repr(bound)
 
 
-def _finish(key: tuple[str, Labels], h: _Hist, acc: _Acc) -> SignalSample | None:
+def _finish(key: tuple[str, Labels], h: _Hist, acc: _ReadState) -> SignalSample | None:
     """The histogram sample of one series, or None when it is dropped (a bucket value was
     dropped, or no +Inf bucket); anomalies found here go to ``acc``."""
     signal, labels = key
@@ -639,7 +639,7 @@ def _finish(key: tuple[str, Labels], h: _Hist, acc: _Acc) -> SignalSample | None
     return SignalSample(signal, "histogram", labels, count, bounds, counts, h.sum)
 
 
-def _repair(h: _Hist, acc: _Acc) -> list[tuple[float, float, int, Labels]]:
+def _repair(h: _Hist, acc: _ReadState) -> list[tuple[float, float, int, Labels]]:
     """Buckets not in increasing le order: sort (stable: line order among equal bounds), drop
     a repeated bound (the first line stands), note non-cumulative counts (kept)."""
     kept: list[tuple[float, float, int, Labels]] = []

@@ -101,7 +101,7 @@ class _Point:
 
 
 @dataclass(slots=True)
-class _Acc:
+class _WindowAccumulator:
     """What one series accumulates inside the open window."""
 
     kind: Kind
@@ -154,7 +154,7 @@ class Rollup:
         self.keep_buckets: frozenset[str] = frozenset(keep_buckets)
         self.skipped: Counter[str] = Counter()
         self._state: dict[SeriesKey, _Point] = {}
-        self._accs: dict[SeriesKey, _Acc] = {}
+        self._accumulators: dict[SeriesKey, _WindowAccumulator] = {}
         self._layouts: set[tuple[float, ...]] = set()  # bucket bounds already validated
         self._open: int | None = None  # index of the open window (start = index * window_s)
         self._last_ts = -INF
@@ -204,8 +204,8 @@ class Rollup:
         # takes both): a checkpoint of every target is written at every save (up to every
         # tick), so this runs once per target and save
         series = [[s, labels, _point_out(point)] for (s, labels), point in self._state.items()]
-        open_series = [[key[0], key[1], _acc_out(acc, self._state.get(key))]
-                       for key, acc in self._accs.items()]  # fmt: skip
+        open_series = [[key[0], key[1], _accumulator_row(acc, self._state.get(key))]
+                       for key, acc in self._accumulators.items()]  # fmt: skip
         return {
             "window_s": self.window_s,
             "open": self._open,
@@ -229,12 +229,12 @@ class Rollup:
         accs = {}
         for s, labels, a in data["open_series"]:
             key = _key_in(s, labels)
-            accs[key] = _acc_in(a, state.get(key))
+            accs[key] = _accumulator_from_row(a, state.get(key))
         opened = None if data["open"] is None else int(data["open"])
         last_ts, closed_until = float(data["last_ts"]), float(data["closed_until"])
         skipped = Counter({str(k): int(v) for k, v in data["skipped"].items()})
         self._open, self._last_ts, self._closed_until = opened, last_ts, closed_until
-        self._state, self._accs, self.skipped = state, accs, skipped
+        self._state, self._accumulators, self.skipped = state, accs, skipped
 
     # -- per sample -------------------------------------------------------------------------
 
@@ -249,15 +249,15 @@ class Rollup:
         else:
             self.skipped["kind"] += 1
 
-    def _acc(self, key: SeriesKey, kind: Kind, ts: float) -> _Acc:
-        acc = self._accs.get(key)
+    def _accumulator(self, key: SeriesKey, kind: Kind, ts: float) -> _WindowAccumulator:
+        acc = self._accumulators.get(key)
         if acc is not None and acc.kind == kind:
             return acc
         prev = self._state.get(key)
         if prev is not None and prev.kind != kind:
             prev = None
-        acc = _Acc(kind=kind, from_ts=prev.ts if prev is not None else ts, prev=prev)
-        self._accs[key] = acc
+        acc = _WindowAccumulator(kind=kind, from_ts=prev.ts if prev is not None else ts, prev=prev)
+        self._accumulators[key] = acc
         return acc
 
     def _add_counter(self, key: SeriesKey, value: float, ts: float) -> None:
@@ -270,7 +270,7 @@ class Rollup:
         if value < 0:
             self.skipped["negative"] += 1
             return
-        acc = self._acc(key, "counter", ts)
+        acc = self._accumulator(key, "counter", ts)
         prev = acc.prev
         if prev is not None:
             if value < prev.value:
@@ -293,7 +293,7 @@ class Rollup:
         if math.isinf(value):
             self.skipped["inf"] += 1
             return
-        acc = self._acc(key, "gauge", ts)
+        acc = self._accumulator(key, "gauge", ts)
         if acc.samples:
             acc.weighted += acc.last * (ts - acc.last_ts)
         else:
@@ -321,7 +321,7 @@ class Rollup:
             if len(self._layouts) > 1_000:  # bounded even against a hostile exporter
                 self._layouts.clear()
             self._layouts.add(bounds)
-        acc = self._acc(key, "histogram", ts)
+        acc = self._accumulator(key, "histogram", ts)
         prev = acc.prev
         if prev is not None:
             deltas = list(map(sub, counts, prev.counts)) if prev.bounds == bounds else []
@@ -357,14 +357,14 @@ class Rollup:
         end = start + self.window_s
         windows: list[Window] = []
         counters: dict[SeriesKey, Window] = {}
-        for (signal, labels), acc in self._accs.items():
+        for (signal, labels), acc in self._accumulators.items():
             window = self._window(signal, labels, acc, start, end)
             windows.append(window)
             if acc.kind == "counter":
                 counters[(signal, labels)] = window
         windows.extend(self._ratios(counters, start))
         windows.sort(key=lambda w: (w.signal, w.labels))
-        self._accs = {}
+        self._accumulators = {}
         self._open = None
         self._closed_until = end
         horizon = end - self.stale_windows * self.window_s
@@ -373,7 +373,9 @@ class Rollup:
             del self._state[key]
         return windows
 
-    def _window(self, signal: str, labels: Labels, acc: _Acc, start: float, end: float) -> Window:
+    def _window(
+        self, signal: str, labels: Labels, acc: _WindowAccumulator, start: float, end: float
+    ) -> Window:
         span = acc.last_ts - acc.from_ts
         rate = None if acc.delta is None or span <= 0 else acc.delta / span
         mean = lo = hi = sum_delta = None
@@ -475,7 +477,7 @@ def _point_in(row: Sequence[Any]) -> _Point:
                   tuple(map(float, bounds)), tuple(map(float, counts)))  # fmt: skip
 
 
-def _acc_out(a: _Acc, latest: _Point | None) -> list[Any]:
+def _accumulator_row(a: _WindowAccumulator, latest: _Point | None) -> list[Any]:
     """An accumulator as a row; its previous sample and bucket bounds are usually the series'
     latest sample and its bounds, written once (as "latest") to halve a histogram's size."""
     prev: Any = None if a.prev is None else _point_out(a.prev)
@@ -487,7 +489,7 @@ def _acc_out(a: _Acc, latest: _Point | None) -> list[Any]:
             list(a.bucket_delta), a.layout_mixed]  # fmt: skip
 
 
-def _acc_in(row: Sequence[Any], latest: _Point | None) -> _Acc:
+def _accumulator_from_row(row: Sequence[Any], latest: _Point | None) -> _WindowAccumulator:
     (kind, from_ts, prev, samples, last_ts, last, delta, resets, weighted, lo, hi,
      sum_delta, sum_known, bounds, bucket_delta, layout_mixed) = row  # fmt: skip
     if kind not in _KINDS:
@@ -501,7 +503,7 @@ def _acc_in(row: Sequence[Any], latest: _Point | None) -> _Acc:
     if bounds == "latest":
         assert latest is not None
         bounds = latest.bounds
-    return _Acc(
+    return _WindowAccumulator(
         kind=kind, from_ts=float(from_ts), prev=prev_point,
         samples=int(samples), last_ts=float(last_ts), last=float(last),
         delta=None if delta is None else float(delta), resets=int(resets),

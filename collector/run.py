@@ -24,14 +24,13 @@ from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
 from collector.checkpoint import Checkpoints, Saved, newest, open_windows, resume
-from collector.config import DirectConfig
 from collector.engine_facts import describe, engine_facts_of
 from collector.engine_rules import EngineRules
 from collector.file_sd import Discovered, FileSD
-from collector.health import CollectorHealth
 from collector.keep import kept_windows
 from collector.rollup import Rollup
-from collector.sources import (
+from collector.run_config import DirectConfig
+from collector.scrape import (
     TARGET_KINDS,
     ClientPool,
     Clock,
@@ -41,6 +40,7 @@ from collector.sources import (
     TargetSet,
     scrape_all,
 )
+from collector.self_metrics import CollectorHealth
 from collector.spool import Spool, SpoolCounts
 from collector.urlguard import URLPolicy
 from core.errors import KvscopeError
@@ -55,7 +55,7 @@ T = TypeVar("T")
 @dataclass
 class CollectStats:
     """The loop's own observability (returned at the end, shown in progress lines; served as
-    metrics by collector.health.CollectorHealth under ``--metrics-addr``)."""
+    metrics by collector.self_metrics.CollectorHealth under ``--metrics-addr``)."""
 
     mode: str
     started: float = field(default_factory=time.time)
@@ -272,7 +272,7 @@ class DirectParts(LoopParts):
     sleep: SleepUntil = sleep_until
 
 
-class _KeepFuller:
+class _StoreSink:
     """The store as the spool's sink: windows written with ``keep_fuller`` (a partial version
     of a window never replaces a fuller one; collector.checkpoint)."""
 
@@ -286,7 +286,7 @@ class _KeepFuller:
         return self.store.write_outcomes(outcomes)
 
 
-class _Direct:
+class _DirectLoopState:
     """State of the direct-scrape loop between ticks."""
 
     def __init__(
@@ -310,7 +310,7 @@ class _Direct:
         self.window_s = config.window_s
         self.spool = parts.spool if parts.spool is not None else Spool(None, store_id=store.url)
         stats.spool = self.spool.counts
-        self.sink = _KeepFuller(store)
+        self.sink = _StoreSink(store)
         self.drain_budget_s = max(0.5, 0.5 * config.interval_s)
         self.checkpoints = parts.checkpoints
         self.clock = parts.clock
@@ -460,7 +460,7 @@ class _Direct:
             self.stats.checkpoint_errors += 1
             self.stats.last_error = f"checkpoint: cannot write {self.checkpoints.path}"
 
-    def absorb(self, results: Sequence[ScrapeResult]) -> int:
+    def roll_up_and_write(self, results: Sequence[ScrapeResult]) -> int:
         """Roll the results up, write the windows they closed and every outcome; returns how
         many windows closed."""
         stats = self.stats
@@ -592,7 +592,7 @@ async def collect_direct(
     if config.shard is not None:
         targets = TargetSet(targets.cluster, tuple(config.shard.select(targets)))
     register_targets(store, targets)
-    state = _Direct(targets, store, config, parts, stats)
+    state = _DirectLoopState(targets, store, config, parts, stats)
     async with ClientPool() as client:
         index = math.floor(clock() / interval_s)  # the first tick runs at once
         scheduled = clock()
@@ -629,7 +629,7 @@ async def collect_direct(
 
 
 async def _direct_round(
-    state: _Direct,
+    state: _DirectLoopState,
     client: ClientPool,
     config: DirectConfig,
     parts: DirectParts,
@@ -656,7 +656,7 @@ async def _direct_round(
     )
     if results is None:
         return False
-    closed = state.absorb(results)
+    closed = state.roll_up_and_write(results)
     state.save_checkpoint(force=closed > 0)
     if parts.pruner is not None:
         parts.pruner.tick(parts.clock())

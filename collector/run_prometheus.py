@@ -17,13 +17,13 @@ import math
 import time
 from collections.abc import Mapping, Sequence
 
-from collector.config import PrometheusConfig
 from collector.dcgm import engine_gpus
 from collector.engine_facts import ENGINE_FACTS, Described, describe, engine_facts_of
 from collector.engine_rules import EngineRules
 from collector.keep import kept_windows, query_signals
 from collector.promsource import PrometheusSource
 from collector.run import CollectStats, LoopParts, next_tick, sleep_until, unless_stopped
+from collector.run_config import PrometheusConfig
 from core.catalog import DERIVED_RATIOS, SIGNALS
 from core.errors import KvscopeError, ScrapeError
 from core.records import Window

@@ -2,8 +2,8 @@
 
 :class:`MetricDef` constants (import them; never spell a name elsewhere:
 tests/core/test_kvscope_metrics.py greps the tree for strays) for the planner's gauges of
-the latest stored plans (api.plan_metrics), the collector's health (collector.health) and
-the API's requests and build (api/telemetry.py). Names follow Prometheus practice; an
+the latest stored plans (api.plan_metrics), the collector's health (collector.self_metrics) and
+the API's requests and build (api/request_metrics.py). Names follow Prometheus practice; an
 interval is one metric with ``bound="estimate|lower|upper"``. The README's "kvscope's own
 metrics" table is :func:`markdown_table`'s output (``python -m core.kvscope_metrics``).
 
@@ -412,7 +412,7 @@ COLLECTOR_METRICS: tuple[MetricDef, ...] = (
     COLLECTOR_INFO,
     BUILD_INFO,
 )
-# the API's own (kvscope serve's /metrics, beside the planner gauges): api/telemetry.py
+# the API's own (kvscope serve's /metrics, beside the planner gauges): api/request_metrics.py
 API_METRICS: tuple[MetricDef, ...] = (API_REQUESTS, API_REQUEST_DURATION, BUILD_INFO)
 ALL_METRICS: tuple[MetricDef, ...] = (
     PLAN_METRICS + COLLECTOR_METRICS + (API_REQUESTS, API_REQUEST_DURATION)

@@ -39,7 +39,7 @@ from core.kvscope_metrics import (
 )
 from dashboards.config import MixinConfig
 from dashboards.grafana import Board, Chart, Column, Query, Row
-from dashboards.records import COLLECTOR_FAILED, WINDOWS_WRITTEN, find
+from dashboards.recording_rules import COLLECTOR_FAILED, WINDOWS_WRITTEN, find
 from dashboards.variables import PLAN_MATCHERS, PLAN_VARIABLES, query
 
 __all__ = ["UID", "planner_board"]

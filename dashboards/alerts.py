@@ -27,7 +27,7 @@ from core.kvscope_metrics import (
 )
 from dashboards import promql as q
 from dashboards.config import MixinConfig
-from dashboards.records import COLLECTOR_FAILED, find
+from dashboards.recording_rules import COLLECTOR_FAILED, find
 
 __all__ = ["ALERTS", "Alert"]
 

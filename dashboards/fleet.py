@@ -1,6 +1,6 @@
 """The Fleet KV overview: is KV pressure costing this fleet, and where does prompt KV come from.
 
-Every panel reads a recording rule's expression (dashboards.records) with Grafana's
+Every panel reads a recording rule's expression (dashboards.recording_rules) with Grafana's
 ``$__rate_interval`` and the model / instance / engine variables, so what the panel draws is
 what the rule records and the alerts test.
 """
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dashboards.config import MixinConfig
 from dashboards.grafana import Board, Chart, Row
-from dashboards.records import Record, find
+from dashboards.recording_rules import Record, find
 from dashboards.variables import VLLM_VARIABLES, query
 
 __all__ = ["UID", "fleet_board"]

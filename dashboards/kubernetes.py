@@ -5,7 +5,7 @@
 - dashboard-<uid>.yaml: one ConfigMap per dashboard, its JSON byte for byte, labelled for the
   Grafana chart's dashboard sidecar (the one kube-prometheus-stack runs);
 - kustomization.yaml: lists them (deploy/kubernetes/base includes the directory).
-Plain data in, YAML text out (dashboards.rules.dump_rules: deterministic, never folded).
+Plain data in, YAML text out (dashboards.rule_files.dump_rules: deterministic, never folded).
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from dashboards.rules import dump_rules
+from dashboards.rule_files import dump_rules
 
 __all__ = ["K8S_DIR", "dashboard_configmap", "k8s_files", "prometheus_rule"]
 

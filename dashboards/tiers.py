@@ -11,7 +11,7 @@ from __future__ import annotations
 from core import catalog
 from dashboards.config import MixinConfig
 from dashboards.grafana import Board, Chart, Query, Row
-from dashboards.records import find
+from dashboards.recording_rules import find
 from dashboards.variables import VLLM_VARIABLES, board_scope, lmcache_variables, query
 
 __all__ = ["UID", "tiers_board"]

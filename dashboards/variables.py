@@ -14,7 +14,7 @@ from core.kvscope_metrics import PLAN_AGE
 from dashboards.config import MixinConfig
 from dashboards.grafana import Query, Variable
 from dashboards.promql import Scope
-from dashboards.records import Record
+from dashboards.recording_rules import Record
 
 __all__ = [
     "PLAN_MATCHERS",

@@ -28,10 +28,10 @@ from core.errors import ConfigError
 if TYPE_CHECKING:
     from collector.keep import Keep
     from collector.run import CollectStats
-    from collector.sources import TargetSet
+    from collector.scrape import TargetSet
     from planner.plan import Plan
+    from planner.simulate.metrics_server import LiveCluster
     from planner.simulate.scenario import Scenario
-    from planner.simulate.serve import LiveCluster
     from store.store import Store
 
 DEFAULT_SCENARIO = "demo"  # a bundled scenario name (planner.simulate.scenarios: package data)
@@ -228,8 +228,8 @@ def _collect(
     err: IO[str],
     keep: Keep,
 ) -> CollectStats:
-    from collector.config import DirectConfig
     from collector.run import DirectParts, collect_direct, run_until_signalled
+    from collector.run_config import DirectConfig
 
     clock = SimClock(live, epoch0, speed)
     duration = live.sim.end_time
@@ -288,8 +288,8 @@ def _serve_and_collect(
     """Serve the simulated cluster on 127.0.0.1 and collect it; the servers are closed on
     the way out, whatever happens."""
     from collector.keep import parse_keep
-    from collector.sources import parse_targets
-    from planner.simulate.serve import ClusterServer, LiveCluster, targets_document
+    from collector.scrape import parse_targets
+    from planner.simulate.metrics_server import ClusterServer, LiveCluster, targets_document
 
     duration = scenario.duration_s
     live = LiveCluster(scenario, opts.speed)
@@ -334,7 +334,7 @@ def run_demo(opts: DemoOptions, *, err: IO[str] | None = None) -> DemoResult:
     (Ctrl-C) stops the collection: the windows so far are flushed to the store, the servers
     closed, and the interrupt re-raised. Nothing started here outlives the call.
     """
-    from dashboards.build import write as write_surfaces
+    from dashboards.generate import write as write_surfaces
     from kvscope.replan import save_plan
     from planner.plan import build_plan
     from planner.report.plots import write_plots

@@ -53,8 +53,8 @@ from typer.core import TyperGroup
 from typer.testing import CliRunner
 
 from dashboards.alerts import ALERTS
-from dashboards.build import RULES_DIR, artifacts
 from dashboards.config import DEFAULT
+from dashboards.generate import RULES_DIR, artifacts
 from kvscope.cli import app
 from tests.clirun import run_kvscope
 from tests.services import free_port
@@ -519,7 +519,7 @@ def test_prometheus_rule_files_resolve_to_the_mounted_generated_rules() -> None:
     assert f"--config.file={target}" in SERVICES["prometheus"]["command"]
     rules_target = _bind_target("prometheus", str(RULES_DIR))
     generated = {p for p in artifacts() if p.parent == RULES_DIR}
-    assert generated, "dashboards.build writes no rule file"
+    assert generated, "dashboards.generate writes no rule file"
     seen = set()
     for rule_file in config["rule_files"]:
         # relative paths resolve against the config's directory, here and in the container

@@ -207,7 +207,7 @@ def test_demo_short_run_writes_valid_pngs(short_run: Run) -> None:
 
 
 def test_demo_short_run_writes_the_dashboards_and_rules_it_names(short_run: Run) -> None:
-    from dashboards.build import artifacts, check
+    from dashboards.generate import artifacts, check
 
     surfaces = short_run.result.surfaces
     assert {p.relative_to(short_run.out) for p in surfaces} == set(artifacts())

@@ -10,7 +10,7 @@ kvscope wires them):
   collector or store imports the planner, the api or the dashboards;
 - planner, api and dashboards import collector only through its public modules
   (COLLECTOR_PUBLIC); only kvscope/ imports api/;
-- planner.simulate imports only planner.model, planner.simulate, core.catalog and the
+- planner.simulate imports only planner.domain, planner.simulate, core.catalog and the
   exception tree (core.errors);
 - api/ and dashboards/ import the planner through its sub-packages' faces (``planner.fit``,
   not ``planner.fit.gain``) and collector through its public modules;
@@ -176,10 +176,10 @@ def _violations() -> list[str]:
             if ttop == "api" and top not in ("api", "kvscope"):
                 bad.append(f"{at}: only kvscope/ wires the api (its modules are its own)")
             if name.startswith("planner.simulate"):
-                allowed = ("planner.model", "planner.simulate", "core.catalog",
+                allowed = ("planner.domain", "planner.simulate", "core.catalog",
                            "core.errors")  # fmt: skip
                 if not any(target == a or target.startswith(a + ".") for a in allowed):
-                    bad.append(f"{at}: planner.simulate imports only planner.model and "
+                    bad.append(f"{at}: planner.simulate imports only planner.domain and "
                                "core.catalog (and the exception tree)")  # fmt: skip
             if top in ("api", "dashboards") and ttop == "planner" and target.count(".") != 1:
                 bad.append(f"{at}: use the sub-package's public face (planner.<sub>)")
@@ -225,5 +225,39 @@ def test_layout_edges_count_function_level_and_parent_package_imports() -> None:
     graph = _edges()
     # planner.plan.build imports store.store inside a function (or under TYPE_CHECKING)
     assert "store.store" in graph["planner.plan.build"]
-    # importing planner.model.costmodel also runs planner/model/__init__.py
-    assert "planner.model" in graph["planner.simulate.engine"]
+    # importing planner.domain.costmodel also runs planner/domain/__init__.py
+    assert "planner.domain" in graph["planner.simulate.engine"]
+
+
+# File names that may repeat among the product modules: mirrors of one concept seen from
+# another room (docs/architecture.md#conventions). Any other repeat is a name with two meanings.
+MIRRORS: dict[str, frozenset[str]] = {
+    # kvscope/commands/X.py: the CLI of X; api/routes/X.py: its REST route; X.py: X itself
+    "advise.py": frozenset({"api/routes/advise.py", "kvscope/commands/advise.py"}),
+    "costmodel.py": frozenset(
+        {"planner/domain/costmodel.py", "api/routes/costmodel.py", "kvscope/commands/costmodel.py"}
+    ),
+    "db.py": frozenset({"store/db.py", "kvscope/commands/db.py"}),
+    "demo.py": frozenset({"kvscope/demo.py", "kvscope/commands/demo.py"}),
+    "plans.py": frozenset({"store/plans.py", "api/routes/plans.py", "kvscope/commands/plans.py"}),
+    "report.py": frozenset({"api/routes/report.py", "kvscope/commands/report.py"}),
+    # planner/simulate/X.py: the simulator's side of what X.py elsewhere measures or reads
+    "exposition.py": frozenset({"collector/exposition.py", "planner/simulate/exposition.py"}),
+    "residency.py": frozenset({"planner/frames/residency.py", "planner/simulate/residency.py"}),
+    "switchback.py": frozenset({"planner/fit/switchback.py", "planner/simulate/switchback.py"}),
+}
+
+
+def _repeated_file_names() -> dict[str, set[str]]:
+    """File name -> its product modules' paths, for names more than one module has."""
+    where: dict[str, set[str]] = {}
+    for path in MODULES.values():
+        if path.name != "__init__.py":
+            where.setdefault(path.name, set()).add(path.relative_to(ROOT).as_posix())
+    return {name: paths for name, paths in where.items() if len(paths) > 1}
+
+
+def test_layout_file_names_repeat_only_as_listed_mirrors() -> None:
+    bad = {name: sorted(paths) for name, paths in _repeated_file_names().items()
+           if frozenset(paths) != MIRRORS.get(name, frozenset())}  # fmt: skip
+    assert bad == {}, f"one file name, two meanings (rename one, or list a mirror): {bad}"

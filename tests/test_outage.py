@@ -36,10 +36,10 @@ import pytest
 from typer.testing import CliRunner
 
 from collector.checkpoint import SUFFIX, Checkpoints
-from collector.config import DirectConfig
-from collector.health import CollectorHealth
 from collector.run import CollectStats, DirectParts, collect_direct
-from collector.sources import Target, TargetSet
+from collector.run_config import DirectConfig
+from collector.scrape import Target, TargetSet
+from collector.self_metrics import CollectorHealth
 from collector.spool import Spool
 from core.errors import ConfigError
 from core.kvscope_metrics import (

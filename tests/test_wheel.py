@@ -39,11 +39,11 @@ PACKAGES = ("core", "collector", "store", "planner", "dashboards", "api", "kvsco
 DATA_SUFFIXES = frozenset({".yaml", ".jsonl", ".md", ".json"})  # .json: dashboards/generated
 STUDY_MODULES = frozenset({"accuracy", "fitsynth", "telemetry_gen"})  # benchmarks/accuracy/
 RUN_TIME_DATA = (
-    "planner/model/data/hardware.yaml",  # planner.model.hardware
+    "planner/domain/data/hardware.yaml",  # planner.domain.hardware
     "planner/decide/DECIDER.md",  # kvscope advise --explain
     "planner/simulate/PARAMETERS.md",
     "planner/simulate/scenarios/trace.jsonl",  # trace_replay.yaml's relative path
-    "planner/model/data/sources.yaml",  # planner.model.sources (kvscope sources, reasons)
+    "planner/domain/data/sources.yaml",  # planner.domain.citations (kvscope sources, reasons)
     "dashboards/generated/kvscope-fleet-kv.json",  # the Grafana dashboards, as built
 )
 PIP_ENV = {"PIP_NO_INPUT": "1", "PIP_DISABLE_PIP_VERSION_CHECK": "1"}

@@ -15,7 +15,7 @@ from fastapi import APIRouter, Depends
 from fastapi.responses import Response
 
 from api.deps import State, await_shared, busy, require_read
-from api.errors import ApiError, responses
+from api.error_responses import ApiError, responses
 from api.pool import Busy
 from api.respond import json_ok
 from api.schemas import AdviceOut, WhatIfIn

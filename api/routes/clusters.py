@@ -8,7 +8,7 @@ from fastapi import APIRouter, Depends
 from fastapi.responses import Response
 
 from api.deps import Cluster, StoreDep, require_read
-from api.errors import responses
+from api.error_responses import responses
 from api.respond import json_ok
 from api.schemas import ClustersOut, EnginesOut
 

@@ -11,11 +11,11 @@ from fastapi import APIRouter, Depends
 from fastapi.responses import Response
 
 from api.deps import require_read
-from api.errors import ApiError, responses
+from api.error_responses import ApiError, responses
 from api.respond import json_ok
 from api.schemas import CompareTiersIn, CompareTiersOut, SavingsIn, SavingsOut
 from core.errors import InputError
-from planner import model as pm
+from planner import domain
 
 router = APIRouter(prefix="/v1/costmodel", tags=["costmodel"], dependencies=[Depends(require_read)])
 _ERRORS = responses(400, 401, 422, 503)
@@ -34,7 +34,7 @@ def _fields() -> Iterator[None]:
 def compare_tiers(body: CompareTiersIn) -> Response:
     """Re-read a prompt's KV from each tier, or re-prefill it? One row per KV dtype × tier."""
     with _fields():
-        payload = pm.answers.compare_tiers_payload(
+        payload = domain.payloads.compare_tiers_payload(
             model=body.model,
             gpu=body.gpu,
             tp=body.tp,
@@ -49,7 +49,7 @@ def compare_tiers(body: CompareTiersIn) -> Response:
 def savings(body: SavingsIn) -> Response:
     """What caching a tenant's shared prefix saves: GPU-seconds (and USD) per hour."""
     with _fields():
-        payload = pm.answers.savings_payload(
+        payload = domain.payloads.savings_payload(
             model=body.model,
             gpu=body.gpu,
             tp=body.tp,

@@ -6,7 +6,7 @@ from fastapi import APIRouter
 from fastapi.responses import Response
 
 from api.deps import State
-from api.errors import ApiError, responses
+from api.error_responses import ApiError, responses
 from api.respond import json_ok
 from api.schemas import Health, Ready
 from core.errors import StoreError

@@ -3,7 +3,7 @@
 The planner gauges of the latest stored plan of every (cluster, group), named once in
 core.kvscope_metrics; the closed loop's realised coverage appears for a cluster once its
 ``/accuracy`` has been computed (scoring re-plans history: too heavy for every scrape); then
-the API's own requests, latencies and build (api/telemetry.py).
+the API's own requests, latencies and build (api/request_metrics.py).
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from fastapi.responses import Response
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from api.deps import State, StoreDep, require_read
-from api.errors import responses
+from api.error_responses import responses
 from api.plan_metrics import render_plan_metrics
 
 router = APIRouter(tags=["metrics"], dependencies=[Depends(require_read)])

@@ -15,7 +15,7 @@ from fastapi import APIRouter, Depends, Query
 from fastapi.responses import Response
 
 from api.deps import Cluster, State, StoreDep, cached_heavy, duration_s, require_read
-from api.errors import ApiError, responses
+from api.error_responses import ApiError, responses
 from api.respond import dumps, json_ok
 from api.schemas import (
     DURATION_PATTERN,

@@ -6,7 +6,7 @@ from fastapi import APIRouter, Depends
 from fastapi.responses import HTMLResponse, Response
 
 from api.deps import Cluster, State, StoreDep, cached_heavy, require_read
-from api.errors import ApiError, responses
+from api.error_responses import ApiError, responses
 from core.errors import ConfigError
 
 router = APIRouter(prefix="/v1", tags=["report"], dependencies=[Depends(require_read)])

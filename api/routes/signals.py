@@ -18,7 +18,7 @@ from fastapi import APIRouter, Depends, Query
 from fastapi.responses import Response
 
 from api.deps import Cluster, StoreDep, duration_s, require_read
-from api.errors import responses
+from api.error_responses import responses
 from api.respond import json_ok
 from api.schemas import DURATION_PATTERN, SignalsOut
 from core.records import Window

@@ -13,7 +13,7 @@ from fastapi import APIRouter, Depends, Path, Query
 from fastapi.responses import Response
 
 from api.deps import State, StoreDep, require_read, require_write
-from api.errors import ApiError, responses
+from api.error_responses import ApiError, responses
 from api.respond import json_ok
 from api.schemas import TargetIn, TargetOut, TargetsOut
 from collector.urlguard import check_target_url

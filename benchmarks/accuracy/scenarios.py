@@ -155,8 +155,8 @@ def draw(split: str, index: int, heldout_set: int = HELDOUT_SET) -> Draw:
     model, tp, gpu = rng.choice(_HARDWARE)
     lo, hi = _GPU_UTIL[(model, gpu)]
     util = round(rng.uniform(lo, hi), 3)
-    from planner.model import costmodel
-    from planner.model.hardware import get_gpu, get_model
+    from planner.domain import costmodel
+    from planner.domain.hardware import get_gpu, get_model
 
     kv_tokens = costmodel.hbm_kv_capacity_tokens(
         get_model(model), get_gpu(gpu), tp, util, costmodel.DEFAULT_ACTIVATION_RESERVE_BYTES

@@ -24,13 +24,13 @@ if TYPE_CHECKING:
     from contextlib import AbstractContextManager
 
     from collector.checkpoint import Checkpoints
-    from collector.config import CollectConfig, DirectConfig, PrometheusConfig
-    from collector.health import CollectorHealth
     from collector.keep import Keep
     from collector.run import CollectStats, LoopParts
+    from collector.run_config import CollectConfig, DirectConfig, PrometheusConfig
+    from collector.self_metrics import CollectorHealth
     from collector.shard import Shard
     from collector.spool import Spool
-    from kvscope.config import Settings
+    from kvscope.cli_settings import Settings
     from store.store import Store
 
 PROGRESS_EVERY_S = 10.0
@@ -69,9 +69,9 @@ class _Progress:
 
 def retention_seconds(text: str, what: str) -> float:
     """A retention period from a duration (``30d``), refused below
-    kvscope.config.MIN_RETENTION_S: a bare ``30`` is 30 seconds, which would delete
+    kvscope.cli_settings.MIN_RETENTION_S: a bare ``30`` is 30 seconds, which would delete
     nearly everything."""
-    from kvscope.config import MIN_RETENTION_S
+    from kvscope.cli_settings import MIN_RETENTION_S
 
     seconds = parse_duration(text, what)
     if seconds < MIN_RETENTION_S:
@@ -287,8 +287,8 @@ def register(app: typer.Typer) -> None:
 def collect_config(flags: CollectFlags) -> CollectConfig:
     """The run's config from the flags and the settings, checked once: a ConfigError names
     the flag (or the KVSCOPE_ variable) that was wrong."""
-    from collector.config import CollectConfig
     from collector.keep import parse_keep
+    from collector.run_config import CollectConfig
     from collector.shard import Shard
 
     _check_modes(flags)
@@ -341,7 +341,7 @@ def _check_modes(flags: CollectFlags) -> None:
 def _check_sources(flags: CollectFlags) -> None:
     """Exactly one mode; the file_sd patterns, --source-label and --metrics-addr well-formed."""
     from collector.file_sd import check_pattern
-    from collector.health import parse_listen_addr
+    from collector.self_metrics import parse_listen_addr
 
     direct = flags.targets is not None or flags.targets_from_store or bool(flags.file_sd)
     if direct == (flags.prometheus is not None):
@@ -366,7 +366,7 @@ def _settings(flags: CollectFlags) -> Settings:
     """The settings (KVSCOPE_ variables) with the flags over them; a bad value names its flag."""
     from pydantic import ValidationError
 
-    from kvscope.config import get_settings
+    from kvscope.cli_settings import get_settings
 
     def seconds(text: str | None, flag: str, *, allow_zero: bool = False) -> float | None:
         return None if text is None else parse_duration(text, flag, allow_zero=allow_zero)
@@ -397,7 +397,7 @@ def _loop_config(
     flags: CollectFlags, settings: Settings, keep: Keep, shard: Shard | None
 ) -> DirectConfig | PrometheusConfig:
     """The direct loop's config, or (with --prometheus) the Prometheus loop's."""
-    from collector.config import DirectConfig, PrometheusConfig
+    from collector.run_config import DirectConfig, PrometheusConfig
 
     if flags.prometheus is None:
         return DirectConfig(
@@ -428,8 +428,8 @@ def _loop_config(
 def run_collect(config: CollectConfig) -> dict[str, object]:
     """Run the loop ``config`` describes until stopped; the JSON summary."""
     from collector import run
-    from collector.config import DirectConfig
     from collector.engine_rules import load_engine_rules
+    from collector.run_config import DirectConfig
     from store.retention import Pruner
     from store.store import Store
 
@@ -471,7 +471,7 @@ def _run_direct(
     from collector import run
     from collector.file_sd import FileSD
     from collector.gcpolicy import tune_heap
-    from collector.sources import TargetSet, load_targets
+    from collector.scrape import TargetSet, load_targets
     from collector.urlguard import URLPolicy
 
     target_set = (
@@ -591,7 +591,7 @@ def _health(
     STALE_MIN_S)."""
     if addr is None:
         return None
-    from collector.health import CollectorHealth
+    from collector.self_metrics import CollectorHealth
 
     return CollectorHealth(
         version=kvscope_version(), cluster=cluster, mode=mode, targets=targets, shard=shard,
@@ -605,7 +605,7 @@ def _serving(
     """Serve ``health`` on ``addr`` for the duration of the loop (no-op without it)."""
     if addr is None or health is None:
         return contextlib.nullcontext()
-    from collector.health import serve_metrics
+    from collector.self_metrics import serve_metrics
 
     server = serve_metrics(addr, health.registry, what="--metrics-addr", check=health.alive)
     if not quiet:

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 if TYPE_CHECKING:
-    from planner.model.hardware import GPU, Catalog, Model, Tier
+    from planner.domain.hardware import GPU, Catalog, Model, Tier
 
 CatalogOpt = Annotated[
     Path | None,
@@ -103,7 +103,7 @@ CacheLifetimeOpt = Annotated[
 @dataclass(frozen=True, slots=True)
 class SavingsQuestion:
     """The flags of `kvscope costmodel savings` but --catalog and --json (checked by
-    planner.model.answers.savings_payload)."""
+    planner.domain.payloads.savings_payload)."""
 
     model: str
     gpu: str
@@ -123,13 +123,13 @@ def _emit(payload: dict[str, Any], text: str, as_json: bool) -> None:
 
 
 def _option_name(field: str) -> str:
-    """The command-line option of an input of planner.model.answers ("tiers" -> "--tier")."""
+    """The command-line option of an input of planner.domain.payloads ("tiers" -> "--tier")."""
     return "--tier" if field == "tiers" else "--" + field.replace("_", "-")
 
 
 def _setup(catalog: Path | None, model: str, gpu: str, kv_dtype: str) -> tuple[Catalog, Model, GPU]:
-    # start-up: the cost model (planner.model, ~40 ms) only when a command runs
-    from planner.model import hardware
+    # start-up: the cost model (planner.domain, ~40 ms) only when a command runs
+    from planner.domain import hardware
 
     cat = hardware.load_catalog(catalog)
     return cat, hardware.with_kv_dtype(cat.model(model), kv_dtype), cat.gpu(gpu)
@@ -154,8 +154,8 @@ def reread_cmd(
     Example: kvscope costmodel reread --model llama-3.1-70b-fp8 --gpu h100 --tp 4
     --tier ceph-hdd --tokens 4096 --kv-dtype fp8 --json
     """
-    # start-up: the cost model (planner.model, ~40 ms) only when the command runs
-    from planner.model.breakeven import case_note, reread_vs_reprefill
+    # start-up: the cost model (planner.domain, ~40 ms) only when the command runs
+    from planner.domain.breakeven import case_note, reread_vs_reprefill
 
     cat, m, g = _setup(catalog, model, gpu, kv_dtype)
     t = cat.tier(tier)
@@ -194,9 +194,9 @@ def breakeven_cmd(
 
     Example: kvscope costmodel breakeven --model llama-3.1-8b --gpu h100 --tp 1 --json
     """
-    # start-up: the cost model (planner.model, ~40 ms) only when the command runs
-    from planner.model.breakeven import breakeven_bandwidth
-    from planner.model.costmodel import kv_bytes_per_token_engine, prefill_seconds
+    # start-up: the cost model (planner.domain, ~40 ms) only when the command runs
+    from planner.domain.breakeven import breakeven_bandwidth
+    from planner.domain.costmodel import kv_bytes_per_token_engine, prefill_seconds
 
     cat, m, g = _setup(catalog, model, gpu, kv_dtype)
     b_star = breakeven_bandwidth(m, g, tp, mfu=mfu, prompt_tokens=prompt_tokens)
@@ -232,8 +232,8 @@ def _breakeven_rows(
 ) -> list[dict[str, Any]]:
     """One row per tier of the catalogue: its effective read bandwidth against B*, its
     break-even context."""
-    # start-up: the cost model (planner.model, ~40 ms) only when the command runs
-    from planner.model.breakeven import breakeven_context
+    # start-up: the cost model (planner.domain, ~40 ms) only when the command runs
+    from planner.domain.breakeven import breakeven_context
 
     rows = []
     for t in cat.tiers.values():
@@ -272,8 +272,8 @@ def catalog_cmd(catalog: CatalogOpt = None, as_json: JsonOpt = False) -> None:
 
     Example: kvscope costmodel catalog --json
     """
-    # start-up: the cost model (planner.model, ~40 ms) only when the command runs
-    from planner.model.hardware import load_catalog
+    # start-up: the cost model (planner.domain, ~40 ms) only when the command runs
+    from planner.domain.hardware import load_catalog
 
     cat = load_catalog(catalog)
     payload = {
@@ -311,9 +311,9 @@ def compare_tiers_cmd(
     Example: kvscope costmodel compare-tiers --model llama-3.1-70b-fp8 --gpu h100 --tp 4
     --tokens 4096 --tier ceph-hdd --kv-dtype both
     """
-    # start-up: the cost model (planner.model, ~40 ms) only when the command runs
-    from planner.model.answers import compare_tiers_payload
-    from planner.model.hardware import load_catalog
+    # start-up: the cost model (planner.domain, ~40 ms) only when the command runs
+    from planner.domain.hardware import load_catalog
+    from planner.domain.payloads import compare_tiers_payload
 
     names = [n.strip() for item in tier or [] for n in item.split(",") if n.strip()]
     payload = compare_tiers_payload(
@@ -331,8 +331,8 @@ def compare_tiers_cmd(
 
 def _compare_tiers_text(payload: dict[str, Any], tokens: int, tp: int) -> str:
     """The comparisons of ``payload`` (compare_tiers_payload) as a table, then its notes."""
-    # start-up: the cost model (planner.model, ~40 ms) only when the command runs
-    from planner.model.costmodel import LMCACHE_CHUNK_TOKENS
+    # start-up: the cost model (planner.domain, ~40 ms) only when the command runs
+    from planner.domain.costmodel import LMCACHE_CHUNK_TOKENS
 
     rows = payload["comparisons"]
     width = max(len("tier"), *(len(c["tier"]) for c in rows))
@@ -382,9 +382,9 @@ def savings_cmd(
     Example: kvscope costmodel savings --model llama-3.1-70b --gpu h100 --tp 4
     --prefix-tokens 6000 --queries-per-hour 200
     """
-    # start-up: the cost model (planner.model, ~40 ms) only when the command runs
-    from planner.model.answers import savings_payload
-    from planner.model.hardware import load_catalog
+    # start-up: the cost model (planner.domain, ~40 ms) only when the command runs
+    from planner.domain.hardware import load_catalog
+    from planner.domain.payloads import savings_payload
 
     q = SavingsQuestion(
         model=model, gpu=gpu, prefix_tokens=prefix_tokens, queries_per_hour=queries_per_hour,
@@ -414,8 +414,8 @@ def savings_cmd(
 def savings_text(q: SavingsQuestion, payload: dict[str, Any], t: Tier) -> str:
     """The answer (savings_payload) to ``q`` in words, each figure with its formula; ``t``:
     the tier the KV is reloaded from."""
-    # start-up: the cost model (planner.model, ~40 ms) only when the command runs
-    from planner.model.costmodel import LMCACHE_CHUNK_TOKENS
+    # start-up: the cost model (planner.domain, ~40 ms) only when the command runs
+    from planner.domain.costmodel import LMCACHE_CHUNK_TOKENS
 
     tp, mfu, prefix_tokens = q.tp, q.mfu, q.prefix_tokens
     kv_pt = payload["kv_bytes_per_token"]

@@ -48,19 +48,19 @@ def build_cmd(
     Example: kvscope dashboards build --out ./out --runbook-base https://wiki.example/kvscope/runbooks
     """
     # start-up: the dashboard builders (grafanalib, ~170 ms) only when the command runs
-    from dashboards import build
+    from dashboards import generate
 
     cfg = DEFAULT if runbook_base is None else replace(DEFAULT, runbook_base=runbook_base)
     if check:
-        stale = build.check(out, cfg)
+        stale = generate.check(out, cfg)
         for s in stale:
             print(f"kvscope: stale: {s.path} ({s.why})", file=sys.stderr)
         if stale:
             print("run `kvscope dashboards build` and commit the result", file=sys.stderr)
             raise typer.Exit(1)
-        print(json.dumps({"check": "ok", "files": len(build.artifacts(cfg))}))
+        print(json.dumps({"check": "ok", "files": len(generate.artifacts(cfg))}))
         return
-    written = build.write(out, cfg)
+    written = generate.write(out, cfg)
     for path in written:
         print(f"wrote {path}", file=sys.stderr)
     print(json.dumps({"written": [str(p) for p in written]}))

@@ -23,7 +23,7 @@ def migrate_cmd(
     Example: kvscope db migrate --db sqlite:///out/kvscope.db
     """
     # start-up: the settings (pydantic) and the store (sqlalchemy) only when the command runs
-    from kvscope.config import get_settings
+    from kvscope.cli_settings import get_settings
     from store.store import Store
 
     settings = get_settings(db=db)
@@ -40,7 +40,7 @@ def stats_cmd(
     Example: kvscope db stats --db sqlite:///out/kvscope.db
     """
     # start-up: the settings (pydantic) and the store (sqlalchemy) only when the command runs
-    from kvscope.config import get_settings
+    from kvscope.cli_settings import get_settings
     from store.store import Store
 
     settings = get_settings(db=db)
@@ -71,7 +71,7 @@ def prune_cmd(
     Example: kvscope db prune --older-than 30d --db sqlite:///out/kvscope.db
     """
     # start-up: the settings (pydantic) and the store (sqlalchemy) only when the command runs
-    from kvscope.config import get_settings
+    from kvscope.cli_settings import get_settings
     from store.store import Store
 
     older_s = retention_seconds(older_than, "--older-than")
@@ -94,7 +94,7 @@ def seal_cmd(
     Example: kvscope db seal --db postgresql+psycopg://kvscope@db/kvscope
     """
     # start-up: the settings (pydantic) and the store (sqlalchemy) only when the command runs
-    from kvscope.config import get_settings
+    from kvscope.cli_settings import get_settings
     from store.store import Store
 
     settings = get_settings(db=db)
@@ -123,7 +123,7 @@ def downsample_cmd(
     Example: kvscope db downsample --older-than 7d --db sqlite:///out/kvscope.db
     """
     # start-up: the settings (pydantic) and the store (sqlalchemy) only when the command runs
-    from kvscope.config import get_settings
+    from kvscope.cli_settings import get_settings
     from store.store import Store
 
     older_s = retention_seconds(older_than, "--older-than")

@@ -45,12 +45,12 @@ def _read_file(path: str, max_bytes: int) -> str:
 
 
 def _read_url(url: str, timeout_s: float, max_bytes: int) -> str:
-    """The body of one URL through the collector's own fetch (collector.sources.fetch_body:
+    """The body of one URL through the collector's own fetch (collector.scrape.fetch_body:
     its size cap counts inflated bytes, redirects stay on the URL's origin)."""
     # start-up: asyncio and the collector's HTTP client (~150 ms) only for a URL
     import asyncio
 
-    from collector.sources import ClientPool, FetchFailed, Target, fetch_body
+    from collector.scrape import ClientPool, FetchFailed, Target, fetch_body
 
     target = Target(name=url, url=url, kind="vllm")
 
@@ -155,7 +155,7 @@ def inspect_cmd(
     """
     # start-up: the parser and the settings (pydantic, ~140 ms) only when the command runs
     from collector.parse import read_exposition
-    from kvscope.config import get_settings
+    from kvscope.cli_settings import get_settings
 
     settings = get_settings()
     text = read_source(source, settings.scrape_timeout_s, settings.max_body_bytes)

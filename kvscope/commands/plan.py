@@ -185,7 +185,7 @@ def plan_config(flags: PlanFlags) -> PlanConfig:
     from pydantic import ValidationError
 
     from core.durations import parse_duration
-    from kvscope.config import get_settings
+    from kvscope.cli_settings import get_settings
     from kvscope.replan import ReplanConfig
     from planner.fit.capacity import Slo
 

@@ -27,7 +27,7 @@ def _store(db: str | None) -> Store:
     # start-up: the settings (pydantic) and the store (sqlalchemy) only when a command runs
     from pydantic import ValidationError
 
-    from kvscope.config import get_settings
+    from kvscope.cli_settings import get_settings
     from store.store import Store
 
     try:
@@ -86,7 +86,7 @@ def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
 
 def _record_dict(rec: PlanRecord) -> dict[str, Any]:
     # start-up: the planner (numpy) only when a command runs
-    from planner.model.values import json_ready
+    from planner.domain.values import json_ready
 
     out: dict[str, Any] = json_ready(
         {

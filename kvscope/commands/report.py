@@ -63,7 +63,7 @@ def report_cmd(  # noqa: PLR0917 - one parameter per CLI flag
     # start-up: pydantic, the planner and the store (~1 s) only when the command runs
     from pydantic import ValidationError
 
-    from kvscope.config import get_settings
+    from kvscope.cli_settings import get_settings
     from planner.report import render_report
     from store.store import Store
 

@@ -161,7 +161,7 @@ FileSdFileOpt = Annotated[
 
 @dataclass(frozen=True, slots=True)
 class LiveFlags:
-    """--serve HOST:PORT and the flags that go with it (planner.simulate.serve)."""
+    """--serve HOST:PORT and the flags that go with it (planner.simulate.metrics_server)."""
 
     address: str
     speed: float = 1.0
@@ -213,7 +213,7 @@ def simulate_cmd(
             "--loop needs --serve HOST:PORT: it repeats a served simulation forever "
             "(a --json summary needs a run that ends)"
         )
-    if serve is not None:  # live metrics: planner/simulate/serve.py
+    if serve is not None:  # live metrics: planner/simulate/metrics_server.py
         if compare_modes is not None or sweep is not None:
             raise ConfigError("--serve runs one scenario live; drop --compare/--sweep")
         live = LiveFlags(serve, speed, loop, ports_file, targets_file, file_sd_file)
@@ -240,8 +240,8 @@ def _list_bundled() -> None:
 def _serve_live(raw: dict[str, Any], scenario: Path, live: LiveFlags) -> int:
     """--serve: the scenario served live until stopped; the exit status."""
     # start-up: the simulator and its HTTP servers (~140 ms) only with --serve
+    from planner.simulate.metrics_server import serve_scenario
     from planner.simulate.scenario import parse_scenario
-    from planner.simulate.serve import serve_scenario
 
     sc = parse_scenario(raw, where=str(scenario), base_dir=scenario.parent)
     return serve_scenario(sc, live.address, speed=live.speed, loop=live.loop,

@@ -41,8 +41,8 @@ def sources_cmd(source_id: IdArg = None, as_json: JsonOpt = False) -> None:
 
     Example: kvscope sources gke-tiered-kv-2025 --json
     """
-    # start-up: planner.model.sources (~40 ms) only when the command runs
-    from planner.model.sources import get_source, registry
+    # start-up: planner.domain.citations (~40 ms) only when the command runs
+    from planner.domain.citations import get_source, registry
 
     chosen = [get_source(source_id)] if source_id is not None else list(registry().values())
     if as_json:

@@ -7,8 +7,8 @@ from dataclasses import dataclass
 
 from core.errors import ConfigError, InputError
 from planner.deploy import configs
-from planner.model import costmodel
-from planner.model.hardware import get_gpu, get_model
+from planner.domain import costmodel
+from planner.domain.hardware import get_gpu, get_model
 from planner.simulate.router_spec import SCORER_DEFAULTS, SCORER_KEYS
 from planner.simulate.scenario import ROUTERS
 

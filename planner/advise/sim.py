@@ -118,8 +118,8 @@ def working_set_regime(raw: dict[str, Any]) -> str:
     """ "spills" when the scenario's shared-prefix working set is larger than HBM KV plus the
     CPU tier (the simulator's default 100 GB a node when --cpu-gb is not given), else
     "fits": the regime whose band applies."""
-    from planner.model import costmodel
-    from planner.model.hardware import get_gpu, get_model
+    from planner.domain import costmodel
+    from planner.domain.hardware import get_gpu, get_model
 
     wl, cl = raw["workload"], raw["cluster"]
     if wl.get("kind") != "shared_prefix":

@@ -30,10 +30,10 @@ from planner.advise.sim import (
 from planner.decide.decision import Decision, decide
 from planner.decide.evidence import CapacityEvidence, Evidence, ValueCI
 from planner.deploy.sizing import Sizing, size
-from planner.model import costmodel
-from planner.model.breakeven import breakeven_bandwidth, breakeven_context
-from planner.model.hardware import builtin_catalog, get_gpu, get_model
-from planner.model.values import json_ready
+from planner.domain import costmodel
+from planner.domain.breakeven import breakeven_bandwidth, breakeven_context
+from planner.domain.hardware import builtin_catalog, get_gpu, get_model
+from planner.domain.values import json_ready
 from planner.simulate.scenario import ROUTERS
 
 GIB = 1024**3

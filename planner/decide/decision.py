@@ -19,9 +19,9 @@ from core.errors import ConfigError
 from planner.decide.evidence import CapacityEvidence, Evidence, ValueCI
 from planner.decide.rules import RULE_IDS, apply_rules
 from planner.decide.rulestate import HA_ADVICE, Reason, Risk, RuleState, Thresholds
-from planner.model.costmodel import DEFAULT_MFU
-from planner.model.hardware import GPU, Catalog, Model, get_gpu, get_model
-from planner.model.sources import source_url
+from planner.domain.citations import source_url
+from planner.domain.costmodel import DEFAULT_MFU
+from planner.domain.hardware import GPU, Catalog, Model, get_gpu, get_model
 
 __all__ = [
     "RULE_IDS",

@@ -21,9 +21,9 @@ from planner.decide.rulestate import (
     RuleState,
     deployed_modes,
 )
-from planner.model.breakeven import breakeven_bandwidth, breakeven_context
-from planner.model.costmodel import prefill_seconds
-from planner.model.hardware import get_tier
+from planner.domain.breakeven import breakeven_bandwidth, breakeven_context
+from planner.domain.costmodel import prefill_seconds
+from planner.domain.hardware import get_tier
 
 
 def _r1_hbm_pressure(s: RuleState) -> None:
@@ -179,7 +179,7 @@ def _r3_slow_tier(s: RuleState) -> None:
         numbers["prompt_tokens"] = p
         numbers["prompt_tokens_basis"] = s.prompt_label
     verdict = "too slow: reloading loses to re-prefill, no L2" if slow else "fast enough for L2"
-    s.rest("cost model: break-even bandwidth B* (planner/model/breakeven.py)")
+    s.rest("cost model: break-even bandwidth B* (planner/domain/breakeven.py)")
     s.say(
         f"L2 tier {tier.name}: {ctx.explanation}; {verdict}",
         numbers,

@@ -17,7 +17,7 @@ from planner.decide.rulestate import (
     RuleState,
     deployed_modes,
 )
-from planner.model.costmodel import hbm_kv_capacity_tokens, kv_bytes_per_token
+from planner.domain.costmodel import hbm_kv_capacity_tokens, kv_bytes_per_token
 
 
 def _engine_kv_gib(s: RuleState) -> float | None:

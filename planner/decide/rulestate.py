@@ -2,7 +2,7 @@
 
 planner/decide/rules.py holds the rules themselves; planner/decide/decision.py runs them. The
 published figures the rules lean on are named here once (SRC_*), each a `Cited` carrying the
-id of its entry in planner/model/data/sources.yaml (title, owner, date, URL, hardware).
+id of its entry in planner/domain/data/sources.yaml (title, owner, date, URL, hardware).
 """
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from planner.decide.evidence import Evidence, ValueCI
-from planner.model.hardware import GPU, Model
-from planner.model.sources import tag
+from planner.domain.citations import tag
+from planner.domain.hardware import GPU, Model
 
 GIB = 1024**3
 
@@ -69,7 +69,7 @@ class Reason:
     text: str
     numbers: Mapping[str, float | str]
     source: str
-    # The registered source (planner/model/sources.py) when `source` cites a publication;
+    # The registered source (planner/domain/citations.py) when `source` cites a publication;
     # None for measurements, the cost model and other unpublished bases.
     source_id: str | None = None
 

@@ -103,7 +103,7 @@ def native_offload_extra_config(
     From 0.14: {"cpu_bytes_to_use": total bytes} (CPUOffloadingSpec divides by the world
     size itself). Before: {"block_size": B, "num_cpu_blocks": N} with N blocks per worker,
     N = floor(total bytes / tp / (B · KV bytes per token on one GPU)); that needs
-    kv_bytes_per_token_per_gpu (planner.model.costmodel.kv_bytes_per_token(model, tp)).
+    kv_bytes_per_token_per_gpu (planner.domain.costmodel.kv_bytes_per_token(model, tp)).
     """
     version = parse_vllm_version(vllm_version)
     total = _positive(cpu_gib, "cpu_gib") * GIB

@@ -3,7 +3,7 @@
 `size(evidence, decision)` turns a Decision into numbers with their basis: engines for the
 forecast peak plus headroom (with the forecast's bounds; the peak is the KV-demand forecast's,
 or the KV the request-rate forecast implies when that is wholly higher: ``demand_basis``
-says which, see planner/forecast/little.py), the native CPU buffer per engine,
+says which, see planner/forecast/implied_kv.py), the native CPU buffer per engine,
 the LMCache L1 per node (from the hit-rate curve, else the working set), the eviction
 watermark, the L2 adapter by sharing scope, and the ready-to-use command lines of
 planner/deploy/configs.py. `prefix_savings` prices a tenant's shared prefix.
@@ -20,12 +20,12 @@ from core.errors import ConfigError
 from planner.decide.decision import Decision
 from planner.decide.evidence import CapacityEvidence, Evidence
 from planner.deploy import configs
-from planner.model.costmodel import (
+from planner.domain.costmodel import (
     hbm_kv_capacity_tokens,
     kv_bytes_per_token,
     kv_bytes_per_token_engine,
 )
-from planner.model.hardware import GPU, Model, get_gpu, get_model
+from planner.domain.hardware import GPU, Model, get_gpu, get_model
 
 GIB = 1024**3
 LATEST_VLLM = "0.33.0"

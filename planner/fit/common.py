@@ -1,4 +1,4 @@
-"""What every fit in :mod:`planner.fit.run` shares: result records, history checks, warning
+"""What every fit in :mod:`planner.fit.orchestrate` shares: result records, history checks, warning
 capture, robust covariances (planner.fit.lsq; CR2 from planner.fit.cr2) and time budgets.
 
 Every result has ``estimate`` with ``interval``, ``n``, ``method``, ``assumptions``,
@@ -233,7 +233,7 @@ def ols_robust(y: Array, x: Array, groups: npt.NDArray[np.int64] | None, kind: s
     """OLS with a robust covariance: ``kind`` "HC3", "cluster" (CR1) or "CR2" (cluster,
     bias-reduced, with Bell–McCaffrey degrees of freedom: planner.fit.cr2; use it with few
     clusters). The fit and the HC3 / CR1 sandwiches are statsmodels' ``OLS.fit(cov_type=…)``
-    computed by row blocks (planner.fit.lsq), so memory stays near one copy of ``x``.
+    computed in passes over rows (planner.fit.lsq), so memory stays near one copy of ``x``.
     Method: planner/fit/METHODS.md#robust-ols-ols_robust
     """
     import numpy as np

@@ -1,8 +1,8 @@
-"""Least squares by row blocks, with the HC3 and CR1 sandwiches.
+"""Least squares in passes over the rows, with the HC3 and CR1 sandwiches.
 
 The solution is statsmodels' ``OLS.fit(method="pinv")``: the same cut-off for small
 singular values (``rcond = 1e-15``) and the same rank rule. It is reached through a QR
-of ``[X | y]`` folded over blocks of rows, so only k×k matrices and one block are held:
+of ``[X | y]`` folded over passes of rows, so only k×k matrices and one pass are held:
 statsmodels keeps the n×k pseudo-inverse beside the SVD's n×k factors, six times the
 design, which at 1,000 engines × 7 days is more than the plan's whole memory budget.
 tests/planner/test_fit_lsq.py checks every output against statsmodels.
@@ -20,7 +20,7 @@ if TYPE_CHECKING:
 
     Array = npt.NDArray[np.float64]
 
-BLOCK_ROWS = 1 << 15  # rows per block: 32,768 × (k + 1) floats, ~4 MB at k = 15
+ROWS_PER_PASS = 1 << 15  # rows per pass: 32,768 × (k + 1) floats, ~4 MB at k = 15
 RCOND = 1e-15  # statsmodels.tools.tools.pinv_extended's default
 
 
@@ -41,14 +41,14 @@ class LeastSquares:
         return out
 
 
-def solve(y: Array, x: Array, block_rows: int = BLOCK_ROWS) -> LeastSquares:
+def solve(y: Array, x: Array, rows_per_pass: int = ROWS_PER_PASS) -> LeastSquares:
     """The minimum-norm least-squares solution of ``x @ b ≈ y`` (module docstring)."""
     import numpy as np
 
     n, k = x.shape
     r = np.zeros((0, k + 1))
-    for a in range(0, n, block_rows):
-        b = min(n, a + block_rows)
+    for a in range(0, n, rows_per_pass):
+        b = min(n, a + rows_per_pass)
         stacked = np.empty((r.shape[0] + b - a, k + 1))
         stacked[: r.shape[0]] = r
         stacked[r.shape[0] :, :k] = x[a:b]
@@ -78,23 +78,23 @@ def solve(y: Array, x: Array, block_rows: int = BLOCK_ROWS) -> LeastSquares:
     return LeastSquares(params, whiten, y - x @ params, rank)
 
 
-def cov_hc3(x: Array, fit: LeastSquares, block_rows: int = BLOCK_ROWS) -> Array:
+def cov_hc3(x: Array, fit: LeastSquares, rows_per_pass: int = ROWS_PER_PASS) -> Array:
     """HC3: W · Σ z_i z_i' (e_i / (1 − h_i))² · W', z_i = W' x_i, h_i = |z_i|² (W: whiten)."""
     import numpy as np
 
     w = fit.whiten
     meat = np.zeros((w.shape[1], w.shape[1]))
-    for a in range(0, x.shape[0], block_rows):
-        z = x[a : a + block_rows] @ w
+    for a in range(0, x.shape[0], rows_per_pass):
+        z = x[a : a + rows_per_pass] @ w
         h = (z * z).sum(axis=1)
-        scale = (fit.resid[a : a + block_rows] / (1.0 - h)) ** 2
+        scale = (fit.resid[a : a + rows_per_pass] / (1.0 - h)) ** 2
         meat += z.T @ (z * scale[:, None])
     out: Array = w @ meat @ w.T
     return out
 
 
 def cov_cr1(
-    x: Array, fit: LeastSquares, groups: npt.NDArray[np.int64], block_rows: int = BLOCK_ROWS
+    x: Array, fit: LeastSquares, groups: npt.NDArray[np.int64], rows_per_pass: int = ROWS_PER_PASS
 ) -> Array:
     """CR1: W · Σ_g s_g s_g' · W' · G/(G−1) · (n−1)/(n−k), s_g = Σ_{i in g} z_i e_i."""
     import numpy as np
@@ -104,9 +104,9 @@ def cov_cr1(
     _, codes = np.unique(groups, return_inverse=True)
     n_groups = int(codes.max()) + 1 if codes.size else 0
     sums = np.zeros((n_groups, w.shape[1]))
-    for a in range(0, n, block_rows):
-        scores = (x[a : a + block_rows] @ w) * fit.resid[a : a + block_rows, None]
-        at = codes[a : a + block_rows]
+    for a in range(0, n, rows_per_pass):
+        scores = (x[a : a + rows_per_pass] @ w) * fit.resid[a : a + rows_per_pass, None]
+        at = codes[a : a + rows_per_pass]
         for j in range(w.shape[1]):
             sums[:, j] += np.bincount(at, weights=scores[:, j], minlength=n_groups)
     cov: Array = w @ (sums.T @ sums) @ w.T * (n_groups / (n_groups - 1.0) * ((n - 1.0) / (n - k)))

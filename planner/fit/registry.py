@@ -3,7 +3,7 @@
 A fit's ``name`` is its one spelling everywhere: the plan's ``fits`` keys, the skipped
 list and the timings. ``needs`` names the keyword arguments its function takes beside the
 frame; :func:`arguments` assembles them from :class:`FitInputs`, or says why the fit
-cannot run (no cost model; no engine of its offload mode). planner.fit.run.fit_all runs
+cannot run (no cost model; no engine of its offload mode). planner.fit.orchestrate.fit_all runs
 the registered fits.
 """
 

@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     import numpy as np
     import numpy.typing as npt
 
-    from planner.model.hardware import Model
+    from planner.domain.hardware import Model
 
     Array = npt.NDArray[np.float64]
     _Fn = Callable[[Sequence["_Curve"], Sequence[float]], tuple[Array, Array]]
@@ -818,7 +818,7 @@ def _tell(
 # --- tiers -------------------------------------------------------------------------------------
 def bytes_per_block(model: Model, block_size: int) -> float:
     """KV bytes of one block of the whole engine (what a CPU tier stores per block)."""
-    from planner.model.costmodel import kv_bytes_per_token_engine
+    from planner.domain.costmodel import kv_bytes_per_token_engine
 
     if block_size <= 0:
         raise ConfigError(f"block_size must be > 0, got {block_size}")

@@ -3,8 +3,8 @@
 - ``data``: the demand series from windows; ``models``: naive / ETS / SARIMAX candidates;
 - ``backtest``: rolling-origin interval scores that choose the model and report coverage;
 - ``saturation``: time to HBM saturation and P(saturation) by simulated paths;
-- ``little``: KV implied by the request-rate forecast (Little's law); ``agree``: reconciling
-  the two forecasts;
+- ``implied_kv``: KV implied by the request-rate forecast (Little's law);
+  ``kv_rate_agreement``: do the two forecasts tell the same story;
 - ``demand``: :func:`forecast_demand`, the whole forecast of one series.
 """
 

@@ -17,6 +17,7 @@ from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from core.errors import ConfigError, InsufficientHistory
+from planner.domain.values import json_ready
 from planner.forecast.backtest import Scores, backtest, plan_backtest
 from planner.forecast.data import (
     MIN_POINTS,
@@ -36,7 +37,6 @@ from planner.forecast.models import (
     spec_of,
 )
 from planner.forecast.saturation import MAX_SIM_DRAWS, Saturation, capacity_notes, saturation
-from planner.model.values import json_ready
 
 if TYPE_CHECKING:
     import numpy as np

@@ -2,7 +2,7 @@
 
 - ``build``: :func:`build_plan` (read, frame, observe, fit, forecast, decide, size);
 - ``observe``: what is happening; ``fits`` and ``forecast``: running the fits and forecasts
-  for a plan; ``basis``: the Evidence they fill; ``groups``: plans per model group;
+  for a plan; ``basis``: the Evidence they fill; ``group_plans``: plans per model group;
 - ``record``: the Plan, GroupPlan and NoData records (``Plan.to_dict()`` is the JSON);
 - ``history``: a plan as the store keeps it (:func:`plan_records`, its :func:`headline`);
 - ``outcome``: the closed loop, stored plans scored against what happened

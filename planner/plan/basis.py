@@ -142,7 +142,7 @@ def dram_of(engines: list[Any]) -> float | None:
 
 def hardware_of(engines: list[Any], basis: list[str]) -> tuple[dict[str, Any], Hardware | None]:
     """Model/GPU/TP of the engines (the most common when they differ)."""
-    from planner.model.hardware import get_gpu, get_model
+    from planner.domain.hardware import get_gpu, get_model
 
     out: dict[str, Any] = {}
     for key, attr in (("model", "model"), ("gpu", "gpu"), ("tp", "tensor_parallel")):

@@ -20,8 +20,8 @@ from planner.decide.decision import decide
 from planner.decide.evidence import Evidence
 from planner.deploy.sizing import size
 from planner.fit.capacity import Slo
+from planner.fit.orchestrate import fit_all, not_fitted
 from planner.fit.registry import EQUAL_KV
-from planner.fit.run import fit_all, not_fitted
 from planner.frames.residency import residency_histograms
 from planner.frames.table import PLAN_COLUMNS, WindowTable, names
 from planner.plan.basis import (
@@ -46,7 +46,7 @@ from planner.plan.fits import (
 )
 from planner.plan.forecast import ForecastRun, kv_capacity, run_forecasts
 from planner.plan.fork import Forked
-from planner.plan.groups import (
+from planner.plan.group_plans import (
     GroupSlice,
     groups_basis,
     pick_group,
@@ -65,7 +65,7 @@ if TYPE_CHECKING:
 
     from planner.decide.decision import Decision
     from planner.deploy.sizing import Sizing
-    from planner.fit.run import FitReport
+    from planner.fit.orchestrate import FitReport
     from store.store import Store
     from store.tables import EngineRecord
 

@@ -13,15 +13,15 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from planner.decide.evidence import ValueCI
+from planner.domain import costmodel
+from planner.domain.hardware import GPU, Model
+from planner.domain.values import finite
 from planner.fit.common import Estimate, FitResult, Interval
-from planner.model import costmodel
-from planner.model.hardware import GPU, Model
-from planner.model.values import finite
 
 if TYPE_CHECKING:
     from planner.fit.gain import GainFit
     from planner.fit.hitrate import HitRateFit
-    from planner.fit.run import FitReport
+    from planner.fit.orchestrate import FitReport
 
 GIB = 1024**3
 LEVEL = 0.95
@@ -102,7 +102,7 @@ def entry_of(fit: FitResult, seconds: float) -> dict[str, Any]:
 
 def peak_flops(hw: Hardware) -> float:
     """Dense peak of the engine's GPUs in the model's GEMM dtype (costmodel's rule: FP8
-    weights run FP8 GEMMs, else bf16; datasheet figures in planner/model/data/hardware.yaml)."""
+    weights run FP8 GEMMs, else bf16; datasheet figures in planner/domain/data/hardware.yaml)."""
     per_gpu = hw.gpu.fp8_flops if hw.model.weight_bytes_per_param <= 1 else hw.gpu.bf16_flops
     return per_gpu * hw.tp
 
@@ -128,7 +128,7 @@ def cost_model(hw: Hardware | None) -> tuple[Callable[[float], float] | None, fl
 
 
 def fit_runs(report: FitReport) -> dict[str, FitRun]:
-    """Each fit of ``report`` (planner.fit.run.fit_all) by name, with its JSON entry."""
+    """Each fit of ``report`` (planner.fit.orchestrate.fit_all) by name, with its JSON entry."""
     runs: dict[str, FitRun] = {}
     for o in report.fits:
         if o.result is not None:

@@ -19,12 +19,12 @@ from core import catalog
 from core.errors import InsufficientHistory, KvscopeError
 from core.records import Window
 from planner.decide.evidence import Evidence, ValueCI
-from planner.forecast.agree import compare
-from planner.forecast.little import factors, reconcile
+from planner.domain import costmodel
+from planner.domain.values import finite
+from planner.forecast.implied_kv import factors, reconcile
+from planner.forecast.kv_rate_agreement import compare
 from planner.forecast.saturation import rule_of_three
 from planner.frames.table import WindowTable
-from planner.model import costmodel
-from planner.model.values import finite
 from planner.plan.fits import Hardware, cannot_entry, value_ci
 
 if TYPE_CHECKING:

@@ -11,7 +11,7 @@ from typing import Any
 
 from core.errors import ConfigError
 from planner.decide.evidence import CapacityEvidence, ValueCI
-from planner.model.values import finite
+from planner.domain.values import finite
 from planner.plan.record import Plan
 from store.tables import PlanRecord
 

@@ -20,9 +20,9 @@ from core import catalog
 from core.catalog import DERIVED_RATIOS
 from core.records import Window
 from planner.decide.evidence import Evidence
+from planner.domain.values import finite
 from planner.frames.frames import SIGNALS as FRAME_SIGNALS
 from planner.frames.table import WindowTable, names, seq_sum, weighted_median_array
-from planner.model.values import finite
 
 if TYPE_CHECKING:
     import numpy as np

@@ -17,8 +17,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from core.errors import ConfigError
+from planner.domain.values import finite, json_ready
 from planner.forecast.data import rebucket
-from planner.model.values import finite, json_ready
 from planner.plan.build import build_plan
 from planner.plan.forecast import FORECAST_LEVEL
 from planner.plan.record import NoData, Plan

@@ -14,7 +14,7 @@ from core.errors import KvscopeError
 from planner.decide.decision import Decision
 from planner.decide.evidence import Evidence
 from planner.deploy.sizing import Sizing
-from planner.model.values import json_ready
+from planner.domain.values import json_ready
 from planner.plan.fits import FitRun
 from planner.plan.forecast import ForecastRun
 from planner.plan.verdict import ModeVerdict

@@ -497,7 +497,7 @@ def _pricing(
     slo: Slo,
 ) -> _Pricing:
     """Prefill tokens/s of one engine at the MFU and the engines' capacity at the SLO."""
-    from planner.model.costmodel import DEFAULT_MFU, prefill_tokens_per_second
+    from planner.domain.costmodel import DEFAULT_MFU, prefill_tokens_per_second
 
     prefill_tok_s = prefill_tokens_per_second(hw.model, hw.gpu, hw.tp, mfu=mfu or DEFAULT_MFU)
     capacity, capacity_why = _capacity_share(frame, rows_of, [e.key for e in fitted], slo)

@@ -19,10 +19,10 @@ from typing import TYPE_CHECKING, Any
 from core.errors import InsufficientHistory, KvscopeError
 from planner.decide.evidence import CapacityEvidence, ValueCI
 from planner.deploy.sizing import DEFAULT_HEADROOM, engine_bill, engine_capacity
+from planner.domain.values import finite
 from planner.fit.capacity import CapacityComparison, Slo, fit_capacity
 from planner.fit.effects import TodayEffects, fit_today
 from planner.fit.units import engine_keys, unit_keys
-from planner.model.values import finite
 from planner.plan.fits import interval_dict
 from planner.plan.proposal import propose
 from planner.plan.verdict_switchback import switchback_capacity, switchback_today, switching_for

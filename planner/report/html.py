@@ -6,7 +6,7 @@ closed-loop table. The page loads nothing (inline CSS, no script, CSP ``default-
 'none'``); its only external addresses are the reasons' http/https ``source_url`` links, and
 every string from data is HTML-escaped. :func:`render_report_html` is pure;
 :func:`render_report` reads a store. This module is the skeleton; html_parts, html_sections,
-html_offload, html_tier and html_loop (``closed_loop``, re-exported here) hold the rest.
+html_offload, html_tier and html_closed_loop (``closed_loop``, re-exported here) hold the rest.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import time
 from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from planner.report.html_loop import NO_SCORED_PLANS, Outcome, closed_loop, closed_loop_html
+from planner.report.html_closed_loop import NO_SCORED_PLANS, Outcome, closed_loop, closed_loop_html
 from planner.report.html_offload import offload_html
 from planner.report.html_parts import (
     Html,

@@ -3,7 +3,7 @@ formatters, tables and lists, and the headline with its cards.
 
 :class:`Html` is markup already escaped; every other value goes through :func:`_e` where it
 is inserted. The formatters return plain text ("n/a" for what the data could not tell). The
-underscored helpers are shared by the report's modules (html, html_sections, html_loop) only.
+underscored helpers are shared by the report's modules (html, html_sections, html_closed_loop) only.
 """
 
 from __future__ import annotations

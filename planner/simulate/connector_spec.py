@@ -8,8 +8,8 @@ import math
 from dataclasses import dataclass
 
 from core.errors import ConfigError
-from planner.model import costmodel
-from planner.model.hardware import get_tier
+from planner.domain import costmodel
+from planner.domain.hardware import get_tier
 from planner.simulate.spec import Param, Section
 
 GB = 1e9

@@ -3,7 +3,7 @@
 Scheduling follows vLLM v1's Scheduler.schedule() (decodes before prefill chunks, FCFS
 admission, recompute preemption of the newest request, the prefix hit capped at prompt − 1,
 connector loads async or blocking); decode-only stretches advance k steps at once
-(decode.py); step times from planner.model.costmodel.step_seconds (roofline).
+(decode.py); step times from planner.domain.costmodel.step_seconds (roofline).
 
 Design: planner/simulate/METHODS.md#engine; parameters: PARAMETERS.md
 """
@@ -14,7 +14,7 @@ import math
 from collections import deque
 from collections.abc import Callable
 
-from planner.model import costmodel
+from planner.domain import costmodel
 from planner.simulate.commit import LOADED, LOADING, PREFILL, WAITING
 from planner.simulate.content import ContentTree
 from planner.simulate.decode import DECODE, DecodeBatch
@@ -31,7 +31,7 @@ IDLE, MIXED, JUMP, WAIT = 0, 1, 2, 3
 
 
 class StepCost:
-    """Step time of one engine from the cost model (roofline, planner/model/costmodel.py)."""
+    """Step time of one engine from the cost model (roofline, planner/domain/costmodel.py)."""
 
     def __init__(self, spec: ClusterSpec) -> None:
         # step(prefill, decode_seqs, decode_kv_tokens); decode(decode_seqs, decode_kv_tokens)

@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator
 
-from planner.model.costmodel import transfer_seconds
+from planner.domain.costmodel import transfer_seconds
 from planner.simulate.content import ContentTree
 from planner.simulate.kvcache import PrefixLRU
 from planner.simulate.offload import Connector

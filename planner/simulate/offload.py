@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from planner.model.costmodel import transfer_seconds
+from planner.domain.costmodel import transfer_seconds
 from planner.simulate.content import ContentTree
 from planner.simulate.kvcache import PrefixLRU
 from planner.simulate.request import Req

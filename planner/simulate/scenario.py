@@ -2,9 +2,8 @@
 
 `load_scenario(path)` / `parse_scenario(mapping)` validate everything (unknown keys and
 impossible values raise ConfigError naming the dotted key) and resolve the hardware through
-planner.model.hardware / planner.model.costmodel. Every default below is documented with its source
-in
-planner/simulate/PARAMETERS.md; `Scenario.params` lists each value used and its origin.
+planner.domain.hardware / planner.domain.costmodel. Every default below is documented with its
+source in planner/simulate/PARAMETERS.md; `Scenario.params` lists each value used and its origin.
 """
 
 from __future__ import annotations
@@ -18,8 +17,8 @@ from typing import Any
 import yaml
 
 from core.errors import ConfigError
-from planner.model import costmodel
-from planner.model.hardware import GPU, Model, get_gpu, get_model, with_kv_dtype
+from planner.domain import costmodel
+from planner.domain.hardware import GPU, Model, get_gpu, get_model, with_kv_dtype
 from planner.simulate.connector_spec import (
     LMCacheSpec,
     NativeSpec,

@@ -103,10 +103,10 @@ def test_prometheus_and_direct_modes_store_each_engines_exposed_offload(tmp_path
     """The demo cluster (none, native and LMCache engines) scraped by a real Prometheus: the
     collector in Prometheus mode registers every engine with the mode it runs, as the direct
     mode does from a targets file that does not say (the issue-11 bug: all were 'none')."""
-    from collector.config import PrometheusConfig
     from collector.engine_rules import parse_engine_rules
     from collector.promsource import PrometheusSource
     from collector.run import LoopParts
+    from collector.run_config import PrometheusConfig
     from collector.run_prometheus import collect_prometheus
     from store.store import Store
     from tests import services
@@ -257,8 +257,8 @@ def test_prometheus_backfill_dates_an_engine_restart_with_offload_on(tmp_path: P
     not the whole history as the mode of its last instant."""
     import asyncio
 
-    from collector.config import PrometheusConfig
     from collector.promsource import PrometheusSource
+    from collector.run_config import PrometheusConfig
     from collector.run_prometheus import collect_prometheus
     from core.catalog import CACHE_CONFIG_INFO, KV_OFFLOAD_CONFIG_INFO, exposed_names
     from store.store import Store

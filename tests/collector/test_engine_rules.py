@@ -117,7 +117,7 @@ def test_host_of_splits_port_only(instance: str, host: str) -> None:
 
 
 def test_gpu_slug_is_the_hardware_catalogue_alias_spelling() -> None:
-    from planner.model.hardware import get_gpu
+    from planner.domain.hardware import get_gpu
 
     assert get_gpu(gpu_slug("NVIDIA H100 80GB HBM3")).name == "h100-80gb"
     assert get_gpu(gpu_slug("NVIDIA H200")).name == "h200-141gb"

@@ -28,11 +28,11 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from collector.config import DirectConfig
-from collector.health import CollectorHealth
 from collector.parse import read_exposition
 from collector.run import CollectStats, DirectParts, collect_direct
-from collector.sources import Target, TargetSet
+from collector.run_config import DirectConfig
+from collector.scrape import Target, TargetSet
+from collector.self_metrics import CollectorHealth
 from core import kvscope_metrics as sm
 from core.catalog import exposed_names
 from core.records import Labels, ScrapeOutcome, Window

@@ -18,13 +18,13 @@ from typing import Any
 
 import pytest
 
-from collector.config import DirectConfig
 from collector.file_sd import FileSD, check_pattern, load_file_sd, parse_file_sd
 from collector.run import CollectStats, DirectParts, StoreTargets, collect_direct
-from collector.sources import EngineMeta, Target, TargetSet
+from collector.run_config import DirectConfig
+from collector.scrape import EngineMeta, Target, TargetSet
 from collector.urlguard import URLPolicy
 from core.errors import ConfigError
-from planner.simulate.serve import file_sd as simulated_file_sd
+from planner.simulate.metrics_server import file_sd as simulated_file_sd
 from store.store import Store
 from tests.collector.exposerver import bumping, expo_server
 

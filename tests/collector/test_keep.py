@@ -13,12 +13,12 @@ from pathlib import Path
 import pytest
 
 from api.routes.signals import SIGNALS as API_SIGNALS
-from collector.config import DirectConfig, PrometheusConfig
 from collector.keep import KEEP_CHOICES, kept_windows, parse_keep, query_signals
 from collector.promsource import PrometheusSource
 from collector.run import DirectParts, collect_direct
+from collector.run_config import DirectConfig, PrometheusConfig
 from collector.run_prometheus import collect_prometheus
-from collector.sources import Target, TargetSet
+from collector.scrape import Target, TargetSet
 from collector.spool import Sink, Spool, Written
 from core.catalog import BUCKET_SIGNALS, DERIVED_RATIOS, SIGNALS, STORED_SIGNALS
 from core.errors import ConfigError

@@ -32,9 +32,9 @@ from typing import Any
 
 import pytest
 
-from collector.config import PrometheusConfig
 from collector.promsource import PrometheusSource, missing_data_warnings
 from collector.run import CollectStats, LoopParts
+from collector.run_config import PrometheusConfig
 from collector.run_prometheus import collect_prometheus
 from core.catalog import CACHE_CONFIG_INFO, exposed_names
 from core.records import Window

@@ -13,11 +13,11 @@ from typing import Any, TypeVar
 
 import pytest
 
-from collector.config import DirectConfig, PrometheusConfig
 from collector.promsource import PrometheusSource
 from collector.run import CollectStats, collect_direct, engine_facts, next_tick
+from collector.run_config import DirectConfig, PrometheusConfig
 from collector.run_prometheus import collect_prometheus
-from collector.sources import EngineMeta, Target, TargetSet
+from collector.scrape import EngineMeta, Target, TargetSet
 from core.errors import ScrapeError
 from core.records import ScrapeOutcome, Snapshot, Window
 from store.store import Store

@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from collector.config import DirectConfig
 from collector.run import CollectStats, DirectParts, StoreTargets, collect_direct
-from collector.sources import Target, TargetSet
+from collector.run_config import DirectConfig
+from collector.scrape import Target, TargetSet
 from collector.urlguard import URLPolicy
 from store.store import Store
 from tests.collector.exposerver import ExpoServer, bumping, expo_server

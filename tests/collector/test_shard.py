@@ -18,11 +18,11 @@ import requests
 import yaml
 
 from collector.checkpoint import Saved
-from collector.config import DirectConfig
 from collector.rollup import Rollup
 from collector.run import CollectStats, collect_direct
+from collector.run_config import DirectConfig
+from collector.scrape import Target, TargetSet
 from collector.shard import Shard, hashmod
-from collector.sources import Target, TargetSet
 from core.errors import ConfigError
 from core.records import Snapshot
 from store.store import Store

@@ -12,7 +12,7 @@ import pytest
 
 from core import kvscope_metrics as sm
 from core.errors import ConfigError
-from dashboards.build import DASHBOARD_DIR, K8S_DIR, RULES_DIR
+from dashboards.generate import DASHBOARD_DIR, K8S_DIR, RULES_DIR
 
 ROOT = Path(__file__).resolve().parents[2]
 # --------------------------------------------------------------------------- names

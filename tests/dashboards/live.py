@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from api.plan_metrics import render_plan_metrics
-from dashboards.build import RULES_DIR, artifacts
+from dashboards.generate import RULES_DIR, artifacts
 from store.store import Store
 from store.tables import PlanRecord
 from tests import services

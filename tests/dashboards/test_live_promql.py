@@ -18,9 +18,9 @@ from typing import Any
 import pytest
 
 from dashboards.alerts import ALERTS
-from dashboards.build import DASHBOARD_DIR, artifacts
 from dashboards.config import DEFAULT
-from dashboards.records import RECORDS
+from dashboards.generate import DASHBOARD_DIR, artifacts
+from dashboards.recording_rules import RECORDS
 from tests.dashboards.live import LMCACHE_JOB, Stack, live_stack
 
 pytestmark = [pytest.mark.prometheus, pytest.mark.slow]  # ~40 s: CI runs it in test-slow

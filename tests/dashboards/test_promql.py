@@ -8,7 +8,7 @@ from core import catalog
 from core.errors import ConfigError
 from dashboards import promql as q
 from dashboards.config import DEFAULT
-from dashboards.records import RECORDS, find
+from dashboards.recording_rules import RECORDS, find
 
 SCOPE = q.Scope("5m", 'job="vllm"', 'job="lmcache"', 'job="kvscope-collector"')
 
@@ -71,7 +71,7 @@ def test_record_find_unknown_names_it() -> None:
 def test_alerts_without_lmcache_leave_out_only_the_lmcache_alerts() -> None:
     from dataclasses import replace
 
-    from dashboards.rules import alert_rules
+    from dashboards.rule_files import alert_rules
 
     def names(cfg: object) -> set[str]:
         return {r["alert"] for r in alert_rules(cfg)["groups"][0]["rules"]}  # type: ignore[arg-type]

@@ -1,6 +1,6 @@
 """promtool unit tests of every generated alert (``promtool test rules``, Debian's 2.42).
 
-The rule files are dashboards.build's output for DEFAULT, written into a temporary
+The rule files are dashboards.generate's output for DEFAULT, written into a temporary
 directory; the promtool test files are built here from the case table below
 (``yaml.safe_dump``), so no metric name is spelled in this file: vendor names come from
 core.catalog (each case runs with every spelling its inputs may have: the exported
@@ -52,8 +52,8 @@ from core.kvscope_metrics import (
     PLAN_TIME_TO_SATURATION,
 )
 from dashboards.alerts import ALERTS, Alert
-from dashboards.build import RULES_DIR, artifacts
 from dashboards.config import DEFAULT
+from dashboards.generate import RULES_DIR, artifacts
 
 pytestmark = pytest.mark.prometheus
 

@@ -14,9 +14,9 @@ from typing import Any
 import pytest
 
 from dashboards.alerts import ALERTS, Alert
-from dashboards.build import boards
 from dashboards.config import DEFAULT, MixinConfig
-from dashboards.rules import alert_rules
+from dashboards.generate import boards
+from dashboards.rule_files import alert_rules
 
 ROOT = Path(__file__).resolve().parents[2]
 RUNBOOKS = ROOT / "docs" / "runbooks.md"

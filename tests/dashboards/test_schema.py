@@ -14,7 +14,7 @@ import pytest
 from grafanalib import core as g
 from grafanalib._gen import DashboardEncoder
 
-from dashboards.build import DASHBOARD_DIR, artifacts
+from dashboards.generate import DASHBOARD_DIR, artifacts
 from dashboards.grafana import normalise
 
 SCHEMA = Path(__file__).resolve().parents[1] / "fixtures" / "grafana" / "dashboard.schema.json"

@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 
 import yaml
 
-from dashboards.build import RULES_DIR
+from dashboards.generate import RULES_DIR
 
 ROOT = Path(__file__).resolve().parents[2]
 KVSCOPE = str(Path(sys.executable).with_name("kvscope"))

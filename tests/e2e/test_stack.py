@@ -29,7 +29,7 @@ import pytest
 
 from core.errors import KvscopeError
 from dashboards.alerts import ALERTS
-from dashboards.build import RULES_DIR
+from dashboards.generate import RULES_DIR
 from store.store import Store
 from tests import services
 from tests.clirun import run_kvscope

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from dashboards.build import DASHBOARD_DIR, RULES_DIR
+from dashboards.generate import DASHBOARD_DIR, RULES_DIR
 from dashboards.kubernetes import DASHBOARD_LABEL, FOLDER, FOLDER_ANNOTATION
 from tests.kubernetes.render import OVERLAYS, ROOT, Obj, render
 

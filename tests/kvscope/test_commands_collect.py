@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from collector.config import DirectConfig, PrometheusConfig
+from collector.run_config import DirectConfig, PrometheusConfig
 from collector.shard import Shard
 from core.catalog import STORED_SIGNALS
 from core.errors import ConfigError

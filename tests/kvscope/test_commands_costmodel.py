@@ -15,8 +15,8 @@ from typer.testing import CliRunner
 
 from core.errors import ConfigError
 from kvscope.cli import app
-from planner.model.costmodel import prefill_seconds, tier_read_seconds
-from planner.model.hardware import builtin_catalog, get_gpu, get_model, get_tier
+from planner.domain.costmodel import prefill_seconds, tier_read_seconds
+from planner.domain.hardware import builtin_catalog, get_gpu, get_model, get_tier
 from tests.clirun import assert_one_line_error, run_kvscope
 
 RUNNER = CliRunner()

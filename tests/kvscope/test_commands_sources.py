@@ -7,7 +7,7 @@ import json
 from typer.testing import CliRunner
 
 from kvscope.cli import app
-from planner.model.sources import get_source, registry
+from planner.domain.citations import get_source, registry
 from tests.clirun import assert_one_line_error, run_kvscope
 
 RUNNER = CliRunner()

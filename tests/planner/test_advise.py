@@ -24,8 +24,8 @@ from planner.advise.sim import (
     working_set_regime,
 )
 from planner.advise.whatif import WhatIf, advise
-from planner.model.costmodel import hbm_kv_capacity_tokens
-from planner.model.hardware import get_gpu, get_model
+from planner.domain.costmodel import hbm_kv_capacity_tokens
+from planner.domain.hardware import get_gpu, get_model
 from planner.report.advise_text import advice_text, band_lines
 
 SMALL = WhatIf("llama-3.1-8b", "h100", 1, 3000, 128, 4.0, 0.5, engines=2, duration_s=60.0)

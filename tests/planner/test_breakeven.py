@@ -1,5 +1,5 @@
 """Break-even bandwidth / context and re-read vs re-prefill per tier (figures derived from
-the catalogue's sources, planner/model/data/sources.yaml)."""
+the catalogue's sources, planner/domain/data/sources.yaml)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import re
 import pytest
 
 from core.errors import ConfigError
-from planner.model.breakeven import (
+from planner.domain.breakeven import (
     LLAMA_70B_4K_CEPH_HDD_NOTE,
     Comparison,
     breakeven_bandwidth,
@@ -17,8 +17,8 @@ from planner.model.breakeven import (
     compare_tiers,
     reread_vs_reprefill,
 )
-from planner.model.costmodel import prefill_seconds, tier_read_seconds
-from planner.model.hardware import (
+from planner.domain.costmodel import prefill_seconds, tier_read_seconds
+from planner.domain.hardware import (
     Tier,
     builtin_catalog,
     get_gpu,

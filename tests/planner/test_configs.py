@@ -9,8 +9,8 @@ import pytest
 
 from core.errors import ConfigError
 from planner.deploy import configs
-from planner.model.costmodel import kv_bytes_per_token
-from planner.model.hardware import get_model
+from planner.domain.costmodel import kv_bytes_per_token
+from planner.domain.hardware import get_model
 
 GIB = 1024**3
 

@@ -1,4 +1,4 @@
-"""The analytic cost model against its published figures (planner/model/data/sources.yaml)
+"""The analytic cost model against its published figures (planner/domain/data/sources.yaml)
 and its own laws."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from core.errors import ConfigError
-from planner.model.costmodel import (
+from planner.domain.costmodel import (
     DEFAULT_STEP_OVERHEAD_S,
     hbm_kv_capacity_tokens,
     kv_bytes_per_token,
@@ -21,7 +21,7 @@ from planner.model.costmodel import (
     transfer_seconds,
     weight_bytes_per_gpu,
 )
-from planner.model.hardware import get_gpu, get_model, get_tier, with_kv_dtype
+from planner.domain.hardware import get_gpu, get_model, get_tier, with_kv_dtype
 
 H100 = get_gpu("h100")
 LLAMA_8B = get_model("llama-3.1-8b")

@@ -21,8 +21,8 @@ from planner.decide.decision import (
     decider_doc,
 )
 from planner.decide.rules_limits import lmcache_over_native
-from planner.model.breakeven import breakeven_bandwidth
-from planner.model.hardware import get_gpu, get_model
+from planner.domain.breakeven import breakeven_bandwidth
+from planner.domain.hardware import get_gpu, get_model
 
 # A complete, unremarkable 8-engine Llama-3.1-8B group on one H100 node: every rule can run.
 BASE: dict[str, Any] = {

@@ -1,4 +1,4 @@
-"""planner.fit.run.fit_all: every registered fit the data supports, refusals collected."""
+"""planner.fit.orchestrate.fit_all: every registered fit the data supports, refusals collected."""
 
 from __future__ import annotations
 
@@ -8,10 +8,10 @@ import warnings
 import pytest
 
 from benchmarks.accuracy.fitsynth import H100_BF16_FLOPS, llama8b_prefill_flops, synthetic_frame
+from planner.domain.values import json_ready
 from planner.fit.common import Interval, recorded_warnings
+from planner.fit.orchestrate import FitReport, fit_all
 from planner.fit.registry import EQUAL_KV, FIT_NAMES
-from planner.fit.run import FitReport, fit_all
-from planner.model.values import json_ready
 
 
 def test_fit_all_synthetic_cluster_runs_every_fit() -> None:

@@ -44,13 +44,13 @@ CASES = [("plain", 400), ("spline", 3000), ("ill", 500), ("deficient", 300), ("p
 
 
 @pytest.mark.parametrize(("kind", "n"), CASES)
-@pytest.mark.parametrize("block_rows", [1, 7, 64, 1 << 15])
-def test_solve_and_sandwiches_equal_statsmodels(kind: str, n: int, block_rows: int) -> None:
+@pytest.mark.parametrize("rows_per_pass", [1, 7, 64, 1 << 15])
+def test_solve_and_sandwiches_equal_statsmodels(kind: str, n: int, rows_per_pass: int) -> None:
     y, x, g = _design(kind, n, np.random.default_rng(n))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", SingularMatrixWarning)
         res = OLS(y, x).fit()
-        fit = solve(y, x, block_rows=block_rows)
+        fit = solve(y, x, rows_per_pass=rows_per_pass)
         hc3 = OLS(y, x).fit(cov_type="HC3").cov_params()
         cr1 = OLS(y, x).fit(cov_type="cluster", cov_kwds={"groups": g}).cov_params()
     # the minimum-norm solution is unique even when the design is rank-deficient
@@ -63,8 +63,8 @@ def test_solve_and_sandwiches_equal_statsmodels(kind: str, n: int, block_rows: i
     np.testing.assert_allclose(fit.bread, bread, rtol=tol, atol=tol * np.abs(bread).max())
     if n > x.shape[1] and kind != "ill":  # "ill": test_ill_conditioned_equal_exact_arithmetic
         for got, want in (
-            (cov_hc3(x, fit, block_rows), hc3),
-            (cov_cr1(x, fit, g, block_rows), cr1),
+            (cov_hc3(x, fit, rows_per_pass), hc3),
+            (cov_cr1(x, fit, g, rows_per_pass), cr1),
         ):
             np.testing.assert_allclose(got, want, rtol=tol, atol=tol * np.abs(want).max())
 
@@ -124,7 +124,7 @@ def test_ill_conditioned_equal_exact_arithmetic(kind: str) -> None:
     (X'X)⁻¹ or pinv(X) (statsmodels: ~1e-3–1e-2 off); the blocks stay within 1e-7."""
     y, x, g = _design("ill", 40, np.random.default_rng(5))
     beta, want = _exact(y, x, g, kind)
-    fit = solve(y, x, block_rows=16)
+    fit = solve(y, x, rows_per_pass=16)
     got = cov_hc3(x, fit, 16) if kind == "HC3" else cov_cr1(x, fit, g, 16)
     np.testing.assert_allclose(fit.params, beta, rtol=1e-7, atol=1e-7 * np.abs(beta).max())
     np.testing.assert_allclose(got, want, rtol=1e-7, atol=1e-7 * np.abs(want).max())

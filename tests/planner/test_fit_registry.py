@@ -1,4 +1,4 @@
-"""planner.fit.registry and the one orchestrator (planner.fit.run.fit_all) over it: each fit
+"""planner.fit.registry and the one orchestrator (planner.fit.orchestrate.fit_all) over it: each fit
 has one name everywhere, a failing fit does not stop the others, unknown names are refused."""
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from benchmarks.accuracy.fitsynth import synthetic_frame
 from core.errors import ConfigError
 from planner.fit import registry
 from planner.fit.common import FitResult
+from planner.fit.orchestrate import fit_all, not_fitted
 from planner.fit.registry import (
     EQUAL_KV,
     FIT_NAMES,
@@ -23,7 +24,6 @@ from planner.fit.registry import (
     arguments,
     fit_specs,
 )
-from planner.fit.run import fit_all, not_fitted
 from planner.plan.fits import fit_runs
 
 

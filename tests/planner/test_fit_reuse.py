@@ -15,6 +15,7 @@ import pytest
 
 from core.catalog import KV_RESIDENCY_BUCKETS
 from core.errors import ConfigError
+from planner.domain.hardware import get_model
 from planner.fit.reuse import (
     GIB,
     Histogram,
@@ -25,7 +26,6 @@ from planner.fit.reuse import (
     lmcache_pool_gain,
     native_offload_gain,
 )
-from planner.model.hardware import get_model
 from tests.planner.reusesynth import (
     Trace,
     clip,

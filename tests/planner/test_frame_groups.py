@@ -1,5 +1,5 @@
 """planner.frames.groups: each engine's model group, splitting a frame by group, and
-planner.fit.run.fit_all fitting each group of a frame on its own."""
+planner.fit.orchestrate.fit_all fitting each group of a frame on its own."""
 
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ import pytest
 from benchmarks.accuracy.fitsynth import synthetic_frame
 from core.errors import ConfigError
 from core.records import Window, labels_of
+from planner.fit.orchestrate import fit_all
 from planner.fit.preempt import fit_preemption
 from planner.fit.registry import FIT_NAMES
-from planner.fit.run import fit_all
 from planner.frames.frames import engine_frame
 from planner.frames.groups import UNKNOWN_GROUP, group_name, same_model, split_groups
 from store.tables import EngineRecord

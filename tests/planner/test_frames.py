@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 
 from benchmarks.accuracy.fitsynth import frame_to_windows, synthetic_frame
-from collector.sources import EngineMeta
+from collector.scrape import EngineMeta
 from core.records import Window, labels_of
 from planner.frames.frames import COLUMNS, engine_frame
 

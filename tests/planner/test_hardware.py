@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from core.errors import ConfigError
-from planner.model.hardware import (
+from planner.domain.hardware import (
     GPU,
     Model,
     Tier,

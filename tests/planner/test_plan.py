@@ -20,9 +20,9 @@ from benchmarks.accuracy.fitsynth import Truth
 from core.errors import ConfigError
 from core.records import Kind, ScrapeOutcome, Window, labels_of
 from planner.decide.decision import RULE_IDS
+from planner.domain.hardware import get_gpu, get_model
 from planner.fit.gain import fit_gain
 from planner.fit.preempt import fit_preemption
-from planner.model.hardware import get_gpu, get_model
 from planner.plan import NoData, Plan, build_plan
 from planner.plan.build import lmcache_up_fraction
 from planner.plan.fits import Hardware
@@ -286,7 +286,7 @@ def test_kv_capacity_prefers_facts_then_prior_then_engines() -> None:
     mixed = kv_capacity(windows, facts, hw)
     assert mixed is not None and mixed.per_source is not None
     assert mixed.per_source["a"] == 16_000
-    from planner.model.costmodel import hbm_kv_capacity_tokens
+    from planner.domain.costmodel import hbm_kv_capacity_tokens
 
     prior = hbm_kv_capacity_tokens(hw.model, hw.gpu, 1)
     assert mixed.per_source["b"] == prior and mixed.total == 16_000 + prior
@@ -353,7 +353,7 @@ def test_plan_fits_one_refused_fit_leaves_the_others_standing() -> None:
     import dataclasses
 
     from benchmarks.accuracy.fitsynth import synthetic_frame
-    from planner.fit.run import fit_all
+    from planner.fit.orchestrate import fit_all
     from planner.plan.fits import cost_model, fit_runs
 
     frame = synthetic_frame(3, 150, seed=4)

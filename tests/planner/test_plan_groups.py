@@ -18,9 +18,9 @@ import pandas as pd
 import pytest
 
 from core.errors import ConfigError
+from planner.domain.values import json_ready
 from planner.fit.preempt import fit_preemption
 from planner.fit.registry import FIT_NAMES
-from planner.model.values import json_ready
 from planner.plan import Plan, build_plan
 from planner.report.plan_text import summary_text
 from store.store import Store

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 from core.errors import ConfigError
-from planner.model.costmodel import prefill_seconds, tier_read_seconds
-from planner.model.hardware import get_gpu, get_model, get_tier
-from planner.model.savings import prefix_savings
+from planner.domain.costmodel import prefill_seconds, tier_read_seconds
+from planner.domain.hardware import get_gpu, get_model, get_tier
+from planner.domain.savings import prefix_savings
 
 # A tenant's 6 K-token system prompt shared by 200 queries per hour.
 PREFIX, QPH, PRICE = 6000, 200, 3.0

@@ -12,8 +12,8 @@ import pytest
 from core.errors import ConfigError
 from planner.decide.decision import CapacityEvidence, Decision, Evidence, ValueCI, decide
 from planner.deploy.sizing import engine_bill, l1_from_curve, size
-from planner.model.costmodel import hbm_kv_capacity_tokens, kv_bytes_per_token
-from planner.model.hardware import get_gpu, get_model
+from planner.domain.costmodel import hbm_kv_capacity_tokens, kv_bytes_per_token
+from planner.domain.hardware import get_gpu, get_model
 
 GIB = 1024**3
 KV_8B = 131_072  # bytes per token, Llama-3.1-8B bf16 [source: hf-llama-3.1-8b-config]

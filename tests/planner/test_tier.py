@@ -14,9 +14,9 @@ import pytest
 from core.catalog import KV_RESIDENCY_BUCKETS
 from planner.decide.decision import decide
 from planner.deploy.sizing import size
+from planner.domain.hardware import get_gpu, get_model
 from planner.fit.capacity import Slo
 from planner.frames.residency import BucketCounts
-from planner.model.hardware import get_gpu, get_model
 from planner.plan.fits import Hardware
 from planner.plan.tier import ENABLE, MULTIPLES, recommended_gib, tier_section
 from planner.report.tier_text import tier_lines

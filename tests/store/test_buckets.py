@@ -21,12 +21,12 @@ import sqlalchemy
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from collector.config import DirectConfig
 from collector.parse import read_exposition
 from collector.promsource import PrometheusSource, _buckets, signal_query
 from collector.rollup import Rollup, per_bucket
 from collector.run import collect_direct
-from collector.sources import Target, TargetSet
+from collector.run_config import DirectConfig
+from collector.scrape import Target, TargetSet
 from collector.spool import _decode, _encode
 from core.catalog import BUCKET_SIGNALS, KV_RESIDENCY_BUCKETS, SIGNALS, SignalDef, Spelling
 from core.errors import StoreError

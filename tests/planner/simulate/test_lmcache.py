@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from planner.model.costmodel import transfer_seconds
+from planner.domain.costmodel import transfer_seconds
 from planner.simulate.cluster import Simulation
 from planner.simulate.lmcache import LMCacheConnector, LMCachePool
 from planner.simulate.scenario import parse_scenario

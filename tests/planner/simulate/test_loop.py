@@ -24,8 +24,8 @@ from planner.simulate import cluster
 from planner.simulate.cluster import Simulation
 from planner.simulate.content import ContentTree
 from planner.simulate.lmcache import LMCacheConnector
+from planner.simulate.metrics_server import serve_scenario
 from planner.simulate.scenario import Scenario, parse_scenario
-from planner.simulate.serve import serve_scenario
 from planner.simulate.spec import Section
 from planner.simulate.telemetry import EngineSnapshot
 from planner.simulate.workload import Req, Workload

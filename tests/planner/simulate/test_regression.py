@@ -23,9 +23,9 @@ import pytest
 
 from planner.simulate import cluster
 from planner.simulate.cluster import Simulation
+from planner.simulate.metrics_server import LiveCluster
 from planner.simulate.scenario import Scenario, load_scenario
 from planner.simulate.scenarios import scenario_file
-from planner.simulate.serve import LiveCluster
 
 DURATIONS = {"demo": 300.0, "multi_turn": 120.0, "rag_bursty": 120.0, "trace_replay": 600.0,
              "shared_prefix": 120.0}  # fmt: skip

@@ -445,7 +445,7 @@ def test_live_demo_collection_records_the_schedule_in_engine_changes(tmp_path: P
 
 
 def test_served_targets_and_file_sd_leave_a_canarys_offload_to_the_engine() -> None:
-    from planner.simulate.serve import file_sd, targets_document
+    from planner.simulate.metrics_server import file_sd, targets_document
 
     sc = parse_scenario(_raw())
     doc = {

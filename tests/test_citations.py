@@ -1,4 +1,4 @@
-"""The source registry (planner/model/data/sources.yaml) and the citations that point into it.
+"""The source registry (planner/domain/data/sources.yaml) and the citations that point into it.
 
 Every published figure is cited as ``[source: <id>]``; these tests keep each id resolvable,
 every registered source cited and complete, the shipped files free of paths outside the
@@ -21,8 +21,8 @@ from planner.advise.whatif import WhatIf, advise
 from planner.decide.decision import decide
 from planner.decide.evidence import Evidence
 from planner.decide.rulestate import SRC_GKE, Cited
-from planner.model import sources
-from planner.model.sources import cited_ids, get_source, parse_registry, registry, source_url
+from planner.domain import citations
+from planner.domain.citations import cited_ids, get_source, parse_registry, registry, source_url
 from planner.plan.build import build_plan
 from store.store import Store
 from tests.planner.synthstore import fill_store, shifted_frame, sqlite_url
@@ -81,7 +81,7 @@ def test_registry_builtin_every_entry_complete_with_https_url() -> None:
     reg = registry()
     assert len(reg) >= 10
     for sid, s in reg.items():
-        assert s.id == sid and sources.ID_RE.fullmatch(sid), sid
+        assert s.id == sid and citations.ID_RE.fullmatch(sid), sid
         assert s.title and s.owner and s.date, sid
         assert s.url.startswith("https://") and " " not in s.url, sid
         assert s.figures, sid
@@ -91,7 +91,7 @@ def test_registry_builtin_every_entry_complete_with_https_url() -> None:
 
 def test_registry_yaml_ids_unique_in_the_file() -> None:
     # yaml.safe_load keeps the last of two equal keys silently: count them in the node tree.
-    text = (ROOT / "planner/model/data/sources.yaml").read_text(encoding="utf-8")
+    text = (ROOT / "planner/domain/data/sources.yaml").read_text(encoding="utf-8")
     node = yaml.compose(text)
     assert isinstance(node, yaml.MappingNode)
     ids = [key.value for key, _ in node.value]
@@ -154,7 +154,7 @@ def test_parse_registry_id_not_kebab_case_raises() -> None:
 
 
 def test_cited_ids_text_with_tags_returns_ids_in_order_once() -> None:
-    a, b = sources.tag("alpha-1"), sources.tag("beta.2")
+    a, b = citations.tag("alpha-1"), citations.tag("beta.2")
     assert cited_ids(f"x {a} y {b} z {a}") == ["alpha-1", "beta.2"]
     assert cited_ids("source: alpha-1 without brackets") == []
 
@@ -174,7 +174,7 @@ def _citations() -> dict[str, list[str]]:
 def test_citations_in_repository_every_source_id_resolves() -> None:
     cited = _citations()
     unknown = {sid: where for sid, where in cited.items() if sid not in registry()}
-    assert not unknown, f"cited but not in planner/model/data/sources.yaml: {unknown}"
+    assert not unknown, f"cited but not in planner/domain/data/sources.yaml: {unknown}"
 
 
 def test_citations_in_shipped_packages_cite_every_registered_source() -> None:
@@ -190,7 +190,7 @@ def test_citations_in_shipped_packages_cite_every_registered_source() -> None:
 
 def test_decider_cited_source_records_its_id_and_text_tag() -> None:
     assert isinstance(SRC_GKE, Cited) and SRC_GKE.source_id in registry()
-    assert str(SRC_GKE).endswith(sources.tag(SRC_GKE.source_id))
+    assert str(SRC_GKE).endswith(citations.tag(SRC_GKE.source_id))
     d = decide(Evidence(kv_util_p95=0.5, model="llama-3.1-8b", gpu="h100", tp=1))
     r1 = next(r for r in d.to_dict()["reasons"] if r["rule"] == "R1_hbm_pressure")
     assert r1["source_id"] == "gke-tiered-kv-2025"
@@ -248,7 +248,7 @@ def test_repo_paths_in_shipped_files_and_readme_exist() -> None:
 def test_repo_path_pattern_finds_paths_not_urls_or_modules() -> None:
     text = (
         "see planner/decide/DECIDER.md and `benchmarks/calibrate_sim.py`; "
-        "https://github.com/x/y/tree/main/benchmarks/multi_turn, planner.model.sources, "
+        "https://github.com/x/y/tree/main/benchmarks/multi_turn, planner.domain.citations, "
         "kvscope/commands/<name>.py, examples/new.yaml."
     )
     assert repo_paths(text) == [
@@ -272,7 +272,7 @@ def _check_reasons(decision: dict[str, Any]) -> int:
             assert r["source_url"] is None, r
             continue
         assert r["source_url"] == get_source(sid).url, r
-        assert sources.tag(sid) in r["source"], r
+        assert citations.tag(sid) in r["source"], r
         published += 1
     for r in decision["reasons"]:
         if r["source"].startswith(("measured", "simulated", "cost model", "evidence")):

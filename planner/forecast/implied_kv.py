@@ -5,7 +5,7 @@ bucket-peak KV / mean request rate, estimated with a batch-means interval; the i
 forecast is c × the rate forecast. ``reconcile`` sizes on the KV forecast unless the implied
 one lies wholly above it.
 
-Method: planner/forecast/METHODS.md#little
+Method: planner/forecast/METHODS.md#implied_kv
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ Point = tuple[float, float, float, float]  # (bucket start, mean, lo, hi)
 
 @dataclass(frozen=True, slots=True)
 class LittleFactors:
-    """Little's-law factors over the stretch (METHODS.md#little)."""
+    """Little's-law factors over the stretch (METHODS.md#implied_kv)."""
 
     per_request: float  # c: bucket-peak KV per (request/s), i.e. KV token·s per request × P
     per_request_lo: float

@@ -2,7 +2,7 @@
 
 A tenant sends a system prompt of P tokens with every query. Without a cache every query
 re-prefills it; with one, the first query of each cache lifetime computes it and the others
-reload its KV from a tier. The cost model (planner/model/costmodel.py) gives both durations.
+reload its KV from a tier. The cost model (planner/domain/costmodel.py) gives both durations.
 """
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ import math
 from dataclasses import dataclass
 
 from core.errors import ConfigError
-from planner.model.costmodel import DEFAULT_MFU, prefill_seconds, tier_read_seconds
-from planner.model.hardware import GPU, Model, Tier, get_gpu, get_model, get_tier
+from planner.domain.costmodel import DEFAULT_MFU, prefill_seconds, tier_read_seconds
+from planner.domain.hardware import GPU, Model, Tier, get_gpu, get_model, get_tier
 
 
 @dataclass(frozen=True, slots=True)

@@ -6,7 +6,7 @@ format 0.0.4. The endpoints are announced as one JSON line on stdout (and in ``p
 Without ``loop`` the final values are served until SIGINT/SIGTERM; with it the workload
 repeats and counters only grow. Memory stays bounded however long it runs.
 
-Design, and the announcement's shape: planner/simulate/METHODS.md#serve
+Design, and the announcement's shape: planner/simulate/METHODS.md#metrics_server
 """
 
 from __future__ import annotations
@@ -240,7 +240,7 @@ class ClusterServer:
         self._threads.clear()
 
     def document(self) -> dict[str, Any]:
-        """The endpoints announcement (METHODS.md#serve)."""
+        """The endpoints announcement (METHODS.md#metrics_server)."""
         live = self.live
         sb = live.scenario.cluster.switchback
         doc: dict[str, Any] = {
@@ -283,7 +283,7 @@ def file_sd(doc: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def targets_document(doc: dict[str, Any], scenario: Scenario) -> dict[str, Any]:
-    """The endpoints as a ``kvscope collect --targets`` file (collector/sources.py format),
+    """The endpoints as a ``kvscope collect --targets`` file (collector/scrape.py format),
     with each engine's model, GPU, TP, offload mode and LMCache pool as the planner's
     metadata. A switchback canary's offload is left out: a configured mode wins over the
     exposed one (collector.engine_facts.describe), and the canary's changes with its
@@ -352,7 +352,7 @@ def serve_scenario(  # noqa: PLR0913 - keyword-only serving options (simulate --
     err: IO[str] | None = None,
 ) -> int:
     """Serve ``scenario`` live on ``address`` (HOST:PORT) until SIGINT/SIGTERM or ``stop``;
-    ``loop`` repeats its workload forever (METHODS.md#serve).
+    ``loop`` repeats its workload forever (METHODS.md#metrics_server).
 
     Prints the endpoints JSON line on ``out`` (stdout), progress on ``err`` (stderr);
     ``ports_file`` gets the same document, ``targets_file`` a ``kvscope collect --targets``

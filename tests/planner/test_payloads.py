@@ -1,4 +1,4 @@
-"""planner.model.answers: the compare-tiers and savings answers and the input they blame."""
+"""planner.domain.payloads: the compare-tiers and savings answers and the input they blame."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ from typing import Any
 import pytest
 
 from core.errors import InputError
-from planner.model.answers import compare_tiers_payload, savings_payload
-from planner.model.breakeven import compare_tiers
-from planner.model.savings import prefix_savings
+from planner.domain.breakeven import compare_tiers
+from planner.domain.payloads import compare_tiers_payload, savings_payload
+from planner.domain.savings import prefix_savings
 
 COMPARE: dict[str, Any] = {"model": "llama-3.1-70b-fp8", "gpu": "h100", "tp": 4,
                            "tokens": 4096, "tiers": ["ceph-hdd"], "kv_dtype": "both"}  # fmt: skip

@@ -1,4 +1,4 @@
-"""The registry of published sources kvscope cites (planner/model/data/sources.yaml).
+"""The registry of published sources kvscope cites (planner/domain/data/sources.yaml).
 
 Every figure taken from a publication is cited where it enters the code or the output as
 ``[source: <id>]`` (``tag(id)``); the id resolves here to the title, owner, date, URL and the
@@ -19,7 +19,7 @@ import yaml
 
 from core.errors import ConfigError
 
-WHERE = "planner/model/data/sources.yaml"
+WHERE = "planner/domain/data/sources.yaml"
 ID_RE = re.compile(r"[a-z0-9]+(?:[.-][a-z0-9]+)*")
 # How a source is cited in prose, comments and output text: "[source: gke-tiered-kv-2025]".
 TAG_RE = re.compile(r"\[source: ([a-z0-9]+(?:[.-][a-z0-9]+)*)\]")
@@ -118,7 +118,7 @@ def parse_registry(doc: object) -> dict[str, Source]:
 @functools.cache
 def registry() -> Mapping[str, Source]:
     """Every registered source by id, loaded once from the package data."""
-    text = resources.files("planner.model.data").joinpath("sources.yaml").read_text("utf-8")
+    text = resources.files("planner.domain.data").joinpath("sources.yaml").read_text("utf-8")
     return parse_registry(yaml.safe_load(text))
 
 

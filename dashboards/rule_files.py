@@ -1,4 +1,4 @@
-"""Prometheus rule files: the recording rules of dashboards.records and the alerts of
+"""Prometheus rule files: the recording rules of dashboards.recording_rules and the alerts of
 dashboards.alerts, as ``rule_files`` YAML (deploy/prometheus/rules/*.yml).
 
 Recording rules are grouped by what they read (vLLM engines, fleet aggregates, LMCache,
@@ -16,7 +16,7 @@ import yaml
 from dashboards.alerts import ALERTS, Alert
 from dashboards.config import MixinConfig
 from dashboards.promql import rule_scope
-from dashboards.records import RECORDS, Record
+from dashboards.recording_rules import RECORDS, Record
 
 __all__ = ["RECORD_GROUPS", "alert_rules", "dump_rules", "recording_rules"]
 

@@ -5,7 +5,7 @@ dashboards/generated/<uid>.json, deploy/prometheus/rules/kvscope-{records,alerts
 deploy/kubernetes/base/generated/*.yaml. Output is deterministic, so ``--check`` is a byte
 comparison and a stale or hand-edited file fails CI with its path.
 
-Files: dashboards/DESIGN.md#build
+Files: dashboards/DESIGN.md#generate
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from dashboards.config import DEFAULT, MixinConfig
 from dashboards.fleet import fleet_board
 from dashboards.grafana import Board, render
 from dashboards.kubernetes import K8S_DIR, k8s_files
-from dashboards.rules import alert_rules, dump_rules, recording_rules
+from dashboards.rule_files import alert_rules, dump_rules, recording_rules
 from dashboards.tiers import tiers_board
 
 __all__ = [

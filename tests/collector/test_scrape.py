@@ -1,4 +1,4 @@
-"""collector.sources: the targets file and scraping many real HTTP targets on 127.0.0.1."""
+"""collector.scrape: the targets file and scraping many real HTTP targets on 127.0.0.1."""
 
 from __future__ import annotations
 
@@ -12,9 +12,9 @@ from typing import Any, TypedDict, TypeVar
 
 import pytest
 
-from collector import sources
+from collector import scrape
 from collector.parse import read_exposition
-from collector.sources import (
+from collector.scrape import (
     ACCEPT_HEADER,
     INLINE_PARSE_BYTES,
     MAX_REDIRECTS,
@@ -385,7 +385,7 @@ def test_a_large_exposition_is_parsed_off_the_event_loop(monkeypatch: pytest.Mon
         threads[len(text)] = threading.current_thread().name
         return real(text, target, ts)
 
-    monkeypatch.setattr(sources, "read_exposition", spy)
+    monkeypatch.setattr(scrape, "read_exposition", spy)
     small = V033
     big = V033 + b"".join(b"pad_%d 1\n" % i for i in range(INLINE_PARSE_BYTES // 8))
     assert len(small) <= INLINE_PARSE_BYTES < len(big)

@@ -16,10 +16,10 @@ from contextlib import contextmanager
 from typing import Any
 
 from core.errors import ConfigError, InputError
-from planner.model.breakeven import DEFAULT_MFU_RANGE, KV_DTYPES, case_note, compare_tiers
-from planner.model.costmodel import kv_bytes_per_token, kv_bytes_per_token_engine
-from planner.model.hardware import Catalog, builtin_catalog, with_kv_dtype
-from planner.model.savings import prefix_savings
+from planner.domain.breakeven import DEFAULT_MFU_RANGE, KV_DTYPES, case_note, compare_tiers
+from planner.domain.costmodel import kv_bytes_per_token, kv_bytes_per_token_engine
+from planner.domain.hardware import Catalog, builtin_catalog, with_kv_dtype
+from planner.domain.savings import prefix_savings
 
 Label = Callable[[str], str]
 
@@ -115,7 +115,7 @@ def savings_payload(  # noqa: PLR0913 - one parameter per field of the savings q
     label: Label = str,
 ) -> dict[str, Any]:
     """What caching a tenant's shared prefix of `prefix_tokens` saves: GPU-seconds per hour,
-    and USD per hour when gpu_hour_usd is given (planner.model.savings.prefix_savings).
+    and USD per hour when gpu_hour_usd is given (planner.domain.savings.prefix_savings).
 
     Names resolve in `catalog` (None: the built-in one); kv_dtype: auto (the model's), bf16
     or fp8.

@@ -2,9 +2,9 @@
 
 A vLLM engine step (one mixed batch of prefill chunks and decode tokens) is a roofline:
 max(compute, HBM traffic) plus TP all-reduces plus a small fixed overhead. Every default
-below cites its publication as [source: <id>] (planner/model/data/sources.yaml) or is marked
+below cites its publication as [source: <id>] (planner/domain/data/sources.yaml) or is marked
 as an assumption or a derivation; fit the
-MFU / efficiency of a real deployment from its own TTFT and ITL (planner/fit/run.py).
+MFU / efficiency of a real deployment from its own TTFT and ITL (planner/fit/orchestrate.py).
 Everything returns plain floats in SI units (seconds, bytes, bytes/s).
 """
 
@@ -14,7 +14,7 @@ import math
 from collections.abc import Callable, Sequence
 
 from core.errors import ConfigError
-from planner.model.hardware import GPU, Model, Tier
+from planner.domain.hardware import GPU, Model, Tier
 
 GIB = 1024**3
 

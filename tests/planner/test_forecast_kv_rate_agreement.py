@@ -6,8 +6,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from planner.forecast.agree import compare
 from planner.forecast.demand import Forecast, forecast_demand
+from planner.forecast.kv_rate_agreement import compare
 
 T0 = 1_699_920_000.0
 HOUR = 3600.0

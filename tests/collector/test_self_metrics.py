@@ -1,4 +1,4 @@
-"""collector.health: the collector's health registry, its counters against real collect
+"""collector.self_metrics: the collector's health registry, its counters against real collect
 loops, served over real HTTP on 127.0.0.1, and promtool's lint of its exposition."""
 
 from __future__ import annotations
@@ -13,12 +13,12 @@ from pathlib import Path
 
 import pytest
 
-from collector.config import DirectConfig, PrometheusConfig
-from collector.health import CollectorHealth, parse_listen_addr, serve_metrics
 from collector.promsource import PrometheusSource
 from collector.run import DirectParts, LoopParts, collect_direct
+from collector.run_config import DirectConfig, PrometheusConfig
 from collector.run_prometheus import collect_prometheus
-from collector.sources import Target, TargetSet
+from collector.scrape import Target, TargetSet
+from collector.self_metrics import CollectorHealth, parse_listen_addr, serve_metrics
 from core import kvscope_metrics as sm
 from core.errors import ConfigError
 from store.store import Store
@@ -247,7 +247,7 @@ def test_collector_health_alive_after_stale_after_s_without_a_scrape_or_tick(
     beats: list[str], now: float, alive: bool, text: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     clock = [0.0]
-    monkeypatch.setattr("collector.health.time.monotonic", lambda: clock[0])
+    monkeypatch.setattr("collector.self_metrics.time.monotonic", lambda: clock[0])
     h = CollectorHealth(version="1", cluster="c", mode="direct", stale_after_s=300.0)
     ticks = 0
     for beat in beats:

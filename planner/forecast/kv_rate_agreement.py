@@ -6,7 +6,7 @@ mix the KV in use follows the request rate (Little's law: requests in the engine
 time each spends there), so their growth ratios over the same horizon should agree within
 their intervals. This module compares them; it hides neither: both forecasts are reported
 with their backtest scores, and a note says when they disagree. Which one sizing follows is
-decided in planner/forecast/little.py (the KV the rate forecast implies, by Little's law with
+decided in planner/forecast/implied_kv.py (the KV the rate forecast implies, by Little's law with
 factors measured on the same history).
 """
 

@@ -1,4 +1,4 @@
-"""collector.config: the loops' configs refuse what would make a loop misbehave, when built."""
+"""collector.run_config: the loops' configs refuse what would make a loop misbehave, when built."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from collector.config import BACKFILL_CHUNK_S, CollectConfig, DirectConfig, PrometheusConfig
+from collector.run_config import BACKFILL_CHUNK_S, CollectConfig, DirectConfig, PrometheusConfig
 from collector.shard import Shard
 from core.catalog import STORED_SIGNALS
 from core.errors import ConfigError

@@ -6,7 +6,7 @@ refused) and one bad target never stops the others. Redirects are followed only 
 target URL's scheme, host and port (at most MAX_REDIRECTS); a target with a ``guard`` is
 checked by collector.urlguard at every scrape and connected to the checked address.
 
-Design: collector/DESIGN.md#sources
+Design: collector/DESIGN.md#scrape
 """
 
 from __future__ import annotations

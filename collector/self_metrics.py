@@ -4,7 +4,7 @@
 :class:`CollectorHealth` holds a registry of the metrics core.kvscope_metrics names, fed
 per scrape and per tick; :func:`serve_metrics` serves it from a daemon thread, with
 ``GET /healthz`` answering 503 once the loop has neither scraped nor ticked for
-``stale_after_s``. Design: collector/DESIGN.md#health
+``stale_after_s``. Design: collector/DESIGN.md#self_metrics
 """
 
 from __future__ import annotations

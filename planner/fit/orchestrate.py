@@ -16,13 +16,13 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from core.errors import ConfigError, InsufficientHistory, KvscopeError
+from planner.domain.values import json_ready
 from planner.fit.common import Estimate, FitResult, Interval, check_level
 from planner.fit.gain import GainFit, GainPoint, fit_gain
 from planner.fit.hitrate import HitPrediction, HitRateFit, fit_hitrate
 from planner.fit.mfu import MfuFit, fit_mfu
 from planner.fit.preempt import PreemptionFit, fit_preemption
 from planner.fit.registry import FIT_NAMES, FITS, NO_COST, FitInputs, FitSpec, arguments, fit_specs
-from planner.model.values import json_ready
 
 if TYPE_CHECKING:
     import pandas as pd

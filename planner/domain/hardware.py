@@ -1,6 +1,6 @@
 """The hardware catalogue: GPUs, models and storage tiers, each number with its source.
 
-The built-in entries live in planner/model/data/hardware.yaml (loaded once through
+The built-in entries live in planner/domain/data/hardware.yaml (loaded once through
 importlib.resources); users add or override entries with a YAML file of the same schema
 (`load_catalog(extra_yaml)`) or build a model from a Hugging Face config.json
 (`model_from_hf_config`). All quantities are SI: bytes, bytes/s, FLOP/s, seconds.
@@ -307,11 +307,11 @@ def _parse_catalog(doc: object, where: str, base: Catalog | None, base_dir: Path
 
 @functools.cache
 def builtin_catalog() -> Catalog:
-    """The shipped catalogue (planner/model/data/hardware.yaml), parsed once."""
+    """The shipped catalogue (planner/domain/data/hardware.yaml), parsed once."""
     text = (
-        resources.files("planner.model.data").joinpath("hardware.yaml").read_text(encoding="utf-8")
+        resources.files("planner.domain.data").joinpath("hardware.yaml").read_text(encoding="utf-8")
     )
-    return _parse_catalog(yaml.safe_load(text), "planner/model/data/hardware.yaml", None, None)
+    return _parse_catalog(yaml.safe_load(text), "planner/domain/data/hardware.yaml", None, None)
 
 
 def load_catalog(extra_yaml: Path | None = None) -> Catalog:

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from core import catalog
-from dashboards.build import DASHBOARD_DIR, RULES_DIR, artifacts, check, write
+from dashboards.generate import DASHBOARD_DIR, RULES_DIR, artifacts, check, write
 from dashboards.grafana import DATASOURCE, SCHEMA_VERSION
 from tests.clirun import run_kvscope
 
@@ -174,7 +174,7 @@ def test_every_panel_rate_and_ratio_is_a_recording_rule_expression() -> None:
     """A panel computing a rate or a ratio draws exactly what a recording rule records (the
     same builder in the dashboard's scope), so the alerts test what the operator sees."""
     from dashboards.config import DEFAULT
-    from dashboards.records import RECORDS
+    from dashboards.recording_rules import RECORDS
     from dashboards.variables import board_scope
 
     recorded = {r.expr(board_scope(DEFAULT), DEFAULT) for r in RECORDS}

@@ -5,7 +5,7 @@ Names follow the mixin convention ``level:metric:operations`` (e.g.
 with the rules' scope in the rules file and with Grafana's ``$__rate_interval`` in a panel,
 so a panel and its rule never disagree.
 
-Naming: dashboards/DESIGN.md#records
+Naming: dashboards/DESIGN.md#recording_rules
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""planner/simulate/serve: the simulated cluster over real HTTP on 127.0.0.1, read back by
+"""planner/simulate/metrics_server: the simulated cluster over real HTTP on 127.0.0.1, read back by
 kvscope's parser and CLI, and scraped by a real Prometheus 2.42."""
 
 from __future__ import annotations
@@ -23,19 +23,19 @@ import httpx
 import pytest
 
 from collector.parse import read_exposition
-from collector.sources import load_targets
+from collector.scrape import load_targets
 from core import catalog
 from core.errors import ConfigError
 from core.records import SignalSample
 from planner.simulate.exposition import CONTENT_TYPE, engine_view, expected_values, pool_view
-from planner.simulate.scenario import Scenario, load_scenario
-from planner.simulate.serve import (
+from planner.simulate.metrics_server import (
     ClusterServer,
     LiveCluster,
     file_sd,
     parse_address,
     serve_scenario,
 )
+from planner.simulate.scenario import Scenario, load_scenario
 from tests import services
 
 SCENARIO = """\

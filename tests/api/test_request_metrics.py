@@ -10,7 +10,7 @@ import pytest
 from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
 
-from api.telemetry import BUCKETS, REFUSED, UNMATCHED, ApiTelemetry
+from api.request_metrics import BUCKETS, REFUSED, UNMATCHED, ApiTelemetry
 from core import kvscope_metrics as sm
 
 

@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from core.errors import ConfigError
-from planner.model.costmodel import (
+from planner.domain.costmodel import (
     DEFAULT_HBM_EFFICIENCY,
     DEFAULT_MFU,
     LMCACHE_CHUNK_TOKENS,
@@ -22,7 +22,7 @@ from planner.model.costmodel import (
     prefill_seconds,
     tier_read_seconds,
 )
-from planner.model.hardware import (
+from planner.domain.hardware import (
     GPU,
     Catalog,
     Model,

@@ -1,5 +1,5 @@
 """Little's-law factors from history, the KV the request-rate forecast implies, and which
-forecast sizing follows (planner/forecast/little.py), on seeded series whose truth is known."""
+forecast sizing follows (planner/forecast/implied_kv.py), on seeded series whose truth is known."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 
 from core.errors import InsufficientHistory
 from planner.forecast.demand import Forecast, forecast_demand
-from planner.forecast.little import LittleFactors, factors, implied_points, reconcile
+from planner.forecast.implied_kv import LittleFactors, factors, implied_points, reconcile
 
 T0 = 1_699_920_000.0
 HOUR = 3600.0
