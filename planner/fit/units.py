@@ -122,11 +122,10 @@ def _engine_codes(frame: pd.DataFrame, short: bool) -> tuple[IntArray, list[str]
     import numpy as np
     import pandas as pd
 
-    s_c, s_u = pd.factorize(frame["source"], use_na_sentinel=False)
+    s_c, s_u = _value_codes(frame["source"])
     e_c, e_u = np.zeros(len(frame), dtype=np.int64), [None]
     if "engine" in frame.columns:
-        e_codes, e_values = pd.factorize(frame["engine"], use_na_sentinel=False)
-        e_c, e_u = np.asarray(e_codes, dtype=np.int64), list(e_values)
+        e_c, e_u = _value_codes(frame["engine"])
     width = max(len(e_u), 1)
     p_c, p_u = pd.factorize(s_c.astype(np.int64) * width + e_c)
     names = []
@@ -140,6 +139,20 @@ def _engine_codes(frame: pd.DataFrame, short: bool) -> tuple[IntArray, list[str]
     n_c, n_u = pd.factorize(np.asarray(names, dtype=object))
     codes: IntArray = np.asarray(n_c, dtype=np.int64)[p_c]
     return codes, [str(x) for x in n_u]
+
+
+def _value_codes(column: pd.Series) -> tuple[IntArray, list[Any]]:
+    """A code per row and the values by code: a categorical's own codes (no hashing of
+    strings) when no row is missing, else ``pd.factorize`` keeping missing as a value."""
+    import numpy as np
+    import pandas as pd
+
+    if isinstance(column.dtype, pd.CategoricalDtype):
+        codes = column.cat.codes.to_numpy().astype(np.int64)
+        if not (codes < 0).any():
+            return codes, list(column.cat.categories)
+    found, values = pd.factorize(column, use_na_sentinel=False)
+    return np.asarray(found, dtype=np.int64), list(values)
 
 
 def _text(value: object) -> str:
