@@ -14,13 +14,15 @@ from typing import TYPE_CHECKING, Any
 
 from planner.decide.evidence import ValueCI
 from planner.fit.common import Estimate, FitResult, Interval
+from planner.fit.gain import GainFit
+from planner.fit.hitrate import HitRateFit
+from planner.fit.mfu import MfuFit
+from planner.fit.preempt import PreemptionFit
 from planner.model import costmodel
 from planner.model.hardware import GPU, Model
 from planner.model.values import finite
 
 if TYPE_CHECKING:
-    from planner.fit.gain import GainFit
-    from planner.fit.hitrate import HitRateFit
     from planner.fit.run import FitReport
 
 GIB = 1024**3
@@ -143,11 +145,6 @@ def fit_runs(report: FitReport) -> dict[str, FitRun]:
 
 def _extras(run: FitRun) -> None:
     """Fit-specific fields beside the common ones."""
-    from planner.fit.gain import GainFit
-    from planner.fit.hitrate import HitRateFit
-    from planner.fit.mfu import MfuFit
-    from planner.fit.preempt import PreemptionFit
-
     fit, e = run.result, run.entry
     if isinstance(fit, PreemptionFit):
         e |= {

@@ -13,6 +13,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
+import pandas as pd
+
 from core.catalog import DERIVED_RATIOS
 from planner.frames.frames import SIGNALS as FRAME_SIGNALS
 from planner.frames.frames import engine_frame
@@ -28,8 +30,6 @@ from planner.plan.observe import (
 )
 
 if TYPE_CHECKING:
-    import pandas as pd
-
     from store.store import Store
 
 # What the statistics after the frame read of each signal (besides its sources).
@@ -109,7 +109,6 @@ def finish_frame(
     )  # fmt: skip
     exact = engine_frame(again, meta)
     keep = frame[~frame["source"].isin(inexact).to_numpy(dtype=bool)]
-    import pandas as pd
 
     out = pd.concat([keep, exact], ignore_index=True)
     return out.sort_values(["source", "engine", "start"], kind="stable", ignore_index=True)
