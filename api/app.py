@@ -20,6 +20,7 @@ from typing import Any
 from urllib.parse import parse_qsl
 
 from fastapi import FastAPI
+from fastapi.openapi.utils import get_openapi
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from api import error_responses
@@ -162,7 +163,6 @@ def _openapi(app: FastAPI, settings: ApiSettings) -> dict[str, Any]:
     """FastAPI's document plus the bearer scheme on writes (and reads when they need it)."""
     if app.openapi_schema is not None:
         return app.openapi_schema
-    from fastapi.openapi.utils import get_openapi
 
     doc = get_openapi(
         title=app.title, version=app.version, description=app.description, routes=app.routes

@@ -17,6 +17,7 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field
 
 from core.durations import API_PATTERN
+from planner import domain
 from planner.advise import SCORER_DEFAULTS
 
 JsonObject = dict[str, Any]
@@ -47,8 +48,6 @@ def _nullable(schema: dict[str, Any]) -> None:
 @functools.cache
 def catalog_names(kind: Literal["models", "gpus", "tiers"]) -> tuple[str, ...]:
     """Canonical names and aliases of one section of the built-in catalogue, sorted."""
-    from planner import domain
-
     cat = domain.hardware.builtin_catalog()
     table: Any = getattr(cat, kind)
     names = set(table) | {alias for alias, name in cat.aliases.items() if name in table}

@@ -30,6 +30,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from scipy import stats
+
 from benchmarks.accuracy.judge import TOLERANCE
 from benchmarks.accuracy.scenarios import HELDOUT_SET, HELDOUT_SETS, MASTER_SEED, draw
 from benchmarks.accuracy.study import FAST, FULL, run_case
@@ -116,7 +118,6 @@ def _binom(k: int, n: int, nominal: float) -> str:
     """k/n with its Clopper-Pearson 95 % interval and the two-sided binomial p-value."""
     if n == 0:
         return "0/0"
-    from scipy import stats
 
     lo = float(stats.beta.ppf(0.025, k, n - k + 1)) if k > 0 else 0.0
     hi = float(stats.beta.ppf(0.975, k + 1, n - k)) if k < n else 1.0

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import argparse
 
+import numpy as np
+
 from planner.fit.reuse import GIB, fit_reuse, native_offload_gain
 from tests.planner.reusesynth import (
     Trace,
@@ -30,8 +32,6 @@ N = 400_000
 
 
 def _lomax(rng: object) -> float:
-    import numpy as np
-
     assert isinstance(rng, np.random.Generator)
     return float(rng.pareto(1.2) * 5.0)
 

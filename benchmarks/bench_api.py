@@ -47,6 +47,14 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 import httpx  # noqa: E402
+import uvicorn  # noqa: E402
+from fastapi import FastAPI  # noqa: E402
+from fastapi.responses import Response  # noqa: E402
+
+from planner.plan import build_plan, plan_records  # noqa: E402
+from store.store import Store  # noqa: E402
+from tests.planner.synthstore import fill_store, shifted_frame  # noqa: E402
+from tests.services import free_port  # noqa: E402
 
 CLUSTER = "synth"
 PLAN_PATH = f"/v1/clusters/{CLUSTER}/plan"
@@ -70,10 +78,6 @@ CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
 def build_store(path: Path) -> str:
     """A SQLite store with the synthetic cluster and its latest plan saved; its URL."""
-    from planner.plan import build_plan, plan_records
-    from store.store import Store
-    from tests.planner.synthstore import fill_store, shifted_frame
-
     url = f"sqlite:///{path}"
     frame = shifted_frame(n_engines=4, n_windows=100, modes=("none", "native"))
     fill_store(url, frame, cluster=CLUSTER)
@@ -86,10 +90,6 @@ def build_store(path: Path) -> str:
 
 def serve_bare(port: int, body_file: Path) -> None:
     """The baseline server (run in a subprocess by this script): one route, bytes from memory."""
-    import uvicorn
-    from fastapi import FastAPI
-    from fastapi.responses import Response
-
     body = body_file.read_bytes()
     app = FastAPI()
 
@@ -126,8 +126,6 @@ class Server:
 
 
 def _free_port() -> int:
-    from tests.services import free_port
-
     return free_port()
 
 

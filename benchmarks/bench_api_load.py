@@ -40,6 +40,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 import httpx  # noqa: E402
+import uvicorn  # noqa: E402
+from fastapi import FastAPI  # noqa: E402
 
 from benchmarks.bench_api import (  # noqa: E402
     CLUSTER,
@@ -61,9 +63,6 @@ REQUEST_TIMEOUT_S = 30.0
 
 def serve_bare(port: int) -> None:
     """The baseline server (run in a subprocess by this script): one trivial JSON handler."""
-    import uvicorn
-    from fastapi import FastAPI
-
     app = FastAPI()
 
     @app.get("/v1/clusters/{cluster}/{what}")

@@ -40,6 +40,10 @@ from typing import Any  # noqa: E402
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+import pickle  # noqa: E402
+import subprocess  # noqa: E402
+import tempfile  # noqa: E402
+
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
@@ -121,8 +125,8 @@ def numbers(report: Any) -> dict[str, Any]:
 
 
 def timed_fit_all(frame: pd.DataFrame) -> tuple[float, Any]:
-    from benchmarks.accuracy.fitsynth import H100_BF16_FLOPS, llama8b_prefill_flops
-    from planner.fit.orchestrate import fit_all
+    from benchmarks.accuracy.fitsynth import H100_BF16_FLOPS, llama8b_prefill_flops  # noqa: PLC0415 - baseline: this module also runs with a git revision's tree first on sys.path (bench --baseline); ours import there, after the path is set
+    from planner.fit.orchestrate import fit_all  # noqa: PLC0415 - baseline: this module also runs with a git revision's tree first on sys.path (bench --baseline); ours import there, after the path is set
 
     t0 = time.perf_counter()
     report = fit_all(frame, prefill_flops=llama8b_prefill_flops, peak_flops=H100_BF16_FLOPS)
@@ -131,9 +135,7 @@ def timed_fit_all(frame: pd.DataFrame) -> tuple[float, Any]:
 
 def worker(frame_path: str, out_path: str, tree: str) -> None:
     """Run in the baseline tree (its directory first on sys.path): time fit_all, dump."""
-    import pickle
-
-    import planner
+    import planner  # noqa: PLC0415 - baseline: this module also runs with a git revision's tree first on sys.path (bench --baseline); ours import there, after the path is set
 
     if not str(Path(planner.__file__).resolve()).startswith(str(Path(tree).resolve())):
         raise SystemExit(f"baseline worker imported planner from {planner.__file__}, not {tree}")
@@ -148,10 +150,6 @@ def worker(frame_path: str, out_path: str, tree: str) -> None:
 
 def baseline_fits(frame: pd.DataFrame, rev: str) -> dict[str, Any]:
     """fit_all of revision ``rev`` (git archive into a temp dir) on ``frame``, subprocess."""
-    import pickle
-    import subprocess
-    import tempfile
-
     with (
         revision_tree(rev, ("core", "store", "collector", "planner"), who="bench_fit") as tree,
         tempfile.TemporaryDirectory(prefix="bench-fit-") as tmp,
@@ -216,8 +214,8 @@ def main() -> None:
         help="git revision of the fits to compare with (default: before statsmodels)",
     )
     args = ap.parse_args()
-    from benchmarks.accuracy.fitsynth import synthetic_frame
-    from planner.frames.frames import engine_frame
+    from benchmarks.accuracy.fitsynth import synthetic_frame  # noqa: PLC0415 - baseline: this module also runs with a git revision's tree first on sys.path (bench --baseline); ours import there, after the path is set
+    from planner.frames.frames import engine_frame  # noqa: PLC0415 - baseline: this module also runs with a git revision's tree first on sys.path (bench --baseline); ours import there, after the path is set
 
     n_windows = int(args.days * 1440)
     frame = synthetic_frame(args.engines, n_windows, seed=args.seed)

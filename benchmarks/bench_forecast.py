@@ -24,6 +24,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 import numpy as np  # noqa: E402
+import statsmodels.tsa.exponential_smoothing.ets  # noqa: E402
+import statsmodels.tsa.statespace.sarimax  # noqa: E402, F401
 
 from core.records import Window, labels_of  # noqa: E402
 from planner.forecast.demand import demand_series_from_windows, forecast_demand  # noqa: E402
@@ -58,8 +60,6 @@ def main() -> None:
     args = ap.parse_args()
 
     t = time.perf_counter()
-    import statsmodels.tsa.exponential_smoothing.ets
-    import statsmodels.tsa.statespace.sarimax  # noqa: F401
 
     print(f"statsmodels import (one-off)  {time.perf_counter() - t:7.3f} s")
     wins = windows(args.engines, args.days, seed=0)

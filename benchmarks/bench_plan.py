@@ -46,6 +46,9 @@ from typing import Any, TypeVar  # noqa: E402
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+import psycopg  # noqa: E402
+import sqlalchemy  # noqa: E402
+
 from benchmarks import gitrev, plan_whole, replicate_store  # noqa: E402
 from benchmarks.accuracy.fitsynth import frame_to_windows, synthetic_frame  # noqa: E402
 from planner.frames.table import PLAN_COLUMNS  # noqa: E402
@@ -160,10 +163,7 @@ def whole_process(
 def copy_to_postgres(sqlite_path: Path, url: str) -> None:
     """This tree's SQLite store into a migrated PostgreSQL: the inventory through the
     Store, series, head and chunks by COPY (the chunks' day partitions made first)."""
-    import psycopg
-    import sqlalchemy
-
-    from store import partitions
+    from store import partitions  # noqa: PLC0415 - baseline: this module also runs with a git revision's tree first on sys.path (bench --baseline); ours import there, after the path is set
 
     dsn = url.replace("postgresql+psycopg://", "postgresql://")
     with Store(url) as store:
@@ -254,7 +254,7 @@ def main() -> None:
             return
         pg: tuple[str, str] | None = None
         if args.postgres or args.skip_sqlite:
-            from tests.services import postgres
+            from tests.services import postgres  # noqa: PLC0415 - baseline: this module also runs with a git revision's tree first on sys.path (bench --baseline); ours import there, after the path is set
 
             server = stack.enter_context(postgres())
             new_url, old_url = _databases(server)
@@ -289,8 +289,6 @@ def scaled(new: Path, args: argparse.Namespace) -> None:
 
 def _databases(server: str) -> tuple[str, str]:
     """Two fresh databases on the throwaway server: this tree's and the baseline's."""
-    import psycopg
-
     admin = server.replace("postgresql+psycopg://", "postgresql://")
     urls = []
     with psycopg.connect(admin, autocommit=True) as pg:

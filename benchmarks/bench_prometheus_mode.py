@@ -61,8 +61,10 @@ import httpx  # noqa: E402
 
 from benchmarks import promdata  # noqa: E402
 from benchmarks.bench_collector_load import cpu_s  # noqa: E402
+from collector.promsource import PrometheusSource  # noqa: E402
 from core.catalog import SIGNALS  # noqa: E402
-from tests.services import free_port  # noqa: E402
+from store.store import Store  # noqa: E402
+from tests.services import free_port, postgres  # noqa: E402
 
 PROMETHEUS = "/usr/bin/prometheus"
 PROMTOOL = "/usr/bin/promtool"
@@ -256,8 +258,6 @@ def run_collect(
 
 def check_store(db: str, data: Data, written: int) -> list[str]:
     """Failures (empty: all good): coverage of every engine and the window count."""
-    from store.store import Store
-
     first = math.ceil(data.start / WINDOW_S) * WINDOW_S
     expected = set(range(int(first), int(data.end) - WINDOW_S + 1, WINDOW_S))
     problems = []
@@ -308,8 +308,6 @@ def promql_increase(ts: list[float], vs: list[float], end: float, range_s: float
 
 def spot_check(db: str, data: Data) -> tuple[list[str], str]:
     """One restarting engine's SPOT_SIGNAL windows against the generator's own samples."""
-    from store.store import Store
-
     index = next((i for i in range(data.engines) if i % promdata.RESTART_EVERY == 3), 0)
     eng = promdata.Engine(index, data.start, data.steps, data.seed)
     keep = eng.present.tolist()
@@ -352,8 +350,6 @@ def spot_check(db: str, data: Data) -> tuple[list[str], str]:
 def baseline(url: str, prom: subprocess.Popen[bytes], data: Data, n: int) -> dict[str, float]:
     """The same client in this process over ``n`` engines: per-engine loop vs one query per
     signal for all ``n`` (module docstring, 5)."""
-    from collector.promsource import PrometheusSource
-
     start, end = data.start, data.end + WINDOW_S
     names = [promdata.instance(i) for i in range(n)]
     out: dict[str, float] = {}
@@ -425,8 +421,6 @@ def main() -> int:
             problems += spot
             print(note, flush=True)
             if args.postgres:
-                from tests.services import postgres
-
                 with postgres() as pg:
                     pg_run = run_collect(url, prom, pg, data, tmp=tmp, timeout=args.timeout)
                     report("kvscope collect --prometheus, PostgreSQL 15", pg_run, data)

@@ -25,9 +25,12 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+import psycopg
+
 from core.records import Kind, Window
 from store.store import Store
 from store.writes import HEAD_COLUMNS
+from tests import services
 
 COLUMNS = list(HEAD_COLUMNS)
 KEY = ("series_id", "start")
@@ -151,10 +154,6 @@ def bench_sqlite(
 def bench_postgres(
     windows: list[Window], tuples: list[tuple[Any, ...]], batch: int, reps: int
 ) -> None:
-    import psycopg
-
-    from tests import services
-
     n = len(windows)
     with services.postgres() as url:
         with Store(url) as store:

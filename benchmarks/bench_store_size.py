@@ -17,6 +17,9 @@ Targets: <= 40 B a window; write CPU within +-10 % of the old code's.
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import importlib
+import importlib.util
 import json
 import math
 import os
@@ -32,8 +35,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
+import numpy as np
+import psycopg
+
 if TYPE_CHECKING:
-    import numpy as np
     import numpy.typing as npt
 
     from core.records import SignalSample, Window
@@ -71,9 +76,7 @@ class Workload:
 
 def build_workload(mix: str, engines: int, days: float, seed: int, out: Path) -> Workload:
     """The ``mix`` workload in ``out``: batches of one minute of the whole cluster."""
-    import dataclasses
-
-    from core.records import Window
+    from core.records import Window  # noqa: PLC0415 - baseline: this module also runs with a git revision's tree first on sys.path (bench --baseline); ours import there, after the path is set
 
     fields = tuple(f.name for f in dataclasses.fields(Window))
     t0 = time.perf_counter()
@@ -102,9 +105,7 @@ def read_batches(path: Path) -> Iterator[list[tuple[Any, ...]]]:
 def _plan_batches(engines: int, days: float, seed: int) -> Iterator[list[Window]]:
     """fitsynth's windows (the signals the plan reads), a minute of every engine a batch;
     counter windows with rate = delta / length, as the rollup writes them."""
-    import dataclasses
-
-    from benchmarks.accuracy.fitsynth import frame_to_windows, synthetic_frame
+    from benchmarks.accuracy.fitsynth import frame_to_windows, synthetic_frame  # noqa: PLC0415 - baseline: this module also runs with a git revision's tree first on sys.path (bench --baseline); ours import there, after the path is set
 
     frame = synthetic_frame(engines, max(1, round(days * 1440)), seed=seed)
     frame = frame.sort_values(["start", "source"], kind="stable", ignore_index=True)
@@ -142,8 +143,6 @@ class _Target:
     """One scraped target (a vLLM engine or an LMCache server) with moving values."""
 
     def __init__(self, name: str, template: list[SignalSample], rng: np.random.Generator) -> None:
-        import numpy as np
-
         self.name, self.rng = name, rng
         self.phase = rng.uniform(0, 2 * math.pi)
         self.ar = 0.0
@@ -170,9 +169,7 @@ class _Target:
 
     def chunk(self, stamps: list[float]) -> list[list[SignalSample]]:
         """The samples of each scrape at ``stamps``: load follows a day's cycle and an AR(1)."""
-        import numpy as np
-
-        from core.records import SignalSample
+        from core.records import SignalSample  # noqa: PLC0415 - baseline: this module also runs with a git revision's tree first on sys.path (bench --baseline); ours import there, after the path is set
 
         rng, k = self.rng, len(stamps)
         ts = np.asarray(stamps)
@@ -213,7 +210,7 @@ class _Target:
 
 def _template(name: str, keep: dict[str, str] | None = None) -> list[SignalSample]:
     """The canonical samples of a fixture exposition (only those whose labels include ``keep``)."""
-    from collector.parse import read_exposition
+    from collector.parse import read_exposition  # noqa: PLC0415 - baseline: this module also runs with a git revision's tree first on sys.path (bench --baseline); ours import there, after the path is set
 
     text = (FIXTURES / name).read_text()
     samples = read_exposition(text, name, 0.0).samples
@@ -223,10 +220,8 @@ def _template(name: str, keep: dict[str, str] | None = None) -> list[SignalSampl
 
 def _full_batches(engines: int, days: float, seed: int) -> Iterator[list[Window]]:
     """Every window a tick of the collector closes across all targets, one batch a tick."""
-    import numpy as np
-
-    from collector.rollup import Rollup
-    from core.records import Snapshot
+    from collector.rollup import Rollup  # noqa: PLC0415 - baseline: this module also runs with a git revision's tree first on sys.path (bench --baseline); ours import there, after the path is set
+    from core.records import Snapshot  # noqa: PLC0415 - baseline: this module also runs with a git revision's tree first on sys.path (bench --baseline); ours import there, after the path is set
 
     rng = np.random.default_rng(seed)
     engine = _template(ENGINE_EXPOSITION, {"engine": "0"})
@@ -277,9 +272,6 @@ def server_cpu(postmaster: int) -> float:
 
 def _import_from(tree: str) -> tuple[Any, Any, str]:
     """(Window, Store, where Store was found) of the packages in ``tree``."""
-    import importlib
-    import importlib.util
-
     under = tree.rstrip(os.sep) + os.sep
 
     def ours(name: str) -> bool:
@@ -300,8 +292,6 @@ def _import_from(tree: str) -> tuple[Any, Any, str]:
 
 def child(spec: dict[str, Any]) -> dict[str, Any]:
     """Write the workload into a fresh store with the tree's code; the timings as a dict."""
-    import dataclasses
-
     tree = spec["tree"]
     window_cls, store_cls, where = _import_from(tree)
     names = tuple(f.name for f in dataclasses.fields(window_cls))
@@ -386,8 +376,6 @@ SELECT CASE WHEN n.nspname = 'public' THEN c.relname ELSE n.nspname || '.' || c.
 def pg_sizes(dsn: str) -> dict[str, Any]:
     """pg_total_relation_size (heap, TOAST, indexes, FSM/VM) of every table of the database,
     a partitioned one summed over its leaf partitions, after VACUUM ANALYZE."""
-    import psycopg
-
     with psycopg.connect(dsn, autocommit=True) as pg:
         pg.execute("VACUUM ANALYZE")
         tables = {str(name): int(size) for name, size in pg.execute(PG_SIZES).fetchall()}
@@ -449,7 +437,7 @@ def bench_backend(
     with ExitStack() as stack:
         server, postmaster = "", 0
         if backend == "postgresql":
-            from tests import services
+            from tests import services  # noqa: PLC0415 - baseline: this module also runs with a git revision's tree first on sys.path (bench --baseline); ours import there, after the path is set
 
             server = stack.enter_context(services.postgres())
             postmaster = _postmaster(server)
@@ -489,8 +477,6 @@ def _run_line(run: dict[str, Any], size: dict[str, Any], windows: int) -> str:
 
 
 def _postmaster(url: str) -> int:
-    import psycopg
-
     with psycopg.connect(url.replace("postgresql+psycopg://", "postgresql://")) as pg:
         row = pg.execute("SELECT pg_backend_pid()").fetchone()
     assert row is not None
@@ -499,8 +485,6 @@ def _postmaster(url: str) -> int:
 
 def _pg_database(server: str, name: str) -> tuple[str, str]:
     """A new empty database on the server: (its SQLAlchemy URL, its libpq DSN)."""
-    import psycopg
-
     admin = server.replace("postgresql+psycopg://", "postgresql://")
     with psycopg.connect(admin, autocommit=True) as pg:
         pg.execute(f"CREATE DATABASE {name} TEMPLATE template0")  # no one is connected to it
@@ -509,8 +493,6 @@ def _pg_database(server: str, name: str) -> tuple[str, str]:
 
 
 def _pg_drop(server: str, name: str) -> None:
-    import psycopg
-
     with psycopg.connect(server.replace("postgresql+psycopg://", "postgresql://"),
                          autocommit=True) as pg:  # fmt: skip
         pg.execute(f"DROP DATABASE {name} WITH (FORCE)")
@@ -617,7 +599,7 @@ def main() -> None:
         elif args.baseline == WORKTREE:
             old, old_name = ROOT, "the working tree"
         else:
-            from benchmarks import plan_whole
+            from benchmarks import plan_whole  # noqa: PLC0415 - baseline: this module also runs with a git revision's tree first on sys.path (bench --baseline); ours import there, after the path is set
 
             old = stack.enter_context(plan_whole.revision_tree(args.baseline))
             old_name = args.baseline

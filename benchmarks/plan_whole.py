@@ -27,6 +27,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import psycopg
+
 from benchmarks import gitrev
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -87,8 +89,6 @@ def revision_tree(rev: str) -> AbstractContextManager[Path]:
 def postgres_cpu(url: str) -> Callable[[], float]:
     """The CPU seconds of a local PostgreSQL so far: its postmaster, the children it reaped
     (each backend of a plan, once it ends) and the children alive."""
-    import psycopg
-
     dsn = url.replace("postgresql+psycopg://", "postgresql://")
     with psycopg.connect(dsn) as pg:
         backend = pg.execute("SELECT pg_backend_pid()").fetchone()
@@ -258,6 +258,6 @@ def differs_at(a: str, b: str) -> list[str]:
 
 
 def _redacted(url: str) -> str:
-    from store.store import redact
+    from store.store import redact  # noqa: PLC0415 - baseline: this module also runs with a git revision's tree first on sys.path (bench --baseline); ours import there, after the path is set
 
     return redact(url)

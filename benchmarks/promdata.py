@@ -33,6 +33,7 @@ from typing import IO
 
 import numpy as np
 from numpy.typing import NDArray
+from scipy.special import erf
 
 from core import catalog
 
@@ -273,8 +274,6 @@ class Engine:
 
 def _erf(x: NDArray[np.float64]) -> NDArray[np.float64]:
     """Vectorised erf (math.erf per element is too slow at this size)."""
-    from scipy.special import erf
-
     out: NDArray[np.float64] = erf(x)
     return out
 

@@ -14,14 +14,19 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import hashlib
 import json
 import logging
 import marshal
 import os
+import re
 import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import IO, Any
+
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import ArgumentError
 
 from collector.rollup import Rollup
 from core.errors import ConfigError
@@ -267,12 +272,6 @@ def state_dir_for(url: str, env: Mapping[str, str]) -> Path | None:
       one per store: spooled windows are only ever written to the store they were meant for;
     * an in-memory SQLite database: None (nothing outlives the process anyway).
     """
-    import hashlib
-    import re
-
-    from sqlalchemy.engine import make_url
-    from sqlalchemy.exc import ArgumentError
-
     try:
         parsed = make_url(url)
     except (ArgumentError, ValueError):

@@ -17,6 +17,13 @@ from collections.abc import Iterable, Sequence
 from datetime import UTC, datetime
 from typing import Any, Literal
 
+import requests
+from prometheus_api_client import PrometheusConnect
+from prometheus_api_client.exceptions import PrometheusApiClientException
+from urllib3.exceptions import MaxRetryError, NewConnectionError, ResponseError
+from urllib3.exceptions import TimeoutError as Urllib3Timeout
+from urllib3.util.retry import Retry
+
 from collector.rollup import per_bucket, ratio_window
 from core.catalog import (
     DCGM_GPU_FAMILY,
@@ -115,10 +122,6 @@ class PrometheusSource:
         max_points: int = MAX_POINTS,
         headers: dict[str, str] | None = None,
     ) -> None:
-        import requests
-        from prometheus_api_client import PrometheusConnect
-        from urllib3.util.retry import Retry
-
         if not url.startswith(("http://", "https://")):
             raise ConfigError(f"prometheus URL must start with http:// or https://: {url!r}")
         if max_points < 2:
@@ -153,9 +156,6 @@ class PrometheusSource:
         self.close()
 
     def _call(self, what: str, fn: Any, *args: Any, **kw: Any) -> Any:
-        import requests
-        from prometheus_api_client.exceptions import PrometheusApiClientException
-
         try:
             return fn(*args, **kw)
         except _Partial as exc:
@@ -174,10 +174,6 @@ class PrometheusSource:
         """(kind, why) of a requests error. After urllib3's retries a timeout arrives as a
         ConnectionError around MaxRetryError(ReadTimeoutError) and too many 5xx as a
         RetryError; their text repeats the whole URL (the PromQL), left out here."""
-        import requests
-        from urllib3.exceptions import MaxRetryError, NewConnectionError, ResponseError
-        from urllib3.exceptions import TimeoutError as Urllib3Timeout
-
         reason: object = exc.args[0] if exc.args else exc
         tries = ""
         if isinstance(reason, MaxRetryError):

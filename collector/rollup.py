@@ -20,6 +20,7 @@ from itertools import pairwise
 from operator import add, sub
 from typing import Any
 
+from core.catalog import BUCKET_SIGNALS, DERIVED_RATIOS
 from core.errors import ConfigError
 from core.records import Kind, Labels, SignalSample, Snapshot, Window
 
@@ -143,8 +144,6 @@ class Rollup:
         if stale_windows < 1:
             raise ConfigError(f"rollup stale_windows must be >= 1: {stale_windows}")
         if ratios is None or keep_buckets is None:
-            from core.catalog import BUCKET_SIGNALS, DERIVED_RATIOS
-
             ratios = DERIVED_RATIOS if ratios is None else ratios
             keep_buckets = BUCKET_SIGNALS if keep_buckets is None else keep_buckets
         self.source = source

@@ -16,6 +16,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
+from core.errors import ConfigError
+
 # Re-exported (PEP 484 `as` form): the simulator spells labels through the catalogue alone.
 from core.records import Labels as Labels  # noqa: PLC0414
 
@@ -459,8 +461,6 @@ def _get(signal: str) -> SignalDef:
     try:
         return SIGNALS[signal]
     except KeyError:
-        from core.errors import ConfigError
-
         raise ConfigError(f"unknown signal {signal!r} (see core.catalog.SIGNALS)") from None
 
 
@@ -509,8 +509,6 @@ def fact_selector(key: str, matchers: str = "") -> str:
     try:
         family = FACTS[key]
     except KeyError:
-        from core.errors import ConfigError
-
         raise ConfigError(f"unknown fact family {key!r} (one of {', '.join(FACTS)})") from None
     return _selector(_with_rewrite([family]), [_clean(matchers)])
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
+from core.errors import ConfigError
 from core.kvscope_metrics import (
     COLLECTOR_SCRAPE_DURATION,
     COLLECTOR_SCRAPES,
@@ -282,6 +283,5 @@ def find(metric: str, operation: str, level: str = "engine", quantile: str = "")
             not quantile or r.labels.get("quantile") == quantile
         ):
             return r
-    from core.errors import ConfigError
 
     raise ConfigError(f"no recording rule {level}:{metric}:{operation} {quantile}".strip())

@@ -12,6 +12,7 @@ import sys
 
 import typer
 
+import kvscope.commands as pkg
 from core.errors import KvscopeError
 
 
@@ -19,8 +20,6 @@ def build_app(only: str | None = None) -> typer.Typer:
     """The command tree: every command, or only those of module ``only`` of kvscope.commands
     (``main`` builds just the one it runs: building all of them costs ~0.1 s of start-up,
     most of a small command's time)."""
-    import kvscope.commands as pkg
-
     built = typer.Typer(
         name="kvscope",
         help="Observability and capacity planning for vLLM + LMCache clusters.",

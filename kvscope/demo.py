@@ -23,7 +23,23 @@ from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 from urllib.parse import quote
 
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import ArgumentError
+
+from collector.keep import parse_keep
+from collector.run import DirectParts, collect_direct, run_until_signalled
+from collector.run_config import DirectConfig
+from collector.scrape import parse_targets
 from core.errors import ConfigError
+from dashboards.generate import write as write_surfaces
+from kvscope.replan import save_plan
+from planner.plan import build_plan
+from planner.report.plan_text import summary_text
+from planner.report.plots import PLOT_FILES, write_plots
+from planner.simulate.metrics_server import ClusterServer, LiveCluster, targets_document
+from planner.simulate.scenario import parse_scenario, read_scenario_file
+from planner.simulate.scenarios import scenario_file
+from store.store import Store
 
 if TYPE_CHECKING:
     from collector.keep import Keep
@@ -32,7 +48,6 @@ if TYPE_CHECKING:
     from planner.plan import Plan
     from planner.simulate.metrics_server import LiveCluster
     from planner.simulate.scenario import Scenario
-    from store.store import Store
 
 DEFAULT_SCENARIO = "demo"  # a bundled scenario name (planner.simulate.scenarios: package data)
 SCRAPE_INTERVAL_S = 15.0  # simulated seconds between scrapes (Prometheus' usual 15 s)
@@ -93,9 +108,6 @@ class DemoResult:
 def load_demo_scenario(scenario: str | Path, sim_hours: float, seed: int) -> Scenario:
     """The scenario (a file or a bundled name, planner.simulate.scenarios.scenario_file) with
     ``duration_s`` = ``sim_hours`` (whole windows) and ``seed``."""
-    from planner.simulate.scenario import parse_scenario, read_scenario_file
-    from planner.simulate.scenarios import scenario_file
-
     if not (math.isfinite(sim_hours) and sim_hours > 0):
         raise ConfigError(f"--sim-hours must be > 0, got {sim_hours!r}")
     windows = max(2, round(sim_hours * 3600 / WINDOW_S))
@@ -109,8 +121,6 @@ def load_demo_scenario(scenario: str | Path, sim_hours: float, seed: int) -> Sce
 def clear_outputs(out: Path) -> list[Path]:
     """Delete the PNGs an earlier run wrote in ``out`` (only the demo's own file names), so
     a plot this run cannot draw does not linger from a previous one. Returns what it deleted."""
-    from planner.report.plots import PLOT_FILES
-
     gone = []
     for name in PLOT_FILES:
         path = out / name
@@ -126,9 +136,6 @@ def clear_outputs(out: Path) -> list[Path]:
 def fresh_sqlite(url: str) -> None:
     """Delete a SQLite file store (and its journals) so a re-run starts empty; create its
     directory. Other stores are kept (the plan reads only this run's period)."""
-    from sqlalchemy.engine import make_url
-    from sqlalchemy.exc import ArgumentError
-
     try:
         parsed = make_url(url)
     except ArgumentError as exc:
@@ -228,9 +235,6 @@ def _collect(
     err: IO[str],
     keep: Keep,
 ) -> CollectStats:
-    from collector.run import DirectParts, collect_direct, run_until_signalled
-    from collector.run_config import DirectConfig
-
     clock = SimClock(live, epoch0, speed)
     duration = live.sim.end_time
     progress = _Progress(clock, duration, len(targets), err)
@@ -287,10 +291,6 @@ def _serve_and_collect(
 ) -> _Collected:
     """Serve the simulated cluster on 127.0.0.1 and collect it; the servers are closed on
     the way out, whatever happens."""
-    from collector.keep import parse_keep
-    from collector.scrape import parse_targets
-    from planner.simulate.metrics_server import ClusterServer, LiveCluster, targets_document
-
     duration = scenario.duration_s
     live = LiveCluster(scenario, opts.speed)
     server = ClusterServer(live, "127.0.0.1", 0)
@@ -334,17 +334,10 @@ def run_demo(opts: DemoOptions, *, err: IO[str] | None = None) -> DemoResult:
     (Ctrl-C) stops the collection: the windows so far are flushed to the store, the servers
     closed, and the interrupt re-raised. Nothing started here outlives the call.
     """
-    from dashboards.generate import write as write_surfaces
-    from kvscope.replan import save_plan
-    from planner.plan import build_plan
-    from planner.report.plots import write_plots
-    from store.store import Store
-
     err = err or sys.stderr
     t0 = time.monotonic()
     if not (math.isfinite(opts.speed) and opts.speed > 0):
         raise ConfigError(f"--speed must be > 0, got {opts.speed!r}")
-    from collector.keep import parse_keep
 
     parse_keep(opts.keep)  # a bad --keep fails before the store is reset
     scenario = load_demo_scenario(opts.scenario, opts.sim_hours, opts.seed)
@@ -407,8 +400,6 @@ def run_demo(opts: DemoOptions, *, err: IO[str] | None = None) -> DemoResult:
 
 def summary(result: DemoResult) -> str:
     """The readable summary: what was simulated, the plan (planner.report.plan_text), the files."""
-    from planner.report.plan_text import summary_text
-
     sc = result.scenario
     per_target = Counter(e["offload"] for e in result.endpoints["engines"])
     head = [

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 from core.errors import ConfigError, KvscopeError, StoreError
 from core.kvscope_metrics import kvscope_version
+from planner.plan import NoData, plan_records
 
 if TYPE_CHECKING:
     from planner.plan import Plan
@@ -56,8 +57,6 @@ def save_plan(store: Store, plan: Plan, cluster: str, *, created_at: float) -> l
 
 
 def _records(plan: Plan, cluster: str, created_at: float) -> list[PlanRecord]:
-    from planner.plan import plan_records
-
     return plan_records(plan, cluster=cluster, version=kvscope_version(), created_at=created_at)
 
 
@@ -110,8 +109,6 @@ class ReplanStats:
 
 
 def _kind(exc: BaseException) -> str:
-    from planner.plan import NoData
-
     if isinstance(exc, NoData):
         return "no_data"
     if isinstance(exc, StoreError):
@@ -249,8 +246,6 @@ def _round(
         clusters = []
     else:
         if not clusters:
-            from planner.plan import NoData
-
             fail("the store", NoData("no cluster registered yet: run `kvscope collect` first"))
     for name in clusters:
         since = None if since_s is None else started - since_s

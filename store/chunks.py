@@ -45,7 +45,7 @@ def hour_of(start: float) -> float:
 
 def hours_of(starts: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:
     """:func:`hour_of` of each start."""
-    import numpy as np
+    import numpy as np  # noqa: PLC0415 - start-up: numpy (~0.09 s) off `import store.store` (kvscope plans, db migrate, serve)
 
     return np.floor(starts / HOUR_S) * HOUR_S
 
@@ -65,7 +65,7 @@ def encode_many(
     or None for NULL): chunk i holds rows ``offsets[i]:offsets[i + 1]`` and the buckets
     BLOBs ``blobs`` has of them (by row). Each is :func:`encode`'s of its rows; the values
     are shuffled one numpy pass per layout (rows, columns present), not one per chunk."""
-    import numpy as np
+    import numpy as np  # noqa: PLC0415 - start-up: numpy (~0.09 s) off `import store.store` (kvscope plans, db migrate, serve)
 
     width = len(COLUMNS)
     table = np.asarray(values, dtype=np.float64).reshape(-1, width)
@@ -114,7 +114,7 @@ def layout(chunk: bytes) -> tuple[int, int]:
 
 def decode(chunk: bytes) -> list[Row]:
     """The rows of one chunk, floats as Python floats (NaN for NULL), buckets BLOB or None."""
-    import numpy as np
+    import numpy as np  # noqa: PLC0415 - start-up: numpy (~0.09 s) off `import store.store` (kvscope plans, db migrate, serve)
 
     n, mask = layout(chunk)
     payload = _inflate(chunk)
@@ -135,7 +135,7 @@ def decode_many(
     Chunks of one layout (rows, columns) are inflated a batch at a time, only up to the
     last wanted column, and each wanted column is unshuffled straight into its place.
     """
-    import numpy as np
+    import numpy as np  # noqa: PLC0415 - start-up: numpy (~0.09 s) off `import store.store` (kvscope plans, db migrate, serve)
 
     sizes, masks = layouts(chunks)
     keys = sizes << 16 | (masks & (BUCKETS_BIT - 1))  # buckets or not: one layout
@@ -179,7 +179,7 @@ def decode_many(
 
 def layouts(chunks: Sequence[bytes]) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
     """The rows and the column bitmask of each chunk (ValueError: one is not a chunk)."""
-    import numpy as np
+    import numpy as np  # noqa: PLC0415 - start-up: numpy (~0.09 s) off `import store.store` (kvscope plans, db migrate, serve)
 
     heads = b"".join([c[: _HEADER.size] for c in chunks])
     if len(heads) != _HEADER.size * len(chunks):
@@ -197,7 +197,7 @@ def layouts(chunks: Sequence[bytes]) -> tuple[npt.NDArray[np.int64], npt.NDArray
 def _inflate_many(chunks: Sequence[bytes], n: int, k: int, cut: bool) -> npt.NDArray[np.uint8]:
     """The first ``k`` shuffled columns of chunks of ``n`` rows, as (chunks, k, 8, n) bytes;
     ``cut``: the payloads hold more, inflate only that much."""
-    import numpy as np
+    import numpy as np  # noqa: PLC0415 - start-up: numpy (~0.09 s) off `import store.store` (kvscope plans, db migrate, serve)
 
     size = k * n * 8
     start = _HEADER.size
@@ -237,7 +237,7 @@ def _inflate(chunk: bytes) -> bytes:
 
 
 def _columns(payload: bytes, n: int, mask: int) -> tuple[npt.NDArray[np.float64], bytes]:
-    import numpy as np
+    import numpy as np  # noqa: PLC0415 - start-up: numpy (~0.09 s) off `import store.store` (kvscope plans, db migrate, serve)
 
     k = bin(mask & (BUCKETS_BIT - 1)).count("1")
     size = k * n * 8
@@ -248,7 +248,7 @@ def _columns(payload: bytes, n: int, mask: int) -> tuple[npt.NDArray[np.float64]
 
 
 def _blobs(rest: bytes, n: int) -> list[bytes | None]:
-    import numpy as np
+    import numpy as np  # noqa: PLC0415 - start-up: numpy (~0.09 s) off `import store.store` (kvscope plans, db migrate, serve)
 
     if len(rest) < 4 * n:
         raise ValueError("a chunk's bucket lengths are cut short")

@@ -28,7 +28,7 @@ DELTA_MEAN_KINDS = ("histogram", "ratio")
 def buckets(sid: Ints, start: Floats) -> Ints:
     """Index of each row's first row in its (series, bucket) group; rows sorted by series,
     then start."""
-    import numpy as np
+    import numpy as np  # noqa: PLC0415 - start-up: numpy (~0.09 s) off `import store.store` (kvscope plans, db migrate, serve)
 
     bucket = np.floor(start / STEP_S)
     if sid.size == 0:
@@ -40,7 +40,7 @@ def buckets(sid: Ints, start: Floats) -> Ints:
 
 
 def _sum(x: Floats, first: Ints) -> Floats:
-    import numpy as np
+    import numpy as np  # noqa: PLC0415 - start-up: numpy (~0.09 s) off `import store.store` (kvscope plans, db migrate, serve)
 
     known = ~np.isnan(x)
     total: Floats = np.add.reduceat(np.where(known, x, 0.0), first)
@@ -50,7 +50,7 @@ def _sum(x: Floats, first: Ints) -> Floats:
 
 
 def _weighted(x: Floats, w: Floats, first: Ints) -> Floats:
-    import numpy as np
+    import numpy as np  # noqa: PLC0415 - start-up: numpy (~0.09 s) off `import store.store` (kvscope plans, db migrate, serve)
 
     ok = ~np.isnan(x) & ~np.isnan(w) & (w > 0)
     num = np.add.reduceat(np.where(ok, x * np.where(ok, w, 0.0), 0.0), first)
@@ -61,7 +61,7 @@ def _weighted(x: Floats, w: Floats, first: Ints) -> Floats:
 
 
 def _last(x: Floats, first: Ints) -> Floats:
-    import numpy as np
+    import numpy as np  # noqa: PLC0415 - start-up: numpy (~0.09 s) off `import store.store` (kvscope plans, db migrate, serve)
 
     idx = np.where(~np.isnan(x), np.arange(x.size), -1)
     pick = np.maximum.reduceat(idx, first)
@@ -74,7 +74,7 @@ def downsample(
 ) -> tuple[Ints, dict[str, Floats]]:
     """The longer windows of rows sorted by series then start (DESIGN.md#downsample_math);
     ``delta_mean``: per row, whether its series' mean is weighted by delta."""
-    import numpy as np
+    import numpy as np  # noqa: PLC0415 - start-up: numpy (~0.09 s) off `import store.store` (kvscope plans, db migrate, serve)
 
     first = buckets(sid, cols["start"])
     out: dict[str, Floats] = {"start": np.floor(cols["start"][first] / STEP_S) * STEP_S}

@@ -76,7 +76,7 @@ def frame_columns(columns: Iterable[str] | None) -> tuple[str, ...]:
 
 def windows_frame(windows: Iterable[Window], columns: Iterable[str] | None = None) -> pd.DataFrame:
     """The frame Store.read_frame would return for these Window records, in their order."""
-    import numpy as np
+    import numpy as np  # noqa: PLC0415 - start-up: numpy (~0.09 s) off `import store.store` (kvscope plans, db migrate, serve)
 
     cols = frame_columns(columns)
     rows = list(windows)
@@ -112,8 +112,8 @@ def assemble(
     (rows in ``order`` when given: the columns of ``nums`` are then consumed, each one's
     memory taking the next one's rows, so that one new column is made, not one per column:
     fresh memory is what a big read costs most on this project's VM)."""
-    import numpy as np
-    import pandas as pd
+    import numpy as np  # noqa: PLC0415 - start-up: numpy (~0.09 s) off `import store.store` (kvscope plans, db migrate, serve)
+    import pandas as pd  # noqa: PLC0415 - start-up: pandas (~0.23 s) off `import store.store`; only the planner reads frames
 
     if order is not None:
         sid = sid[order]
@@ -158,8 +158,8 @@ def sort_order(
     series: Sequence[Series], sid: IntArray, start: npt.NDArray[np.float64], ranks: RankFn
 ) -> IntArray:
     """Row order of read_windows: source, signal, start, labels (text ranks from ``ranks``)."""
-    import numpy as np
-    import pandas as pd
+    import numpy as np  # noqa: PLC0415 - start-up: numpy (~0.09 s) off `import store.store` (kvscope plans, db migrate, serve)
+    import pandas as pd  # noqa: PLC0415 - start-up: pandas (~0.23 s) off `import store.store`; only the planner reads frames
 
     if sid.size == 0:
         return np.zeros(0, dtype=np.int64)
@@ -188,7 +188,7 @@ def _series_order(
 ) -> IntArray | None:
     """sort_order when no two series read share a (source, signal) rank and each series'
     starts rise in row order: the rows by that rank, stable (None: not so)."""
-    import numpy as np
+    import numpy as np  # noqa: PLC0415 - start-up: numpy (~0.09 s) off `import store.store` (kvscope plans, db migrate, serve)
 
     counts = np.bincount(sid, minlength=srcsig.size)
     used = np.flatnonzero(counts)
@@ -205,7 +205,7 @@ def _series_order(
 
 def _stable_argsort(keys: IntArray, top: int) -> IntArray:
     """np.argsort(keys, kind="stable") of keys in [0, top): a radix sort when they fit 16 bits."""
-    import numpy as np
+    import numpy as np  # noqa: PLC0415 - start-up: numpy (~0.09 s) off `import store.store` (kvscope plans, db migrate, serve)
 
     small = keys.astype(np.uint16) if top <= 1 << 16 else keys
     order: IntArray = np.argsort(small, kind="stable")

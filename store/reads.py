@@ -110,7 +110,7 @@ class WindowReader:
         blobs: bool,
         ranks: RankFn,
     ) -> Read:
-        import numpy as np
+        import numpy as np  # noqa: PLC0415 - start-up: numpy (~0.09 s) off `import store.store` (kvscope plans, db migrate, serve)
 
         datas = [bytes(r[1]) for r in chunk_rows]
         try:
@@ -148,7 +148,7 @@ class WindowReader:
 
     def _series_index(self, index: dict[int, int], rows: Sequence[Any]) -> IntArray:
         """The series index of each row (its first value: the series id)."""
-        import numpy as np
+        import numpy as np  # noqa: PLC0415 - start-up: numpy (~0.09 s) off `import store.store` (kvscope plans, db migrate, serve)
 
         ids = np.fromiter((r[0] for r in rows), np.int64, len(rows))
         known = np.fromiter(index, np.int64, len(index))  # ascending: found by id
@@ -170,7 +170,7 @@ class WindowReader:
         ordered: bool = True,
     ) -> pd.DataFrame:
         """Store.read_frame (store/DESIGN.md#frame)."""
-        import numpy as np
+        import numpy as np  # noqa: PLC0415 - start-up: numpy (~0.09 s) off `import store.store` (kvscope plans, db migrate, serve)
 
         cols = frame_columns(columns)
         numeric = ["start", *(c for c in cols if c != "start" and c not in CATEGORY_COLUMNS)]
@@ -192,7 +192,7 @@ class WindowReader:
         only_buckets: bool = False,
     ) -> list[Window]:
         """Store.read_windows / read_buckets: Window records in read_windows' order."""
-        import numpy as np
+        import numpy as np  # noqa: PLC0415 - start-up: numpy (~0.09 s) off `import store.store` (kvscope plans, db migrate, serve)
 
         got = self.columns(signals=signals, sources=sources, cluster=cluster, since=since,
                            until=until, numeric=_NUMERIC, blobs=True,

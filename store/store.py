@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from core.catalog import BUCKET_SIGNALS
 from core.errors import StoreError
 from core.records import BucketSum, Saved, ScrapeOutcome, Window
 from store import migrate as migrations
@@ -123,8 +124,6 @@ class Store:
         """The windows that kept their bucket counts (the catalogue's keep_buckets
         histograms, the default ``signals``), filtered and ordered as read_windows."""
         if signals is None:
-            from core.catalog import BUCKET_SIGNALS
-
             signals = sorted(BUCKET_SIGNALS)
         return self.reader.windows(signals=signals, sources=sources, cluster=cluster,
                                    since=since, until=until, only_buckets=True)  # fmt: skip

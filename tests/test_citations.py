@@ -25,10 +25,11 @@ from planner.domain import citations
 from planner.domain.citations import cited_ids, get_source, parse_registry, registry, source_url
 from planner.plan.build import build_plan
 from store.store import Store
+from tests.packages import PACKAGES
 from tests.planner.synthstore import fill_store, shifted_frame, sqlite_url
 
 ROOT = Path(__file__).resolve().parents[1]
-SHIPPED = ("core", "collector", "store", "planner", "dashboards", "api", "kvscope")
+SHIPPED = PACKAGES
 TEXT_SUFFIXES = (".py", ".md", ".yaml")
 # Citations of an out-of-repo reference file or a machine path an operator cannot open.
 FORBIDDEN = {

@@ -2,8 +2,14 @@
 
 from __future__ import annotations
 
+import pkgutil
 import subprocess
 import sys
+
+from typer.testing import CliRunner
+
+import kvscope.commands as pkg
+from kvscope.cli import app, build_app
 
 
 def test_cli_help_no_args_exits_cleanly() -> None:
@@ -15,8 +21,6 @@ def test_cli_help_no_args_exits_cleanly() -> None:
 
 
 def _help(app: object, args: list[str]) -> tuple[int, str]:
-    from typer.testing import CliRunner
-
     got = CliRunner().invoke(app, args)  # type: ignore[arg-type]
     return got.exit_code, got.output
 
@@ -24,11 +28,6 @@ def _help(app: object, args: list[str]) -> tuple[int, str]:
 def test_cli_built_for_one_command_answers_as_the_whole_tree() -> None:
     """`main` builds only the module of the command it runs: each command's help is that of
     the whole tree, usage errors too, and a name that is no module builds everything."""
-    import pkgutil
-
-    import kvscope.commands as pkg
-    from kvscope.cli import app, build_app
-
     names = [m.name for m in pkgutil.iter_modules(pkg.__path__)]
     assert {"inspect", "db", "plan", "serve", "collect"} <= set(names)
     built = 0

@@ -56,6 +56,9 @@ from dashboards.alerts import ALERTS
 from dashboards.config import DEFAULT
 from dashboards.generate import RULES_DIR, artifacts
 from kvscope.cli import app
+from planner.simulate.cluster import Simulation
+from planner.simulate.scenario import parse_scenario, read_scenario_file
+from planner.simulate.scenarios import scenario_file
 from tests.clirun import run_kvscope
 from tests.services import free_port
 
@@ -435,10 +438,6 @@ def _kvscope_params(command: list[str], values: Mapping[str, str]) -> tuple[list
 @functools.cache
 def _sim_endpoints() -> tuple[int, int]:
     """(engines, LMCache pools) of the scenario the sim service serves."""
-    from planner.simulate.cluster import Simulation
-    from planner.simulate.scenario import parse_scenario, read_scenario_file
-    from planner.simulate.scenarios import scenario_file
-
     command = [_substitute(str(t), _defaults()) for t in SERVICES["sim"]["command"]]
     with scenario_file(command[1]) as path:
         scenario = parse_scenario(read_scenario_file(path), where=str(path), base_dir=path.parent)

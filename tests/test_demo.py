@@ -22,8 +22,12 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 import pytest
+import typer
 import yaml
+from typer.core import TyperGroup
 
+from dashboards.generate import artifacts, check
+from kvscope.cli import app
 from kvscope.demo import (
     DEFAULT_SCENARIO,
     EPOCH_ALIGN_S,
@@ -151,11 +155,6 @@ def test_demo_short_run_summary_names_decision_and_files(short_run: Run) -> None
 
 
 def test_demo_short_run_summary_next_steps_are_runnable_commands(short_run: Run) -> None:
-    import typer
-    from typer.core import TyperGroup
-
-    from kvscope.cli import app
-
     text = summary(short_run.result)
     steps = text[text.index("Next steps") :]
     cluster = short_run.result.plan.cluster
@@ -207,8 +206,6 @@ def test_demo_short_run_writes_valid_pngs(short_run: Run) -> None:
 
 
 def test_demo_short_run_writes_the_dashboards_and_rules_it_names(short_run: Run) -> None:
-    from dashboards.generate import artifacts, check
-
     surfaces = short_run.result.surfaces
     assert {p.relative_to(short_run.out) for p in surfaces} == set(artifacts())
     assert check(short_run.out) == []  # the same bytes `kvscope dashboards build` writes

@@ -9,8 +9,9 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+from tests.packages import PACKAGES
+
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("api", "collector", "core", "dashboards", "planner", "store", "kvscope")
 MAX_LINES = 10
 _Documented = ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef
 

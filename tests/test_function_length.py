@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pytest
 
+from tests.packages import PACKAGES
+
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("api", "collector", "core", "dashboards", "planner", "store", "kvscope")
 MAX_LINES = 120
 REASON = "# long:"
 

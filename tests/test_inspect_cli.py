@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
+import socket
 import subprocess
 import sys
 import threading
@@ -211,8 +213,6 @@ def test_inspect_table_lists_warnings_with_line_kind_and_labels(tmp_path: Path) 
 
 
 def test_inspect_body_cut_short_exits_2_truncated() -> None:
-    import socket
-
     body = FULL.read_bytes()
     head = f"HTTP/1.1 200 OK\r\nContent-Length: {len(body)}\r\n\r\n".encode()
     with socket.create_server(("127.0.0.1", 0)) as srv:
@@ -233,8 +233,6 @@ def test_inspect_body_cut_short_exits_2_truncated() -> None:
 
 def _one_answer(response: bytes) -> tuple[Any, threading.Thread]:
     """A socket server on 127.0.0.1 that answers one request with ``response``."""
-    import socket
-
     srv = socket.create_server(("127.0.0.1", 0))
 
     def answer() -> None:
@@ -259,8 +257,6 @@ def test_inspect_redirect_to_another_origin_is_refused() -> None:
 
 
 def test_inspect_inflated_body_over_the_cap_is_refused() -> None:
-    import gzip
-
     body = gzip.compress(b"# padding\n" * 100_000)  # ~1 MB inflated from a few KB
     head = (f"HTTP/1.1 200 OK\r\nContent-Encoding: gzip\r\nContent-Length: {len(body)}"
             "\r\n\r\n").encode()  # fmt: skip

@@ -27,8 +27,10 @@ from pathlib import Path
 
 import pytest
 
+from tests.packages import PACKAGES
+
 ROOT = Path(__file__).resolve().parents[1]
-OURS = ("core", "collector", "store", "planner", "dashboards", "api", "kvscope")
+OURS = PACKAGES
 COLLECTOR_PUBLIC = frozenset(
     {
         "collector.parse",  # the exposition parser (kvscope inspect, the simulator's checks)

@@ -24,6 +24,7 @@ import subprocess
 import sys
 import threading
 import time
+import uuid
 from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -32,6 +33,7 @@ from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
+import psycopg
 import pytest
 from typer.testing import CliRunner
 
@@ -210,10 +212,6 @@ def pg() -> Iterator[PgServer]:
 
 def _schema(pg: PgServer) -> str:
     """A fresh schema on ``pg``, as a store URL (cheaper than a database)."""
-    import uuid
-
-    import psycopg
-
     schema = f"t_{uuid.uuid4().hex[:16]}"
     with psycopg.connect(pg.url.replace("+psycopg", ""), autocommit=True) as con:
         con.execute(f"CREATE SCHEMA {schema}")

@@ -33,9 +33,9 @@ from pathlib import Path, PurePosixPath
 import pytest
 
 from planner.simulate.scenarios import bundled_names
+from tests.packages import PACKAGES
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("core", "collector", "store", "planner", "dashboards", "api", "kvscope")
 DATA_SUFFIXES = frozenset({".yaml", ".jsonl", ".md", ".json"})  # .json: dashboards/generated
 STUDY_MODULES = frozenset({"accuracy", "fitsynth", "telemetry_gen"})  # benchmarks/accuracy/
 RUN_TIME_DATA = (

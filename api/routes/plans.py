@@ -192,7 +192,7 @@ async def accuracy(cluster: Cluster, store: StoreDep, state: State) -> Response:
     that came after it (forecast coverage, saturation, capacity ratios), and their summary. Scoring
     re-plans the later windows, so it runs on the heavy-work pool (the same answer for
     cache_ttl_s)."""
-    from planner.plan import accuracy_summary, score_plans
+    from planner.plan import accuracy_summary, score_plans  # noqa: PLC0415 - start-up: planner.plan (numpy, pandas: ~0.3 s) loads on the first request, not on the API's start-up
 
     def work() -> dict[str, Any]:
         outcomes = score_plans(store, cluster)

@@ -24,8 +24,8 @@ async def report(cluster: Cluster, store: StoreDep, state: State) -> Response:
     """One self-contained HTML page (images inline): the fits, the forecast band against
     HBM capacity, the decision with its sources and the closed-loop table; built from the
     cluster's windows now (its plan is not stored); the same page for cache_ttl_s."""
-    from planner.plan import NoData
-    from planner.report import render_report
+    from planner.plan import NoData  # noqa: PLC0415 - start-up: planner.plan (numpy, pandas: ~0.3 s) loads on the first request, not on the API's start-up
+    from planner.report import render_report  # noqa: PLC0415 - start-up: planner.report (numpy, pandas: ~0.3 s) loads on the first request, not on the API's start-up
 
     seconds = state.settings.forecast_seconds
 

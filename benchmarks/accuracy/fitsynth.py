@@ -13,12 +13,14 @@ import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+import numpy as np
+import pandas as pd
+from scipy.signal import lfilter
+
 from core.records import Kind, Labels, Window, labels_of
 
 if TYPE_CHECKING:
-    import numpy as np
     import numpy.typing as npt
-    import pandas as pd
 
 # Llama-3.1-8B: 8.0e9 parameters, 32 layers, 32 query heads x 128 head_dim (model card).
 LLAMA8B_PARAMS = 8.0e9
@@ -67,9 +69,6 @@ def synthetic_frame(
     Engines take ``modes`` in turn. ``util_range`` optionally bounds each mode's
     utilization (to build data without overlap). Every RNG is ``numpy.random.default_rng(seed)``.
     """
-    import numpy as np
-    import pandas as pd
-
     tr = truth or Truth()
     rng = np.random.default_rng(seed)
     e = np.repeat(np.arange(n_engines), n_windows)
@@ -156,8 +155,6 @@ def _ar1(
     rng: np.random.Generator, rows: int, cols: int, phi: float, sd: float
 ) -> npt.NDArray[np.float64]:
     """Stationary AR(1) paths, one per row, flattened row-major."""
-    from scipy.signal import lfilter
-
     eps = rng.normal(0.0, sd * math.sqrt(1 - phi * phi), (rows, cols))
     eps[:, 0] = rng.normal(0.0, sd, rows)
     out: npt.NDArray[np.float64] = lfilter([1.0], [1.0, -phi], eps, axis=1).ravel()
@@ -170,7 +167,6 @@ def frame_to_windows(frame: pd.DataFrame) -> list[Window]:
     ``request_success_total`` is split over two ``finished_reason`` series and the LMCache
     series carry no ``engine`` label (as on a real LMCache server), to exercise combining.
     """
-    import numpy as np
 
     def num(column: str) -> list[float]:
         values: list[float] = frame[column].to_numpy(dtype=float).tolist()

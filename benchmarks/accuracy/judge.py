@@ -7,6 +7,8 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+import numpy as np
+
 from benchmarks.accuracy.truth import Crossing, TruthCurve
 
 if TYPE_CHECKING:
@@ -164,6 +166,4 @@ def _gain_checks(truth: TruthCurve, fit: GainFit) -> tuple[GainCheck, ...]:
 
 
 def _lin(u: float, xs: list[float], ys: list[float]) -> float:
-    import numpy as np
-
     return float(np.interp(u, xs, ys))

@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Sequence
+from multiprocessing import get_context
 from pathlib import Path
 from typing import Any
 
@@ -69,8 +70,6 @@ def run_cases(
             results.append(r)
 
         if jobs > 1:
-            from multiprocessing import get_context
-
             with get_context("fork").Pool(jobs) as pool:
                 for r in pool.imap_unordered(worker, run):
                     keep(r)

@@ -27,6 +27,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from core.errors import ConfigError
+from planner.domain import costmodel
+from planner.domain.hardware import get_gpu, get_model
 
 # Fixed before the held-out cases were run; changing it makes a new held-out set.
 MASTER_SEED = 20251129  # dev and test splits (and held-out set 1, seen on 2025-11-29)
@@ -155,8 +157,6 @@ def draw(split: str, index: int, heldout_set: int = HELDOUT_SET) -> Draw:
     model, tp, gpu = rng.choice(_HARDWARE)
     lo, hi = _GPU_UTIL[(model, gpu)]
     util = round(rng.uniform(lo, hi), 3)
-    from planner.domain import costmodel
-    from planner.domain.hardware import get_gpu, get_model
 
     kv_tokens = costmodel.hbm_kv_capacity_tokens(
         get_model(model), get_gpu(gpu), tp, util, costmodel.DEFAULT_ACTIVATION_RESERVE_BYTES

@@ -73,9 +73,15 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 from benchmarks.accuracy.judge import ModeResult, judge
 from benchmarks.accuracy.scenarios import Draw
-from benchmarks.accuracy.truth import LEVEL, TruthCurve, measure_truth
+from benchmarks.accuracy.telemetry_gen import generate, merge
+from benchmarks.accuracy.truth import LEVEL, TruthCurve, measure_truth, run_level
+from planner.fit.gain import fit_gain
+from planner.simulate.cluster import Simulation
+from planner.simulate.scenario import parse_scenario
 
 if TYPE_CHECKING:
     from benchmarks.accuracy.telemetry_gen import Telemetry
@@ -137,10 +143,6 @@ def capacity(draw: Draw, budget: Budget, say: Callable[[str], None] | None = Non
     (clients enough to fill the KV cache, zero think time), or that bound when even it does
     not fill the cache. Telemetry peaks and truth ladders are fractions of it, so both cover
     the utilizations up to where the engine without offload gives out."""
-    from benchmarks.accuracy.truth import run_level
-    from planner.simulate.cluster import Simulation
-    from planner.simulate.scenario import parse_scenario
-
     raw = _raw(draw, "none", draw.seed, budget.calibrate_s, budget.calibrate_s / 3)
     probe = parse_scenario({**raw, "workload": {**raw["workload"], "concurrency": 1}})
     spec: WorkloadSpec = probe.workload
@@ -190,9 +192,6 @@ def telemetry(
     draw: Draw, cap: float, budget: Budget, say: Callable[[str], None] | None = None
 ) -> Telemetry:
     """Open-loop diurnal telemetry of ``engines_per_mode`` engines per arm (module doc)."""
-    from benchmarks.accuracy.telemetry_gen import generate, merge
-    from planner.simulate.scenario import parse_scenario
-
     amp = 0.9  # rate from 0.1/1.9 ≈ 5 % to 100 % of the peak
     parts = []
     arms = ("none", *draw.modes)
@@ -277,8 +276,6 @@ def simulate_case(
 
 def _support(frame: Any, mode: str) -> tuple[float, float]:
     """The fit's common support of ``mode`` and none (2nd-98th percentiles intersected)."""
-    import numpy as np
-
     u = frame["kv_util"].to_numpy(dtype=float)
     m = frame["offload_mode"].astype(str).to_numpy()
     qs = [np.nanquantile(u[m == x], [0.02, 0.98]) for x in ("none", mode)]
@@ -287,8 +284,6 @@ def _support(frame: Any, mode: str) -> tuple[float, float]:
 
 def judge_case(sim: Simulated) -> CaseResult:
     """Fit the gain of every mode on the simulated frame and judge it against the truth."""
-    from planner.fit.gain import fit_gain
-
     draw = sim.draw
     t0 = time.perf_counter()
     fits = {m: fit_gain(sim.frame, offload=m, level=LEVEL) for m in draw.modes}

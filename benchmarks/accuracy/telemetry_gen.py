@@ -30,8 +30,13 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from collector.parse import read_exposition
+from collector.rollup import Rollup
 from core.errors import ConfigError
 from core.records import BucketSum, Labels, Window
+from planner.frames.frames import engine_frame
+from planner.simulate.cluster import Simulation
+from planner.simulate.exposition import engine_config, engine_view, pool_view, render
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -71,8 +76,6 @@ class Telemetry:
 
     def frame(self) -> pd.DataFrame:
         """The planner's analysis frame (:func:`planner.frames.frames.engine_frame`)."""
-        from planner.frames.frames import engine_frame
-
         return engine_frame(list(self.windows), self.engines)
 
 
@@ -93,11 +96,6 @@ def generate(
     are not needed by the gain fit; rendering them costs time). ``progress(now, end)`` is
     called about every 5 % of the simulated duration.
     """
-    from collector.parse import read_exposition
-    from collector.rollup import Rollup
-    from planner.simulate.cluster import Simulation
-    from planner.simulate.exposition import engine_config, engine_view, pool_view, render
-
     for name, value in (("scrape_s", scrape_s), ("window_s", window_s)):
         if not (math.isfinite(value) and value > 0):
             raise ConfigError(f"telemetry {name} must be a positive number of seconds: {value}")

@@ -59,6 +59,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from core.errors import ConfigError
+from planner.simulate.scenario import parse_scenario
 
 MASTER_SEED = 2026121701  # the study split's seeds; fixed before its first run
 DEV_SEED = 2026121700  # the dev split's (harness shake-out only)
@@ -200,8 +201,6 @@ def _workload(spec: _Spec, kv_tokens: int, rng: random.Random) -> tuple[dict[str
 def kv_tokens_of(cluster: dict[str, Any]) -> int:
     """HBM KV tokens per engine of a case's cluster mapping (the simulator's num_gpu_blocks
     × block_size)."""
-    from planner.simulate.scenario import parse_scenario
-
     probe = {"cluster": cluster, "workload": {"kind": "synthetic", "qps": 1, "prompt_tokens": 1}}
     c = parse_scenario(probe, where="tier study").cluster
     return int(c.num_gpu_blocks * c.block_size)

@@ -41,8 +41,14 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from benchmarks.accuracy.tier_cases import MULTIPLES, cases
+from benchmarks.accuracy.tier_study import section_of, telemetry_of
 from benchmarks.accuracy.tier_truth import measure_run, scenario
+from planner.simulate import engine as engine_mod
+from planner.simulate.cluster import Simulation
+from planner.simulate.scenario import parse_scenario
 
 RESULTS = Path(__file__).resolve().parents[1] / "results"
 
@@ -106,8 +112,6 @@ def exact_aet(
     log: AccessLog, eng: int, span: float, blocks: Sequence[float]
 ) -> list[dict[str, float]]:
     """Per capacity (blocks): the AET eviction time T and hit ratio from the exact gaps."""
-    import numpy as np
-
     look = np.sort(np.asarray(log.lookup_gaps.get(eng, []), dtype=float))
     other = np.asarray(log.other_gaps.get(eng, []), dtype=float)
     every = np.sort(np.concatenate([look, other, np.full(log.partials.get(eng, 0), np.inf)]))
@@ -143,10 +147,6 @@ def f_exact(log: AccessLog, eng: int, t: float) -> float:
 
 def run_logged(raw: Mapping[str, Any]) -> tuple[AccessLog, Any]:
     """The run without offload with every block access logged."""
-    from planner.simulate import engine as engine_mod
-    from planner.simulate.cluster import Simulation
-    from planner.simulate.scenario import parse_scenario
-
     sc = parse_scenario(raw, where="tier diagnose")
     sim = Simulation(sc)
     log = AccessLog(sc.cluster.block_size, sim.tree.start, sim.tree.end, sc.warmup_s)
@@ -183,8 +183,6 @@ def run_logged(raw: Mapping[str, Any]) -> tuple[AccessLog, Any]:
 
 
 def diagnose(case_name: str, study: Mapping[str, Any], say: Any) -> dict[str, Any]:
-    from benchmarks.accuracy.tier_study import section_of, telemetry_of
-
     case = next(c for c in cases(study.get("split", "study")) if c.name == case_name)
     res = next(r for r in study["results"] if r["case"] == case_name)
     truth = res["truth"]

@@ -29,12 +29,14 @@ import json
 import math
 import sys
 import time
+import traceback
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from benchmarks.accuracy.runner import git_revision, run_cases
+from benchmarks.accuracy.telemetry_gen import bucket_sums, generate
 from benchmarks.accuracy.tier_cases import (
     AVOIDED_REL,
     DEV_SEED,
@@ -48,6 +50,16 @@ from benchmarks.accuracy.tier_cases import (
     cases,
 )
 from benchmarks.accuracy.tier_truth import CaseTruth, Size, engines_truth, measure
+from benchmarks.accuracy.verdict_study import engine_records
+from planner.fit.capacity import Slo
+from planner.fit.reuse import GIB, bytes_per_block, fit_reuse, native_offload_gain
+from planner.fit.units import engine_keys
+from planner.frames.frames import engine_frame
+from planner.frames.residency import combine
+from planner.plan import tier
+from planner.plan.fits import Hardware
+from planner.plan.tier import tier_section
+from planner.simulate.scenario import parse_scenario
 
 if TYPE_CHECKING:
     from benchmarks.accuracy.telemetry_gen import Telemetry
@@ -60,9 +72,6 @@ RESULTS = Path(__file__).resolve().parents[1] / "results"
 
 def telemetry_of(raw: Mapping[str, Any]) -> Telemetry:
     """The telemetry of ``raw`` (the case's scenario, no offload) through the collector path."""
-    from benchmarks.accuracy.telemetry_gen import generate
-    from planner.simulate.scenario import parse_scenario
-
     return generate(parse_scenario(raw, where=f"tier study {raw.get('name', '')}"))
 
 
@@ -71,15 +80,6 @@ def section_of(
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     """The plan's cpu_tier section over ``tel`` (the telemetry of ``raw``) and the per-engine
     diagnostics; returns (section, extras)."""
-    from benchmarks.accuracy.telemetry_gen import bucket_sums
-    from benchmarks.accuracy.verdict_study import engine_records
-    from planner.fit.capacity import Slo
-    from planner.frames.frames import engine_frame
-    from planner.frames.residency import combine
-    from planner.plan.fits import Hardware
-    from planner.plan.tier import tier_section
-    from planner.simulate.scenario import parse_scenario
-
     sc = parse_scenario(raw, where=f"tier study {raw.get('name', '')}")
     records, _ = engine_records(raw, tel)
     frame = engine_frame(list(tel.windows), records)
@@ -116,10 +116,6 @@ def diagnostics(
 ) -> dict[str, Any]:
     """Per engine: its AET fit on the section's inputs and its native gain per size and tail
     family (what the section merged)."""
-    from planner.fit.reuse import GIB, bytes_per_block, fit_reuse, native_offload_gain
-    from planner.fit.units import engine_keys
-    from planner.plan import tier
-
     keys = engine_keys(frame)
     out: dict[str, Any] = {}
     for key in sorted(set(keys.tolist())):
@@ -507,8 +503,6 @@ def _worker(case: Case) -> dict[str, Any]:
     try:
         out = run_case(case, say)
     except Exception as exc:  # a failing case is recorded, the study goes on
-        import traceback
-
         say(f"{case.name}: FAILED {type(exc).__name__}: {exc}")
         return {"case": case.name, "error": traceback.format_exc()}
     say(f"{case.name}: done in {time.perf_counter() - t0:.0f} s")

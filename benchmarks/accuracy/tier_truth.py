@@ -24,7 +24,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from benchmarks.accuracy.tier_cases import DIURNAL_AMPLITUDE, MULTIPLES, WARMUP_S, Case
+from benchmarks.accuracy.verdict_truth import probe_clients, run_arm
 from core.errors import ConfigError
+from planner.fit.reuse import bytes_per_block
+from planner.simulate.cluster import Simulation
+from planner.simulate.scenario import parse_scenario
 
 GB = 1e9  # cluster.cpu_cache_gb is in decimal GB (planner/simulate/scenario.py)
 GIB = float(2**30)  # the plan's sizes are in GiB
@@ -122,8 +126,6 @@ def with_native(raw: Mapping[str, Any], gib: float) -> dict[str, Any]:
 
 def saturation(case: Case) -> tuple[float, int]:
     """R_SAT (completed requests/s, no offload, closed loop) and the clients used."""
-    from benchmarks.accuracy.verdict_truth import probe_clients, run_arm
-
     raw = copy.deepcopy(case.raw)
     if raw["workload"].get("kind") == "multi_turn":
         raw["workload"]["think_time_s"] = 0.0  # a closed loop that keeps every engine busy
@@ -146,9 +148,6 @@ def sizes_gib(raw: Mapping[str, Any]) -> tuple[list[float], int, float]:
     """The CPU sizes (GiB per engine) at MULTIPLES × the engine's HBM KV, as the plan's
     section computes them (planner/fit/reuse.py ``bytes_per_block``), the HBM blocks and the
     bytes per block."""
-    from planner.fit.reuse import bytes_per_block
-    from planner.simulate.scenario import parse_scenario
-
     c = parse_scenario(raw, where="tier truth").cluster
     per_block = bytes_per_block(c.model, c.block_size)
     sim_per_block = c.block_size * c.kv_bytes_per_token_engine
@@ -163,9 +162,6 @@ def sizes_gib(raw: Mapping[str, Any]) -> tuple[list[float], int, float]:
 
 def measure_run(raw: Mapping[str, Any], multiple: float, gib: float) -> Run:
     """One run of ``raw`` (module docstring)."""
-    from planner.simulate.cluster import Simulation
-    from planner.simulate.scenario import parse_scenario
-
     t0 = time.perf_counter()
     sc = parse_scenario(raw, where=f"tier truth {raw.get('name', '')}")
     sim = Simulation(sc)

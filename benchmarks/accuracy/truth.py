@@ -38,14 +38,19 @@ import copy
 import itertools
 import math
 import random
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 from core.errors import ConfigError
+from planner.fit.gain import located_crossings
+from planner.simulate.cluster import Simulation
+from planner.simulate.scenario import parse_scenario
 
 if TYPE_CHECKING:
-    import numpy as np
     import numpy.typing as npt
 
     Array = npt.NDArray[np.float64]
@@ -112,8 +117,6 @@ def _gain(
     off: Sequence[tuple[float, float, float]],
 ) -> Array:
     """tp_off(u)/tp_none(u) - 1 on ``grid`` (piecewise-linear interpolants of each arm)."""
-    import numpy as np
-
     un, tn = _curve(none)
     uo, to = _curve(off)
     out: Array = np.interp(grid, uo, to) / np.interp(grid, un, tn) - 1.0
@@ -136,8 +139,6 @@ class TruthCurve:
 
     def gain(self, u: float) -> float:
         """Relative gain at utilization ``u`` (NaN outside the support)."""
-        import numpy as np
-
         lo, hi = self.support
         if not lo <= u <= hi:
             return math.nan
@@ -170,10 +171,6 @@ def truth_curve(
 ) -> TruthCurve:
     """The gain curve from both arms' levels (``served_tp`` set), its batch bootstrap band
     and its located crossings."""
-    import numpy as np
-
-    from planner.fit.gain import located_crossings
-
     if len(none) < 2 or len(off) < 2:
         raise ConfigError("truth curve needs at least two rates per arm")
     pn = [(p.rate, p.u, p.served_tp) for p in none]
@@ -216,11 +213,6 @@ def run_level(
 ) -> LevelResult:  # fmt: skip
     """Run one engine of ``raw`` (a one-engine scenario without arrivals) in ``mode`` at a
     fixed Poisson ``rate``; measure ``batches`` equal batches of [warmup_s, duration_s]."""
-    import time
-
-    from planner.simulate.cluster import Simulation
-    from planner.simulate.scenario import parse_scenario
-
     run = copy.deepcopy(dict(raw))
     run["cluster"] = {**run["cluster"], "offload": mode}
     run["workload"] = {**run["workload"], "qps": rate, "arrival": "poisson"}

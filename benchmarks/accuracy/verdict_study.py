@@ -35,17 +35,20 @@ the markdown of a JSON result.
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import math
 import sys
 import tempfile
 import time
+import traceback
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from benchmarks.accuracy.runner import git_revision, run_cases
+from benchmarks.accuracy.telemetry_gen import generate
 from benchmarks.accuracy.verdict_cases import (
     DIURNAL_AMPLITUDE,
     HELPS_ABOVE,
@@ -62,6 +65,14 @@ from benchmarks.accuracy.verdict_cases import (
     cases,
 )
 from benchmarks.accuracy.verdict_truth import CaseTruth, mean_rate, measure
+from planner.fit.capacity import Slo
+from planner.frames.frames import engine_frame
+from planner.plan.build import build_plan
+from planner.plan.verdict import run_verdicts
+from planner.simulate.scenario import parse_scenario
+from planner.simulate.switchback import Schedule
+from store.store import Store
+from store.tables import EngineChange, EngineRecord
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -80,8 +91,6 @@ FORECAST_S = 2.0  # the plan's forecast budget (the study reads its decision onl
 
 def scenario_raw(case: Case, truth: CaseTruth) -> dict[str, Any]:
     """The case's telemetry scenario: a diurnal load with mean ``mean_rate``."""
-    import copy
-
     raw = copy.deepcopy(case.raw)
     raw["workload"].update(
         qps=mean_rate(case, truth.r_sat),
@@ -98,10 +107,6 @@ def engine_records(
 ) -> tuple[dict[str, EngineRecord], dict[str, list[tuple[float, str]]]]:
     """Each engine source's record (offload, pool, KV facts, a canary's regimes) and the
     regimes of the switched engines (epoch seconds, mode)."""
-    from planner.simulate.scenario import parse_scenario
-    from planner.simulate.switchback import Schedule
-    from store.tables import EngineChange, EngineRecord
-
     sc = parse_scenario(raw)
     c = sc.cluster
     regimes: dict[str, list[tuple[float, str]]] = {}
@@ -300,9 +305,6 @@ def _plans(
     seed: int,
 ) -> list[dict[str, Any]]:
     """The plan's decision on a temporary store of the case's windows, per ``until``."""
-    from planner.plan.build import build_plan
-    from store.store import Store
-
     out: list[dict[str, Any]] = []
     with (
         tempfile.TemporaryDirectory(prefix="kvscope-verdict-") as d,
@@ -341,12 +343,6 @@ def _plans(
 
 def run_case(case: Case, say: Callable[[str], None], *, plan: bool = True) -> dict[str, Any]:
     """Truth, telemetry, verdicts and scores of one case (module docstring)."""
-    from benchmarks.accuracy.telemetry_gen import generate
-    from planner.fit.capacity import Slo
-    from planner.frames.frames import engine_frame
-    from planner.plan.verdict import run_verdicts
-    from planner.simulate.scenario import parse_scenario
-
     seconds: dict[str, float] = {}
     t0 = time.perf_counter()
     truth = measure(case, say)
@@ -633,8 +629,6 @@ def _worker(args: tuple[Case, bool]) -> dict[str, Any]:
     try:
         out = run_case(case, say, plan=plan)
     except Exception as exc:  # a failing case is recorded, the study goes on
-        import traceback
-
         say(f"{case.name}: FAILED {type(exc).__name__}: {exc}")
         return {"case": case.name, "class": case.cls, "error": traceback.format_exc()}
     out["wall_s"] = round(time.perf_counter() - t0, 1)

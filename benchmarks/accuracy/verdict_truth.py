@@ -41,6 +41,8 @@ from benchmarks.accuracy.verdict_cases import (
     Case,
 )
 from core.errors import ConfigError
+from planner.simulate.cluster import Simulation
+from planner.simulate.scenario import parse_scenario
 
 SERVED = 0.97  # completed / offered requests at or above: the queue is not growing
 RUN_S = 2400.0  # constant-load runs: simulated seconds, the first WARM_S not measured
@@ -130,9 +132,6 @@ def run_arm(
     duration_s: float = RUN_S, warmup_s: float = WARM_S,
 ) -> ArmRun:  # fmt: skip
     """One homogeneous run of ``raw`` (a case's scenario without arrivals)."""
-    from planner.simulate.cluster import Simulation
-    from planner.simulate.scenario import parse_scenario
-
     if (rate is None) == (clients is None):
         raise ConfigError("verdict truth: give a rate or clients")
     run = homogeneous(raw, mode)
@@ -172,8 +171,6 @@ def _num(x: object) -> float:
 
 def probe_clients(raw: Mapping[str, Any]) -> int:
     """Closed-loop clients that fill every engine of the case (module docstring)."""
-    from planner.simulate.scenario import parse_scenario
-
     probe = homogeneous(raw, "none")
     probe["workload"] = {**probe["workload"], "concurrency": 1}
     sc = parse_scenario(probe)

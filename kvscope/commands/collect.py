@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import os
 import sys
 import time
 from collections.abc import Sequence
@@ -14,6 +15,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
+from collector.gcpolicy import tune_heap
 from core.durations import parse_duration
 from core.errors import ConfigError
 from core.kvscope_metrics import kvscope_version
@@ -470,7 +472,6 @@ def _run_direct(
     (its statistics, the cluster, the state directory)."""
     from collector import run
     from collector.file_sd import FileSD
-    from collector.gcpolicy import tune_heap
     from collector.scrape import TargetSet, load_targets
     from collector.urlguard import URLPolicy
 
@@ -511,7 +512,6 @@ def _run_prometheus(
     """Prometheus mode: the source, the health server, then the loop; (its statistics, the
     cluster)."""
     from collector import run, run_prometheus
-    from collector.gcpolicy import tune_heap
     from collector.promsource import PrometheusSource
 
     assert config.prometheus is not None
@@ -533,8 +533,6 @@ def _run_prometheus(
 
 def _state_dir(configured: Path | None, db: str) -> Path | None:
     """--state-dir (KVSCOPE_STATE_DIR), else the store's default (None: an in-memory store)."""
-    import os
-
     from collector.checkpoint import state_dir_for
 
     return configured if configured is not None else state_dir_for(db, os.environ)

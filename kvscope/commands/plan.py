@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
+from core.durations import parse_duration
 from core.errors import ConfigError
 from kvscope.commands.options import ClusterOpt, DbOpt, HorizonOpt, JsonOpt, SinceOpt
 
@@ -184,7 +185,6 @@ def plan_config(flags: PlanFlags) -> PlanConfig:
     flag); a SQLite file that does not exist is refused here too."""
     from pydantic import ValidationError
 
-    from core.durations import parse_duration
     from kvscope.cli_settings import get_settings
     from kvscope.replan import ReplanConfig
     from planner.fit.capacity import Slo

@@ -15,6 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from planner.advise.question import WhatIf
+from planner.domain import costmodel
+from planner.domain.hardware import get_gpu, get_model
 
 # The band on a simulated relative throughput gain g: ±(a + b·|g|), one per regime ("fits":
 # the KV working set fits HBM + the CPU tier; "spills": it does not), read from sim_band.json,
@@ -118,9 +120,6 @@ def working_set_regime(raw: dict[str, Any]) -> str:
     """ "spills" when the scenario's shared-prefix working set is larger than HBM KV plus the
     CPU tier (the simulator's default 100 GB a node when --cpu-gb is not given), else
     "fits": the regime whose band applies."""
-    from planner.domain import costmodel
-    from planner.domain.hardware import get_gpu, get_model
-
     wl, cl = raw["workload"], raw["cluster"]
     if wl.get("kind") != "shared_prefix":
         return "fits"
@@ -230,9 +229,9 @@ def scenario_of(
 
 def _run_mode(raw: dict[str, Any], mode: str) -> tuple[dict[str, Any], list[float], list[float]]:
     """One simulation: its summary, per-engine KV-use samples and cluster KV-token samples."""
-    from planner.simulate.cluster import Simulation
-    from planner.simulate.results import summarize
-    from planner.simulate.scenario import parse_scenario
+    from planner.simulate.cluster import Simulation  # noqa: PLC0415 - start-up: the simulator (and numpy) load when advise simulates, not on the API's start-up (api.app imports planner.advise)
+    from planner.simulate.results import summarize  # noqa: PLC0415 - start-up: the simulator (and numpy) load when advise simulates, not on the API's start-up (api.app imports planner.advise)
+    from planner.simulate.scenario import parse_scenario  # noqa: PLC0415 - start-up: the simulator (and numpy) load when advise simulates, not on the API's start-up (api.app imports planner.advise)
 
     run = {k: v for k, v in raw.items() if not k.startswith("_")}
     run["cluster"] = {**raw["cluster"], "offload": mode}
@@ -277,7 +276,7 @@ def simulate_modes(
 
 
 def quantile(values: list[float], q: float) -> float | None:
-    import numpy as np
+    import numpy as np  # noqa: PLC0415 - start-up: numpy (~0.09 s) off the API's start-up (api.app imports planner.advise)
 
     return float(np.quantile(values, q)) if values else None
 

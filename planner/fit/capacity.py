@@ -15,14 +15,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+import numpy as np
+import pandas as pd
+
 from core.errors import ConfigError
 from planner.fit.common import Interval, check_level, exp_or_inf, nan_interval
 from planner.fit.units import engine_codes
 
 if TYPE_CHECKING:
-    import numpy as np
     import numpy.typing as npt
-    import pandas as pd
 
     Array = npt.NDArray[np.float64]
     IntArray = npt.NDArray[np.int64]
@@ -103,8 +104,6 @@ def violations(frame: pd.DataFrame, slo: Slo) -> npt.NDArray[np.bool_]:
     """Per row: the window missed the SLO (TTFT quantile over target, or a growing queue
     against the same engine's previous window). Rows without a TTFT quantile count as met
     only when their queue is not growing."""
-    import numpy as np
-
     ttft = frame[slo.column].to_numpy(dtype=float)
     wait = frame["waiting"].to_numpy(dtype=float)
     req = frame["requests"].to_numpy(dtype=float)
@@ -126,8 +125,7 @@ def violations(frame: pd.DataFrame, slo: Slo) -> npt.NDArray[np.bool_]:
 def unit_capacity(load: Array, missed: npt.NDArray[np.bool_]) -> tuple[float, str]:
     """(capacity, status) of one unit from its windows' load and SLO misses (module
     docstring)."""
-    import numpy as np
-    from scipy.optimize import isotonic_regression
+    from scipy.optimize import isotonic_regression  # noqa: PLC0415 - start-up: scipy.optimize (~0.25 s) loads when this runs, not on `import planner.plan`
 
     ok = np.isfinite(load) & (load > 0)
     x, m = load[ok], missed[ok].astype(float)
@@ -153,9 +151,6 @@ def unit_capacity(load: Array, missed: npt.NDArray[np.bool_]) -> tuple[float, st
 def _texts(units: Sequence[object] | npt.NDArray[np.object_]) -> tuple[IntArray, list[str]]:
     """``pd.factorize`` of the units' texts (``str``): code per row, texts by code in order
     of first appearance; with no string made per row when every unit is a ``str``."""
-    import numpy as np
-    import pandas as pd
-
     values = np.asarray(units, dtype=object)
     codes, uniques = pd.factorize(values)
     if not all(isinstance(u, str) for u in uniques) or (codes < 0).any():
@@ -173,8 +168,6 @@ def fit_capacity(
     claim_level: float = 0.95,
 ) -> CapacityComparison:
     """Capacity of ``mode`` against ``none`` at the SLO (METHODS.md#capacity)."""
-    import numpy as np
-
     slo = slo or Slo()
     check_level(level)
     check_level(claim_level)
@@ -241,8 +234,6 @@ def _compare(  # noqa: PLR0917 - fit_capacity's parts
     method: str,
     assumptions: tuple[str, ...],
 ) -> CapacityComparison:
-    import numpy as np
-
     treated = [c for c in caps if c.mode == mode and c.status in ("measured", "above")]
     control = [c for c in caps if c.mode == NO_OFFLOAD and c.status in ("measured", "above")]
     n_t = sum(c.mode == mode for c in caps)
@@ -297,7 +288,7 @@ def _compare(  # noqa: PLR0917 - fit_capacity's parts
 def welch(a: Array, b: Array, level: float) -> tuple[float, float, tuple[float, float]]:
     """(mean(a) − mean(b), Satterthwaite df, interval at ``level``) — statsmodels'
     CompareMeans with unequal variances; both arms need >= 2 values."""
-    from statsmodels.stats.weightstats import CompareMeans, DescrStatsW
+    from statsmodels.stats.weightstats import CompareMeans, DescrStatsW  # noqa: PLC0415 - start-up: statsmodels (~0.7 s) loads when this fit runs, not on `import planner.plan`
 
     cm = CompareMeans(DescrStatsW(a), DescrStatsW(b))
     lo, hi = cm.tconfint_diff(alpha=1 - level, usevar="unequal")

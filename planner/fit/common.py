@@ -17,14 +17,15 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from core.errors import InsufficientHistory
+import numpy as np
+import pandas as pd
+
+from core.errors import ConfigError, InsufficientHistory
 from planner.fit.cr2 import CR2, cr2
 from planner.fit.lsq import cov_cr1, cov_hc3, solve
 
 if TYPE_CHECKING:
-    import numpy as np
     import numpy.typing as npt
-    import pandas as pd
 
     Array = npt.NDArray[np.float64]
 
@@ -99,8 +100,6 @@ def require_history(what: str, available: int, required: int) -> None:
 
 def check_level(level: float) -> None:
     """Levels are probabilities strictly between 0 and 1."""
-    from core.errors import ConfigError
-
     if not 0.0 < level < 1.0:
         raise ConfigError(f"confidence level must be in (0, 1), got {level}")
 
@@ -113,8 +112,6 @@ def recorded_warnings() -> Iterator[list[str]]:
     the previous filters on exit), so pytest's ``filterwarnings = error`` does not turn a
     numerical library's advisory into a failure and nothing leaks to the caller.
     """
-    import numpy as np
-
     out: list[str] = []
     # numpy floating-point trouble (overflow, 0/0, …) becomes a recorded RuntimeWarning
     # rather than silence; underflow to 0 is routine (exp of very negative) and ignored.
@@ -145,7 +142,7 @@ class Budget:
 
 def t_quantile(level: float, df: float) -> float:
     """Two-sided critical value: Student t with ``df`` (normal when df is inf or > 1e6)."""
-    from scipy import stats
+    from scipy import stats  # noqa: PLC0415 - start-up: scipy.stats (~0.6 s) loads when this runs, not on `import planner.plan`
 
     q = 0.5 + level / 2.0
     if not math.isfinite(df) or df > 1e6:
@@ -155,16 +152,13 @@ def t_quantile(level: float, df: float) -> float:
 
 def chi2_quantile(level: float, df: int = 1) -> float:
     """Upper ``level`` quantile of chi-square with ``df`` degrees of freedom."""
-    from scipy import stats
+    from scipy import stats  # noqa: PLC0415 - start-up: scipy.stats (~0.6 s) loads when this runs, not on `import planner.plan`
 
     return float(stats.chi2.ppf(level, df))
 
 
 def engine_groups(data: pd.DataFrame) -> npt.NDArray[np.int64]:
     """Integer engine id per row from ``source`` and ``engine`` (all 0 when absent)."""
-    import numpy as np
-    import pandas as pd
-
     if not {"source", "engine"} <= set(data.columns):
         return np.zeros(len(data), dtype=np.int64)
     src, _ = pd.factorize(data["source"])
@@ -175,8 +169,6 @@ def engine_groups(data: pd.DataFrame) -> npt.NDArray[np.int64]:
 
 def robust_cov_kind(groups: Array | npt.NDArray[np.int64]) -> tuple[str, int]:
     """``("cluster", G)`` with G engines when G >= MIN_CLUSTERS, else ``("HC3", G)``."""
-    import numpy as np
-
     g = int(np.unique(groups).size)
     return ("cluster", g) if g >= MIN_CLUSTERS else ("HC3", g)
 
@@ -191,8 +183,7 @@ def sandwich(
     takes them per observation (HC1), each with its finite-sample factor
     ``G/(G-1)·(n-1)/(n-p)`` or ``n/(n-p)``.
     """
-    import numpy as np
-    from statsmodels.stats import sandwich_covariance as sw
+    from statsmodels.stats import sandwich_covariance as sw  # noqa: PLC0415 - start-up: statsmodels (~0.7 s) loads when this fit runs, not on `import planner.plan`
 
     jw = jac * weights[:, None]
     bread = np.linalg.pinv(jw.T @ jac)
@@ -220,8 +211,6 @@ class RobustOLS:
     def df(self, contrasts: Array) -> Array:
         """ν for each row c of ``contrasts``: Bell–McCaffrey with CR2 (planner.fit.cr2),
         G − 1 with CR1, n − p with HC3."""
-        import numpy as np
-
         rows = np.atleast_2d(contrasts).shape[0]
         if self.cr2 is not None:
             return self.cr2.df(contrasts)
@@ -236,8 +225,6 @@ def ols_robust(y: Array, x: Array, groups: npt.NDArray[np.int64] | None, kind: s
     computed in passes over rows (planner.fit.lsq), so memory stays near one copy of ``x``.
     Method: planner/fit/METHODS.md#robust-ols-ols_robust
     """
-    import numpy as np
-
     if kind not in ("HC3", "cluster", "CR2"):
         raise ValueError(f"unknown covariance {kind!r}")  # programming error
     if kind != "HC3" and groups is None:

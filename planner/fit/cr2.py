@@ -13,8 +13,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+import numpy as np
+
 if TYPE_CHECKING:
-    import numpy as np
     import numpy.typing as npt
 
     Array = npt.NDArray[np.float64]
@@ -35,8 +36,6 @@ class CR2:
 
     def df(self, contrasts: Array) -> Array:
         """Bell–McCaffrey ν for each row c of ``contrasts`` (METHODS.md#cr2)."""
-        import numpy as np
-
         c = np.atleast_2d(contrasts)
         diag = np.einsum("rj,gjk,rk->rg", c, self.lmat, c)  # p_g'p_g per contrast, cluster
         u = np.einsum("gjk,rk->rgj", self.kmat, c)  # X_g'p_g
@@ -53,8 +52,6 @@ class CR2:
 def cr2(x: Array, resid: Array, groups: npt.NDArray[np.int64], xtx_inv: Array) -> CR2:
     """CR2 of the OLS fit with design ``x``, residuals ``resid``, ``xtx_inv`` = (X'X)^(−1),
     clusters ``groups`` (METHODS.md#cr2)."""
-    import numpy as np
-
     lam, vec = np.linalg.eigh(xtx_inv)
     root = (vec * np.sqrt(np.maximum(lam, 0.0))) @ vec.T  # M^(1/2)
     codes, inv = np.unique(groups, return_inverse=True)

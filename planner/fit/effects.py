@@ -15,6 +15,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+import numpy as np
+import pandas as pd
+
 from core.errors import ConfigError, InsufficientHistory
 from planner.fit.common import (
     Interval,
@@ -24,6 +27,7 @@ from planner.fit.common import (
     recorded_warnings,
     t_quantile,
 )
+from planner.fit.cr2 import cr2
 from planner.fit.units import (
     TRAFFIC,
     Balance,
@@ -34,9 +38,7 @@ from planner.fit.units import (
 )
 
 if TYPE_CHECKING:
-    import numpy as np
     import numpy.typing as npt
-    import pandas as pd
 
     Array = npt.NDArray[np.float64]
 
@@ -117,8 +119,6 @@ class TodayEffects:
 
 def derived_outcomes(frame: pd.DataFrame) -> pd.DataFrame:
     """The frame with the per-window count outcomes of OUTCOMES added."""
-    import numpy as np
-
     req = frame["requests"].to_numpy(dtype=float)
     pre = frame["preemptions"].to_numpy(dtype=float)
     prompt = frame["prompt_tokens_mean"].to_numpy(dtype=float)
@@ -139,8 +139,6 @@ def fit_today(
     """The today estimand of ``mode`` against ``none`` (METHODS.md#effects). ``units`` gives
     each frame row its unit (planner.fit.units.unit_keys). Raises InsufficientHistory when
     an arm has fewer than MIN_WINDOWS_PER_ARM windows with finished requests."""
-    import numpy as np
-
     check_level(level)
     if mode == NO_OFFLOAD:
         raise ConfigError("the today estimand compares an offload mode with 'none'")
@@ -209,8 +207,6 @@ def fit_today(
 
 def _count(values: npt.NDArray[np.object_] | npt.NDArray[np.int64]) -> int:
     """How many distinct values (as text) there are."""
-    import pandas as pd
-
     return len({str(v) for v in pd.unique(values)}) if values.size else 0
 
 
@@ -221,9 +217,6 @@ class _Units:
     the distinct values' texts (count) and each row's text (groups)."""
 
     def __init__(self, units: npt.NDArray[np.object_]) -> None:
-        import numpy as np
-        import pandas as pd
-
         self.units = units
         codes, uniques = pd.factorize(units, use_na_sentinel=False)
         self.text = all(isinstance(u, str) for u in uniques)
@@ -236,16 +229,12 @@ class _Units:
 
     def count(self, rows: npt.NDArray[np.bool_]) -> int:
         """How many distinct units (as text) the rows have."""
-        import numpy as np
-
         if not self.text:
             return _count(self.units[rows])
         return int(np.count_nonzero(np.bincount(self.codes[rows], minlength=self.texts)))
 
     def groups(self, rows: npt.NDArray[np.bool_]) -> npt.NDArray[np.int64]:
         """Per row of ``rows``: its unit's index among the rows' sorted unit texts."""
-        import numpy as np
-
         if not self.text:
             out: npt.NDArray[np.int64] = np.unique(
                 self.units[rows].astype(str), return_inverse=True
@@ -267,8 +256,6 @@ def _design(
     """The WLS design of the rows ``ok``: intercept, mode, each covariate centred and scaled
     (a constant one left out; the last ones left out while the columns are collinear);
     or the covariate that differs only between the arms."""
-    import numpy as np
-
     d = treated[ok].astype(float)
     cols = [np.ones(d.size), d]
     for c in covariates:
@@ -294,8 +281,6 @@ class _Designs:
         self.seen: list[tuple[npt.NDArray[np.bool_], Array | str]] = []
 
     def of(self, ok: npt.NDArray[np.bool_], build: Callable[[], Array | str]) -> Array | str:
-        import numpy as np
-
         for rows, design in self.seen:
             if np.array_equal(rows, ok):
                 return design
@@ -322,8 +307,6 @@ def _effect(  # noqa: PLR0917, PLR0913 - one outcome of fit_today, its arrays pa
     level: float,
     designs: _Designs,
 ) -> Effect:
-    import numpy as np
-
     if o.name not in data.columns:
         return cannot_effect(o, level, f"the windows have no {o.label}")
     y = data[o.name].to_numpy(dtype=float)
@@ -363,10 +346,6 @@ def wls_cr2(
 ) -> tuple[float, float, float]:
     """(coefficient, CR2 standard error, Bell–McCaffrey ν) of ``x[:, column]`` in the WLS
     fit of ``y`` on ``x`` with weights ``w`` and clusters ``groups`` (planner/fit/cr2.py)."""
-    import numpy as np
-
-    from planner.fit.cr2 import cr2
-
     sw = np.sqrt(w / np.mean(w))
     xs, ys = x * sw[:, None], y * sw
     xtx_inv: Array = np.linalg.inv(xs.T @ xs).astype(np.float64)

@@ -15,6 +15,8 @@ import math
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
+import numpy as np
+
 from core.errors import ConfigError
 from planner.fit.common import (
     MIN_CLUSTERS,
@@ -46,7 +48,6 @@ from planner.fit.gain_curve import (
 )
 
 if TYPE_CHECKING:
-    import numpy as np
     import numpy.typing as npt
     import pandas as pd
 
@@ -180,8 +181,6 @@ def _compared(
 ) -> tuple[pd.DataFrame, Array]:
     """The rows of ``offload`` (every offload mode for None) and of none with the columns
     read below, and per row 1.0 for offload, 0.0 for none."""
-    import numpy as np
-
     cols = [util, response, "offload_mode"]
     if not all(c in frame.columns for c in cols):
         return frame.iloc[0:0], np.zeros(0)
@@ -198,8 +197,6 @@ def _usable(
 ) -> tuple[_Windows, bool, str, str]:
     """The windows left once saturated (and, on the log scale, idle) ones are excluded;
     whether they are weighted, the weighting's text and the exclusions' text."""
-    import numpy as np
-
     util, response, log = spec.util, spec.response, spec.log
     u = data[util].to_numpy(dtype=float)
     y = data[response].to_numpy(dtype=float)
@@ -226,8 +223,6 @@ def _unanswered(
 ) -> GainFit:
     """The answer before the curves are fitted: what is compared, how, on which windows;
     the data cannot tell yet."""
-    import numpy as np
-
     util, response, label, log, d, g = spec.util, spec.response, spec.label, spec.log, win.d, win.g
     counts = ((NO_OFFLOAD, int((d == 0).sum())), (label, int((d == 1).sum())))  # after exclusions
     engines = (
@@ -267,8 +262,6 @@ def _common_support(
     """The windows inside the modes' common utilization range (each mode's 2nd–98th
     percentiles) with the fit's support; None and the answer when the ranges overlap by
     less than ``min_overlap`` or a mode has too few windows inside."""
-    import numpy as np
-
     u, d, util, label = win.u, win.d, spec.util, spec.label
     (lo0, hi0), (lo1, hi1) = (np.quantile(u[d == v], [0.02, 0.98]) for v in (0.0, 1.0))
     lo, hi = float(max(lo0, lo1)), float(min(hi0, hi1))
@@ -305,8 +298,6 @@ def _fit_model(
 ) -> tuple[GainFit, _Model]:
     """Fit both modes' curves and read the gain, its interval and its sign changes across
     the support; the fit records the knots, errors, roots and the ``n_grid`` points."""
-    import numpy as np
-
     fit, design, y, kn, centre = _design(fit, win, spec.log, knots=knots, weighting=weighting)
     fit, n_eng = _error_kind(fit, win)
     lo, hi = fit.support
@@ -351,8 +342,6 @@ def _design(
     """The weighted design [x·√w, x·√w·d] of the piecewise-linear basis (its knots chosen
     by cross-validation unless given), the response times √w, the knots and the centre;
     the fit's basis records the choice and the weighting."""
-    import numpy as np
-
     xs = np.log(win.u) if log else win.u
     centre = 0.5 * (float(xs.min()) + float(xs.max()))
     y = np.log(win.y) if log else win.y
@@ -380,8 +369,6 @@ def _design(
 def _error_kind(fit: GainFit, win: _Windows) -> tuple[GainFit, int]:
     """The fit with its error kind (cluster, CR2 or HC3) and the assumption it adds; the
     number of engines."""
-    import numpy as np
-
     g, d = win.g, win.d
     n_g = [int(np.unique(g[d == v]).size) for v in (0.0, 1.0)]
     n_eng = int(np.unique(g).size)
@@ -476,8 +463,6 @@ def _break_even(
 def _no_break_even(fit: GainFit, model: _Model, spec: _Spec) -> GainFit:
     """The answer when no sign change is located where the interval excludes 0: the gain's
     sign throughout, or a one-sided bound on u* where the data cannot tell its sign."""
-    import numpy as np
-
     # Every stretch where the interval excludes 0 has the same sign and the estimate
     # changes sign only inside interior stretches where it does not: no break-even
     # located. A break-even is still possible where the interval contains 0 at the end
@@ -518,8 +503,6 @@ def _no_break_even(fit: GainFit, model: _Model, spec: _Spec) -> GainFit:
 
 def _t_quantiles(level: float, df: Array) -> Array:
     """Two-sided t critical values, one per ν (NaN ν, a contrast with no variance: normal)."""
-    import numpy as np
-
     known: dict[float, float] = {}  # one quantile per distinct ν (often one ν for all)
     for v in df.tolist():
         nu = float(v) if math.isfinite(v) else math.inf

@@ -6,11 +6,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+import numpy as np
+
 from planner.fit.common import Budget
 from planner.fit.gain_curve import GainCurve
 
 if TYPE_CHECKING:
-    import numpy as np
     import numpy.typing as npt
 
     Array = npt.NDArray[np.float64]
@@ -18,8 +19,6 @@ if TYPE_CHECKING:
 
 def roots_of(u: Array, gain: Array) -> list[float]:
     """Sign changes of the gain on the grid, linearly interpolated."""
-    import numpy as np
-
     s = np.sign(gain)
     idx = np.flatnonzero(s[:-1] * s[1:] < 0)
     exact = np.flatnonzero(s == 0)
@@ -39,8 +38,6 @@ def located_crossings(
     change in an accepted stretch reaching the grid's edge, or with one sign on both sides, is
     not located. Method: planner/fit/METHODS.md#break-even
     """
-    import numpy as np
-
     sig = np.flatnonzero(~ok)
     out: list[tuple[float, float, float, bool]] = []
     for a, b in zip(sig[:-1].tolist(), sig[1:].tolist(), strict=True):
@@ -63,8 +60,6 @@ def edge_crossing(
     """A sign change of the estimate inside a stretch of accepted points at an edge of the
     grid (the low one first): (root, lo, hi, rising, open_lo, open_hi), else None. The
     break-even may then lie anywhere in that stretch or beyond the edge."""
-    import numpy as np
-
     sig = np.flatnonzero(~ok)
     if not sig.size:
         return None
@@ -89,8 +84,6 @@ def bootstrap_break_even(  # noqa: PLR0913 - the fit's arrays and its bootstrap 
     so each replicate keeps both modes. Per-engine X'X and X'y make a replicate cost one
     small solve. Replicates with no crossing count against the interval (open ends).
     """
-    import numpy as np
-
     rng = np.random.default_rng(seed)
     p = curve.p
     ng = int(g.max()) + 1

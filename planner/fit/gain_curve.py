@@ -8,10 +8,11 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+import numpy as np
+
 from planner.fit.common import Interval
 
 if TYPE_CHECKING:
-    import numpy as np
     import numpy.typing as npt
     import pandas as pd
 
@@ -40,8 +41,6 @@ def window_weights(data: pd.DataFrame, column: str | None) -> tuple[Array | None
     about (1 + CV² of tokens per request) / (requests in it) — a window's throughput is a
     sum over its requests — so a window with few requests (low load, long prompts) is
     weighted down in proportion (at least 1). None (unweighted) without the column."""
-    import numpy as np
-
     if column is None or column not in data.columns:
         return None, "unweighted"
     r = data[column].to_numpy(dtype=float)
@@ -53,16 +52,12 @@ def window_weights(data: pd.DataFrame, column: str | None) -> tuple[Array | None
 
 def _knot_probs(k: int) -> Array:
     """The quantile levels of ``k`` equally spaced interior knots."""
-    import numpy as np
-
     out: Array = np.arange(1, k + 1) / (k + 1)
     return out
 
 
 def knots_at(x: Array, k: int) -> Array:
     """``k`` interior knots at equally spaced quantiles of ``x``."""
-    import numpy as np
-
     if not k:
         return np.zeros(0)
     out: Array = np.unique(np.quantile(x, _knot_probs(k)))
@@ -80,8 +75,6 @@ def choose_knots(
     engine's load, so the busiest engine alone may cover the top of the range, and scoring
     the extrapolation there rewarded the stiffest curve (1 knot) where the gain has a sharp
     knee. Per-engine cross-products make every refit a small solve."""
-    import numpy as np
-
     codes, inv = np.unique(g, return_inverse=True)
     if codes.size < 4:
         return DEFAULT_KNOTS, f"knots: {DEFAULT_KNOTS} (fewer than 4 engines: not cross-validated)"
@@ -141,8 +134,6 @@ def choose_knots(
 def _inside_others(xs: Array, cuts: npt.NDArray[np.int64], engines: int) -> npt.NDArray[np.bool_]:
     """Per row (sorted by (engine, mode) cell): does x lie inside the range the OTHER
     engines of the same mode cover?"""
-    import numpy as np
-
     lo = np.full(2 * engines, np.inf)
     hi = np.full(2 * engines, -np.inf)
     for c in range(2 * engines):
@@ -159,8 +150,6 @@ def _inside_others(xs: Array, cuts: npt.NDArray[np.int64], engines: int) -> npt.
 
 
 def basis_matrix(u: Array, knots: Array, centre: float) -> Array:
-    import numpy as np
-
     cols = [np.ones_like(u), u - centre, *(np.maximum(0.0, u - k) for k in knots)]
     return np.column_stack(cols)
 
@@ -176,8 +165,6 @@ class GainCurve:
     log: bool = False  # the model is log(response) on log(u): the gain is a log ratio
 
     def basis(self, u: Array) -> Array:
-        import numpy as np
-
         return basis_matrix(np.log(u) if self.log else u, self.knots, self.centre)
 
     @property
@@ -186,16 +173,12 @@ class GainCurve:
 
     def gain_contrasts(self, u: Array) -> Array:
         """Rows c with c'θ = g(u) for the coefficients θ = (β, γ)."""
-        import numpy as np
-
         b = self.basis(u)
         out: Array = np.hstack([np.zeros_like(b), b])
         return out
 
     def gain(self, u: Array) -> tuple[Array, Array]:
         """g(u) = B(u)'γ and its standard error (log units on the log scale)."""
-        import numpy as np
-
         b = self.basis(u)
         p = self.p
         var = np.einsum("ij,jk,ik->i", b, self.cov[p:, p:], b)
@@ -206,8 +189,6 @@ class GainCurve:
     ) -> tuple[GainPoint, ...]:
         """Absolute and relative gain with pointwise intervals at each u (``tq``: the t
         critical value, one for all u or one per u; ``df``: its degrees of freedom)."""
-        import numpy as np
-
         tq = np.broadcast_to(np.asarray(tq, dtype=np.float64), u.shape)
         nu = np.broadcast_to(np.asarray(df, dtype=np.float64), u.shape)
         b = self.basis(u)

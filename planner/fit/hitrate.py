@@ -15,6 +15,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+import pandas as pd
+import patsy  # type: ignore[import-untyped]
+
+from core.errors import ConfigError
 from planner.fit.common import (
     MIN_CLUSTERS,
     Estimate,
@@ -31,9 +36,7 @@ from planner.fit.common import (
 )
 
 if TYPE_CHECKING:
-    import numpy as np
     import numpy.typing as npt
-    import pandas as pd
 
     Array = npt.NDArray[np.float64]
 
@@ -74,8 +77,6 @@ class HitRateFit(FitResult):
     def curve(self, sizes_bytes: Sequence[float] | Array) -> Array:
         """Fitted hit ratio at L1 sizes (bytes); linear in ln C on the logit scale outside
         ``size_range`` (an extrapolation). NaN everywhere when the fit has no curve."""
-        import numpy as np
-
         sizes = np.asarray(sizes_bytes, dtype=float)
         if not self.coef:
             return np.full(sizes.shape, math.nan)
@@ -84,8 +85,6 @@ class HitRateFit(FitResult):
 
     def curve_interval(self, sizes_bytes: Sequence[float] | Array) -> tuple[Array, Array]:
         """Pointwise (lo, hi) of the hit ratio at ``level`` (Wald on the logit scale)."""
-        import numpy as np
-
         sizes = np.asarray(sizes_bytes, dtype=float)
         if not self.coef:
             nan = np.full(sizes.shape, math.nan)
@@ -135,8 +134,6 @@ def fit_hitrate(  # noqa: PLR0913 - keyword-only fit options with defaults
     when the sizes seen have fewer distinct quantiles). Raises InsufficientHistory
     below ``min_windows`` windows.
     """
-    import numpy as np
-
     _check_options(level, target_fraction, target_hit, spline_df)
     win = _windows(frame, size, hit, weight, only_evicting=only_evicting, min_windows=min_windows)
     c, n = win.c, win.n
@@ -199,8 +196,6 @@ def _check_options(
     level: float, target_fraction: float, target_hit: float | None, spline_df: int
 ) -> None:
     """ConfigError for an option fit_hitrate does not accept."""
-    from core.errors import ConfigError
-
     check_level(level)
     if not 0.0 < target_fraction < 1.0:
         raise ConfigError(f"target_fraction must be in (0, 1), got {target_fraction}")
@@ -216,8 +211,6 @@ def _windows(
 ) -> _Windows:  # fmt: skip
     """The usable windows (only the evicting ones when asked) as arrays; raises
     InsufficientHistory below ``min_windows``."""
-    import numpy as np
-
     data = _usable(frame, size, hit, weight)
     ev = data["l1_evicted_chunks"] if "l1_evicted_chunks" in data.columns else None
     evicting = (ev > 0).to_numpy() if ev is not None else np.zeros(len(data), dtype=bool)
@@ -337,9 +330,6 @@ def _usable(frame: pd.DataFrame, size: str, hit: str, weight: str) -> pd.DataFra
 def _pools(data: pd.DataFrame) -> npt.NDArray[np.int64]:
     """LMCache pool per row: the source (an LMCache server's series carry no engine and
     join their source's engine, planner.frames.frames), else the engine."""
-    import numpy as np
-    import pandas as pd
-
     if "source" not in data.columns:
         return engine_groups(data)
     codes, _ = pd.factorize(data["source"])
@@ -349,8 +339,6 @@ def _pools(data: pd.DataFrame) -> npt.NDArray[np.int64]:
 def _knots(lc: Array, k: int) -> Array:
     """k knots at equally spaced quantiles of ln C, fewer when quantiles coincide; fewer
     than 3 means a line (no interior knot)."""
-    import numpy as np
-
     knots: Array = np.unique(np.quantile(lc, np.linspace(0.0, 1.0, max(k, 2))))
     return knots if knots.size >= 3 else knots[[0, -1]] if knots.size >= 2 else knots
 
@@ -358,9 +346,6 @@ def _knots(lc: Array, k: int) -> Array:
 def _basis(lc: Array, knots: Sequence[float] | Array) -> Array:
     """The natural cubic regression spline basis (patsy ``cr``; its columns sum to 1, so no
     intercept) at ln C, or [1, ln C − first knot] for a line (2 knots)."""
-    import numpy as np
-    import patsy  # type: ignore[import-untyped]
-
     kn = np.asarray(knots, dtype=float)
     lc = np.atleast_1d(lc)
     if kn.size < 3:
@@ -381,9 +366,8 @@ def _glm(
 ) -> tuple[Array, Array]:
     """Binomial logit GLM of [hits, misses] (statsmodels): coefficients and their robust
     covariance (CR1 by ``groups``, or HAC within each group's series)."""
-    import numpy as np
-    from statsmodels.genmod import families
-    from statsmodels.genmod.generalized_linear_model import GLM
+    from statsmodels.genmod import families  # noqa: PLC0415 - start-up: statsmodels (~0.7 s) loads when this fit runs, not on `import planner.plan`
+    from statsmodels.genmod.generalized_linear_model import GLM  # noqa: PLC0415 - start-up: statsmodels (~0.7 s) loads when this fit runs, not on `import planner.plan`
 
     endog = np.column_stack([h * trials, (1.0 - h) * trials])
     model = GLM(endog, basis, family=families.Binomial())
@@ -399,7 +383,7 @@ def _glm(
 
 
 def _expit(x: Array) -> Array:
-    from scipy.special import expit
+    from scipy.special import expit  # noqa: PLC0415 - start-up: scipy.special (~0.09 s) loads when this runs, not on `import planner.plan`
 
     out: Array = expit(x)
     return out
@@ -423,8 +407,6 @@ def _predict(fit: HitRateFit, sizes: Array, level: float) -> tuple[HitPrediction
 def _eta_and_slope(fit: HitRateFit, lc: float) -> tuple[Array, float]:
     """Basis row b(ln C) and the slope dη/d ln C there (central difference of the
     piecewise cubic, exact to O(h²))."""
-    import numpy as np
-
     step = 1e-5 * max(1.0, abs(lc))
     rows = _basis(np.array([lc - step, lc, lc + step]), fit.knots_ln_bytes)
     beta = np.asarray(fit.coef)
@@ -441,8 +423,7 @@ def _size_for(fit: HitRateFit, goal: float, fraction: float | None, level: float
     Reached already at the smallest size seen: NaN with ``hi`` = that size; not reached
     within the sizes seen: inf with ``hi`` = inf.
     """
-    import numpy as np
-    from scipy.optimize import brentq
+    from scipy.optimize import brentq  # noqa: PLC0415 - start-up: scipy.optimize (~0.25 s) loads when this runs, not on `import planner.plan`
 
     c_lo, c_hi = fit.size_range
     grid = np.linspace(math.log(c_lo), math.log(c_hi), _ROOT_GRID)
@@ -476,8 +457,6 @@ def _size_for(fit: HitRateFit, goal: float, fraction: float | None, level: float
 def _rise_lower_bound(fit: HitRateFit, c_lo: float, c_hi: float) -> float:
     """Lower end of the interval of logit p(C_max) − logit p(C_min): > 0 when the hit ratio
     rises detectably across the sizes seen."""
-    import numpy as np
-
     d = _basis(np.log(np.array([c_hi])), fit.knots_ln_bytes)[0]
     d = d - _basis(np.log(np.array([c_lo])), fit.knots_ln_bytes)[0]
     se = math.sqrt(max(float(d @ np.asarray(fit.coef_cov) @ d), 0.0))

@@ -14,8 +14,9 @@ import warnings
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+import numpy as np
+
 if TYPE_CHECKING:
-    import numpy as np
     import numpy.typing as npt
 
     Array = npt.NDArray[np.float64]
@@ -43,8 +44,6 @@ class LeastSquares:
 
 def solve(y: Array, x: Array, rows_per_pass: int = ROWS_PER_PASS) -> LeastSquares:
     """The minimum-norm least-squares solution of ``x @ b ≈ y`` (module docstring)."""
-    import numpy as np
-
     n, k = x.shape
     r = np.zeros((0, k + 1))
     for a in range(0, n, rows_per_pass):
@@ -67,7 +66,7 @@ def solve(y: Array, x: Array, rows_per_pass: int = ROWS_PER_PASS) -> LeastSquare
     # numpy.linalg.matrix_rank of diag(s), as statsmodels counts it
     rank = int((s > s.max() * k * np.finfo(np.float64).eps).sum()) if s.size else 0
     if rank < k:  # statsmodels' advisory, word for word
-        from statsmodels.tools.sm_exceptions import SingularMatrixWarning
+        from statsmodels.tools.sm_exceptions import SingularMatrixWarning  # noqa: PLC0415 - start-up: statsmodels (~0.7 s) loads when this fit runs, not on `import planner.plan`
 
         warnings.warn(
             "The design matrix is rank-deficient. "
@@ -80,8 +79,6 @@ def solve(y: Array, x: Array, rows_per_pass: int = ROWS_PER_PASS) -> LeastSquare
 
 def cov_hc3(x: Array, fit: LeastSquares, rows_per_pass: int = ROWS_PER_PASS) -> Array:
     """HC3: W · Σ z_i z_i' (e_i / (1 − h_i))² · W', z_i = W' x_i, h_i = |z_i|² (W: whiten)."""
-    import numpy as np
-
     w = fit.whiten
     meat = np.zeros((w.shape[1], w.shape[1]))
     for a in range(0, x.shape[0], rows_per_pass):
@@ -97,8 +94,6 @@ def cov_cr1(
     x: Array, fit: LeastSquares, groups: npt.NDArray[np.int64], rows_per_pass: int = ROWS_PER_PASS
 ) -> Array:
     """CR1: W · Σ_g s_g s_g' · W' · G/(G−1) · (n−1)/(n−k), s_g = Σ_{i in g} z_i e_i."""
-    import numpy as np
-
     n, k = x.shape
     w = fit.whiten
     _, codes = np.unique(groups, return_inverse=True)

@@ -15,6 +15,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
+import numpy as np
+
 from core.errors import ConfigError
 from planner.fit.common import (
     Estimate,
@@ -32,7 +34,6 @@ from planner.fit.common import (
 )
 
 if TYPE_CHECKING:
-    import numpy as np
     import numpy.typing as npt
     import pandas as pd
 
@@ -97,8 +98,6 @@ def fit_mfu(  # noqa: PLR0913 - keyword-only fit options with defaults
     subtracted (METHODS.md#mfu). Raises InsufficientHistory when fewer than
     ``min_windows`` low-load windows have TTFT and prompt-length data.
     """
-    import numpy as np
-
     check_level(level)
     if not (math.isfinite(peak_flops) and peak_flops > 0):
         raise ConfigError(f"peak_flops must be a positive number of FLOP/s, got {peak_flops}")
@@ -124,8 +123,6 @@ def fit_mfu(  # noqa: PLR0913 - keyword-only fit options with defaults
 
 def _windows(data: pd.DataFrame, prefill_flops: Callable[[float], float]) -> _Windows:
     """The windows' TTFT, prompt, weight, hit ratio, new tokens, FLOPs and engine."""
-    import numpy as np
-
     ttft = data["ttft_mean_s"].to_numpy(dtype=float)
     prompt = data["prompt_tokens_mean"].to_numpy(dtype=float)
     w = data["ttft_count"].to_numpy(dtype=float) if "ttft_count" in data else np.ones(len(data))
@@ -142,8 +139,6 @@ def _windows(data: pd.DataFrame, prefill_flops: Callable[[float], float]) -> _Wi
 
 def _unanswered(win: _Windows, *, level: float, peak_flops: float, load: str) -> MfuFit:
     """The answer when the data cannot tell: what the fit rests on, how it is made."""
-    import numpy as np
-
     prompt = win.prompt
     n_eng = int(np.unique(win.groups).size)
     cov_type = "CR2" if n_eng >= 2 else "HC3"
@@ -190,8 +185,6 @@ def _unanswered(win: _Windows, *, level: float, peak_flops: float, load: str) ->
 def _regress(win: _Windows, cov_type: str) -> _Regression:
     """WLS of TTFT on FLOPs in units of the mean prompt's, and the p-value of an extra term
     linear in the new tokens (the cost model's shape check)."""
-    import numpy as np
-
     ttft, flops, new_tokens, w, groups = win.ttft, win.flops, win.new_tokens, win.w, win.groups
     n = len(ttft)
     scale = float(np.mean(flops))  # work in units of the mean prompt's FLOPs
@@ -218,8 +211,6 @@ def _answer(
     level: float,
 ) -> MfuFit:
     """MFU = 1/(θ·peak), t0 and the prefill rate at the median prompt, with intervals."""
-    import numpy as np
-
     params, scale, ref = reg.ols.params, reg.scale, fit.reference_prompt_tokens
     tq0, tq1 = (t_quantile(level, float(d)) for d in reg.df)
     se = np.sqrt(np.maximum(np.diag(reg.ols.cov), 0.0))
@@ -261,8 +252,6 @@ def _flops_after_cache(
 ) -> Array:
     """FLOPs of prefilling ``prompt − cached`` tokens after ``cached`` context tokens:
     F(prompt) − F(cached), exact for a causal cost model (METHODS.md#mfu)."""
-    import numpy as np
-
     whole = np.array([float(prefill_flops(float(p))) for p in prompt])
     ctx = np.array([float(prefill_flops(float(c))) if c >= 1.0 else 0.0 for c in cached])
     out: Array = np.maximum(whole - ctx, 0.0)
@@ -298,13 +287,11 @@ def _low_load(
 
 def _wls(y: Array, x: Array, w: Array, groups: npt.NDArray[np.int64], cov_type: str) -> RobustOLS:
     """WLS as OLS on rows scaled by √w (planner.fit.common.ols_robust): CR2 by engine or HC3."""
-    import numpy as np
-
     root = np.sqrt(w)
     return ols_robust(y * root, x * root[:, None], groups if cov_type == "CR2" else None, cov_type)
 
 
 def _two_sided_p(t: float, df: float) -> float:
-    from scipy import stats
+    from scipy import stats  # noqa: PLC0415 - start-up: scipy.stats (~0.6 s) loads when this runs, not on `import planner.plan`
 
     return float(2.0 * stats.t.sf(abs(t), max(df, 1.0)))

@@ -23,6 +23,7 @@ from planner.fit.hitrate import HitPrediction, HitRateFit, fit_hitrate
 from planner.fit.mfu import MfuFit, fit_mfu
 from planner.fit.preempt import PreemptionFit, fit_preemption
 from planner.fit.registry import FIT_NAMES, FITS, NO_COST, FitInputs, FitSpec, arguments, fit_specs
+from planner.frames.groups import split_groups
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -117,8 +118,6 @@ def fit_all(  # noqa: PLR0913 - keyword-only inputs of the fits it runs
     cost arguments may map a group to its own (one cost model is not applied to several).
     ``group`` fits that group alone. An unknown group or fit name is a ConfigError.
     """
-    from planner.frames.groups import split_groups
-
     check_level(level)
     specs = fit_specs(fits)
 

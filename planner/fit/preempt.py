@@ -16,6 +16,9 @@ import warnings
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+import pandas as pd
+
 from planner.fit.common import (
     MIN_CLUSTERS,
     Estimate,
@@ -32,9 +35,7 @@ from planner.fit.common import (
 )
 
 if TYPE_CHECKING:
-    import numpy as np
     import numpy.typing as npt
-    import pandas as pd
 
     Array = npt.NDArray[np.float64]
 
@@ -129,8 +130,6 @@ def fit_preemption(  # noqa: PLR0913 - keyword-only fit options with defaults
     Raises :class:`core.errors.InsufficientHistory` with fewer than ``min_windows``
     windows that have ``util``, ``count`` and ``exposure``.
     """
-    import numpy as np
-
     check_level(level)
     win = _windows(frame, util, count, exposure, min_windows=min_windows)
     u, y, n_eng = win.u, win.y, win.n_eng
@@ -257,8 +256,6 @@ def _profile_knee(
 ) -> _Knee:  # fmt: skip
     """Profile the knee over [lo_k, hi_k] (Poisson, then NB2 when overdispersed), refine
     the grid near the χ²₁ cut and read the knee's interval from the profile."""
-    import numpy as np
-
     u, y, t, groups = win.u, win.y, win.t, win.groups
     ub = _bin(u, bins)
     cells = _collapse(ub, t, y, groups, by_engine=True)
@@ -291,8 +288,6 @@ def _profile_knee(
 def _united_intervals(knee: _Knee, tq: float, *, cluster: bool) -> tuple[list[float], list[float]]:
     """Wald intervals of a and b (t quantile ``tq``) united over every knee inside the
     knee's interval."""
-    import numpy as np
-
     inside = np.flatnonzero(knee.lr <= knee.cut)
     a_iv, b_iv = [math.inf, -math.inf], [math.inf, -math.inf]
     for i in inside:
@@ -333,8 +328,6 @@ def _usable(frame: pd.DataFrame, cols: list[str]) -> pd.DataFrame:
 
 def _bin(u: Array, bins: int) -> Array:
     """Each value replaced by the mean of its equal-width bin."""
-    import numpy as np
-
     lo, hi = float(u.min()), float(u.max())
     idx = np.minimum(((u - lo) / max(hi - lo, 1e-12) * bins).astype(np.int64), bins - 1)
     sums = np.bincount(idx, weights=u, minlength=bins)
@@ -344,9 +337,6 @@ def _bin(u: Array, bins: int) -> Array:
 
 
 def _collapse(u: Array, t: Array, y: Array, g: npt.NDArray[np.int64], by_engine: bool) -> _Cells:
-    import numpy as np
-    import pandas as pd
-
     ui, uu = pd.factorize(u)
     ti, tu = pd.factorize(t)
     key = ui.astype(np.int64) * len(tu) + ti
@@ -368,13 +358,11 @@ def _collapse(u: Array, t: Array, y: Array, g: npt.NDArray[np.int64], by_engine:
 
 
 def _design(u: Array, k: float) -> Array:
-    import numpy as np
-
     return np.column_stack([np.ones_like(u), np.maximum(0.0, u - k)])
 
 
 def _family(alpha: float) -> Any:
-    from statsmodels.genmod import families
+    from statsmodels.genmod import families  # noqa: PLC0415 - start-up: statsmodels (~0.7 s) loads when this fit runs, not on `import planner.plan`
 
     return families.Poisson() if alpha == 0.0 else families.NegativeBinomial(alpha=alpha)
 
@@ -384,8 +372,7 @@ def _glm(cells: _Cells, k: float, alpha: float) -> Any:
     t_r with total count y_r; its response is the mean count y_r/c_r with ``var_weights``
     c_r, so score and (observed) information are the sums over the c_r windows, which share
     μ_r = t_r·exp(x_r'β) (the binned covariate): the fit equals the one on the windows."""
-    import numpy as np
-    from statsmodels.genmod.generalized_linear_model import GLM
+    from statsmodels.genmod.generalized_linear_model import GLM  # noqa: PLC0415 - start-up: statsmodels (~0.7 s) loads when this fit runs, not on `import planner.plan`
 
     return GLM(
         cells.y / cells.c,
@@ -404,8 +391,6 @@ def _fit_glm(
     The log-likelihood of cell means weighted by counts differs from the windows' by terms of
     the data (and α) alone: it compares knees on the same data, not across data sets.
     """
-    import numpy as np
-
     if start is None:
         rate = max(float(cells.y.sum()), 0.5) / float(np.sum(cells.c * cells.t))
         start = np.array([math.log(rate), 0.0])
@@ -418,8 +403,6 @@ def _fit_glm(
 
 
 def _profile(cells: _Cells, grid: Array, alpha: float, maxiter: int) -> tuple[Array, list[Array]]:
-    import numpy as np
-
     prof = np.empty(grid.size)
     betas: list[Array] = []
     start = None
@@ -437,9 +420,8 @@ def _robust_cov(cells: _Cells, k: float, beta: Array, alpha: float, cluster: boo
 
     Method: planner/fit/METHODS.md#preempt (robust covariance on cells)
     """
-    import numpy as np
-    from statsmodels.genmod.generalized_linear_model import GLMResults
-    from statsmodels.stats import sandwich_covariance as sw
+    from statsmodels.genmod.generalized_linear_model import GLMResults  # noqa: PLC0415 - start-up: statsmodels (~0.7 s) loads when this fit runs, not on `import planner.plan`
+    from statsmodels.stats import sandwich_covariance as sw  # noqa: PLC0415 - start-up: statsmodels (~0.7 s) loads when this fit runs, not on `import planner.plan`
 
     model = _glm(cells, k, alpha)
     if cluster:
@@ -471,8 +453,6 @@ def _robust_cov(cells: _Cells, k: float, beta: Array, alpha: float, cluster: boo
 
 def _interval_from_profile(grid: Array, lr: Array, cut: float) -> tuple[float, float, bool, bool]:
     """Ends of {k : lr(k) <= cut} around the minimum, linearly interpolated."""
-    import numpy as np
-
     i = int(np.argmin(lr))
     lo_i, hi_i = i, i
     while lo_i > 0 and lr[lo_i - 1] <= cut:
@@ -493,8 +473,8 @@ def _interval_from_profile(grid: Array, lr: Array, cut: float) -> tuple[float, f
 def _dispersion_test(y: Array, mu: Array) -> tuple[float, float]:
     """Cameron–Trivedi auxiliary regression ((y − μ)² − y)/μ = α μ + ε (statsmodels OLS, no
     intercept): α̂ and the one-sided p-value of α = 0 (normal reference)."""
-    from scipy import stats
-    from statsmodels.regression.linear_model import OLS
+    from scipy import stats  # noqa: PLC0415 - start-up: scipy.stats (~0.6 s) loads when this runs, not on `import planner.plan`
+    from statsmodels.regression.linear_model import OLS  # noqa: PLC0415 - start-up: statsmodels (~0.7 s) loads when this fit runs, not on `import planner.plan`
 
     z = ((y - mu) ** 2 - y) / mu
     res = OLS(z, mu[:, None]).fit()

@@ -18,11 +18,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+import numpy as np
+
 from core.errors import ConfigError
+from planner.domain.costmodel import kv_bytes_per_token_engine
 from planner.fit.common import Estimate, Interval, check_level, fmt, recorded_warnings
 
 if TYPE_CHECKING:
-    import numpy as np
     import numpy.typing as npt
 
     from planner.domain.hardware import Model
@@ -275,15 +277,11 @@ class _Curve:
 
 
 def _bucket_edges(bounds: tuple[float, ...]) -> Array:
-    import numpy as np
-
     return np.concatenate([[0.0], np.asarray(bounds, dtype=np.float64)])
 
 
 def _survival_integral(edges: Array, cdf: Array, x: Array) -> Array:
     """∫_0^x S(t) dt for S = 1 − CDF, the CDF linear within buckets and flat past the last."""
-    import numpy as np
-
     s = 1.0 - cdf
     widths = np.diff(edges)
     cum = np.concatenate([[0.0], np.cumsum(widths * (s[:-1] + s[1:]) / 2.0)])
@@ -300,16 +298,12 @@ def _survival_integral(edges: Array, cdf: Array, x: Array) -> Array:
 
 
 def _median(edges: Array, cdf: Array) -> float:
-    import numpy as np
-
     i = int(np.searchsorted(cdf, 0.5, side="left"))
     lo, hi = cdf[i - 1], cdf[i]
     return float(edges[i - 1] + (edges[i] - edges[i - 1]) * (0.5 - lo) / (hi - lo))
 
 
 def _wls(x: Array, y: Array, w: Array, degree: int) -> Array:
-    import numpy as np
-
     sw = np.sqrt(w)
     design = np.vander(x, degree + 1, increasing=True)
     coef, *_ = np.linalg.lstsq(design * sw[:, None], y * sw, rcond=None)
@@ -321,8 +315,6 @@ def _fit_tails(
     edges: Array, dens: Array, counts: Array, t_hbm: float
 ) -> tuple[dict[str, _Tail], float]:
     """The tail families from the corrected density of the buckets just below T_hbm."""
-    import numpy as np
-
     lo, hi = edges[:-1], edges[1:]
     mid = np.where(lo > 0, np.sqrt(np.maximum(lo, 1e-300) * hi), hi / 2.0)
     use = (counts > 0) & (dens > 0) & (hi <= t_hbm * (1.0 + 1e-9))
@@ -363,8 +355,7 @@ def _fit_tails(
 
 def _tail_mass(tail: _Tail, t_hbm: float, t: Array) -> Array:
     """∫_T^t f for t ≥ T (the extra reuse mass a tail adds between T and t)."""
-    import numpy as np
-    from scipy.special import erf
+    from scipy.special import erf  # noqa: PLC0415 - start-up: scipy.special (~0.09 s) loads when this runs, not on `import planner.plan`
 
     if tail.f_t <= 0:
         zero: Array = np.zeros_like(t)
@@ -398,8 +389,6 @@ def _body(  # noqa: PLR0915 - the fit's steps in order, each may end it with a r
     n_res: float,
 ) -> _Body:
     """Fit F below T_hbm and its tails from (possibly resampled) counts."""
-    import numpy as np
-
     s, win = inp.sample_rate, inp.window_s
     who = inp.name or "engine"
     if idle.sum() <= 0:
@@ -489,8 +478,6 @@ def _body(  # noqa: PLR0915 - the fit's steps in order, each may end it with a r
 def _curve(body: _Body, family: str, anchor: str) -> _Curve | None:
     """F and occupancy on a grid for one family and anchor (None when the family is not
     available for this body)."""
-    import numpy as np
-
     tail = body.tails.get(family)
     if tail is None:
         return None
@@ -518,8 +505,6 @@ def _pool(
 ) -> tuple[list[Array], Array]:
     """Per engine extra hits/s, and the pool's eviction time, for an LRU of ``capacity``
     blocks over the merged streams, each engine hitting F_e(max(T_e, T_pool))."""
-    import numpy as np
-
     if len(curves) == 1:
         grid, occ = curves[0].t, curves[0].occ
     else:
@@ -577,8 +562,6 @@ class ReuseFit:
 
     def curve(self, capacities_blocks: Sequence[float]) -> tuple[CurvePoint, ...]:
         """The LRU prefix-cache hit ratio h(C) = λ·F(T(C)) / lookups at HBM capacities."""
-        import numpy as np
-
         caps = np.asarray([float(c) for c in capacities_blocks], dtype=np.float64)
         if caps.size and (not np.all(np.isfinite(caps)) or np.any(caps <= 0)):
             raise ConfigError(f"capacities must be finite and > 0, got {list(capacities_blocks)}")
@@ -604,8 +587,6 @@ class ReuseFit:
 
 
 def _hbm_hits(cv: _Curve, lam: float, caps: Array) -> tuple[Array, Array]:
-    import numpy as np
-
     t = np.interp(caps, cv.occ, cv.t)
     out: Array = lam * np.interp(t, cv.t, cv.cdf)
     return out, t
@@ -616,8 +597,6 @@ def fit_reuse(  # noqa: PLR0912, PLR0915 - each input check names its own field
 ) -> ReuseFit:
     """Fit the reuse-time distribution of one engine (or one LMCache pool's merged stream)
     and check it reproduces today's HBM hit ratio (planner/fit/METHODS.md#reuse)."""
-    import numpy as np
-
     check_level(level)
     if isinstance(n_boot, bool) or not isinstance(n_boot, int) or n_boot < 0:
         raise ConfigError(f"n_boot must be an integer >= 0, got {n_boot!r}")
@@ -728,8 +707,6 @@ def _evaluate(fits: Sequence[ReuseFit], fn: _Fn, width: int) -> tuple[Array, Arr
     """values[rep, combo, j] of ``fn(curves, lams) -> (values[j], times[j])`` for every
     replicate and (family, anchor) combination (NaN where a family is missing), and the
     point eviction times (original counts, median over the measured-anchor families)."""
-    import numpy as np
-
     n_rep = min(len(f._bodies) for f in fits)
     vals = np.full((n_rep, len(COMBOS), width), np.nan)
     times = np.full((len(FAMILIES), width), np.nan)
@@ -764,8 +741,6 @@ def _estimate(vals: Array, level: float) -> tuple[Estimate, tuple[float, float]]
     """Point (median over families and anchors, original counts) and model-based interval
     (union of each combination's bootstrap percentile interval and the point values); also
     the family spread (min, max over combinations on the original counts)."""
-    import numpy as np
-
     point_vals = vals[0][np.isfinite(vals[0])]
     if point_vals.size == 0:
         nan = math.nan
@@ -818,8 +793,6 @@ def _tell(
 # --- tiers -------------------------------------------------------------------------------------
 def bytes_per_block(model: Model, block_size: int) -> float:
     """KV bytes of one block of the whole engine (what a CPU tier stores per block)."""
-    from planner.domain.costmodel import kv_bytes_per_token_engine
-
     if block_size <= 0:
         raise ConfigError(f"block_size must be > 0, got {block_size}")
     return block_size * kv_bytes_per_token_engine(model)
@@ -861,8 +834,6 @@ def _tier_gain(
     per_block: float,
     knee_fraction: float,
 ) -> TierGain:
-    import numpy as np
-
     _positive(per_block, "bytes_per_block")
     if not 0.0 < knee_fraction < 1.0:
         raise ConfigError(f"knee_fraction must be in (0, 1), got {knee_fraction}")
@@ -949,8 +920,6 @@ def _tier_gain(
 
 def _knee(fits: list[ReuseFit], per_block: float, fraction: float, level: float) -> Knee:
     """The knee on every replicate and (family, anchor); see :class:`Knee`."""
-    import numpy as np
-
     n_rep = min(len(f._bodies) for f in fits)
     knees = np.full((n_rep, len(COMBOS)), np.nan)
     onset_pt = math.nan
@@ -992,7 +961,5 @@ def _knee(fits: list[ReuseFit], per_block: float, fraction: float, level: float)
 
 def _onset(curves: Sequence[_Curve]) -> float:
     """Pool capacity (blocks) at which the pool's eviction time reaches the first engine's."""
-    import numpy as np
-
     t_first = min(cv.t0 for cv in curves)
     return float(sum(np.interp(t_first, cv.t, cv.occ) for cv in curves))

@@ -15,6 +15,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
+import numpy as np
+import pandas as pd
+
 from core.errors import ConfigError
 from planner.fit.capacity import QUEUE_GROWTH_SHARE
 from planner.fit.common import (
@@ -34,9 +37,7 @@ from planner.fit.gain_curve import window_weights
 from planner.fit.units import engine_codes, engine_keys
 
 if TYPE_CHECKING:
-    import numpy as np
     import numpy.typing as npt
-    import pandas as pd
 
     Array = npt.NDArray[np.float64]
 
@@ -93,9 +94,6 @@ def _modes(frame: pd.DataFrame) -> npt.NDArray[np.object_]:
 
 def find_switchbacks(frame: pd.DataFrame) -> tuple[str, ...]:
     """Engine keys (sorted) whose rows carry two or more known offload modes."""
-    import numpy as np
-    import pandas as pd
-
     if not len(frame) or "offload_mode" not in frame.columns:
         return ()
     keys, names = engine_codes(frame, short=True)
@@ -112,8 +110,6 @@ def _runs(
     starts: Array, modes: npt.NDArray[np.object_], window_s: float, engine: str
 ) -> list[Block]:
     """Blocks of one engine's rows, already sorted by start."""
-    import numpy as np
-
     if not starts.size:
         return []
     cut = np.flatnonzero(modes[1:] != modes[:-1]) + 1
@@ -127,8 +123,6 @@ def _runs(
 
 
 def _window_s(frame: pd.DataFrame) -> float:
-    import numpy as np
-
     if "window_s" in frame.columns:
         w = frame["window_s"].to_numpy(dtype=float)
         w = w[np.isfinite(w) & (w > 0)]
@@ -142,8 +136,6 @@ def _window_s(frame: pd.DataFrame) -> float:
 def switchback_blocks(frame: pd.DataFrame, engine: str) -> tuple[Block, ...]:
     """The blocks of ``engine`` (an engine key): maximal runs of its windows, sorted by
     start, in one offload mode (a missing mode counts as ``unknown``)."""
-    import numpy as np
-
     if not len(frame):
         return ()
     rows = np.flatnonzero(engine_keys(frame) == engine)
@@ -155,8 +147,6 @@ def switchback_blocks(frame: pd.DataFrame, engine: str) -> tuple[Block, ...]:
 
 def _queue(frame: pd.DataFrame) -> tuple[Array, Array]:
     """Per row: the mean waiting queue and the finished requests (NaN where not collected)."""
-    import numpy as np
-
     nan = np.full(len(frame), np.nan)
     cols = [frame[c].to_numpy(dtype=float) if c in frame.columns else nan
             for c in ("waiting", "requests")]  # fmt: skip
@@ -171,8 +161,6 @@ def carried_over(
     falls from the one before by more than QUEUE_GROWTH_SHARE of its finished requests (at
     least 1) — the backlog the other mode left is still being served. A missing queue ends
     the washout at ``washout_s``."""
-    import numpy as np
-
     out = starts < switch_at + washout_s
     order = np.argsort(starts, kind="stable")
     prev = math.nan
@@ -188,8 +176,6 @@ def carried_over(
 
 def _time_blocks(blocks: Sequence[Block]) -> Array:
     """Cut points of the time blocks: every block start, then the last block end."""
-    import numpy as np
-
     cuts = sorted({b.start for b in blocks} | {max(b.end for b in blocks)})
     return np.asarray(cuts, dtype=float)
 
@@ -197,8 +183,6 @@ def _time_blocks(blocks: Sequence[Block]) -> Array:
 def _identified(x: Array, j: int) -> bool:
     """Whether column ``j`` of ``x`` is not a linear combination of the others: its squared
     distance from their span (the Schur complement of X'X) is not ~0."""
-    import numpy as np
-
     xtx = x.T @ x
     others = np.delete(np.arange(x.shape[1]), j)
     cross = xtx[others, j]
@@ -209,8 +193,6 @@ def _identified(x: Array, j: int) -> bool:
 
 def _dummies(codes: npt.NDArray[np.int64]) -> Array:
     """Indicator columns of every code but the first (the intercept carries it)."""
-    import numpy as np
-
     levels = int(codes.max()) + 1 if codes.size else 0
     out: Array = (codes[:, None] == np.arange(1, levels)[None, :]).astype(np.float64)
     return out
@@ -293,8 +275,6 @@ def fit_switchback(  # noqa: PLR0913 - keyword-only fit options with defaults
     """The offload effect β of the switchback model (METHODS.md#switchback) of ``offload``
     against ``none`` on ``outcome``. Raises InsufficientHistory when fewer than
     ``min_windows`` windows of the two modes have a usable outcome."""
-    import numpy as np
-
     _check_options(
         frame, offload, level, cov=cov, washout_s=washout_s,
         min_blocks_per_arm=min_blocks_per_arm, covariates=covariates,
@@ -381,9 +361,6 @@ def _switches(
 ) -> _Switches:
     """The switching engines of this comparison, their blocks, the washout after each
     switch."""
-    import numpy as np
-    import pandas as pd
-
     keys, modes, starts = rows.keys, rows.modes, rows.starts
     pair_frame = pd.DataFrame({"key": keys[in_pair], "mode": modes[in_pair]})
     n_modes = pair_frame.groupby("key")["mode"].nunique()
@@ -444,8 +421,6 @@ def _kept(
 ) -> _Kept:
     """The rows used and the windows dropped per reason; time blocks cut from every
     switching engine's blocks: windows outside them are left out."""
-    import numpy as np
-
     cuts = _time_blocks(sw.blocks)
     cell = np.searchsorted(cuts, rows.starts, side="right") - 1
     outside = (cell < 0) | (cell >= cuts.size - 1)
@@ -479,8 +454,6 @@ def _counted(
 ) -> tuple[SwitchbackFit, tuple[tuple[str, int], ...], list[str]]:
     """The fit with the blocks and windows used per arm, the controls and what was dropped;
     the blocks per arm and the switching engines with fewer than 2 blocks used."""
-    import numpy as np
-
     blocks, switching, offload = sw.blocks, sw.engines, base.offload
     used, dropped = kept.used, kept.dropped
     sw_rows = sw.block_of[used] >= 0
@@ -525,9 +498,6 @@ def _design(
 ) -> _Design:
     """Design: intercept, engine and time-block effects, the mode, centred covariates;
     without a control the time-block effects, confounded with the mode, are left out."""
-    import numpy as np
-    import pandas as pd
-
     used, cell, z = kept.used, kept.cell, kept.z
     weights, weighting = window_weights(frame.iloc[used], weight)
     w = np.ones(used.size) if weights is None else weights
@@ -600,8 +570,6 @@ def _regress(
 ) -> _Effect:
     """β and its variance: CR2 clustered by time block (t with Bell–McCaffrey ν) or
     Driscoll–Kraay HAC over windows (t with G − 1)."""
-    import numpy as np
-
     xs, ys, j, n_cells = dm.xs, dm.ys, dm.j, dm.n_cells
     estimator = "WLS" if dm.weighted else "OLS"
     c = np.zeros(xs.shape[1])
@@ -674,8 +642,7 @@ def _hac(
     ys: Array, xs: Array, *, j: int, starts: Array, window_s: float, blocks: Sequence[Block]
 ) -> tuple[float, float, int]:
     """β, its Driscoll–Kraay variance and the lags used (METHODS.md#switchback)."""
-    import numpy as np
-    from statsmodels.regression.linear_model import OLS
+    from statsmodels.regression.linear_model import OLS  # noqa: PLC0415 - start-up: statsmodels (~0.7 s) loads when this fit runs, not on `import planner.plan`
 
     lags = max(1, round(float(np.median([b.windows for b in blocks]))))
     t = np.rint((starts - starts.min()) / window_s).astype(np.int64)

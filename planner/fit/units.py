@@ -16,10 +16,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+import pandas as pd
+
 if TYPE_CHECKING:
-    import numpy as np
     import numpy.typing as npt
-    import pandas as pd
 
     Array = npt.NDArray[np.float64]
     IntArray = npt.NDArray[np.int64]
@@ -40,8 +41,6 @@ TRAFFIC = {
 def engine_keys(frame: pd.DataFrame) -> npt.NDArray[np.object_]:
     """``source/engine`` per row (``source`` when the engine label is empty), the engine
     key planner.frames.groups.GroupSlice.engines and engine_frame's metadata use."""
-    import numpy as np
-
     codes, names = engine_codes(frame, short=True)
     out: npt.NDArray[np.object_] = np.asarray(names, dtype=object)[codes]
     return out
@@ -50,8 +49,6 @@ def engine_keys(frame: pd.DataFrame) -> npt.NDArray[np.object_]:
 def engine_rows(frame: pd.DataFrame) -> dict[str, IntArray]:
     """The row positions (ascending) of each :func:`engine_keys` key, by key: one stable
     sort instead of a ``keys == key`` scan of every row per key."""
-    import numpy as np
-
     codes, names = engine_codes(frame, short=True)
     order = np.argsort(codes, kind="stable")
     ends = np.cumsum(np.bincount(codes, minlength=len(names))).tolist()
@@ -66,8 +63,6 @@ def _columns_of(frame: pd.DataFrame) -> tuple[object, ...]:
     """Where ``source`` and ``engine`` hold their values (None when absent): the array
     they view (a fresh one for a column with nothing to share, e.g. a categorical: then no
     cached codes are reused), the address, shape and strides."""
-    import numpy as np
-
     out: list[object] = []
     for name in ("source", "engine"):
         if name not in frame.columns:
@@ -119,9 +114,6 @@ def _forget(key: int) -> Any:
 
 
 def _engine_codes(frame: pd.DataFrame, short: bool) -> tuple[IntArray, list[str]]:
-    import numpy as np
-    import pandas as pd
-
     s_c, s_u = _value_codes(frame["source"])
     e_c, e_u = np.zeros(len(frame), dtype=np.int64), [None]
     if "engine" in frame.columns:
@@ -144,9 +136,6 @@ def _engine_codes(frame: pd.DataFrame, short: bool) -> tuple[IntArray, list[str]
 def _value_codes(column: pd.Series) -> tuple[IntArray, list[Any]]:
     """A code per row and the values by code: a categorical's own codes (no hashing of
     strings) when no row is missing, else ``pd.factorize`` keeping missing as a value."""
-    import numpy as np
-    import pandas as pd
-
     if isinstance(column.dtype, pd.CategoricalDtype):
         codes = column.cat.codes.to_numpy().astype(np.int64)
         if not (codes < 0).any():
@@ -170,8 +159,6 @@ def unit_keys(
     missing from it joins one pool with every other unmapped LMCache engine (UNKNOWN_POOL):
     without the mapping, sharing cannot be ruled out, and counting them apart would treat
     dependent engines as independent."""
-    import numpy as np
-
     keys = engine_keys(frame)
     src = frame["source"].astype(str).to_numpy()
     mode = frame["offload_mode"].astype(str).to_numpy()
@@ -185,9 +172,6 @@ def unit_keys(
 
 def traffic(frame: pd.DataFrame) -> pd.DataFrame:
     """The TRAFFIC covariates per row (NaN where a window has no finished request)."""
-    import numpy as np
-    import pandas as pd
-
     req = frame["requests"].to_numpy(dtype=float)
     win = frame["window_s"].to_numpy(dtype=float)
     out_tok = frame["output_tokens_per_s"].to_numpy(dtype=float) * win
@@ -219,8 +203,6 @@ class Balance:
 def balance(values: pd.DataFrame, treated: Array, weights: Array) -> tuple[Balance, ...]:
     """SMD of every column of ``values`` between treated (``treated`` true) and control rows,
     weighted by ``weights``; a column constant in both arms has SMD 0."""
-    import numpy as np
-
     out = []
     t = treated.astype(bool)
     for col in values.columns:
@@ -241,8 +223,6 @@ def balance(values: pd.DataFrame, treated: Array, weights: Array) -> tuple[Balan
 
 
 def _wmean_var(v: Array, w: Array) -> tuple[float, float]:
-    import numpy as np
-
     m = float(np.average(v, weights=w))
     return m, float(np.average((v - m) ** 2, weights=w))
 

@@ -15,11 +15,12 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+import numpy as np
+
 from planner.forecast.data import SeriesError
 from planner.forecast.models import Fitted, predict
 
 if TYPE_CHECKING:
-    import numpy as np
     import numpy.typing as npt
 
     FloatArray = npt.NDArray[np.float64]
@@ -54,8 +55,6 @@ class Scores:
 def backtest(
     f: Fitted, y: FloatArray, *, origins: list[int], hb: int, level: float, mase_den: float
 ) -> Scores:
-    import numpy as np
-
     alpha = 1.0 - level
     actual, mean, lo, hi = [], [], [], []
     for o in origins:

@@ -10,18 +10,21 @@ Rules: planner/forecast/METHODS.md#data
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+import numpy as np
+import pandas as pd
+
 from core.errors import InsufficientHistory, KvscopeError
 from core.records import Window
+from store.frame import windows_frame
 
 if TYPE_CHECKING:
-    import numpy as np
     import numpy.typing as npt
-    import pandas as pd
 
     FloatArray = npt.NDArray[np.float64]
     IntArray = npt.NDArray[np.int64]
@@ -55,8 +58,6 @@ class Prepared:
 
     @property
     def times(self) -> FloatArray:
-        import numpy as np
-
         return self.start + self.cadence_s * np.arange(len(self.values), dtype=np.float64)
 
     @property
@@ -67,9 +68,6 @@ class Prepared:
 
 def to_epoch_arrays(series: pd.Series) -> tuple[FloatArray, FloatArray, list[str]]:
     """Sorted epoch-second times and float values; non-finite values are dropped (gaps)."""
-    import numpy as np
-    import pandas as pd
-
     notes: list[str] = []
     if not isinstance(series, pd.Series):
         raise SeriesError(f"expected a pandas Series, got {type(series).__name__}")
@@ -124,8 +122,6 @@ def choose_cadence(native_s: float, span_s: float) -> tuple[float, int | None]:
 def _bucket(
     t: FloatArray, v: FloatArray, cadence: float, native: float, agg: str
 ) -> tuple[float, FloatArray, list[str]]:
-    import numpy as np
-
     notes: list[str] = []
     b = np.floor(t / cadence).astype(np.int64)
     b0 = int(b[0])
@@ -172,8 +168,6 @@ def rebucket(series: pd.Series, cadence_s: float, *, agg: str = "mean") -> dict[
     choosing the cadence, filling gaps or asking for a length: {bucket start: value}, empty
     buckets left out. The closed loop (planner/plan/outcome.py) puts later demand on the
     buckets of a stored forecast this way."""
-    import numpy as np
-
     if not (cadence_s > 0 and math.isfinite(cadence_s)):
         raise SeriesError(f"cadence must be a positive number of seconds, got {cadence_s!r}")
     if agg not in AGGREGATIONS:
@@ -192,8 +186,6 @@ def rebucket(series: pd.Series, cadence_s: float, *, agg: str = "mean") -> dict[
 
 def prepare(series: pd.Series, *, what: str, agg: str = "mean") -> Prepared:
     """Check, resample and gap-fill ``series``; raise InsufficientHistory when too short."""
-    import numpy as np
-
     t, v, notes = to_epoch_arrays(series)
     if len(t) < 3:
         raise InsufficientHistory(f"{what} forecast", MIN_POINTS, len(t))
@@ -261,8 +253,6 @@ def demand_series_from_windows(
     :func:`demand_series_from_frame` does the same from ``Store.read_frame``'s frame.
     Rules: planner/forecast/METHODS.md#data
     """
-    from store.frame import windows_frame
-
     mine = [w for w in windows if w.signal == signal]
     frame = windows_frame(mine, FRAME_COLUMNS)
     return demand_series_from_frame(frame, signal=signal, capacity_tokens=capacity_tokens)
@@ -283,11 +273,6 @@ def demand_series_from_frame(
     NaN = unknown): the same series from the same windows. A frame without a ``signal``
     column is that signal's; a value column it lacks (the signal's kinds never use) or no
     frame at all reads as unknown."""
-    import json
-
-    import numpy as np
-    import pandas as pd
-
     if frame is None:
         frame = pd.DataFrame({"source": [], "labels": [], "kind": [], "start": []})
     if "signal" in frame.columns:
@@ -355,9 +340,6 @@ def _codes(column: pd.Series, rows: IntArray) -> tuple[IntArray, npt.NDArray[np.
     """(code per row, the values by code) of ``column``'s values at ``rows``, equal values
     one code: a categorical column's own codes when no value is missing (no string made
     per row), else ``pd.factorize``."""
-    import numpy as np
-    import pandas as pd
-
     if isinstance(column.dtype, pd.CategoricalDtype):
         codes = column.cat.codes.to_numpy()[rows].astype(np.int64)
         if not (codes < 0).any():
@@ -377,9 +359,6 @@ def _wide(
     """``pivot_table(index="start", columns="series", values="value", aggfunc="mean")`` of
     the rows (series key ``keys[codes]``) when each (start, series) holds one row: then
     the mean is the value itself. None when one holds several or a start is missing."""
-    import numpy as np
-    import pandas as pd
-
     if np.isnan(start).any():
         return None
     row, at = pd.factorize(start, sort=True)

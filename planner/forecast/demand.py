@@ -16,6 +16,8 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 from core.errors import ConfigError, InsufficientHistory
 from planner.domain.values import json_ready
 from planner.forecast.backtest import Scores, backtest, plan_backtest
@@ -39,7 +41,6 @@ from planner.forecast.models import (
 from planner.forecast.saturation import MAX_SIM_DRAWS, Saturation, capacity_notes, saturation
 
 if TYPE_CHECKING:
-    import numpy as np
     import numpy.typing as npt
     import pandas as pd
 
@@ -191,8 +192,8 @@ def forecast_demand(  # noqa: PLR0913 - keyword-only forecast options with defau
     Raises InsufficientHistory, SeriesError or ConfigError (bad argument).
     """
     # statsmodels' first import takes 1-3 s: a one-off process cost, kept out of the budget.
-    import statsmodels.tsa.exponential_smoothing.ets
-    import statsmodels.tsa.statespace.sarimax  # noqa: F401
+    import statsmodels.tsa.exponential_smoothing.ets  # noqa: PLC0415 - start-up: statsmodels (~0.7 s) loads when this fit runs, not on `import planner.plan`
+    import statsmodels.tsa.statespace.sarimax  # noqa: PLC0415, F401 - start-up: statsmodels (~0.7 s) loads when this fit runs, not on `import planner.plan`
 
     t_start = time.perf_counter()
     _check_options(horizon_s, level, max_seconds, capacity, agg)
@@ -273,8 +274,6 @@ def _setup(
 ) -> _Setup:
     """Prepare and scale the series, choose the candidates and plan the backtest; seasonal
     candidates are dropped without two full days of history or room to backtest them."""
-    import numpy as np
-
     prep = prepare(series, what=what, agg=agg)
     cad, n = prep.cadence_s, len(prep.values)
     steps = math.ceil(horizon_s / cad)
@@ -366,8 +365,6 @@ def _refit_best(
 ) -> tuple[Fitted, Band, CandidateScore, Scores]:
     """The best-scored candidate that, refitted on the whole history, forecasts finite
     values: the fit, its (scaled) mean and bounds, its row and its backtest scores."""
-    import numpy as np
-
     prep, y, warns = s.prep, s.y, notes.warnings
     scored.sort(key=lambda r: (r[0] if math.isfinite(r[0]) else math.inf, r[1]))
     for _, _, spec, row, sc in scored:
@@ -430,8 +427,6 @@ def _clipped(
 ) -> tuple[Band, tuple[tuple[float, float, float, float], ...]]:
     """The band in the series' units, clipped at 0 (demand is non-negative), and the
     forecast's points (bucket start, mean, lo, hi)."""
-    import numpy as np
-
     scale, cad, steps = s.scale, s.prep.cadence_s, s.steps
     mean, lo, hi = band
     mean, lo, hi = mean * scale, lo * scale, hi * scale

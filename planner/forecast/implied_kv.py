@@ -14,12 +14,13 @@ import math
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 from core.errors import InsufficientHistory
 from planner.forecast.data import to_epoch_arrays
 from planner.forecast.saturation import crossing
 
 if TYPE_CHECKING:
-    import numpy as np
     import numpy.typing as npt
     import pandas as pd
 
@@ -56,8 +57,6 @@ class LittleFactors:
 
 
 def _bucketed(series: pd.Series, cadence: float, agg: str) -> dict[int, float]:
-    import numpy as np
-
     t, v, _ = to_epoch_arrays(series)
     b = np.floor(t / cadence).astype(np.int64)
     keys, inv = np.unique(b, return_inverse=True)
@@ -78,8 +77,7 @@ def factors(
     level: float,
 ) -> LittleFactors:
     """c = λ̄·W·K·P from the last stretch of history; InsufficientHistory when it is too short."""
-    import numpy as np
-    from scipy.stats import t as student_t
+    from scipy.stats import t as student_t  # noqa: PLC0415 - start-up: scipy.stats (~0.6 s) loads when this runs, not on `import planner.plan`
 
     peak, mean = _bucketed(kv, cadence_s, "max"), _bucketed(kv, cadence_s, "mean")
     lam = _bucketed(rate, cadence_s, "mean")
@@ -155,8 +153,6 @@ def reconcile(
 ) -> dict[str, Any]:
     """Which peak sizing follows (``driver``: "kv_demand" | "request_rate"), why, and the
     implied forecast's peak and crossing times (seconds after the rate forecast's origin)."""
-    import numpy as np
-
     implied = implied_points(rate_fc, f)
     until = min(kv_fc.points[-1][0], rate_fc.points[-1][0])
     kv_peak, rate_peak = peak_of(kv_fc.points, until), peak_of(implied, until)

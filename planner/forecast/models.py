@@ -18,10 +18,12 @@ from dataclasses import dataclass, field
 from statistics import NormalDist
 from typing import TYPE_CHECKING, Any, Literal
 
+import numpy as np
+import pandas as pd
+
 from core.errors import ConfigError
 
 if TYPE_CHECKING:
-    import numpy as np
     import numpy.typing as npt
 
     FloatArray = npt.NDArray[np.float64]
@@ -109,8 +111,6 @@ class Fitted:
 
 
 def _exog(f: Fitted, first: int, count: int) -> FloatArray:
-    import numpy as np
-
     j = np.arange(first, first + count, dtype=np.float64)
     cols = [np.ones(count), j / max(f.train_points, 1)]
     if f.spec.seasonal and f.period:
@@ -121,8 +121,7 @@ def _exog(f: Fitted, first: int, count: int) -> FloatArray:
 
 
 def _ets_model(spec: ModelSpec, y: FloatArray, period: int | None) -> Any:
-    import pandas as pd
-    from statsmodels.tsa.exponential_smoothing.ets import ETSModel
+    from statsmodels.tsa.exponential_smoothing.ets import ETSModel  # noqa: PLC0415 - start-up: statsmodels (~0.7 s) loads when this fit runs, not on `import planner.plan`
 
     seasonal = spec.seasonal and bool(period)
     return ETSModel(
@@ -137,7 +136,7 @@ def _ets_model(spec: ModelSpec, y: FloatArray, period: int | None) -> Any:
 
 
 def _sarimax_model(f: Fitted, y: FloatArray) -> Any:
-    from statsmodels.tsa.statespace.sarimax import SARIMAX
+    from statsmodels.tsa.statespace.sarimax import SARIMAX  # noqa: PLC0415 - start-up: statsmodels (~0.7 s) loads when this fit runs, not on `import planner.plan`
 
     return SARIMAX(
         y,
@@ -153,8 +152,6 @@ def fit(
     spec: ModelSpec, y: FloatArray, *, period: int | None, start_epoch: float, cadence_s: float
 ) -> Fitted:
     """Estimate ``spec`` on ``y`` (scaled); warnings go to ``Fitted.warnings``."""
-    import numpy as np
-
     f = Fitted(spec, period, start_epoch, cadence_s, len(y))
     t0 = time.perf_counter()
     with recorded(f"{spec.label} fit on {len(y)} points", f.warnings):
@@ -175,8 +172,6 @@ def predict(
     f: Fitted, y: FloatArray, steps: int, level: float
 ) -> tuple[FloatArray, FloatArray, FloatArray]:
     """Mean and ``level`` interval for the ``steps`` buckets after ``y`` (params fixed)."""
-    import numpy as np
-
     alpha = 1.0 - level
     n = len(y)
     with recorded(f"{f.spec.label} forecast", f.warnings):
@@ -212,8 +207,6 @@ def crossing_probability(
     Paths follow the fitted model with its parameters fixed, Gaussian errors; None when the
     model cannot simulate (recorded as a warning).
     """
-    import numpy as np
-
     rng = np.random.default_rng(seed)
     n = len(y)
     with recorded(f"{f.spec.label} simulation of {paths} paths", f.warnings):

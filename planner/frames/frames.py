@@ -10,19 +10,21 @@ Columns and rules: planner/frames/METHODS.md#frames
 
 from __future__ import annotations
 
+import json
 import operator
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
+
+import numpy as np
+import pandas as pd
 
 from core.catalog import ENGINE_LABEL
 from core.records import Window
 from planner.frames.groups import modes_and_groups, pair_models
 
 if TYPE_CHECKING:
-    import numpy as np
     import numpy.typing as npt
-    import pandas as pd
 
 # (output column, signal, field, how several series combine) — "sum", "mean", "max".
 _SIMPLE: tuple[tuple[str, str, str, str], ...] = (
@@ -83,8 +85,6 @@ COLUMNS: tuple[str, ...] = (
 def _codes(values: object) -> tuple[npt.NDArray[np.int64], list[object]]:
     """Integer codes (-1 for missing) and the values they stand for (a categorical's own
     codes and categories: no hashing; else in order of appearance)."""
-    import pandas as pd
-
     if isinstance(values, pd.Series) and isinstance(values.dtype, pd.CategoricalDtype):
         cat = values.cat
         return cat.codes.to_numpy().astype("int64"), list(cat.categories)
@@ -96,8 +96,6 @@ def _dense(
     codes: npt.NDArray[np.int64], size: int
 ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
     """Codes in ``[0, size)`` renumbered densely: (new code per element, old code per new code)."""
-    import numpy as np
-
     present = np.bincount(codes, minlength=size) > 0
     new_of_old = np.cumsum(present) - 1
     return new_of_old[codes], np.flatnonzero(present)
@@ -115,9 +113,6 @@ def _table(
     rows of other signals are ignored. Categorical ``source``/``engine``/``signal`` columns
     (``Store.read_frame``) are the fast path (no hashing).
     """
-    import numpy as np
-    import pandas as pd
-
     num: dict[str, npt.NDArray[np.float64]] = {}
     if isinstance(windows, pd.DataFrame):
         df = windows
@@ -167,8 +162,6 @@ def _table(
 
 def _label_values(labels: Sequence[object], key: str) -> list[str | None]:
     """The value of label ``key`` per label set (Labels tuples, or the store's JSON text)."""
-    import json
-
     cache: dict[object, str | None] = {}
     out: list[str | None] = []
     for lab in labels:
@@ -193,9 +186,6 @@ def engine_frame(
     ``offload`` (or ``offload_mode``) fills ``offload_mode``, ``"unknown"`` when absent.
     Cost is linear in the number of windows: a few hash passes and bincounts.
     """
-    import numpy as np
-    import pandas as pd
-
     num, coded = _table(windows)
     src_c, src_u = coded["source"]
     eng_c, eng_u = coded["engine"]
@@ -239,9 +229,6 @@ def coded_text(names: npt.NDArray[np.object_], codes: npt.NDArray[np.int64]) -> 
     """``names[codes]`` as a categorical of the names it holds, sorted, as the frame's source
     and engine columns are: the fits' hash passes over engines (``pd.factorize``, groupby)
     then read integer codes, not strings, and sorting by them sorts by name."""
-    import numpy as np
-    import pandas as pd
-
     used = np.flatnonzero(np.bincount(codes, minlength=len(names)))  # the names it holds
     cats, of_used = np.unique(names[used], return_inverse=True)
     code_of = np.full(len(names), -1, dtype=np.int64)
@@ -257,8 +244,6 @@ def _engine_keys(
 
     A series without an engine label joins its source's only engine.
     """
-    import numpy as np
-
     pair = src_c * n_eng + np.where(eng_c < 0, n_eng - 1, eng_c)
     pair_u = np.unique(pair)
     engines_of: dict[int, list[int]] = {}
@@ -281,9 +266,6 @@ def _row_codes(
     keys: npt.NDArray[np.int64], size: int, n_windows: int
 ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
     """(row code per window, key per row) of the (engine, start) keys in ``[0, size)``."""
-    import numpy as np
-    import pandas as pd
-
     if size <= 4 * n_windows + 1_000_000:
         return _dense(keys, size)
     # sparse keys: hash instead of a dense table
@@ -312,8 +294,6 @@ class _Signals:
         row_c: npt.NDArray[np.int64],
         n: int,
     ) -> _Signals:
-        import numpy as np
-
         sig_index = {str(s): i for i, s in enumerate(sig_u)}
         order = np.argsort(
             sig_c.astype(np.int16 if len(sig_u) < 32000 else np.int64), kind="stable"
@@ -325,8 +305,6 @@ class _Signals:
         self, signal: str, field: str
     ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.float64]]:
         """(row code, value) of the signal's windows with a value in ``field``."""
-        import numpy as np
-
         num = self.num
         code = self.sig_index.get(signal)
         if code is None or (field not in num and field != "rate"):
@@ -344,8 +322,6 @@ class _Signals:
 
     def agg(self, signal: str, field: str, how: str) -> npt.NDArray[np.float64]:
         """Per row: the ``how`` ("sum", "mean", "max") of the signal's ``field``; NaN if none."""
-        import numpy as np
-
         n = self.n
         idx, v = self.pick(signal, field)
         cnt = np.bincount(idx, minlength=n)
@@ -360,8 +336,6 @@ class _Signals:
 
     def wmean(self, signal: str) -> npt.NDArray[np.float64]:
         """Mean of a ratio's series weighted by their denominators (a missing one counts 1)."""
-        import numpy as np
-
         num, n = self.num, self.n
         code = self.sig_index.get(signal)
         if code is None or "mean" not in num:
@@ -380,8 +354,6 @@ class _Signals:
 def _ratio_columns(cols: dict[str, object], sel: _Signals) -> None:
     """The hit-ratio columns (and their weights): the derived ratio weighted by its
     denominator where present, else the counters' ratio."""
-    import numpy as np
-
     for col, ratio, numer, denom in _RATIOS:
         w = sel.agg(ratio, "delta", "sum")
         r = sel.wmean(ratio)
@@ -395,8 +367,6 @@ def _ratio_columns(cols: dict[str, object], sel: _Signals) -> None:
 
 def add_derived(cols: dict[str, npt.NDArray[np.float64]]) -> None:
     """The columns computed from others: token rate, mean TTFT, prompt length, latency."""
-    import numpy as np
-
     cols["tokens_per_s"] = cols["prompt_tokens_per_s"] + cols["output_tokens_per_s"]
     with np.errstate(invalid="ignore", divide="ignore"):
         for out, total, count in (("ttft_mean_s", "_ttft_sum", "ttft_count"),

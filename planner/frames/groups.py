@@ -13,8 +13,9 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+import numpy as np
+
 if TYPE_CHECKING:
-    import numpy as np
     import numpy.typing as npt
     import pandas as pd
 
@@ -55,8 +56,6 @@ def pair_models(
 ) -> npt.NDArray[np.int64]:
     """Model code per engine key of ``pair_u`` (-1: none): the most common among the key's
     windows carrying an engine label, else among all of them (ties: the lower code)."""
-    import numpy as np
-
     out = np.full(pair_u.size, -1, dtype=np.int64)
     sel = mod_c >= 0
     if n_mod == 0 or not sel.any():
@@ -92,8 +91,6 @@ def modes_and_groups(  # noqa: PLR0917, PLR0913 - the engine keys' parts, comput
     switched on, store.tables.EngineChange) gets, per row, the mode of the regime in
     force at the row's ``starts``: the windows before a switch count as the old mode.
     """
-    import numpy as np
-
     keys, inverse = np.unique(key_of_row, return_inverse=True)
     model_code = pair_model[np.searchsorted(pair_u, keys)]
     modes, groups = [], []
@@ -158,8 +155,6 @@ def _engine_mask(frame: pd.DataFrame) -> npt.NDArray[np.bool_]:
 
 def split_groups(frame: pd.DataFrame, table_sources: Iterable[str] = ()) -> list[GroupSlice]:
     """The frame's model groups, by name (METHODS.md#groups); [] for an empty frame."""
-    import numpy as np
-
     if not len(frame):
         return []
     group = frame["group"].astype(str).to_numpy(dtype=object)

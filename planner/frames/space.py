@@ -10,10 +10,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+import numpy as np
+import pandas as pd
+
 if TYPE_CHECKING:
-    import numpy as np
     import numpy.typing as npt
-    import pandas as pd
 
     FloatArray = npt.NDArray[np.float64]
     IntArray = npt.NDArray[np.int64]
@@ -23,9 +24,6 @@ class Space:
     """Rows by key, their window counts and lengths, and the signals' columns."""
 
     def __init__(self) -> None:
-        import numpy as np
-        import pandas as pd
-
         self.keys: pd.Index = pd.Index(np.zeros(0, dtype=np.int64))
         self.windows = np.zeros(0, dtype=np.int64)
         self.lo, self.hi = np.zeros(0), np.zeros(0)
@@ -33,9 +31,6 @@ class Space:
 
     def rows(self, key: IntArray, length: FloatArray) -> IntArray:
         """The row of each window (rows made for new keys), its count and lengths noted."""
-        import numpy as np
-        import pandas as pd
-
         if not len(self.keys) and key.size and pd.unique(key).size == key.size:
             self.keys = pd.Index(key.copy())  # a first signal with one window per key
             self.windows = np.zeros(key.size, dtype=np.int64)
@@ -62,8 +57,6 @@ class Space:
 
     def column(self, name: str) -> FloatArray | None:
         """A signal's column over every row (NaN past the rows it was made for)."""
-        import numpy as np
-
         v = self.values.pop(name, None)
         if v is None or v.size == len(self.keys):
             return v
@@ -72,8 +65,6 @@ class Space:
 
 def present(keys: IntArray) -> tuple[IntArray, IntArray]:
     """The distinct non-negative keys and how often each occurs (a bincount when dense)."""
-    import numpy as np
-
     if keys.size == 0:
         return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
     top = int(keys.max()) + 1
@@ -94,8 +85,6 @@ def mean_lengths(
     each of its rows). A row of k windows all of length L has L + L + … (k times, left to
     right, as engine_frame's bincount adds them) / k; rows of unequal lengths are marked.
     """
-    import numpy as np
-
     k = np.zeros(n, dtype=np.int64)
     lo, hi = np.full(n, np.inf), np.full(n, -np.inf)
     k[: lab.windows.size] = lab.windows

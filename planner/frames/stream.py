@@ -16,15 +16,16 @@ from collections import Counter
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
+import numpy as np
+import pandas as pd
+
 from planner.frames.frames import COLUMNS, _dtype, coded_text
 from planner.frames.groups import modes_and_groups
 from planner.frames.space import Space, mean_lengths, present
 from planner.frames.stream_columns import DERIVED, fields_of, final_columns, signal_columns
 
 if TYPE_CHECKING:
-    import numpy as np
     import numpy.typing as npt
-    import pandas as pd
 
     FloatArray = npt.NDArray[np.float64]
     IntArray = npt.NDArray[np.int64]
@@ -37,9 +38,6 @@ class FrameBuilder:
     """The frame's columns, filled signal by signal (module docstring)."""
 
     def __init__(self) -> None:
-        import numpy as np
-        import pandas as pd
-
         self.sources: dict[str, int] = {}
         self.engines: dict[str, int] = {}
         self.models: dict[str, int] = {}
@@ -52,17 +50,12 @@ class FrameBuilder:
         self._last_starts: tuple[FloatArray, IntArray] | None = None  # starts -> start ids
 
     def _ids(self, table: dict[str, int], values: object) -> IntArray:
-        import numpy as np
-
         names = [str(v) for v in values]  # type: ignore[attr-defined]
         return np.asarray([table.setdefault(v, len(table)) for v in names], dtype=np.int64)
 
     def _keys(self, part: pd.DataFrame) -> tuple[IntArray, IntArray, npt.NDArray[np.bool_]]:
         """(row key, pair id, engine-labelled) of each window; pairs and starts numbered
         as first seen."""
-        import numpy as np
-        import pandas as pd
-
         src, eng = part["source"].cat, part["engine"].cat
         s_id = self._ids(self.sources, src.categories)
         e_id = np.append(self._ids(self.engines, eng.categories), -1)
@@ -92,8 +85,6 @@ class FrameBuilder:
 
     def add(self, signal: str, part: pd.DataFrame) -> None:
         """Turn one signal's windows (all of them, read_windows' order) into its columns."""
-        import numpy as np
-
         if signal in self.done:
             raise ValueError(f"signal {signal!r} added twice")
         self.done.add(signal)
@@ -120,8 +111,6 @@ class FrameBuilder:
         self, part: pd.DataFrame, pair: IntArray, labelled: npt.NDArray[np.bool_]
     ) -> None:
         """Windows per (pair, engine-labelled, model) for the group of each engine."""
-        import numpy as np
-
         if "model_name" not in part.columns:
             return
         model = part["model_name"].cat
@@ -137,9 +126,6 @@ class FrameBuilder:
     def finish(self, meta: Mapping[str, object]) -> tuple[pd.DataFrame, set[str]]:
         """(the frame, the sources whose rows need engine_frame) (module docstring);
         ``meta`` maps a source (or ``"source/engine"``) to its engine record."""
-        import numpy as np
-        import pandas as pd
-
         lab, unl = self.labelled, self.unlabelled
         if not len(lab.keys) and not len(unl.keys):
             return pd.DataFrame({c: pd.Series(dtype=_dtype(c)) for c in COLUMNS}), set()
@@ -197,8 +183,6 @@ class FrameBuilder:
         """(engine keys, model code of each (-1: none), the model names by code): the most
         common model among a key's engine-labelled windows, else among all (ties: the first
         name), as frames.pair_models."""
-        import numpy as np
-
         models = sorted(self.models)
         rank = {self.models[m]: i for i, m in enumerate(models)}
 
@@ -220,8 +204,6 @@ class FrameBuilder:
 
 def _ranks(names: npt.NDArray[np.object_]) -> IntArray:
     """Each name's rank in sorted order (the frame is sorted by source, engine, start)."""
-    import numpy as np
-
     order = sorted(range(len(names)), key=lambda i: str(names[i]))
     out = np.empty(len(names), dtype=np.int64)
     out[order] = np.arange(len(names))

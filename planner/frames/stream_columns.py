@@ -11,10 +11,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+import numpy as np
+
 from planner.frames.frames import _RATIO_WEIGHT, _RATIOS, _SIMPLE, COLUMNS
 
 if TYPE_CHECKING:
-    import numpy as np
     import numpy.typing as npt
 
     from planner.frames.space import Space
@@ -55,8 +56,6 @@ def signal_columns(
     signal: str, row: IntArray, n: int, fields: dict[str, FloatArray]
 ) -> dict[str, FloatArray]:
     """The columns one signal's windows make over ``n`` rows (``row``: each window's)."""
-    import numpy as np
-
     if row.size == n and np.array_equal(row, np.arange(n)):
         out = _own_rows(signal, fields)
     else:
@@ -73,8 +72,6 @@ def signal_columns(
 
 def _value(field: str, fields: dict[str, FloatArray]) -> FloatArray:
     """A window's value of ``field``; ``rate``: a counter without a rate has delta / length."""
-    import numpy as np
-
     if field != "rate":
         return fields[field]
     with np.errstate(invalid="ignore", divide="ignore"):
@@ -87,8 +84,6 @@ def _summed(
     signal: str, row: IntArray, n: int, fields: dict[str, FloatArray]
 ) -> dict[str, FloatArray]:
     """signal_columns' columns, the windows of a row added (bincount) or their maximum."""
-    import numpy as np
-
     out: dict[str, FloatArray] = {}
     for name, field, how in _roles(signal):
         v = _value(field, fields)
@@ -116,8 +111,6 @@ def _summed(
 def _own_rows(signal: str, fields: dict[str, FloatArray]) -> dict[str, FloatArray]:
     """signal_columns' columns when window i is row i: each sum, mean or maximum of one
     value (0.0 + v, as bincount adds it; NaN where v is NaN)."""
-    import numpy as np
-
     out: dict[str, FloatArray] = {}
     for name, field, how in _roles(signal):
         v = _value(field, fields)
@@ -138,7 +131,6 @@ def final_columns(
 ) -> dict[str, FloatArray]:
     """The frame's value columns in frame order: ``lab``'s rows, then ``unl``'s new ones
     (``into``: each ``unl`` row's frame row; its value where it has one)."""
-    import numpy as np
 
     def column(name: str) -> FloatArray:
         out = np.full(n, np.nan)

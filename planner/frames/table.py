@@ -16,13 +16,14 @@ import math
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING
 
+import numpy as np
+import pandas as pd
+
 from core.records import Window
 from store.frame import windows_frame
 
 if TYPE_CHECKING:
-    import numpy as np
     import numpy.typing as npt
-    import pandas as pd
 
     FloatArray = npt.NDArray[np.float64]
     IntArray = npt.NDArray[np.int64]
@@ -36,8 +37,6 @@ PLAN_COLUMNS = ("source", "signal", "labels", "engine", "model_name", "kind", "s
 
 def seq_sum(values: FloatArray) -> float:
     """``0.0 + v[0] + v[1] + …`` left to right, as a Python loop adds (not pairwise)."""
-    import numpy as np
-
     if values.size == 0:
         return 0.0
     return float(np.cumsum(np.concatenate(([0.0], values)))[-1])
@@ -51,8 +50,6 @@ def names(column: pd.Series) -> set[str]:
 def weighted_median_array(v: FloatArray, w: FloatArray) -> float | None:
     """plan_observe.weighted_median of arrays: the same pairs, order and running sum as its
     loop (finite values with weight > 0, sorted by value then weight), vectorized."""
-    import numpy as np
-
     keep = np.isfinite(v) & (w > 0)
     v, w = v[keep], w[keep]
     order = np.lexsort((w, v))  # as sorting (value, weight) pairs
@@ -69,8 +66,6 @@ class WindowTable:
     the columns its consumers read) and how many windows each source has and when."""
 
     def __init__(self, frame: pd.DataFrame | None = None) -> None:
-        import pandas as pd
-
         self.parts: dict[str, pd.DataFrame] = {}
         # one row per (signal, source): windows, first start, last end
         self.summary = pd.DataFrame(
@@ -84,8 +79,6 @@ class WindowTable:
     @classmethod
     def of(cls, windows: Sequence[Window] | pd.DataFrame | WindowTable) -> WindowTable:
         """The table of a frame, of Window records (converted), or the table itself."""
-        import pandas as pd
-
         if isinstance(windows, WindowTable):
             return windows
         if isinstance(windows, pd.DataFrame):
@@ -95,8 +88,6 @@ class WindowTable:
     def add(self, signal: str, rows: pd.DataFrame, keep: Iterable[str] | None = None) -> None:
         """Count one signal's rows (read_frame's columns) and keep ``keep`` of its columns
         (all when None; none when empty: the signal is only counted)."""
-        import pandas as pd
-
         if not len(rows):
             return
         counted = _count(rows)
@@ -139,8 +130,6 @@ class WindowTable:
 
     def rows(self, signal: str, sources: Iterable[str] | None = None) -> IntArray:
         """Positions in the signal's part of its rows (of these sources)."""
-        import numpy as np
-
         part = self.parts.get(signal)
         if part is None:
             return np.zeros(0, dtype=np.int64)
@@ -153,8 +142,6 @@ class WindowTable:
 
     def values(self, signal: str, column: str, rows: IntArray | None = None) -> FloatArray:
         """A float column of the signal's rows (all, or these positions); NaN = unknown."""
-        import numpy as np
-
         part = self.parts.get(signal)
         if part is None:
             return np.zeros(0, dtype=np.float64)
@@ -163,8 +150,6 @@ class WindowTable:
 
     def codes(self, signal: str, name: str, rows: IntArray | None = None) -> IntArray:
         """Category codes of the signal's ``source`` or ``labels`` (-1 = missing)."""
-        import numpy as np
-
         part = self.parts.get(signal)
         if part is None:
             return np.zeros(0, dtype=np.int64)
@@ -194,9 +179,6 @@ class WindowTable:
 def _count(rows: pd.DataFrame) -> pd.DataFrame:
     """Per source (by name): its windows, first start and last end (NaN skipped), from the
     categorical source's codes."""
-    import numpy as np
-    import pandas as pd
-
     source = rows["source"]
     start = rows["start"].to_numpy(dtype=np.float64)
     end = start + rows["length_s"].to_numpy(dtype=np.float64)

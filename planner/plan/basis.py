@@ -9,11 +9,14 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Mapping
+from datetime import UTC, datetime
 from typing import Any
 
 from core.errors import ConfigError
 from planner.decide.evidence import Evidence
 from planner.deploy.sizing import Sizing
+from planner.domain.hardware import get_gpu, get_model
+from planner.frames.groups import mode_regimes
 from planner.plan.fits import FitRun, Hardware
 from planner.plan.forecast import ForecastRun
 from planner.plan.observe import most_common
@@ -94,10 +97,6 @@ def facts_basis(engines: list[Any]) -> list[str]:
     """Where the engines' facts came from (collector.engine_facts.describe's provenance):
     which were assumed, how the offload modes were read, and the engines whose offload mode
     changed (each window counts as the mode in force at its start)."""
-    from datetime import UTC, datetime
-
-    from planner.frames.groups import mode_regimes
-
     out: list[str] = []
     n = len(engines)
     kinds: dict[str, Counter[str]] = {}
@@ -142,8 +141,6 @@ def dram_of(engines: list[Any]) -> float | None:
 
 def hardware_of(engines: list[Any], basis: list[str]) -> tuple[dict[str, Any], Hardware | None]:
     """Model/GPU/TP of the engines (the most common when they differ)."""
-    from planner.domain.hardware import get_gpu, get_model
-
     out: dict[str, Any] = {}
     for key, attr in (("model", "model"), ("gpu", "gpu"), ("tp", "tensor_parallel")):
         value, distinct = most_common(getattr(e, attr) for e in engines)

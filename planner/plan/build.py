@@ -22,6 +22,7 @@ from planner.deploy.sizing import size
 from planner.fit.capacity import Slo
 from planner.fit.orchestrate import fit_all, not_fitted
 from planner.fit.registry import EQUAL_KV
+from planner.frames.frames import engine_frame
 from planner.frames.residency import residency_histograms
 from planner.frames.table import PLAN_COLUMNS, WindowTable, names
 from planner.plan.basis import (
@@ -56,6 +57,8 @@ from planner.plan.observe import NEEDED_SIGNALS, Observed, modes_by_source, obse
 from planner.plan.record import GroupPlan, NoData, Plan, PlanDetails
 from planner.plan.tier import recommended_gib, tier_section
 from planner.plan.verdict import ModeVerdict, run_verdicts, verdict_section
+from planner.plan.windows import finish_frame, read_windows
+from store.frame import windows_frame
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
@@ -158,10 +161,6 @@ def build_plan(  # noqa: PLR0913 - keyword-only plan options (kvscope plan's fla
     Windows are read a signal at a time as columnar frames; ``columnar=False`` reads Window
     records instead (the slower reference the columnar path is tested against).
     """
-    from planner.frames.frames import engine_frame
-    from planner.plan.windows import finish_frame, read_windows
-    from store.frame import windows_frame
-
     if not (math.isfinite(horizon_s) and horizon_s > 0):
         raise ConfigError(f"horizon must be a positive duration, got {horizon_s!r} s")
     if not (math.isfinite(forecast_seconds) and forecast_seconds > 0):

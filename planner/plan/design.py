@@ -14,12 +14,14 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
+import numpy as np
+import pandas as pd
+
 from core.errors import ConfigError, InsufficientHistory
+from planner.fit.units import engine_keys
 
 if TYPE_CHECKING:
-    import numpy as np
     import numpy.typing as npt
-    import pandas as pd
 
     Array = npt.NDArray[np.float64]
 
@@ -35,8 +37,6 @@ __all__ = ["autocorrelation_time", "block_sigma", "blocks_needed", "random_assig
 
 def _tau_window(rho: Array, c: float) -> tuple[float, int]:
     """τ(M) = 1 + 2 Σ_{k=1..M} ρ(k) at Sokal's window M (the last lag when none fits)."""
-    import numpy as np
-
     taus = 1.0 + 2.0 * np.cumsum(rho[1:])
     lags = np.arange(1, rho.size)
     ok = np.flatnonzero(lags >= c * taus)
@@ -47,8 +47,6 @@ def _tau_window(rho: Array, c: float) -> tuple[float, int]:
 def _tau_geyer(rho: Array) -> float:
     """τ = −1 + 2 Σ_{k<=m} Γ_k, Γ_k = ρ(2k) + ρ(2k + 1), over Geyer's initial monotone
     sequence: m the last k with every Γ positive, each Γ cut to the smallest before it."""
-    import numpy as np
-
     pairs = rho[: 2 * (rho.size // 2)].reshape(-1, 2).sum(axis=1)
     stop = np.flatnonzero(pairs <= 0.0)
     pairs = pairs[: int(stop[0]) if stop.size else pairs.size]
@@ -66,8 +64,7 @@ def autocorrelation_time(
     initial monotone sequence estimator (Geyer 1992, "Practical Markov chain Monte Carlo",
     Statistical Science 7(4)), which also handles negative correlation (Sokal's window
     can stop at lag 1 there and give τ ≈ 0). A series with no variation has τ = 1."""
-    import numpy as np
-    from statsmodels.tsa.stattools import acf
+    from statsmodels.tsa.stattools import acf  # noqa: PLC0415 - start-up: statsmodels (~0.7 s) loads when this fit runs, not on `import planner.plan`
 
     if method not in ("sokal", "geyer"):
         raise ConfigError(f"method must be 'sokal' or 'geyer': {method!r}")
@@ -89,10 +86,6 @@ def _outcome_rows(
     frame: pd.DataFrame, outcome: str, *, log: bool
 ) -> tuple[npt.NDArray[np.object_], Array, npt.NDArray[np.bool_], Array]:
     """(engine key, (log) outcome or NaN, usable, window start) per row."""
-    import numpy as np
-
-    from planner.fit.units import engine_keys
-
     y = frame[outcome].to_numpy(dtype=float)
     ok = np.isfinite(y) & ((y > 0) if log else True)
     v = np.where(ok, np.log(np.where(ok, y, 1.0)) if log else y, np.nan)
@@ -105,9 +98,6 @@ def _canary_series(
     """(starts, values) of the canary's usable windows, sorted; values net of the controls'
     mean (each control engine centred first) at the same start when ``detrend`` and there
     are controls; and whether that was done."""
-    import numpy as np
-    import pandas as pd
-
     keys, v, ok, starts = _outcome_rows(frame, outcome, log=log)
     mine = (keys == engine_key) & ok
     s, val = starts[mine], v[mine]
@@ -126,8 +116,6 @@ def _canary_series(
 
 def _grid(starts: Array, values: Array, window_s: float) -> Array:
     """The values on the regular window grid from the first start, NaN where missing."""
-    import numpy as np
-
     idx = np.rint((starts - starts[0]) / window_s).astype(np.int64)
     out: Array = np.full(int(idx[-1]) + 1, np.nan)
     out[idx] = values
@@ -155,8 +143,6 @@ def switchback_block_s(  # noqa: PLR0913 - keyword-only design inputs with defau
     randomized pairs and the fit's time blocks absorb, and blocks longer than a few hours
     would stretch the experiment over days. Raises InsufficientHistory below 30 windows of
     the canary."""
-    import numpy as np
-
     if window_s <= 0:
         raise ConfigError(f"window_s must be > 0: {window_s}")
     s, v, netted = _canary_series(frame, engine_key, outcome, log=log, detrend=detrend)
@@ -202,9 +188,6 @@ def block_sigma(
     ``washout_s`` left out of the canary's mean as the fit will, blocks with fewer than half
     their windows left out. The ``sigma_block`` of :func:`blocks_needed`. Raises
     InsufficientHistory below 3 blocks."""
-    import numpy as np
-    import pandas as pd
-
     if block_s <= washout_s or window_s <= 0:
         raise ConfigError(f"block_s ({block_s}) must exceed washout_s ({washout_s})")
     keys, v, ok, starts = _outcome_rows(frame, outcome, log=log)
@@ -243,7 +226,7 @@ def blocks_needed(
     follow each other in the schedule are one time block to the fit: the se holds, ν is
     lower (tests/planner/test_design.py: planned 10 blocks, median ν 5.2, power 0.76 for a
     nominal 0.8 in a seeded Monte Carlo of the fit)."""
-    from scipy import stats
+    from scipy import stats  # noqa: PLC0415 - start-up: scipy.stats (~0.6 s) loads when this runs, not on `import planner.plan`
 
     if not 0.0 < level < 1.0 or not 0.0 < power < 1.0:
         raise ConfigError(f"level and power must be in (0, 1): {level}, {power}")
@@ -265,8 +248,6 @@ def blocks_needed(
 def switchback_schedule(n_blocks: int, *, seed: int) -> tuple[str, ...]:
     """``n_blocks`` of "on" / "off": each consecutive pair one of each in a random order
     (an odd last block: either), seeded (METHODS.md#design)."""
-    import numpy as np
-
     if n_blocks < 2:
         raise ConfigError(f"a switchback needs at least 2 blocks: {n_blocks}")
     rng = np.random.default_rng(seed)
@@ -285,8 +266,6 @@ def random_assignment(
     name only, never by load. A unit is an LMCache pool (``pools``: engine -> pool) with
     every engine in it, or an engine of its own; the draw does not depend on the order of
     ``engines``."""
-    import numpy as np
-
     names = sorted(set(engines))
     given = pools or {}
     unit_of = {e: ("pool", given[e]) if e in given else ("engine", e) for e in names}

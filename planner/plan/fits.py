@@ -17,10 +17,12 @@ from planner.domain import costmodel
 from planner.domain.hardware import GPU, Model
 from planner.domain.values import finite
 from planner.fit.common import Estimate, FitResult, Interval
+from planner.fit.gain import GainFit
+from planner.fit.hitrate import HitRateFit
+from planner.fit.mfu import MfuFit
+from planner.fit.preempt import PreemptionFit
 
 if TYPE_CHECKING:
-    from planner.fit.gain import GainFit
-    from planner.fit.hitrate import HitRateFit
     from planner.fit.orchestrate import FitReport
 
 GIB = 1024**3
@@ -143,11 +145,6 @@ def fit_runs(report: FitReport) -> dict[str, FitRun]:
 
 def _extras(run: FitRun) -> None:
     """Fit-specific fields beside the common ones."""
-    from planner.fit.gain import GainFit
-    from planner.fit.hitrate import HitRateFit
-    from planner.fit.mfu import MfuFit
-    from planner.fit.preempt import PreemptionFit
-
     fit, e = run.result, run.entry
     if isinstance(fit, PreemptionFit):
         e |= {

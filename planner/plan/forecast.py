@@ -15,12 +15,16 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 from core import catalog
 from core.errors import InsufficientHistory, KvscopeError
 from core.records import Window
 from planner.decide.evidence import Evidence, ValueCI
 from planner.domain import costmodel
 from planner.domain.values import finite
+from planner.forecast.data import SeriesError, demand_series_from_frame, prepare
+from planner.forecast.demand import MAX_HORIZON_STEPS, forecast_demand
 from planner.forecast.implied_kv import factors, reconcile
 from planner.forecast.kv_rate_agreement import compare
 from planner.forecast.saturation import rule_of_three
@@ -95,8 +99,6 @@ def kv_capacity(
 
     ``windows``: Window records or their table (planner/frames/table.py).
     """
-    import numpy as np
-
     t = WindowTable.of(windows)
     labels = t.codes(KV_SIGNAL, "labels")
     width = int(labels.max()) + 2 if labels.size else 1
@@ -160,9 +162,6 @@ def _one(
     max_seconds: float,
     agg: str,
 ) -> tuple[Forecast | None, dict[str, Any]]:
-    from planner.forecast.data import prepare
-    from planner.forecast.demand import MAX_HORIZON_STEPS, forecast_demand
-
     if series is None:
         return None, cannot_entry(what, missing)
     note = ""
@@ -212,8 +211,6 @@ def run_forecasts(
 ) -> ForecastRun:
     """KV demand (modelled at each bucket's peak: saturation happens at peaks) and the
     request rate (bucket means); both from planner.forecast.demand with its default level."""
-    from planner.forecast.data import SeriesError, demand_series_from_frame
-
     t = WindowTable.of(windows)
     kv_series = rate_series = None
     kv_why = f"no {KV_SIGNAL} windows"

@@ -12,6 +12,7 @@ from typing import Any
 from core.errors import ConfigError
 from planner.decide.evidence import CapacityEvidence, ValueCI
 from planner.domain.values import finite
+from planner.fit.registry import EQUAL_KV
 from planner.plan.record import Plan
 from store.tables import PlanRecord
 
@@ -35,8 +36,6 @@ def _capacity(mode: str, c: CapacityEvidence | None) -> dict[str, Any]:
 
 def _equal_kv(plan: Plan, mode: str) -> dict[str, Any]:
     """The equal-KV-use diagnostic's break-even and its relative tokens/s at current KV use."""
-    from planner.fit.registry import EQUAL_KV
-
     entry = plan.fits.get(EQUAL_KV + mode) or {}
     at = entry.get("at_current_util") or {}
     iv = entry.get("interval") or {}

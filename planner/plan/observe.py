@@ -16,6 +16,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 from core import catalog
 from core.catalog import DERIVED_RATIOS
 from core.records import Window
@@ -25,7 +27,6 @@ from planner.frames.frames import SIGNALS as FRAME_SIGNALS
 from planner.frames.table import WindowTable, names, seq_sum, weighted_median_array
 
 if TYPE_CHECKING:
-    import numpy as np
     import numpy.typing as npt
     import pandas as pd
 
@@ -86,8 +87,6 @@ def _share(x: float | None) -> float | None:
 
 def quantiles(values: Iterable[float], qs: Sequence[float]) -> list[float | None]:
     """Quantiles of the finite values (None each when there is none)."""
-    import numpy as np
-
     if isinstance(values, np.ndarray) and values.dtype == np.float64:
         arr = values[np.isfinite(values)]  # the same values, without a Python loop
     else:
@@ -101,8 +100,6 @@ def weighted_median(
     values: Sequence[float] | FloatArray, weights: Sequence[float] | FloatArray
 ) -> float | None:
     """The value at half the total weight (finite values with weight > 0 only)."""
-    import numpy as np
-
     if isinstance(values, np.ndarray) and isinstance(weights, np.ndarray):
         return weighted_median_array(values.astype(float), weights.astype(float))
     pairs = sorted(
@@ -129,8 +126,6 @@ def pooled_ratio(
     The counters are used when present (exact); else the derived ratio windows, weighted by
     their denominator delta. (None, 0) when nothing was queried.
     """
-    import numpy as np
-
     t = WindowTable.of(windows)
     num_sig, den_sig = _RATIO_OF[ratio]
     sums = []
@@ -150,8 +145,6 @@ def pooled_ratio(
 
 def reprefill_share(windows: Windows) -> tuple[float | None, str]:
     """Recomputed prompt tokens / prompt tokens on the sources that report recomputation."""
-    import numpy as np
-
     t = WindowTable.of(windows)
 
     def counted(signal: str) -> tuple[FloatArray, npt.NDArray[np.object_]]:
@@ -188,8 +181,6 @@ def reprefill_share(windows: Windows) -> tuple[float | None, str]:
 
 def lmcache_health(windows: Windows) -> bool | None:
     """False when any LMCache healthy gauge ended below 0.5; None when none is exposed."""
-    import numpy as np
-
     t = WindowTable.of(windows)
     last, mean = t.values(LMCACHE_HEALTHY, "last"), t.values(LMCACHE_HEALTHY, "mean")
     value = np.where(np.isnan(last), mean, last)
@@ -229,8 +220,6 @@ def current_mode(modes: Mapping[str, str]) -> tuple[str | None, str]:
 
 
 def _mode_summary(rows: pd.DataFrame, windows: WindowTable, sources: set[str]) -> dict[str, Any]:
-    import numpy as np
-
     p50, p95 = quantiles(rows["kv_util"].to_numpy(dtype=float), [0.5, 0.95])
     pre = float(np.nansum(rows["preemptions"].to_numpy(dtype=float)))
     req = float(np.nansum(rows["requests"].to_numpy(dtype=float)))
@@ -296,8 +285,6 @@ def observe(
 
 def _kv_util(rows: pd.DataFrame) -> dict[str, Any]:
     """Quantiles of the engines' window-mean KV use, and the largest in-window maximum."""
-    import numpy as np
-
     p50, p95 = quantiles(rows["kv_util"].to_numpy(dtype=float), [0.5, 0.95])
     kv_max = finite(np.nanmax(rows["kv_util_max"].to_numpy(dtype=float))) if len(rows) else None
     n_kv = int(rows["kv_util"].notna().sum())
@@ -313,8 +300,6 @@ def _kv_util(rows: pd.DataFrame) -> dict[str, Any]:
 
 def _preemptions(rows: pd.DataFrame) -> dict[str, Any]:
     """Preemptions per 1000 finished requests (TTFT observations when none are counted)."""
-    import numpy as np
-
     pre = float(np.nansum(rows["preemptions"].to_numpy(dtype=float)))
     req = float(np.nansum(rows["requests"].to_numpy(dtype=float)))
     counted = "finished requests (request_success_total)"
@@ -354,8 +339,6 @@ def _hit_ratios(
 
 def _ttft(rows: pd.DataFrame) -> dict[str, Any]:
     """Request-weighted median of the windows' TTFT p90s, the worst one, and the mean."""
-    import numpy as np
-
     counts = rows["ttft_count"].to_numpy(dtype=float)
     tsum = float(np.nansum(rows["ttft_mean_s"].to_numpy(dtype=float) * counts))
     return {
@@ -434,8 +417,6 @@ def prompt_lengths(windows: Windows) -> tuple[float | None, float | None, bool]:
     bound) when a censored window's p90 is at or below that median, since its real value
     may move the median up (censored values above the median cannot).
     """
-    import numpy as np
-
     t = WindowTable.of(windows)
     delta = t.values(PROMPT_HIST, "delta")
     rows = np.flatnonzero(delta > 0)  # NaN (unknown) is not

@@ -12,8 +12,10 @@ Method: planner/plan/METHODS.md#outcome
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from statistics import NormalDist
 from typing import TYPE_CHECKING, Any
 
 from core.errors import ConfigError
@@ -245,8 +247,6 @@ def score_plans(
     """Every stored plan (of ``cluster``, or all), newest first, scored against the windows
     that came after it; plans whose horizon ends after ``now`` (default: the clock) are
     returned pending. StoreError when the store cannot be read."""
-    import time
-
     at = time.time() if now is None else now
     cache: dict[tuple[str, str, float, float], Plan | None] = {}
     out = []
@@ -271,7 +271,6 @@ def wilson(k: int, n: int, level: float = SUMMARY_LEVEL) -> tuple[float, float] 
         return None
     if not 0 <= k <= n:
         raise ConfigError(f"wilson: need 0 <= k <= n, got k={k}, n={n}")
-    from statistics import NormalDist
 
     z = _Z95 if level == SUMMARY_LEVEL else NormalDist().inv_cdf(0.5 + level / 2)
     p, z2 = k / n, z * z

@@ -13,10 +13,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 from core.errors import ConfigError, KvscopeError
+from planner.domain.costmodel import DEFAULT_MFU, prefill_tokens_per_second
 from planner.fit.capacity import Slo, unit_capacity, violations
 from planner.fit.common import Estimate
 from planner.fit.reuse import (
@@ -93,8 +96,6 @@ def _inputs(
     key: str, hists: Mapping[str, BucketCounts], rows: pd.DataFrame, facts: Mapping[str, Any]
 ) -> tuple[ReuseInputs, float]:
     """One engine's ReuseInputs and its served tokens/s (ConfigError: why not)."""
-    import numpy as np
-
     missing = [s for s in NEEDED if s not in hists or hists[s].total() <= 0]
     if missing:
         raise ConfigError(f"no {', '.join(missing)} observations")
@@ -177,8 +178,6 @@ def _capacity_share(
 ) -> tuple[float | None, str]:
     """Geometric mean capacity at the SLO (tokens/s per engine) of ``engines`` with a
     measured one, or None and why (planner/fit/capacity.py)."""
-    import numpy as np
-
     caps = []
     for key in engines:
         rows = frame.iloc[rows_of[key]]
@@ -362,8 +361,6 @@ def tier_section(
     seed: int,
 ) -> dict[str, Any]:
     """The ``cpu_tier`` section of a plan (METHODS.md#tier)."""
-    import numpy as np
-
     rows_of = engine_rows(frame)
     present = sorted(rows_of)
     ready, without, reasons = _ready(frame, engines, hists, rows_of, present)
@@ -497,8 +494,6 @@ def _pricing(
     slo: Slo,
 ) -> _Pricing:
     """Prefill tokens/s of one engine at the MFU and the engines' capacity at the SLO."""
-    from planner.domain.costmodel import DEFAULT_MFU, prefill_tokens_per_second
-
     prefill_tok_s = prefill_tokens_per_second(hw.model, hw.gpu, hw.tp, mfu=mfu or DEFAULT_MFU)
     capacity, capacity_why = _capacity_share(frame, rows_of, [e.key for e in fitted], slo)
     return _Pricing(prefill_tok_s, hw.tp, capacity, capacity_why)
@@ -532,8 +527,6 @@ def _hbm(
     fitted: Sequence[_Engine], hbm_blocks: float, hbm_gib: float, bsize: int
 ) -> dict[str, Any]:
     """The HBM the tiers are measured against and how well the model reproduces its hits."""
-    import numpy as np
-
     model_hit = float(np.mean([e.fit.reproduction.hit_ratio for e in fitted]))
     measured = float(np.mean([e.fit.hit_ratio for e in fitted]))
     return {
@@ -582,8 +575,6 @@ def _curve(
 
 def _as_pool(g: TierGain) -> TierGain:
     """A native gain read as an LMCache pool of that one engine: the same LRU, a lower bound."""
-    from dataclasses import replace
-
     bound = "lower bound (cross-engine reuse not seen)"
     points = tuple(replace(p, why=f"{bound}; {p.why}" if p.why else bound) for p in g.points)
     return replace(

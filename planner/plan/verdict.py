@@ -16,6 +16,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 from core.errors import InsufficientHistory, KvscopeError
 from planner.decide.evidence import CapacityEvidence, ValueCI
 from planner.deploy.sizing import DEFAULT_HEADROOM, engine_bill, engine_capacity
@@ -105,8 +107,6 @@ def _switchback(
 ) -> ModeVerdict:
     """A mode run as a switchback on ``switching[0]`` (planner/plan/verdict_switchback.py);
     engines of other modes and the other switching engines are left out."""
-    import numpy as np
-
     keys = engine_keys(frame)
     modes = frame["offload_mode"].astype(str).to_numpy()
     canary = switching[0]

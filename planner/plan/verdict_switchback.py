@@ -16,6 +16,8 @@ import math
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
+import numpy as np
+
 from core.errors import InsufficientHistory, KvscopeError
 from planner.fit.capacity import (
     CapacityComparison,
@@ -29,6 +31,7 @@ from planner.fit.effects import OUTCOMES, Effect, TodayEffects, cannot_effect, d
 from planner.fit.switchback import (
     DEFAULT_WASHOUT_S,
     carried_over,
+    find_switchbacks,
     fit_switchback,
     switchback_blocks,
 )
@@ -43,8 +46,6 @@ N_BOOT = 2000
 
 def switching_for(frame: pd.DataFrame, mode: str) -> list[str]:
     """Engines whose rows carry ``mode`` and ``none`` (and nothing else known)."""
-    from planner.fit.switchback import find_switchbacks
-
     keys = engine_keys(frame)
     modes = frame["offload_mode"].astype(str).to_numpy()
     out = []
@@ -57,8 +58,6 @@ def switching_for(frame: pd.DataFrame, mode: str) -> list[str]:
 
 def switchback_today(frame: pd.DataFrame, mode: str, level: float) -> TodayEffects:
     """Today's effects of ``mode`` from the switchback (module docstring)."""
-    import numpy as np
-
     data = derived_outcomes(frame)
     cov = traffic(data)
     data = data.assign(**{c: cov[c] for c in TRAFFIC})
@@ -112,7 +111,7 @@ def switchback_today(frame: pd.DataFrame, mode: str, level: float) -> TodayEffec
                         tuple(warns), told, why)  # fmt: skip
 
 
-def switchback_capacity(  # noqa: PLR0915 - the capacity estimate's steps in order
+def switchback_capacity(
     frame: pd.DataFrame,
     engine: str,
     mode: str,
@@ -123,8 +122,6 @@ def switchback_capacity(  # noqa: PLR0915 - the capacity estimate's steps in ord
     seed: int,
 ) -> CapacityComparison:
     """The canary's capacity on over off, with a block bootstrap interval (module docstring)."""
-    import numpy as np
-
     keys = engine_keys(frame)
     rows = keys == engine
     sub = frame[rows]

@@ -13,6 +13,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
+import numpy as np
+import pandas as pd
+
 from core.catalog import DERIVED_RATIOS
 from planner.frames.frames import SIGNALS as FRAME_SIGNALS
 from planner.frames.frames import coded_text, engine_frame
@@ -28,8 +31,6 @@ from planner.plan.observe import (
 )
 
 if TYPE_CHECKING:
-    import pandas as pd
-
     from store.store import Store
 
 # What the statistics after the frame read of each signal (besides its sources).
@@ -109,8 +110,6 @@ def finish_frame(
     )  # fmt: skip
     exact = engine_frame(again, meta)
     keep = frame[~frame["source"].isin(inexact).to_numpy(dtype=bool)]
-    import numpy as np
-    import pandas as pd
 
     out = pd.concat([keep, exact], ignore_index=True)
     for column in ("source", "engine"):  # the parts' categories differ: one sorted set again

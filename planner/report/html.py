@@ -16,6 +16,7 @@ import time
 from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from planner.plan import build_plan
 from planner.report.html_closed_loop import NO_SCORED_PLANS, Outcome, closed_loop, closed_loop_html
 from planner.report.html_offload import offload_html
 from planner.report.html_parts import (
@@ -263,8 +264,6 @@ def render_report(
     None for all), with the stored plans scored against what happened (``now``: the clock
     of the closed loop and the page's date, default the current time). Raises NoData and
     ConfigError as build_plan does."""
-    from planner.plan import build_plan
-
     plan = build_plan(
         store,
         cluster=cluster,

@@ -11,6 +11,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 from core.errors import ConfigError
+from planner.plan import accuracy_summary, score_plans
 from planner.report.html_parts import (
     Html,
     _e,
@@ -242,7 +243,5 @@ def closed_loop(
 ) -> tuple[list[PlanOutcome], dict[str, Any]]:
     """The stored plans scored against what happened (planner.plan.outcome's score_plans) and
     their accuracy_summary; none when the store holds no plan."""
-    from planner.plan import accuracy_summary, score_plans
-
     outcomes = score_plans(store, cluster, now=now)
     return outcomes, (accuracy_summary(outcomes) if outcomes else {})

@@ -168,7 +168,7 @@ def tier_figure(section: Mapping[str, Any] | None) -> tuple[Any, list[str]] | No
     curves = tier_curves(section)
     if not curves or section is None:
         return None
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # noqa: PLC0415 - start-up: matplotlib (~0.3 s) loads when a plot is drawn, not on `import planner.report`
 
     hbm = section.get("hbm")
     today = _num(hbm.get("hit_ratio_measured")) if isinstance(hbm, Mapping) else None

@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 
+from prometheus_client.exposition import generate_latest
 from prometheus_client.metrics_core import (
     CounterMetricFamily,
     GaugeMetricFamily,
@@ -172,8 +173,6 @@ class _Collector:
 
 def render(view: EndpointView) -> bytes:
     """The exposition body (UTF-8 text format 0.0.4) of one endpoint."""
-    from prometheus_client.exposition import generate_latest
-
     return generate_latest(_Collector(families(view)))
 
 

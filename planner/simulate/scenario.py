@@ -8,6 +8,7 @@ source in planner/simulate/PARAMETERS.md; `Scenario.params` lists each value use
 
 from __future__ import annotations
 
+import copy
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
@@ -472,8 +473,6 @@ def set_dotted(raw: Mapping[str, Any], dotted: str, value: Any) -> dict[str, Any
     A path whose first part is not a top-level section is looked up under `cluster`, then
     `workload` (so `gpu_memory_utilization` means `cluster.gpu_memory_utilization`).
     """
-    import copy
-
     out: dict[str, Any] = copy.deepcopy(dict(raw))
     parts = [p for p in dotted.split(".") if p]
     if not parts:

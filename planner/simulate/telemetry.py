@@ -13,6 +13,10 @@ import bisect
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+import numpy as np
+
+from core import catalog
+
 # Histogram signals an engine observes (canonical names from core/catalog.py).
 ENGINE_HISTOGRAMS = (
     "ttft_seconds",
@@ -78,8 +82,6 @@ def default_buckets(max_model_len: int | None = None) -> dict[str, tuple[float, 
     """Bucket bounds per histogram signal, as the real exporters use them: the catalogue's,
     with the request-token histograms rendered for `max_model_len` when given (the
     catalogue's are vLLM's for max_model_len 4096, top finite bound 2000)."""
-    from core import catalog
-
     out = {name: tuple(catalog.SIGNALS[name].buckets) for name in ENGINE_HISTOGRAMS}
     if max_model_len is not None:
         out.update(dict.fromkeys(TOKEN_HISTOGRAMS, catalog.token_buckets(max_model_len)))
@@ -123,7 +125,6 @@ class Histogram:
     def flush(self) -> None:
         if not self.pending:
             return
-        import numpy as np
 
         values = np.asarray(self.pending, dtype=float)
         idx = np.searchsorted(np.asarray(self.bounds, dtype=float), values, side="left")
@@ -239,8 +240,6 @@ class EngineTelemetry:
             name: Histogram(tuple(bounds.get(name, ())), buffer) for name in ENGINE_HISTOGRAMS
         }
         if kv_residency:
-            from core import catalog
-
             for name in KV_RESIDENCY_HISTOGRAMS:
                 bound = bounds.get(name) or catalog.SIGNALS[name].buckets
                 self.hist[name] = Histogram(tuple(bound), buffer)
@@ -327,8 +326,6 @@ class PoolTelemetry:
     __slots__ = ("counters", "hist")
 
     def __init__(self) -> None:
-        from core import catalog
-
         self.counters: dict[str, float] = dict.fromkeys(LMCACHE_COUNTERS, 0.0)
         self.hist = {
             name: Histogram(tuple(catalog.SIGNALS[name].buckets)) for name in LMCACHE_HISTOGRAMS

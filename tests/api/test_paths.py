@@ -10,11 +10,12 @@ from collections.abc import Callable
 import pytest
 from fastapi.testclient import TestClient
 
+from api.app import create_app
 from api.schemas import CpuTierOut
 from core import kvscope_metrics as sm
 from store.store import Store
 from store.tables import SCHEMA_VERSION, PlanRecord
-from tests.api.conftest import AUTH, CHEAP_WHATIF, CLUSTER, Filled, assert_error
+from tests.api.conftest import AUTH, CHEAP_WHATIF, CLUSTER, Filled, assert_error, settings_for
 from tests.tierdoc import CANNOT, SECTION
 
 
@@ -190,9 +191,6 @@ def test_cpu_tier_saved_sections_served_per_group_older_plan_empty(
 
 
 def test_cpu_tier_schema_documents_numbers_and_model_based_intervals() -> None:
-    from api.app import create_app
-    from tests.api.conftest import settings_for
-
     doc = create_app(settings_for("sqlite:///unused.db")).openapi()
     op = doc["paths"]["/v1/clusters/{cluster}/cpu-tier"]["get"]
     assert op["responses"]["200"]["content"]["application/json"]["schema"] == {

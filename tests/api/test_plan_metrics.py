@@ -11,9 +11,11 @@ from typing import Any
 
 import psycopg
 import pytest
+from prometheus_client import CollectorRegistry, generate_latest
 
 from api.plan_metrics import PlanCollector, render_plan_metrics
 from core import kvscope_metrics as sm
+from planner.decide.evidence import MODES
 from store.store import Store
 from store.tables import PLAN_HEADLINE, PlanRecord
 from tests.samples import PROMTOOL, Series, assert_promtool_clean, labelsets, parse, value
@@ -296,8 +298,6 @@ def test_render_plan_metrics_empty_store_renders_nothing(store: Store) -> None:
 
 
 def test_plan_collector_registered_reads_store_at_each_collect(store: Store) -> None:
-    from prometheus_client import CollectorRegistry, generate_latest
-
     registry = CollectorRegistry(auto_describe=True)
     registry.register(PlanCollector(store, coverage=lambda: None, clock=lambda: NOW))
     assert generate_latest(registry) == b""
@@ -306,8 +306,6 @@ def test_plan_collector_registered_reads_store_at_each_collect(store: Store) -> 
 
 
 def test_plan_modes_equal_the_planners() -> None:
-    from planner.decide.evidence import MODES
-
     assert tuple(MODES) == sm.PLAN_MODES
 
 

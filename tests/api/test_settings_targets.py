@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 from fastapi.testclient import TestClient
 
+from api.app import create_app
 from api.settings import ApiSettings, load_settings
 from core.errors import ConfigError
 from tests.api.conftest import AUTH, TOKEN, assert_error
@@ -83,8 +84,6 @@ def test_load_settings_token_and_token_file_refused(tmp_path: Path) -> None:
 
 
 def test_create_app_applies_the_same_rules_to_direct_settings() -> None:
-    from api.app import create_app
-
     with pytest.raises(ConfigError, match="needs a token"):
         create_app(ApiSettings(reads_require_token=True))
 

@@ -3,6 +3,7 @@ the label combinations each rule keys on; and both collect modes storing it."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import subprocess
 import sys
@@ -12,8 +13,24 @@ from pathlib import Path
 import pytest
 
 from collector.engine_facts import Described, engine_facts_of, offload_from_facts
+from collector.engine_rules import parse_engine_rules
 from collector.parse import read_exposition
-from core.catalog import DCGM_GPU_FAMILY
+from collector.promsource import PrometheusSource
+from collector.run import CollectStats, LoopParts
+from collector.run_config import PrometheusConfig
+from collector.run_prometheus import _register_sources, collect_prometheus
+from core.catalog import (
+    CACHE_CONFIG_INFO,
+    DCGM_GPU_FAMILY,
+    DERIVED_RATIOS,
+    KV_OFFLOAD_CONFIG_INFO,
+    SIGNALS,
+    exposed_names,
+)
+from core.records import Window
+from store.store import Store
+from tests import services
+from tests.collector.exposerver import expo_server
 
 METRICS = Path(__file__).resolve().parents[1] / "fixtures" / "metrics"
 
@@ -103,15 +120,6 @@ def test_prometheus_and_direct_modes_store_each_engines_exposed_offload(tmp_path
     """The demo cluster (none, native and LMCache engines) scraped by a real Prometheus: the
     collector in Prometheus mode registers every engine with the mode it runs, as the direct
     mode does from a targets file that does not say (the issue-11 bug: all were 'none')."""
-    from collector.engine_rules import parse_engine_rules
-    from collector.promsource import PrometheusSource
-    from collector.run import LoopParts
-    from collector.run_config import PrometheusConfig
-    from collector.run_prometheus import collect_prometheus
-    from store.store import Store
-    from tests import services
-    from tests.collector.exposerver import expo_server
-
     kvscope = str(Path(sys.executable).with_name("kvscope"))
     ports = tmp_path / "ports.json"
     sim = subprocess.Popen(
@@ -140,7 +148,6 @@ def test_prometheus_and_direct_modes_store_each_engines_exposed_offload(tmp_path
                 db = f"sqlite:///{tmp_path / 'p.db'}"
                 with Store(db) as store, PrometheusSource(url) as source:
                     store.migrate()
-                    import asyncio
 
                     stats = asyncio.run(
                         collect_prometheus(
@@ -197,11 +204,6 @@ def test_prometheus_and_direct_modes_store_each_engines_exposed_offload(tmp_path
 
 
 def test_prometheus_registration_failed_facts_query_keeps_stored_facts(tmp_path: Path) -> None:
-    from collector.run import CollectStats
-    from collector.run_prometheus import _register_sources
-    from core.records import Window
-    from store.store import Store
-
     window = Window("e0", "kv_cache_usage_ratio", (("model_name", "m"),), 0.0, 60.0, "gauge", 4)
     native = {CACHE: [{**ON, "num_gpu_blocks": "10", "block_size": "16"}]}
     with Store(f"sqlite:///{tmp_path / 'k.db'}") as store:
@@ -231,12 +233,6 @@ def test_prometheus_registration_lmcache_server_with_derived_ratio_is_no_engine(
 ) -> None:
     """An LMCache server's windows include a derived hit ratio (catalog.DERIVED_RATIOS),
     which is not a catalogue signal: it still counts as the server's, not as a vLLM engine."""
-    from collector.run import CollectStats
-    from collector.run_prometheus import _register_sources
-    from core.catalog import DERIVED_RATIOS, SIGNALS
-    from core.records import Window
-    from store.store import Store
-
     ratio, numerator, _ = next(r for r in DERIVED_RATIOS if SIGNALS[r[1]].source == "lmcache")
     windows = [Window("lm:9", numerator, (), 0.0, 60.0, "counter", 4, delta=5.0),
                Window("lm:9", ratio, (), 0.0, 60.0, "gauge", 4, mean=0.5)]  # fmt: skip
@@ -255,16 +251,6 @@ def test_prometheus_backfill_dates_an_engine_restart_with_offload_on(tmp_path: P
     """An engine restarted with native offload switched on, seen only through Prometheus'
     history: the back-fill records both regimes, each from the time the series changed,
     not the whole history as the mode of its last instant."""
-    import asyncio
-
-    from collector.promsource import PrometheusSource
-    from collector.run_config import PrometheusConfig
-    from collector.run_prometheus import collect_prometheus
-    from core.catalog import CACHE_CONFIG_INFO, KV_OFFLOAD_CONFIG_INFO, exposed_names
-    from store.store import Store
-    from tests import services
-    from tests.collector.exposerver import expo_server
-
     (usage,) = exposed_names("kv_cache_usage_ratio")[:1]
     switch_at: list[float] = []
 

@@ -12,6 +12,7 @@ from collector.dcgm import GpuFacts, engine_gpus, gpu_slug, host_of
 from collector.engine_facts import assumed_facts, describe, engine_facts_of
 from collector.engine_rules import load_engine_rules, parse_engine_rules
 from core.errors import ConfigError
+from planner.domain.hardware import get_gpu
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "engines.yaml"
 
@@ -117,8 +118,6 @@ def test_host_of_splits_port_only(instance: str, host: str) -> None:
 
 
 def test_gpu_slug_is_the_hardware_catalogue_alias_spelling() -> None:
-    from planner.domain.hardware import get_gpu
-
     assert get_gpu(gpu_slug("NVIDIA H100 80GB HBM3")).name == "h100-80gb"
     assert get_gpu(gpu_slug("NVIDIA H200")).name == "h200-141gb"
 

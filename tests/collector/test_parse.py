@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import math
 import random
+import threading
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 
-from collector.parse import ExpositionReader, read_exposition
+from collector.parse import ExpositionReader, read_exposition, thread_reader
 from core.catalog import SIGNALS, exposed_names
 from core.errors import ParseError
 from core.records import SignalSample, Snapshot
@@ -468,10 +470,6 @@ def test_read_exposition_repeated_identical_type_line_accepted() -> None:
 
 
 def test_thread_reader_same_thread_reuses_other_thread_gets_its_own() -> None:
-    import threading
-
-    from collector.parse import thread_reader
-
     mine = thread_reader()
     assert thread_reader() is mine
     seen: list[ExpositionReader] = []
@@ -484,8 +482,6 @@ def test_thread_reader_same_thread_reuses_other_thread_gets_its_own() -> None:
 def test_read_exposition_concurrent_threads_same_snapshots_as_serial() -> None:
     """64 reads at once from 16 worker threads (as the collector's asyncio.to_thread does)
     give exactly the snapshots one reader gives serially."""
-    from concurrent.futures import ThreadPoolExecutor
-
     names = sorted(p.name for p in METRICS.glob("*.txt"))
     texts = {n: (METRICS / n).read_text() for n in names}
     serial = {n: ExpositionReader().read(texts[n], n, 1.0) for n in names}

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -277,7 +278,6 @@ def test_histogram_quantile_matches_promtool_exactly(tmp_path: Path) -> None:
                 ],
             }
         )
-    import yaml
 
     path = tmp_path / "quantile_test.yml"
     path.write_text(yaml.safe_dump({"tests": tests}))

@@ -27,7 +27,7 @@ from collector.scrape import (
 from collector.urlguard import URLPolicy
 from core.errors import ConfigError
 from core.records import ScrapeOutcome
-from tests.collector.exposerver import expo_server
+from tests.collector.exposerver import bumping, expo_server
 from tests.services import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -235,8 +235,6 @@ def test_scrape_all_timeout_excludes_wait_for_a_slot() -> None:
 
 
 def test_scrape_all_counter_moves_between_scrapes() -> None:
-    from tests.collector.exposerver import bumping
-
     text = (METRICS / "vllm-0.33.0-metrics-default.txt").read_text()
     with expo_server() as srv:
         t = Target(

@@ -27,6 +27,7 @@ from core.errors import ConfigError
 from core.records import Snapshot
 from store.store import Store
 from tests import services
+from tests.clirun import run_kvscope
 from tests.collector.exposerver import ExpoServer, bumping, expo_server
 
 ENGINE = (
@@ -277,8 +278,6 @@ def test_two_shards_each_target_once_then_resharded_to_three_losing_nothing(
 
 
 def test_collect_cli_shard_flag_checked(tmp_path: Path) -> None:
-    from tests.clirun import run_kvscope
-
     targets = tmp_path / "t.yaml"
     one = {"name": "a", "url": "http://127.0.0.1:1/metrics"}
     targets.write_text(json.dumps({"cluster": "c", "targets": [one]}))

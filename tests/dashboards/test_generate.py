@@ -10,10 +10,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from core import catalog
+from dashboards.config import DEFAULT
 from dashboards.generate import DASHBOARD_DIR, RULES_DIR, artifacts, check, write
-from dashboards.grafana import DATASOURCE, SCHEMA_VERSION
+from dashboards.grafana import DATASOURCE, SCHEMA_VERSION, Chart, Column, Query
+from dashboards.recording_rules import RECORDS
+from dashboards.variables import board_scope
 from tests.clirun import run_kvscope
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -28,7 +32,6 @@ def _exprs() -> list[str]:
     """Every PromQL expression generated: panel targets, recording and alerting rules."""
     out = [t["expr"] for d in _dashboards().values() for p in d["panels"]
            for t in p.get("targets", [])]  # fmt: skip
-    import yaml
 
     for rel, text in artifacts().items():
         if rel.parent == RULES_DIR:
@@ -173,10 +176,6 @@ def test_every_spelling_of_every_signal_used_is_matched() -> None:
 def test_every_panel_rate_and_ratio_is_a_recording_rule_expression() -> None:
     """A panel computing a rate or a ratio draws exactly what a recording rule records (the
     same builder in the dashboard's scope), so the alerts test what the operator sees."""
-    from dashboards.config import DEFAULT
-    from dashboards.recording_rules import RECORDS
-    from dashboards.variables import board_scope
-
     recorded = {r.expr(board_scope(DEFAULT), DEFAULT) for r in RECORDS}
     loose = [
         f"{uid} / {p['title']}: {t['expr'][:120]}"
@@ -211,8 +210,6 @@ def test_planner_cpu_tier_table_joins_one_column_per_query_on_tier_and_size() ->
 
 
 def test_chart_columns_without_one_query_each_are_refused() -> None:
-    from dashboards.grafana import Chart, Column, Query
-
     with pytest.raises(ValueError, match="one query per column"):
         Chart("t", "d", "none", (Query("up"),), kind="table",
               columns=(Column("a", "none"), Column("b", "none")))  # fmt: skip

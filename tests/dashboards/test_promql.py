@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from core import catalog
@@ -9,6 +11,7 @@ from core.errors import ConfigError
 from dashboards import promql as q
 from dashboards.config import DEFAULT
 from dashboards.recording_rules import RECORDS, find
+from dashboards.rule_files import alert_rules
 
 SCOPE = q.Scope("5m", 'job="vllm"', 'job="lmcache"', 'job="kvscope-collector"')
 
@@ -69,10 +72,6 @@ def test_record_find_unknown_names_it() -> None:
 
 
 def test_alerts_without_lmcache_leave_out_only_the_lmcache_alerts() -> None:
-    from dataclasses import replace
-
-    from dashboards.rule_files import alert_rules
-
     def names(cfg: object) -> set[str]:
         return {r["alert"] for r in alert_rules(cfg)["groups"][0]["rules"]}  # type: ignore[arg-type]
 

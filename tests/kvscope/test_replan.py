@@ -5,12 +5,13 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import weakref
 from pathlib import Path
 
 import pytest
 
 from core.errors import ConfigError, StoreError
-from kvscope.replan import ReplanConfig, resolve_cluster, run_every
+from kvscope.replan import ReplanConfig, _Interrupted, _Stopper, resolve_cluster, run_every
 from planner.plan import NoData, Plan, build_plan
 from store.store import Store
 from tests.planner.synthstore import fill_store, shifted_frame, sqlite_url
@@ -87,10 +88,6 @@ def test_stopper_interrupt_swallowed_by_a_gc_callback_is_raised_at_block_end(
     """SIGTERM's exception raised inside a weakref callback is lost there (Python prints
     "Exception ignored in …"); the stopper drops that message and raises at the end of the
     planning block instead, so the plan is still abandoned and stderr stays clean."""
-    import signal
-    import weakref
-
-    from kvscope.replan import _Interrupted, _Stopper
 
     class Thing:
         pass

@@ -20,7 +20,9 @@ from planner.decide.decision import (
     decide,
     decider_doc,
 )
+from planner.decide.rules import apply_rules
 from planner.decide.rules_limits import lmcache_over_native
+from planner.decide.rulestate import RuleState
 from planner.domain.breakeven import breakeven_bandwidth
 from planner.domain.hardware import get_gpu, get_model
 
@@ -292,9 +294,6 @@ def test_decide_lower_bound_ratio_votes_on_never_off() -> None:
 
 
 def test_decide_simulated_ratio_never_overrides_a_measured_one() -> None:
-    from planner.decide.rules import apply_rules
-    from planner.decide.rulestate import RuleState, Thresholds
-
     s = RuleState(ev(**PRESSURE, native_capacity=gain(0.2, 0.1, 0.3)), Thresholds(), None,
                   None, None, 0.5)  # fmt: skip
     apply_rules(s)

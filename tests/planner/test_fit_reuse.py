@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import math
 
+import numpy as np
 import pytest
 
 from core.catalog import KV_RESIDENCY_BUCKETS
@@ -65,8 +66,6 @@ def _covers(lo: float, hi: float, x: float) -> bool:
 def test_recorder_keeps_vllm_semantics() -> None:
     """Allocation is not an access, only the last 4 hits are kept, idle counts from the last
     hit: A allocated at 0, hit at 1, 3, 6, 10, 15, evicted by B at 21 (capacity 1)."""
-    import numpy as np
-
     times = np.array([0.0, 1.0, 3.0, 6.0, 10.0, 15.0, 21.0])
     items = np.array([0, 0, 0, 0, 0, 0, 1], dtype=np.int64)
     rec = lru_record((times, items), 1, warm=0.0)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Callable
+from statistics import NormalDist
 
 import numpy as np
 import pandas as pd
@@ -375,8 +376,6 @@ def test_demand_series_from_windows_feeds_forecast() -> None:
 @pytest.mark.slow
 def test_forecast_interval_calibration_study_over_seeds() -> None:
     """Over 10 seeds: backtest coverage and true out-of-sample coverage near 90 %."""
-    from statistics import NormalDist
-
     sd_hour = 3e4 / math.sqrt(60)  # noise of an hourly mean of 60 one-minute points
     backtest: list[float] = []
     true_cov: list[float] = []

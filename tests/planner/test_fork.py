@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from planner.plan.fork import JOBS_ENV, Forked, can_fork
+from planner.plan.fork import JOBS_ENV, Forked, can_fork, free_bytes
 from tests.planner.synthstore import fill_store, shifted_frame, sqlite_url
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -144,8 +144,6 @@ def test_no_fork_when_free_memory_is_below_this_process(monkeypatch: pytest.Monk
 
 
 def test_free_bytes_reads_meminfo_and_is_positive() -> None:
-    from planner.plan.fork import free_bytes
-
     assert 0 < free_bytes() < float("inf")
 
 

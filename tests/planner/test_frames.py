@@ -12,6 +12,7 @@ from benchmarks.accuracy.fitsynth import frame_to_windows, synthetic_frame
 from collector.scrape import EngineMeta
 from core.records import Window, labels_of
 from planner.frames.frames import COLUMNS, engine_frame
+from store.tables import EngineChange, EngineRecord
 
 NUMERIC = [c for c in COLUMNS if c not in ("source", "engine", "offload_mode", "group")]
 T0 = 1.8e9
@@ -172,8 +173,6 @@ def test_engine_frame_offload_mode_from_meta_by_source_or_engine_key() -> None:
 def test_engine_frame_offload_mode_follows_recorded_changes_per_window() -> None:
     """An engine restarted with offload on: its windows before the switch count as none,
     from the switch on as native (store.tables.EngineChange); one regime: one mode throughout."""
-    from store.tables import EngineChange, EngineRecord
-
     windows = [win("kv_cache_usage_ratio", "gauge", start=T0 + 60 * k, source=s, mean=0.5)
                for k in range(5) for s in ("a", "b")]  # fmt: skip
     switched = EngineRecord("c", "a", "m", None, None, 1, "native", changes=(

@@ -7,8 +7,10 @@ and fits computed directly on the generating frame, and against the generator's 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
+import random
 from pathlib import Path
 from typing import Any
 
@@ -16,17 +18,21 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from benchmarks.accuracy.fitsynth import Truth
+from benchmarks.accuracy.fitsynth import Truth, synthetic_frame
 from core.errors import ConfigError
 from core.records import Kind, ScrapeOutcome, Window, labels_of
 from planner.decide.decision import RULE_IDS
+from planner.domain.costmodel import hbm_kv_capacity_tokens
 from planner.domain.hardware import get_gpu, get_model
 from planner.fit.gain import fit_gain
+from planner.fit.orchestrate import fit_all
 from planner.fit.preempt import fit_preemption
+from planner.frames.frames import engine_frame
 from planner.plan import NoData, Plan, build_plan
 from planner.plan.build import lmcache_up_fraction
-from planner.plan.fits import Hardware
+from planner.plan.fits import Hardware, cost_model, fit_runs
 from planner.plan.forecast import kv_capacity
+from planner.plan.observe import observe
 from store.store import Store
 from tests.planner.synthstore import (
     BLOCK_SIZE,
@@ -286,7 +292,6 @@ def test_kv_capacity_prefers_facts_then_prior_then_engines() -> None:
     mixed = kv_capacity(windows, facts, hw)
     assert mixed is not None and mixed.per_source is not None
     assert mixed.per_source["a"] == 16_000
-    from planner.domain.costmodel import hbm_kv_capacity_tokens
 
     prior = hbm_kv_capacity_tokens(hw.model, hw.gpu, 1)
     assert mixed.per_source["b"] == prior and mixed.total == 16_000 + prior
@@ -320,9 +325,6 @@ def test_lmcache_up_fraction_reads_last_outcome_per_target(tmp_path: Path) -> No
 
 
 def test_observe_lmcache_server_source_counts_for_lmcache_mode() -> None:
-    from planner.frames.frames import engine_frame
-    from planner.plan.observe import observe
-
     eng = labels_of({"engine": "0", "model_name": "m"})
     srv = labels_of({"model_name": "m"})
     windows = [
@@ -350,12 +352,6 @@ def test_observe_lmcache_server_source_counts_for_lmcache_mode() -> None:
 
 
 def test_plan_fits_one_refused_fit_leaves_the_others_standing() -> None:
-    import dataclasses
-
-    from benchmarks.accuracy.fitsynth import synthetic_frame
-    from planner.fit.orchestrate import fit_all
-    from planner.plan.fits import cost_model, fit_runs
-
     frame = synthetic_frame(3, 150, seed=4)
     # A GPU entry without FLOPs: the MFU fit refuses it (ConfigError).
     hw = Hardware(
@@ -374,8 +370,6 @@ def _odd_windows(windows: list[Window]) -> list[Window]:
     """Beside a synthetic cluster: several series per signal (L1 backends, finish reasons
     with uneven window lengths), re-prefill counters with gaps, NaN ratios, an LMCache server
     source with a health gauge that ends unhealthy, censored prompt p90s."""
-    import random
-
     rng = random.Random(5)
     out: list[Window] = []
     kv = [w for w in windows if w.signal == "kv_cache_usage_ratio"]

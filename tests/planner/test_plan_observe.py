@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import random
 
+import numpy as np
 import pytest
 
 from collector.rollup import Rollup
 from core.catalog import token_buckets
 from core.records import SignalSample, Snapshot, Window, labels_of
-from planner.plan.observe import p90_censored, prompt_lengths
+from planner.frames.table import seq_sum
+from planner.plan.observe import p90_censored, prompt_lengths, quantiles, weighted_median
 
 LABELS = labels_of({"engine": "0", "model_name": "m"})
 
@@ -100,10 +102,6 @@ def test_p90_censored_reads_equal_quantiles(
 def test_weighted_median_and_quantiles_arrays_equal_the_list_loop(seed: int) -> None:
     """The array path (a plan's millions of windows) returns what the loop over lists does,
     with ties, NaN, inf, zero and negative weights mixed in."""
-    import numpy as np
-
-    from planner.plan.observe import quantiles, weighted_median
-
     rng = np.random.default_rng(seed)
     n = int(rng.integers(0, 400))
     values = (rng.choice([0.5, 1.0, 2.0, np.nan, np.inf, -3.0], n) * rng.integers(1, 4, n)).astype(
@@ -116,10 +114,6 @@ def test_weighted_median_and_quantiles_arrays_equal_the_list_loop(seed: int) -> 
 
 
 def test_seq_sum_adds_left_to_right_as_a_loop() -> None:
-    import numpy as np
-
-    from planner.frames.table import seq_sum
-
     values = np.array([1e16, 1.0, -1e16, 1.0, 0.1, 0.2] * 50)
     total = 0.0
     for v in values.tolist():

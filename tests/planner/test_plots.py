@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import matplotlib
 import pytest
+from PIL import Image
 
 from planner.report.plots import _note, _title
 
@@ -17,11 +19,8 @@ REASON = (
 
 @pytest.mark.parametrize("width_in", [6.0, 8.0, 12.0])
 def test_note_wraps_a_long_reason_to_the_figure_width(width_in: float, tmp_path: Path) -> None:
-    import matplotlib
-
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    from PIL import Image
+    import matplotlib.pyplot as plt  # noqa: PLC0415 - import order: the Agg backend is chosen before pyplot loads
 
     fig, ax = plt.subplots(figsize=(width_in, 4))
     ax.plot([0, 1], [0, 1])

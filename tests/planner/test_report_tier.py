@@ -10,6 +10,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import matplotlib
+import matplotlib.pyplot as plt
 import pytest
 
 from planner.report.html_tier import cpu_tier_html
@@ -22,8 +23,6 @@ matplotlib.use("Agg")
 @pytest.fixture
 def figures() -> Iterator[list[Any]]:
     """Figures the test made, closed after it."""
-    import matplotlib.pyplot as plt
-
     made: list[Any] = []
     yield made
     for fig in made:

@@ -7,10 +7,12 @@ from typing import Any
 
 import pytest
 
-from benchmarks.accuracy.telemetry_gen import DEFAULT_EPOCH0, generate, merge
+from benchmarks.accuracy.telemetry_gen import DEFAULT_EPOCH0, bucket_sums, generate, merge
 from core.errors import ConfigError
+from planner.frames.residency import combine, residency_histograms
 from planner.simulate.cluster import Simulation
 from planner.simulate.scenario import Scenario, parse_scenario
+from store.store import Store
 
 RAW: dict[str, Any] = {
     "name": "telemetry-gen",
@@ -105,10 +107,6 @@ def test_merge_keeps_every_source_and_refuses_duplicates() -> None:
 def test_bucket_sums_combine_to_what_the_store_sums(tmp_path: Any) -> None:
     """The residency histograms of generated windows, summed without a store, equal the ones
     the plan reads back from a store holding the same windows."""
-    from benchmarks.accuracy.telemetry_gen import bucket_sums
-    from planner.frames.residency import combine, residency_histograms
-    from store.store import Store
-
     raw = {**RAW, "engine": {"kv_cache_metrics": True, "kv_cache_metrics_sample": 1.0},
            "cluster": {**RAW["cluster"], "gpu_memory_utilization": 0.3}}  # fmt: skip
     tel = generate(parse_scenario(raw))

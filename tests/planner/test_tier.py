@@ -13,6 +13,7 @@ import pytest
 
 from core.catalog import KV_RESIDENCY_BUCKETS
 from planner.decide.decision import decide
+from planner.decide.evidence import Evidence
 from planner.deploy.sizing import size
 from planner.domain.hardware import get_gpu, get_model
 from planner.fit.capacity import Slo
@@ -135,7 +136,6 @@ def test_recommended_size_feeds_sizing_only_where_the_model_can_tell(
     doctored = {"native": {"recommended": {**r, "can_tell": True}}}
     gib = recommended_gib(doctored, "native")
     assert gib is not None and gib == r["gib"]
-    from planner.decide.evidence import Evidence
 
     ev = Evidence(model="llama-3.1-8b", gpu="h100-80gb", tp=1, engines=2, kv_util_p95=0.97,
                   preemptions_per_1k=80.0, prompt_tokens_p90=9000, prefix_hit_ratio=0.3,

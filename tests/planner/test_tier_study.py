@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import tempfile
 from dataclasses import asdict, replace
 from typing import Any
 
@@ -14,9 +15,33 @@ import pytest
 
 from benchmarks.accuracy import tier_cases
 from benchmarks.accuracy.tier_cases import MULTIPLES, cases
-from benchmarks.accuracy.tier_study import covers, score, score_row
-from benchmarks.accuracy.tier_truth import GB, GIB, CaseTruth, Run, Size, sizes_gib, with_native
+from benchmarks.accuracy.tier_study import (
+    covers,
+    run_case,
+    score,
+    score_row,
+    section_of,
+    telemetry_of,
+)
+from benchmarks.accuracy.tier_truth import (
+    GB,
+    GIB,
+    CaseTruth,
+    Run,
+    Size,
+    offered_qps,
+    scenario,
+    sizes_gib,
+    with_native,
+)
+from benchmarks.accuracy.verdict_study import engine_records
 from core.errors import ConfigError
+from planner.plan.build import build_plan
+from planner.plan.tier import MULTIPLES as SECTION_MULTIPLES
+from planner.simulate.cluster import Simulation
+from planner.simulate.compare import Sweep, compare
+from planner.simulate.scenario import parse_scenario
+from store.store import Store
 
 # sha256 of the study split and its rules as committed before the first run (af304fa):
 # changing a case, a seed or a rule of tier_cases.py makes a new study, not a re-run
@@ -38,8 +63,6 @@ def test_tier_cases_study_split_unchanged_since_frozen() -> None:
 
 
 def test_tier_cases_no_offload_metrics_on_sizes_are_the_sections_rows() -> None:
-    from planner.plan.tier import MULTIPLES as SECTION_MULTIPLES
-
     assert MULTIPLES == SECTION_MULTIPLES
     got = cases("study")
     assert len(got) == 13 and len({c.name for c in got}) == 13
@@ -60,9 +83,6 @@ def test_tier_cases_unknown_split_raises() -> None:
 def test_sizes_are_the_sections_gib_and_the_simulators_cpu_blocks() -> None:
     """The truth's sizes: MULTIPLES x the HBM KV in GiB (the section's rows), given to the
     simulator in decimal GB, hold exactly MULTIPLES x num_gpu_blocks blocks per engine."""
-    from planner.simulate.cluster import Simulation
-    from planner.simulate.scenario import parse_scenario
-
     case = cases("study")[1]
     raw = {**case.raw, "workload": {**case.raw["workload"], "qps": 1.0}, "duration_s": 60}
     gibs, blocks, per_block = sizes_gib(raw)
@@ -179,15 +199,6 @@ def test_score_restricted_to_the_sections_engines_when_some_were_left_out() -> N
 def test_tier_study_one_small_case_end_to_end() -> None:
     """A dev doc case shortened to 1 h: the harness's numbers are the ones ``simulate
     --compare`` and the plan give (not the accuracy: that is the study's)."""
-    import tempfile
-
-    from benchmarks.accuracy.tier_study import run_case, section_of, telemetry_of
-    from benchmarks.accuracy.tier_truth import offered_qps, scenario
-    from benchmarks.accuracy.verdict_study import engine_records
-    from planner.plan.build import build_plan
-    from planner.simulate.compare import Sweep, compare
-    from store.store import Store
-
     case = replace(next(c for c in cases("dev") if c.name == "doc-10"), hours=1.0,
                    arrival="poisson")  # fmt: skip
     out = run_case(case, lambda _msg: None)

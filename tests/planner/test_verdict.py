@@ -13,6 +13,7 @@ import pytest
 
 from planner.decide.evidence import Evidence
 from planner.fit.capacity import Slo
+from planner.fit.common import exp_or_inf
 from planner.plan.verdict import run_verdicts, verdict_section
 from planner.report.verdict_text import offload_lines
 from tests.planner.switchsynth import switchback_frame
@@ -151,6 +152,4 @@ def test_run_verdicts_short_switchback_never_raises(n_blocks: int) -> None:
 
 
 def test_exp_or_inf_saturates() -> None:
-    from planner.fit.common import exp_or_inf
-
     assert exp_or_inf(800.0) == math.inf and exp_or_inf(0.0) == 1.0

@@ -7,19 +7,25 @@ import hashlib
 import json
 import math
 from dataclasses import asdict, replace
+from pathlib import Path
 
+import numpy as np
 import pytest
 
+from benchmarks.accuracy.telemetry_gen import generate
 from benchmarks.accuracy.verdict_cases import HELPS_ABOVE, NULL_WITHIN, cases
 from benchmarks.accuracy.verdict_study import (
     call_of,
     covers,
     decision_call,
     engine_records,
+    merged,
     run_case,
 )
 from benchmarks.accuracy.verdict_truth import label_of, slo_ttft
 from core.errors import ConfigError
+from planner.frames.frames import engine_frame
+from planner.simulate.scenario import parse_scenario
 
 # sha256 of the study split as committed before its first run (ba50cd3): changing a case,
 # a seed or a rule of verdict_cases.py makes a new study, not a re-run of this one
@@ -128,12 +134,6 @@ def test_decision_call_none_after_measured_claim_is_wrong() -> None:
 @pytest.mark.slow
 def test_verdict_study_switchback_regimes_reach_the_frame_rows() -> None:
     """A switchback canary's schedule (engine records' ``changes``) sets each window's mode."""
-    import numpy as np
-
-    from benchmarks.accuracy.telemetry_gen import generate
-    from planner.frames.frames import engine_frame
-    from planner.simulate.scenario import parse_scenario
-
     case = next(c for c in cases("dev") if c.cls == "switchback")
     raw = {**case.raw, "duration_s": 7200.0, "warmup_s": 0.0}
     raw["workload"] = {**raw["workload"], "qps": 0.5}
@@ -164,10 +164,6 @@ def test_verdict_study_helps_case_measured_claim_right_sign() -> None:
 
 
 def test_merged_puts_rerun_cases_in_place_and_keeps_each_revision() -> None:
-    from pathlib import Path
-
-    from benchmarks.accuracy.verdict_study import merged
-
     base = json.loads(Path("benchmarks/results/verdict_study.json").read_text())
     one = json.loads(json.dumps(base["results"][-1]))
     one["evaluations"][-1]["modes"]["native"]["covers"] = not one["evaluations"][-1]["modes"][

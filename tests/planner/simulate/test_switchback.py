@@ -16,9 +16,13 @@ import pytest
 import yaml
 
 from core.errors import ConfigError
+from kvscope.demo import DemoOptions, _serve_and_collect, load_demo_scenario
+from planner.simulate import cluster
 from planner.simulate.cluster import Simulation
+from planner.simulate.compare import compare
 from planner.simulate.kvcache import BlockPool
 from planner.simulate.lmcache import LMCacheConnector
+from planner.simulate.metrics_server import file_sd, targets_document
 from planner.simulate.offload import Connector, NativeOffload
 from planner.simulate.request import Req
 from planner.simulate.scenario import load_scenario, parse_scenario
@@ -421,8 +425,6 @@ def _tiny_canary(directory: Path) -> Path:
 
 
 def test_live_demo_collection_records_the_schedule_in_engine_changes(tmp_path: Path) -> None:
-    from kvscope.demo import DemoOptions, _serve_and_collect, load_demo_scenario
-
     scenario = load_demo_scenario(_tiny_canary(tmp_path), sim_hours=0.25, seed=3)
     sb = scenario.cluster.switchback
     assert sb is not None and sb.seed == 9
@@ -445,8 +447,6 @@ def test_live_demo_collection_records_the_schedule_in_engine_changes(tmp_path: P
 
 
 def test_served_targets_and_file_sd_leave_a_canarys_offload_to_the_engine() -> None:
-    from planner.simulate.metrics_server import file_sd, targets_document
-
     sc = parse_scenario(_raw())
     doc = {
         "engines": [
@@ -463,8 +463,6 @@ def test_served_targets_and_file_sd_leave_a_canarys_offload_to_the_engine() -> N
 
 
 def test_compare_runs_each_mode_throughout_without_the_switchback() -> None:
-    from planner.simulate.compare import compare
-
     raw = _raw()
     raw["duration_s"] = 120
     doc = compare(raw, ("none", "native"), progress=lambda _msg: None)
@@ -473,8 +471,6 @@ def test_compare_runs_each_mode_throughout_without_the_switchback() -> None:
 
 
 def test_looping_served_run_switches_on_across_loops(monkeypatch: pytest.MonkeyPatch) -> None:
-    from planner.simulate import cluster
-
     monkeypatch.setattr(cluster, "PRUNE_MIN_NODES", 256)  # prune often: retries hold paths
     raw = _raw(switchback={"engines": [0, 3], "mode": "native", "block_s": 50, "seed": 6})
     raw["duration_s"] = 120
