@@ -20,7 +20,7 @@ import pandas as pd
 
 from core.errors import ConfigError
 from planner.fit.common import Interval, check_level, exp_or_inf, nan_interval
-from planner.fit.units import engine_codes
+from planner.fit.units import engine_codes, unit_codes
 
 if TYPE_CHECKING:
     import numpy.typing as npt
@@ -152,10 +152,11 @@ def _texts(units: Sequence[object] | npt.NDArray[np.object_]) -> tuple[IntArray,
     """``pd.factorize`` of the units' texts (``str``): code per row, texts by code in order
     of first appearance; with no string made per row when every unit is a ``str``."""
     values = np.asarray(units, dtype=object)
-    codes, uniques = pd.factorize(values)
-    if not all(isinstance(u, str) for u in uniques) or (codes < 0).any():
-        codes, uniques = pd.factorize(np.asarray([str(u) for u in values], dtype=object))
-    return np.asarray(codes, dtype=np.int64), [str(u) for u in uniques]
+    codes, uniques = unit_codes(values)  # None as a value: a unit not all str, read as text
+    if all(isinstance(u, str) for u in uniques):
+        return codes, [str(u) for u in uniques]
+    found, texts = pd.factorize(np.asarray([str(u) for u in values], dtype=object))
+    return np.asarray(found, dtype=np.int64), [str(u) for u in texts]
 
 
 def fit_capacity(
@@ -182,18 +183,18 @@ def fit_capacity(
     key, key_names = engine_codes(frame)  # codes, no "source/engine" string per row
     caps: list[UnitCapacity] = []
     for arm in (mode, NO_OFFLOAD):
-        in_arm = modes == arm
-        for u in sorted({unit_names[c] for c in np.unique(unit_c[in_arm]).tolist()}):
-            rows = in_arm & (unit_c == unit_names.index(u))
-            engines = sorted({key_names[c]: c for c in np.unique(key[rows]).tolist()}.items())
+        cells = _cells(np.flatnonzero(modes == arm), unit_c, key, len(key_names))
+        for u in sorted({unit_names[c] for c, _ in cells}):
+            unit = unit_names.index(u)
+            engines = sorted((key_names[k], k) for c, k in cells if c == unit)
             # a pool's load is per engine: each engine's windows, the pool's status combined
             values, statuses, n, n_miss = [], [], 0, 0
             for _, code in engines:
-                r = rows & (key == code)
+                r = cells[unit, code]
                 v, s = unit_capacity(load[r], missed[r])
                 values.append(v)
                 statuses.append(s)
-                n, n_miss = n + int(r.sum()), n_miss + int(missed[r].sum())
+                n, n_miss = n + r.size, n_miss + int(missed[r].sum())
             caps.append(_combine(u, arm, values, statuses, n=n, missed=n_miss))
     method = (
         f"per unit: load (tokens/s per engine) where the share of windows missing the SLO "
@@ -207,6 +208,21 @@ def fit_capacity(
         "mix is the one each unit served",
     )
     return _compare(mode, slo, caps, level, claim_level, method, assumptions)
+
+
+def _cells(
+    rows: IntArray, unit_c: IntArray, key: IntArray, keys: int
+) -> dict[tuple[int, int], IntArray]:
+    """The rows (in row order) of each (unit code, engine code) among ``rows``: one stable
+    sort, instead of a pass over every row per unit and per engine."""
+    cell = unit_c[rows] * keys + key[rows]
+    order = np.argsort(cell, kind="stable")
+    cuts = np.flatnonzero(np.diff(cell[order])) + 1
+    return {
+        (int(part[0]) // keys, int(part[0]) % keys): rows[idx]
+        for part, idx in zip(np.split(cell[order], cuts), np.split(order, cuts), strict=True)
+        if part.size
+    }
 
 
 def _combine(

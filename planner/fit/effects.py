@@ -35,6 +35,7 @@ from planner.fit.units import (
     balance_warnings,
     engine_codes,
     traffic,
+    unit_codes,
 )
 
 if TYPE_CHECKING:
@@ -218,7 +219,7 @@ class _Units:
 
     def __init__(self, units: npt.NDArray[np.object_]) -> None:
         self.units = units
-        codes, uniques = pd.factorize(units, use_na_sentinel=False)
+        codes, uniques = unit_codes(units)
         self.text = all(isinstance(u, str) for u in uniques)
         names = np.asarray(uniques if self.text else [], dtype=object)
         texts, rank = np.unique(names, return_inverse=True)

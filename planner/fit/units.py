@@ -61,17 +61,21 @@ _CODES: dict[int, tuple[Any, tuple[object, ...], dict[bool, tuple[IntArray, list
 
 def _columns_of(frame: pd.DataFrame) -> tuple[object, ...]:
     """Where ``source`` and ``engine`` hold their values (None when absent): the array
-    they view (a fresh one for a column with nothing to share, e.g. a categorical: then no
-    cached codes are reused), the address, shape and strides."""
+    they view (a categorical's codes; a fresh one for a column with nothing to share: then
+    no cached codes are reused), the address, shape and strides."""
     out: list[object] = []
     for name in ("source", "engine"):
         if name not in frame.columns:
             out.append(None)
             continue
-        view = root = np.asarray(frame[name])
+        column = frame[name]
+        categorical = isinstance(column.dtype, pd.CategoricalDtype)
+        view = root = column.array.codes if categorical else np.asarray(column)
         while isinstance(root.base, np.ndarray):
             root = root.base
-        out.append((root, view.__array_interface__["data"][0], view.shape, view.strides))
+        # a categorical's categories (alive while the frame is) name what its codes mean
+        names = id(column.array.categories) if categorical else None
+        out.append((root, view.__array_interface__["data"][0], view.shape, view.strides, names))
     return tuple(out)
 
 
@@ -97,6 +101,24 @@ def engine_codes(frame: pd.DataFrame, *, short: bool = False) -> tuple[IntArray,
     return codes.copy(), list(names)
 
 
+# id(units) -> (the units array, weakly; its codes and values)
+_UNIT_CODES: dict[int, tuple[Any, tuple[IntArray, list[object]]]] = {}
+
+
+def unit_codes(units: npt.NDArray[np.object_]) -> tuple[IntArray, list[object]]:
+    """``pd.factorize(units, use_na_sentinel=False)`` of a units array, hashed once while
+    the array lives: a plan's verdicts read one :func:`unit_keys` array (never written
+    after) for every mode, in today's effect and in capacity."""
+    entry = _UNIT_CODES.get(id(units))
+    if entry is None or entry[0]() is not units:
+        found, uniques = pd.factorize(units, use_na_sentinel=False)
+        ref = weakref.ref(units, _forget(id(units), _UNIT_CODES))
+        entry = (ref, (np.asarray(found, dtype=np.int64), list(uniques)))
+        _UNIT_CODES[id(units)] = entry
+    codes, values = entry[1]
+    return codes.copy(), list(values)
+
+
 def _same(a: Any, b: Any) -> bool:
     """The same column array: one root array (identity), at the same place and shape."""
     if a is None or b is None:
@@ -104,11 +126,11 @@ def _same(a: Any, b: Any) -> bool:
     return bool(a[0] is b[0] and a[1:] == b[1:])
 
 
-def _forget(key: int) -> Any:
-    """The weakref callback dropping a dead frame's cached codes."""
+def _forget(key: int, cache: dict[int, Any] = _CODES) -> Any:
+    """The weakref callback dropping a dead frame's (or array's) cached codes."""
 
     def drop(_: object) -> None:
-        _CODES.pop(key, None)
+        cache.pop(key, None)
 
     return drop
 

@@ -30,6 +30,7 @@ from planner.plan.proposal import propose
 from planner.plan.verdict_switchback import switchback_capacity, switchback_today, switching_for
 
 if TYPE_CHECKING:
+    import numpy.typing as npt
     import pandas as pd
 
     from planner.decide.evidence import Evidence
@@ -76,6 +77,7 @@ def run_verdicts(
     slo = slo or Slo()
     modes = set(frame["offload_mode"].astype(str).unique().tolist()) if len(frame) else set()
     pools = pools_of(engines)
+    units: npt.NDArray[np.object_] | None = None  # each row's unit: the same for every mode
     out = {}
     for mode in MODES:
         if "none" not in modes:
@@ -93,7 +95,8 @@ def run_verdicts(
             out[mode] = replace(v, experiment=propose(frame, mode, switching=(),
                                 units_with_mode=0, pools=pools, seed=seed, why=v.why))  # fmt: skip
         else:
-            v = _verdict(frame, unit_keys(frame, pools), mode, slo)
+            units = unit_keys(frame, pools) if units is None else units
+            v = _verdict(frame, units, mode, slo)
             if not v.evidence.can_tell:
                 v = replace(v, experiment=propose(
                     frame, mode, switching=(), units_with_mode=v.evidence.units[0],
