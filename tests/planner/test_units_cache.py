@@ -70,9 +70,14 @@ def test_categorical_columns_are_cached_by_their_codes() -> None:
     codes, names = engine_codes(f)
     assert [names[c] for c in codes] == ["b/0", "a/0", "b/1", "c/"]
     assert [names[c] for c in codes] == _fresh(_frame(), short=False)  # as the strings give
-    root = _CODES[id(f)][1][0][0]
+    def root() -> object:
+        where = _CODES[id(f)][1][0]
+        assert isinstance(where, tuple)
+        return where[0]
+
+    first = root()
     engine_codes(f)
-    assert _CODES[id(f)][1][0][0] is root  # a hit: no object array made per call
+    assert root() is first  # a hit: no object array made per call
     # new names for the same codes: not the cached keys
     f["source"] = f["source"].cat.rename_categories({"a": "x", "b": "y", "c": "z"})
     codes, names = engine_codes(f)
