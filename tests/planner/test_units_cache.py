@@ -70,6 +70,7 @@ def test_categorical_columns_are_cached_by_their_codes() -> None:
     codes, names = engine_codes(f)
     assert [names[c] for c in codes] == ["b/0", "a/0", "b/1", "c/"]
     assert [names[c] for c in codes] == _fresh(_frame(), short=False)  # as the strings give
+
     def root() -> object:
         where = _CODES[id(f)][1][0]
         assert isinstance(where, tuple)
