@@ -192,3 +192,17 @@ def test_engine_frame_rows_sorted_by_engine_then_start() -> None:
     assert got["source"].tolist() == ["a"] * 3 + ["b"] * 3
     assert got["start"].tolist() == [T0, T0 + 60, T0 + 120] * 2
     assert got["preemptions"].tolist() == [0.0, 1.0, 2.0] * 2
+
+
+def test_engine_frame_source_and_engine_are_categoricals_of_the_names_held_sorted() -> None:
+    windows = [win("kv_cache_usage_ratio", "gauge", source=s, engine=e, mean=0.5)
+               for s, e in (("b", "1"), ("a", "0"), ("b", "0"))]  # fmt: skip
+    windows.append(win("lmcache_l1_usage_bytes", "gauge", source="c", engine=None, mean=5e9))
+    got = engine_frame(windows)
+    for col, names in (("source", ["a", "b", "c"]), ("engine", ["", "0", "1"])):
+        assert isinstance(got[col].dtype, pd.CategoricalDtype)
+        assert list(got[col].cat.categories) == names  # only the names held, sorted
+    assert got["source"].astype(str).tolist() == ["a", "b", "b", "c"]
+    assert got["engine"].astype(str).tolist() == ["0", "0", "1", ""]
+    codes, uniques = pd.factorize(got["source"])  # as the strings factorize
+    assert codes.tolist() == [0, 1, 1, 2] and list(uniques) == ["a", "b", "c"]
