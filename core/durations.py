@@ -1,10 +1,12 @@
 """The one duration grammar: ``500ms``, ``15s``, ``1m``, ``2h``, ``7d``, ``1w`` or a bare number
 of seconds. The CLI parses its flags with :func:`parse_duration`; the API's query parameters
 accept the subset :data:`API_PATTERN` (a whole number 1–9999 and a unit: bounded, so the
-OpenAPI document states it) and are read by the same function."""
+OpenAPI document states it) and are read by the same function. :func:`format_duration` writes
+one for people ('3.2 d', '5.0 h')."""
 
 from __future__ import annotations
 
+import math
 import re
 
 from core.errors import ConfigError
@@ -27,3 +29,12 @@ def parse_duration(text: str, what: str, *, allow_zero: bool = False) -> float:
     if seconds < 0 or (seconds == 0 and not allow_zero):
         raise ConfigError(f"{what}: must be greater than 0, got {text!r}")
     return seconds
+
+
+def format_duration(seconds: float | None) -> str:
+    """A duration for people: '3.2 d' / '5.0 h' / 'now'; 'n/a' when unknown or not finite."""
+    if seconds is None or not math.isfinite(seconds):
+        return "n/a"
+    if seconds <= 0:
+        return "now"
+    return f"{seconds / 86400:.1f} d" if seconds >= 86400 else f"{seconds / 3600:.1f} h"

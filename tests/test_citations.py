@@ -1,4 +1,4 @@
-"""The source registry (planner/domain/data/sources.yaml) and the citations that point into it.
+"""The citation registry (planner/domain/data/sources.yaml) and the citations that point into it.
 
 Every published figure is cited as ``[source: <id>]``; these tests keep each id resolvable,
 every registered source cited and complete, the shipped files free of paths outside the
@@ -22,7 +22,7 @@ from planner.decide.decision import decide
 from planner.decide.evidence import Evidence
 from planner.decide.rulestate import SRC_GKE, Cited
 from planner.domain import citations
-from planner.domain.citations import cited_ids, get_source, parse_registry, registry, source_url
+from planner.domain.citations import citation_url, cited_ids, get_citation, parse_registry, registry
 from planner.plan.build import build_plan
 from store.store import Store
 from tests.packages import PACKAGES
@@ -100,14 +100,14 @@ def test_registry_yaml_ids_unique_in_the_file() -> None:
     assert set(ids) == set(registry())
 
 
-def test_get_source_unknown_id_raises_config_error_naming_known_ids() -> None:
+def test_get_citation_unknown_id_raises_config_error_naming_known_ids() -> None:
     with pytest.raises(ConfigError, match=r"unknown source 'no-such-source'; known: .*gke-"):
-        get_source("no-such-source")
+        get_citation("no-such-source")
 
 
-def test_source_url_none_is_none_and_known_id_is_its_url() -> None:
-    assert source_url(None) is None
-    assert source_url("gke-tiered-kv-2025") == get_source("gke-tiered-kv-2025").url
+def test_citation_url_none_is_none_and_known_id_is_its_url() -> None:
+    assert citation_url(None) is None
+    assert citation_url("gke-tiered-kv-2025") == get_citation("gke-tiered-kv-2025").url
 
 
 @pytest.mark.parametrize(
@@ -189,13 +189,13 @@ def test_citations_in_shipped_packages_cite_every_registered_source() -> None:
     assert not uncited, f"registered but cited nowhere in the shipped packages: {uncited}"
 
 
-def test_decider_cited_source_records_its_id_and_text_tag() -> None:
-    assert isinstance(SRC_GKE, Cited) and SRC_GKE.source_id in registry()
-    assert str(SRC_GKE).endswith(citations.tag(SRC_GKE.source_id))
+def test_decider_cited_figure_records_its_id_and_text_tag() -> None:
+    assert isinstance(SRC_GKE, Cited) and SRC_GKE.citation_id in registry()
+    assert str(SRC_GKE).endswith(citations.tag(SRC_GKE.citation_id))
     d = decide(Evidence(kv_util_p95=0.5, model="llama-3.1-8b", gpu="h100", tp=1))
     r1 = next(r for r in d.to_dict()["reasons"] if r["rule"] == "R1_hbm_pressure")
     assert r1["source_id"] == "gke-tiered-kv-2025"
-    assert r1["source_url"] == get_source("gke-tiered-kv-2025").url
+    assert r1["source_url"] == get_citation("gke-tiered-kv-2025").url
     assert "[source: gke-tiered-kv-2025]" in r1["source"]
 
 
@@ -272,7 +272,7 @@ def _check_reasons(decision: dict[str, Any]) -> int:
         if sid is None:
             assert r["source_url"] is None, r
             continue
-        assert r["source_url"] == get_source(sid).url, r
+        assert r["source_url"] == get_citation(sid).url, r
         assert citations.tag(sid) in r["source"], r
         published += 1
     for r in decision["reasons"]:

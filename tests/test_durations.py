@@ -1,5 +1,6 @@
 """core.durations: the one duration grammar of the CLI and the API (a table of good and
-malformed inputs; every duration the API's pattern accepts reads the same)."""
+malformed inputs; every duration the API's pattern accepts reads the same), and how one is
+written for people."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import re
 
 import pytest
 
-from core.durations import API_PATTERN, API_UNITS, UNITS, parse_duration
+from core.durations import API_PATTERN, API_UNITS, UNITS, format_duration, parse_duration
 from core.errors import ConfigError
 
 
@@ -45,3 +46,12 @@ def test_every_api_duration_is_a_cli_duration_of_the_same_seconds() -> None:
         assert parse_duration(text, "since") == n * UNITS[unit]  # by hand, unit by unit
     for bad in ("0s", "10000s", "1ms", "1.5h", " 1h", "1", "01m"):
         assert not pattern.match(bad), bad
+
+
+@pytest.mark.parametrize(
+    ("seconds", "text"),
+    [(None, "n/a"), (float("nan"), "n/a"), (float("inf"), "n/a"), (0.0, "now"), (-5.0, "now"),
+     (5400.0, "1.5 h"), (86_399.0, "24.0 h"), (86_400.0, "1.0 d"), (3 * 86_400.0, "3.0 d")],
+)  # fmt: skip
+def test_format_duration_hours_below_a_day_days_from_one(seconds: float | None, text: str) -> None:
+    assert format_duration(seconds) == text

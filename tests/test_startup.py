@@ -10,7 +10,10 @@ from pathlib import Path
 
 import pytest
 
+from store.store import Store
+from store.tables import PlanRecord
 from tests.clirun import run_kvscope
+from tests.planner.synthstore import sqlite_url
 
 ROOT = Path(__file__).resolve().parents[1]
 SCIENCE = ("numpy", "pandas", "scipy", "statsmodels", "matplotlib")
@@ -41,6 +44,25 @@ def _loaded(code: str, names: tuple[str, ...]) -> list[str]:
 )
 def test_startup_path_leaves_heavy_libraries_unloaded(code: str, unloaded: tuple[str, ...]) -> None:
     assert _loaded(code, unloaded) == []
+
+
+@pytest.mark.parametrize("flags", [(), ("--json",)])
+def test_startup_plans_list_leaves_numpy_and_pandas_unloaded(
+    tmp_path: Path, flags: tuple[str, ...]
+) -> None:
+    # `kvscope plans list` reads stored headlines: no plan is built, no frame is read
+    url = sqlite_url(tmp_path / "plans.db")
+    headline = {"saturation_s": 7200.0, "saturation_lo_s": 3600.0, "p_saturation": 0.4}
+    with Store(url) as store:
+        store.migrate()
+        store.save_plan(PlanRecord("c", "", 1e9, 1e9 - 3600, 1e9, 86_400.0, "0", "native",
+                                   {"forecast": {}}, headline))  # fmt: skip
+    argv = ["kvscope", "plans", "list", "--db", url, *flags]
+    code = (
+        f"from kvscope.cli import main\nsys.argv = {argv!r}\ntry:\n    main()\n"
+        "except SystemExit as exc:\n    assert not exc.code, exc.code"
+    )
+    assert _loaded(code, ("numpy", "pandas")) == []
 
 
 def test_startup_python_dash_m_kvscope_runs_the_cli() -> None:

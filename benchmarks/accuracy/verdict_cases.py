@@ -23,7 +23,7 @@ and the telemetry's length and peak load. Classes:
   engines for native; LMCache with 2 pools (2 nodes) and with 1 pool;
 * ``canary`` — 1 engine with native offload among 3 without (static: the verdict must say
   it cannot tell and propose an experiment);
-* ``switchback`` — 1 engine switched on and off in 30-minute blocks (cluster.switchback)
+* ``switchback`` — 1 engine switched on and off in 30-minute periods (cluster.switchback)
   for 6 hours; evaluated on its first 2, 4 and 6 hours.
 
 The truth (benchmarks/accuracy/verdict_truth.py) is frozen here too: ``R_SAT`` is the
@@ -61,7 +61,7 @@ PEAK_RANGE = (1.1, 1.6)  # diurnal peak / R_SAT
 HOURS = (2.0, 3.0, 4.0)  # telemetry length (simulated hours), drawn per case
 SWITCHBACK_HOURS = 6.0
 SWITCHBACK_PERIOD_H = 3.0  # two diurnal cycles in the 6 hours
-SWITCHBACK_BLOCK_S = 1800.0
+SWITCHBACK_PERIOD_S = 1800.0
 SWITCHBACK_EVAL_HOURS = (2.0, 4.0, 6.0)
 WARMUP_S = 300.0  # windows before this are dropped (a collector's cold start is not history)
 
@@ -229,7 +229,7 @@ def _case(split: str, index: int, spec: _Spec) -> Case:
         cluster["load_shares"] = [round(rng.uniform(0.6, 1.4), 2) for _ in offload]
     seed = rng.randrange(1, 2**31)
     if spec.switchback:
-        cluster["switchback"] = {"engines": [0], "mode": "native", "block_s": SWITCHBACK_BLOCK_S}
+        cluster["switchback"] = {"engines": [0], "mode": "native", "block_s": SWITCHBACK_PERIOD_S}
         hours, period = SWITCHBACK_HOURS, SWITCHBACK_PERIOD_H
     else:
         hours = rng.choice(HOURS)

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from core.durations import parse_duration
+from core.durations import format_duration, parse_duration
 from core.errors import ConfigError
 from kvscope.commands.options import DbOpt, JsonOpt
 from kvscope.commands.plan import check_sqlite_exists
@@ -66,14 +66,13 @@ def _peak(h: Mapping[str, float | None]) -> str:
 
 
 def _saturation(h: Mapping[str, float | None]) -> str:
-    # start-up: the planner (numpy, pandas; ~0.5 s) only when a command runs
-    from planner.plan.forecast import hours
-
     lo, hi = h.get("saturation_lo_s"), h.get("saturation_hi_s")
     if h.get("saturation_s") is None and lo is None:
         return "not within the horizon"
     p = h.get("p_saturation")
-    text = f"{hours(h.get('saturation_s'))} [{hours(lo)}, {hours(hi)}]"
+    text = (
+        f"{format_duration(h.get('saturation_s'))} [{format_duration(lo)}, {format_duration(hi)}]"
+    )
     return text + ("" if p is None else f", P {p:.0%}")
 
 
@@ -85,7 +84,7 @@ def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
 
 
 def _record_dict(rec: PlanRecord) -> dict[str, Any]:
-    # start-up: the planner (numpy) only when a command runs
+    # start-up: the planner's domain (its catalogues' YAML) only when a command runs
     from planner.domain.values import json_ready
 
     out: dict[str, Any] = json_ready(

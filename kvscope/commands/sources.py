@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import json
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated
 
 import typer
+
+if TYPE_CHECKING:
+    from planner.domain.citations import Citation
 
 JsonOpt = Annotated[bool, typer.Option("--json", help="machine-readable JSON on stdout")]
 IdArg = Annotated[
@@ -16,19 +19,19 @@ IdArg = Annotated[
 ]
 
 
-def _lines(source: Any) -> list[str]:
+def _lines(citation: Citation) -> list[str]:
     lines = [
-        f"{source.id}",
-        f"  title: {source.title}",
-        f"  owner: {source.owner}",
-        f"  date:  {source.date}",
-        f"  url:   {source.url}",
+        f"{citation.id}",
+        f"  title: {citation.title}",
+        f"  owner: {citation.owner}",
+        f"  date:  {citation.date}",
+        f"  url:   {citation.url}",
         "  figures:",
     ]
-    for f in source.figures:
+    for f in citation.figures:
         lines.append(f"    - {f.what}: {f.value} (hardware: {f.hardware})")
-    if source.note:
-        lines.append(f"  note: {source.note}")
+    if citation.note:
+        lines.append(f"  note: {citation.note}")
     return lines
 
 
@@ -42,25 +45,25 @@ def sources_cmd(source_id: IdArg = None, as_json: JsonOpt = False) -> None:
     Example: kvscope sources gke-tiered-kv-2025 --json
     """
     # start-up: planner.domain.citations (~40 ms) only when the command runs
-    from planner.domain.citations import get_source, registry
+    from planner.domain.citations import get_citation, registry
 
-    chosen = [get_source(source_id)] if source_id is not None else list(registry().values())
+    chosen = [get_citation(source_id)] if source_id is not None else list(registry().values())
     if as_json:
         payload = (
             chosen[0].to_dict()
             if source_id is not None
-            else {"sources": [s.to_dict() for s in chosen]}
+            else {"sources": [c.to_dict() for c in chosen]}
         )
         typer.echo(json.dumps(payload, indent=2))
         return
     if source_id is not None:
         typer.echo("\n".join(_lines(chosen[0])))
         return
-    width = max(len(s.id) for s in chosen)
+    width = max(len(c.id) for c in chosen)
     typer.echo(
         "\n".join(
-            f"{s.id:<{width}}  {s.title}\n{'':<{width}}  {s.owner}, {s.date}: {s.url}"
-            for s in chosen
+            f"{c.id:<{width}}  {c.title}\n{'':<{width}}  {c.owner}, {c.date}: {c.url}"
+            for c in chosen
         )
     )
 

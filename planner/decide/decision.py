@@ -19,7 +19,7 @@ from core.errors import ConfigError
 from planner.decide.evidence import CapacityEvidence, Evidence, ValueCI
 from planner.decide.rules import RULE_IDS, apply_rules
 from planner.decide.rulestate import HA_ADVICE, Reason, Risk, RuleState, Thresholds
-from planner.domain.citations import source_url
+from planner.domain.citations import citation_url
 from planner.domain.costmodel import DEFAULT_MFU
 from planner.domain.hardware import GPU, Catalog, Model, get_gpu, get_model
 
@@ -71,8 +71,8 @@ class Decision:
                     "text": r.text,
                     "numbers": dict(r.numbers),
                     "source": r.source,
-                    "source_id": r.source_id,
-                    "source_url": source_url(r.source_id),
+                    "source_id": r.citation_id,
+                    "source_url": citation_url(r.citation_id),
                 }
                 for r in self.reasons
             ],

@@ -19,13 +19,13 @@ GIB = 1024**3
 
 @dataclass(frozen=True, slots=True)
 class Cited:
-    """A published figure's citation: readable text and its registered source id."""
+    """A published figure's citation: readable text and its registered citation id."""
 
     text: str
-    source_id: str
+    citation_id: str
 
     def __str__(self) -> str:
-        return f"{self.text} {tag(self.source_id)}"
+        return f"{self.text} {tag(self.citation_id)}"
 
 
 SRC_GKE = Cited("GKE tiered KV cache, Google Cloud/LMCache blog 2025-10-07", "gke-tiered-kv-2025")
@@ -69,9 +69,9 @@ class Reason:
     text: str
     numbers: Mapping[str, float | str]
     source: str
-    # The registered source (planner/domain/citations.py) when `source` cites a publication;
+    # The registered citation (planner/domain/citations.py) when `source` cites a publication;
     # None for measurements, the cost model and other unpublished bases.
-    source_id: str | None = None
+    citation_id: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,8 +109,8 @@ class RuleState:
     def say(self, text: str, numbers: Mapping[str, float | str], source: str | Cited) -> None:
         """Record a Reason under the id of the rule being applied (set by apply_rules); a
         `Cited` source also records its registered id."""
-        sid = source.source_id if isinstance(source, Cited) else None
-        self.reasons.append(Reason(self.rule, text, dict(numbers), str(source), sid))
+        cid = source.citation_id if isinstance(source, Cited) else None
+        self.reasons.append(Reason(self.rule, text, dict(numbers), str(source), cid))
 
     def unknown(self, what: str) -> None:
         if what not in self.unknowns:

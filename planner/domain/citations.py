@@ -1,4 +1,4 @@
-"""The registry of published sources kvscope cites (planner/domain/data/sources.yaml).
+"""The registry of the publications kvscope cites (planner/domain/data/sources.yaml).
 
 Every figure taken from a publication is cited where it enters the code or the output as
 ``[source: <id>]`` (``tag(id)``); the id resolves here to the title, owner, date, URL and the
@@ -21,7 +21,7 @@ from core.errors import ConfigError
 
 WHERE = "planner/domain/data/sources.yaml"
 ID_RE = re.compile(r"[a-z0-9]+(?:[.-][a-z0-9]+)*")
-# How a source is cited in prose, comments and output text: "[source: gke-tiered-kv-2025]".
+# How a publication is cited in prose, comments and output text: "[source: gke-tiered-kv-2025]".
 TAG_RE = re.compile(r"\[source: ([a-z0-9]+(?:[.-][a-z0-9]+)*)\]")
 _REQUIRED = ("title", "owner", "date", "url", "figures")
 _FIGURE_KEYS = ("what", "value", "hardware")
@@ -29,7 +29,7 @@ _FIGURE_KEYS = ("what", "value", "hardware")
 
 @dataclass(frozen=True, slots=True)
 class Figure:
-    """One number kvscope uses from a source, and the hardware it was measured on."""
+    """One number kvscope uses from a publication, and the hardware it was measured on."""
 
     what: str
     value: str
@@ -37,7 +37,9 @@ class Figure:
 
 
 @dataclass(frozen=True, slots=True)
-class Source:
+class Citation:
+    """A registered publication: what ``[source: <id>]`` resolves to."""
+
     id: str
     title: str
     owner: str
@@ -78,10 +80,10 @@ def _figure(raw: object, at: str) -> Figure:
     return Figure(*(_text(raw[k], f"{at}.{k}") for k in _FIGURE_KEYS))
 
 
-def _source(sid: object, raw: object) -> Source:
-    if not isinstance(sid, str) or not ID_RE.fullmatch(sid):
-        raise ConfigError(f"{WHERE}: source id {sid!r} is not kebab-case (a-z, 0-9, '-', '.')")
-    at = f"{WHERE}: {sid}"
+def _citation(cid: object, raw: object) -> Citation:
+    if not isinstance(cid, str) or not ID_RE.fullmatch(cid):
+        raise ConfigError(f"{WHERE}: source id {cid!r} is not kebab-case (a-z, 0-9, '-', '.')")
+    at = f"{WHERE}: {cid}"
     if not isinstance(raw, Mapping):
         raise ConfigError(f"{at} must be a mapping")
     missing = [k for k in _REQUIRED if k not in raw]
@@ -97,8 +99,8 @@ def _source(sid: object, raw: object) -> Source:
     if not isinstance(figures, list) or not figures:
         raise ConfigError(f"{at}.figures must be a non-empty list")
     note = raw.get("note")
-    return Source(
-        sid,
+    return Citation(
+        cid,
         _text(raw["title"], f"{at}.title"),
         _text(raw["owner"], f"{at}.owner"),
         _text(raw["date"], f"{at}.date"),
@@ -108,46 +110,46 @@ def _source(sid: object, raw: object) -> Source:
     )
 
 
-def parse_registry(doc: object) -> dict[str, Source]:
-    """The sources of a parsed sources.yaml document, checked (ConfigError names the entry)."""
+def parse_registry(doc: object) -> dict[str, Citation]:
+    """The citations of a parsed sources.yaml document, checked (ConfigError names the entry)."""
     if not isinstance(doc, Mapping) or not doc:
         raise ConfigError(f"{WHERE} must be a non-empty mapping of source id -> entry")
-    return {str(sid): _source(sid, raw) for sid, raw in doc.items()}
+    return {str(cid): _citation(cid, raw) for cid, raw in doc.items()}
 
 
 @functools.cache
-def registry() -> Mapping[str, Source]:
-    """Every registered source by id, loaded once from the package data."""
+def registry() -> Mapping[str, Citation]:
+    """Every registered publication by id, loaded once from the package data."""
     text = resources.files("planner.domain.data").joinpath("sources.yaml").read_text("utf-8")
     return parse_registry(yaml.safe_load(text))
 
 
-def get_source(source_id: str) -> Source:
-    """The registered source `source_id`; ConfigError names it and the known ids."""
-    sources = registry()
+def get_citation(citation_id: str) -> Citation:
+    """The registered publication `citation_id`; ConfigError names it and the known ids."""
+    citations = registry()
     try:
-        return sources[source_id]
+        return citations[citation_id]
     except KeyError:
-        known = ", ".join(sorted(sources))
-        raise ConfigError(f"unknown source {source_id!r}; known: {known}") from None
+        known = ", ".join(sorted(citations))
+        raise ConfigError(f"unknown source {citation_id!r}; known: {known}") from None
 
 
-def source_url(source_id: str | None) -> str | None:
-    """The URL of a cited source, None when nothing published is cited."""
-    return None if source_id is None else get_source(source_id).url
+def citation_url(citation_id: str | None) -> str | None:
+    """The URL of a cited publication, None when nothing published is cited."""
+    return None if citation_id is None else get_citation(citation_id).url
 
 
-def tag(source_id: str) -> str:
-    """How `source_id` is cited in text: "[source: <id>]" (not checked here; tests check)."""
-    return f"[source: {source_id}]"
+def tag(citation_id: str) -> str:
+    """How `citation_id` is cited in text: "[source: <id>]" (not checked here; tests check)."""
+    return f"[source: {citation_id}]"
 
 
 def cited_ids(text: str) -> list[str]:
-    """The source ids cited in `text` ("[source: <id>]"), in order, without repeats."""
+    """The citation ids cited in `text` ("[source: <id>]"), in order, without repeats."""
     return list(dict.fromkeys(TAG_RE.findall(text)))
 
 
-def cite(source_id: str) -> str:
-    """One line for a reader: title, owner, date and URL of the source."""
-    s = get_source(source_id)
-    return f"[{s.id}] {s.title}. {s.owner}, {s.date}. {s.url}"
+def cite(citation_id: str) -> str:
+    """One line for a reader: title, owner, date and URL of the publication."""
+    c = get_citation(citation_id)
+    return f"[{c.id}] {c.title}. {c.owner}, {c.date}. {c.url}"

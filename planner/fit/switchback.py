@@ -1,9 +1,9 @@
-"""The offload effect on one canary engine switched on and off in blocks of time (a switchback).
+"""The offload effect on one canary engine switched on and off in periods of time (a switchback).
 
-y = α_engine + τ_time-block + β·offload + z'γ + ε on log outcomes, weighted by requests, with
+y = α_engine + τ_time-period + β·offload + z'γ + ε on log outcomes, weighted by requests, with
 a washout after every switch (Bojinov, Simchi-Levi & Zhao 2023) and errors clustered by time
-block (CR2 with Bell–McCaffrey df, or Driscoll–Kraay with ``cov="hac"``). The controls'
-windows measure each time block's common level.
+period (CR2 with Bell–McCaffrey df, or Driscoll–Kraay with ``cov="hac"``). The controls'
+windows measure each time period's common level.
 
 Method: planner/fit/METHODS.md#switchback
 """
@@ -46,15 +46,15 @@ UNKNOWN_MODE = "unknown"
 DEFAULT_WASHOUT_S = 300.0
 COV_TYPES = ("cr2", "hac")
 
-__all__ = ["Block", "SwitchbackFit", "carried_over", "engine_keys", "find_switchbacks",
-           "fit_switchback", "switchback_blocks"]  # fmt: skip
+__all__ = ["Period", "SwitchbackFit", "carried_over", "engine_keys", "find_switchbacks",
+           "fit_switchback", "switchback_periods"]  # fmt: skip
 
 
 @dataclass(frozen=True, slots=True)
-class Block:
+class Period:
     """A maximal run of one engine's windows in one offload mode: ``[start, end)`` with
-    ``start`` its first window's start and ``end`` the next block's first start (the last
-    block: its last window's end); ``windows`` rows in it."""
+    ``start`` its first window's start and ``end`` the next period's first start (the last
+    period: its last window's end); ``windows`` rows in it."""
 
     engine: str
     mode: str
@@ -66,7 +66,7 @@ class Block:
 @dataclass(frozen=True, slots=True)
 class SwitchbackFit(FitResult):
     """``estimate`` = β, the offload effect on ``outcome`` (log scale when ``log``) with its
-    ``interval`` at ``interval.level`` over time blocks (METHODS.md#switchback)."""
+    ``interval`` at ``interval.level`` over time periods (METHODS.md#switchback)."""
 
     offload: str
     outcome: str
@@ -75,11 +75,11 @@ class SwitchbackFit(FitResult):
     se: float
     df: float
     cov_type: str  # "CR2" | "HAC" | "none"
-    blocks_by_arm: tuple[tuple[str, int], ...]  # switching engines' blocks with windows used
+    periods_by_arm: tuple[tuple[str, int], ...]  # switching engines' periods with windows used
     windows_by_arm: tuple[tuple[str, int], ...]  # switching engines' windows used
     switching: tuple[str, ...]
     controls: tuple[str, ...]
-    time_blocks: int
+    time_periods: int
     time_effects: bool  # τ_b in the model (False without a control)
     dropped: tuple[tuple[str, int], ...]  # (reason, windows)
     washout_s: float
@@ -108,8 +108,8 @@ def find_switchbacks(frame: pd.DataFrame) -> tuple[str, ...]:
 
 def _runs(
     starts: Array, modes: npt.NDArray[np.object_], window_s: float, engine: str
-) -> list[Block]:
-    """Blocks of one engine's rows, already sorted by start."""
+) -> list[Period]:
+    """Periods of one engine's rows, already sorted by start."""
     if not starts.size:
         return []
     cut = np.flatnonzero(modes[1:] != modes[:-1]) + 1
@@ -118,7 +118,7 @@ def _runs(
     out = []
     for a, b in zip(first.tolist(), last.tolist(), strict=True):
         end = float(starts[b]) if b < starts.size else float(starts[b - 1]) + window_s
-        out.append(Block(engine, str(modes[a]), float(starts[a]), end, b - a))
+        out.append(Period(engine, str(modes[a]), float(starts[a]), end, b - a))
     return out
 
 
@@ -133,8 +133,8 @@ def _window_s(frame: pd.DataFrame) -> float:
     return float(np.median(gaps)) if gaps.size else 60.0
 
 
-def switchback_blocks(frame: pd.DataFrame, engine: str) -> tuple[Block, ...]:
-    """The blocks of ``engine`` (an engine key): maximal runs of its windows, sorted by
+def switchback_periods(frame: pd.DataFrame, engine: str) -> tuple[Period, ...]:
+    """The periods of ``engine`` (an engine key): maximal runs of its windows, sorted by
     start, in one offload mode (a missing mode counts as ``unknown``)."""
     if not len(frame):
         return ()
@@ -156,7 +156,7 @@ def _queue(frame: pd.DataFrame) -> tuple[Array, Array]:
 def carried_over(
     starts: Array, waiting: Array, finished: Array, switch_at: float, washout_s: float
 ) -> npt.NDArray[np.bool_]:
-    """Which windows of one block (any order) the switch at ``switch_at`` still shapes: those
+    """Which windows of one period (any order) the switch at ``switch_at`` still shapes: those
     starting within ``washout_s`` of it, then each following window while the waiting queue
     falls from the one before by more than QUEUE_GROWTH_SHARE of its finished requests (at
     least 1) — the backlog the other mode left is still being served. A missing queue ends
@@ -174,9 +174,9 @@ def carried_over(
     return out
 
 
-def _time_blocks(blocks: Sequence[Block]) -> Array:
-    """Cut points of the time blocks: every block start, then the last block end."""
-    cuts = sorted({b.start for b in blocks} | {max(b.end for b in blocks)})
+def _time_periods(periods: Sequence[Period]) -> Array:
+    """Cut points of the time periods: every period start, then the last period end."""
+    cuts = sorted({b.start for b in periods} | {max(b.end for b in periods)})
     return np.asarray(cuts, dtype=float)
 
 
@@ -212,23 +212,23 @@ class _Rows:
 
 @dataclass(frozen=True, slots=True)
 class _Switches:
-    """The engines that ran both modes, their blocks, and per row its block (-1: none) and
+    """The engines that ran both modes, their periods, and per row its period (-1: none) and
     whether the washout after a switch drops it."""
 
     engines: tuple[str, ...]
-    blocks: tuple[Block, ...]
-    block_of: npt.NDArray[np.int64]  # index into ``blocks``
+    periods: tuple[Period, ...]
+    period_of: npt.NDArray[np.int64]  # index into ``periods``
     washed: npt.NDArray[np.bool_]
 
 
 @dataclass(frozen=True, slots=True)
 class _Kept:
     """The rows a switchback fit uses, what the others were dropped for, and per frame row
-    its time block and covariates."""
+    its time period and covariates."""
 
     used: npt.NDArray[np.int64]  # positions of the rows used
     dropped: tuple[tuple[str, int], ...]  # (reason, windows), in the order applied
-    cell: npt.NDArray[np.int64]  # time block (-1 or the last cut and past: outside)
+    cell: npt.NDArray[np.int64]  # time period (-1 or the last cut and past: outside)
     z: Array  # the covariates' values
 
 
@@ -236,10 +236,10 @@ class _Kept:
 class _Design:
     """The switchback model's weighted design and what its estimate needs."""
 
-    xs: Array  # intercept, engine and time-block effects, the mode, covariates; times √w
+    xs: Array  # intercept, engine and time-period effects, the mode, covariates; times √w
     ys: Array  # the outcome (logged when log) times √w
     j: int  # the mode's column
-    cells: npt.NDArray[np.int64]  # each row's time block, 0-based (the clusters)
+    cells: npt.NDArray[np.int64]  # each row's time period, 0-based (the clusters)
     n_cells: int
     time_effects: bool  # τ_b in the model (False without a control)
     weighted: bool
@@ -267,7 +267,7 @@ def fit_switchback(  # noqa: PLR0913 - keyword-only fit options with defaults
     weight: str | None = "requests",
     covariates: Sequence[str] = (),
     level: float = 0.90,
-    min_blocks_per_arm: int = 2,
+    min_periods_per_arm: int = 2,
     washout_s: float = DEFAULT_WASHOUT_S,
     cov: str = "cr2",
     min_windows: int = 30,
@@ -277,7 +277,7 @@ def fit_switchback(  # noqa: PLR0913 - keyword-only fit options with defaults
     ``min_windows`` windows of the two modes have a usable outcome."""
     _check_options(
         frame, offload, level, cov=cov, washout_s=washout_s,
-        min_blocks_per_arm=min_blocks_per_arm, covariates=covariates,
+        min_periods_per_arm=min_periods_per_arm, covariates=covariates,
     )  # fmt: skip
     what = f"offload effect on {outcome} ({offload} vs none, switchback)"
     need = ("source", "start", "offload_mode", outcome)
@@ -310,15 +310,15 @@ def fit_switchback(  # noqa: PLR0913 - keyword-only fit options with defaults
     dm = _design(frame, rows, kept, is_off, weight=weight, log=log, covariates=covariates)
     fit = replace(
         fit,
-        time_blocks=dm.n_cells,
+        time_periods=dm.n_cells,
         time_effects=dm.time_effects,
         assumptions=_assumptions(outcome, log, covariates, washout_s, dm.time_effects),
         basis=(*fit.basis, dm.weighting),
     )
-    why = _too_few_blocks(arms, short, min_blocks_per_arm)
+    why = _too_few_periods(arms, short, min_periods_per_arm)
     if not _identified(dm.xs, dm.j):
         return replace(fit, why=why or "the mode is not identified apart from the engines")
-    effect = _regress(dm, cov, starts=rows.starts[kept.used], window_s=window_s, blocks=sw.blocks)
+    effect = _regress(dm, cov, starts=rows.starts[kept.used], window_s=window_s, periods=sw.periods)
     return _answer(fit, effect, why=why, level=level, log=log)
 
 
@@ -329,7 +329,7 @@ def _check_options(
     *,
     cov: str,
     washout_s: float,
-    min_blocks_per_arm: int,
+    min_periods_per_arm: int,
     covariates: Sequence[str],
 ) -> None:
     """ConfigError for an option fit_switchback cannot use."""
@@ -340,8 +340,8 @@ def _check_options(
         raise ConfigError(f"offload must name an offload mode, not {offload!r}")
     if washout_s < 0:
         raise ConfigError(f"washout_s must be >= 0: {washout_s}")
-    if min_blocks_per_arm < 1:
-        raise ConfigError(f"min_blocks_per_arm must be >= 1: {min_blocks_per_arm}")
+    if min_periods_per_arm < 1:
+        raise ConfigError(f"min_periods_per_arm must be >= 1: {min_periods_per_arm}")
     missing = [c for c in covariates if c not in frame.columns]
     if missing:
         raise ConfigError(f"covariates not in the frame: {', '.join(missing)}")
@@ -359,15 +359,15 @@ def _rows(frame: pd.DataFrame, outcome: str) -> _Rows:
 def _switches(
     rows: _Rows, in_pair: npt.NDArray[np.bool_], window_s: float, washout_s: float
 ) -> _Switches:
-    """The switching engines of this comparison, their blocks, the washout after each
+    """The switching engines of this comparison, their periods, the washout after each
     switch."""
     keys, modes, starts = rows.keys, rows.modes, rows.starts
     pair_frame = pd.DataFrame({"key": keys[in_pair], "mode": modes[in_pair]})
     n_modes = pair_frame.groupby("key")["mode"].nunique()
     switching = tuple(sorted(str(k) for k in n_modes.index[n_modes.to_numpy() >= 2]))
-    blocks: list[Block] = []
+    periods: list[Period] = []
     washed = np.zeros(len(keys), dtype=bool)
-    block_of = np.full(len(keys), -1, dtype=np.int64)  # index into ``blocks``
+    period_of = np.full(len(keys), -1, dtype=np.int64)  # index into ``periods``
     for key in switching:
         these_rows = np.flatnonzero(keys == key)
         these_rows = these_rows[np.argsort(starts[these_rows], kind="stable")]
@@ -376,12 +376,12 @@ def _switches(
         for i, b in enumerate(runs):
             these = these_rows[pos : pos + b.windows]
             pos += b.windows
-            block_of[these] = len(blocks)
+            period_of[these] = len(periods)
             if i > 0:
                 washed[these] = carried_over(starts[these], rows.waiting[these],
                                              rows.finished[these], b.start, washout_s)  # fmt: skip
-            blocks.append(b)
-    return _Switches(switching, tuple(blocks), block_of, washed)
+            periods.append(b)
+    return _Switches(switching, tuple(periods), period_of, washed)
 
 
 def _unanswered(
@@ -402,9 +402,9 @@ def _unanswered(
         else outcome, n=0, method="", assumptions=(), basis=(), warnings=(), can_tell=False,
         why="", offload=offload, outcome=outcome, log=log,
         ratio=Estimate(math.nan, level_nan, "ratio"), se=math.nan, df=math.nan,
-        cov_type="none", blocks_by_arm=((NO_OFFLOAD, 0), (offload, 0)),
+        cov_type="none", periods_by_arm=((NO_OFFLOAD, 0), (offload, 0)),
         windows_by_arm=((NO_OFFLOAD, 0), (offload, 0)), switching=switching, controls=controls,
-        time_blocks=0, time_effects=False, dropped=(), washout_s=float(washout_s),
+        time_periods=0, time_effects=False, dropped=(), washout_s=float(washout_s),
     )  # fmt: skip
 
 
@@ -419,9 +419,9 @@ def _kept(
     log: bool,
     washout_s: float,
 ) -> _Kept:
-    """The rows used and the windows dropped per reason; time blocks cut from every
-    switching engine's blocks: windows outside them are left out."""
-    cuts = _time_blocks(sw.blocks)
+    """The rows used and the windows dropped per reason; time periods cut from every
+    switching engine's periods: windows outside them are left out."""
+    cuts = _time_periods(sw.periods)
     cell = np.searchsorted(cuts, rows.starts, side="right") - 1
     outside = (cell < 0) | (cell >= cuts.size - 1)
     z = frame[list(covariates)].to_numpy(dtype=float) if covariates else np.zeros((len(frame), 0))
@@ -452,15 +452,15 @@ def _counted(
     kept: _Kept,
     is_off: npt.NDArray[np.bool_],
 ) -> tuple[SwitchbackFit, tuple[tuple[str, int], ...], list[str]]:
-    """The fit with the blocks and windows used per arm, the controls and what was dropped;
-    the blocks per arm and the switching engines with fewer than 2 blocks used."""
-    blocks, switching, offload = sw.blocks, sw.engines, base.offload
+    """The fit with the periods and windows used per arm, the controls and what was dropped;
+    the periods per arm and the switching engines with fewer than 2 periods used."""
+    periods, switching, offload = sw.periods, sw.engines, base.offload
     used, dropped = kept.used, kept.dropped
-    sw_rows = sw.block_of[used] >= 0
-    used_blocks = np.unique(sw.block_of[used][sw_rows])
-    per_arm = {m: sum(1 for i in used_blocks.tolist() if blocks[i].mode == m)
+    sw_rows = sw.period_of[used] >= 0
+    used_periods = np.unique(sw.period_of[used][sw_rows])
+    per_arm = {m: sum(1 for i in used_periods.tolist() if periods[i].mode == m)
                for m in (NO_OFFLOAD, offload)}  # fmt: skip
-    per_engine = {k: len({i for i in used_blocks.tolist() if blocks[i].engine == k})
+    per_engine = {k: len({i for i in used_periods.tolist() if periods[i].engine == k})
                   for k in switching}  # fmt: skip
     arms = ((NO_OFFLOAD, per_arm[NO_OFFLOAD]), (offload, per_arm[offload]))
     win_arms = (
@@ -472,7 +472,7 @@ def _counted(
     fit = replace(
         base,
         n=int(used.size),
-        blocks_by_arm=arms,
+        periods_by_arm=arms,
         windows_by_arm=win_arms,
         controls=controls,
         dropped=dropped,
@@ -496,8 +496,8 @@ def _design(
     log: bool,
     covariates: Sequence[str],
 ) -> _Design:
-    """Design: intercept, engine and time-block effects, the mode, centred covariates;
-    without a control the time-block effects, confounded with the mode, are left out."""
+    """Design: intercept, engine and time-period effects, the mode, centred covariates;
+    without a control the time-period effects, confounded with the mode, are left out."""
     used, cell, z = kept.used, kept.cell, kept.z
     weights, weighting = window_weights(frame.iloc[used], weight)
     w = np.ones(used.size) if weights is None else weights
@@ -545,16 +545,16 @@ def _assumptions(
     return tuple(assumptions)
 
 
-def _too_few_blocks(
-    arms: tuple[tuple[str, int], ...], short: list[str], min_blocks_per_arm: int
+def _too_few_periods(
+    arms: tuple[tuple[str, int], ...], short: list[str], min_periods_per_arm: int
 ) -> str:
-    """Why the blocks used cannot tell (too few per arm, or an engine showing one mode
+    """Why the periods used cannot tell (too few per arm, or an engine showing one mode
     only), or ""."""
-    few = [f"{c} block{'s' if c != 1 else ''} of {m}" for m, c in arms if c < min_blocks_per_arm]
+    few = [f"{c} block{'s' if c != 1 else ''} of {m}" for m, c in arms if c < min_periods_per_arm]
     if few:
         return (
             f"only {' and '.join(few)} with windows after the washout; at least "
-            f"{min_blocks_per_arm} per arm are needed (the blocks, not the windows, are the "
+            f"{min_periods_per_arm} per arm are needed (the blocks, not the windows, are the "
             "units)"
         )
     if short:
@@ -566,9 +566,9 @@ def _too_few_blocks(
 
 
 def _regress(
-    dm: _Design, cov: str, *, starts: Array, window_s: float, blocks: Sequence[Block]
+    dm: _Design, cov: str, *, starts: Array, window_s: float, periods: Sequence[Period]
 ) -> _Effect:
-    """β and its variance: CR2 clustered by time block (t with Bell–McCaffrey ν) or
+    """β and its variance: CR2 clustered by time period (t with Bell–McCaffrey ν) or
     Driscoll–Kraay HAC over windows (t with G − 1)."""
     xs, ys, j, n_cells = dm.xs, dm.ys, dm.j, dm.n_cells
     estimator = "WLS" if dm.weighted else "OLS"
@@ -585,7 +585,7 @@ def _regress(
                 f"effects; CR2 clustered by time block ({n_cells}), t with Bell–McCaffrey ν"
             )
         else:
-            beta, var, lags = _hac(ys, xs, j=j, starts=starts, window_s=window_s, blocks=blocks)
+            beta, var, lags = _hac(ys, xs, j=j, starts=starts, window_s=window_s, periods=periods)
             df = float(n_cells - 1)
             cov_type = "HAC"
             method = (
@@ -639,12 +639,12 @@ def _answer(
 
 
 def _hac(
-    ys: Array, xs: Array, *, j: int, starts: Array, window_s: float, blocks: Sequence[Block]
+    ys: Array, xs: Array, *, j: int, starts: Array, window_s: float, periods: Sequence[Period]
 ) -> tuple[float, float, int]:
     """β, its Driscoll–Kraay variance and the lags used (METHODS.md#switchback)."""
     from statsmodels.regression.linear_model import OLS  # noqa: PLC0415 - start-up: statsmodels (~0.7 s) loads when this fit runs, not on `import planner.plan`
 
-    lags = max(1, round(float(np.median([b.windows for b in blocks]))))
+    lags = max(1, round(float(np.median([b.windows for b in periods]))))
     t = np.rint((starts - starts.min()) / window_s).astype(np.int64)
     res = OLS(ys, xs).fit(
         cov_type="hac-groupsum",

@@ -1,9 +1,9 @@
 """The experiment designs a plan proposes: pure functions of a frame or of numbers, no store.
 
 :func:`random_assignment` (seeded, never by load; pools assigned whole) and a switchback on
-one canary: block length from the integrated autocorrelation time (Sokal 1997), blocks in
+one canary: period length from the integrated autocorrelation time (Sokal 1997), periods in
 randomized pairs (after Bojinov, Simchi-Levi & Zhao 2023, Management Science 69(7)), the
-number of blocks from the between-block noise.
+number of periods from the between-period noise.
 
 Method: planner/plan/METHODS.md#design
 """
@@ -26,13 +26,13 @@ if TYPE_CHECKING:
     Array = npt.NDArray[np.float64]
 
 ON, OFF = "on", "off"
-ROUND_S = 300.0  # block lengths are whole multiples of 5 minutes
+ROUND_S = 300.0  # period lengths are whole multiples of 5 minutes
 SOKAL_C = 5.0  # Sokal's window: the smallest M with M >= c·τ(M)
-TAU_MULTIPLE = 5.0  # a block is the washout plus this many integrated autocorrelation times
+TAU_MULTIPLE = 5.0  # a period is the washout plus this many integrated autocorrelation times
 MIN_WINDOWS = 30
 
-__all__ = ["autocorrelation_time", "block_sigma", "blocks_needed", "random_assignment",
-           "switchback_block_s", "switchback_schedule"]  # fmt: skip
+__all__ = ["autocorrelation_time", "period_sigma", "periods_needed", "random_assignment",
+           "switchback_period_s", "switchback_schedule"]  # fmt: skip
 
 
 def _tau_window(rho: Array, c: float) -> tuple[float, int]:
@@ -122,25 +122,25 @@ def _grid(starts: Array, values: Array, window_s: float) -> Array:
     return out
 
 
-def switchback_block_s(  # noqa: PLR0913 - keyword-only design inputs with defaults
+def switchback_period_s(  # noqa: PLR0913 - keyword-only design inputs with defaults
     frame: pd.DataFrame,
     engine_key: str,
     outcome: str,
     *,
     window_s: float,
-    min_block_s: float = 900.0,
-    max_block_s: float = 7200.0,
+    min_period_s: float = 900.0,
+    max_period_s: float = 7200.0,
     washout_s: float = 300.0,
     log: bool = True,
     detrend: bool = True,
 ) -> tuple[float, str]:
-    """The block length in seconds for a switchback of ``engine_key`` (``source/engine``) and
+    """The period length in seconds for a switchback of ``engine_key`` (``source/engine``) and
     how it was derived: ``washout_s`` + 5 integrated autocorrelation times (at least one
     window) of the canary's (log) ``outcome`` — net of the controls' common level when
     ``detrend`` and the frame has other engines, since the fit removes it — rounded up to
-    a multiple of 5 minutes, at least ``min_block_s`` and at most ``max_block_s``: a drift
+    a multiple of 5 minutes, at least ``min_period_s`` and at most ``max_period_s``: a drift
     slower than that (the canary's TTFT following its own load through the day) is what the
-    randomized pairs and the fit's time blocks absorb, and blocks longer than a few hours
+    randomized pairs and the fit's time periods absorb, and periods longer than a few hours
     would stretch the experiment over days. Raises InsufficientHistory below 30 windows of
     the canary."""
     if window_s <= 0:
@@ -152,60 +152,60 @@ def switchback_block_s(  # noqa: PLR0913 - keyword-only design inputs with defau
     max_lag = max(1, min(series.size // 4, 2000))
     tau = autocorrelation_time(series, max_lag=max_lag)
     raw = washout_s + TAU_MULTIPLE * max(tau, 1.0) * window_s
-    block = max(float(min_block_s), math.ceil(raw / ROUND_S - 1e-9) * ROUND_S)
-    capped = block > max_block_s
-    block = min(block, float(max_block_s))
+    period = max(float(min_period_s), math.ceil(raw / ROUND_S - 1e-9) * ROUND_S)
+    capped = period > max_period_s
+    period = min(period, float(max_period_s))
     what = f"{'log ' if log else ''}{outcome} of {engine_key}" + (
         ", net of the controls' common level" if netted else ""
     )
     text = (
-        f"block {block / 60:.0f} min: washout {washout_s:.0f} s + {TAU_MULTIPLE:.0f} × "
+        f"block {period / 60:.0f} min: washout {washout_s:.0f} s + {TAU_MULTIPLE:.0f} × "
         f"τ_int {tau:.3g} windows (at least 1) × {window_s:.0f} s = {raw:.0f} s, rounded up to "
-        f"a multiple of {ROUND_S / 60:.0f} min, at least {min_block_s:.0f} s; τ_int of {what} "
+        f"a multiple of {ROUND_S / 60:.0f} min, at least {min_period_s:.0f} s; τ_int of {what} "
         f"over {int(np.isfinite(series).sum())} windows (Sokal's window, lags <= {max_lag})"
     )
     if capped:
         text += (
-            f"; capped at {max_block_s / 60:.0f} min: a drift that slow is left to the "
+            f"; capped at {max_period_s / 60:.0f} min: a drift that slow is left to the "
             "randomized pairs and the fit's time blocks"
         )
-    return block, text
+    return period, text
 
 
-def block_sigma(
+def period_sigma(
     frame: pd.DataFrame,
     engine_key: str,
     outcome: str,
     *,
-    block_s: float,
+    period_s: float,
     window_s: float,
     washout_s: float = 300.0,
     log: bool = True,
 ) -> tuple[float, int]:
-    """The between-block SD of the canary's block-mean (log) ``outcome`` after removing the
-    controls' common block means, and the number of blocks it rests on: the history is cut
-    into blocks of ``block_s`` from the canary's first window, each block's first
-    ``washout_s`` left out of the canary's mean as the fit will, blocks with fewer than half
-    their windows left out. The ``sigma_block`` of :func:`blocks_needed`. Raises
-    InsufficientHistory below 3 blocks."""
-    if block_s <= washout_s or window_s <= 0:
-        raise ConfigError(f"block_s ({block_s}) must exceed washout_s ({washout_s})")
+    """The between-period SD of the canary's period-mean (log) ``outcome`` after removing the
+    controls' common period means, and the number of periods it rests on: the history is cut
+    into periods of ``period_s`` from the canary's first window, each period's first
+    ``washout_s`` left out of the canary's mean as the fit will, periods with fewer than half
+    their windows left out. The ``sigma_period`` of :func:`periods_needed`. Raises
+    InsufficientHistory below 3 periods."""
+    if period_s <= washout_s or window_s <= 0:
+        raise ConfigError(f"block_s ({period_s}) must exceed washout_s ({washout_s})")
     keys, v, ok, starts = _outcome_rows(frame, outcome, log=log)
     mine = (keys == engine_key) & ok
     what = f"block noise of {engine_key}"
     if not mine.any():
         raise InsufficientHistory(what, 3, 0)
     t0 = float(starts[mine].min())
-    blk = np.floor((starts - t0) / block_s).astype(np.int64)
-    offset = starts - t0 - blk * block_s
-    canary = pd.DataFrame({"b": blk[mine], "v": v[mine], "late": offset[mine] >= washout_s})
+    period_of = np.floor((starts - t0) / period_s).astype(np.int64)
+    offset = starts - t0 - period_of * period_s
+    canary = pd.DataFrame({"b": period_of[mine], "v": v[mine], "late": offset[mine] >= washout_s})
     per = canary.groupby("b").agg(n=("v", "size"))
     means = canary[canary["late"]].groupby("b")["v"].mean()
-    full = per.index[per["n"].to_numpy() >= 0.5 * block_s / window_s]
+    full = per.index[per["n"].to_numpy() >= 0.5 * period_s / window_s]
     diff = means.reindex(full)
     ctrl = (keys != engine_key) & ok & (starts >= t0)
     if ctrl.any():
-        c = pd.DataFrame({"key": keys[ctrl], "b": blk[ctrl], "v": v[ctrl]})
+        c = pd.DataFrame({"key": keys[ctrl], "b": period_of[ctrl], "v": v[ctrl]})
         c["v"] -= c.groupby("key")["v"].transform("mean")
         diff = diff - c.groupby("b")["v"].mean().reindex(full)
     d = diff.to_numpy(dtype=float)
@@ -215,28 +215,28 @@ def block_sigma(
     return float(np.std(d, ddof=1)), int(d.size)
 
 
-def blocks_needed(
-    sigma_block: float, effect: float, *, level: float, power: float, max_blocks: int
+def periods_needed(
+    sigma_period: float, effect: float, *, level: float, power: float, max_periods: int
 ) -> int:
-    """The smallest even number of blocks n (n/2 per mode, at least 4) for which the
+    """The smallest even number of periods n (n/2 per mode, at least 4) for which the
     interval at ``level`` of the mode contrast excludes 0 with probability ``power`` when the
-    true (log) effect is ``effect``: se = sigma_block·√(2/(n/2)), t with ν = n − 2 (the
+    true (log) effect is ``effect``: se = sigma_period·√(2/(n/2)), t with ν = n − 2 (the
     Bell–McCaffrey ν of a balanced single-canary switchback is close to it), power from the
-    noncentral t. 0 when even ``max_blocks`` blocks do not reach it. Blocks of one mode that
-    follow each other in the schedule are one time block to the fit: the se holds, ν is
-    lower (tests/planner/test_design.py: planned 10 blocks, median ν 5.2, power 0.76 for a
+    noncentral t. 0 when even ``max_periods`` periods do not reach it. Periods of one mode that
+    follow each other in the schedule are one time period to the fit: the se holds, ν is
+    lower (tests/planner/test_design.py: planned 10 periods, median ν 5.2, power 0.76 for a
     nominal 0.8 in a seeded Monte Carlo of the fit)."""
     from scipy import stats  # noqa: PLC0415 - start-up: scipy.stats (~0.6 s) loads when this runs, not on `import planner.plan`
 
     if not 0.0 < level < 1.0 or not 0.0 < power < 1.0:
         raise ConfigError(f"level and power must be in (0, 1): {level}, {power}")
-    if not sigma_block >= 0.0:
-        raise ConfigError(f"sigma_block must be >= 0: {sigma_block}")
-    if sigma_block == 0.0:
-        return 4 if effect != 0.0 and max_blocks >= 4 else 0
-    for n in range(4, max_blocks + 1, 2):
+    if not sigma_period >= 0.0:
+        raise ConfigError(f"sigma_period must be >= 0: {sigma_period}")
+    if sigma_period == 0.0:
+        return 4 if effect != 0.0 and max_periods >= 4 else 0
+    for n in range(4, max_periods + 1, 2):
         df = n - 2
-        se = sigma_block * math.sqrt(4.0 / n)
+        se = sigma_period * math.sqrt(4.0 / n)
         crit = float(stats.t.ppf(0.5 + level / 2.0, df))
         ncp = abs(effect) / se
         reach = float(stats.nct.sf(crit, df, ncp) + stats.nct.cdf(-crit, df, ncp))
@@ -245,16 +245,16 @@ def blocks_needed(
     return 0
 
 
-def switchback_schedule(n_blocks: int, *, seed: int) -> tuple[str, ...]:
-    """``n_blocks`` of "on" / "off": each consecutive pair one of each in a random order
-    (an odd last block: either), seeded (METHODS.md#design)."""
-    if n_blocks < 2:
-        raise ConfigError(f"a switchback needs at least 2 blocks: {n_blocks}")
+def switchback_schedule(n_periods: int, *, seed: int) -> tuple[str, ...]:
+    """``n_periods`` of "on" / "off": each consecutive pair one of each in a random order
+    (an odd last period: either), seeded (METHODS.md#design)."""
+    if n_periods < 2:
+        raise ConfigError(f"a switchback needs at least 2 periods: {n_periods}")
     rng = np.random.default_rng(seed)
     out: list[str] = []
-    for _ in range(n_blocks // 2):
+    for _ in range(n_periods // 2):
         out.extend((ON, OFF) if rng.random() < 0.5 else (OFF, ON))
-    if n_blocks % 2:
+    if n_periods % 2:
         out.append(ON if rng.random() < 0.5 else OFF)
     return tuple(out)
 

@@ -10,7 +10,6 @@ Method: planner/plan/METHODS.md#forecast
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
@@ -18,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from core import catalog
+from core.durations import format_duration
 from core.errors import InsufficientHistory, KvscopeError
 from core.records import Window
 from planner.decide.evidence import Evidence, ValueCI
@@ -174,12 +174,13 @@ def _one(
         cadence, span = prep.cadence_s, len(prep.values) * prep.cadence_s
         limit = min(span, MAX_HORIZON_STEPS * cadence)
         if horizon_s > limit:
+            asked, kept = format_duration(horizon_s), format_duration(limit)
             note = (
-                f"horizon shortened from {hours(horizon_s)} to {hours(limit)}, the length of "
+                f"horizon shortened from {asked} to {kept}, the length of "
                 "the modelled history: a forecast further ahead than the history is long is "
                 "checked by no backtest; collect more history for a longer horizon"
                 if limit == span
-                else f"horizon shortened from {hours(horizon_s)} to {hours(limit)}: at most "
+                else f"horizon shortened from {asked} to {kept}: at most "
                 f"{MAX_HORIZON_STEPS} steps of the {cadence:g} s modelling cadence"
             )
             horizon_s = limit
@@ -348,12 +349,3 @@ def kv_evidence(
         time_to_saturation_s=ttl,
         saturation_censored=ttl is not None and (ts is None or hi is None),
     )
-
-
-def hours(seconds: float | None) -> str:
-    """A duration for people: '3.2 d' / '5.0 h' / 'now'."""
-    if seconds is None or not math.isfinite(seconds):
-        return "n/a"
-    if seconds <= 0:
-        return "now"
-    return f"{seconds / 86400:.1f} d" if seconds >= 86400 else f"{seconds / 3600:.1f} h"

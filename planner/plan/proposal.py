@@ -18,10 +18,10 @@ from core.errors import ConfigError, InsufficientHistory
 from planner.fit.effects import MIN_UNITS
 from planner.fit.units import engine_keys
 from planner.plan.design import (
-    block_sigma,
-    blocks_needed,
+    period_sigma,
+    periods_needed,
     random_assignment,
-    switchback_block_s,
+    switchback_period_s,
     switchback_schedule,
 )
 
@@ -31,7 +31,7 @@ if TYPE_CHECKING:
 OUTCOME = "ttft_p90_s"
 MIN_EFFECT = math.log(1.2)  # log ratio: a 20 % change of TTFT p90
 LEVEL, POWER = 0.95, 0.80
-MAX_BLOCKS = 96
+MAX_PERIODS = 96
 
 
 def propose(
@@ -96,14 +96,14 @@ def _switchback(
     entry: dict[str, Any] = {"design": "switchback", "mode": mode, "engines": [canary],
                              "seed": seed, "why": why}  # fmt: skip
     try:
-        block_s, basis = switchback_block_s(frame, canary, OUTCOME, window_s=window_s)
-        sigma, n_hist = block_sigma(frame, canary, OUTCOME, block_s=block_s, window_s=window_s)
+        period_s, basis = switchback_period_s(frame, canary, OUTCOME, window_s=window_s)
+        sigma, n_hist = period_sigma(frame, canary, OUTCOME, period_s=period_s, window_s=window_s)
     except (InsufficientHistory, ConfigError) as exc:
         return entry | {"text": f"switch {mode} on {canary} on and off in blocks; too little "
                         f"history to size them yet ({exc})"}  # fmt: skip
-    n = blocks_needed(sigma, MIN_EFFECT, level=LEVEL, power=POWER, max_blocks=MAX_BLOCKS)
+    n = periods_needed(sigma, MIN_EFFECT, level=LEVEL, power=POWER, max_periods=MAX_PERIODS)
     entry |= {
-        "block_s": block_s,
+        "block_s": period_s,
         "block_basis": basis,
         "sigma_block": sigma,
         "sigma_blocks_seen": n_hist,
@@ -112,18 +112,18 @@ def _switchback(
     }
     if n == 0:
         return entry | {"blocks": None, "text": f"a switchback of {canary} cannot reach "
-                        f"{POWER:.0%} power within {MAX_BLOCKS} blocks of {block_s / 60:.0f} "
+                        f"{POWER:.0%} power within {MAX_PERIODS} blocks of {period_s / 60:.0f} "
                         "min: the canary's noise is too large; offload more engines at random "
                         "instead"}  # fmt: skip
     schedule = switchback_schedule(n, seed=seed)
-    hours = n * block_s / 3600
+    hours = n * period_s / 3600
     verb = "continue the switchback of" if running else "run a switchback on"
     return entry | {
         "blocks": n,
         "hours": hours,
         "schedule": list(schedule),
         "text": f"{verb} {canary}: {mode} offload on and off in {n} blocks of "
-        f"{block_s / 60:.0f} min ({hours:.1f} h; schedule drawn with seed {seed}, randomized "
+        f"{period_s / 60:.0f} min ({hours:.1f} h; schedule drawn with seed {seed}, randomized "
         "pairs), each switch a restart with the new config; the plan recognises the history "
         "and compares the canary with itself",
     }

@@ -1,13 +1,13 @@
 """The verdict of a mode run as a switchback on a canary (planner/fit/switchback.py).
 
 Today's effects: each outcome of planner/fit/effects.py OUTCOMES fitted with engine and
-time-block fixed effects, errors clustered on time blocks (CR2, Bell–McCaffrey ν); the units
-are the canary's blocks, not windows.
+time-period fixed effects, errors clustered on time periods (CR2, Bell–McCaffrey ν); the units
+are the canary's periods, not windows.
 
 Capacity at the SLO: the canary's capacity (planner/fit/capacity.py ``unit_capacity``) in its
-on-blocks over its off-blocks. Its interval comes from a seeded bootstrap of blocks within
-each arm (percentile; blocks are the independent units): with few blocks it is rough, which
-is why at least MIN_BLOCKS per arm are needed before it can tell.
+on-periods over its off-periods. Its interval comes from a seeded bootstrap of periods within
+each arm (percentile; periods are the independent units): with few periods it is rough, which
+is why at least MIN_PERIODS per arm are needed before it can tell.
 """
 
 from __future__ import annotations
@@ -33,14 +33,14 @@ from planner.fit.switchback import (
     carried_over,
     find_switchbacks,
     fit_switchback,
-    switchback_blocks,
+    switchback_periods,
 )
 from planner.fit.units import TRAFFIC, balance, engine_keys, traffic
 
 if TYPE_CHECKING:
     import pandas as pd
 
-MIN_BLOCKS = 3  # per arm, before the bootstrap of the capacity ratio is read
+MIN_PERIODS = 3  # per arm, before the bootstrap of the capacity ratio is read
 N_BOOT = 2000
 
 
@@ -62,7 +62,7 @@ def switchback_today(frame: pd.DataFrame, mode: str, level: float) -> TodayEffec
     cov = traffic(data)
     data = data.assign(**{c: cov[c] for c in TRAFFIC})
     effects: list[Effect] = []
-    blocks_on = blocks_off = 0
+    periods_on = periods_off = 0
     warns: list[str] = []
     switching: tuple[str, ...] = ()
     controls: tuple[str, ...] = ()
@@ -73,9 +73,9 @@ def switchback_today(frame: pd.DataFrame, mode: str, level: float) -> TodayEffec
         except (InsufficientHistory, KvscopeError) as exc:
             effects.append(cannot_effect(o, level, str(exc)))
             continue
-        arms = dict(fit.blocks_by_arm)
-        blocks_on = max(blocks_on, arms.get(mode, 0))
-        blocks_off = max(blocks_off, arms.get("none", 0))
+        arms = dict(fit.periods_by_arm)
+        periods_on = max(periods_on, arms.get(mode, 0))
+        periods_off = max(periods_off, arms.get("none", 0))
         switching, controls = fit.switching, fit.controls
         warns += list(fit.warnings)
         est = fit.ratio.value if o.log else fit.estimate
@@ -106,7 +106,7 @@ def switchback_today(frame: pd.DataFrame, mode: str, level: float) -> TodayEffec
         "than that biases the effect",
         "time blocks are independent once their common level is removed",
     )
-    return TodayEffects(mode, blocks_on, blocks_off, len(switching), len(controls),
+    return TodayEffects(mode, periods_on, periods_off, len(switching), len(controls),
                         tuple(effects), bal, tuple(TRAFFIC), level, method, assumptions,
                         tuple(warns), told, why)  # fmt: skip
 
@@ -121,7 +121,7 @@ def switchback_capacity(
     claim_level: float,
     seed: int,
 ) -> CapacityComparison:
-    """The canary's capacity on over off, with a block bootstrap interval (module docstring)."""
+    """The canary's capacity on over off, its interval a bootstrap of periods (module docstring)."""
     keys = engine_keys(frame)
     rows = keys == engine
     sub = frame[rows]
@@ -131,18 +131,18 @@ def switchback_capacity(
     arm = sub["offload_mode"].astype(str).to_numpy()
     wait = sub["waiting"].to_numpy(dtype=float)
     done = sub["requests"].to_numpy(dtype=float)
-    blocks = switchback_blocks(frame, engine)
-    block_of = np.full(start.size, -1)
-    for i, b in enumerate(blocks):
+    periods = switchback_periods(frame, engine)
+    period_of = np.full(start.size, -1)
+    for i, b in enumerate(periods):
         # the washout after a switch is left out, as in the effects' fit
         inside = np.flatnonzero((start >= b.start) & (start < b.end))
         if i:
             inside = inside[~carried_over(start[inside], wait[inside], done[inside], b.start,
                                           DEFAULT_WASHOUT_S)]  # fmt: skip
-        block_of[inside] = i
-    keep = block_of >= 0
-    load, missed, arm, block_of = load[keep], missed[keep], arm[keep], block_of[keep]
-    by_arm = {a: [i for i, b in enumerate(blocks) if b.mode == a] for a in (mode, "none")}
+        period_of[inside] = i
+    keep = period_of >= 0
+    load, missed, arm, period_of = load[keep], missed[keep], arm[keep], period_of[keep]
+    by_arm = {a: [i for i, b in enumerate(periods) if b.mode == a] for a in (mode, "none")}
     caps = []
     for a in (mode, "none"):
         m = arm == a
@@ -164,12 +164,12 @@ def switchback_capacity(
                               tuple(caps), n_on, n_off, method, assumptions, False, "",
                               "")  # fmt: skip
     settle = (
-        f"at least {MIN_BLOCKS} blocks per arm with windows past the SLO: continue the "
+        f"at least {MIN_PERIODS} blocks per arm with windows past the SLO: continue the "
         "switchback through busier hours"
     )
-    if min(n_on, n_off) < MIN_BLOCKS:
+    if min(n_on, n_off) < MIN_PERIODS:
         return replace(base, why=f"{n_on} {mode} and {n_off} off block(s): the switchback "
-                       f"needs at least {MIN_BLOCKS} per arm", settle=settle)  # fmt: skip
+                       f"needs at least {MIN_PERIODS} per arm", settle=settle)  # fmt: skip
     if caps[1].status != "measured" or caps[0].status not in ("measured", "above"):
         where = "without offload" if caps[1].status != "measured" else f"with {mode}"
         return replace(base, why=f"the canary's windows {where} did not cross the SLO at a "
@@ -181,7 +181,7 @@ def switchback_capacity(
         logs = []
         for a in (mode, "none"):
             pick = rng.choice(by_arm[a], size=len(by_arm[a]), replace=True)
-            idx = np.concatenate([np.flatnonzero(block_of == i) for i in pick])
+            idx = np.concatenate([np.flatnonzero(period_of == i) for i in pick])
             value, status = unit_capacity(load[idx], missed[idx])
             logs.append(math.log(value) if math.isfinite(value) and value > 0 else math.nan)
         draws.append(logs[0] - logs[1])

@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, TypeGuard
 from urllib.parse import urlsplit
 
-from planner.plan.forecast import hours
+from core.durations import format_duration
 from planner.report.plan_text import saturation_probability
 
 __all__ = ["Html"]
@@ -80,7 +80,7 @@ def _utc(t: object) -> str:
 
 
 def _hours(s: object) -> str:
-    return hours(s) if _is_num(s) else "n/a"
+    return format_duration(s) if _is_num(s) else "n/a"
 
 
 def _level_text(level: object) -> str:

@@ -38,9 +38,9 @@ __all__: list[str] = []
 
 
 def _reason(r: Mapping[str, Any]) -> Html:
-    sid, url = r.get("source_id"), r.get("source_url")
+    cid, url = r.get("source_id"), r.get("source_url")
     if url:
-        src = Html(f"source: {_link(url, sid or url)} ({_e(r.get('source') or '')})")
+        src = Html(f"source: {_link(url, cid or url)} ({_e(r.get('source') or '')})")
     else:
         src = _e(f"source: {r.get('source') or 'n/a'}")
     nums = ", ".join(f"{k} {_scalar(v)}" for k, v in (r.get("numbers") or {}).items())

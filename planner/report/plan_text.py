@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from planner.plan.forecast import hours
+from core.durations import format_duration
 from planner.report.tier_text import tier_lines
 from planner.report.verdict_text import offload_lines
 
@@ -136,8 +136,10 @@ def _forecast(d: Mapping[str, Any]) -> list[str]:
     f = d["forecast"]
     kv, ev = f["kv_demand"], d["evidence"]
     asked = f.get("horizon_asked_s")
-    shortened = f"; {hours(asked)} asked" if asked and asked > f["horizon_s"] + 1e-6 else ""
-    lines = [f"Forecast ({hours(f['horizon_s'])} horizon{shortened})"]
+    shortened = (
+        f"; {format_duration(asked)} asked" if asked and asked > f["horizon_s"] + 1e-6 else ""
+    )
+    lines = [f"Forecast ({format_duration(f['horizon_s'])} horizon{shortened})"]
     if kv.get("can_tell"):
         peak = ev.get("demand_peak") or {}
         cap = kv.get("capacity_total")
@@ -148,7 +150,7 @@ def _forecast(d: Mapping[str, Any]) -> list[str]:
             f"  method {kv['method']}; backtest coverage {_pct(kv['backtest_coverage'])}, "
             f"MASE {_num(kv['backtest_mase'], '{:.2f}')} over {kv['backtest_origins']} origins",
         ]
-        horizon = hours(f["horizon_s"])
+        horizon = format_duration(f["horizon_s"])
         ts, lo, hi = (
             kv.get(k)
             for k in ("time_to_saturation_s", "time_to_saturation_lo_s", "time_to_saturation_hi_s")
@@ -156,10 +158,10 @@ def _forecast(d: Mapping[str, Any]) -> list[str]:
         if ts is None and lo is None:
             lines.append(f"  time to HBM saturation: not within {horizon}")
         else:
-            lines.append(
-                f"  time to HBM saturation {'> ' + horizon if ts is None else hours(ts)} "
-                f"(earliest {hours(lo)}, latest {'> ' + horizon if hi is None else hours(hi)})"
-            )
+            point = "> " + horizon if ts is None else format_duration(ts)
+            earliest = format_duration(lo)
+            latest = "> " + horizon if hi is None else format_duration(hi)
+            lines.append(f"  time to HBM saturation {point} (earliest {earliest}, latest {latest})")
         if kv.get("saturation_probability") is not None:
             lines.append(f"  P(saturation within {horizon}) {saturation_probability(kv)}")
         if kv.get("saturation_note"):

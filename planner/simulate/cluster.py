@@ -43,7 +43,7 @@ from planner.simulate.workload import Workload
 from planner.simulate.workload_spec import min_request_tokens
 
 ARRIVAL, ENGINE, LOOP, SWITCH = 0, 1, 2, 3
-# a served (looping) run keeps its last switches only (a switch a block; a batch run: all)
+# a served (looping) run keeps its last switches only (a switch a period; a batch run: all)
 MAX_SWITCHES = 4096
 # A sparse content tree is pruned once this many nodes (or as many as the last pruning kept,
 # if more) were created since: amortised O(1) per node, held <= 2 x live + this.
@@ -217,18 +217,18 @@ class Simulation:
             self._push(again.arrival, ARRIVAL, again, 0)
 
     # --- switchback -------------------------------------------------------------------------
-    def _push_switch(self, block: int) -> None:
+    def _push_switch(self, period: int) -> None:
         assert self.schedule is not None
-        nxt = self.schedule.next_switch(block)
+        nxt = self.schedule.next_switch(period)
         if nxt is not None:
-            self._push(nxt * self.schedule.spec.block_s, SWITCH, nxt, 0)
+            self._push(nxt * self.schedule.spec.period_s, SWITCH, nxt, 0)
 
-    def _switch(self, block: int, t: float) -> None:
-        """Block `block` starts at t with another state: restart every canary with its new
+    def _switch(self, period: int, t: float) -> None:
+        """Period `period` starts at t with another state: restart every canary with its new
         connector (Engine.restart), then send the requests they aborted again, through the
         router, oldest first (the clients retry; a retry may reach a restarted canary)."""
         assert self.schedule is not None
-        mode = self.schedule.mode(block)
+        mode = self.schedule.mode(period)
         aborted: list[Req] = []
         for i in self.schedule.spec.engines:
             eng = self.engines[i]
@@ -244,7 +244,7 @@ class Simulation:
                 self._schedule(eng)
             if req.engine < 0:
                 self._refused(req, t)
-        self._push_switch(block)
+        self._push_switch(period)
 
     def _on_finish(self, req: Req, t: float) -> None:
         self.outstanding -= 1
@@ -283,7 +283,7 @@ class Simulation:
         heap, engines, version, tree = self.heap, self.engines, self.version, self.tree
         pop, push = heapq.heappop, heapq.heappush
         events, last = self.events, self.last_event
-        payload: Any  # an engine's index (ENGINE), a Req (ARRIVAL) or a block (SWITCH)
+        payload: Any  # an engine's index (ENGINE), a Req (ARRIVAL) or a switchback period (SWITCH)
         try:
             while True:
                 while heap and heap[0][0] <= t:

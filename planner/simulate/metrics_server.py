@@ -262,7 +262,7 @@ class ClusterServer:
         }  # fmt: skip
         if sb is not None:
             doc["switchback"] = {"engines": list(sb.engines), "mode": sb.mode,
-                                 "block_s": sb.block_s, "seed": sb.seed}  # fmt: skip
+                                 "block_s": sb.period_s, "seed": sb.seed}  # fmt: skip
         return doc
 
 

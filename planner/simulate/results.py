@@ -234,7 +234,7 @@ def _switchback(sim: FinishedRun, t1: float) -> dict[str, Any]:
     return {
         "engines": list(sb.engines),
         "mode": sb.mode,
-        "block_s": sb.block_s,
+        "block_s": sb.period_s,
         "seed": sb.seed,
         "on_s": _clean(seconds["on"]),
         "off_s": _clean(seconds["off"]),

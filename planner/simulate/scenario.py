@@ -151,8 +151,8 @@ class ClusterSpec:
     resume_after_load: str = "append"
     # router "scorer": its weights and prefix indexes (router_spec.py)
     scorer: ScorerSpec = field(default_factory=ScorerSpec)
-    # canary engines whose offload is switched on and off in blocks (switchback.py); their
-    # engines_offload entries are the mode of block 0
+    # canary engines whose offload is switched on and off in periods (switchback.py); their
+    # engines_offload entries are the mode of period 0
     switchback: SwitchbackSpec | None = None
     # router round_robin: a weighted split, one weight per engine (None: equal turns)
     load_shares: tuple[float, ...] | None = None

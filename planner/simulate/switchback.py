@@ -1,8 +1,8 @@
-"""`cluster.switchback`: canary engines whose offload is switched on and off in blocks of time,
+"""`cluster.switchback`: canary engines whose offload is switched on and off in periods of time,
 as an operator evaluates offload on one engine (a switchback experiment).
 
-Blocks of `block_s` from t = 0, on or off by an explicit cycled `schedule` or by randomized
-(on, off)/(off, on) pairs from ``random.Random(seed)``. A block whose state differs from the
+Periods of `block_s` from t = 0, on or off by an explicit cycled `schedule` or by randomized
+(on, off)/(off, on) pairs from ``random.Random(seed)``. A period whose state differs from the
 previous one's restarts the listed engines with the new configuration (Engine.restart).
 
 Design: planner/simulate/METHODS.md#switchback; PARAMETERS.md, "Switchback"
@@ -16,19 +16,19 @@ from dataclasses import dataclass
 from planner.simulate.spec import Param, Section
 
 SWITCH_MODES = ("native", "lmcache")
-SRC_BLOCK = "default: assumption (30-minute blocks)"
+SRC_PERIOD = "default: assumption (30-minute blocks)"
 SRC_MODE = "default: native (vLLM's CPU offload; lmcache needs the scenario's LMCache pool)"
 
 
 @dataclass(frozen=True, slots=True)
 class SwitchbackSpec:
-    """The canary engines, their offload when on, the blocks and how their order is chosen."""
+    """The canary engines, their offload when on, the periods and how their order is chosen."""
 
     engines: tuple[int, ...]
-    mode: str  # native | lmcache, during "on" blocks ("off" blocks: none)
-    block_s: float
+    mode: str  # native | lmcache, during "on" periods ("off" periods: none)
+    period_s: float
     start: str | None = None  # "on" | "off": pair 0 starts so; None: drawn like the others
-    schedule: tuple[bool, ...] | None = None  # explicit on (True) / off per block, cycled
+    schedule: tuple[bool, ...] | None = None  # explicit on (True) / off per period, cycled
     seed: int | None = None  # None until parse_scenario fills in the scenario's seed
 
 
@@ -44,37 +44,37 @@ class Switch:
 
 
 class Schedule:
-    """Whether each block is on (lazily drawn, so a looping server never runs out)."""
+    """Whether each period is on (lazily drawn, so a looping server never runs out)."""
 
     def __init__(self, spec: SwitchbackSpec) -> None:
         self.spec = spec
         self._rng = random.Random(spec.seed if spec.seed is not None else 0)
         self._pairs: list[bool] = []  # pair p: True = (on, off), False = (off, on)
 
-    def on(self, block: int) -> bool:
-        """True when block `block` (0, 1, ...) runs the offload."""
+    def on(self, period: int) -> bool:
+        """True when period `period` (0, 1, ...) runs the offload."""
         spec = self.spec
         if spec.schedule is not None:
-            return spec.schedule[block % len(spec.schedule)]
-        pair = block // 2
+            return spec.schedule[period % len(spec.schedule)]
+        pair = period // 2
         while len(self._pairs) <= pair:
             self._pairs.append(self._rng.random() < 0.5)
         first_on = self._pairs[pair]
         if pair == 0 and spec.start is not None:
             first_on = spec.start == "on"
-        return first_on if block % 2 == 0 else not first_on
+        return first_on if period % 2 == 0 else not first_on
 
-    def mode(self, block: int) -> str:
-        """The listed engines' offload mode during `block`."""
-        return self.spec.mode if self.on(block) else "none"
+    def mode(self, period: int) -> str:
+        """The listed engines' offload mode during `period`."""
+        return self.spec.mode if self.on(period) else "none"
 
-    def next_switch(self, block: int) -> int | None:
-        """The first block after `block` whose state differs from its predecessor's (None: an
+    def next_switch(self, period: int) -> int | None:
+        """The first period after `period` whose state differs from its predecessor's (None: an
         explicit schedule of one state never switches)."""
-        now = self.on(block)
-        # random pairs switch within 2 blocks; a cycled schedule repeats within its length
+        now = self.on(period)
+        # random pairs switch within 2 periods; a cycled schedule repeats within its length
         horizon = len(self.spec.schedule) if self.spec.schedule is not None else 3
-        for b in range(block + 1, block + horizon + 1):
+        for b in range(period + 1, period + horizon + 1):
             if self.on(b) != now:
                 return b
         return None
@@ -82,13 +82,13 @@ class Schedule:
     def regimes(self, until: float) -> list[tuple[float, str]]:
         """(start time, mode) of every regime that starts before `until`, the first at 0."""
         out = [(0.0, self.mode(0))]
-        block = 0
+        period = 0
         while True:
-            nxt = self.next_switch(block)
-            if nxt is None or nxt * self.spec.block_s >= until:
+            nxt = self.next_switch(period)
+            if nxt is None or nxt * self.spec.period_s >= until:
                 return out
-            out.append((nxt * self.spec.block_s, self.mode(nxt)))
-            block = nxt
+            out.append((nxt * self.spec.period_s, self.mode(nxt)))
+            period = nxt
 
 
 def parse_switchback(
@@ -116,7 +116,7 @@ def parse_switchback(
             "lmcache needs the LMCache server the canary connects to: set cluster.lmcache_scope "
             "(engine, node or cluster)",
         )
-    block = s.number("block_s", 1800.0, low=0.0, low_open=True, source=SRC_BLOCK)
+    period = s.number("block_s", 1800.0, low=0.0, low_open=True, source=SRC_PERIOD)
     start = _on_off(s, "start", s.raw("start")) if s.has("start") else None
     schedule = _schedule(s)
     if schedule is not None and start is not None:
@@ -131,7 +131,7 @@ def parse_switchback(
         s.params.append(
             Param(s.key("schedule"), ["on" if b else "off" for b in schedule], "scenario")
         )
-    return SwitchbackSpec(engines, mode, block, start, schedule, seed)
+    return SwitchbackSpec(engines, mode, period, start, schedule, seed)
 
 
 def _engines(s: Section, n_engines: int) -> tuple[int, ...]:

@@ -7,7 +7,7 @@ import json
 from typer.testing import CliRunner
 
 from kvscope.cli import app
-from planner.domain.citations import get_source, registry
+from planner.domain.citations import get_citation, registry
 from tests.clirun import assert_one_line_error, run_kvscope
 
 RUNNER = CliRunner()
@@ -25,7 +25,7 @@ def test_sources_id_json_prints_that_source() -> None:
     result = RUNNER.invoke(app, ["sources", "gke-tiered-kv-2025", "--json"])
     assert result.exit_code == 0, result.output
     payload = json.loads(result.stdout)
-    gke = get_source("gke-tiered-kv-2025")
+    gke = get_citation("gke-tiered-kv-2025")
     assert payload["id"] == gke.id and payload["url"] == gke.url
     assert {"what", "value", "hardware"} <= set(payload["figures"][0])
 
@@ -33,7 +33,7 @@ def test_sources_id_json_prints_that_source() -> None:
 def test_sources_id_text_shows_url_and_hardware() -> None:
     result = RUNNER.invoke(app, ["sources", "vllm-offloading-connector-2026"])
     assert result.exit_code == 0, result.output
-    assert get_source("vllm-offloading-connector-2026").url in result.stdout
+    assert get_citation("vllm-offloading-connector-2026").url in result.stdout
     assert "hardware: H100" in result.stdout
 
 

@@ -1,4 +1,4 @@
-"""Seeded synthetic switchback frames: one canary switched between none and native in blocks,
+"""Seeded synthetic switchback frames: one canary switched between none and native in periods,
 control engines on none, a common time trend, AR(1) window noise and a carry-over ramp."""
 
 from __future__ import annotations
@@ -15,32 +15,32 @@ def switchback_frame(
     *,
     effect: float,
     schedule: tuple[str, ...] | None = None,
-    n_blocks: int = 12,
-    block_windows: int = 20,
+    n_periods: int = 12,
+    period_windows: int = 20,
     controls: int = 3,
     phi: float = 0.6,
     noise_sd: float = 0.05,
     ramp_windows: int = 3,
     requests_mean: float = 200.0,
 ) -> pd.DataFrame:
-    """Rows of ``1 + controls`` engines over ``n_blocks × block_windows`` 60 s windows.
+    """Rows of ``1 + controls`` engines over ``n_periods × period_windows`` 60 s windows.
 
     log tokens/s = engine level + common trend + common window shock + effect · d + AR(1),
-    the AR(1) of marginal SD ``noise_sd`` running on across blocks; d ramps linearly over
+    the AR(1) of marginal SD ``noise_sd`` running on across periods; d ramps linearly over
     ``ramp_windows`` windows after each switch (the CPU tier filling or emptying).
-    ``schedule``: "on"/"off" per block (default: randomized pairs from ``seed``).
+    ``schedule``: "on"/"off" per period (default: randomized pairs from ``seed``).
     """
     rng = np.random.default_rng(seed)
     if schedule is None:
         schedule = tuple(
-            m for _ in range(n_blocks // 2) for m in (("on", "off") if rng.random() < 0.5
+            m for _ in range(n_periods // 2) for m in (("on", "off") if rng.random() < 0.5
                                                       else ("off", "on"))
         )  # fmt: skip
-    n_blocks = len(schedule)
-    n = n_blocks * block_windows
+    n_periods = len(schedule)
+    n = n_periods * period_windows
     t = np.arange(n)
     trend = 0.15 * np.sin(2 * np.pi * t / 480.0) + 0.0004 * t + rng.normal(0.0, 0.01, n)
-    on = np.repeat([m == "on" for m in schedule], block_windows).astype(float)
+    on = np.repeat([m == "on" for m in schedule], period_windows).astype(float)
     d = on.copy()  # carry-over: the effective treatment follows the mode with a lag
     step = 1.0 / max(ramp_windows, 1)
     for i in range(1, n):

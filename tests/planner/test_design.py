@@ -1,5 +1,5 @@
-"""planner/plan/design.py: autocorrelation times against AR(1) truths and a direct sum, block
-length and block noise, the schedule, the assignment, and the number of blocks against a
+"""planner/plan/design.py: autocorrelation times against AR(1) truths and a direct sum, period
+length and period noise, the schedule, the assignment, and the number of periods against a
 seeded Monte Carlo of the switchback fit itself."""
 
 from __future__ import annotations
@@ -15,10 +15,10 @@ from core.errors import ConfigError, InsufficientHistory
 from planner.fit.switchback import fit_switchback
 from planner.plan.design import (
     autocorrelation_time,
-    block_sigma,
-    blocks_needed,
+    period_sigma,
+    periods_needed,
     random_assignment,
-    switchback_block_s,
+    switchback_period_s,
     switchback_schedule,
 )
 from tests.planner.switchsynth import WINDOW_S, switchback_frame
@@ -88,38 +88,38 @@ def test_autocorrelation_time_gaps_constant_and_bad_input() -> None:
 def _history(seed: int, phi: float, windows: int = 1440, controls: int = 3) -> pd.DataFrame:
     """A day of 60 s windows of a canary and controls, all without offload."""
     return switchback_frame(
-        seed, effect=0.0, schedule=("off", "off"), block_windows=windows // 2, phi=phi,
+        seed, effect=0.0, schedule=("off", "off"), period_windows=windows // 2, phi=phi,
         controls=controls,
     )  # fmt: skip
 
 
-def test_switchback_block_s_grows_with_the_autocorrelation_time() -> None:
-    blocks = {}
+def test_switchback_period_s_grows_with_the_autocorrelation_time() -> None:
+    periods = {}
     for phi in (0.0, 0.6, 0.9):
-        block, text = switchback_block_s(_history(1, phi), CANARY, "tokens_per_s", window_s=60)
-        assert block % 300 == 0 and block >= 900
+        period, text = switchback_period_s(_history(1, phi), CANARY, "tokens_per_s", window_s=60)
+        assert period % 300 == 0 and period >= 900
         assert "washout 300 s" in text and "net of the controls' common level" in text
-        blocks[phi] = block
-    assert blocks[0.0] == 900  # white noise: the floor
+        periods[phi] = period
+    assert periods[0.0] == 900  # white noise: the floor
     # τ ≈ 4 windows: 300 + 5·4·60 = 1500 s; τ ≈ 19: about 6000 s
-    assert blocks[0.6] in (1500, 1800)
-    assert 4800 <= blocks[0.9] <= 8400
-    block, text = switchback_block_s(
-        _history(1, 0.0), CANARY, "tokens_per_s", window_s=60, min_block_s=0, washout_s=600
+    assert periods[0.6] in (1500, 1800)
+    assert 4800 <= periods[0.9] <= 8400
+    period, text = switchback_period_s(
+        _history(1, 0.0), CANARY, "tokens_per_s", window_s=60, min_period_s=0, washout_s=600
     )
-    assert block == 900 and "600 s + 5 × τ_int" in text  # 600 + 5·1·60 = 900
+    assert period == 900 and "600 s + 5 × τ_int" in text  # 600 + 5·1·60 = 900
     with pytest.raises(InsufficientHistory):
-        switchback_block_s(_history(1, 0.6, windows=20), CANARY, "tokens_per_s", window_s=60)
+        switchback_period_s(_history(1, 0.6, windows=20), CANARY, "tokens_per_s", window_s=60)
 
 
-def test_switchback_block_s_without_controls_uses_the_raw_series() -> None:
-    _, text = switchback_block_s(_history(2, 0.6, controls=0), CANARY, "tokens_per_s", window_s=60)
+def test_switchback_period_s_without_controls_uses_the_raw_series() -> None:
+    _, text = switchback_period_s(_history(2, 0.6, controls=0), CANARY, "tokens_per_s", window_s=60)
     assert "net of" not in text
 
 
-def test_block_sigma_equals_a_direct_computation_and_ignores_common_block_shifts() -> None:
+def test_period_sigma_equals_a_direct_computation_and_ignores_common_period_shifts() -> None:
     frame = _history(3, 0.6, windows=240, controls=2)
-    got, n = block_sigma(frame, CANARY, "tokens_per_s", block_s=1200, window_s=WINDOW_S)
+    got, n = period_sigma(frame, CANARY, "tokens_per_s", period_s=1200, window_s=WINDOW_S)
     y = np.log(frame["tokens_per_s"].to_numpy())
     t = ((frame["start"] - frame["start"].min()) / WINDOW_S).to_numpy().astype(int)
     src = frame["source"].to_numpy()
@@ -135,8 +135,8 @@ def test_block_sigma_equals_a_direct_computation_and_ignores_common_block_shifts
     assert got == pytest.approx(np.std(diffs, ddof=1), rel=1e-9)
     shifted = frame.copy()
     shift = np.random.default_rng(0).normal(0.0, 0.5, 12)[t // 20]
-    shifted["tokens_per_s"] *= np.exp(shift)  # the same shift for every engine in a block
-    again, _ = block_sigma(shifted, CANARY, "tokens_per_s", block_s=1200, window_s=WINDOW_S)
+    shifted["tokens_per_s"] *= np.exp(shift)  # the same shift for every engine in a period
+    again, _ = period_sigma(shifted, CANARY, "tokens_per_s", period_s=1200, window_s=WINDOW_S)
     assert again == pytest.approx(got, rel=1e-9)
 
 
@@ -185,23 +185,23 @@ def test_random_assignment_takes_whole_lmcache_pools() -> None:
         random_assignment(engines, 4, seed=0, pools=pools)  # 3 units
 
 
-def test_blocks_needed_is_monotone_in_effect_and_sigma() -> None:
-    kw: dict[str, Any] = {"level": 0.9, "power": 0.8, "max_blocks": 400}
-    by_effect = [blocks_needed(0.03, e, **kw) for e in (0.01, 0.02, 0.04, 0.08)]
-    by_sigma = [blocks_needed(s, 0.03, **kw) for s in (0.01, 0.02, 0.04, 0.08)]
+def test_periods_needed_is_monotone_in_effect_and_sigma() -> None:
+    kw: dict[str, Any] = {"level": 0.9, "power": 0.8, "max_periods": 400}
+    by_effect = [periods_needed(0.03, e, **kw) for e in (0.01, 0.02, 0.04, 0.08)]
+    by_sigma = [periods_needed(s, 0.03, **kw) for s in (0.01, 0.02, 0.04, 0.08)]
     assert by_effect == sorted(by_effect, reverse=True) and by_effect[0] > by_effect[-1]
     assert by_sigma == sorted(by_sigma) and by_sigma[0] < by_sigma[-1]
     assert all(n % 2 == 0 and n >= 4 for n in by_effect + by_sigma)
-    assert blocks_needed(0.03, 0.0, **kw) == 0  # no effect is ever seen
-    assert blocks_needed(0.03, -0.04, **kw) == blocks_needed(0.03, 0.04, **kw)
-    higher = blocks_needed(0.03, 0.03, level=0.9, power=0.95, max_blocks=400)
-    assert higher > blocks_needed(0.03, 0.03, **kw)
+    assert periods_needed(0.03, 0.0, **kw) == 0  # no effect is ever seen
+    assert periods_needed(0.03, -0.04, **kw) == periods_needed(0.03, 0.04, **kw)
+    higher = periods_needed(0.03, 0.03, level=0.9, power=0.95, max_periods=400)
+    assert higher > periods_needed(0.03, 0.03, **kw)
 
 
-def test_blocks_needed_power_of_a_two_sample_t_test_on_block_means() -> None:
-    # n/2 block means per arm of SD σ: the pooled two-sample t test is exact there
+def test_periods_needed_power_of_a_two_sample_t_test_on_period_means() -> None:
+    # n/2 period means per arm of SD σ: the pooled two-sample t test is exact there
     sigma, effect = 0.03, 0.04
-    n = blocks_needed(sigma, effect, level=0.9, power=0.8, max_blocks=200)
+    n = periods_needed(sigma, effect, level=0.9, power=0.8, max_periods=200)
     rng = np.random.default_rng(4)
     reps = 20_000
     on = rng.normal(effect, sigma, (reps, n // 2))
@@ -214,18 +214,18 @@ def test_blocks_needed_power_of_a_two_sample_t_test_on_block_means() -> None:
     assert fewer < 0.8  # n is the smallest
 
 
-def test_blocks_needed_reaches_its_power_in_the_switchback_fit() -> None:
-    # σ from a day of history at 20-minute blocks, then 200 seeded switchbacks of the
+def test_periods_needed_reaches_its_power_in_the_switchback_fit() -> None:
+    # σ from a day of history at 20-minute periods, then 200 seeded switchbacks of the
     # planned length (2 controls): 0.76 of the 90 % intervals excluded 0 (binomial SD 0.03);
-    # the fit's median Bell–McCaffrey ν (5.2) is below the planned n − 2 = 8, since blocks
-    # of one mode that follow each other merge into one time block
-    sigma, _ = block_sigma(_history(100, 0.6, controls=2), CANARY, "tokens_per_s", block_s=1200,
+    # the fit's median Bell–McCaffrey ν (5.2) is below the planned n − 2 = 8, since periods
+    # of one mode that follow each other merge into one time period
+    sigma, _ = period_sigma(_history(100, 0.6, controls=2), CANARY, "tokens_per_s", period_s=1200,
                            window_s=WINDOW_S)  # fmt: skip
-    n = blocks_needed(sigma, 0.05, level=0.9, power=0.8, max_blocks=100)
+    n = periods_needed(sigma, 0.05, level=0.9, power=0.8, max_periods=100)
     assert n == 10
     hits = 0
     for r in range(200):
-        frame = switchback_frame(7000 + r, effect=0.05, n_blocks=n, block_windows=20, controls=2)
+        frame = switchback_frame(7000 + r, effect=0.05, n_periods=n, period_windows=20, controls=2)
         fit = fit_switchback(frame, offload="native", outcome="tokens_per_s")
         hits += fit.interval.lo > 0
     assert 0.72 <= hits / 200 <= 0.9

@@ -1,4 +1,4 @@
-"""planner/fit/switchback.py: blocks, washout, the fit against dense CR2 and Driscoll–Kraay
+"""planner/fit/switchback.py: periods, washout, the fit against dense CR2 and Driscoll–Kraay
 computations, and seeded Monte Carlo coverage on synthetic switchbacks
 (tests/planner/switchsynth.py)."""
 
@@ -16,7 +16,7 @@ from planner.fit.switchback import (
     engine_keys,
     find_switchbacks,
     fit_switchback,
-    switchback_blocks,
+    switchback_periods,
 )
 from tests.planner.switchsynth import T0, WINDOW_S, switchback_frame
 
@@ -27,27 +27,27 @@ def _fit(frame: pd.DataFrame, **kw: Any) -> Any:
     return fit_switchback(frame, offload="native", outcome="tokens_per_s", **kw)
 
 
-def test_find_switchbacks_engine_with_two_known_modes_is_listed_with_its_blocks() -> None:
+def test_find_switchbacks_engine_with_two_known_modes_is_listed_with_its_periods() -> None:
     frame = switchback_frame(1, effect=0.1, schedule=("off", "on", "on", "off"), controls=2)
     # an engine whose record is unknown for a while is not a switchback
     frame.loc[(frame["source"] == "vllm-2") & (frame["start"] < T0 + 600), "offload_mode"] = (
         "unknown"
     )
     assert find_switchbacks(frame) == (CANARY,)
-    blocks = switchback_blocks(frame, CANARY)
-    assert [(b.mode, b.windows) for b in blocks] == [("none", 20), ("native", 40), ("none", 20)]
-    assert blocks[1].start == T0 + 20 * WINDOW_S
-    assert blocks[1].end == blocks[2].start == T0 + 60 * WINDOW_S
-    assert blocks[2].end == T0 + 80 * WINDOW_S  # the last window's end
+    periods = switchback_periods(frame, CANARY)
+    assert [(b.mode, b.windows) for b in periods] == [("none", 20), ("native", 40), ("none", 20)]
+    assert periods[1].start == T0 + 20 * WINDOW_S
+    assert periods[1].end == periods[2].start == T0 + 60 * WINDOW_S
+    assert periods[2].end == T0 + 80 * WINDOW_S  # the last window's end
     shuffled = frame.sample(frac=1.0, random_state=3)
-    assert switchback_blocks(shuffled, CANARY) == blocks
+    assert switchback_periods(shuffled, CANARY) == periods
 
 
 def _monte_carlo(effect: float, reps: int, seed: int) -> tuple[float, float]:
     """Share of 90 % intervals covering ``effect`` and share excluding 0."""
     covered = excluded = 0
     for r in range(reps):
-        fit = _fit(switchback_frame(seed + r, effect=effect, controls=2, block_windows=15))
+        fit = _fit(switchback_frame(seed + r, effect=effect, controls=2, period_windows=15))
         assert fit.can_tell
         covered += fit.interval.covers(effect)
         excluded += not fit.interval.covers(0.0)
@@ -55,8 +55,8 @@ def _monte_carlo(effect: float, reps: int, seed: int) -> tuple[float, float]:
 
 
 def test_fit_switchback_interval_covers_true_effect_near_nominal() -> None:
-    # 200 seeded switchbacks (12 blocks of 15 min in randomized pairs, 2 controls, AR(1)
-    # φ = 0.6 across blocks, a 3-window carry-over ramp, a common trend): 90 % intervals
+    # 200 seeded switchbacks (12 periods of 15 min in randomized pairs, 2 controls, AR(1)
+    # φ = 0.6 across periods, a 3-window carry-over ramp, a common trend): 90 % intervals
     # covered the true log effect 0.1 in 0.915; binomial SD at 200 is 0.021
     covered, excluded = _monte_carlo(0.1, 200, seed=5000)
     assert 0.85 <= covered <= 0.95
@@ -70,15 +70,15 @@ def test_fit_switchback_null_effect_rarely_excludes_zero() -> None:
     assert covered == 1.0 - excluded
 
 
-def test_fit_switchback_one_block_per_arm_cannot_tell() -> None:
+def test_fit_switchback_one_period_per_arm_cannot_tell() -> None:
     fit = _fit(switchback_frame(2, effect=0.1, schedule=("off", "on")))
     assert not fit.can_tell
     assert "only 1 block of none and 1 block of native" in fit.why
-    assert fit.blocks_by_arm == (("none", 1), ("native", 1))
+    assert fit.periods_by_arm == (("none", 1), ("native", 1))
     assert np.isfinite(fit.estimate)  # filled in, to be read with ``why``
-    # two blocks per arm are enough
+    # two periods per arm are enough
     fit = _fit(switchback_frame(2, effect=0.1, schedule=("off", "on", "off", "on")))
-    assert fit.can_tell and fit.blocks_by_arm == (("none", 2), ("native", 2))
+    assert fit.can_tell and fit.periods_by_arm == (("none", 2), ("native", 2))
 
 
 def test_fit_switchback_no_switching_engine_cannot_tell() -> None:
@@ -91,7 +91,7 @@ def test_fit_switchback_no_switching_engine_cannot_tell() -> None:
 def test_fit_switchback_washout_drops_first_windows_after_each_switch(
     washout_s: float, per_switch: int
 ) -> None:
-    schedule = ("off", "on", "off", "on")  # 3 switches; the first block follows none
+    schedule = ("off", "on", "off", "on")  # 3 switches; the first period follows none
     frame = switchback_frame(4, effect=0.1, schedule=schedule, controls=2)
     fit = _fit(frame, washout_s=washout_s)
     dropped = dict(fit.dropped)
@@ -101,15 +101,15 @@ def test_fit_switchback_washout_drops_first_windows_after_each_switch(
     assert fit.windows_by_arm == (("none", 40 - per_switch), ("native", 40 - 2 * per_switch))
 
 
-def test_fit_switchback_washout_longer_than_a_block_cannot_tell() -> None:
+def test_fit_switchback_washout_longer_than_a_period_cannot_tell() -> None:
     frame = switchback_frame(4, effect=0.1, schedule=("off", "on", "off", "on"), controls=2)
     fit = _fit(frame, washout_s=20 * WINDOW_S)
     assert not fit.can_tell
-    assert fit.blocks_by_arm == (("none", 1), ("native", 0))
+    assert fit.periods_by_arm == (("none", 1), ("native", 0))
 
 
 def test_fit_switchback_too_few_windows_raises() -> None:
-    frame = switchback_frame(5, effect=0.1, schedule=("off", "on"), controls=0, block_windows=10)
+    frame = switchback_frame(5, effect=0.1, schedule=("off", "on"), controls=0, period_windows=10)
     with pytest.raises(InsufficientHistory):
         _fit(frame)
     with pytest.raises(InsufficientHistory):
@@ -119,19 +119,19 @@ def test_fit_switchback_too_few_windows_raises() -> None:
 
 
 def test_fit_switchback_without_controls_leaves_time_effects_out() -> None:
-    frame = switchback_frame(6, effect=0.1, controls=0, n_blocks=16)
+    frame = switchback_frame(6, effect=0.1, controls=0, n_periods=16)
     fit = _fit(frame)
     assert not fit.time_effects and fit.controls == ()
     assert any("no control engine" in a for a in fit.assumptions)
     assert fit.interval.covers(0.1)
-    with_controls = _fit(switchback_frame(6, effect=0.1, controls=2, n_blocks=16))
-    assert with_controls.time_effects and with_controls.time_blocks > 1
+    with_controls = _fit(switchback_frame(6, effect=0.1, controls=2, n_periods=16))
+    assert with_controls.time_effects and with_controls.time_periods > 1
 
 
 def test_fit_switchback_covariate_removes_a_traffic_mix_confounder() -> None:
     # the canary gets longer prompts while offload is on, and longer prompts lower the
     # throughput: without the covariate the effect is biased by -0.0002 · 500 = -0.1
-    frame = switchback_frame(7, effect=0.1, controls=2, n_blocks=16)
+    frame = switchback_frame(7, effect=0.1, controls=2, n_periods=16)
     on = (frame["offload_mode"] == "native").to_numpy()
     frame.loc[on, "prompt_tokens_mean"] += 500.0
     frame["tokens_per_s"] *= np.exp(-0.0002 * (frame["prompt_tokens_mean"] - 1500.0))
@@ -144,11 +144,11 @@ def test_fit_switchback_covariate_removes_a_traffic_mix_confounder() -> None:
 
 
 def _tiny() -> tuple[pd.DataFrame, Any, Any, Any, Any]:
-    """A canary in 4 blocks of 4 windows and one control; the dense design of the fit:
-    X (intercept, control, 3 time blocks, mode), y = log tokens/s, w, time block per row."""
+    """A canary in 4 periods of 4 windows and one control; the dense design of the fit:
+    X (intercept, control, 3 time periods, mode), y = log tokens/s, w, time period per row."""
     frame = switchback_frame(
         8, effect=0.1, schedule=("off", "on", "on", "off", "off", "on"), controls=1,
-        block_windows=4, requests_mean=30.0,
+        period_windows=4, requests_mean=30.0,
     )  # fmt: skip
     n = len(frame)
     cell = np.searchsorted(T0 + WINDOW_S * np.array([0, 4, 12, 20]), frame["start"], "right") - 1
@@ -161,7 +161,7 @@ def _tiny() -> tuple[pd.DataFrame, Any, Any, Any, Any]:
 
 
 def _pinv_sqrt(a: Any) -> Any:
-    """(a⁺)^(1/2): time-block effects put each block's own indicator in the column space,
+    """(a⁺)^(1/2): time-period effects put each period's own indicator in the column space,
     so I − H_gg is singular there (Pustejovsky & Tipton 2018 use the pseudo-inverse)."""
     lam, v = np.linalg.eigh(a)
     inv = np.where(lam > 1e-10, 1.0 / np.sqrt(np.maximum(lam, 1e-10)), 0.0)
@@ -190,12 +190,12 @@ def test_fit_switchback_cr2_se_and_df_equal_dense_n_by_n_computation() -> None:
     gtg = np.column_stack(cols).T @ np.column_stack(cols)
     lam = np.linalg.eigvalsh(gtg)
     nu = float(lam.sum() ** 2 / (lam**2).sum())
-    fit = _fit(frame, washout_s=0.0, min_windows=10, min_blocks_per_arm=1)
-    assert fit.time_blocks == 4 and fit.n == n
+    fit = _fit(frame, washout_s=0.0, min_windows=10, min_periods_per_arm=1)
+    assert fit.time_periods == 4 and fit.n == n
     assert fit.estimate == pytest.approx(beta[-1], rel=1e-9)
     assert fit.se == pytest.approx(se, rel=1e-9)
     # cr2.py caps leverages at 1 − 1e-9 where the pseudo-inverse sets them aside: on the
-    # exact-1 leverages of the time-block effects ν moves by ~5e-8 (relative)
+    # exact-1 leverages of the time-period effects ν moves by ~5e-8 (relative)
     assert fit.df == pytest.approx(nu, rel=1e-6)
 
 
@@ -209,13 +209,13 @@ def test_fit_switchback_hac_equals_driscoll_kraay_by_hand() -> None:
     sums = np.zeros((t.max() + 1, p))
     for i in range(n):
         sums[t[i]] += xs[i] * e[i]
-    lags = 6  # the median block: runs of 4, 8, 8, 4 windows
+    lags = 6  # the median period: runs of 4, 8, 8, 4 windows
     omega = sums.T @ sums
     for lag in range(1, lags + 1):
         gamma = sums[lag:].T @ sums[:-lag]
         omega += (1 - lag / (lags + 1)) * (gamma + gamma.T)
     cov = m @ omega @ m * n / (n - p)
-    fit = _fit(frame, washout_s=0.0, min_windows=10, min_blocks_per_arm=1, cov="hac")
+    fit = _fit(frame, washout_s=0.0, min_windows=10, min_periods_per_arm=1, cov="hac")
     assert fit.cov_type == "HAC" and f"{lags} lags" in fit.method
     assert fit.se == pytest.approx(np.sqrt(cov[-1, -1]), rel=1e-9)
     assert fit.df == 3.0
@@ -271,9 +271,9 @@ def test_fit_switchback_drops_the_windows_that_drain_an_inherited_backlog() -> N
     schedule = ("off", "on", "off", "on")
     frame = switchback_frame(4, effect=0.1, schedule=schedule, controls=2)
     base = _fit(frame, washout_s=300.0)
-    # the canary's second block (on) inherits 400 waiting requests, drained 40 a window
+    # the canary's second period (on) inherits 400 waiting requests, drained 40 a window
     canary = engine_keys(frame) == CANARY
-    b = switchback_blocks(frame, CANARY)[1]
+    b = switchback_periods(frame, CANARY)[1]
     rows = np.flatnonzero(canary & (frame["start"].to_numpy(float) >= b.start)
                           & (frame["start"].to_numpy(float) < b.end))  # fmt: skip
     rows = rows[np.argsort(frame["start"].to_numpy(float)[rows])]

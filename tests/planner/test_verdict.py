@@ -92,7 +92,7 @@ def test_run_verdicts_shared_pool_counts_once() -> None:
 def _switching_frame(effect: float, seed: int) -> pd.DataFrame:
     """A switchback history with the columns the verdict reads: TTFT falls by ``effect``
     (log) when the canary's offload is on."""
-    f = switchback_frame(seed, effect=-effect, n_blocks=12, block_windows=30)
+    f = switchback_frame(seed, effect=-effect, n_periods=12, period_windows=30)
     ttft = 0.5 * np.exp(np.log(3000.0) - np.log(f["tokens_per_s"]))
     n = len(f)
     return f.assign(
@@ -138,11 +138,11 @@ def test_run_verdicts_without_engines_off_offload_cannot_compare(mode: str) -> N
     assert not v.evidence.can_tell and "without offload" in v.why
 
 
-@pytest.mark.parametrize("n_blocks", [4, 6])
-def test_run_verdicts_short_switchback_never_raises(n_blocks: int) -> None:
+@pytest.mark.parametrize("n_periods", [4, 6])
+def test_run_verdicts_short_switchback_never_raises(n_periods: int) -> None:
     # a few blocks give a tiny Bell–McCaffrey ν: a t quantile whose exp overflows a double
     # (the verdict study's 2 h switchbacks raised OverflowError before exp_or_inf)
-    f = switchback_frame(9, effect=-math.log(0.7), n_blocks=n_blocks, block_windows=12)
+    f = switchback_frame(9, effect=-math.log(0.7), n_periods=n_periods, period_windows=12)
     ttft = 0.5 * np.exp(np.log(3000.0) - np.log(f["tokens_per_s"]))
     frame = f.assign(group="g", ttft_p50_s=ttft, ttft_p90_s=ttft, ttft_p99_s=ttft,
                      e2e_mean_s=ttft, preemptions=0.0, waiting=0.0, running=1.0,

@@ -54,42 +54,44 @@ def _raw(**cluster: Any) -> dict[str, Any]:
 # --- the schedule -----------------------------------------------------------------------------
 
 
-def test_schedule_same_seed_same_blocks_every_pair_balanced() -> None:
-    spec = SwitchbackSpec(engines=(0,), mode="native", block_s=60.0, seed=7)
+def test_schedule_same_seed_same_periods_every_pair_balanced() -> None:
+    spec = SwitchbackSpec(engines=(0,), mode="native", period_s=60.0, seed=7)
     a, b = Schedule(spec), Schedule(spec)
-    blocks = [a.on(i) for i in range(400)]
-    assert blocks == [b.on(i) for i in reversed(range(400))][::-1]  # drawn lazily, any order
-    assert all(blocks[2 * p] != blocks[2 * p + 1] for p in range(200))
-    assert sum(blocks) == 200
-    firsts = [blocks[2 * p] for p in range(200)]
+    periods = [a.on(i) for i in range(400)]
+    assert periods == [b.on(i) for i in reversed(range(400))][::-1]  # drawn lazily, any order
+    assert all(periods[2 * p] != periods[2 * p + 1] for p in range(200))
+    assert sum(periods) == 200
+    firsts = [periods[2 * p] for p in range(200)]
     assert 60 < sum(firsts) < 140  # the pair orders are drawn, not alternating
-    other = Schedule(SwitchbackSpec(engines=(0,), mode="native", block_s=60.0, seed=8))
-    assert [other.on(i) for i in range(400)] != blocks
+    other = Schedule(SwitchbackSpec(engines=(0,), mode="native", period_s=60.0, seed=8))
+    assert [other.on(i) for i in range(400)] != periods
 
 
 @pytest.mark.parametrize("start", ["on", "off"])
 def test_schedule_start_fixes_the_first_pair_only(start: str) -> None:
-    free = Schedule(SwitchbackSpec(engines=(0,), mode="native", block_s=60.0, seed=3))
-    fixed = Schedule(SwitchbackSpec(engines=(0,), mode="native", block_s=60.0, seed=3, start=start))
+    free = Schedule(SwitchbackSpec(engines=(0,), mode="native", period_s=60.0, seed=3))
+    fixed = Schedule(
+        SwitchbackSpec(engines=(0,), mode="native", period_s=60.0, seed=3, start=start)
+    )
     assert fixed.on(0) is (start == "on") and fixed.on(1) is (start != "on")
     assert [fixed.on(i) for i in range(2, 100)] == [free.on(i) for i in range(2, 100)]
 
 
 def test_schedule_explicit_list_is_cycled_and_equal_neighbours_are_no_switch() -> None:
     spec = SwitchbackSpec(
-        engines=(0,), mode="lmcache", block_s=100.0, schedule=(True, True, False), seed=1
+        engines=(0,), mode="lmcache", period_s=100.0, schedule=(True, True, False), seed=1
     )
     s = Schedule(spec)
     assert [s.mode(i) for i in range(6)] == ["lmcache", "lmcache", "none"] * 2
     assert s.next_switch(0) == 2 and s.next_switch(2) == 3
     assert s.regimes(700.0) == [(0.0, "lmcache"), (200.0, "none"), (300.0, "lmcache"),
                                 (500.0, "none"), (600.0, "lmcache")]  # fmt: skip
-    never = Schedule(SwitchbackSpec(engines=(0,), mode="native", block_s=1.0, schedule=(False,)))
+    never = Schedule(SwitchbackSpec(engines=(0,), mode="native", period_s=1.0, schedule=(False,)))
     assert never.next_switch(0) is None and never.regimes(1e9) == [(0.0, "none")]
 
 
-def test_schedule_regimes_are_the_switches_of_the_blocks() -> None:
-    s = Schedule(SwitchbackSpec(engines=(0,), mode="native", block_s=30.0, seed=11))
+def test_schedule_regimes_are_the_switches_of_the_periods() -> None:
+    s = Schedule(SwitchbackSpec(engines=(0,), mode="native", period_s=30.0, seed=11))
     regimes = s.regimes(3000.0)
     want = [(0.0, s.mode(0))] + [
         (b * 30.0, s.mode(b)) for b in range(1, 100) if s.on(b) != s.on(b - 1)
@@ -101,7 +103,9 @@ def test_schedule_regimes_are_the_switches_of_the_blocks() -> None:
 # --- the scenario section -----------------------------------------------------------------------
 
 
-def test_parse_switchback_seed_defaults_to_the_scenarios_and_block_0_sets_engines_offload() -> None:
+def test_parse_switchback_seed_defaults_to_the_scenarios_and_period_0_sets_engines_offload() -> (
+    None
+):
     raw = _raw()
     del raw["cluster"]["switchback"]["seed"]
     sc = parse_scenario(raw)
@@ -124,7 +128,7 @@ def test_parse_switchback_yaml_on_off_read_as_booleans() -> None:
     assert sc.cluster.engines_offload == ("none", "none")
     raw["cluster"]["switchback"] = {"engines": [1], "schedule": [True, "off", "ON"]}
     sb = parse_scenario(raw).cluster.switchback
-    assert sb is not None and sb.schedule == (True, False, True) and sb.block_s == 1800.0
+    assert sb is not None and sb.schedule == (True, False, True) and sb.period_s == 1800.0
 
 
 @pytest.mark.parametrize(
@@ -256,7 +260,7 @@ def test_scorer_reads_a_restarted_canarys_new_caches() -> None:
             assert cpu is None
 
 
-def test_canary_cpu_tier_counters_grow_only_in_on_blocks() -> None:
+def test_canary_cpu_tier_counters_grow_only_in_on_periods() -> None:
     sim = _sim(_raw())
     assert sim.schedule is not None
     eng = sim.engines[0]
@@ -336,7 +340,7 @@ def test_routers_run_with_canaries_and_a_shared_lmcache_pool(
     changes = result["switchback"]["changes"]
     assert {c["engine"] for c in changes} == set(canaries)
     assert len(changes) >= 3 * len(canaries)
-    for eng in sim.engines:  # the run ends at t = 300, the start of block 5
+    for eng in sim.engines:  # the run ends at t = 300, the start of period 5
         want = (
             sim.schedule.mode(5)
             if eng.idx in canaries
@@ -397,12 +401,12 @@ def test_load_shares_equal_weights_are_round_robin() -> None:
 # --- the canary scenario and its live regimes ---------------------------------------------------
 
 
-def test_bundled_canary_switchback_is_one_native_canary_in_30_minute_blocks() -> None:
+def test_bundled_canary_switchback_is_one_native_canary_in_30_minute_periods() -> None:
     with scenario_file("canary_switchback") as path:
         sc = load_scenario(path)
     sb = sc.cluster.switchback
     assert sb is not None and sb.engines == (0,) and sb.mode == "native"
-    assert sb.block_s == 1800.0 and sc.duration_s == 6 * 3600.0
+    assert sb.period_s == 1800.0 and sc.duration_s == 6 * 3600.0
     assert sc.cluster.num_engines == 4 and sc.cluster.nodes == 1
     assert sc.cluster.engines_offload[1:] == ("none", "none", "none")
     regimes = Schedule(sb).regimes(sc.duration_s)
