@@ -284,7 +284,8 @@ def _plan(
         return seen, verdicts, fc
 
     side = Forked(beside_the_fits)  # neither reads what the other makes
-    windows.drop_rows()  # nothing below reads them (~1.3 GB at 1,000 engines × 7 days)
+    if not side.forked:  # a killed child's stage runs again here, on the rows
+        windows.drop_rows()  # nothing below reads them (~1.3 GB at 1,000 engines × 7 days)
     fits = fit_runs(_fit_report(run, frame, hw, len(groups)))
     run.lap("fits")
     (happening, seen), verdicts, fc = side.result()

@@ -10,7 +10,9 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import os
 import random
+import signal
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +31,7 @@ from planner.fit.orchestrate import fit_all
 from planner.fit.preempt import fit_preemption
 from planner.frames.frames import engine_frame
 from planner.plan import NoData, Plan, build_plan
+from planner.plan import build as plan_build
 from planner.plan.build import lmcache_up_fraction
 from planner.plan.fits import Hardware, cost_model, fit_runs
 from planner.plan.forecast import kv_capacity
@@ -500,3 +503,26 @@ def test_plan_engine_switched_offload_counts_windows_by_regime_and_lists_assumed
     (assumed,) = [b for b in plan.basis if b.startswith("facts assumed")]
     assert "tensor_parallel on 3 of 3 engine(s)" in assumed
     assert "offload modes: 3 exposed of 3 engine(s)" in plan.basis
+
+
+def test_plan_with_a_killed_forked_stage_equals_the_plan_in_one_process(
+    synth: tuple[Plan, pd.DataFrame], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """KVSCOPE_PLAN_JOBS=2 runs observe, verdicts and forecasts in a child; a child killed
+    (the OOM killer) has them run again in the plan's process, on the windows it still holds."""
+    url = sqlite_url(tmp_path / "synth.db")
+    fill_store(url, synth[1])
+    parent, observed = os.getpid(), observe  # planner.plan.observe's, which build calls
+
+    def killed_in_a_child(*args: Any, **kwargs: Any) -> Any:
+        if os.getpid() != parent:
+            os.kill(os.getpid(), signal.SIGKILL)
+        return observed(*args, **kwargs)
+
+    monkeypatch.setattr(plan_build, "observe", killed_in_a_child)
+    monkeypatch.setattr("planner.plan.fork.can_fork", lambda: True)
+    with Store(url) as store:
+        plan = build_plan(store, cluster="synth", gpu_price_per_hour=3.0, forecast_seconds=1)
+    want, got = (without_timings(p.to_dict()) for p in (synth[0], plan))
+    assert got.pop("basis")[1:] == want.pop("basis")[1:]  # [0] names the store's file
+    assert json.dumps(got, sort_keys=True) == json.dumps(want, sort_keys=True)
