@@ -5,8 +5,8 @@ without a copy) and ``result()`` returns fn's value, pickled through a pipe, or 
 exception. Otherwise ``fn`` runs here, at once: by default, and where a fork is unsafe (no
 ``os.fork``; other threads running, whose locks would stay held in the child) or
 unaffordable (less free memory, machine or cgroup, than this process holds).
-``KVSCOPE_PLAN_JOBS=2`` asks for the fork: on 100 engines × 7 days it takes ~1.7 s off 15 s
-but adds ~360 MB, so one process is the default. The value is the same either way.
+``KVSCOPE_PLAN_JOBS=2`` asks for the fork: on 100 engines × 7 days it takes ~1 s off 10.8 s
+but adds ~470 MB (docs/scale.md), so one process is the default. The value is the same.
 """
 
 from __future__ import annotations
