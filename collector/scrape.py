@@ -351,8 +351,10 @@ async def fetch_body(  # noqa: PLR0912, PLR0915 - each way a scrape fails, named
     url = target.url
     try:
         checked: CheckedURL | None = None
-        if target.guard is not None:  # resolves once, in a thread (getaddrinfo blocks)
-            checked = await asyncio.to_thread(target.guard.check, target.url)
+        if target.guard is not None:  # a name resolved once, in a thread (getaddrinfo blocks)
+            checked = target.guard.check_without_lookup(target.url)
+            if checked is None:
+                checked = await asyncio.to_thread(target.guard.check, target.url)
         for _hop in range(MAX_REDIRECTS + 1):
             pinned = None if checked is None else pinned_address(checked, url)
             resp = await conn.get(url, REQUEST_HEADERS, connect_to=pinned)

@@ -152,6 +152,22 @@ class URLPolicy:
     def check(self, url: str) -> CheckedURL:
         return _check(url, self._networks, self.resolve or resolve_host)
 
+    def check_without_lookup(self, url: str) -> CheckedURL | None:
+        """``check(url)`` when it needs no name lookup (an address literal, or a URL refused
+        before any lookup); None when the host is a name to resolve."""
+        try:
+            return _check(url, self._networks, _no_lookup)
+        except _LookupNeeded:
+            return None
+
+
+class _LookupNeeded(Exception):
+    """Raised by :func:`_no_lookup`: the URL's host is a name."""
+
+
+def _no_lookup(host: str, port: int) -> list[str]:
+    raise _LookupNeeded(host)
+
 
 def same_origin(a: str, b: str) -> bool:
     """Whether two http(s) URLs without userinfo have the same scheme, host and port."""

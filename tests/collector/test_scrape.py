@@ -373,6 +373,21 @@ def test_scrape_one_guarded_target_refused_never_connected(
     assert hits == 0
 
 
+def test_scrape_one_refused_address_literal_refused_whatever_the_timeout() -> None:
+    """An address literal is judged before the first await: a tiny timeout (a loaded
+    machine) still gives 'refused', never 'timeout'; a name waits for its lookup."""
+
+    def slow(host: str, port: int) -> list[str]:
+        time.sleep(0.2)
+        return _engine_test(host, port)
+
+    guard = URLPolicy(resolve=slow)
+    literal = Target("e0", "http://127.0.0.1:9/metrics", "vllm", guard=guard)
+    named = Target("e1", "http://engine.test:9/metrics", "vllm", guard=guard)
+    results = _run(scrape_all([literal, named], timeout_s=1e-9, concurrency=2, max_body_bytes=CAP))
+    assert [r.outcome.error_kind for r in results] == ["refused", "timeout"]
+
+
 def test_a_large_exposition_is_parsed_off_the_event_loop(monkeypatch: pytest.MonkeyPatch) -> None:
     """Up to INLINE_PARSE_BYTES on the loop's thread (no hand-off cost), beyond it in a
     worker thread (a federation-sized body must not stall the other scrapes)."""

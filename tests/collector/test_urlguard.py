@@ -288,6 +288,26 @@ def test_url_policy_check_same_as_check_target_url() -> None:
 
 
 @pytest.mark.parametrize(
+    "url",
+    ["http://10.0.0.7:8000/m", "http://[fd00::7]:8000/m", "http://8.8.8.8/m"],
+)
+def test_url_policy_check_without_lookup_address_literal_same_as_check(url: str) -> None:
+    policy = URLPolicy(allow=("10.0.0.0/8", "fd00::/8"), resolve=FakeDNS())
+    assert policy.check_without_lookup(url) == policy.check(url)
+
+
+def test_url_policy_check_without_lookup_name_none_refusal_raised() -> None:
+    dns = FakeDNS()
+    policy = URLPolicy(allow=("10.0.0.0/8",), resolve=dns)
+    assert policy.check_without_lookup("http://private.test/m") is None
+    assert dns.calls == []  # the name is left to check(), in a thread
+    for url, says in [("http://127.0.0.1/m", "loopback"), ("ftp://10.0.0.7/m", "scheme"),
+                      ("http://bad_name!/m", "not a valid host name")]:  # fmt: skip
+        with pytest.raises(URLRefused, match=says):
+            policy.check_without_lookup(url)
+
+
+@pytest.mark.parametrize(
     ("a", "b", "same"),
     [
         ("http://h:80/a", "http://H/b?c", True),
