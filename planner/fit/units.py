@@ -181,14 +181,22 @@ def unit_keys(
     missing from it joins one pool with every other unmapped LMCache engine (UNKNOWN_POOL):
     without the mapping, sharing cannot be ruled out, and counting them apart would treat
     dependent engines as independent."""
-    keys = engine_keys(frame)
-    src = frame["source"].astype(str).to_numpy()
-    mode = frame["offload_mode"].astype(str).to_numpy()
+    codes, names = engine_codes(frame, short=True)
+    out: npt.NDArray[np.object_] = np.asarray(names, dtype=object)[codes]
+    lmcache = (frame["offload_mode"].astype(str) == "lmcache").to_numpy(dtype=bool)
+    if not lmcache.any():
+        return out
     pools = pools or {}
-    out = keys.astype(object)
-    for i in np.flatnonzero(mode == "lmcache"):
-        pool = pools.get(str(keys[i])) or pools.get(str(src[i]))
-        out[i] = f"pool:{pool}" if pool else UNKNOWN_POOL
+    # a row's pool depends on its engine key and source alone: one lookup per pair
+    s_codes, s_values = _value_codes(frame["source"])
+    width = max(len(s_values), 1)
+    pairs, at = np.unique(codes[lmcache] * width + s_codes[lmcache], return_inverse=True)
+    units = []
+    for p in pairs.tolist():
+        key, source = names[p // width], _text(s_values[p % width])
+        pool = pools.get(str(key)) or pools.get(source)
+        units.append(f"pool:{pool}" if pool else UNKNOWN_POOL)
+    out[lmcache] = np.asarray(units, dtype=object)[at.ravel()]
     return np.asarray(out, dtype=object)
 
 

@@ -154,42 +154,67 @@ def _engine_mask(frame: pd.DataFrame) -> npt.NDArray[np.bool_]:
 
 
 def split_groups(frame: pd.DataFrame, table_sources: Iterable[str] = ()) -> list[GroupSlice]:
-    """The frame's model groups, by name (METHODS.md#groups); [] for an empty frame."""
+    """The frame's model groups, by name (METHODS.md#groups); [] for an empty frame.
+
+    Values are compared as ``astype(str)`` writes them (a missing one is "nan" in the
+    names, and equals no group), by their codes: no string is made or hashed per row."""
     if not len(frame):
         return []
-    group = frame["group"].astype(str).to_numpy(dtype=object)
-    source = frame["source"].astype(str).to_numpy(dtype=object)
-    engine = frame["engine"].astype(str).to_numpy(dtype=object)
+    group, source, engine = (_Coded(frame[c]) for c in ("group", "source", "engine"))
     is_engine = _engine_mask(frame)
     if not is_engine.any():  # no vLLM engine in the period: the rows' own groups
         is_engine = np.ones(len(frame), dtype=bool)
-    names = sorted({str(g) for g in set(group[is_engine].tolist())})
-    member = {n: is_engine & (group == n) for n in names}
+    names = sorted(group.texts(is_engine))
+    member = {n: group.rows(n, is_engine) for n in names}
     shared_rows = np.zeros(len(frame), dtype=bool)
-    for g in sorted({str(x) for x in set(group[~is_engine].tolist())}):
-        rows = ~is_engine & (group == g)
+    for g in sorted(group.texts(~is_engine)):
+        rows = group.rows(g, ~is_engine)
         homes = [n for n in names if same_model(g, n)]
         if not homes:
             shared_rows |= rows
         for n in homes:
             member[n] = member[n] | rows
-    in_frame = {str(s) for s in set(source.tolist())}
-    shared = sorted(
-        {str(s) for s in set(source[shared_rows].tolist())} | (set(table_sources) - in_frame)
-    )
+    in_frame = source.texts()
+    shared = sorted(source.texts(shared_rows) | (set(table_sources) - in_frame))
     out = []
     for n in names:
         rows = member[n] | shared_rows
-        eng = is_engine & (group == n)
-        both = set(zip(source[eng].tolist(), engine[eng].tolist(), strict=True))
-        pairs = sorted({(str(s), str(e)) for s, e in both})
+        eng = group.rows(n, is_engine)
+        width = len(engine.names)
+        both = np.unique((source.codes[eng] + 1) * width + engine.codes[eng] + 1).tolist()
+        pairs = sorted({(source.names[c // width - 1], engine.names[c % width - 1]) for c in both})
         out.append(
             GroupSlice(
                 name=n,
                 engines=tuple(f"{s}/{e}" if e else s for s, e in pairs),
-                sources=frozenset({str(s) for s in set(source[rows].tolist())} | set(shared)),
+                sources=frozenset(source.texts(rows) | set(shared)),
                 rows=rows,
                 shared=tuple(shared),
             )
         )
     return out
+
+
+class _Coded:
+    """A frame column as codes (-1: missing) and each code's ``astype(str)`` text; the
+    last name is a missing value's ("nan"), so ``names[code]`` serves -1 too."""
+
+    def __init__(self, column: pd.Series) -> None:
+        values: Iterable[object]
+        if column.dtype.name == "category":  # its own codes: nothing hashed
+            codes, values = column.cat.codes.to_numpy(), column.cat.categories
+        else:
+            codes, values = column.factorize()
+        self.codes: npt.NDArray[np.int64] = np.asarray(codes, dtype=np.int64)
+        self.names: list[str] = [*(str(v) for v in values), "nan"]
+
+    def texts(self, mask: npt.NDArray[np.bool_] | None = None) -> set[str]:
+        """The texts of the rows ``mask`` selects (every row: None)."""
+        codes = self.codes if mask is None else self.codes[mask]
+        return {self.names[c] for c in np.unique(codes).tolist()}
+
+    def rows(self, text: str, mask: npt.NDArray[np.bool_]) -> npt.NDArray[np.bool_]:
+        """``mask`` and the rows whose value's text is ``text`` (a missing value: none)."""
+        hits = [c for c, name in enumerate(self.names[:-1]) if name == text]
+        out: npt.NDArray[np.bool_] = mask & np.isin(self.codes, hits)
+        return out

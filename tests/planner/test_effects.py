@@ -30,6 +30,40 @@ def test_unit_keys_lmcache_rows_join_their_pool_or_the_unknown_pool() -> None:
     assert unit_keys(frame, {"b": "node1"}).tolist() == ["a/0", "pool:node1", UNKNOWN_POOL, "d/0"]
 
 
+def _unit_keys_per_row(frame: pd.DataFrame, pools: dict[str, str]) -> list[object]:
+    """unit_keys by its definition, one row at a time (the brute force)."""
+    out: list[object] = []
+    for source, engine, mode in zip(frame["source"].astype(str), frame["engine"],
+                                    frame["offload_mode"].astype(str), strict=True):  # fmt: skip
+        empty = engine is None or (isinstance(engine, float) and math.isnan(engine)) or engine == ""
+        key = source if empty else f"{source}/{engine}"
+        if mode == "lmcache":
+            pool = pools.get(key) or pools.get(source)
+            out.append(f"pool:{pool}" if pool else UNKNOWN_POOL)
+        else:
+            out.append(key)
+    return out
+
+
+@pytest.mark.parametrize("categorical", [False, True])
+@pytest.mark.parametrize("seed", range(6))
+def test_unit_keys_equal_the_per_row_definition(seed: int, categorical: bool) -> None:
+    rng = np.random.default_rng(seed)
+    n = 400
+    sources = np.array(["a", "b", "c", "node-7:8000"], dtype=object)  # a row has a source
+    engines = np.array(["0", "1", "", None], dtype=object)
+    frame = pd.DataFrame(
+        {"source": sources[rng.integers(0, 4, n)],
+         "engine": engines[rng.integers(0, 4, n)],
+         "offload_mode": np.array(["none", "native", "lmcache"])[rng.integers(0, 3, n)]}
+    )  # fmt: skip
+    if categorical:
+        frame = frame.astype({"source": "category", "engine": "category"})
+    pools = {"a/0": "p1", "b": "p2", "c/1": "p1", "node-7:8000": "p3", "a": "p4"}
+    pools = dict(list(pools.items())[: seed % 6])
+    assert unit_keys(frame, pools).tolist() == _unit_keys_per_row(frame, pools)
+
+
 def test_traffic_covariates_per_window() -> None:
     frame = pd.DataFrame(
         {"requests": [30.0, 0.0], "window_s": [60.0, 60.0], "output_tokens_per_s": [150.0, 10.0],

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pandas as pd
 import pytest
 
@@ -15,7 +16,14 @@ from planner.fit.orchestrate import fit_all
 from planner.fit.preempt import fit_preemption
 from planner.fit.registry import FIT_NAMES
 from planner.frames.frames import engine_frame
-from planner.frames.groups import UNKNOWN_GROUP, group_name, same_model, split_groups
+from planner.frames.groups import (
+    UNKNOWN_GROUP,
+    GroupSlice,
+    _engine_mask,
+    group_name,
+    same_model,
+    split_groups,
+)
 from store.tables import EngineRecord
 
 T0 = 1.8e9
@@ -113,6 +121,71 @@ def test_split_groups_attaches_lmcache_rows_by_model_and_shares_the_rest() -> No
     assert m1.shared == ("health-only", "lm-2")
     assert same_model("m1", "m1:tp2") and not same_model("m1", "m10@h100")
     assert not same_model(UNKNOWN_GROUP, "m1") and split_groups(frame.iloc[:0], []) == []
+
+
+def _split_by_strings(frame: pd.DataFrame, table_sources: list[str]) -> list[GroupSlice]:
+    """split_groups as first written, on each row's ``astype(str)`` text (the brute force)."""
+    group = frame["group"].astype(str).to_numpy(dtype=object)
+    source = frame["source"].astype(str).to_numpy(dtype=object)
+    engine = frame["engine"].astype(str).to_numpy(dtype=object)
+    is_engine = _engine_mask(frame)
+    if not is_engine.any():
+        is_engine = np.ones(len(frame), dtype=bool)
+    names = sorted({str(g) for g in set(group[is_engine].tolist())})
+    member = {n: is_engine & (group == n) for n in names}
+    shared_rows = np.zeros(len(frame), dtype=bool)
+    for g in sorted({str(x) for x in set(group[~is_engine].tolist())}):
+        rows = ~is_engine & (group == g)
+        homes = [n for n in names if same_model(g, n)]
+        if not homes:
+            shared_rows |= rows
+        for n in homes:
+            member[n] = member[n] | rows
+    in_frame = {str(s) for s in set(source.tolist())}
+    shared = sorted({str(s) for s in set(source[shared_rows].tolist())}
+                    | (set(table_sources) - in_frame))  # fmt: skip
+    out = []
+    for n in names:
+        rows = member[n] | shared_rows
+        eng = is_engine & (group == n)
+        pairs = sorted(
+            {
+                (str(s), str(e))
+                for s, e in zip(source[eng].tolist(), engine[eng].tolist(), strict=True)
+            }
+        )
+        out.append(GroupSlice(n, tuple(f"{s}/{e}" if e else s for s, e in pairs),
+                              frozenset({str(s) for s in set(source[rows].tolist())} | set(shared)),
+                              rows, tuple(shared)))  # fmt: skip
+    return out
+
+
+@pytest.mark.parametrize("categorical", [False, True])
+@pytest.mark.parametrize("seed", range(8))
+def test_split_groups_equals_the_split_on_each_rows_text(seed: int, categorical: bool) -> None:
+    rng = np.random.default_rng(seed)
+    n = 300
+
+    def pick(values: list[str | None]) -> np.ndarray:
+        return np.asarray(values, dtype=object)[rng.integers(0, len(values), n)]
+
+    frame = pd.DataFrame({
+        "source": pick(["a", "b", "lm-1", "lm-2", None, "nan"]),
+        "engine": pick(["0", "1", "", None]),
+        "group": pick(["m1@h100:tp1", "m2:tp4", "m1", "org/Other", UNKNOWN_GROUP, None, "nan"]),
+        "kv_util": np.where(rng.random(n) < (0.0 if seed == 3 else 0.6), 0.5, np.nan),
+        "tokens_per_s": np.nan,
+    })  # fmt: skip
+    if categorical:
+        frame = frame.astype({"source": "category", "engine": "category"})
+    else:
+        frame = frame.astype({"source": "str", "engine": "str", "group": "str"})
+    tables = [["a", "health-only"], [], ["nan", "x"]][seed % 3]
+    got, want = split_groups(frame, tables), _split_by_strings(frame, tables)
+    assert [g.name for g in got] == [g.name for g in want]
+    for g, w in zip(got, want, strict=True):
+        assert (g.engines, g.sources, g.shared) == (w.engines, w.sources, w.shared)
+        assert g.rows.tolist() == w.rows.tolist()
 
 
 def _two_group_frame() -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
