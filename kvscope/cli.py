@@ -6,6 +6,7 @@ kvscope/commands/<name>.py and registers itself here; heavy imports stay inside 
 
 from __future__ import annotations
 
+import gc
 import importlib
 import pkgutil
 import sys
@@ -52,12 +53,21 @@ def __getattr__(name: str) -> typer.Typer:
 
 
 def main() -> None:
-    """Console-script entry point: KvscopeError -> one clear line on stderr, exit 2."""
+    """Console-script entry point: KvscopeError -> one clear line on stderr, exit 2.
+
+    On the way out, whatever the exit, the objects still alive are frozen (``gc.freeze``):
+    the interpreter's last collection at exit does not walk them (a plan of 100 engines ×
+    7 days leaves ~0.45 s of it, ~0.04 s frozen; benchmarks/README.md). Nothing is skipped:
+    atexit handlers run and objects are freed as before, only not searched for cycles
+    (the Instagram technique, engineering blog "Dismissing Python Garbage Collection at
+    Instagram", 2017; gc.freeze since Python 3.7)."""
     try:
         build_app(sys.argv[1] if len(sys.argv) > 1 else None)()
     except KvscopeError as exc:
         print(f"kvscope: error: {exc}", file=sys.stderr)
         raise SystemExit(2) from exc
+    finally:
+        gc.freeze()
 
 
 if __name__ == "__main__":

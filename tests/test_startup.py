@@ -70,3 +70,18 @@ def test_startup_python_dash_m_kvscope_runs_the_cli() -> None:
                           capture_output=True, text=True, cwd=ROOT, timeout=60)  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout) == json.loads(run_kvscope("version").stdout)
+
+
+@pytest.mark.parametrize("argv", [["kvscope", "version"], ["kvscope", "plan", "--db", ""]])
+def test_startup_main_freezes_what_is_alive_on_the_way_out(argv: list[str]) -> None:
+    # the interpreter's last collection skips frozen objects (kvscope/cli.py main), on a
+    # normal exit and on an error's exit status alike
+    code = (
+        f"import gc, sys\nfrom kvscope.cli import main\nsys.argv = {argv!r}\n"
+        "assert gc.get_freeze_count() == 0\ntry:\n    main()\nexcept SystemExit:\n    pass\n"
+        "print(gc.get_freeze_count())"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], check=False, capture_output=True,
+                          text=True, cwd=ROOT, timeout=60)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert int(proc.stdout.split()[-1]) > 0
