@@ -170,10 +170,6 @@ def plan_cmd(  # noqa: PLR0917 - one parameter per CLI flag
             group=group, save=save, slo_ttft=slo_ttft, slo_quantile=slo_quantile, every=every,
         )
     )  # fmt: skip
-    import planner.plan  # noqa: F401 - loaded before the policy freezes start-up
-    from collector.gcpolicy import tune_heap
-
-    tune_heap()  # the start-up heap frozen, fewer cyclic runs while a plan's ~1 M-row frame lives
     if config.every is not None:
         run_replan(config, config.every)
     else:
