@@ -52,7 +52,9 @@ def weighted_median_array(v: FloatArray, w: FloatArray) -> float | None:
     loop (finite values with weight > 0, sorted by value then weight), vectorized."""
     keep = np.isfinite(v) & (w > 0)
     v, w = v[keep], w[keep]
-    order = np.lexsort((w, v))  # as sorting (value, weight) pairs
+    order = np.argsort(v)  # distinct values (a plan's latencies): the pairs' order already
+    if v.size > 1 and (np.diff(v[order]) == 0).any():  # ties: by weight, then position
+        order = np.lexsort((w, v))  # as sorting (value, weight) pairs
     v, w = v[order], w[order]
     run = np.cumsum(w)  # left to right, as the loop adds
     if v.size == 0 or not run[-1] > 0:

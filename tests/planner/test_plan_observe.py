@@ -111,6 +111,10 @@ def test_weighted_median_and_quantiles_arrays_equal_the_list_loop(seed: int) -> 
     assert weighted_median(values, weights) == weighted_median(values.tolist(), weights.tolist())
     qs = [0.0, 0.5, 0.95, 1.0]
     assert quantiles(values, qs) == quantiles(values.tolist(), qs)
+    # distinct values (no ties to order by weight), as a plan's latencies mostly are
+    spread = rng.lognormal(0.0, 1.0, n)
+    spread[rng.random(n) < 0.1] = np.nan
+    assert weighted_median(spread, weights) == weighted_median(spread.tolist(), weights.tolist())
 
 
 def test_seq_sum_adds_left_to_right_as_a_loop() -> None:
