@@ -19,9 +19,12 @@ from core.errors import ConfigError
 from kvscope.commands.options import ClusterOpt, DbOpt, HorizonOpt, JsonOpt, SinceOpt
 
 if TYPE_CHECKING:
+    from collections.abc import Iterable
+
     from kvscope.replan import ReplanConfig
     from planner.fit.capacity import Slo
     from planner.plan import Plan
+    from planner.plan.windows import SignalPart
     from store.store import Store
 
 
@@ -213,9 +216,16 @@ def plan_config(flags: PlanFlags) -> PlanConfig:
     )  # fmt: skip
 
 
-def make_plan(config: PlanConfig, store: Store, cluster: str | None, since: float | None) -> Plan:
+def make_plan(
+    config: PlanConfig,
+    store: Store,
+    cluster: str | None,
+    since: float | None,
+    parts: Iterable[SignalPart] | None = None,
+) -> Plan:
     """A plan of ``cluster`` (None: every cluster) over the windows since ``since`` (an epoch
-    time; None: all), as ``config`` says; the memory's peak is handed back afterwards."""
+    time; None: all), as ``config`` says, of ``parts`` when read ahead; the memory's peak is
+    handed back afterwards."""
     from kvscope.heap import reuse_freed_memory
     from planner.plan import build_plan
 
@@ -230,6 +240,7 @@ def make_plan(config: PlanConfig, store: Store, cluster: str | None, since: floa
             forecast_seconds=config.forecast_seconds,
             group=config.group,
             slo=config.slo,
+            parts=parts,
         )
 
 
@@ -247,27 +258,37 @@ def run_replan(config: PlanConfig, every: ReplanConfig) -> None:
 
 def run_plan(config: PlanConfig) -> None:
     """One plan: made (and with --save kept in the store), plotted, printed."""
+    from kvscope.heap import reuse_freed_memory
+    from kvscope.replan import resolve_cluster
+    from planner.plan.readahead import read_ahead
     from planner.report.plan_text import summary_text
     from store.store import Store
 
     since_at = None if config.since_s is None else time.time() - config.since_s
     print(f"kvscope plan: reading {config.db} …", file=sys.stderr)
-    with Store(config.db) as store:
-        cluster, saved_as = config.cluster, None
-        if config.save:
-            from kvscope.replan import resolve_cluster
 
-            saved_as = cluster = resolve_cluster(store, cluster)
-        plan = make_plan(config, store, cluster, since_at)
-        if saved_as is not None:
-            from kvscope.replan import save_plan
+    def cluster_of(store: Store) -> str | None:
+        return resolve_cluster(store, config.cluster) if config.save else config.cluster
 
-            ids = save_plan(store, plan, saved_as, created_at=time.time())
-            print(
-                f"kvscope plan: saved {len(ids)} plan(s) of cluster {saved_as} "
-                f"(id {', '.join(map(str, ids))})",
-                file=sys.stderr,
-            )
+    # the windows read by a child, started before this process opens the store
+    ahead = read_ahead(config.db, cluster_of, since=since_at, until=None, around=reuse_freed_memory)
+    try:
+        with Store(config.db) as store:
+            cluster = cluster_of(store)
+            saved_as = cluster if config.save else None
+            plan = make_plan(config, store, cluster, since_at, ahead)
+            if saved_as is not None:
+                from kvscope.replan import save_plan
+
+                ids = save_plan(store, plan, saved_as, created_at=time.time())
+                print(
+                    f"kvscope plan: saved {len(ids)} plan(s) of cluster {saved_as} "
+                    f"(id {', '.join(map(str, ids))})",
+                    file=sys.stderr,
+                )
+    finally:
+        if ahead is not None:
+            ahead.close()
     if config.plots is not None:
         _write_plots(plan, config.plots, config.seed)
     payload = plan.to_dict()

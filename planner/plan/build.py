@@ -57,11 +57,11 @@ from planner.plan.observe import NEEDED_SIGNALS, Observed, modes_by_source, obse
 from planner.plan.record import GroupPlan, NoData, Plan, PlanDetails
 from planner.plan.tier import recommended_gib, tier_section
 from planner.plan.verdict import ModeVerdict, run_verdicts, verdict_section
-from planner.plan.windows import finish_frame, read_windows
+from planner.plan.windows import SignalPart, finish_frame, fold, read_windows
 from store.frame import windows_frame
 
 if TYPE_CHECKING:
-    from collections.abc import Mapping
+    from collections.abc import Iterable, Mapping
     from typing import Any
 
     import pandas as pd
@@ -152,14 +152,17 @@ def build_plan(  # noqa: PLR0913 - keyword-only plan options (kvscope plan's fla
     columnar: bool = True,
     group: str | None = None,
     slo: Slo | None = None,
+    parts: Iterable[SignalPart] | None = None,
 ) -> Plan:
     """Read, fit, forecast, decide and size (METHODS.md#build). Raises NoData when the store
     has no windows for the cluster and period, ConfigError on a bad argument (an unknown
     ``group`` among them, naming the known ones).
 
     Several model groups are planned per group (``groups``; ``group`` plans one alone).
-    Windows are read a signal at a time as columnar frames; ``columnar=False`` reads Window
-    records instead (the slower reference the columnar path is tested against).
+    Windows are read a signal at a time as columnar frames, or taken from ``parts`` (the
+    same signals of the same store, read by planner/plan/readahead.py's child);
+    ``columnar=False`` reads Window records instead (the slower reference the columnar path
+    is tested against).
     """
     if not (math.isfinite(horizon_s) and horizon_s > 0):
         raise ConfigError(f"horizon must be a positive duration, got {horizon_s!r} s")
@@ -174,7 +177,10 @@ def build_plan(  # noqa: PLR0913 - keyword-only plan options (kvscope plan's fla
     engines = store.engines(cluster)
     meta = {e.source: e for e in engines}
     if columnar:  # one signal at a time, folded into the frame as it is read
-        windows, builder = read_windows(store, cluster=cluster, since=since, until=until)
+        if parts is None:
+            windows, builder = read_windows(store, cluster=cluster, since=since, until=until)
+        else:
+            windows, builder = fold(parts)
         if not len(windows):
             raise _no_data(store, cluster, since)
         run.lap("read")
@@ -199,12 +205,12 @@ def build_plan(  # noqa: PLR0913 - keyword-only plan options (kvscope plan's fla
         return _group_plan(run, windows, frame, engines, pick_group(groups, group), len(groups))
     if len(groups) <= 1:
         return _plan(run, windows, frame, engines, [])
-    parts = []
+    planned = []
     for g in groups:
         p = _group_plan(run.fresh(), windows, frame, engines, g, len(groups))
-        parts.append(GroupPlan(g.name, g.engines, tuple(sorted(g.sources)), p))
+        planned.append(GroupPlan(g.name, g.engines, tuple(sorted(g.sources)), p))
     run.clock = time.perf_counter()  # the pooled stages' own times
-    return _plan(run, windows, frame, engines, [groups_basis(groups)], groups=tuple(parts))
+    return _plan(run, windows, frame, engines, [groups_basis(groups)], groups=tuple(planned))
 
 
 def _group_plan(  # noqa: PLR0917 - the parts of one plan

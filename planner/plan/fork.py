@@ -1,4 +1,4 @@
-"""Run one stage of a plan in a forked child while this process runs another.
+"""Run part of a plan in a forked child while this process does something else.
 
 ``Forked(fn)`` starts ``fn`` in a child made by ``os.fork`` (it reads this process's frame
 without a copy) and ``result()`` returns fn's value, pickled through a pipe, or raises fn's
@@ -7,17 +7,32 @@ exception. Otherwise ``fn`` runs here, at once: by default, and where a fork is 
 unaffordable (less free memory, machine or cgroup, than this process holds).
 ``KVSCOPE_PLAN_JOBS=2`` asks for the fork: on 100 engines × 7 days it takes ~1 s off 10.8 s
 but adds ~470 MB (docs/scale.md), so one process is the default. The value is the same.
+
+``Streamed(produce, meanwhile=fn)`` iterates ``produce()`` in a forked child and yields its
+items here as they come, while ``fn`` runs here in a thread: each item is pickled with its
+arrays out of band, each array written once into a memory file (memfd_create(2)) passed
+with a small message on a Unix socket and mapped here, so neither process copies it again
+and the child never waits for this one. The child's exception is raised here; a child that
+dies (the OOM killer, a signal) leaves the rest to ``produce()`` run here, its first items
+skipped. It forks by default where this process has two CPUs or more and no other thread
+(``KVSCOPE_PLAN_JOBS=1`` asks for one process): the child makes one item at a time and
+ends before the plan's peak, so it costs CPU time, not peak memory.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
+import mmap
 import os
 import pickle
+import signal
+import socket
+import struct
 import threading
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from typing import Generic, TypeVar
 
 log = logging.getLogger(__name__)
@@ -147,3 +162,202 @@ def _child(fn: Callable[[], object], fd: int) -> None:
             pipe.write(payload)
     finally:
         os._exit(code)
+
+
+# --------------------------------------------------------------------------- streamed items
+
+_HEAD = struct.Struct("<cI")  # kind (I item, E exception, D done), memory files that follow
+_ITEM, _ERROR, _DONE = b"I", b"E", b"D"
+_MAX_FDS = 253  # file descriptors one message may carry (Linux's SCM_MAX_FD)
+
+
+def can_stream() -> bool:
+    """Whether ``Streamed`` forks here (module docstring)."""
+    if not (hasattr(os, "fork") and hasattr(os, "memfd_create") and hasattr(socket, "send_fds")):
+        return False
+    if _threads() != 1 or os.environ.get(JOBS_ENV, "").strip() == "1":
+        return False
+    return _cpus() >= 2
+
+
+def _cpus() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+class StreamLost(Exception):
+    """The streaming child ended before it said it was done."""
+
+
+class Streamed(Generic[T]):
+    """The items of ``produce()``, made in a forked child when :func:`can_stream` (module
+    docstring), while ``meanwhile()`` runs here in a thread; iterate once. The iteration's
+    end (or ``close()``) ends the child and joins the thread, raising what it raised."""
+
+    def __init__(
+        self, produce: Callable[[], Iterable[T]], *, meanwhile: Callable[[], object] | None = None
+    ) -> None:
+        self.produce = produce
+        self.meanwhile = meanwhile
+        self.pid = 0
+        self.taken = 0  # items yielded
+        self._sock: socket.socket | None = None
+        self._thread: threading.Thread | None = None
+        self._failed: list[BaseException] = []
+        if not can_stream():
+            return
+        mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        pid = os.fork()
+        if pid == 0:  # the child: never returns
+            mine.close()
+            _stream_child(produce, theirs)
+        theirs.close()
+        self.pid, self._sock = pid, mine
+        if meanwhile is not None:
+            self._thread = threading.Thread(
+                target=self._run_meanwhile, name="kvscope-meanwhile", daemon=True
+            )
+            self._thread.start()
+
+    @property
+    def forked(self) -> bool:
+        """Whether the items come from a child."""
+        return self._sock is not None
+
+    def _run_meanwhile(self) -> None:
+        try:
+            assert self.meanwhile is not None
+            self.meanwhile()
+        except BaseException as exc:  # raised by close() in the iterating thread
+            self._failed.append(exc)
+
+    def __iter__(self) -> Iterator[T]:
+        try:
+            if self._sock is None:
+                if self.meanwhile is not None:
+                    self.meanwhile()
+                yield from self._rest()
+                return
+            while True:
+                try:
+                    kind, value = _receive(self._sock)
+                except StreamLost as exc:
+                    log.warning("plan: %s after %d item(s); reading the rest in this "
+                                "process", exc, self.taken)  # fmt: skip
+                    self._end_child()
+                    yield from self._rest()
+                    return
+                if kind == _DONE:
+                    return
+                if kind == _ERROR:
+                    raise value  # type: ignore[misc]
+                self.taken += 1
+                yield value  # type: ignore[misc]
+                del value
+        finally:
+            self.close()
+
+    def _rest(self) -> Iterator[T]:
+        """produce() here, past the items already taken."""
+        for n, item in enumerate(self.produce()):
+            if n >= self.taken:
+                self.taken += 1
+                yield item
+
+    def _end_child(self) -> None:
+        if self.pid:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.pid, signal.SIGKILL)
+            os.waitpid(self.pid, 0)
+            self.pid = 0
+
+    def close(self) -> None:
+        """End the child (killed if still running) and join the thread; raise what
+        ``meanwhile`` raised."""
+        self._end_child()
+        if self._sock is not None:
+            self._sock.close()
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+        if self._failed:
+            raise self._failed.pop()
+
+
+def _receive(sock: socket.socket) -> tuple[bytes, object]:
+    """The next message: (kind, its value); StreamLost at the stream's end."""
+    try:
+        head, fds, flags, _ = socket.recv_fds(sock, 4096, _MAX_FDS)
+    except OSError as exc:
+        raise StreamLost(f"the plan's reading child's socket failed: {exc}") from exc
+    try:
+        if not head:
+            raise StreamLost("the plan's reading child ended early")
+        kind, count = _HEAD.unpack_from(head)
+        sizes = struct.unpack_from(f"<{count}Q", head, _HEAD.size)
+        if len(fds) != count or flags & socket.MSG_CTRUNC:
+            raise StreamLost(f"a message of {len(fds)} file(s) for {count}")
+        files = [_mapped(fd, n) for fd, n in zip(fds, sizes, strict=True)]
+    finally:
+        for fd in fds:
+            os.close(fd)
+    return kind, pickle.loads(files[0], buffers=files[1:])
+
+
+def _mapped(fd: int, size: int) -> mmap.mmap | bytearray:
+    """The memory file's ``size`` bytes, mapped (an array on them is not copied)."""
+    return mmap.mmap(fd, size) if size else bytearray()
+
+
+def _stream_child(produce: Callable[[], Iterable[object]], sock: socket.socket) -> None:
+    """Send every item of ``produce()`` down ``sock``, then done or the exception raised;
+    exit at once (no atexit handlers, no flush of buffers the parent also holds)."""
+    code = 0
+    try:
+        try:
+            for item in produce():
+                _send(sock, _ITEM, item)
+                del item
+            _send(sock, _DONE, None)
+        except (BrokenPipeError, ConnectionResetError):  # the parent stopped listening
+            code = 1
+        except BaseException as exc:  # sent back, raised in the parent
+            code = 1
+            try:
+                _send(sock, _ERROR, exc)
+            except Exception:  # an exception that does not pickle
+                text = "".join(traceback.format_exception(exc))
+                _send(sock, _ERROR, RuntimeError(f"plan's reading child: {text}"))
+    except BaseException:  # the socket broke: the parent sees its end
+        code = 1
+    finally:
+        os._exit(code)
+
+
+def _send(sock: socket.socket, kind: bytes, value: object) -> None:
+    """One message: the pickle and each out-of-band buffer in a memory file of its own,
+    the files passed with the message (written once here, mapped there)."""
+    buffers: list[pickle.PickleBuffer] = []
+    data = pickle.dumps(value, protocol=5, buffer_callback=buffers.append)
+    parts: list[bytes | memoryview] = [data, *(b.raw() for b in buffers)]
+    if len(parts) > _MAX_FDS:  # too many arrays for one message: all in the pickle
+        parts = [pickle.dumps(value, protocol=5)]
+    fds = [_memory_file(part) for part in parts]
+    try:
+        sizes = [memoryview(part).nbytes for part in parts]
+        head = _HEAD.pack(kind, len(fds)) + struct.pack(f"<{len(sizes)}Q", *sizes)
+        socket.send_fds(sock, [head], fds)
+    finally:
+        for fd in fds:
+            os.close(fd)
+
+
+def _memory_file(data: bytes | memoryview) -> int:
+    """A memory file (memfd_create(2)) holding ``data``."""
+    fd = os.memfd_create("kvscope-plan-item", os.MFD_CLOEXEC)
+    view, done = memoryview(data).cast("B"), 0
+    while done < len(view):
+        done += os.write(fd, view[done:])
+    return fd

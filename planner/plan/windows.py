@@ -10,8 +10,8 @@ Sources the streamed frame cannot join exactly are re-read and framed by engine_
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import TYPE_CHECKING
+from collections.abc import Iterable, Iterator, Mapping
+from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 import pandas as pd
@@ -60,17 +60,27 @@ def _demand_columns(kinds: set[str]) -> set[str]:
     return out
 
 
-def read_windows(
+class SignalPart(NamedTuple):
+    """One needed signal's windows as read (``Store.read_frame``) and the columns of them
+    the plan's table keeps (empty: the signal is only counted)."""
+
+    signal: str
+    part: pd.DataFrame
+    keep: frozenset[str]
+
+
+def signal_parts(
     store: Store, *, cluster: str | None, since: float | None, until: float | None
-) -> tuple[WindowTable, FrameBuilder]:
-    """Every needed signal read once: the kept table and the frame's accumulators."""
-    table, builder = WindowTable(), FrameBuilder()
+) -> Iterator[SignalPart]:
+    """Every needed signal read once, in the order :func:`fold` takes them: with only the
+    columns the frame and the table need of it (some depend on the signals before)."""
     # The frame's signals in name order (the order engine_frame adds their lengths in);
     # the re-prefill counter first, to know whether the prompt-token counter is kept.
     order = sorted(NEEDED_SIGNALS - FRAME_SIGNALS) + sorted(FRAME_SIGNALS)
+    recomputed = False  # the re-prefill counter has windows
     for signal in order:
         keep = set(_KEEP.get(signal, ()))
-        if signal == PROMPT_TOKENS and table.part(RECOMPUTED) is not None:
+        if signal == PROMPT_TOKENS and recomputed:
             keep |= set(_KEEP[RECOMPUTED])
         if signal in _DEMAND:
             keep |= _demand_columns({"gauge", "ratio", "counter", "histogram"})
@@ -79,15 +89,32 @@ def read_windows(
             columns |= {"engine", "model_name", *fields_of(signal)}
         part = store.read_frame(signals=[signal], cluster=cluster, since=since, until=until,
                                 columns=columns)  # fmt: skip
-        if signal in FRAME_SIGNALS:
-            builder.add(signal, part)
+        if signal == RECOMPUTED:
+            recomputed = len(part) > 0
         if signal in _DEMAND and len(part):
             kinds = {str(k) for k in part["kind"].unique()}
             keep = keep - _demand_columns({"gauge", "ratio", "counter", "histogram"})
             keep |= _demand_columns(kinds)
-        table.add(signal, part, keep={"source", *keep} if keep else ())
+        yield SignalPart(signal, part, frozenset({"source", *keep}) if keep else frozenset())
+        del part
+
+
+def fold(parts: Iterable[SignalPart]) -> tuple[WindowTable, FrameBuilder]:
+    """The kept table and the frame's accumulators of the parts, taken one at a time."""
+    table, builder = WindowTable(), FrameBuilder()
+    for signal, part, keep in parts:
+        if signal in FRAME_SIGNALS:
+            builder.add(signal, part)
+        table.add(signal, part, keep=keep)
         del part
     return table, builder
+
+
+def read_windows(
+    store: Store, *, cluster: str | None, since: float | None, until: float | None
+) -> tuple[WindowTable, FrameBuilder]:
+    """Every needed signal read once: the kept table and the frame's accumulators."""
+    return fold(signal_parts(store, cluster=cluster, since=since, until=until))
 
 
 def finish_frame(

@@ -1,5 +1,6 @@
 """planner.plan.fork: a stage run in a forked child returns what it would in this process
-(values, exceptions, large results), and runs here where a fork is not safe."""
+(values, exceptions, large results), and runs here where a fork is not safe; items streamed
+from a child are the items produce() makes (frames, exceptions, a child killed midway)."""
 
 from __future__ import annotations
 
@@ -9,12 +10,14 @@ import signal
 import subprocess
 import sys
 import threading
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import pytest
 
-from planner.plan.fork import JOBS_ENV, Forked, can_fork, free_bytes
+from planner.plan.fork import JOBS_ENV, Forked, Streamed, can_fork, can_stream, free_bytes
 from tests.planner.synthstore import fill_store, shifted_frame, sqlite_url
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -163,3 +166,149 @@ def test_without_a_fork_the_stage_runs_at_once_and_its_error_waits_for_result(
     failing = Forked(_boom)
     with pytest.raises(ValueError, match="bad input"):
         failing.result()
+
+
+# --------------------------------------------------------------------------- Streamed
+
+
+def _frames(n: int) -> list[pd.DataFrame]:
+    """Frames like a signal's part: floats, a categorical, strings, a missing value."""
+    rng = np.random.default_rng(n)
+    out = []
+    for i in range(n):
+        rows = 50_000 + i
+        out.append(pd.DataFrame({
+            "source": pd.Categorical(rng.choice(["a:8000", "b:8000", "c:8000"], rows)),
+            "labels": np.array([f'{{"le": "{k}"}}' for k in range(rows)], dtype=object),
+            "start": np.arange(rows, dtype=np.float64) * 60.0,
+            "mean": np.where(np.arange(rows) % 7 == 0, np.nan, rng.random(rows)),
+            "count": rng.integers(0, 1 << 40, rows),
+        }))  # fmt: skip
+    return out
+
+
+def _make(n: int) -> Callable[[], Iterator[pd.DataFrame]]:
+    def produce() -> Iterator[pd.DataFrame]:
+        yield from _frames(n)
+
+    return produce
+
+
+@pytest.fixture
+def _stream(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(JOBS_ENV, raising=False)  # streaming is on by default
+    monkeypatch.setattr("planner.plan.fork._cpus", lambda: 2)
+
+
+@pytest.mark.usefixtures("_stream")
+def test_streamed_items_come_from_a_child_equal_and_writable() -> None:
+    assert can_stream()
+    parent, seen = os.getpid(), []
+    ran_in: list[int] = []
+    stream = Streamed(_make(4), meanwhile=lambda: ran_in.append(threading.get_ident()))
+    assert stream.forked and stream.pid != parent
+    for got, want in zip(stream, _frames(4), strict=True):
+        pd.testing.assert_frame_equal(got, want)
+        seen.append(got)
+    assert len(seen) == 4 and stream.taken == 4 and stream.pid == 0  # the child was reaped
+    assert ran_in and ran_in[0] != threading.get_ident()  # meanwhile ran in a thread
+    assert all(t.name != "kvscope-meanwhile" for t in threading.enumerate())  # joined
+    (array,) = list(Streamed(lambda: iter([np.arange(1_000_000, dtype=np.float64)])))
+    array[:3] = -1.0  # mapped from the child's memory file, writable as a read one is
+    assert array[:4].tolist() == [-1.0, -1.0, -1.0, 3.0]
+
+
+@pytest.mark.usefixtures("_stream")
+def test_streamed_child_exception_is_raised_after_the_items_before_it() -> None:
+    def produce() -> Iterator[int]:
+        yield 1
+        _boom()
+
+    got = []
+    with pytest.raises(ValueError, match="bad input: field 'x'"):
+        for item in Streamed(produce):
+            got.append(item)
+    assert got == [1]
+
+
+@pytest.mark.usefixtures("_stream")
+def test_streamed_unpicklable_exception_becomes_runtime_error_with_its_traceback() -> None:
+    def produce() -> Iterator[int]:
+        yield 1
+        _odd()
+
+    with pytest.raises(RuntimeError, match=r"(?s)plan's reading child:.*_Odd: odd"):
+        list(Streamed(produce))
+
+
+@pytest.mark.usefixtures("_stream")
+def test_streamed_child_killed_midway_leaves_the_rest_to_this_process(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    parent = os.getpid()
+
+    def produce() -> Iterator[tuple[int, int]]:
+        for i in range(5):
+            if i == 3 and os.getpid() != parent:
+                os.kill(os.getpid(), signal.SIGKILL)
+            yield i, os.getpid()
+
+    stream = Streamed(produce)
+    got = list(stream)
+    assert [i for i, _ in got] == [0, 1, 2, 3, 4]
+    assert {pid for i, pid in got if i < 3} == {got[0][1]} != {parent}
+    assert {pid for i, pid in got if i >= 3} == {parent}
+    assert "after 3 item(s); reading the rest in this process" in caplog.text
+
+
+@pytest.mark.usefixtures("_stream")
+def test_streamed_meanwhile_exception_is_raised_when_the_items_end() -> None:
+    stream = Streamed(_make(1), meanwhile=_boom)
+    with pytest.raises(ValueError, match="bad input"):
+        list(stream)
+
+
+@pytest.mark.usefixtures("_stream")
+def test_streamed_stopped_early_kills_and_reaps_the_child() -> None:
+    def produce() -> Iterator[int]:
+        i = 0
+        while True:  # would never end
+            yield i
+            i += 1
+
+    stream = Streamed(produce)
+    pid = stream.pid
+    for item in stream:
+        if item == 2:
+            break
+    del item
+    stream.close()
+    assert stream.pid == 0
+    with pytest.raises(ChildProcessError):
+        os.waitpid(pid, os.WNOHANG)  # reaped: no zombie left
+
+
+@pytest.mark.usefixtures("_stream")
+def test_streamed_item_with_more_arrays_than_a_message_carries_goes_in_band() -> None:
+    many = [np.full(10, float(i)) for i in range(300)]  # > 253 out-of-band buffers
+    (got,) = list(Streamed(lambda: iter([many])))
+    assert all(np.array_equal(a, b) for a, b in zip(got, many, strict=True))
+
+
+def test_no_stream_with_one_cpu_one_process_asked_or_other_threads(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv(JOBS_ENV, raising=False)
+    monkeypatch.setattr("planner.plan.fork._cpus", lambda: 2)
+    assert can_stream()
+    monkeypatch.setattr("planner.plan.fork._cpus", lambda: 1)
+    assert not can_stream()
+    monkeypatch.setattr("planner.plan.fork._cpus", lambda: 2)
+    monkeypatch.setenv(JOBS_ENV, "1")
+    assert not can_stream()
+    ran: list[bool] = []
+    stream = Streamed(lambda: iter([os.getpid()]), meanwhile=lambda: ran.append(True))
+    assert not stream.forked and list(stream) == [os.getpid()] and ran == [True]
+    monkeypatch.delenv(JOBS_ENV)
+    monkeypatch.setattr("planner.plan.fork._threads", lambda: 2)
+    assert not can_stream()
