@@ -11,12 +11,13 @@ but adds ~470 MB (docs/scale.md), so one process is the default. The value is th
 ``Streamed(produce, meanwhile=fn)`` iterates ``produce()`` in a forked child and yields its
 items here as they come, while ``fn`` runs here in a thread: each item is pickled with its
 arrays out of band, each array written once into a memory file (memfd_create(2)) passed
-with a small message on a Unix socket and mapped here, so neither process copies it again
-and the child never waits for this one. The child's exception is raised here; a child that
-dies (the OOM killer, a signal) leaves the rest to ``produce()`` run here, its first items
-skipped. It forks by default where this process has two CPUs or more and no other thread
-(``KVSCOPE_PLAN_JOBS=1`` asks for one process): the child makes one item at a time and
-ends before the plan's peak, so it costs CPU time, not peak memory.
+with a small message on a Unix socket and mapped here, so neither process copies it again.
+Items sent and not yet done with here (taking the next one is done with the one before)
+stay within ``ahead_bytes``, or are one item, whatever its size; beyond, the child waits:
+a stream holds those items and the one the child is making. The child's exception is
+raised here; a child that dies (the OOM killer, a signal) leaves the rest to ``produce()``
+run here, its first items skipped. It forks by default where this process has two CPUs or
+more and no other thread (``KVSCOPE_PLAN_JOBS=1`` asks for one process).
 """
 
 from __future__ import annotations
@@ -169,6 +170,8 @@ def _child(fn: Callable[[], object], fd: int) -> None:
 _HEAD = struct.Struct("<cI")  # kind (I item, E exception, D done), memory files that follow
 _ITEM, _ERROR, _DONE = b"I", b"E", b"D"
 _MAX_FDS = 253  # file descriptors one message may carry (Linux's SCM_MAX_FD)
+_ACK = struct.Struct("<Q")  # this process to the child: bytes of an item it is done with
+AHEAD_BYTES = 256 << 20  # items sent and not yet done with, beyond the first (module doc)
 
 
 def can_stream() -> bool:
@@ -197,7 +200,11 @@ class Streamed(Generic[T]):
     end (or ``close()``) ends the child and joins the thread, raising what it raised."""
 
     def __init__(
-        self, produce: Callable[[], Iterable[T]], *, meanwhile: Callable[[], object] | None = None
+        self,
+        produce: Callable[[], Iterable[T]],
+        *,
+        meanwhile: Callable[[], object] | None = None,
+        ahead_bytes: int = AHEAD_BYTES,
     ) -> None:
         self.produce = produce
         self.meanwhile = meanwhile
@@ -212,7 +219,7 @@ class Streamed(Generic[T]):
         pid = os.fork()
         if pid == 0:  # the child: never returns
             mine.close()
-            _stream_child(produce, theirs)
+            _stream_child(produce, theirs, ahead_bytes)
         theirs.close()
         self.pid, self._sock = pid, mine
         if meanwhile is not None:
@@ -242,7 +249,7 @@ class Streamed(Generic[T]):
                 return
             while True:
                 try:
-                    kind, value = _receive(self._sock)
+                    kind, value, size = _receive(self._sock)
                 except StreamLost as exc:
                     log.warning("plan: %s after %d item(s); reading the rest in this "
                                 "process", exc, self.taken)  # fmt: skip
@@ -256,6 +263,8 @@ class Streamed(Generic[T]):
                 self.taken += 1
                 yield value  # type: ignore[misc]
                 del value
+                with contextlib.suppress(OSError):  # a dead child: the next receive says so
+                    self._sock.send(_ACK.pack(size))
         finally:
             self.close()
 
@@ -286,8 +295,8 @@ class Streamed(Generic[T]):
             raise self._failed.pop()
 
 
-def _receive(sock: socket.socket) -> tuple[bytes, object]:
-    """The next message: (kind, its value); StreamLost at the stream's end."""
+def _receive(sock: socket.socket) -> tuple[bytes, object, int]:
+    """The next message: (kind, its value, its bytes); StreamLost at the stream's end."""
     try:
         head, fds, flags, _ = socket.recv_fds(sock, 4096, _MAX_FDS)
     except OSError as exc:
@@ -303,7 +312,7 @@ def _receive(sock: socket.socket) -> tuple[bytes, object]:
     finally:
         for fd in fds:
             os.close(fd)
-    return kind, pickle.loads(files[0], buffers=files[1:])
+    return kind, pickle.loads(files[0], buffers=files[1:]), sum(sizes)
 
 
 def _mapped(fd: int, size: int) -> mmap.mmap | bytearray:
@@ -311,47 +320,63 @@ def _mapped(fd: int, size: int) -> mmap.mmap | bytearray:
     return mmap.mmap(fd, size) if size else bytearray()
 
 
-def _stream_child(produce: Callable[[], Iterable[object]], sock: socket.socket) -> None:
+def _stream_child(
+    produce: Callable[[], Iterable[object]], sock: socket.socket, ahead_bytes: int
+) -> None:
     """Send every item of ``produce()`` down ``sock``, then done or the exception raised;
     exit at once (no atexit handlers, no flush of buffers the parent also holds)."""
     code = 0
+    sender = _Sender(sock, ahead_bytes)
     try:
         try:
             for item in produce():
-                _send(sock, _ITEM, item)
+                sender.send(_ITEM, item)
                 del item
-            _send(sock, _DONE, None)
+            sender.send(_DONE, None)
         except (BrokenPipeError, ConnectionResetError):  # the parent stopped listening
             code = 1
         except BaseException as exc:  # sent back, raised in the parent
             code = 1
             try:
-                _send(sock, _ERROR, exc)
+                sender.send(_ERROR, exc)
             except Exception:  # an exception that does not pickle
                 text = "".join(traceback.format_exception(exc))
-                _send(sock, _ERROR, RuntimeError(f"plan's reading child: {text}"))
+                sender.send(_ERROR, RuntimeError(f"plan's reading child: {text}"))
     except BaseException:  # the socket broke: the parent sees its end
         code = 1
     finally:
         os._exit(code)
 
 
-def _send(sock: socket.socket, kind: bytes, value: object) -> None:
-    """One message: the pickle and each out-of-band buffer in a memory file of its own,
-    the files passed with the message (written once here, mapped there)."""
-    buffers: list[pickle.PickleBuffer] = []
-    data = pickle.dumps(value, protocol=5, buffer_callback=buffers.append)
-    parts: list[bytes | memoryview] = [data, *(b.raw() for b in buffers)]
-    if len(parts) > _MAX_FDS:  # too many arrays for one message: all in the pickle
-        parts = [pickle.dumps(value, protocol=5)]
-    fds = [_memory_file(part) for part in parts]
-    try:
+class _Sender:
+    """The child's end: each message's pickle and out-of-band buffers in memory files of
+    their own, passed with the message (written once here, mapped there); an item waits
+    while the items the parent is not done with would exceed ``ahead_bytes`` with it."""
+
+    def __init__(self, sock: socket.socket, ahead_bytes: int) -> None:
+        self.sock, self.ahead_bytes, self.pending = sock, ahead_bytes, 0
+
+    def send(self, kind: bytes, value: object) -> None:
+        buffers: list[pickle.PickleBuffer] = []
+        data = pickle.dumps(value, protocol=5, buffer_callback=buffers.append)
+        parts: list[bytes | memoryview] = [data, *(b.raw() for b in buffers)]
+        if len(parts) > _MAX_FDS:  # too many arrays for one message: all in the pickle
+            parts = [pickle.dumps(value, protocol=5)]
         sizes = [memoryview(part).nbytes for part in parts]
-        head = _HEAD.pack(kind, len(fds)) + struct.pack(f"<{len(sizes)}Q", *sizes)
-        socket.send_fds(sock, [head], fds)
-    finally:
-        for fd in fds:
-            os.close(fd)
+        if kind == _ITEM:
+            while self.pending and self.pending + sum(sizes) > self.ahead_bytes:
+                ack = self.sock.recv(_ACK.size)
+                if len(ack) != _ACK.size:
+                    raise BrokenPipeError("the plan's process closed the stream")
+                self.pending -= _ACK.unpack(ack)[0]
+            self.pending += sum(sizes)
+        fds = [_memory_file(part) for part in parts]
+        try:
+            head = _HEAD.pack(kind, len(fds)) + struct.pack(f"<{len(sizes)}Q", *sizes)
+            socket.send_fds(self.sock, [head], fds)
+        finally:
+            for fd in fds:
+                os.close(fd)
 
 
 def _memory_file(data: bytes | memoryview) -> int:

@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -312,3 +313,29 @@ def test_no_stream_with_one_cpu_one_process_asked_or_other_threads(
     monkeypatch.delenv(JOBS_ENV)
     monkeypatch.setattr("planner.plan.fork._threads", lambda: 2)
     assert not can_stream()
+
+
+@pytest.mark.usefixtures("_stream")
+def test_streamed_child_waits_while_the_items_not_done_with_exceed_its_budget(
+    tmp_path: Path,
+) -> None:
+    log = tmp_path / "made"
+
+    def produce() -> Iterator[int]:
+        for i in range(6):
+            with log.open("a") as fh:
+                fh.write(f"{i}\n")
+            yield i
+
+    def made() -> int:
+        return max(int(x) for x in log.read_text().split())
+
+    stream = Streamed(produce, ahead_bytes=1)  # every item is over it: one at a time
+    for i in stream:
+        time.sleep(0.3)  # the child would make them all meanwhile, were it not waiting
+        assert made() <= i + 1  # the one taken here, and at most the next one, made
+    log.unlink()
+    for i in Streamed(produce):  # the default budget: the child runs ahead
+        if i == 0:
+            time.sleep(0.5)
+            assert made() == 5
