@@ -8,7 +8,8 @@ kept each window once) and cached under /tmp, then copied and migrated by this t
 migration's time printed). In the same run:
 
 * whole process, ``kvscope plan --since all --json`` (benchmarks/plan_whole.py): this tree on
-  the migrated copy and the baseline on its own store, alternated ``--rounds`` times; wall,
+  the migrated copy and the baseline on its own store (on the migrated copy too when its
+  schema is this tree's, e.g. ``--baseline HEAD~1``), alternated ``--rounds`` times; wall,
   CPU and peak RSS of each run, the ratios, and whether the plans' JSON are the same (but
   for their own timings and store URL); with ``--postgres`` the same on PostgreSQL 15, each
   store copied into its own database (the baseline's by the baseline's own code);
@@ -22,6 +23,7 @@ BLAS threads are pinned to one before numpy loads (the whole processes inherit i
 
     .venv/bin/python benchmarks/bench_plan.py [--engines 100] [--days 7] [--rebuild]
     .venv/bin/python benchmarks/bench_plan.py --whole-only --postgres --rounds 3
+    .venv/bin/python benchmarks/bench_plan.py --whole-only --postgres --baseline db0f9df
     .venv/bin/python benchmarks/bench_plan.py --copies 10   # 1,000 engines, this tree only
 """
 
@@ -34,6 +36,7 @@ for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
 
 import argparse  # noqa: E402
 import math  # noqa: E402
+import re  # noqa: E402
 import sqlite3  # noqa: E402
 import subprocess  # noqa: E402
 import sys  # noqa: E402
@@ -139,13 +142,21 @@ def migrated_copy(old: Path) -> Path:
     return new
 
 
+def same_schema(tree: Path) -> bool:
+    """Whether the baseline's store code is this tree's schema (it then reads the same
+    migrated copy as this tree, and the same PostgreSQL copy)."""
+    tables = tree / "store" / "tables.py"
+    pattern = rf"^SCHEMA_VERSION(: int)? = {SCHEMA_VERSION}\b"
+    return tables.exists() and re.search(pattern, tables.read_text(), re.M) is not None
+
+
 def whole_process(
     old: Path, new: Path, pg: tuple[str, str] | None, tree: Path, args: argparse.Namespace
 ) -> None:
     """The whole-process variants of the module docstring, alternated ``--rounds`` times."""
     variants = []
     if not args.skip_sqlite:
-        lite, base = f"sqlite:///{new}", f"sqlite:///{old}"
+        lite, base = f"sqlite:///{new}", f"sqlite:///{new if same_schema(tree) else old}"
         variants.append(plan_whole.Variant("sqlite, this tree", plan_whole.cli(lite), lite))
         variants.append(plan_whole.Variant(f"sqlite, {args.baseline}",
                                            plan_whole.tree_cli(tree, base), base))  # fmt: skip
@@ -259,9 +270,12 @@ def main() -> None:
             server = stack.enter_context(postgres())
             new_url, old_url = _databases(server)
             copy_to_postgres(new, new_url)
-            in_tree(tree, "from pathlib import Path; from benchmarks.bench_plan import "
-                          f"copy_to_postgres; copy_to_postgres(Path({str(path)!r}), "
-                          f"{old_url!r}, 'windows')")  # fmt: skip
+            if same_schema(tree):
+                copy_to_postgres(new, old_url)
+            else:
+                in_tree(tree, "from pathlib import Path; from benchmarks.bench_plan import "
+                              f"copy_to_postgres; copy_to_postgres(Path({str(path)!r}), "
+                              f"{old_url!r}, 'windows')")  # fmt: skip
             pg = (new_url, old_url)
         whole_process(path, new, pg, tree, args)
         if args.whole_only:
