@@ -6,7 +6,7 @@ exception. Otherwise ``fn`` runs here, at once: by default, and where a fork is 
 ``os.fork``; other threads running, whose locks would stay held in the child) or
 unaffordable (less free memory, machine or cgroup, than this process holds).
 ``KVSCOPE_PLAN_JOBS=2`` asks for the fork: on 100 engines × 7 days it takes ~1 s off 10.8 s
-but adds ~470 MB (docs/scale.md), so one process is the default. The value is the same.
+but adds ~470 MB (docs/scale.md), so by default the stage runs here. The value is the same.
 
 ``Streamed(produce, meanwhile=fn)`` iterates ``produce()`` in a forked child and yields its
 items here as they come, while ``fn`` runs here in a thread: each item is pickled with its
