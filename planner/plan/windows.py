@@ -6,6 +6,8 @@ columns=…)``): the frame's signals are folded into the analysis frame at once
 only the columns later statistics read (observe, KV capacity, the demand forecasts), so the
 memory held is one signal's windows plus the frame, not every column of every window.
 Sources the streamed frame cannot join exactly are re-read and framed by engine_frame.
+Reading (:func:`signal_parts`) and folding (:func:`fold`) are apart so that the reads can
+run in another process (planner/plan/readahead.py) and the folds here, in the same order.
 """
 
 from __future__ import annotations
