@@ -154,15 +154,23 @@ def _child(fn: Callable[[], object], fd: int) -> None:
             payload = pickle.dumps((True, fn()), protocol=pickle.HIGHEST_PROTOCOL)
         except BaseException as exc:  # sent back, raised in the parent
             code = 1
-            try:
-                payload = pickle.dumps((False, exc), protocol=pickle.HIGHEST_PROTOCOL)
-            except Exception:  # an exception that does not pickle
-                text = "".join(traceback.format_exception(exc))
-                payload = pickle.dumps((False, RuntimeError(f"forked plan stage: {text}")))
+            payload = pickle.dumps((False, _portable(exc, "forked plan stage")))
         with os.fdopen(fd, "wb") as pipe:
             pipe.write(payload)
     finally:
         os._exit(code)
+
+
+def _portable(exc: BaseException, where: str) -> BaseException:
+    """``exc`` if it survives a pickle round trip (one that does not, e.g. holding a lock or
+    with an ``__init__`` its args do not fit, would fail in the parent instead), else a
+    RuntimeError holding its traceback's text."""
+    try:
+        pickle.loads(pickle.dumps(exc, protocol=pickle.HIGHEST_PROTOCOL))
+    except Exception:
+        text = "".join(traceback.format_exception(exc))
+        return RuntimeError(f"{where}: {text}")
+    return exc
 
 
 # --------------------------------------------------------------------------- streamed items
@@ -337,11 +345,7 @@ def _stream_child(
             code = 1
         except BaseException as exc:  # sent back, raised in the parent
             code = 1
-            try:
-                sender.send(_ERROR, exc)
-            except Exception:  # an exception that does not pickle
-                text = "".join(traceback.format_exception(exc))
-                sender.send(_ERROR, RuntimeError(f"plan's reading child: {text}"))
+            sender.send(_ERROR, _portable(exc, "plan's reading child"))
     except BaseException:  # the socket broke: the parent sees its end
         code = 1
     finally:

@@ -32,8 +32,19 @@ class _Odd(Exception):
         self.lock = threading.Lock()
 
 
+class _TwoArgs(Exception):
+    """An exception that pickles but does not unpickle (its __init__ takes two arguments)."""
+
+    def __init__(self, what: str, why: str) -> None:
+        super().__init__(f"{what}: {why}")
+
+
 def _boom() -> None:
     raise ValueError("bad input: field 'x'")
+
+
+def _two_args() -> None:
+    raise _TwoArgs("signal", "bad chunk")
 
 
 def _odd() -> None:
@@ -64,6 +75,11 @@ def test_forked_exception_is_raised_in_the_parent() -> None:
 def test_forked_unpicklable_exception_becomes_runtime_error_with_its_traceback() -> None:
     with pytest.raises(RuntimeError, match=r"(?s)forked plan stage:.*_Odd: odd"):
         Forked(_odd).result()
+
+
+def test_forked_exception_that_does_not_unpickle_becomes_runtime_error() -> None:
+    with pytest.raises(RuntimeError, match=r"(?s)forked plan stage:.*_TwoArgs: signal: bad chunk"):
+        Forked(_two_args).result()
 
 
 def test_forked_child_killed_runs_the_stage_here() -> None:
@@ -239,6 +255,16 @@ def test_streamed_unpicklable_exception_becomes_runtime_error_with_its_traceback
         _odd()
 
     with pytest.raises(RuntimeError, match=r"(?s)plan's reading child:.*_Odd: odd"):
+        list(Streamed(produce))
+
+
+@pytest.mark.usefixtures("_stream")
+def test_streamed_exception_that_does_not_unpickle_becomes_runtime_error() -> None:
+    def produce() -> Iterator[int]:
+        yield 1
+        _two_args()
+
+    with pytest.raises(RuntimeError, match=r"(?s)plan's reading child:.*signal: bad chunk"):
         list(Streamed(produce))
 
 
