@@ -74,15 +74,28 @@ def choose_knots(
     utilization range the other engines of its mode cover: utilization follows each
     engine's load, so the busiest engine alone may cover the top of the range, and scoring
     the extrapolation there rewarded the stiffest curve (1 knot) where the gain has a sharp
-    knee. Per-engine cross-products make every refit a small solve."""
-    codes, inv = np.unique(g, return_inverse=True)
-    if codes.size < 4:
+    knee. Per-engine cross-products make every refit a small solve (:func:`knot_scores`)."""
+    if np.unique(g).size < 4:
         return DEFAULT_KNOTS, f"knots: {DEFAULT_KNOTS} (fewer than 4 engines: not cross-validated)"
+    scores = knot_scores(x, y, d, g, centre, sw=sw)
+    best = min(scores, key=lambda k: scores[k])
+    listed = ", ".join(f"{k}: {v:.4g}" for k, v in scores.items())
+    how = "leave-one-engine-out error inside the other engines' range"
+    return best, f"knots: {best}, by {how} ({listed})"
+
+
+def knot_scores(
+    x: Array, y: Array, d: Array, g: npt.NDArray[np.int64], centre: float, *, sw: Array
+) -> dict[int, float]:
+    """Each candidate K's mean squared weighted error of every engine's windows inside the
+    other engines' range, predicted by the fit on the other engines (choose_knots)."""
+    codes, inv = np.unique(g, return_inverse=True)
     # rows sorted once by (engine, mode) cell; X = [B, d·B] so an engine's X'X is assembled
     # from its cells' B'WB (d = 0: top-left block only; d = 1: all four blocks)
     cell = inv * 2 + (d > 0.5)
     order = np.argsort(cell, kind="stable")
-    cuts = np.searchsorted(cell[order], np.arange(2 * codes.size + 1))
+    cell_sorted = cell[order]
+    cuts = np.searchsorted(cell_sorted, np.arange(2 * codes.size + 1))
     xs, yw, ws = x[order], (y * sw)[order], sw[order]
     inside = _inside_others(xs, cuts, codes.size)
     probs = [_knot_probs(k) for k in CANDIDATE_KNOTS]
@@ -114,21 +127,11 @@ def choose_knots(
         except np.linalg.LinAlgError:  # an engine alone identifies a column: min-norm fits
             pairs = zip(a_out, b_out, strict=True)
             beta = np.stack([np.linalg.lstsq(a, b, rcond=None)[0] for a, b in pairs])
-        sse, used = 0.0, 0
-        for c in range(2 * codes.size):
-            a, b = cuts[c], cuts[c + 1]
-            m = inside[a:b]
-            if not m.any():
-                continue
-            coef = beta[c // 2, :p] + (beta[c // 2, p:] if c % 2 else 0.0)
-            r = yw[a:b][m] - bw[a:b][m] @ coef
-            sse += float(r @ r)
-            used += int(m.sum())
-        scores[k] = sse / max(used, 1)
-    best = min(scores, key=lambda k: scores[k])
-    listed = ", ".join(f"{k}: {v:.4g}" for k, v in scores.items())
-    how = "leave-one-engine-out error inside the other engines' range"
-    return best, f"knots: {best}, by {how} ({listed})"
+        coef = np.repeat(beta[:, :p], 2, axis=0)  # each cell's: its engine's β (+ γ, d = 1)
+        coef[1::2] += beta[:, p:]
+        r = (yw - np.einsum("ij,ij->i", bw, coef[cell_sorted]))[inside]
+        scores[k] = float(r @ r) / max(r.size, 1)
+    return scores
 
 
 def _inside_others(xs: Array, cuts: npt.NDArray[np.int64], engines: int) -> npt.NDArray[np.bool_]:
@@ -150,8 +153,18 @@ def _inside_others(xs: Array, cuts: npt.NDArray[np.int64], engines: int) -> npt.
 
 
 def basis_matrix(u: Array, knots: Array, centre: float) -> Array:
-    cols = [np.ones_like(u), u - centre, *(np.maximum(0.0, u - k) for k in knots)]
-    return np.column_stack(cols)
+    """Rows [1, u - centre, max(0, u - k) for each knot k], one per u (C order).
+
+    Built a column at a time in contiguous rows, then transposed in one copy: the values
+    of ``np.column_stack`` of the columns, in half its time (no temporary per column)."""
+    knots = np.asarray(knots, dtype=np.float64)
+    cols = np.empty((2 + knots.size, u.size), dtype=np.result_type(u.dtype, np.float64))
+    cols[0] = 1.0
+    np.subtract(u, centre, out=cols[1])
+    np.subtract(u[None, :], knots[:, None], out=cols[2:])
+    np.maximum(0.0, cols[2:], out=cols[2:])
+    out: Array = np.ascontiguousarray(cols.T)
+    return out
 
 
 @dataclass(frozen=True, slots=True)
