@@ -1,23 +1,13 @@
 """Run part of a plan in a forked child while this process does something else.
 
-``Forked(fn)`` starts ``fn`` in a child made by ``os.fork`` (it reads this process's frame
-without a copy) and ``result()`` returns fn's value, pickled through a pipe, or raises fn's
-exception. Otherwise ``fn`` runs here, at once: by default, and where a fork is unsafe (no
-``os.fork``; other threads running, whose locks would stay held in the child) or
-unaffordable (less free memory, machine or cgroup, than this process holds).
-``KVSCOPE_PLAN_JOBS=2`` asks for the fork: on 100 engines × 7 days it takes ~1 s off 10.8 s
-but adds ~470 MB (docs/scale.md), so by default the stage runs here. The value is the same.
+``Forked(fn)``: ``fn`` in a child, its value (or exception) through a pipe; run here instead
+by default (``KVSCOPE_PLAN_JOBS=2`` asks for the fork: ~1 s less, ~470 MB more) and where a
+fork is unsafe (other threads) or unaffordable (free memory below this process's).
+``Streamed(produce, meanwhile=fn)``: ``produce()``'s items made in a child and yielded here as
+they come, each array in a memory file mapped here, the child at most ``ahead_bytes`` ahead,
+while ``fn`` runs here in a thread; on by default with two CPUs (``KVSCOPE_PLAN_JOBS=1``: no).
 
-``Streamed(produce, meanwhile=fn)`` iterates ``produce()`` in a forked child and yields its
-items here as they come, while ``fn`` runs here in a thread: each item is pickled with its
-arrays out of band, each array written once into a memory file (memfd_create(2)) passed
-with a small message on a Unix socket and mapped here, so neither process copies it again.
-Items sent and not yet done with here (taking the next one is done with the one before)
-stay within ``ahead_bytes``, or are one item, whatever its size; beyond, the child waits:
-a stream holds those items and the one the child is making. The child's exception is
-raised here; a child that dies (the OOM killer, a signal) leaves the rest to ``produce()``
-run here, its first items skipped. It forks by default where this process has two CPUs or
-more and no other thread (``KVSCOPE_PLAN_JOBS=1`` asks for one process).
+Design: planner/plan/METHODS.md#reading-ahead
 """
 
 from __future__ import annotations

@@ -1,15 +1,11 @@
 """`kvscope plan`'s windows read by a forked child while this process loads the fits.
 
-One plan of 100 engines × 7 days spends ~2.9 s in ``Store.read_frame`` (SQLite, zstd,
-unshuffling), ~1.2 s folding the signals into the frame and the table, and ~0.9 s importing
-what the fits use (statsmodels, scipy.stats): one after the other in one process.
-:func:`read_ahead` starts the reads in a child (planner/plan/fork.py ``Streamed``) before
-this process opens the store, since an open SQLite connection must not cross a fork
-(https://www.sqlite.org/howtocorrupt.html, 2.6); this process meanwhile imports
-FIT_MODULES in a thread and folds each signal as it arrives, in the order it would read
-them.
-The windows, and so the plan, are the same; with one CPU, other threads running or
-``KVSCOPE_PLAN_JOBS=1`` there is no child and the plan reads them itself.
+:func:`read_ahead` starts the reads (planner/plan/windows.py ``signal_parts``) in a child
+before this process opens the store; this process imports FIT_MODULES in a thread and folds
+each signal as it arrives, in the order it would have read them: the same plan, ~1–3 s
+sooner on 100 engines. No child with one CPU, other threads or ``KVSCOPE_PLAN_JOBS=1``.
+
+Design: planner/plan/METHODS.md#reading-ahead
 """
 
 from __future__ import annotations
