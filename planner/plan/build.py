@@ -57,7 +57,7 @@ from planner.plan.observe import NEEDED_SIGNALS, Observed, modes_by_source, obse
 from planner.plan.record import GroupPlan, NoData, Plan, PlanDetails
 from planner.plan.tier import recommended_gib, tier_section
 from planner.plan.verdict import ModeVerdict, run_verdicts, verdict_section
-from planner.plan.windows import SignalPart, finish_frame, fold, read_windows
+from planner.plan.windows import finish_frame, fold, read_windows
 from store.frame import windows_frame
 
 if TYPE_CHECKING:
@@ -69,6 +69,7 @@ if TYPE_CHECKING:
     from planner.decide.decision import Decision
     from planner.deploy.sizing import Sizing
     from planner.fit.orchestrate import FitReport
+    from planner.plan.windows import SignalPart
     from store.store import Store
     from store.tables import EngineRecord
 

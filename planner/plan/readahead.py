@@ -51,11 +51,11 @@ def read_ahead(
     around: Callable[[], AbstractContextManager[object]] = nullcontext,
 ) -> Streamed[SignalPart] | None:
     """The plan's signal parts (planner/plan/windows.py ``signal_parts``) of the store at
-    ``url``, read by a child started now inside ``around()`` while this process imports
-    FIT_MODULES (the plan's heap policy,
-    kvscope/heap.py); ``cluster(store)`` names the cluster to read (None: all). None where
-    no child can be started (planner/plan/fork.py ``can_stream``): the plan then reads its
-    windows itself. Call before this process opens ``url``."""
+    ``url``, read by a child started now, inside ``around()`` (the plan's heap policy,
+    kvscope/heap.py), while this process imports FIT_MODULES in a thread; ``cluster(store)``
+    names the cluster to read (None: all). None where no child can be started
+    (planner/plan/fork.py ``can_stream``): the plan then reads its windows itself. Call it
+    before this process opens ``url``."""
     if not can_stream():
         return None
 
