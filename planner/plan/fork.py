@@ -213,8 +213,18 @@ class Streamed(Generic[T]):
         self._failed: list[BaseException] = []
         if not can_stream():
             return
-        mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        pid = os.fork()
+        try:
+            mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        except OSError as exc:  # no such socket here (a sandbox): the items are made here
+            log.warning("plan: no socket for a reading child (%s); reading here", exc)
+            return
+        try:
+            pid = os.fork()
+        except OSError as exc:  # EAGAIN / ENOMEM: no process to spare
+            log.warning("plan: cannot fork a reading child (%s); reading here", exc)
+            mine.close()
+            theirs.close()
+            return
         if pid == 0:  # the child: never returns
             mine.close()
             _stream_child(produce, theirs, ahead_bytes)
@@ -306,7 +316,10 @@ def _receive(sock: socket.socket) -> tuple[bytes, object, int]:
         sizes = struct.unpack_from(f"<{count}Q", head, _HEAD.size)
         if len(fds) != count or flags & socket.MSG_CTRUNC:
             raise StreamLost(f"a message of {len(fds)} file(s) for {count}")
-        files = [_mapped(fd, n) for fd, n in zip(fds, sizes, strict=True)]
+        try:
+            files = [_mapped(fd, n) for fd, n in zip(fds, sizes, strict=True)]
+        except OSError as exc:  # ENOMEM mapping an item: the rest is read here, or fails here
+            raise StreamLost(f"cannot map an item of the plan's reading child: {exc}") from exc
     finally:
         for fd in fds:
             os.close(fd)

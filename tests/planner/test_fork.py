@@ -18,6 +18,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from planner.plan import fork as fork_module
 from planner.plan.fork import JOBS_ENV, Forked, Streamed, can_fork, can_stream, free_bytes
 from tests.planner.synthstore import fill_store, shifted_frame, sqlite_url
 
@@ -365,3 +366,43 @@ def test_streamed_child_waits_while_the_items_not_done_with_exceed_its_budget(
         if i == 0:
             time.sleep(0.5)
             assert made() == 5
+
+
+@pytest.mark.usefixtures("_stream")
+@pytest.mark.parametrize("fails", ["socket.socketpair", "os.fork"])
+def test_streamed_without_a_socket_or_a_fork_makes_the_items_here(
+    fails: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    def refused(*_args: object) -> None:
+        raise OSError(11, "Resource temporarily unavailable")
+
+    monkeypatch.setattr(fails, refused)
+    stream = Streamed(lambda: iter([os.getpid(), 2]))
+    assert not stream.forked and list(stream) == [os.getpid(), 2]
+    assert "reading here" in caplog.text
+
+
+@pytest.mark.usefixtures("_stream")
+def test_streamed_item_that_cannot_be_mapped_leaves_the_rest_to_this_process(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    parent = os.getpid()
+
+    def produce() -> Iterator[tuple[int, int]]:
+        for i in range(4):
+            yield i, os.getpid()
+
+    calls = {"n": 0}
+    real = fork_module._mapped
+
+    def mapped(fd: int, size: int) -> object:
+        calls["n"] += 1
+        if calls["n"] == 2:  # the second item (a tuple of ints: its pickle, one file)
+            raise OSError(12, "Cannot allocate memory")
+        return real(fd, size)
+
+    monkeypatch.setattr(fork_module, "_mapped", mapped)
+    got = list(Streamed(produce))
+    assert [i for i, _ in got] == [0, 1, 2, 3]
+    assert got[0][1] != parent and {pid for _, pid in got[1:]} == {parent}
+    assert "cannot map an item" in caplog.text and "after 1 item(s)" in caplog.text
