@@ -250,22 +250,18 @@ def test_streamed_child_exception_is_raised_after_the_items_before_it() -> None:
 
 
 @pytest.mark.usefixtures("_stream")
-def test_streamed_unpicklable_exception_becomes_runtime_error_with_its_traceback() -> None:
+@pytest.mark.parametrize(
+    ("fail", "text"),
+    [(_odd, "_Odd: odd"), (_two_args, "signal: bad chunk")],  # does not pickle / unpickle
+)
+def test_streamed_exception_that_cannot_cross_becomes_runtime_error_with_its_traceback(
+    fail: Callable[[], None], text: str
+) -> None:
     def produce() -> Iterator[int]:
         yield 1
-        _odd()
+        fail()
 
-    with pytest.raises(RuntimeError, match=r"(?s)plan's reading child:.*_Odd: odd"):
-        list(Streamed(produce))
-
-
-@pytest.mark.usefixtures("_stream")
-def test_streamed_exception_that_does_not_unpickle_becomes_runtime_error() -> None:
-    def produce() -> Iterator[int]:
-        yield 1
-        _two_args()
-
-    with pytest.raises(RuntimeError, match=r"(?s)plan's reading child:.*signal: bad chunk"):
+    with pytest.raises(RuntimeError, match=rf"(?s)plan's reading child:.*{text}"):
         list(Streamed(produce))
 
 
