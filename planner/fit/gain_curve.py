@@ -75,9 +75,9 @@ def choose_knots(
     engine's load, so the busiest engine alone may cover the top of the range, and scoring
     the extrapolation there rewarded the stiffest curve (1 knot) where the gain has a sharp
     knee. Per-engine cross-products make every refit a small solve (:func:`knot_scores`)."""
-    if np.unique(g).size < 4:
-        return DEFAULT_KNOTS, f"knots: {DEFAULT_KNOTS} (fewer than 4 engines: not cross-validated)"
     scores = knot_scores(x, y, d, g, centre, sw=sw)
+    if not scores:
+        return DEFAULT_KNOTS, f"knots: {DEFAULT_KNOTS} (fewer than 4 engines: not cross-validated)"
     best = min(scores, key=lambda k: scores[k])
     listed = ", ".join(f"{k}: {v:.4g}" for k, v in scores.items())
     how = "leave-one-engine-out error inside the other engines' range"
@@ -88,8 +88,11 @@ def knot_scores(
     x: Array, y: Array, d: Array, g: npt.NDArray[np.int64], centre: float, *, sw: Array
 ) -> dict[int, float]:
     """Each candidate K's mean squared weighted error of every engine's windows inside the
-    other engines' range, predicted by the fit on the other engines (choose_knots)."""
+    other engines' range, predicted by the fit on the other engines (choose_knots); empty
+    with fewer than 4 engines (not cross-validated)."""
     codes, inv = np.unique(g, return_inverse=True)
+    if codes.size < 4:
+        return {}
     # rows sorted once by (engine, mode) cell; X = [B, d·B] so an engine's X'X is assembled
     # from its cells' B'WB (d = 0: top-left block only; d = 1: all four blocks)
     cell = inv * 2 + (d > 0.5)

@@ -7,7 +7,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from planner.fit.gain_curve import CANDIDATE_KNOTS, basis_matrix, choose_knots, knot_scores
+from planner.fit.gain_curve import (
+    CANDIDATE_KNOTS,
+    DEFAULT_KNOTS,
+    basis_matrix,
+    choose_knots,
+    knot_scores,
+)
 
 
 def _by_definition(u: np.ndarray, knots: np.ndarray, centre: float) -> np.ndarray:
@@ -86,3 +92,15 @@ def test_knot_scores_are_leave_one_engine_out_refits(seed: int) -> None:
         assert got[k] == pytest.approx(want[k], rel=1e-9), k
     best, why = choose_knots(x, y, d, g, 0.5, sw=sw)
     assert best == min(want, key=lambda k: want[k]) and why.startswith(f"knots: {best}, by")
+
+
+def test_fewer_than_four_engines_are_not_cross_validated() -> None:
+    rng = np.random.default_rng(0)
+    g = np.repeat(np.arange(3), 50)
+    x, y, sw = rng.uniform(size=g.size), rng.normal(size=g.size), np.ones(g.size)
+    d = (g % 2).astype(np.float64)
+    assert knot_scores(x, y, d, g, 0.5, sw=sw) == {}
+    assert choose_knots(x, y, d, g, 0.5, sw=sw) == (
+        DEFAULT_KNOTS,
+        f"knots: {DEFAULT_KNOTS} (fewer than 4 engines: not cross-validated)",
+    )
