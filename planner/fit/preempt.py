@@ -32,6 +32,7 @@ from planner.fit.common import (
     require_history,
     t_quantile,
 )
+from planner.fit.glm_irls import irls
 
 if TYPE_CHECKING:
     import numpy.typing as npt
@@ -385,7 +386,9 @@ def _glm(cells: _Cells, k: float, alpha: float) -> Any:
 def _fit_glm(
     cells: _Cells, k: float, alpha: float, start: Array | None, maxiter: int
 ) -> tuple[Array, float]:
-    """Log-link Poisson (alpha=0) / NB2 GLM by statsmodels' IRLS on cells: (β, log-likelihood).
+    """Log-link Poisson (alpha=0) / NB2 GLM by statsmodels' IRLS on cells: (β, log-likelihood),
+    as ``_glm(cells, k, alpha).fit(...)`` gives them (planner/fit/glm_irls.py: the same
+    iterations without building a model at each of the profile's ~320 knees).
 
     The log-likelihood of cell means weighted by counts differs from the windows' by terms of
     the data (and α) alone: it compares knees on the same data, not across data sets.
@@ -395,10 +398,10 @@ def _fit_glm(
         start = np.array([math.log(rate), 0.0])
     # converged when β moves by < 1e-10 relative: the knees' profile differences and the
     # plan's numbers do not depend on where IRLS stopped
-    res = _glm(cells, k, alpha).fit(
-        start_params=start, maxiter=maxiter, tol=1e-12, rtol=1e-10, tol_criterion="params"
-    )
-    return np.asarray(res.params, dtype=np.float64), float(res.llf)
+    return irls(
+        cells.y / cells.c, _design(cells.u, k), family=_family(alpha), offset=np.log(cells.t),
+        var_weights=cells.c, start=start, maxiter=maxiter, atol=1e-12, rtol=1e-10,
+    )  # fmt: skip
 
 
 def _profile(cells: _Cells, grid: Array, alpha: float, maxiter: int) -> tuple[Array, list[Array]]:

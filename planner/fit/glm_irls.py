@@ -1,0 +1,96 @@
+"""statsmodels' GLM IRLS for one family and design, refitted many times without a model.
+
+The preemption knee's profile (planner/fit/preempt.py) fits the same count GLM at ~320
+knees. ``GLM(...).fit()`` spends most of each fit building the model (data handling, two
+rank checks) and its results, not iterating. :func:`irls` runs the iterations of
+statsmodels 0.15's ``GLM._fit_irls`` (``tol_criterion="params"``, ``wls_method="lstsq"``,
+no freq_weights or exposure) with the family's own link, variance, weights and
+log-likelihood, and its closing pseudo-inverse step, in the same arithmetic:
+tests/planner/test_glm_irls.py holds its β and log-likelihood equal to statsmodels', bit for
+bit, on Poisson and NB2 fits that converge, stop at ``maxiter`` or warn.
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+if TYPE_CHECKING:
+    import numpy.typing as npt
+
+    Array = npt.NDArray[np.float64]
+
+_NOT_FINITE = "NaN, inf or invalid value detected in {0}, estimation infeasible."
+
+
+def irls(  # noqa: PLR0913 - the GLM's parts and statsmodels' fit options, keyword-only
+    endog: Array,
+    exog: Array,
+    *,
+    family: Any,
+    offset: Array,
+    var_weights: Array,
+    start: Array,
+    maxiter: int,
+    atol: float,
+    rtol: float,
+) -> tuple[Array, float]:
+    """(β, log-likelihood) that ``GLM(endog, exog, family=family, offset=offset,
+    var_weights=var_weights).fit(start_params=start, maxiter=maxiter, tol=atol, rtol=rtol,
+    tol_criterion="params")`` gives (its ``params`` and ``llf``), for ``maxiter`` ≥ 1."""
+    from statsmodels.tools.sm_exceptions import PerfectSeparationWarning  # noqa: PLC0415 - start-up: statsmodels (~0.7 s) loads when this fit runs, not on `import planner.plan`
+
+    if maxiter < 1:
+        raise ValueError(f"irls: maxiter must be at least 1, got {maxiter}")
+    ones = np.ones(endog.shape[0])  # statsmodels' freq_weights and n_trials
+    iweights = ones * var_weights
+    lin_pred = np.dot(exog, start) + offset
+    mu = family.fitted(lin_pred)
+    if np.isnan(family.deviance(endog, mu, var_weights, ones, 1.0)):
+        raise ValueError("The first guess on the deviance function returned a nan.")
+    previous = start
+    for _ in range(maxiter):
+        weights = iweights * ones * family.weights(mu)
+        z = lin_pred + family.link.deriv(mu) * (endog - mu) - offset
+        w_half = np.sqrt(weights)
+        if not np.all(np.isfinite(w_half)):
+            raise ValueError(_NOT_FINITE.format("weights"))
+        if not np.all(np.isfinite(z)):
+            raise ValueError(_NOT_FINITE.format("endog"))
+        wexog = w_half[:, None] * exog
+        wendog = w_half * z
+        params = np.linalg.lstsq(wexog, wendog, rcond=-1)[0]
+        lin_pred = np.dot(exog, params)
+        lin_pred += offset
+        mu = family.fitted(lin_pred)
+        if np.allclose(mu - endog, 0):
+            warnings.warn(
+                "Perfect separation or prediction detected, parameter may not be identified",
+                category=PerfectSeparationWarning, stacklevel=2,
+            )  # fmt: skip
+        converged = np.allclose(previous, params, atol=atol, rtol=rtol)
+        previous = params
+        if converged:
+            break
+    beta = _pinv_step(z * np.sqrt(weights), np.sqrt(weights)[:, None] * exog)
+    fitted = family.fitted(np.dot(exog, beta) + offset + 0.0)
+    llf = family.loglike(endog, fitted, var_weights=var_weights, freq_weights=ones, scale=1.0)
+    return beta, float(llf)
+
+
+def _pinv_step(wendog: Array, wexog: Array) -> Array:
+    """The WLS that closes statsmodels' IRLS (``WLS.fit(method="pinv")``): its pseudo-inverse,
+    with its warning when the design is rank-deficient."""
+    from statsmodels.tools.sm_exceptions import SingularMatrixWarning  # noqa: PLC0415 - start-up: statsmodels (~0.7 s) loads when this fit runs, not on `import planner.plan`
+    from statsmodels.tools.tools import pinv_extended  # noqa: PLC0415 - start-up: statsmodels (~0.7 s) loads when this fit runs, not on `import planner.plan`
+
+    pinv_wexog, singular_values = pinv_extended(wexog)
+    if np.linalg.matrix_rank(np.diag(singular_values)) < wexog.shape[1]:
+        warnings.warn(
+            "The design matrix is rank-deficient. The model parameters are not uniquely "
+            "determined.", SingularMatrixWarning, stacklevel=3,
+        )  # fmt: skip
+    beta: Array = np.dot(pinv_wexog, wendog)
+    return beta
