@@ -30,6 +30,7 @@ FIT_MODULES = (
     "statsmodels.stats.sandwich_covariance",
     "statsmodels.stats.weightstats",
     "statsmodels.tools.sm_exceptions",
+    "statsmodels.tools.tools",
     "statsmodels.tsa.exponential_smoothing.ets",
     "statsmodels.tsa.stattools",
     "statsmodels.tsa.statespace.sarimax",
