@@ -217,18 +217,20 @@ def engine_frame(
     _ratio_columns(cols, sel)
     add_derived(cols)  # type: ignore[arg-type]
     frame = pd.DataFrame(cols)
-    frame["offload_mode"], frame["group"] = modes_and_groups(
+    mode, group = modes_and_groups(
         src_names, eng_names, key_of_row, n_eng, engines_meta or {},
         [str(m) for m in mod_u], pair_u, pair_model, frame["start"].to_numpy(),
     )  # fmt: skip
+    frame["offload_mode"], frame["group"] = coded_text(*mode), coded_text(*group)
     frame = frame.sort_values(["source", "engine", "start"], kind="stable", ignore_index=True)
     return frame[list(COLUMNS)]
 
 
 def coded_text(names: npt.NDArray[np.object_], codes: npt.NDArray[np.int64]) -> pd.Categorical:
-    """``names[codes]`` as a categorical of the names it holds, sorted, as the frame's source
-    and engine columns are: the fits' hash passes over engines (``pd.factorize``, groupby)
-    then read integer codes, not strings, and sorting by them sorts by name."""
+    """``names[codes]`` as a categorical of the names it holds, sorted, as the frame's text
+    columns (source, engine, offload_mode, group) are: the fits' hash passes over them
+    (``pd.factorize``, groupby) then read integer codes, not strings, and sorting by them
+    sorts by name."""
     used = np.flatnonzero(np.bincount(codes, minlength=len(names)))  # the names it holds
     cats, of_used = np.unique(names[used], return_inverse=True)
     code_of = np.full(len(names), -1, dtype=np.int64)

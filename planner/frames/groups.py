@@ -74,6 +74,9 @@ def pair_models(
     return np.where(use.sum(axis=1) > 0, use.argmax(axis=1), out)
 
 
+Coded = tuple["npt.NDArray[np.object_]", "npt.NDArray[np.int64]"]  # names, a code per row
+
+
 def modes_and_groups(  # noqa: PLR0917, PLR0913 - the engine keys' parts, computed once
     src_names: npt.NDArray[np.object_],
     eng_names: npt.NDArray[np.object_],
@@ -84,8 +87,9 @@ def modes_and_groups(  # noqa: PLR0917, PLR0913 - the engine keys' parts, comput
     pair_u: npt.NDArray[np.int64],
     pair_model: npt.NDArray[np.int64],
     starts: npt.NDArray[np.float64] | None = None,
-) -> tuple[npt.NDArray[np.object_], npt.NDArray[np.object_]]:
-    """Offload mode and model group per row, from each engine key's record and model label.
+) -> tuple[Coded, Coded]:
+    """Offload mode and model group per row, from each engine key's record and model label,
+    each as (names, the row's code): planner.frames.frames ``coded_text`` makes it a column.
 
     An engine whose record holds several regimes (``changes``: a restart with offload
     switched on, store.tables.EngineChange) gets, per row, the mode of the regime in
@@ -104,14 +108,18 @@ def modes_and_groups(  # noqa: PLR0917, PLR0913 - the engine keys' parts, comput
         regimes = mode_regimes(meta_attr(m, "changes"))
         if len({mode for _, mode in regimes}) > 1:
             switched.append((i, regimes))
-    row_modes = np.asarray(modes, dtype=object)[inverse]
+    mode_names = sorted({*modes, *(mode for _, regimes in switched for _, mode in regimes)})
+    code = {mode: j for j, mode in enumerate(mode_names)}
+    row_modes = np.asarray([code[mode] for mode in modes], dtype=np.int64)[inverse]
     if switched and starts is not None:
         for i, regimes in switched:
             rows = np.flatnonzero(inverse == i)
             at = np.asarray([t for t, _ in regimes], dtype=float)
             which = np.maximum(np.searchsorted(at, starts[rows], side="right") - 1, 0)
-            row_modes[rows] = np.asarray([mode for _, mode in regimes], dtype=object)[which]
-    return row_modes, np.asarray(groups, dtype=object)[inverse]
+            row_modes[rows] = np.asarray([code[mode] for _, mode in regimes])[which]
+    group_names, group_of_key = np.unique(np.asarray(groups, dtype=object), return_inverse=True)
+    return ((np.asarray(mode_names, dtype=object), row_modes),
+            (group_names, group_of_key.reshape(-1)[inverse]))  # fmt: skip
 
 
 def mode_regimes(changes: object) -> list[tuple[float, str]]:

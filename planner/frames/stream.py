@@ -167,8 +167,8 @@ class FrameBuilder:
             "engine": coded_text(eng_names, eng_idx[order]),
             "start": starts[order],
             "window_s": window_s[order],
-            "offload_mode": mode[order],
-            "group": group[order],
+            "offload_mode": coded_text(mode[0], mode[1][order]),
+            "group": coded_text(group[0], group[1][order]),
         }
         data |= final_columns(lab, unl, into, n, order)
         bad = {str(src_names[s]) for s in inexact}
