@@ -21,6 +21,7 @@ import pandas as pd
 from core.errors import ConfigError
 from planner.fit.common import Interval, check_level, exp_or_inf, nan_interval
 from planner.fit.units import engine_codes, unit_codes
+from planner.frames.groups import text_values
 
 if TYPE_CHECKING:
     import numpy.typing as npt
@@ -177,7 +178,7 @@ def fit_capacity(
     if len(units) != len(frame):
         raise ConfigError(f"units has {len(units)} entries for {len(frame)} frame rows")
     unit_c, unit_names = _texts(units)
-    modes = frame["offload_mode"].astype(str).to_numpy()
+    modes = text_values(frame["offload_mode"])
     load = frame["tokens_per_s"].to_numpy(dtype=float)
     missed = violations(frame, slo)
     key, key_names = engine_codes(frame)  # codes, no "source/engine" string per row

@@ -37,6 +37,7 @@ from planner.fit.units import (
     traffic,
     unit_codes,
 )
+from planner.frames.groups import text_values
 
 if TYPE_CHECKING:
     import numpy.typing as npt
@@ -147,7 +148,7 @@ def fit_today(
         raise ConfigError(f"units has {len(units)} entries for {len(frame)} frame rows")
     data = derived_outcomes(frame)
     unit = np.asarray(units, dtype=object)
-    modes = data["offload_mode"].astype(str).to_numpy()
+    modes = text_values(data["offload_mode"])
     req = data["requests"].to_numpy(dtype=float)
     use = np.isin(modes, (mode, NO_OFFLOAD)) & (req > 0)
     treated_all = modes == mode

@@ -46,6 +46,7 @@ from planner.fit.gain_curve import (
     knots_at,
     window_weights,
 )
+from planner.frames.groups import text_values
 
 if TYPE_CHECKING:
     import numpy.typing as npt
@@ -186,7 +187,7 @@ def _compared(
         return frame.iloc[0:0], np.zeros(0)
     used = dict.fromkeys([*cols, "source", "engine", weight or ""])  # what is read below
     data = frame[[c for c in used if c in frame.columns]].dropna(subset=cols)
-    modes = data["offload_mode"].astype(str).to_numpy()
+    modes = text_values(data["offload_mode"])
     is_off = (modes == offload) if offload else ~np.isin(modes, list(NOT_OFFLOAD))
     keep = is_off | (modes == NO_OFFLOAD)
     return data[keep], is_off[keep].astype(np.float64)

@@ -19,6 +19,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pandas as pd
 
+from planner.frames.groups import text_values
+
 if TYPE_CHECKING:
     import numpy.typing as npt
 
@@ -183,7 +185,7 @@ def unit_keys(
     dependent engines as independent."""
     codes, names = engine_codes(frame, short=True)
     out: npt.NDArray[np.object_] = np.asarray(names, dtype=object)[codes]
-    lmcache = (frame["offload_mode"].astype(str) == "lmcache").to_numpy(dtype=bool)
+    lmcache = text_values(frame["offload_mode"]) == "lmcache"
     if not lmcache.any():
         return out
     pools = pools or {}

@@ -203,6 +203,15 @@ def split_groups(frame: pd.DataFrame, table_sources: Iterable[str] = ()) -> list
     return out
 
 
+def text_values(column: pd.Series) -> npt.NDArray[np.object_]:
+    """The column's values as an object array of str, "nan" for a missing one (as
+    :class:`_Coded` names it), taken by code: a categorical's names are not rebuilt as a
+    million strings, as ``astype(str)`` rebuilds them."""
+    coded = _Coded(column)
+    out: npt.NDArray[np.object_] = np.asarray(coded.names, dtype=object)[coded.codes]
+    return out
+
+
 class _Coded:
     """A frame column as codes (-1: missing) and each code's ``astype(str)`` text; the
     last name is a missing value's ("nan"), so ``names[code]`` serves -1 too."""

@@ -24,6 +24,7 @@ from core.records import Window
 from planner.decide.evidence import Evidence
 from planner.domain.values import finite
 from planner.frames.frames import SIGNALS as FRAME_SIGNALS
+from planner.frames.groups import text_values
 from planner.frames.table import WindowTable, names, seq_sum, weighted_median_array
 
 if TYPE_CHECKING:
@@ -390,7 +391,7 @@ def _by_mode(rows: pd.DataFrame, windows: WindowTable, modes: Mapping[str, str])
     servers = windows.sources_of(s for s in signals if str(s).startswith("lmcache_"))
     servers -= names(rows["source"])
     for m in sorted(names(rows["offload_mode"])):
-        sub = rows[rows["offload_mode"].astype(str) == m]
+        sub = rows[text_values(rows["offload_mode"]) == m]
         sources = names(sub["source"]) | {s for s, mm in modes.items() if mm == m}
         if m == "lmcache":
             sources |= servers

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 from core.errors import ConfigError, InsufficientHistory
 from planner.fit.effects import MIN_UNITS
 from planner.fit.units import engine_keys
+from planner.frames.groups import text_values
 from planner.plan.design import (
     period_sigma,
     periods_needed,
@@ -46,7 +47,7 @@ def propose(
 ) -> dict[str, Any]:
     """The proposed experiment for ``mode`` (METHODS.md#proposal) as a JSON-ready entry."""
     keys = engine_keys(frame)
-    modes = frame["offload_mode"].astype(str).to_numpy()
+    modes = text_values(frame["offload_mode"])
     with_mode = sorted(set(keys[modes == mode].tolist()) - set(switching))
     # one engine with the mode: switch it; one pool of several engines is no canary (the
     # pool's other engines keep filling the shared L1): a second pool is needed instead

@@ -25,6 +25,7 @@ from planner.domain.values import finite
 from planner.fit.capacity import CapacityComparison, Slo, fit_capacity
 from planner.fit.effects import TodayEffects, fit_today
 from planner.fit.units import engine_keys, unit_keys
+from planner.frames.groups import text_values
 from planner.plan.fits import interval_dict
 from planner.plan.proposal import propose
 from planner.plan.verdict_switchback import switchback_capacity, switchback_today, switching_for
@@ -111,7 +112,7 @@ def _switchback(
     """A mode run as a switchback on ``switching[0]`` (planner/plan/verdict_switchback.py);
     engines of other modes and the other switching engines are left out."""
     keys = engine_keys(frame)
-    modes = frame["offload_mode"].astype(str).to_numpy()
+    modes = text_values(frame["offload_mode"])
     canary = switching[0]
     rows = (keys == canary) | (np.isin(modes, ["none"]) & ~np.isin(keys, switching))
     sub = frame[rows].reset_index(drop=True)

@@ -36,6 +36,7 @@ from planner.fit.switchback import (
     switchback_periods,
 )
 from planner.fit.units import TRAFFIC, balance, engine_keys, traffic
+from planner.frames.groups import text_values
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -47,7 +48,7 @@ N_BOOT = 2000
 def switching_for(frame: pd.DataFrame, mode: str) -> list[str]:
     """Engines whose rows carry ``mode`` and ``none`` (and nothing else known)."""
     keys = engine_keys(frame)
-    modes = frame["offload_mode"].astype(str).to_numpy()
+    modes = text_values(frame["offload_mode"])
     out = []
     for e in find_switchbacks(frame):
         seen = set(modes[keys == e]) - {"unknown", "nan"}
@@ -81,14 +82,14 @@ def switchback_today(frame: pd.DataFrame, mode: str, level: float) -> TodayEffec
         est = fit.ratio.value if o.log else fit.estimate
         iv = fit.ratio.interval if o.log else fit.interval
         y = data[o.name].to_numpy(dtype=float)
-        off = (data["offload_mode"].astype(str).to_numpy() == "none") & np.isfinite(y)
+        off = (text_values(data["offload_mode"]) == "none") & np.isfinite(y)
         w = data["requests"].to_numpy(dtype=float)
         ok = off & (w > 0)
         control = float(np.average(y[ok], weights=w[ok])) if ok.any() else math.nan
         effects.append(Effect(o.name, o.label, o.unit, "ratio" if o.log else "difference",
                               control, est, iv, fit.df, fit.n, fit.can_tell,
                               fit.why))  # fmt: skip
-    treated = data["offload_mode"].astype(str).to_numpy() == mode
+    treated = text_values(data["offload_mode"]) == mode
     req = data["requests"].to_numpy(dtype=float)
     bal = balance(cov, treated, req)
     told = any(e.can_tell for e in effects)
@@ -128,7 +129,7 @@ def switchback_capacity(
     load = sub["tokens_per_s"].to_numpy(dtype=float)
     missed = violations(sub, slo)
     start = sub["start"].to_numpy(dtype=float)
-    arm = sub["offload_mode"].astype(str).to_numpy()
+    arm = text_values(sub["offload_mode"])
     wait = sub["waiting"].to_numpy(dtype=float)
     done = sub["requests"].to_numpy(dtype=float)
     periods = switchback_periods(frame, engine)

@@ -23,6 +23,7 @@ from planner.frames.groups import (
     group_name,
     same_model,
     split_groups,
+    text_values,
 )
 from store.tables import EngineRecord
 
@@ -232,3 +233,25 @@ def test_fit_all_group_argument_fits_that_group_and_rejects_unknown() -> None:
     assert "groups" not in report.as_dict()
     with pytest.raises(ConfigError, match=r"'c' is not in the frame; its groups are 'a', 'b'"):
         fit_all(both, group="c")
+
+
+@pytest.mark.parametrize(
+    "column",
+    [
+        pytest.param(
+            pd.Series(["native", "none", None, "lmcache"], dtype="category"),
+            id="categorical-with-missing",
+        ),
+        pytest.param(
+            pd.Series(pd.Categorical(["b", "a"], categories=["a", "b", "c"])),
+            id="categorical-unused-category",
+        ),
+        pytest.param(pd.Series(["native", None, "none"], dtype=object), id="object-with-missing"),
+        pytest.param(pd.Series(["x", "y"], dtype="str"), id="str"),
+        pytest.param(pd.Series([], dtype="category"), id="empty"),
+    ],
+)
+def test_text_values_are_each_value_as_text(column: pd.Series) -> None:
+    got = text_values(column)
+    assert got.dtype == object
+    assert got.tolist() == ["nan" if pd.isna(v) else str(v) for v in column.tolist()]
