@@ -86,8 +86,10 @@ def _pinv_step(wendog: Array, wexog: Array) -> Array:
     from statsmodels.tools.sm_exceptions import SingularMatrixWarning  # noqa: PLC0415 - start-up: statsmodels (~0.7 s) loads when this fit runs, not on `import planner.plan`
     from statsmodels.tools.tools import pinv_extended  # noqa: PLC0415 - start-up: statsmodels (~0.7 s) loads when this fit runs, not on `import planner.plan`
 
-    pinv_wexog, singular_values = pinv_extended(wexog)
-    if np.linalg.matrix_rank(np.diag(singular_values)) < wexog.shape[1]:
+    pinv_wexog, s = pinv_extended(wexog)
+    # statsmodels' rank, np.linalg.matrix_rank(np.diag(s)): the singular values of a
+    # diagonal matrix are its diagonal, so its tolerance applies to s itself
+    if np.count_nonzero(s > s.max() * s.size * np.finfo(s.dtype).eps) < wexog.shape[1]:
         warnings.warn(
             "The design matrix is rank-deficient. The model parameters are not uniquely "
             "determined.", SingularMatrixWarning, stacklevel=3,
