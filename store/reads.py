@@ -12,11 +12,21 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import ColumnElement, Connection, Executable, select
+from sqlalchemy import (
+    BigInteger,
+    ClauseElement,
+    ColumnElement,
+    Connection,
+    Executable,
+    any_,
+    bindparam,
+    select,
+)
+from sqlalchemy.dialects.postgresql import ARRAY
 
 from core.catalog import BUCKET_SIGNALS
 from core.errors import StoreError
@@ -93,7 +103,7 @@ class WindowReader:
             index = {int(r[0]): i for i, r in enumerate(found)}
             head_cols = ["series_id", *numeric, *(["buckets"] if blobs else [])]
             chunk_rows, head_rows = _fetch(conn, conds, since, until, only_buckets=only_buckets,
-                                           head_columns=head_cols)  # fmt: skip
+                                           head_columns=head_cols, ids=list(index))  # fmt: skip
             ranks = _ranked(ranks, series)  # the database's order, read in this transaction
         return self._decode(series, index, chunk_rows, head_rows, numeric, since, until,
                             blobs, ranks)  # fmt: skip
@@ -287,12 +297,21 @@ def _fetch(
     *,
     only_buckets: bool,
     head_columns: Sequence[str],
+    ids: Sequence[int],
 ) -> tuple[Sequence[Any], Sequence[Any]]:
     """The chunks (series id, data) of both tiers overlapping [since, until) and the head
-    rows in it (``head_columns``), of the series ``conds`` select."""
-    wanted = select(SeriesRow.id).where(*conds).scalar_subquery()
+    rows in it (``head_columns``), of the series ``conds`` select (``ids``, as read in this
+    transaction). PostgreSQL is given the ids as one array: with the subquery its planner
+    scanned every day partition (in parallel) and sorted, instead of each partition's
+    primary key (series_id, hour) merged in order."""
+    if conn.dialect.name == "postgresql":
+        wanted: Any = any_(bindparam("series_ids", list(ids), type_=ARRAY(BigInteger)))
+        of: Callable[[Any], ColumnElement[bool]] = lambda column: column == wanted  # noqa: E731
+    else:
+        wanted = select(SeriesRow.id).where(*conds).scalar_subquery()
+        of = lambda column: column.in_(wanted)  # noqa: E731
     c = ChunkRow
-    where: list[ColumnElement[bool]] = [c.series_id.in_(wanted)] if conds else []
+    where: list[ColumnElement[bool]] = [of(c.series_id)] if conds else []
     if since is not None:
         where.append(c.hour >= chunks.hour_of(since))
     if until is not None:
@@ -301,7 +320,7 @@ def _fetch(
         conn, select(c.series_id, c.data).where(*where).order_by(c.series_id, c.hour)
     )
     t = Chunk5mRow  # the downsampled tier: a chunk a series and day
-    twhere: list[ColumnElement[bool]] = [t.series_id.in_(wanted)] if conds else []
+    twhere: list[ColumnElement[bool]] = [of(t.series_id)] if conds else []
     if since is not None:
         twhere.append(t.day >= math.floor(since / DAY_S) * DAY_S)
     if until is not None:
@@ -311,7 +330,7 @@ def _fetch(
     )
     h = HeadRow
     cols = [h.__table__.c[name] for name in head_columns]
-    hwhere: list[ColumnElement[bool]] = [h.series_id.in_(wanted)] if conds else []
+    hwhere: list[ColumnElement[bool]] = [of(h.series_id)] if conds else []
     if since is not None:
         hwhere.append(h.start >= since)
     if until is not None:
@@ -324,7 +343,18 @@ def _fetch(
 
 def _raw_rows(conn: Connection, query: Executable) -> list[Any]:
     """The rows of a query as the DBAPI cursor returns them, fetched at once (no Row
-    object per row)."""
+    object per row). On PostgreSQL in binary format: a chunk's bytea crosses as its bytes,
+    not as hex text the server writes and the client parses (half the time of the plan's
+    fetch), with the same Python values."""
+    if conn.dialect.name == "postgresql" and isinstance(query, ClauseElement):
+        compiled = query.compile(dialect=conn.dialect,
+                                 compile_kwargs={"render_postcompile": True})  # fmt: skip
+        cursor = conn.connection.driver_connection.cursor(binary=True)  # type: ignore[union-attr]
+        try:
+            cursor.execute(str(compiled), compiled.params)
+            return list(cursor.fetchall())
+        finally:
+            cursor.close()
     result = conn.execute(query)
     try:
         return list(result.cursor.fetchall())
