@@ -1,12 +1,13 @@
-"""statsmodels' GLM IRLS for one family and design, refitted many times without a model.
+"""statsmodels' GLM IRLS, score and Hessian for one family, many times without a model.
 
 The preemption knee's profile (planner/fit/preempt.py) fits the same count GLM at ~320
-knees. ``GLM(...).fit()`` spends most of each fit building the model (data handling, two
-rank checks) and its results, not iterating. :func:`irls` runs the iterations of
-statsmodels 0.15's ``GLM._fit_irls`` (``tol_criterion="params"``, ``wls_method="lstsq"``,
-no freq_weights or exposure) with the family's own link, variance, weights and
-log-likelihood, and its closing pseudo-inverse step, in the same arithmetic:
-tests/planner/test_glm_irls.py holds its β and log-likelihood equal to statsmodels', bit for
+knees and takes robust covariances at ~20. ``GLM(...)`` spends most of such a step building
+the model (data handling, two rank checks) and its results. :func:`irls` runs the
+iterations of statsmodels 0.15's ``GLM._fit_irls`` (``tol_criterion="params"``,
+``wls_method="lstsq"``, no freq_weights or exposure) with the family's own link, variance,
+weights and log-likelihood, and its closing pseudo-inverse step; :func:`score_and_hessian`
+is ``GLM.score_obs`` and ``GLM.hessian(observed=True)`` at scale 1 (Poisson, NB2), in the
+same arithmetic: tests/planner/test_glm_irls.py holds them equal to statsmodels', bit for
 bit, on Poisson and NB2 fits that converge, stop at ``maxiter`` or warn.
 """
 
@@ -96,3 +97,30 @@ def _pinv_step(wendog: Array, wexog: Array) -> Array:
         )  # fmt: skip
     beta: Array = np.dot(pinv_wexog, wendog)
     return beta
+
+
+def score_and_hessian(
+    endog: Array, exog: Array, *, family: Any, offset: Array, var_weights: Array, params: Array
+) -> tuple[Array, Array]:
+    """``GLM(endog, exog, family=family, offset=offset, var_weights=var_weights)``'s
+    ``score_obs(params)`` and ``hessian(params, observed=True)``, for a family whose scale
+    is 1 (Poisson, NegativeBinomial)."""
+    ones = np.ones(endog.shape[0])  # statsmodels' freq_weights and n_trials
+    weights = ones * var_weights * ones  # iweights * n_trials
+    link, variance = family.link, family.variance
+    mu = family.fitted(np.dot(exog, params) + offset + 0.0)
+    factor = (endog - mu) / link.deriv(mu)
+    factor /= variance(mu)
+    factor *= weights
+    eim = 1 / (link.deriv(mu) ** 2 * variance(mu))
+    eim *= weights
+    tmp = variance(mu) * link.deriv2(mu)
+    tmp += variance.deriv(mu) * link.deriv(mu)
+    tmp = factor * tmp
+    tmp /= weights
+    oim = eim * (1 + tmp)
+    scaled = np.empty_like(exog)
+    np.multiply(exog.T, oim, out=scaled.T)
+    hessian: Array = -scaled.T.dot(exog)
+    score_obs: Array = factor[:, None] * exog
+    return score_obs, hessian

@@ -32,7 +32,7 @@ from planner.fit.common import (
     require_history,
     t_quantile,
 )
-from planner.fit.glm_irls import irls
+from planner.fit.glm_irls import irls, score_and_hessian
 
 if TYPE_CHECKING:
     import numpy.typing as npt
@@ -367,27 +367,21 @@ def _family(alpha: float) -> Any:
     return families.Poisson() if alpha == 0.0 else families.NegativeBinomial(alpha=alpha)
 
 
-def _glm(cells: _Cells, k: float, alpha: float) -> Any:
-    """The count GLM on cells at knee k (statsmodels): cell r holds c_r windows of length
-    t_r with total count y_r; its response is the mean count y_r/c_r with ``var_weights``
-    c_r, so score and (observed) information are the sums over the c_r windows, which share
+def _glm(cells: _Cells, k: float, alpha: float) -> dict[str, Any]:
+    """The count GLM on cells at knee k, as statsmodels' ``GLM(endog, exog, family=,
+    offset=, var_weights=)`` takes it: cell r holds c_r windows of length t_r with total
+    count y_r; its response is the mean count y_r/c_r with ``var_weights`` c_r, so score and
+    (observed) information are the sums over the c_r windows, which share
     μ_r = t_r·exp(x_r'β) (the binned covariate): the fit equals the one on the windows."""
-    from statsmodels.genmod.generalized_linear_model import GLM  # noqa: PLC0415 - start-up: statsmodels (~0.7 s) loads when this fit runs, not on `import planner.plan`
-
-    return GLM(
-        cells.y / cells.c,
-        _design(cells.u, k),
-        family=_family(alpha),
-        offset=np.log(cells.t),
-        var_weights=cells.c,
-    )
+    return {"endog": cells.y / cells.c, "exog": _design(cells.u, k), "family": _family(alpha),
+            "offset": np.log(cells.t), "var_weights": cells.c}  # fmt: skip
 
 
 def _fit_glm(
     cells: _Cells, k: float, alpha: float, start: Array | None, maxiter: int
 ) -> tuple[Array, float]:
     """Log-link Poisson (alpha=0) / NB2 GLM by statsmodels' IRLS on cells: (β, log-likelihood),
-    as ``_glm(cells, k, alpha).fit(...)`` gives them (planner/fit/glm_irls.py: the same
+    as ``GLM(**_glm(cells, k, alpha)).fit(...)`` gives them (planner/fit/glm_irls.py: the same
     iterations without building a model at each of the profile's ~320 knees).
 
     The log-likelihood of cell means weighted by counts differs from the windows' by terms of
@@ -398,10 +392,7 @@ def _fit_glm(
         start = np.array([math.log(rate), 0.0])
     # converged when β moves by < 1e-10 relative: the knees' profile differences and the
     # plan's numbers do not depend on where IRLS stopped
-    return irls(
-        cells.y / cells.c, _design(cells.u, k), family=_family(alpha), offset=np.log(cells.t),
-        var_weights=cells.c, start=start, maxiter=maxiter, atol=1e-12, rtol=1e-10,
-    )  # fmt: skip
+    return irls(**_glm(cells, k, alpha), start=start, maxiter=maxiter, atol=1e-12, rtol=1e-10)
 
 
 def _profile(cells: _Cells, grid: Array, alpha: float, maxiter: int) -> tuple[Array, list[Array]]:
@@ -421,25 +412,26 @@ def _robust_cov(cells: _Cells, k: float, beta: Array, alpha: float, cluster: boo
     sandwich per window from per-cell score sums; built at β with no refit.
 
     The cluster sandwich is ``sw.cov_cluster`` of the model's ``score_obs`` and inverse
-    Hessian at β: what ``GLMResults(..., cov_type="cluster")`` computes, without building a
-    results object for each knee (~20 ms each on 144k cells; the test holds them equal).
+    Hessian at β (planner/fit/glm_irls.py, without building the model): what
+    ``GLMResults(..., cov_type="cluster")`` computes, without a results object for each
+    knee (~20 ms each on 144k cells; the test holds them equal).
 
     Method: planner/fit/METHODS.md#preempt (robust covariance on cells)
     """
     from statsmodels.stats import sandwich_covariance as sw  # noqa: PLC0415 - start-up: statsmodels (~0.7 s) loads when this fit runs, not on `import planner.plan`
 
-    model = _glm(cells, k, alpha)
+    score_obs, hessian = score_and_hessian(**_glm(cells, k, alpha), params=beta)
     if cluster:
         # the engines present (cells.g holds codes 0..G-1 of engine_groups)
         ng = int(np.count_nonzero(np.bincount(cells.g)))
         n = float(cells.c.sum())
         # a cell's weighted score is exactly the sum of its windows' scores, which
         # tests/planner/test_fit_preempt.py checks against the GLM on the windows
-        sandwich = (model.score_obs(beta), np.linalg.inv(model.hessian(beta, observed=True)))
+        sandwich = (score_obs, np.linalg.inv(hessian))
         out: Array = np.asarray(sw.cov_cluster(sandwich, cells.g, use_correction=False),
                                 dtype=np.float64)  # fmt: skip
         return out * (ng / (ng - 1) * (n - 1) / max(n - 2, 1))
-    bread = np.linalg.pinv(model.hessian(beta, observed=True))
+    bread = np.linalg.pinv(hessian)
     x = _design(cells.u, k)
     mu = cells.t * np.exp(np.minimum(x @ beta, 50.0))
     ss = (cells.y2 - 2 * mu * cells.y + cells.c * mu * mu) / (1.0 + alpha * mu) ** 2

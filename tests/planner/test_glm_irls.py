@@ -10,7 +10,7 @@ from statsmodels.genmod import families
 from statsmodels.genmod.generalized_linear_model import GLM
 from statsmodels.tools.sm_exceptions import PerfectSeparationWarning, SingularMatrixWarning
 
-from planner.fit.glm_irls import irls
+from planner.fit.glm_irls import irls, score_and_hessian
 
 
 def _counts(seed: int, n: int, alpha: float, knee: float) -> dict[str, np.ndarray]:
@@ -59,6 +59,24 @@ def test_irls_equals_statsmodels_glm_fit_bit_for_bit(
     np.testing.assert_array_equal(beta, np.asarray(res.params))
     assert llf == float(res.llf)
     assert res.fit_history["iteration"] <= maxiter
+
+
+@pytest.mark.parametrize(("cells", "start", "maxiter"), CASES)
+def test_score_and_hessian_equal_statsmodels_glm_bit_for_bit(
+    cells: tuple[int, int, float, float], start: tuple[float, float], maxiter: int
+) -> None:
+    seed, n, alpha, knee = cells
+    data = _counts(seed, n, alpha, knee)
+    params = np.array(start) + np.array([0.3, -0.7])  # off the fit: a non-zero score
+    model = GLM(data["endog"], data["exog"], family=_family(alpha), offset=data["offset"],
+                var_weights=data["var_weights"])  # fmt: skip
+    score_obs, hessian = score_and_hessian(
+        data["endog"], data["exog"], family=_family(alpha), offset=data["offset"],
+        var_weights=data["var_weights"], params=params,
+    )  # fmt: skip
+    np.testing.assert_array_equal(score_obs, model.score_obs(params))
+    np.testing.assert_array_equal(hessian, model.hessian(params, observed=True))
+    assert np.abs(score_obs.sum(axis=0)).max() > 0
 
 
 def test_irls_rank_deficient_design_warns_as_statsmodels_does() -> None:
