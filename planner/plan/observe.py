@@ -220,7 +220,12 @@ def current_mode(modes: Mapping[str, str]) -> tuple[str | None, str]:
     return mode, f"{mode}: from engine metadata of {note}"
 
 
+_SUMMARY_COLUMNS = ("source", "engine", "kv_util", "preemptions", "requests", "tokens_per_s")
+
+
 def _mode_summary(rows: pd.DataFrame, windows: WindowTable, sources: set[str]) -> dict[str, Any]:
+    """One mode's KV use, preemptions, throughput and hit ratios (``rows``: its windows,
+    the _SUMMARY_COLUMNS at least)."""
     p50, p95 = quantiles(rows["kv_util"].to_numpy(dtype=float), [0.5, 0.95])
     pre = float(np.nansum(rows["preemptions"].to_numpy(dtype=float)))
     req = float(np.nansum(rows["requests"].to_numpy(dtype=float)))
@@ -390,8 +395,9 @@ def _by_mode(rows: pd.DataFrame, windows: WindowTable, modes: Mapping[str, str])
     signals = set(windows.summary["signal"])
     servers = windows.sources_of(s for s in signals if str(s).startswith("lmcache_"))
     servers -= names(rows["source"])
+    mode_of = text_values(rows["offload_mode"])
     for m in sorted(names(rows["offload_mode"])):
-        sub = rows[text_values(rows["offload_mode"]) == m]
+        sub = rows.loc[mode_of == m, list(_SUMMARY_COLUMNS)]  # what _mode_summary reads
         sources = names(sub["source"]) | {s for s, mm in modes.items() if mm == m}
         if m == "lmcache":
             sources |= servers
