@@ -1,14 +1,12 @@
 """statsmodels' GLM IRLS, score and Hessian for one family, many times without a model.
 
-The preemption knee's profile (planner/fit/preempt.py) fits the same count GLM at ~320
-knees and takes robust covariances at ~20. ``GLM(...)`` spends most of such a step building
-the model (data handling, two rank checks) and its results. :func:`irls` runs the
-iterations of statsmodels 0.15's ``GLM._fit_irls`` (``tol_criterion="params"``,
-``wls_method="lstsq"``, no freq_weights or exposure) with the family's own link, variance,
-weights and log-likelihood, and its closing pseudo-inverse step; :func:`score_and_hessian`
-is ``GLM.score_obs`` and ``GLM.hessian(observed=True)`` at scale 1 (Poisson, NB2), in the
-same arithmetic: tests/planner/test_glm_irls.py holds them equal to statsmodels', bit for
-bit, on Poisson and NB2 fits that converge, stop at ``maxiter`` or warn.
+The preemption knee's profile (planner/fit/preempt.py) fits one count GLM at ~320 knees and
+takes robust covariances at ~20; ``GLM(...)`` spends most of such a step building the model
+and its results. :func:`irls` runs statsmodels 0.15's ``GLM._fit_irls`` iterations
+(``tol_criterion="params"``, ``wls_method="lstsq"``, no freq_weights or exposure) with the
+family's own functions and its closing pseudo-inverse step; :func:`score_and_hessian` is
+``GLM.score_obs`` and ``GLM.hessian(observed=True)`` at scale 1 (Poisson, NB2), in the same
+arithmetic: tests/planner/test_glm_irls.py holds them equal to statsmodels', bit for bit.
 """
 
 from __future__ import annotations

@@ -412,9 +412,8 @@ def _robust_cov(cells: _Cells, k: float, beta: Array, alpha: float, cluster: boo
     sandwich per window from per-cell score sums; built at β with no refit.
 
     The cluster sandwich is ``sw.cov_cluster`` of the model's ``score_obs`` and inverse
-    Hessian at β (planner/fit/glm_irls.py, without building the model): what
-    ``GLMResults(..., cov_type="cluster")`` computes, without a results object for each
-    knee (~20 ms each on 144k cells; the test holds them equal).
+    Hessian at β (planner/fit/glm_irls.py: no model, no results object for each knee):
+    what ``GLMResults(..., cov_type="cluster")`` computes; the test holds them equal.
 
     Method: planner/fit/METHODS.md#preempt (robust covariance on cells)
     """
