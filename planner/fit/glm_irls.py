@@ -73,7 +73,8 @@ def irls(  # noqa: PLR0913 - the GLM's parts and statsmodels' fit options, keywo
         previous = params
         if converged:
             break
-    beta = _pinv_step(z * np.sqrt(weights), np.sqrt(weights)[:, None] * exog)
+    # statsmodels whitens the last iteration's (z, weights) again for it: the same products
+    beta = _pinv_step(wendog, wexog)
     fitted = family.fitted(np.dot(exog, beta) + offset + 0.0)
     llf = family.loglike(endog, fitted, var_weights=var_weights, freq_weights=ones, scale=1.0)
     return beta, float(llf)

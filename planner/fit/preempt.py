@@ -419,7 +419,8 @@ def _robust_cov(cells: _Cells, k: float, beta: Array, alpha: float, cluster: boo
     """
     from statsmodels.stats import sandwich_covariance as sw  # noqa: PLC0415 - start-up: statsmodels (~0.7 s) loads when this fit runs, not on `import planner.plan`
 
-    score_obs, hessian = score_and_hessian(**_glm(cells, k, alpha), params=beta)
+    glm = _glm(cells, k, alpha)
+    score_obs, hessian = score_and_hessian(**glm, params=beta)
     if cluster:
         # the engines present (cells.g holds codes 0..G-1 of engine_groups)
         ng = int(np.count_nonzero(np.bincount(cells.g)))
@@ -431,7 +432,7 @@ def _robust_cov(cells: _Cells, k: float, beta: Array, alpha: float, cluster: boo
                                 dtype=np.float64)  # fmt: skip
         return out * (ng / (ng - 1) * (n - 1) / max(n - 2, 1))
     bread = np.linalg.pinv(hessian)
-    x = _design(cells.u, k)
+    x = glm["exog"]
     mu = cells.t * np.exp(np.minimum(x @ beta, 50.0))
     ss = (cells.y2 - 2 * mu * cells.y + cells.c * mu * mu) / (1.0 + alpha * mu) ** 2
     root = x * np.sqrt(np.maximum(ss, 0.0))[:, None]
