@@ -56,7 +56,7 @@ from benchmarks import gitrev, plan_whole, replicate_store  # noqa: E402
 from benchmarks.accuracy.fitsynth import frame_to_windows, synthetic_frame  # noqa: E402
 from planner.frames.table import PLAN_COLUMNS  # noqa: E402
 from planner.plan.build import build_plan  # noqa: E402
-from planner.plan.observe import NEEDED_SIGNALS  # noqa: E402
+from planner.plan.needed import NEEDED_SIGNALS  # noqa: E402
 from store.store import Store  # noqa: E402
 from store.tables import SCHEMA_VERSION  # noqa: E402
 from tests.planner.synthstore import BLOCK_SIZE, BLOCKS, GPU, MODEL, TP, with_rates  # noqa: E402

@@ -51,7 +51,7 @@ from benchmarks.accuracy.tier_cases import (
 )
 from benchmarks.accuracy.tier_truth import CaseTruth, Size, engines_truth, measure
 from benchmarks.accuracy.verdict_study import engine_records
-from planner.fit.capacity import Slo
+from planner.domain.slo import Slo
 from planner.fit.reuse import GIB, bytes_per_block, fit_reuse, native_offload_gain
 from planner.fit.units import engine_keys
 from planner.frames.frames import engine_frame

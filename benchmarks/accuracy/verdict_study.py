@@ -65,7 +65,7 @@ from benchmarks.accuracy.verdict_cases import (
     cases,
 )
 from benchmarks.accuracy.verdict_truth import CaseTruth, mean_rate, measure
-from planner.fit.capacity import Slo
+from planner.domain.slo import Slo
 from planner.frames.frames import engine_frame
 from planner.plan.build import build_plan
 from planner.plan.verdict import run_verdicts

@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     from collections.abc import Iterable
 
     from kvscope.replan import ReplanConfig
-    from planner.fit.capacity import Slo
+    from planner.domain.slo import Slo
     from planner.plan import Plan
     from planner.plan.windows import SignalPart
     from store.store import Store
@@ -189,8 +189,7 @@ def plan_config(flags: PlanFlags) -> PlanConfig:
     from pydantic import ValidationError
 
     from kvscope.cli_settings import get_settings
-    from kvscope.replan import ReplanConfig
-    from planner.fit.capacity import Slo
+    from planner.domain.slo import Slo
 
     try:
         url = get_settings(db=flags.db).db
@@ -204,6 +203,8 @@ def plan_config(flags: PlanFlags) -> PlanConfig:
         raise ConfigError(f"--slo-quantile: {exc}") from None
     every = None
     if flags.every is not None:
+        from kvscope.replan import ReplanConfig  # the loop's modules: not for one plan
+
         every = ReplanConfig(parse_duration(flags.every, "--every"), flags.cluster, since_s)
         if flags.plots is not None:
             raise ConfigError("--plots cannot be used with --every (one plan, one set)")
@@ -258,20 +259,25 @@ def run_replan(config: PlanConfig, every: ReplanConfig) -> None:
 
 def run_plan(config: PlanConfig) -> None:
     """One plan: made (and with --save kept in the store), plotted, printed."""
+    # only the reading path before the child starts: the fits load here while it reads
     from kvscope.heap import reuse_freed_memory
-    from kvscope.replan import resolve_cluster
     from planner.plan.readahead import read_ahead
-    from planner.report.plan_text import summary_text
     from store.store import Store
 
     since_at = None if config.since_s is None else time.time() - config.since_s
     print(f"kvscope plan: reading {config.db} …", file=sys.stderr)
 
     def cluster_of(store: Store) -> str | None:
-        return resolve_cluster(store, config.cluster) if config.save else config.cluster
+        if not config.save:
+            return config.cluster
+        from kvscope.replan import resolve_cluster
+
+        return resolve_cluster(store, config.cluster)
 
     # the windows read by a child, started before this process opens the store
     ahead = read_ahead(config.db, cluster_of, since=since_at, until=None, around=reuse_freed_memory)
+    from planner.report.plan_text import summary_text
+
     try:
         with Store(config.db) as store:
             cluster = cluster_of(store)

@@ -6,7 +6,8 @@ prefill and tier transfer seconds, HBM KV capacity), ``breakeven`` (B* and the b
 context per tier), ``savings`` (what a shared prefix saves), ``payloads`` (the CLI's and the
 API's compare-tiers and savings answers, with their input checks: ``InputError`` names the
 input), ``citations`` (the ``[source: <id>]`` registry, data/sources.yaml), ``values``
-(finite-or-None, JSON-ready numbers). Nothing here imports another planner sub-package.
+(finite-or-None, JSON-ready numbers), ``slo`` (the latency target capacity is measured
+against). Nothing here imports another planner sub-package.
 """
 
 from planner.domain import breakeven, citations, costmodel, hardware, payloads, savings, values

@@ -19,6 +19,7 @@ import numpy as np
 import pandas as pd
 
 from core.errors import ConfigError
+from planner.domain.slo import Slo
 from planner.fit.common import Interval, check_level, exp_or_inf, nan_interval
 from planner.fit.units import engine_codes, unit_codes
 from planner.frames.groups import text_values
@@ -33,36 +34,9 @@ MIN_BIN = 8  # windows a bound rests on ("above": the MIN_BIN-th highest load)
 MIN_SIDE = 5  # windows missing (and meeting) the SLO before a unit counts as near saturation
 MIN_UNITS = 2
 NO_OFFLOAD = "none"
-QUANTILE_COLUMNS = {"p50": "ttft_p50_s", "p90": "ttft_p90_s", "p99": "ttft_p99_s"}
 # A queue grows when its mean rises, window over window, by more than this share of the
 # window's finished requests: arrivals then exceed service by that much.
 QUEUE_GROWTH_SHARE = 0.05
-
-
-@dataclass(frozen=True, slots=True)
-class Slo:
-    """The latency target capacity is measured against."""
-
-    ttft_s: float = 2.0
-    quantile: str = "p90"
-
-    def __post_init__(self) -> None:
-        if not (math.isfinite(self.ttft_s) and self.ttft_s > 0):
-            raise ConfigError(
-                f"SLO TTFT target must be a positive number of seconds, got {self.ttft_s!r}"
-            )
-        if self.quantile not in QUANTILE_COLUMNS:
-            raise ConfigError(
-                f"SLO quantile must be one of {', '.join(QUANTILE_COLUMNS)} (the quantiles the "
-                f"collector keeps per window), got {self.quantile!r}"
-            )
-
-    @property
-    def column(self) -> str:
-        return QUANTILE_COLUMNS[self.quantile]
-
-    def text(self) -> str:
-        return f"TTFT {self.quantile} <= {self.ttft_s:g} s and a waiting queue that does not grow"
 
 
 @dataclass(frozen=True, slots=True)

@@ -19,7 +19,7 @@ from core.errors import ConfigError
 from planner.decide.decision import decide
 from planner.decide.evidence import Evidence
 from planner.deploy.sizing import size
-from planner.fit.capacity import Slo
+from planner.domain.slo import Slo
 from planner.fit.orchestrate import fit_all, not_fitted
 from planner.fit.registry import EQUAL_KV
 from planner.frames.frames import engine_frame
@@ -53,7 +53,8 @@ from planner.plan.group_plans import (
     pick_group,
     split_groups,
 )
-from planner.plan.observe import NEEDED_SIGNALS, Observed, modes_by_source, observe
+from planner.plan.needed import NEEDED_SIGNALS
+from planner.plan.observe import Observed, modes_by_source, observe
 from planner.plan.record import GroupPlan, NoData, Plan, PlanDetails
 from planner.plan.tier import recommended_gib, tier_section
 from planner.plan.verdict import ModeVerdict, run_verdicts, verdict_section

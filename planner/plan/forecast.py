@@ -30,6 +30,7 @@ from planner.forecast.kv_rate_agreement import compare
 from planner.forecast.saturation import rule_of_three
 from planner.frames.table import WindowTable
 from planner.plan.fits import Hardware, cannot_entry, value_ci
+from planner.plan.needed import KV_SIGNAL, RATE_SIGNAL, RUNNING_SIGNAL
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -38,9 +39,6 @@ if TYPE_CHECKING:
 
     from planner.forecast.demand import Forecast
 
-KV_SIGNAL = "kv_cache_usage_ratio"
-RATE_SIGNAL = "request_success_total"
-RUNNING_SIGNAL = "requests_running"
 FORECAST_LEVEL = 0.9  # planner.forecast.demand's default level
 
 

@@ -23,9 +23,14 @@ from core.catalog import DERIVED_RATIOS
 from core.records import Window
 from planner.decide.evidence import Evidence
 from planner.domain.values import finite
-from planner.frames.frames import SIGNALS as FRAME_SIGNALS
 from planner.frames.groups import text_values
 from planner.frames.table import WindowTable, names, seq_sum, weighted_median_array
+from planner.plan.needed import (
+    LMCACHE_HEALTHY,
+    PROMPT_HIST,
+    PROMPT_TOKENS,
+    RECOMPUTED,
+)
 
 if TYPE_CHECKING:
     import numpy.typing as npt
@@ -34,12 +39,6 @@ if TYPE_CHECKING:
     FloatArray = npt.NDArray[np.float64]
     Windows = Sequence[Window] | pd.DataFrame | WindowTable
 
-RECOMPUTED = "prompt_tokens_recomputed_total"
-PROMPT_TOKENS = "prompt_tokens_total"
-PROMPT_HIST = "request_prompt_tokens"
-LMCACHE_HEALTHY = "lmcache_healthy"
-# Every signal `kvscope plan` reads (the frame's, plus re-prefill and LMCache health).
-NEEDED_SIGNALS: frozenset[str] = FRAME_SIGNALS | {RECOMPUTED, PROMPT_TOKENS, LMCACHE_HEALTHY}
 _RATIO_OF = {ratio: (num, den) for ratio, num, den in DERIVED_RATIOS}
 OFFLOAD_MODES = ("none", "native", "lmcache")
 

@@ -20,7 +20,8 @@ import numpy as np
 
 from core.errors import ConfigError, KvscopeError
 from planner.domain.costmodel import DEFAULT_MFU, prefill_tokens_per_second
-from planner.fit.capacity import Slo, unit_capacity, violations
+from planner.domain.slo import Slo
+from planner.fit.capacity import unit_capacity, violations
 from planner.fit.common import Estimate
 from planner.fit.reuse import (
     GIB,

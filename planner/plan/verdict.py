@@ -21,8 +21,9 @@ import numpy as np
 from core.errors import InsufficientHistory, KvscopeError
 from planner.decide.evidence import CapacityEvidence, ValueCI
 from planner.deploy.sizing import DEFAULT_HEADROOM, engine_bill, engine_capacity
+from planner.domain.slo import Slo
 from planner.domain.values import finite
-from planner.fit.capacity import CapacityComparison, Slo, fit_capacity
+from planner.fit.capacity import CapacityComparison, fit_capacity
 from planner.fit.effects import TodayEffects, fit_today
 from planner.fit.units import engine_keys, unit_keys
 from planner.frames.groups import text_values

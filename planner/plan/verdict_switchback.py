@@ -19,9 +19,9 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from core.errors import InsufficientHistory, KvscopeError
+from planner.domain.slo import Slo
 from planner.fit.capacity import (
     CapacityComparison,
-    Slo,
     UnitCapacity,
     unit_capacity,
     violations,

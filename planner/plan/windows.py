@@ -23,13 +23,15 @@ from planner.frames.frames import SIGNALS as FRAME_SIGNALS
 from planner.frames.frames import coded_text, engine_frame
 from planner.frames.stream import FrameBuilder, fields_of
 from planner.frames.table import WindowTable
-from planner.plan.forecast import KV_SIGNAL, RATE_SIGNAL, RUNNING_SIGNAL
-from planner.plan.observe import (
+from planner.plan.needed import (
+    KV_SIGNAL,
     LMCACHE_HEALTHY,
     NEEDED_SIGNALS,
     PROMPT_HIST,
     PROMPT_TOKENS,
+    RATE_SIGNAL,
     RECOMPUTED,
+    RUNNING_SIGNAL,
 )
 
 if TYPE_CHECKING:

@@ -24,8 +24,8 @@ from core.catalog import BUCKET_SIGNALS, DERIVED_RATIOS, SIGNALS, STORED_SIGNALS
 from core.errors import ConfigError
 from core.records import ScrapeOutcome, Window
 from planner.frames.residency import RESIDENCY_SIGNALS
-from planner.plan import forecast as plan_forecast
-from planner.plan.observe import NEEDED_SIGNALS
+from planner.plan import needed
+from planner.plan.needed import NEEDED_SIGNALS
 from store.store import Store
 from tests.collector.conftest import LiveProm
 from tests.collector.exposerver import bumping, expo_server
@@ -80,7 +80,7 @@ def test_every_signal_a_reader_asks_for_is_stored(reader: str) -> None:
 def test_stored_signals_cover_the_plans_inner_readers_and_buckets() -> None:
     # the forecast reads the plan's frame (NEEDED_SIGNALS); Store.read_buckets / sum_buckets
     # default to the keep_buckets histograms
-    forecast = {plan_forecast.KV_SIGNAL, plan_forecast.RATE_SIGNAL, plan_forecast.RUNNING_SIGNAL}
+    forecast = {needed.KV_SIGNAL, needed.RATE_SIGNAL, needed.RUNNING_SIGNAL}
     assert forecast <= NEEDED_SIGNALS
     assert BUCKET_SIGNALS <= STORED_SIGNALS
 

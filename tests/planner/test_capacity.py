@@ -10,7 +10,8 @@ import pytest
 from scipy import stats
 
 from core.errors import ConfigError
-from planner.fit.capacity import MIN_BIN, Slo, fit_capacity, unit_capacity, violations, welch
+from planner.domain.slo import Slo
+from planner.fit.capacity import MIN_BIN, fit_capacity, unit_capacity, violations, welch
 from planner.fit.units import unit_keys
 from tests.planner.verdictsynth import TRUE_SLO_MULTIPLE, cluster_frame
 

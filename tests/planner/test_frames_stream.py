@@ -10,7 +10,7 @@ import pandas as pd
 from core.records import Window, labels_of
 from planner.frames.frames import engine_frame
 from planner.frames.table import PLAN_COLUMNS
-from planner.plan.observe import NEEDED_SIGNALS
+from planner.plan.needed import NEEDED_SIGNALS
 from planner.plan.windows import finish_frame, read_windows
 from store.store import Store
 

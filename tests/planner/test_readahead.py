@@ -8,6 +8,7 @@ import ast
 import json
 import os
 import signal
+import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -132,3 +133,21 @@ def test_fit_modules_are_what_planner_imports_when_a_fit_first_runs() -> None:
 def test_load_fit_modules_imports_every_one() -> None:
     ra.load_fit_modules()
     assert all(name in sys.modules for name in ra.FIT_MODULES)
+
+
+def test_the_reading_child_starts_before_the_fits_are_imported() -> None:
+    # `kvscope plan` checks its flags and imports the reading path, then forks the child:
+    # none of that may import the fits, the verdicts or the forecasts (they load meanwhile)
+    code = (
+        "import sys; import kvscope.commands.plan as p; "
+        "p.plan_config(p.PlanFlags(db='sqlite://', since='all')); "
+        "import kvscope.heap, planner.plan.readahead, store.store; "
+        "print(' '.join(sorted(sys.modules)))"
+    )
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                         check=True, cwd=ROOT).stdout.split()  # fmt: skip
+    assert "planner.plan.windows" in out, "the check no longer imports the reading path"
+    heavy = ("planner.fit", "planner.plan.build", "planner.plan.observe", "planner.forecast",
+             "planner.plan.verdict", "statsmodels", "scipy")  # fmt: skip
+    assert [m for m in out if m.startswith(heavy)] == []

@@ -16,7 +16,7 @@ from planner.decide.decision import decide
 from planner.decide.evidence import Evidence
 from planner.deploy.sizing import size
 from planner.domain.hardware import get_gpu, get_model
-from planner.fit.capacity import Slo
+from planner.domain.slo import Slo
 from planner.frames.residency import BucketCounts
 from planner.plan.fits import Hardware
 from planner.plan.tier import ENABLE, MULTIPLES, recommended_gib, tier_section

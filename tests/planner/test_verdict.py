@@ -12,7 +12,7 @@ import pandas as pd
 import pytest
 
 from planner.decide.evidence import Evidence
-from planner.fit.capacity import Slo
+from planner.domain.slo import Slo
 from planner.fit.common import exp_or_inf
 from planner.plan.verdict import run_verdicts, verdict_section
 from planner.report.verdict_text import offload_lines
