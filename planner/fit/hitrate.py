@@ -34,6 +34,7 @@ from planner.fit.common import (
     require_history,
     t_quantile,
 )
+from planner.fit.glm_irls import binomial_cr1
 
 if TYPE_CHECKING:
     import numpy.typing as npt
@@ -365,17 +366,21 @@ def _glm(
     h: Array, trials: Array, basis: Array, groups: npt.NDArray[np.int64], cov_type: str
 ) -> tuple[Array, Array]:
     """Binomial logit GLM of [hits, misses] (statsmodels): coefficients and their robust
-    covariance (CR1 by ``groups``, or HAC within each group's series)."""
+    covariance (CR1 by ``groups``, or HAC within each group's series).
+
+    CR1 is ``GLM(...).fit(cov_type="cluster")`` without the model: statsmodels' IRLS
+    (planner/fit/glm_irls.py) and its ``cov_cluster`` on the scores and inverse Hessian,
+    the same numbers (tests/planner/test_glm_irls.py)."""
     from statsmodels.genmod import families  # noqa: PLC0415 - start-up: statsmodels (~0.7 s) loads when this fit runs, not on `import planner.plan`
     from statsmodels.genmod.generalized_linear_model import GLM  # noqa: PLC0415 - start-up: statsmodels (~0.7 s) loads when this fit runs, not on `import planner.plan`
 
     endog = np.column_stack([h * trials, (1.0 - h) * trials])
-    model = GLM(endog, basis, family=families.Binomial())
     if cov_type == "cluster":
-        res = model.fit(cov_type="cluster", cov_kwds={"groups": groups})
-    else:  # rows in time order within each pool (_usable): Newey–West per pool series
-        lags = hac_lags(len(h))
-        res = model.fit(cov_type="hac-panel", cov_kwds={"groups": groups, "maxlags": lags})
+        return binomial_cr1(endog, basis, groups)
+    # rows in time order within each pool (_usable): Newey–West per pool series
+    model = GLM(endog, basis, family=families.Binomial())
+    lags = hac_lags(len(h))
+    res = model.fit(cov_type="hac-panel", cov_kwds={"groups": groups, "maxlags": lags})
     return (
         np.asarray(res.params, dtype=np.float64),
         np.asarray(res.cov_params(), dtype=np.float64),

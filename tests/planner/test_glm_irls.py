@@ -10,7 +10,7 @@ from statsmodels.genmod import families
 from statsmodels.genmod.generalized_linear_model import GLM
 from statsmodels.tools.sm_exceptions import PerfectSeparationWarning, SingularMatrixWarning
 
-from planner.fit.glm_irls import irls, score_and_hessian
+from planner.fit.glm_irls import binomial_cr1, irls, score_and_hessian
 
 
 def _counts(seed: int, n: int, alpha: float, knee: float) -> dict[str, np.ndarray]:
@@ -128,3 +128,49 @@ def test_irls_refuses_bad_input_naming_it(change: dict[str, object], message: st
     kw.update(change)
     with pytest.raises(ValueError, match=message):
         irls(data["endog"], data["exog"], **kw)  # type: ignore[arg-type]
+
+
+def _binomial(seed: int, n: int, pools: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """[successes, failures] of a logistic curve in ln size with a pool effect, its design
+    [1, x, x²] and each row's pool (the hit-rate curve's shape)."""
+    rng = np.random.default_rng(seed)
+    x = rng.uniform(-1.0, 1.0, n)
+    pool = rng.integers(0, pools, n)
+    trials = rng.integers(1, 500, n).astype(float)
+    p = 1 / (1 + np.exp(-(0.3 + 1.5 * x - 0.8 * x**2 + rng.normal(0, 0.3, pools)[pool])))
+    hits = rng.binomial(trials.astype(int), p).astype(float)
+    h = hits / trials
+    endog = np.column_stack([h * trials, (1.0 - h) * trials])
+    return endog, np.column_stack([np.ones(n), x, x**2]), pool.astype(np.int64)
+
+
+@pytest.mark.parametrize(("seed", "n", "pools"), [(11, 3000, 12), (12, 400, 5), (13, 60, 4)])
+def test_binomial_cr1_equals_statsmodels_cluster_fit_bit_for_bit(
+    seed: int, n: int, pools: int
+) -> None:
+    endog, exog, groups = _binomial(seed, n, pools)
+    res = GLM(endog, exog, family=families.Binomial()).fit(
+        cov_type="cluster", cov_kwds={"groups": groups}
+    )
+    beta, cov = binomial_cr1(endog, exog, groups)
+    np.testing.assert_array_equal(beta, np.asarray(res.params))
+    np.testing.assert_array_equal(cov, np.asarray(res.cov_params()))
+    assert res.fit_history["iteration"] > 2  # iterated: the deviance criterion ran
+
+
+@pytest.mark.parametrize("maxiter", [1, 3, 100])
+def test_irls_from_the_familys_start_on_deviance_equals_statsmodels(maxiter: int) -> None:
+    model = _model((14, 300, 0.0, 0.7))
+    res = GLM(**model).fit(maxiter=maxiter, tol=1e-8, tol_criterion="deviance")  # type: ignore[arg-type]
+    beta, llf = irls(**model, start=None, maxiter=maxiter, atol=1e-8, rtol=0.0,  # type: ignore[arg-type]
+                     criterion="deviance")  # fmt: skip
+    np.testing.assert_array_equal(beta, np.asarray(res.params))
+    assert llf == float(res.llf)
+
+
+def test_irls_refuses_an_unknown_criterion() -> None:
+    data = _counts(8, 50, 0.0, 0.7)
+    with pytest.raises(ValueError, match="criterion is 'params' or 'deviance'"):
+        irls(data["endog"], data["exog"], family=_family(0.0), offset=data["offset"],
+             var_weights=data["var_weights"], start=None, maxiter=5, atol=1e-8, rtol=0.0,
+             criterion="llf")  # fmt: skip
