@@ -161,7 +161,7 @@ def test_binomial_cr1_equals_statsmodels_cluster_fit_bit_for_bit(
 @pytest.mark.parametrize("maxiter", [1, 3, 100])
 def test_irls_from_the_familys_start_on_deviance_equals_statsmodels(maxiter: int) -> None:
     model = _model((14, 300, 0.0, 0.7))
-    res = GLM(**model).fit(maxiter=maxiter, tol=1e-8, tol_criterion="deviance")  # type: ignore[arg-type]
+    res = GLM(**model).fit(maxiter=maxiter, tol=1e-8, tol_criterion="deviance")
     beta, llf = irls(**model, start=None, maxiter=maxiter, atol=1e-8, rtol=0.0,  # type: ignore[arg-type]
                      criterion="deviance")  # fmt: skip
     np.testing.assert_array_equal(beta, np.asarray(res.params))
