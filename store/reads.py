@@ -24,6 +24,7 @@ from sqlalchemy import (
     Executable,
     any_,
     bindparam,
+    func,
     select,
 )
 from sqlalchemy.dialects.postgresql import ARRAY
@@ -303,13 +304,19 @@ def _fetch(
     rows in it (``head_columns``), of the series ``conds`` select (``ids``, as read in this
     transaction). PostgreSQL is given the ids as one array: with the subquery its planner
     scanned every day partition (in parallel) and sorted, instead of each partition's
-    primary key (series_id, hour) merged in order."""
+    primary key (series_id, hour) merged in order. The head (keyed by start first) is
+    scanned whole: there the array is unnested, a hash semi-join, not ``= ANY``, which
+    compares each row with every id (37 against 10 ms a signal on 100 engines' head)."""
+    in_head: Callable[[Any], ColumnElement[bool]]
     if conn.dialect.name == "postgresql":
-        wanted: Any = any_(bindparam("series_ids", list(ids), type_=ARRAY(BigInteger)))
+        array = bindparam("series_ids", list(ids), type_=ARRAY(BigInteger))
+        wanted: Any = any_(array)
         of: Callable[[Any], ColumnElement[bool]] = lambda column: column == wanted  # noqa: E731
+        unnested = select(func.unnest(array)).scalar_subquery()
+        in_head = lambda column: column.in_(unnested)  # noqa: E731
     else:
         wanted = select(SeriesRow.id).where(*conds).scalar_subquery()
-        of = lambda column: column.in_(wanted)  # noqa: E731
+        of = in_head = lambda column: column.in_(wanted)
     c = ChunkRow
     where: list[ColumnElement[bool]] = [of(c.series_id)] if conds else []
     if since is not None:
@@ -330,7 +337,7 @@ def _fetch(
     )
     h = HeadRow
     cols = [h.__table__.c[name] for name in head_columns]
-    hwhere: list[ColumnElement[bool]] = [of(h.series_id)] if conds else []
+    hwhere: list[ColumnElement[bool]] = [in_head(h.series_id)] if conds else []
     if since is not None:
         hwhere.append(h.start >= since)
     if until is not None:
