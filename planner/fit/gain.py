@@ -47,6 +47,7 @@ from planner.fit.gain_curve import (
     window_weights,
 )
 from planner.frames.groups import text_values
+from planner.frames.space import present
 
 if TYPE_CHECKING:
     import numpy.typing as npt
@@ -356,13 +357,11 @@ def _design(
         fit = replace(fit, basis=(*fit.basis, f"{cv}; used {knots} (at least {DEFAULT_KNOTS})"))
     fit = replace(fit, basis=(*fit.basis, weighting))
     kn = knots_at(xs, knots)
-    x = basis_matrix(xs, kn, centre)
     # weighted least squares as OLS on rows scaled by √w (the sandwich stays valid); the
     # design [x·√w, x·√w·d] made in place (d is 0 or 1: the products are exact either way)
-    p = x.shape[1]
-    design = np.empty((x.shape[0], 2 * p))
-    np.multiply(x, sw[:, None], out=design[:, :p])
-    del x
+    p = 2 + kn.size
+    design = np.empty((xs.size, 2 * p))
+    basis_matrix(xs, kn, centre, scale=sw, out=design[:, :p])
     np.multiply(design[:, :p], win.d[:, None], out=design[:, p:])
     return fit, design, y * sw, kn, centre
 
@@ -371,8 +370,8 @@ def _error_kind(fit: GainFit, win: _Windows) -> tuple[GainFit, int]:
     """The fit with its error kind (cluster, CR2 or HC3) and the assumption it adds; the
     number of engines."""
     g, d = win.g, win.d
-    n_g = [int(np.unique(g[d == v]).size) for v in (0.0, 1.0)]
-    n_eng = int(np.unique(g).size)
+    n_g = [present(g[d == v])[0].size for v in (0.0, 1.0)]  # engine codes: small, >= 0
+    n_eng = present(g)[0].size
     # Cluster by engine when the mode changes between engines (then engine-level
     # differences are part of the gain's error) as long as each mode has >= 2 engines;
     # otherwise HC3. With few clusters (< MIN_CLUSTERS) CR1 is too narrow (Cameron & Miller

@@ -106,7 +106,7 @@ def knot_scores(
     splits = np.cumsum([len(p) for p in probs])[:-1]
     scores: dict[int, float] = {}
     for k, kn in zip(CANDIDATE_KNOTS, np.split(every, splits), strict=True):
-        bw = basis_matrix(xs, np.unique(kn), centre) * ws[:, None]
+        bw = basis_matrix(xs, np.unique(kn), centre, scale=ws)
         p = bw.shape[1]
         xtx = np.zeros((codes.size, 2 * p, 2 * p))
         xty = np.zeros((codes.size, 2 * p))
@@ -155,18 +155,26 @@ def _inside_others(xs: Array, cuts: npt.NDArray[np.int64], engines: int) -> npt.
     return out
 
 
-def basis_matrix(u: Array, knots: Array, centre: float) -> Array:
-    """Rows [1, u - centre, max(0, u - k) for each knot k], one per u (C order).
+def basis_matrix(
+    u: Array, knots: Array, centre: float, *, scale: Array | None = None, out: Array | None = None
+) -> Array:
+    """Rows [1, u - centre, max(0, u - k) for each knot k], one per u (C order), each row
+    times its ``scale`` when given, written into ``out`` when given.
 
     Built a column at a time in contiguous rows, then transposed in one copy: the values
-    of ``np.column_stack`` of the columns, in half its time (no temporary per column)."""
+    of ``np.column_stack`` of the columns (times ``scale[:, None]``), in half its time."""
     knots = np.asarray(knots, dtype=np.float64)
     cols = np.empty((2 + knots.size, u.size), dtype=np.result_type(u.dtype, np.float64))
     cols[0] = 1.0
     np.subtract(u, centre, out=cols[1])
     np.subtract(u[None, :], knots[:, None], out=cols[2:])
     np.maximum(0.0, cols[2:], out=cols[2:])
-    out: Array = np.ascontiguousarray(cols.T)
+    if scale is not None:
+        cols *= scale  # each element once: the products of the rows times scale[:, None]
+    if out is None:
+        made: Array = np.ascontiguousarray(cols.T)
+        return made
+    out[...] = cols.T
     return out
 
 

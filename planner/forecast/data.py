@@ -361,7 +361,12 @@ def _wide(
     the mean is the value itself. None when one holds several or a start is missing."""
     if np.isnan(start).any():
         return None
-    row, at = pd.factorize(start, sort=True)
+    # pd.factorize(start, sort=True), the sort on the uniques alone: half its time
+    row, at = pd.factorize(start)
+    by_start = np.argsort(at, kind="stable")
+    rank_of = np.empty(by_start.size, dtype=np.int64)
+    rank_of[by_start] = np.arange(by_start.size)
+    row, at = rank_of[row], at[by_start]
     rank = np.argsort(np.asarray(keys, dtype=object), kind="stable")
     col = np.empty(rank.size, dtype=np.int64)
     col[rank] = np.arange(rank.size)

@@ -228,7 +228,10 @@ class _Coded:
     def texts(self, mask: npt.NDArray[np.bool_] | None = None) -> set[str]:
         """The texts of the rows ``mask`` selects (every row: None)."""
         codes = self.codes if mask is None else self.codes[mask]
-        return {self.names[c] for c in np.unique(codes).tolist()}
+        if not codes.size:
+            return set()
+        seen = np.flatnonzero(np.bincount(codes + 1)) - 1  # codes >= -1, few: no sort
+        return {self.names[c] for c in seen.tolist()}
 
     def rows(self, text: str, mask: npt.NDArray[np.bool_]) -> npt.NDArray[np.bool_]:
         """``mask`` and the rows whose value's text is ``text`` (a missing value: none)."""
