@@ -93,11 +93,13 @@ def mean_lengths(
     np.minimum.at(lo, into, unl.lo)
     np.maximum.at(hi, into, unl.hi)
     uneven = ~(lo == hi)
-    total = np.zeros(n)
     by_k = np.argsort(k, kind="stable")
-    ks = k[by_k]
+    ks, lo_k = k[by_k], lo[by_k]  # rows by window count: "at least j windows" is a tail
+    sums = np.zeros(n)
     for j in range(1, int(ks[-1]) + 1 if n else 1):
-        rows = by_k[np.searchsorted(ks, j) :]  # the rows of at least j windows
-        total[rows] += lo[rows]
+        at = int(np.searchsorted(ks, j))  # the rows of at least j windows
+        sums[at:] += lo_k[at:]
+    total = np.empty(n)
+    total[by_k] = sums
     with np.errstate(invalid="ignore", divide="ignore"):
         return total / k, uneven
