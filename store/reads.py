@@ -103,8 +103,13 @@ class WindowReader:
             series = [(str(r[1]), str(r[2]), str(r[3]), str(r[4])) for r in found]
             index = {int(r[0]): i for i, r in enumerate(found)}
             head_cols = ["series_id", *numeric, *(["buckets"] if blobs else [])]
-            chunk_rows, head_rows = _fetch(conn, conds, since, until, only_buckets=only_buckets,
-                                           head_columns=head_cols, ids=list(index))  # fmt: skip
+            chunk_rows: Sequence[Any] = []
+            head_rows: Sequence[Any] = []
+            if index:  # no series, no windows: the head is not scanned for none
+                chunk_rows, head_rows = _fetch(conn, conds, since, until,
+                                               only_buckets=only_buckets,
+                                               head_columns=head_cols,
+                                               ids=list(index))  # fmt: skip
             ranks = _ranked(ranks, series)  # the database's order, read in this transaction
         return self._decode(series, index, chunk_rows, head_rows, numeric, since, until,
                             blobs, ranks)  # fmt: skip
