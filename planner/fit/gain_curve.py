@@ -20,6 +20,7 @@ if TYPE_CHECKING:
 
 CANDIDATE_KNOTS = (1, 2, 3, 4, 5, 6)  # interior knots tried by cross-validation
 DEFAULT_KNOTS = 3  # without enough engines to cross-validate
+_ROWS = 65_536  # rows whose cells' coefficients are gathered at once (in cache, not 64 MB)
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,7 +133,11 @@ def knot_scores(
             beta = np.stack([np.linalg.lstsq(a, b, rcond=None)[0] for a, b in pairs])
         coef = np.repeat(beta[:, :p], 2, axis=0)  # each cell's: its engine's β (+ γ, d = 1)
         coef[1::2] += beta[:, p:]
-        r = (yw - np.einsum("ij,ij->i", bw, coef[cell_sorted]))[inside]
+        fitted = np.empty(yw.size)
+        for lo in range(0, yw.size, _ROWS):  # each row's own dot product, a block at a time
+            hi = min(yw.size, lo + _ROWS)
+            fitted[lo:hi] = np.einsum("ij,ij->i", bw[lo:hi], coef[cell_sorted[lo:hi]])
+        r = (yw - fitted)[inside]
         scores[k] = float(r @ r) / max(r.size, 1)
     return scores
 
