@@ -107,15 +107,15 @@ def knot_scores(
     splits = np.cumsum([len(p) for p in probs])[:-1]
     scores: dict[int, float] = {}
     for k, kn in zip(CANDIDATE_KNOTS, np.split(every, splits), strict=True):
-        bw = basis_matrix(xs, np.unique(kn), centre, scale=ws)
-        p = bw.shape[1]
+        bw = basis_columns(xs, np.unique(kn), centre, scale=ws)  # (p, rows): not transposed
+        p = bw.shape[0]
         xtx = np.zeros((codes.size, 2 * p, 2 * p))
         xty = np.zeros((codes.size, 2 * p))
         for c in range(2 * codes.size):
             a, b = cuts[c], cuts[c + 1]
             if a == b:
                 continue
-            gram, rhs = bw[a:b].T @ bw[a:b], bw[a:b].T @ yw[a:b]
+            gram, rhs = bw[:, a:b] @ bw[:, a:b].T, bw[:, a:b] @ yw[a:b]
             e = c // 2
             xtx[e, :p, :p] += gram
             xty[e, :p] += rhs
@@ -136,7 +136,7 @@ def knot_scores(
         fitted = np.empty(yw.size)
         for lo in range(0, yw.size, _ROWS):  # each row's own dot product, a block at a time
             hi = min(yw.size, lo + _ROWS)
-            fitted[lo:hi] = np.einsum("ij,ij->i", bw[lo:hi], coef[cell_sorted[lo:hi]])
+            fitted[lo:hi] = np.einsum("ji,ij->i", bw[:, lo:hi], coef[cell_sorted[lo:hi]])
         r = (yw - fitted)[inside]
         scores[k] = float(r @ r) / max(r.size, 1)
     return scores
@@ -160,14 +160,8 @@ def _inside_others(xs: Array, cuts: npt.NDArray[np.int64], engines: int) -> npt.
     return out
 
 
-def basis_matrix(
-    u: Array, knots: Array, centre: float, *, scale: Array | None = None, out: Array | None = None
-) -> Array:
-    """Rows [1, u - centre, max(0, u - k) for each knot k], one per u (C order), each row
-    times its ``scale`` when given, written into ``out`` when given.
-
-    Built a column at a time in contiguous rows, then transposed in one copy: the values
-    of ``np.column_stack`` of the columns (times ``scale[:, None]``), in half its time."""
+def basis_columns(u: Array, knots: Array, centre: float, *, scale: Array | None = None) -> Array:
+    """:func:`basis_matrix` transposed: one contiguous row per basis function."""
     knots = np.asarray(knots, dtype=np.float64)
     cols = np.empty((2 + knots.size, u.size), dtype=np.result_type(u.dtype, np.float64))
     cols[0] = 1.0
@@ -176,6 +170,18 @@ def basis_matrix(
     np.maximum(0.0, cols[2:], out=cols[2:])
     if scale is not None:
         cols *= scale  # each element once: the products of the rows times scale[:, None]
+    return cols
+
+
+def basis_matrix(
+    u: Array, knots: Array, centre: float, *, scale: Array | None = None, out: Array | None = None
+) -> Array:
+    """Rows [1, u - centre, max(0, u - k) for each knot k], one per u (C order), each row
+    times its ``scale`` when given, written into ``out`` when given.
+
+    Built a column at a time in contiguous rows, then transposed in one copy: the values
+    of ``np.column_stack`` of the columns (times ``scale[:, None]``), in half its time."""
+    cols = basis_columns(u, knots, centre, scale=scale)
     if out is None:
         made: Array = np.ascontiguousarray(cols.T)
         return made
