@@ -93,6 +93,11 @@ def _hist(b: BucketCounts) -> Histogram:
     return Histogram(tuple(float(x) for x in b.bounds), tuple(max(float(x), 0.0) for x in b.counts))
 
 
+# the frame columns _inputs reads of an engine's rows
+_INPUT_COLUMNS = ("window_s", "prefix_queries", "prefix_hit_ratio", "output_tokens_per_s",
+                  "requests", "tokens_per_s")  # fmt: skip
+
+
 def _inputs(
     key: str, hists: Mapping[str, BucketCounts], rows: pd.DataFrame, facts: Mapping[str, Any]
 ) -> tuple[ReuseInputs, float]:
@@ -434,10 +439,11 @@ def _ready(
     ready: list[tuple[str, ReuseInputs, float]] = []
     without: list[str] = []
     reasons: dict[str, str] = {}
+    read = frame[list(_INPUT_COLUMNS)]  # an engine's rows: the columns _inputs reads, not 31
     for key in present:
         source = key.split("/", 1)[0]
         try:
-            inputs, tok = _inputs(key, hists.get(key, {}), frame.iloc[rows_of[key]],
+            inputs, tok = _inputs(key, hists.get(key, {}), read.iloc[rows_of[key]],
                                        facts.get(source, {}))  # fmt: skip
         except ConfigError as exc:
             without.append(key)
