@@ -5,6 +5,7 @@ import when they first run."""
 from __future__ import annotations
 
 import ast
+import importlib
 import json
 import os
 import signal
@@ -151,3 +152,13 @@ def test_the_reading_child_starts_before_the_fits_are_imported() -> None:
     heavy = ("planner.fit", "planner.plan.build", "planner.plan.observe", "planner.forecast",
              "planner.plan.verdict", "statsmodels", "scipy")  # fmt: skip
     assert [m for m in out if m.startswith(heavy)] == []
+
+
+def test_the_plan_packages_names_each_load_from_its_module() -> None:
+    pkg = importlib.import_module("planner.plan")
+    for name in pkg.__all__:
+        home = importlib.import_module(f"planner.plan.{pkg._HOME[name]}")
+        assert getattr(pkg, name) is getattr(home, name)
+    assert set(pkg.__all__) == set(pkg._HOME)
+    with pytest.raises(AttributeError, match="no attribute 'nope'"):
+        pkg.nope  # noqa: B018
