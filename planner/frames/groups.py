@@ -15,6 +15,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from planner.frames.space import present
+
 if TYPE_CHECKING:
     import numpy.typing as npt
     import pandas as pd
@@ -228,9 +230,7 @@ class _Coded:
     def texts(self, mask: npt.NDArray[np.bool_] | None = None) -> set[str]:
         """The texts of the rows ``mask`` selects (every row: None)."""
         codes = self.codes if mask is None else self.codes[mask]
-        if not codes.size:
-            return set()
-        seen = np.flatnonzero(np.bincount(codes + 1)) - 1  # codes >= -1, few: no sort
+        seen = present(codes + 1)[0] - 1  # codes >= -1 (missing: -1), counted, not sorted
         return {self.names[c] for c in seen.tolist()}
 
     def rows(self, text: str, mask: npt.NDArray[np.bool_]) -> npt.NDArray[np.bool_]:

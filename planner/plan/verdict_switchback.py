@@ -67,6 +67,8 @@ def switchback_today(frame: pd.DataFrame, mode: str, level: float) -> TodayEffec
     warns: list[str] = []
     switching: tuple[str, ...] = ()
     controls: tuple[str, ...] = ()
+    mode_of = text_values(data["offload_mode"])  # each row's mode, read once
+    req = data["requests"].to_numpy(dtype=float)
     for o in OUTCOMES:
         try:
             fit = fit_switchback(data, offload=mode, outcome=o.name, log=o.log, level=level,
@@ -82,16 +84,12 @@ def switchback_today(frame: pd.DataFrame, mode: str, level: float) -> TodayEffec
         est = fit.ratio.value if o.log else fit.estimate
         iv = fit.ratio.interval if o.log else fit.interval
         y = data[o.name].to_numpy(dtype=float)
-        off = (text_values(data["offload_mode"]) == "none") & np.isfinite(y)
-        w = data["requests"].to_numpy(dtype=float)
-        ok = off & (w > 0)
-        control = float(np.average(y[ok], weights=w[ok])) if ok.any() else math.nan
+        ok = (mode_of == "none") & np.isfinite(y) & (req > 0)
+        control = float(np.average(y[ok], weights=req[ok])) if ok.any() else math.nan
         effects.append(Effect(o.name, o.label, o.unit, "ratio" if o.log else "difference",
                               control, est, iv, fit.df, fit.n, fit.can_tell,
                               fit.why))  # fmt: skip
-    treated = text_values(data["offload_mode"]) == mode
-    req = data["requests"].to_numpy(dtype=float)
-    bal = balance(cov, treated, req)
+    bal = balance(cov, mode_of == mode, req)
     told = any(e.can_tell for e in effects)
     why = "" if told else "no outcome could be estimated: " + (effects[0].why if effects else "")
     method = (
